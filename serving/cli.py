@@ -1,0 +1,212 @@
+"""`phaselens` command: serve, load, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from serving.config import ConfigError, EngineConfig
+from serving.devices.errors import DeviceError
+from serving.loadgen import add_load_arguments, main_load
+from serving.settings import MODES, ServeSettings
+
+
+def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="preset (tiny, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b) or HF folder",
+    )
+    p.add_argument("--mode", default="aggregated", choices=MODES)
+    p.add_argument("--workers", type=int, default=1, help="workers in aggregated mode")
+    p.add_argument("--prefill-workers", type=int, default=1, help="prefill workers in disaggregated mode")
+    p.add_argument("--decode-workers", type=int, default=1, help="decode workers in disaggregated mode")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu | cuda | cuda:N | emulated:<gpu>, or a comma-separated list with one per worker",
+    )
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache per worker, MiB")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--chunked-prefill", action="store_true")
+    p.add_argument("--threads-per-worker", type=int, default=0)
+    p.add_argument(
+        "--control-token",
+        default=None,
+        help="bearer token of /control (default: $PHASELENS_CONTROL_TOKEN or generated)",
+    )
+    p.add_argument(
+        "--telemetry-spool", default=None, help="also append telemetry batches to this JSON-lines file"
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    return ServeSettings(
+        model=args.model,
+        mode=args.mode,
+        workers=args.workers,
+        prefill_workers=args.prefill_workers,
+        decode_workers=args.decode_workers,
+        devices=[d for d in args.device.split(",") if d],
+        dtype=args.dtype,
+        seed=args.seed,
+        engine=EngineConfig(
+            block_size=args.block_size,
+            kv_cache_bytes=args.kv_cache_mb * 2**20,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            chunked_prefill=args.chunked_prefill,
+            max_model_len=args.max_model_len,
+        ),
+        threads_per_worker=args.threads_per_worker,
+        host=args.host,
+        port=args.port,
+        control_token=args.control_token,
+        telemetry_spool=args.telemetry_spool,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from serving.router import create_app
+
+    settings = settings_from_args(args)
+    try:
+        app = create_app(settings)
+    except (ConfigError, DeviceError) as e:
+        print(f"phaselens serve: error: {e}", file=sys.stderr)
+        return 2
+    token_note = (
+        ""
+        if args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN")
+        else f" token={settings.control_token}"
+    )
+    print(
+        f"phaselens serve: {settings.model_name} {settings.mode} on http://{settings.host}:{settings.port} "
+        f"(control API at /control,{token_note or ' token from PHASELENS_CONTROL_TOKEN/--control-token'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0) -> None:
+    """Poll `url`/health until it answers 200; raise if the server process exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} was not ready after {timeout_s} s")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Start the serving stack (1 prefill + 1 decode worker) and replay a slice of the Azure trace."""
+    port = str(args.port)
+    serve = [
+        sys.executable,
+        "-m",
+        "serving.cli",
+        "serve",
+        "--mode",
+        args.mode,
+        "--port",
+        port,
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+    ]
+    proc = subprocess.Popen(serve)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        print(
+            f"phaselens demo: stack ready at {url}; replaying {args.requests} trace requests", file=sys.stderr
+        )
+        load = argparse.Namespace()
+        parser = argparse.ArgumentParser(prog="phaselens load")
+        add_load_arguments(parser)
+        load = parser.parse_args(
+            [
+                "--url",
+                url,
+                "--limit",
+                str(args.requests),
+                "--time-scale",
+                str(args.time_scale),
+                "--max-prompt-tokens",
+                "1024",
+                "--max-output-tokens",
+                "64",
+            ]
+        )
+        rc = main_load(load)
+        print(f"phaselens demo: metrics at {url}/metrics, telemetry at {url}/v1/telemetry", file=sys.stderr)
+        if args.keep_running:
+            print("phaselens demo: serving until Ctrl-C", file=sys.stderr)
+            proc.wait()
+        return rc
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the serving stack (router + worker processes)")
+    _add_serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    load = sub.add_parser("load", help="replay a trace or Poisson load against a server")
+    add_load_arguments(load)
+    load.set_defaults(func=main_load)
+    demo = sub.add_parser("demo", help="serving stack + a short trace replay")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--mode", default="disaggregated", choices=MODES)
+    demo.add_argument("--model", default="tiny")
+    demo.add_argument("--device", default="cpu")
+    demo.add_argument("--requests", type=int, default=60)
+    demo.add_argument(
+        "--time-scale", type=float, default=0.05, help="trace time compression (0.05 = 20x faster)"
+    )
+    demo.add_argument("--keep-running", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Control API (bearer token): read and change the pool layout and per-worker device knobs.
+
+Every change is emitted as a `control` telemetry event with before/after. Layout changes drain
+first: a draining worker takes no new requests and finishes the ones it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from serving.devices import parse_device_spec
+from serving.devices.errors import DeviceError
+from serving.pool import WorkerCallError, WorkerHandle, WorkerPool
+from serving.worker import ROLES
+
+_CALL_STATUS = {
+    "DevicePermissionError": 403,
+    "DeviceNotSupportedError": 501,
+    "DeviceValueError": 400,
+    "ValueError": 400,
+    "DeviceLostError": 503,
+}
+
+
+def _fail(status: int, message: str) -> HTTPException:
+    return HTTPException(status_code=status, detail={"message": message})
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise _fail(400, f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise _fail(400, "request body must be a JSON object")
+    return body
+
+
+def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) -> APIRouter:
+    """Routes under /control, each requiring `Authorization: Bearer <token>`."""
+
+    def auth(request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+            raise HTTPException(401, detail={"message": "missing or wrong bearer token for the control API"})
+        return "control-api"
+
+    router = APIRouter(prefix="/control", dependencies=[Depends(auth)])
+
+    def pool() -> WorkerPool:
+        p = get_pool()
+        if p is None:
+            raise _fail(503, "the server is starting")
+        return p
+
+    def worker(worker_id: str) -> WorkerHandle:
+        w = pool().workers.get(worker_id)
+        if w is None or w.state in ("stopped", "dead"):
+            known = ", ".join(pool().workers) or "none"
+            raise _fail(404, f"no live worker {worker_id!r}; workers: {known}")
+        return w
+
+    def audit(action: str, target: str, before: Any, after: Any) -> None:
+        pool().telemetry.emit(
+            "control",
+            ts_s=time.time(),
+            action=action,
+            target=target,
+            before=before,
+            after=after,
+            actor="control-api",
+        )
+
+    async def drained(w: WorkerHandle, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while w.inflight and time.monotonic() < deadline and w.state == "draining":
+            await asyncio.sleep(0.02)
+        return not w.inflight
+
+    @router.get("/layout")
+    async def layout() -> dict[str, Any]:
+        return pool().layout()
+
+    @router.post("/workers")
+    async def add_worker(request: Request) -> JSONResponse:
+        """Start a worker: {"role": "mixed"|"prefill"|"decode", "device": "cpu"|"cuda:N"|...}."""
+        body = await _body(request)
+        role = body.get("role", "mixed")
+        if role not in ROLES:
+            raise _fail(400, f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
+        device = body.get("device")
+        if device is not None:
+            try:
+                parse_device_spec(device)
+            except DeviceError as e:
+                raise _fail(400, str(e)) from e
+        p = pool()
+        template = next(iter(p.workers.values())).spec if p.workers else None
+        if template is None:
+            raise _fail(409, "no worker to copy model and engine settings from")
+        before = p.layout()
+        try:
+            w = await p.start_worker(p.spec_like(template, device), role)
+        except (RuntimeError, TimeoutError) as e:
+            raise _fail(500, f"worker failed to start: {e}") from e
+        audit("add_worker", w.id, before, p.layout())
+        return JSONResponse(w.describe(), status_code=201)
+
+    @router.delete("/workers/{worker_id}")
+    async def remove_worker(worker_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Drain the worker (no new requests; in-flight ones finish), then stop it."""
+        w, p = worker(worker_id), pool()
+        before = p.layout()
+        w.state = "draining"
+        if not await drained(w, timeout_s):
+            w.state = "ready"
+            raise _fail(
+                504, f"{worker_id} still had {len(w.inflight)} requests after {timeout_s} s; left running"
+            )
+        await p.stop_worker(w)
+        audit("remove_worker", worker_id, before, p.layout())
+        return p.layout()
+
+    @router.post("/workers/{worker_id}/role")
+    async def set_role(worker_id: str, request: Request) -> dict[str, Any]:
+        """Drain the worker, then give it a new role: {"role": "prefill"|"decode"|"mixed"}."""
+        body = await _body(request)
+        role = body.get("role")
+        if role not in ROLES:
+            raise _fail(400, f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
+        timeout_s = float(body.get("timeout_s", 120.0))
+        w, _p = worker(worker_id), pool()
+        before = w.describe()
+        old_role = w.role
+        w.state = "draining"
+        if not await drained(w, timeout_s):
+            w.state = "ready"
+            raise _fail(
+                504, f"{worker_id} still had {len(w.inflight)} requests after {timeout_s} s; role unchanged"
+            )
+        w.role, w.state = role, "ready"
+        audit("set_role", worker_id, {"role": old_role, **before}, w.describe())
+        return w.describe()
+
+    @router.get("/workers/{worker_id}/device")
+    async def get_device(worker_id: str) -> Any:
+        return await _call(pool(), worker(worker_id), "knobs")
+
+    @router.post("/workers/{worker_id}/device")
+    async def set_device(worker_id: str, request: Request) -> Any:
+        """Set knobs: {"power_limit_w": W} and/or {"sm_clock_min_mhz": a, "sm_clock_max_mhz": b};
+        {"reset": true} restores defaults. Returns the knobs after the change."""
+        body = await _body(request)
+        allowed = {"power_limit_w", "sm_clock_min_mhz", "sm_clock_max_mhz", "reset"}
+        unknown = set(body) - allowed
+        if unknown or not body:
+            raise _fail(400, f"unknown or no knob(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        w, p = worker(worker_id), pool()
+        before = await _call(p, w, "knobs")
+        if body.get("reset"):
+            await _call(p, w, "reset_power_limit", tolerate_unsupported=True)
+            await _call(p, w, "reset_sm_clocks", tolerate_unsupported=True)
+        if "power_limit_w" in body:
+            await _call(p, w, "set_power_limit_w", limit_w=_num(body, "power_limit_w"))
+        if "sm_clock_min_mhz" in body or "sm_clock_max_mhz" in body:
+            if not {"sm_clock_min_mhz", "sm_clock_max_mhz"} <= set(body):
+                raise _fail(400, "give both sm_clock_min_mhz and sm_clock_max_mhz")
+            await _call(
+                p,
+                w,
+                "set_sm_clock_range_mhz",
+                min_mhz=int(_num(body, "sm_clock_min_mhz")),
+                max_mhz=int(_num(body, "sm_clock_max_mhz")),
+            )
+        after = await _call(p, w, "knobs")
+        audit("set_device", worker_id, before, after)
+        return after
+
+    return router
+
+
+def _num(body: dict[str, Any], key: str) -> float:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(400, f"'{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+async def _call(
+    p: WorkerPool, w: WorkerHandle, method: str, tolerate_unsupported: bool = False, **kw: Any
+) -> Any:
+    try:
+        return await p.call(w, method, **kw)
+    except WorkerCallError as e:
+        if tolerate_unsupported and e.error_type == "DeviceNotSupportedError":
+            return None
+        raise _fail(_CALL_STATUS.get(e.error_type, 500), str(e)) from e
+    except TimeoutError as e:
+        raise _fail(504, f"{w.id} did not answer {method}") from e

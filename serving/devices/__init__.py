@@ -1,0 +1,57 @@
+"""Devices a serving worker runs on: one interface, one module per vendor.
+
+``open_device("cuda:0" | "cpu" | "emulated:<gpu>")`` returns a :class:`Device`; its
+:meth:`Device.snapshot` gives one :class:`DeviceSample` per sampling tick, with ``None`` for any
+metric the device cannot measure. Errors are the few classes in :mod:`serving.devices.errors`.
+"""
+
+from serving.devices.base import Device, DeviceKind, DeviceSample, IterationWork, Phase, PowerLimitConstraints
+from serving.devices.cpu import CpuDevice
+from serving.devices.errors import (
+    DeviceError,
+    DeviceLostError,
+    DeviceNotFoundError,
+    DeviceNotSupportedError,
+    DevicePermissionError,
+    DeviceValueError,
+)
+from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
+from serving.devices.registry import (
+    DEVICE_FACTORIES,
+    EMULATED_GPUS,
+    DeviceSpec,
+    check_devices_available,
+    cuda_device_count,
+    open_device,
+    parse_device_spec,
+    register_device_factory,
+)
+from serving.devices.torch_cuda import TorchCudaDevice
+
+__all__ = [
+    "DEVICE_FACTORIES",
+    "EMULATED_GPUS",
+    "CpuDevice",
+    "Device",
+    "DeviceError",
+    "DeviceKind",
+    "DeviceLostError",
+    "DeviceNotFoundError",
+    "DeviceNotSupportedError",
+    "DevicePermissionError",
+    "DeviceSample",
+    "DeviceSpec",
+    "DeviceValueError",
+    "IterationWork",
+    "NvmlDevice",
+    "Phase",
+    "PowerLimitConstraints",
+    "TorchCudaDevice",
+    "check_devices_available",
+    "cuda_device_count",
+    "nvml_available",
+    "nvml_device_count",
+    "open_device",
+    "parse_device_spec",
+    "register_device_factory",
+]

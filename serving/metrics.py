@@ -1,0 +1,183 @@
+"""Prometheus metrics of the router, named like vLLM's so existing dashboards work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from serving.pool import RequestState, WorkerPool
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+class _PoolCollector(Collector):
+    """Gauges read from the pool at scrape time (per worker: engine label = worker id)."""
+
+    def __init__(self, pool: Callable[[], WorkerPool | None], model_name: str) -> None:
+        self._pool, self._model = pool, model_name
+
+    def collect(self) -> Iterable:
+        pool = self._pool()
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running",
+            "Requests in model execution batches.",
+            labels=["model_name", "engine"],
+        )
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Requests waiting to be processed.", labels=["model_name", "engine"]
+        )
+        kv = GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            labels=["model_name", "engine"],
+        )
+        workers = GaugeMetricFamily(
+            "phaselens:workers", "Workers by role and state.", labels=["role", "state"]
+        )
+        dropped = CounterMetricFamily(
+            "phaselens:telemetry_dropped_events", "Telemetry events dropped by the router's emitter."
+        )
+        deaths = CounterMetricFamily("phaselens:worker_deaths", "Worker processes that died unexpectedly.")
+        if pool is not None:
+            counts: dict[tuple[str, str], int] = {}
+            for w in pool.workers.values():
+                labels = [self._model, w.id]
+                running.add_metric(labels, w.stats.get("running", 0))
+                waiting.add_metric(labels, w.stats.get("waiting", 0))
+                kv.add_metric(labels, w.stats.get("kv_usage", 0.0))
+                counts[(w.role, w.state)] = counts.get((w.role, w.state), 0) + 1
+            for (role, state), n in counts.items():
+                workers.add_metric([role, state], n)
+            dropped.add_metric([], pool.telemetry.dropped_events)
+            deaths.add_metric([], pool.worker_deaths)
+        yield from (running, waiting, kv, workers, dropped, deaths)
+
+
+class ServingMetrics:
+    """Histograms and counters updated as requests stream and finish."""
+
+    def __init__(self, model_name: str, pool: Callable[[], WorkerPool | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Inter-token latency.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Mean time per output token of a request.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to first scheduling.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", labels, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Requests finished, by reason.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.failed = Counter(
+            "phaselens:requests_failed", "Requests that ended in an error.", labels, registry=r
+        )
+        self.kv_bytes = Counter(
+            "phaselens:kv_transfer_bytes",
+            "KV bytes handed from prefill to decode workers.",
+            labels,
+            registry=r,
+        )
+        self.kv_seconds = Histogram(
+            "phaselens:kv_transfer_seconds",
+            "KV hand-off time per request.",
+            labels,
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.registry.register(_PoolCollector(pool, model_name))
+
+    def on_token(self, req: RequestState, ts_s: float) -> None:
+        m = self.model_name
+        if len(req.token_ts) == 1:
+            self.ttft.labels(m).observe(max(0.0, ts_s - req.arrival_s))
+        else:
+            self.itl.labels(m).observe(max(0.0, ts_s - req.token_ts[-2]))
+
+    def on_finish(self, req: RequestState) -> None:
+        m = self.model_name
+        if req.error is not None:
+            self.failed.labels(m).inc()
+            return
+        if req.finish_reason == "abort":
+            self.success.labels(m, "abort").inc()
+            return
+        self.success.labels(m, req.finish_reason or "stop").inc()
+        self.prompt_tokens.labels(m).inc(len(req.prompt_ids))
+        self.generation_tokens.labels(m).inc(len(req.output_ids))
+        self.e2e.labels(m).observe(max(0.0, (req.finished_s or 0) - req.arrival_s))
+        if len(req.token_ts) > 1:
+            self.tpot.labels(m).observe((req.token_ts[-1] - req.token_ts[0]) / (len(req.token_ts) - 1))
+        sched = req.meta.get("first_scheduled_s")
+        if sched is not None:
+            self.queue.labels(m).observe(max(0.0, sched - req.arrival_s))
+        if req.meta.get("kv_transfer_bytes") is not None:
+            self.kv_bytes.labels(m).inc(req.meta["kv_transfer_bytes"])
+            self.kv_seconds.labels(m).observe(
+                max(0.0, req.meta["kv_transfer_end_s"] - req.meta["kv_transfer_start_s"])
+            )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,280 @@
+"""Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV cache.
+
+Module and parameter names follow Hugging Face `LlamaForCausalLM`, so a checkpoint's state dict
+loads as is (see serving.weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serving.config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies, with Llama 3 scaling when the config asks for it."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """Where one forward pass's tokens sit in the paged KV cache.
+
+    Tokens of all sequences are flattened in sequence order. Gather indices are built once
+    per pass (here) and reused by every layer.
+    """
+
+    slot_mapping: torch.Tensor  # [T] cache slot of each new token
+    decode_tokens: torch.Tensor  # [B] flat index of each single-token sequence's token
+    decode_gather: torch.Tensor  # [B, C] cache slots each single-token sequence attends to
+    decode_mask: torch.Tensor  # [B, 1, 1, C] True where attended
+    prefill: list[tuple[int, int, torch.Tensor]]  # (token start, query len, slots[ctx]) per multi-token seq
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str,
+    ) -> AttentionBatch:
+        """Lay out sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new."""
+        slots_per_seq = [
+            _slots(table, ctx, block_size) for table, ctx in zip(block_tables, context_lens, strict=True)
+        ]
+        slot_mapping = [s for slots, q in zip(slots_per_seq, query_lens, strict=True) for s in slots[-q:]]
+        dec_tok, dec_slots, prefill, start = [], [], [], 0
+        for slots, q in zip(slots_per_seq, query_lens, strict=True):
+            if q == 1:
+                dec_tok.append(start)
+                dec_slots.append(slots)
+            else:
+                prefill.append((start, q, torch.tensor(slots, dtype=torch.long, device=device)))
+            start += q
+        width = max((len(s) for s in dec_slots), default=0)
+        gather = torch.zeros((len(dec_slots), width), dtype=torch.long)
+        mask = torch.zeros((len(dec_slots), 1, 1, width), dtype=torch.bool)
+        for i, s in enumerate(dec_slots):
+            gather[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, ..., : len(s)] = True
+        return cls(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+            decode_tokens=torch.tensor(dec_tok, dtype=torch.long, device=device),
+            decode_gather=gather.to(device),
+            decode_mask=mask.to(device),
+            prefill=prefill,
+        )
+
+
+def _slots(block_table: list[int], n: int, block_size: int) -> list[int]:
+    return [block_table[i // block_size] * block_size + i % block_size for i in range(n)]
+
+
+class KVCache:
+    """Paged K and V storage: [layers, blocks * block_size, kv_heads, head_dim] each."""
+
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size: int, device: str, dtype: torch.dtype
+    ) -> None:
+        shape = (cfg.num_layers, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.block_size = block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def export(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """Copy one sequence's first `num_tokens` of K/V out: [2, layers, tokens, kv_heads, head_dim]."""
+        idx = torch.tensor(_slots(block_table, num_tokens, self.block_size), device=self.k.device)
+        return torch.stack((self.k[:, idx], self.v[:, idx]))
+
+    def import_(self, block_table: list[int], kv: torch.Tensor) -> None:
+        """Write K/V exported by `export` (possibly from another worker) into this cache."""
+        idx = torch.tensor(_slots(block_table, kv.shape[2], self.block_size), device=self.k.device)
+        kv = kv.to(device=self.k.device, dtype=self.k.dtype)
+        self.k[:, idx] = kv[0]
+        self.v[:, idx] = kv[1]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: AttentionBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k_cache[batch.slot_mapping] = k.to(k_cache.dtype)
+        v_cache[batch.slot_mapping] = v.to(v_cache.dtype)
+        out = torch.empty_like(q)
+        if batch.decode_tokens.numel():
+            qd = q[batch.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
+            kd = k_cache[batch.decode_gather].transpose(1, 2)  # [B, KVH, C, D]
+            vd = v_cache[batch.decode_gather].transpose(1, 2)
+            od = F.scaled_dot_product_attention(
+                qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=batch.decode_mask, enable_gqa=True
+            )
+            out[batch.decode_tokens] = od.squeeze(2)
+        for start, qlen, slots in batch.prefill:
+            qp = q[start : start + qlen].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
+            kp = k_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, C, D]
+            vp = v_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            ctx = slots.numel()
+            if ctx == qlen:
+                op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+            else:  # a chunk continuing a cached prefix: query i sees keys up to ctx - qlen + i
+                rows = torch.arange(qlen, device=x.device).unsqueeze(1) + (ctx - qlen)
+                mask = torch.arange(ctx, device=x.device).unsqueeze(0) <= rows
+                op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
+            out[start : start + qlen] = op.squeeze(0).transpose(0, 1)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, batch, k_cache, v_cache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus its LM head; `forward` runs one engine iteration over the paged cache."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def init_random(self, seed: int = 0, std: float = 0.02) -> LlamaForCausalLM:
+        """Deterministic random weights (normal(0, std); norms at 1) from `seed`.
+
+        Drawn in fp32 on the CPU and copied, so every device and dtype gets the same model.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.is_meta:
+                    continue
+                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+        return self
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        cache: KVCache,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the flattened new tokens; return logits (float32) at `logits_indices`."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self._rope(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, cache.k[i], cache.v[i])
+        x = self.model.norm(x[logits_indices])
+        return self.lm_head(x).float()
+
+    @torch.inference_mode()
+    def full_logits(self, input_ids: list[int]) -> torch.Tensor:
+        """Logits at every position of one sequence, recomputed from scratch (a reference path)."""
+        n = len(input_ids)
+        dev = self.lm_head.weight.device
+        cache = KVCache(self.config, 1, n, str(dev), self.lm_head.weight.dtype)
+        batch = AttentionBatch.build([n], [n], [[0]], n, dev)
+        ids = torch.tensor(input_ids, device=dev)
+        return self.forward(ids, torch.arange(n, device=dev), batch, cache, torch.arange(n, device=dev))

@@ -1,0 +1,163 @@
+"""Iteration-level continuous batching with admission control (torch-free)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from serving.block_manager import BlockManager
+from serving.config import EngineConfig
+from serving.sequence import SeqStatus, Sequence
+
+
+class AdmissionError(ValueError):
+    """A request can never run on this engine (too long for the context or the whole KV cache)."""
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def context_len(self) -> int:
+        return self.seq.num_computed + self.num_new_tokens
+
+    @property
+    def completes_prompt(self) -> bool:
+        """After this iteration the sequence has all its pending tokens computed and samples one."""
+        return self.context_len == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    items: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(i.num_new_tokens for i in self.items if i.seq.in_prefill)
+
+    @property
+    def decode_seqs(self) -> int:
+        return sum(1 for i in self.items if not i.seq.in_prefill)
+
+    @property
+    def phase(self) -> str:
+        p, d = self.prefill_tokens, self.decode_seqs
+        return "mixed" if p and d else "prefill" if p else "decode" if d else "idle"
+
+
+class Scheduler:
+    """FCFS scheduler: running sequences first (decode, then unfinished prompt chunks), then admissions.
+
+    A request is admitted only when its prompt's blocks are free; when a running sequence cannot
+    grow by one token, the most recently admitted sequence is preempted (its blocks freed and its
+    tokens recomputed later). The engine never crashes for lack of blocks: requests wait.
+    """
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        if not cfg.num_blocks or not cfg.max_model_len:
+            raise ValueError("EngineConfig must be resolved (num_blocks, max_model_len) first")
+        self.cfg = cfg
+        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def check_admissible(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise AdmissionError when a request of this size can never be served here."""
+        total = num_prompt_tokens + max_tokens
+        if total > self.cfg.max_model_len:
+            raise AdmissionError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"the model's context of {self.cfg.max_model_len} tokens"
+            )
+        if self.blocks.blocks_for(total) > self.cfg.num_blocks:
+            raise AdmissionError(
+                f"request needs {self.blocks.blocks_for(total)} KV blocks, the cache holds {self.cfg.num_blocks}"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.check_admissible(seq.num_prompt_tokens, seq.params.max_tokens)
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> bool:
+        """Admit a sequence whose first `num_computed` tokens arrive pre-computed (a KV hand-off).
+
+        Returns False, changing nothing, when its blocks are not free yet.
+        """
+        if len(self.running) >= self.cfg.max_num_seqs or not self.blocks.can_grow(seq, seq.num_tokens):
+            return False
+        self.blocks.grow(seq, seq.num_tokens)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and free its blocks."""
+        seq.status = SeqStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+
+    def _preempt_last(self, out: SchedulerOutput) -> Sequence:
+        victim = self.running.pop()
+        self.blocks.free(victim)
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        victim.status = SeqStatus.WAITING
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+        return victim
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose the sequences and token counts of the next iteration."""
+        out = SchedulerOutput()
+        budget = self.cfg.max_num_batched_tokens
+        scheduled: set[int] = set()
+        # Decodes first: each needs one token and possibly one more block.
+        for seq in [s for s in self.running if not s.in_prefill]:
+            if seq not in self.running:  # preempted below to make room for an earlier one
+                continue
+            while not self.blocks.can_grow(seq, seq.num_tokens):
+                if self._preempt_last(out) is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING or budget < 1:
+                continue
+            self.blocks.grow(seq, seq.num_tokens)
+            out.items.append(ScheduledSeq(seq, 1))
+            scheduled.add(id(seq))
+            budget -= 1
+        # Running sequences part-way through a chunked prompt.
+        for seq in self.running:
+            if id(seq) in scheduled or budget <= 0:
+                continue
+            n = min(seq.num_pending, budget)
+            if self.blocks.can_grow(seq, seq.num_computed + n):
+                self.blocks.grow(seq, seq.num_computed + n)
+                out.items.append(ScheduledSeq(seq, n))
+                budget -= n
+        # Admissions, in arrival order; stop at the first that does not fit.
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_pending
+            if n > budget:
+                if self.cfg.chunked_prefill:
+                    n = budget
+                elif out.items:  # without chunking a long prompt runs alone
+                    break
+            if not self.blocks.can_grow(seq, seq.num_computed + n):
+                break
+            self.waiting.popleft()
+            self.blocks.grow(seq, seq.num_computed + n)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.items.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out

@@ -1,0 +1,59 @@
+"""Per-request state inside one engine (torch-free)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from serving.config import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request's tokens and its place in the paged KV cache.
+
+    `num_computed` counts the tokens whose K/V are in the cache; the tokens after it are what the
+    next iteration must compute (the whole prompt, a prompt chunk, or the last sampled token).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    arrival_s: float
+    handoff: bool = False  # prefill-only: hand the KV to a decode worker after the first token
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    prefill_start_s: float | None = None
+    prefill_end_s: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens the next iteration must run through the model for this sequence."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_pending > 1 or self.num_computed < self.num_prompt_tokens

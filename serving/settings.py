@@ -1,0 +1,99 @@
+"""What `phaselens serve` starts: the pool layout, devices and engine settings, validated up front."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving.config import ConfigError, EngineConfig, ModelConfig, model_config_for
+from serving.devices import check_devices_available, parse_device_spec
+from serving.worker import WorkerSpec
+
+MODES = ("aggregated", "disaggregated")
+
+
+@dataclass(slots=True)
+class ServeSettings:
+    model: str = "tiny"
+    mode: str = "aggregated"
+    workers: int = 1  # aggregated
+    prefill_workers: int = 1  # disaggregated
+    decode_workers: int = 1
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    dtype: str = "auto"
+    seed: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    threads_per_worker: int = 0  # 0: CPU cores / workers
+    host: str = "127.0.0.1"
+    port: int = 8000
+    control_token: str | None = None
+    telemetry_spool: str | None = None
+    served_model_name: str | None = None
+
+    def model_config(self) -> ModelConfig:
+        return model_config_for(self.model)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or (Path(self.model).name if Path(self.model).is_dir() else self.model)
+
+    def roles(self) -> list[str]:
+        if self.mode == "aggregated":
+            return ["mixed"] * self.workers
+        return ["prefill"] * self.prefill_workers + ["decode"] * self.decode_workers
+
+    def worker_devices(self) -> list[str]:
+        """One device spec per worker: a list is taken in order; one `cuda` spreads over cuda:0..N-1."""
+        n = len(self.roles())
+        if len(self.devices) == 1:
+            spec = parse_device_spec(self.devices[0])
+            if spec.kind == "cuda" and self.devices[0].strip().lower() == "cuda":
+                return [f"cuda:{i}" for i in range(n)]
+            return [str(spec)] * n
+        if len(self.devices) != n:
+            raise ConfigError(
+                f"{len(self.devices)} devices given for {n} workers; give one device or exactly {n}"
+            )
+        return [str(parse_device_spec(d)) for d in self.devices]
+
+    def validate(self) -> None:
+        """Raise ConfigError / DeviceError with a one-line message before anything is started."""
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
+        counts = (
+            {"workers": self.workers}
+            if self.mode == "aggregated"
+            else {"prefill workers": self.prefill_workers, "decode workers": self.decode_workers}
+        )
+        for what, n in counts.items():
+            if n < 1:
+                raise ConfigError(f"number of {what} must be >= 1, got {n}")
+        self.model_config()
+        check_devices_available(self.worker_devices())
+
+    def worker_specs(self) -> list[tuple[str, WorkerSpec]]:
+        roles, devices = self.roles(), self.worker_devices()
+        threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(roles))
+        return [
+            (
+                role,
+                WorkerSpec(
+                    worker_id=f"worker-{i}",
+                    device=dev,
+                    model=self.model,
+                    dtype=self.dtype,
+                    seed=self.seed,
+                    engine=self.engine,
+                    threads=threads,
+                ),
+            )
+            for i, (role, dev) in enumerate(zip(roles, devices, strict=True))
+        ]
+
+    def resolve_token(self) -> str:
+        """The control-API bearer token: given, from PHASELENS_CONTROL_TOKEN, or generated."""
+        if not self.control_token:
+            self.control_token = os.environ.get("PHASELENS_CONTROL_TOKEN") or secrets.token_urlsafe(24)
+        return self.control_token

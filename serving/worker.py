@@ -1,0 +1,243 @@
+"""A serving worker: one OS process, one Device, one Engine; talks to the router over a pipe.
+
+Router → worker messages: ("submit", dict), ("abort", id), ("call", call_id, method, kwargs),
+("shutdown",). Worker → router: ("ready", info), ("failed", message), ("tokens", [...]),
+("kv_received", id, info), ("request_error", id, message), ("stats", dict), ("telemetry", batch),
+("reply", call_id, ok, result).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from serving.config import EngineConfig, SamplingParams
+
+ROLES = ("mixed", "prefill", "decode")
+_STATS_INTERVAL_S = 0.2
+_DEVICE_METHODS = (
+    "knobs",
+    "snapshot",
+    "set_power_limit_w",
+    "reset_power_limit",
+    "set_sm_clock_range_mhz",
+    "reset_sm_clocks",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything a worker process needs to start (picklable)."""
+
+    worker_id: str
+    device: str
+    model: str = "tiny"
+    dtype: str = "auto"
+    seed: int = 0
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    threads: int = 1
+    kv_host: str = "127.0.0.1"
+
+
+def params_to_dict(p: SamplingParams) -> dict[str, Any]:
+    return dataclasses.asdict(p)
+
+
+def params_from_dict(d: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(**{**d, "stop_token_ids": tuple(d.get("stop_token_ids", ()))})
+
+
+class _Link:
+    """The pipe to the router, shared by the main loop and the KV threads."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, *msg: Any) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+
+def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    """Process entry point: build the engine, report ready, then serve until told to stop."""
+    link = _Link(conn)
+    try:
+        worker = _Worker(spec, link)
+    except Exception as e:
+        link.send("failed", f"{type(e).__name__}: {e}")
+        return
+    try:
+        worker.run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the router went away
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, link: _Link) -> None:
+        import torch
+
+        from serving.devices import open_device
+        from serving.engine import Engine
+        from serving.kv_transfer import KVReceiver, KVSender
+        from serving.telemetry import TelemetryEmitter
+        from serving.weights import load_model, model_dtype
+
+        torch.set_num_threads(max(1, spec.threads))
+        self.spec, self.link = spec, link
+        self.device = open_device(spec.device)
+        dtype_name = spec.dtype
+        if dtype_name == "auto":
+            dtype_name = "bfloat16" if self.device.torch_device.startswith("cuda") else "float32"
+        model, _cfg = load_model(
+            spec.model, device=self.device.torch_device, dtype=model_dtype(dtype_name), seed=spec.seed
+        )
+        self.telemetry = TelemetryEmitter(spec.worker_id, lambda b: link.send("telemetry", b))
+        self.engine = Engine(
+            model, spec.engine, self.device, worker_id=spec.worker_id, telemetry=self.telemetry
+        )
+        self.receiver = KVReceiver(spec.kv_host, on_error=lambda m: link.send("log", m))
+        self.sender = KVSender(self._on_sent)
+        self._targets: dict[str, tuple[str, int]] = {}
+        self._stop = False
+        self._last_stats = 0.0
+        link.send(
+            "ready",
+            {
+                "pid": os.getpid(),
+                "kv_host": self.receiver.host,
+                "kv_port": self.receiver.port,
+                "device": self.device.spec,
+                "device_name": self.device.snapshot().name,
+                "emulated": self.device.is_emulated,
+                "dtype": dtype_name,
+                "engine": dataclasses.asdict(self.engine.cfg),
+                "model": self.engine.model_cfg.name,
+            },
+        )
+
+    def run(self) -> None:
+        conn = self.link.conn
+        while not self._stop:
+            busy = self.engine.has_work()
+            if conn.poll(0 if busy else 0.01):
+                while conn.poll():
+                    self._handle(conn.recv())
+            self._admit_handoffs()
+            if self.engine.has_work():
+                self._step()
+            now = time.monotonic()
+            if now - self._last_stats >= _STATS_INTERVAL_S:
+                self._last_stats = now
+                self.link.send("stats", self.engine.stats())
+            self.telemetry.maybe_flush()
+        self.telemetry.flush()
+        self.receiver.close()
+        self.sender.close()
+        self.device.close()
+
+    def _step(self) -> None:
+        result = self.engine.step()
+        if result.outputs:
+            self.link.send(
+                "tokens",
+                [(o.request_id, o.token_id, o.ts_s, o.finish_reason, o.meta) for o in result.outputs],
+            )
+        for h in result.handoffs:
+            header = {
+                "request_id": h.request_id,
+                "token_ids": h.token_ids,
+                "num_prompt_tokens": h.num_prompt_tokens,
+                "params": params_to_dict(h.params),
+                "from_worker": self.spec.worker_id,
+                "meta": h.meta,
+            }
+            target = self._targets.pop(h.request_id, None)
+            if target is None:
+                self.link.send("request_error", h.request_id, "no decode worker was given for the hand-off")
+            else:
+                self.sender.send(target, header, h.kv)
+
+    def _on_sent(self, header: dict[str, Any], nbytes: int, started_s: float, error: str | None) -> None:
+        if error is not None:
+            self.link.send("request_error", header["request_id"], error)
+
+    def _admit_handoffs(self) -> None:
+        inbox = self.receiver.inbox
+        while not inbox.empty():
+            got = inbox.get_nowait()
+            h = got.header
+            rid = h["request_id"]
+            try:
+                self.engine.add_prefilled(
+                    rid, h["token_ids"], h["num_prompt_tokens"], params_from_dict(h["params"]), got.kv
+                )
+            except Exception as e:
+                self.link.send("request_error", rid, f"decode worker rejected the hand-off: {e}")
+                continue
+            self.link.send(
+                "kv_received",
+                rid,
+                {
+                    "decode_worker": self.spec.worker_id,
+                    "kv_transfer_bytes": got.nbytes,
+                    "kv_transfer_start_s": h["sent_s"],
+                    "kv_transfer_end_s": got.received_s,
+                },
+            )
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            self._submit(msg[1])
+        elif kind == "abort":
+            self.engine.abort(msg[1])
+            self._targets.pop(msg[1], None)
+        elif kind == "call":
+            self._call(*msg[1:])
+        elif kind == "shutdown":
+            self._stop = True
+
+    def _submit(self, req: dict[str, Any]) -> None:
+        rid = req["request_id"]
+        try:
+            handoff = req.get("handoff_to")
+            if handoff is not None:
+                self._targets[rid] = (handoff["host"], handoff["port"])
+            self.engine.add_request(
+                rid,
+                req["prompt_ids"],
+                params_from_dict(req["params"]),
+                arrival_s=req.get("arrival_s"),
+                handoff=handoff is not None,
+            )
+        except Exception as e:
+            self._targets.pop(rid, None)
+            self.link.send("request_error", rid, str(e))
+
+    def _call(self, call_id: int, method: str, kwargs: dict[str, Any]) -> None:
+        from serving.devices import DeviceError
+
+        try:
+            if method == "stats":
+                result: Any = self.engine.stats()
+            elif method in _DEVICE_METHODS:
+                result = getattr(self.device, method)(**kwargs)
+                if method == "snapshot":
+                    result = result.to_dict()
+            else:
+                raise ValueError(f"unknown worker call {method!r}")
+            self.link.send("reply", call_id, True, result)
+        except DeviceError as e:
+            self.link.send("reply", call_id, False, {"type": type(e).__name__, "message": str(e)})
+        except (ValueError, TypeError) as e:
+            self.link.send("reply", call_id, False, {"type": "ValueError", "message": str(e)})
