@@ -247,5 +247,6 @@ def model_config_for(source: str | Path) -> ModelConfig:
     if str(source) in PRESETS:
         return PRESETS[str(source)]
     raise ConfigError(
-        f"unknown model {str(source)!r}: not a preset ({', '.join(PRESETS)}) nor a folder with config.json"
+        f"unknown model {str(source)!r}; allowed: {', '.join(PRESETS)}, "
+        "or a Hugging Face-format folder with config.json"
     )

@@ -1,0 +1,285 @@
+"""The real stack over HTTP: router + worker processes, aggregated and disaggregated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from serving.telemetry import TelemetryReader
+from tests.serving.conftest import Server
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The quick brown fox", "phaselens measures prefill and decode", "a", "0123456789" * 8]
+
+
+def complete(url: str, prompt: str, max_tokens: int = 12, **extra: object) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def read_telemetry(url: str) -> list[dict]:
+    reader = TelemetryReader()
+    events: list[dict] = []
+    while True:
+        payload = httpx.get(f"{url}/v1/telemetry", params={"after": reader.query_param()}, timeout=30).json()
+        batches = reader.accept(payload)
+        if not batches:
+            return events
+        events += [e for b in batches for e in b["events"]]
+
+
+async def stream_one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
+    """Stream a completion; return the text, chunk count and error (if the stream carried one)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    out = {"text": "", "chunks": 0, "error": None, "done": False}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                out["done"] = True
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                out["error"] = obj["error"]["message"]
+                continue
+            out["chunks"] += 1
+            out["text"] += obj["choices"][0]["text"]
+    return out
+
+
+async def stream_many(url: str, n: int, max_tokens: int) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        return await asyncio.gather(*(stream_one(client, f"request {i} " * 4, max_tokens) for i in range(n)))
+
+
+def test_completion_and_stream(aggregated_server: Server) -> None:
+    url = aggregated_server.url
+    body = complete(url, "Hello", max_tokens=10, ignore_eos=True)
+    assert body["object"] == "text_completion"
+    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 10, "total_tokens": 16}
+    assert body["choices"][0]["finish_reason"] == "length"
+    streamed = asyncio.run(stream_many(url, 1, 10))[0]
+    assert streamed["done"] and streamed["error"] is None
+    assert streamed["chunks"] == 10
+
+
+def test_openai_client(aggregated_server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{aggregated_server.url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    assert model == "tiny"
+    c = client.completions.create(model=model, prompt="Say hi", max_tokens=5, temperature=0)
+    assert c.usage.completion_tokens <= 5 and c.choices[0].finish_reason in ("stop", "length")
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(chunks) - 1
+    with pytest.raises(openai.BadRequestError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"prompt": "x" * 600, "max_tokens": 8}, "exceeds the model's context of 512"),
+        ({"prompt": "hi", "max_tokens": 0}, "'max_tokens' must be at least 1"),
+        ({"prompt": "hi", "max_tokens": 10_000}, "exceeds the model's context"),
+        ({"prompt": "hi", "max_tokens": "ten"}, "'max_tokens' must be an integer"),
+        ({"model": "llama-9000", "prompt": "hi"}, "model 'llama-9000' does not exist"),
+        ({"max_tokens": 3}, "'prompt' must be a string"),
+        ({"prompt": [1, 2, 99999]}, "outside the vocabulary"),
+        ({"prompt": "hi", "temperature": -1}, "temperature must be >= 0"),
+    ],
+)
+def test_bad_input_is_400(aggregated_server: Server, body: dict, needle: str) -> None:
+    r = httpx.post(f"{aggregated_server.url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+def test_malformed_body_is_400(aggregated_server: Server) -> None:
+    r = httpx.post(
+        f"{aggregated_server.url}/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert httpx.get(f"{aggregated_server.url}/health").status_code == 200
+
+
+def test_metrics_use_vllm_names(aggregated_server: Server) -> None:
+    complete(aggregated_server.url, "metrics please", max_tokens=4, ignore_eos=True)
+    text = httpx.get(f"{aggregated_server.url}/metrics").text
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
+        assert name in text, name
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gen = families["vllm:generation_tokens"].samples
+    assert sum(s.value for s in gen if s.name.endswith("_total")) >= 4
+
+
+def test_aggregated_telemetry(aggregated_server: Server) -> None:
+    complete(aggregated_server.url, "telemetry", max_tokens=7, ignore_eos=True)
+    events = read_telemetry(aggregated_server.url)
+    requests = [e for e in events if e["type"] == "request" and e["output_tokens"] == 7]
+    assert requests, "the request event is published"
+    req = requests[-1]
+    assert len(req["token_ts_s"]) == 7 and req["token_ts_s"] == sorted(req["token_ts_s"])
+    assert req["arrival_s"] <= req["prefill_start_s"] <= req["prefill_end_s"] == req["first_token_s"]
+    assert req["prefill_worker"] == req["decode_worker"] and req["kv_transfer_bytes"] is None
+    iterations = [e for e in events if e["type"] == "iteration"]
+    assert {"prefill", "decode"} <= {e["phase"] for e in iterations}
+    assert all(e["end_s"] >= e["start_s"] for e in iterations)
+
+
+def test_control_api_needs_token(aggregated_server: Server) -> None:
+    url = aggregated_server.url
+    assert httpx.get(f"{url}/control/layout").status_code == 401
+    assert httpx.get(f"{url}/control/layout", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    layout = aggregated_server.layout()
+    assert layout["mode"] == "aggregated"
+    assert [w["role"] for w in layout["workers"]] == ["mixed", "mixed"]
+
+
+def test_cpu_device_knobs_are_not_supported(aggregated_server: Server) -> None:
+    with aggregated_server.control() as c:
+        knobs = c.get("/control/workers/worker-0/device").json()
+        assert knobs["device"] == "cpu" and knobs["power_limit_w"] is None
+        r = c.post("/control/workers/worker-0/device", json={"power_limit_w": 300})
+        assert r.status_code == 501 and "does not support" in r.json()["detail"]["message"]
+        r = c.post("/control/workers/worker-0/device", json={"fan_speed": 3})
+        assert r.status_code == 400 and "allowed" in r.json()["detail"]["message"]
+        assert c.get("/control/workers/worker-9/device").status_code == 404
+
+
+def test_disaggregated_greedy_equals_aggregated(
+    aggregated_server: Server, disaggregated_server: Server
+) -> None:
+    for prompt in PROMPTS:
+        agg = complete(aggregated_server.url, prompt, max_tokens=16, ignore_eos=True)
+        dis = complete(disaggregated_server.url, prompt, max_tokens=16, ignore_eos=True)
+        assert dis["choices"][0]["text"] == agg["choices"][0]["text"], prompt
+        assert dis["usage"] == agg["usage"]
+    events = read_telemetry(disaggregated_server.url)
+    reqs = [e for e in events if e["type"] == "request"]
+    assert len(reqs) >= len(PROMPTS)
+    for e in reqs:
+        assert e["prefill_worker"] == "worker-0" and e["decode_worker"] == "worker-1"
+        # bytes = 2 (K,V) x layers x prompt tokens x kv heads x head dim x 4 (fp32)
+        assert e["kv_transfer_bytes"] == 2 * 4 * e["prompt_tokens"] * 4 * 32 * 4
+        assert e["prefill_end_s"] <= e["kv_transfer_start_s"] <= e["kv_transfer_end_s"]
+    text = httpx.get(f"{disaggregated_server.url}/metrics").text
+    assert "phaselens:kv_transfer_bytes_total" in text
+
+
+def test_role_change_and_scaling_without_dropping_requests() -> None:
+    from tests.serving.conftest import start_server, stop_server
+
+    server = start_server("--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "2")
+    try:
+
+        async def scenario() -> tuple[list[dict], httpx.Response, httpx.Response]:
+            load = asyncio.create_task(stream_many(server.url, 6, 48))
+            await asyncio.sleep(1.0)  # requests are in flight on both decode workers
+            headers = {"Authorization": "Bearer test-token"}
+            async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as c:
+                role = await c.post("/control/workers/worker-2/role", json={"role": "prefill"})
+                added = await c.post("/control/workers", json={"role": "decode"})
+            return await load, role, added
+
+        results, role, added = asyncio.run(scenario())
+        assert role.status_code == 200, role.text
+        assert added.status_code == 201, added.text
+        assert all(r["done"] and r["error"] is None and r["chunks"] == 48 for r in results)
+        roles = sorted(w["role"] for w in server.layout()["workers"])
+        assert roles == ["decode", "decode", "prefill", "prefill"]
+        with server.control() as c:
+            removed = c.delete("/control/workers/worker-1")
+            assert removed.status_code == 200
+        assert [w["id"] for w in server.layout()["workers"]] == ["worker-0", "worker-2", "worker-3"]
+        after = asyncio.run(stream_many(server.url, 3, 8))
+        assert all(r["done"] and r["error"] is None for r in after)
+        controls = [e for e in read_telemetry(server.url) if e["type"] == "control"]
+        actions = [e["action"] for e in controls]
+        assert {"set_role", "add_worker", "remove_worker"} <= set(actions)
+        set_role = next(e for e in controls if e["action"] == "set_role")
+        assert set_role["before"]["role"] == "decode" and set_role["after"]["role"] == "prefill"
+    finally:
+        stop_server(server)
+
+
+def test_killed_worker_fails_only_its_requests() -> None:
+    from tests.serving.conftest import start_server, stop_server
+
+    server = start_server("--mode", "aggregated", "--workers", "2")
+    try:
+        victim = server.layout()["workers"][0]
+
+        async def scenario() -> list[dict]:
+            load = asyncio.create_task(stream_many(server.url, 6, 200))
+            await asyncio.sleep(1.5)
+            import os
+            import signal
+
+            os.kill(victim["pid"], signal.SIGKILL)
+            return await load
+
+        results = asyncio.run(scenario())
+        failed = [r for r in results if r["error"]]
+        ok = [r for r in results if r["error"] is None]
+        assert failed and ok, results
+        assert all("died" in r["error"] for r in failed)
+        assert all(r["chunks"] == 200 for r in ok)
+        workers = {w["id"]: w for w in server.layout()["workers"]}
+        assert workers[victim["id"]]["state"] == "dead"
+        assert complete(server.url, "still serving", max_tokens=4)["usage"]["completion_tokens"] >= 1
+        assert "phaselens:worker_deaths_total 1.0" in httpx.get(f"{server.url}/metrics").text
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "llama-9"], "allowed: tiny, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b"),
+        (["--device", "cuda", "--workers", "2"], "2 workers asked for cuda:0, cuda:1 but no GPU was found"),
+        (["--device", "tpu"], "expected 'cpu', 'cuda', 'cuda:N' or 'emulated:<gpu>'"),
+        (["--workers", "0"], "number of workers must be >= 1"),
+    ],
+)
+def test_serve_start_errors_are_one_line(args: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "serve", *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
