@@ -170,6 +170,7 @@ class Engine:
                 seq.first_scheduled_s = started_s
             if seq.in_prefill and seq.prefill_start_s is None:
                 seq.prefill_start_s = started_s
+        kv_blocks_used = self.scheduler.blocks.num_blocks - self.scheduler.blocks.num_free
         sampled = self._forward_and_sample(sched)
         compute_s = time.time() - started_s
         work = IterationWork(
@@ -195,7 +196,7 @@ class Engine:
                 prefill_tokens=work.prefill_tokens,
                 decode_seqs=work.decode_seqs,
                 context_tokens=work.context_tokens,
-                kv_blocks_used=self.scheduler.blocks.num_blocks - self.scheduler.blocks.num_free,
+                kv_blocks_used=kv_blocks_used,
                 kv_blocks_total=self.scheduler.blocks.num_blocks,
                 preempted=len(sched.preempted),
                 compute_s=compute_s,
@@ -244,7 +245,7 @@ class Engine:
             token = next(tokens)
             seq.token_ids.append(token)
             meta = None
-            if was_prefill:
+            if was_prefill and seq.prefill_end_s is None:
                 seq.prefill_end_s = ts_s
                 meta = {
                     "worker": self.worker_id,
@@ -255,6 +256,8 @@ class Engine:
                     "num_preemptions": seq.num_preemptions,
                 }
             reason = self._finish_reason(seq, token)
+            if reason is not None and seq.num_preemptions:
+                meta = {**(meta or {}), "num_preemptions": seq.num_preemptions}
             result.outputs.append(TokenOutput(seq.request_id, token, ts_s, reason, meta))
             if reason is not None:
                 self._drop(seq)

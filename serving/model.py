@@ -77,29 +77,26 @@ class AttentionBatch:
         device: torch.device | str,
     ) -> AttentionBatch:
         """Lay out sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new."""
-        slots_per_seq = [
-            _slots(table, ctx, block_size) for table, ctx in zip(block_tables, context_lens, strict=True)
+        n = len(query_lens)
+        width_blocks = max(len(t) for t in block_tables)
+        table = torch.tensor([t + [0] * (width_blocks - len(t)) for t in block_tables], dtype=torch.long)
+        slots = (table.unsqueeze(-1) * block_size + torch.arange(block_size)).reshape(n, -1)
+        ctx = torch.tensor(context_lens, dtype=torch.long)
+        q = torch.tensor(query_lens, dtype=torch.long)
+        pos = torch.arange(slots.shape[1])
+        new = (pos >= (ctx - q).unsqueeze(1)) & (pos < ctx.unsqueeze(1))
+        starts = torch.cumsum(q, 0) - q
+        dec = q == 1
+        width = int(ctx[dec].max()) if bool(dec.any()) else 0
+        prefill = [
+            (int(starts[i]), int(q[i]), slots[i, : int(ctx[i])].to(device))
+            for i in torch.nonzero(~dec).flatten().tolist()
         ]
-        slot_mapping = [s for slots, q in zip(slots_per_seq, query_lens, strict=True) for s in slots[-q:]]
-        dec_tok, dec_slots, prefill, start = [], [], [], 0
-        for slots, q in zip(slots_per_seq, query_lens, strict=True):
-            if q == 1:
-                dec_tok.append(start)
-                dec_slots.append(slots)
-            else:
-                prefill.append((start, q, torch.tensor(slots, dtype=torch.long, device=device)))
-            start += q
-        width = max((len(s) for s in dec_slots), default=0)
-        gather = torch.zeros((len(dec_slots), width), dtype=torch.long)
-        mask = torch.zeros((len(dec_slots), 1, 1, width), dtype=torch.bool)
-        for i, s in enumerate(dec_slots):
-            gather[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, ..., : len(s)] = True
         return cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-            decode_tokens=torch.tensor(dec_tok, dtype=torch.long, device=device),
-            decode_gather=gather.to(device),
-            decode_mask=mask.to(device),
+            slot_mapping=slots[new].to(device),
+            decode_tokens=starts[dec].to(device),
+            decode_gather=slots[dec, :width].to(device),
+            decode_mask=(pos[:width] < ctx[dec].unsqueeze(1))[:, None, None, :].to(device),
             prefill=prefill,
         )
 

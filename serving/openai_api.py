@@ -79,7 +79,7 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     if model is not None and model != served_model:
         raise BadRequest(f"model {model!r} does not exist; this server serves {served_model!r}", "model")
     n = body.get("n", 1)
-    if n != 1:
+    if isinstance(n, bool) or n != 1:
         raise BadRequest(f"'n' must be 1, got {n!r}", "n")
     prompt, prompt_ids = None, None
     if chat:
@@ -106,11 +106,17 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
+    temperature = _number(body, "temperature", 1.0, float)
+    if temperature < 0:
+        raise BadRequest(f"temperature must be >= 0, got {temperature}", "temperature")
+    top_p = _number(body, "top_p", 1.0, float)
+    if not 0 < top_p <= 1:
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 1.0, float),
-            top_p=_number(body, "top_p", 1.0, float),
+            temperature=temperature,
+            top_p=top_p,
             seed=seed,
             ignore_eos=_flag(body, "ignore_eos"),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections import deque
@@ -223,7 +224,7 @@ def parse_after(param: str | None) -> dict[str, int]:
         return out
     for part in param.split(","):
         src, sep, seq = part.rpartition(":")
-        if not sep or not src or not seq.lstrip("-").isdigit():
+        if not sep or not src or not re.fullmatch(r"-?[0-9]+", seq):
             raise ValueError(f"bad cursor {part!r} in 'after'; expected source:seq pairs joined by commas")
         out[src] = int(seq)
     return out
