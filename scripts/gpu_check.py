@@ -123,6 +123,7 @@ def stage_engine(out: Path, dev: Any, model_name: str, budget_s: float) -> None:
     """Per-phase iteration time and power of the real engine, with power caps and clock locks."""
     import torch
 
+    torch.set_num_threads(2)
     from serving.config import EngineConfig, SamplingParams
     from serving.engine import Engine
     from serving.weights import load_model
@@ -258,7 +259,11 @@ def stage_serving(out: Path, dev: Any, model_name: str) -> None:
             *extra,
         ]
         t_start = time.time()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc, timeout_s=240)

@@ -30,11 +30,12 @@ class ReceivedKV:
     received_s: float
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in host memory, without a further copy."""
+    return memoryview(t.detach().contiguous().cpu().view(torch.uint8).flatten().numpy())
 
 
-def encode(header: dict[str, Any], kv: torch.Tensor) -> tuple[bytes, bytes]:
+def encode(header: dict[str, Any], kv: torch.Tensor) -> tuple[bytes, memoryview]:
     """Frame parts for one hand-off; `header` gets dtype and shape added."""
     payload = _tensor_bytes(kv)
     head = json.dumps({**header, "dtype": str(kv.dtype), "shape": list(kv.shape)}).encode()
@@ -127,7 +128,7 @@ class KVSender:
             nbytes, error = 0, None
             try:
                 head, payload = encode(header, job.kv)
-                nbytes = len(payload)
+                nbytes = payload.nbytes
                 sock = self._conns.get(job.target)
                 if sock is None:
                     sock = self._conns[job.target] = socket.create_connection(job.target, timeout=30)

@@ -3,7 +3,7 @@
 Each :class:`~serving.trace.TraceRequest` is sent at its arrival time (never earlier, whatever the
 server's state: open loop) as a streaming ``POST /v1/completions`` with ``ignore_eos`` so that the
 server generates exactly ``output_tokens`` tokens. Per request it measures time to first token
-(send → first non-empty text chunk), every inter-token latency and end-to-end latency, and reads the
+(send → first token chunk), every inter-token latency and end-to-end latency, and reads the
 token counts from the final ``usage`` chunk. :func:`run_load` returns a :class:`LoadReport`;
 :func:`format_report` renders it; :func:`add_load_arguments` / :func:`main_load` are the
 ``phaselens load`` subcommand.
@@ -313,11 +313,12 @@ class _StreamState:
             self.result.completion_tokens = int(usage.get("completion_tokens") or 0)
             self.result.usage_reported = True
         for choice in obj.get("choices") or ():
-            if choice.get("text"):
+            # One chunk per generated token; its text may be empty (a character split across tokens).
+            if choice.get("text") is not None:
                 self.on_token(time.perf_counter())
 
     def on_token(self, now: float) -> None:
-        """Record one non-empty token chunk arriving at ``now``."""
+        """Record one token chunk arriving at ``now``."""
         if self.last_t is None:
             self.result.ttft_s = now - self.send_t
         else:

@@ -76,27 +76,38 @@ class AttentionBatch:
         block_size: int,
         device: torch.device | str,
     ) -> AttentionBatch:
-        """Lay out sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new."""
+        """Lay out sequences whose last `query_lens[i]` of `context_lens[i]` tokens are new.
+
+        Index arithmetic runs on `device` (no host sync); only the small lists cross over.
+        """
         n = len(query_lens)
         width_blocks = max(len(t) for t in block_tables)
-        table = torch.tensor([t + [0] * (width_blocks - len(t)) for t in block_tables], dtype=torch.long)
-        slots = (table.unsqueeze(-1) * block_size + torch.arange(block_size)).reshape(n, -1)
-        ctx = torch.tensor(context_lens, dtype=torch.long)
-        q = torch.tensor(query_lens, dtype=torch.long)
-        pos = torch.arange(slots.shape[1])
-        new = (pos >= (ctx - q).unsqueeze(1)) & (pos < ctx.unsqueeze(1))
-        starts = torch.cumsum(q, 0) - q
-        dec = q == 1
-        width = int(ctx[dec].max()) if bool(dec.any()) else 0
-        prefill = [
-            (int(starts[i]), int(q[i]), slots[i, : int(ctx[i])].to(device))
-            for i in torch.nonzero(~dec).flatten().tolist()
-        ]
+        table = torch.tensor(
+            [t + [0] * (width_blocks - len(t)) for t in block_tables], dtype=torch.long, device=device
+        )
+        slots = (table.unsqueeze(-1) * block_size + torch.arange(block_size, device=device)).reshape(n, -1)
+        row_width = slots.shape[1]
+        new_flat: list[int] = []
+        dec_rows: list[int] = []
+        dec_tokens: list[int] = []
+        prefill: list[tuple[int, int, torch.Tensor]] = []
+        start = 0
+        for i, (q, ctx) in enumerate(zip(query_lens, context_lens, strict=True)):
+            new_flat.extend(range(i * row_width + ctx - q, i * row_width + ctx))
+            if q == 1:
+                dec_rows.append(i)
+                dec_tokens.append(start)
+            else:
+                prefill.append((start, q, slots[i, :ctx]))
+            start += q
+        width = max((context_lens[i] for i in dec_rows), default=0)
+        dec_ctx = torch.tensor([context_lens[i] for i in dec_rows], dtype=torch.long, device=device)
+        rows = torch.tensor(dec_rows, dtype=torch.long, device=device)
         return cls(
-            slot_mapping=slots[new].to(device),
-            decode_tokens=starts[dec].to(device),
-            decode_gather=slots[dec, :width].to(device),
-            decode_mask=(pos[:width] < ctx[dec].unsqueeze(1))[:, None, None, :].to(device),
+            slot_mapping=slots.flatten()[torch.tensor(new_flat, dtype=torch.long, device=device)],
+            decode_tokens=torch.tensor(dec_tokens, dtype=torch.long, device=device),
+            decode_gather=slots[rows, :width],
+            decode_mask=(torch.arange(width, device=device) < dec_ctx.unsqueeze(1))[:, None, None, :],
             prefill=prefill,
         )
 

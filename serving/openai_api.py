@@ -30,6 +30,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     chat: bool
+    return_token_ids: bool = False  # vLLM extension: token ids beside the text
 
 
 def _number(body: dict[str, Any], key: str, default: float, kind: type) -> Any:
@@ -123,7 +124,13 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     except ConfigError as e:
         raise BadRequest(str(e)) from e
     return ParsedRequest(
-        prompt, prompt_ids, params, _flag(body, "stream"), bool(stream_options.get("include_usage")), chat
+        prompt,
+        prompt_ids,
+        params,
+        _flag(body, "stream"),
+        bool(stream_options.get("include_usage")),
+        chat,
+        _flag(body, "return_token_ids"),
     )
 
 
@@ -136,7 +143,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chunk(
-    request_id: str, model: str, text: str, finish_reason: str | None, *, chat: bool, first: bool
+    request_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    *,
+    chat: bool,
+    first: bool,
+    token_ids: list[int] | None = None,
 ) -> dict:
     """One streaming chunk in the completion or chat-completion shape."""
     created = int(time.time())
@@ -149,6 +163,8 @@ def chunk(
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
         obj = "text_completion"
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice]}
 
 
@@ -174,8 +190,9 @@ def full_response(
     completion_tokens: int,
     *,
     chat: bool,
+    token_ids: tuple[list[int], list[int]] | None = None,
 ) -> dict:
-    """A non-streaming response body."""
+    """A non-streaming response body; `token_ids` = (prompt ids, output ids) when asked for."""
     if chat:
         choice: dict[str, Any] = {
             "index": 0,
@@ -187,6 +204,8 @@ def full_response(
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
         obj = "text_completion"
+    if token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = token_ids
     return {
         "id": request_id,
         "object": obj,

@@ -174,6 +174,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
                         len(req.prompt_ids),
                         len(req.output_ids),
                         chat=parsed.chat,
+                        token_ids=(req.prompt_ids, req.output_ids) if parsed.return_token_ids else None,
                     )
                     return JSONResponse(body)
         except asyncio.CancelledError:

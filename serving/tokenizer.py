@@ -64,8 +64,21 @@ class ByteTokenizer:
         return [BYTE_BOS, *ids] if add_bos else ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of the byte ids in `ids`; BOS, EOS and any id past the byte range are skipped."""
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        """Text of the byte ids in `ids`; BOS and EOS are skipped.
+
+        Ids past the byte range (a larger preset's vocabulary with random weights) render as
+        ``<|id|>``, so every generated token stays visible.
+        """
+        parts: list[str] = []
+        run = bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+            elif i >= BYTE_VOCAB:
+                parts.append(run.decode("utf-8", errors="replace") + f"<|{i}|>")
+                run.clear()
+        parts.append(run.decode("utf-8", errors="replace"))
+        return "".join(parts)
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"

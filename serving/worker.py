@@ -92,9 +92,11 @@ class _Worker:
         from serving.telemetry import TelemetryEmitter
         from serving.weights import load_model, model_dtype
 
-        torch.set_num_threads(max(1, spec.threads))
         self.spec, self.link = spec, link
         self.device = open_device(spec.device)
+        # A GPU worker's host work is small tensors: many threads only contend.
+        threads = spec.threads if self.device.torch_device == "cpu" else min(spec.threads, 2)
+        torch.set_num_threads(max(1, threads))
         dtype_name = spec.dtype
         if dtype_name == "auto":
             dtype_name = "bfloat16" if self.device.torch_device.startswith("cuda") else "float32"

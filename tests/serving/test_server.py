@@ -185,8 +185,12 @@ def test_disaggregated_greedy_equals_aggregated(
     aggregated_server: Server, disaggregated_server: Server
 ) -> None:
     for prompt in PROMPTS:
-        agg = complete(aggregated_server.url, prompt, max_tokens=16, ignore_eos=True)
-        dis = complete(disaggregated_server.url, prompt, max_tokens=16, ignore_eos=True)
+        agg = complete(aggregated_server.url, prompt, max_tokens=16, ignore_eos=True, return_token_ids=True)
+        dis = complete(
+            disaggregated_server.url, prompt, max_tokens=16, ignore_eos=True, return_token_ids=True
+        )
+        assert len(agg["choices"][0]["token_ids"]) == 16
+        assert dis["choices"][0]["token_ids"] == agg["choices"][0]["token_ids"], prompt
         assert dis["choices"][0]["text"] == agg["choices"][0]["text"], prompt
         assert dis["usage"] == agg["usage"]
     events = read_telemetry(disaggregated_server.url)

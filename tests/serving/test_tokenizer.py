@@ -40,7 +40,8 @@ def test_byte_round_trip_multibyte() -> None:
     assert ids[0] == BYTE_BOS and ids[1:] == list(TEXT.encode())
     assert tok.encode(TEXT, add_bos=False) == ids[1:]
     assert tok.decode(ids) == TEXT
-    assert tok.decode([*ids, BYTE_EOS, 1000]) == TEXT  # specials and ids past the byte range skipped
+    assert tok.decode([*ids, BYTE_EOS]) == TEXT  # specials skipped
+    assert tok.decode([*ids, 1000, 104]) == TEXT + "<|1000|>h"  # ids past the byte range stay visible
     assert tok.decode([0xE4, 0xB8]) == "\ufffd"  # broken UTF-8 is replaced, never raised
     assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_ids) == (258, 256, (257,))
     assert isinstance(tok, Tokenizer)
