@@ -123,7 +123,6 @@ def stage_engine(out: Path, dev: Any, model_name: str, budget_s: float) -> None:
     """Per-phase iteration time and power of the real engine, with power caps and clock locks."""
     import torch
 
-    torch.set_num_threads(2)
     from serving.config import EngineConfig, SamplingParams
     from serving.engine import Engine
     from serving.weights import load_model
@@ -139,6 +138,7 @@ def stage_engine(out: Path, dev: Any, model_name: str, budget_s: float) -> None:
         dev,
     )
     res: dict[str, Any] = {"model": model_name, "load_s": round(time.time() - t_load, 1), "runs": []}
+    torch.set_num_threads(2)  # the step's host work is small; many threads only contend
     RESULTS["engine"] = res
     sampler = Sampler(dev)
     deadline = time.time() + budget_s
