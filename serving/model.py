@@ -173,13 +173,7 @@ class Attention(nn.Module):
         v_cache[batch.slot_mapping] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
         if batch.decode_tokens.numel():
-            qd = q[batch.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
-            kd = k_cache[batch.decode_gather].transpose(1, 2)  # [B, KVH, C, D]
-            vd = v_cache[batch.decode_gather].transpose(1, 2)
-            od = F.scaled_dot_product_attention(
-                qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=batch.decode_mask, enable_gqa=True
-            )
-            out[batch.decode_tokens] = od.squeeze(2)
+            out[batch.decode_tokens] = self._decode_attention(q[batch.decode_tokens], batch, k_cache, v_cache)
         for start, qlen, slots in batch.prefill:
             qp = q[start : start + qlen].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
             kp = k_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, C, D]
@@ -193,6 +187,23 @@ class Attention(nn.Module):
                 op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
             out[start : start + qlen] = op.squeeze(0).transpose(0, 1)
         return self.o_proj(out.reshape(t, -1))
+
+    def _decode_attention(
+        self, q: torch.Tensor, batch: AttentionBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """One query per sequence against its cached keys: [B, H, D] -> [B, H, D].
+
+        Plain batched matmuls over the query heads grouped by their KV head (GQA without
+        repeating K/V), masked to each sequence's context length.
+        """
+        b, group = q.shape[0], self.num_heads // self.num_kv_heads
+        k = k_cache[batch.decode_gather].to(q.dtype)  # [B, C, KVH, D]
+        v = v_cache[batch.decode_gather].to(q.dtype)
+        qg = q.view(b, self.num_kv_heads, group, self.head_dim)
+        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * self.head_dim**-0.5  # [B, KVH, G, C]
+        scores = scores.float().masked_fill(~batch.decode_mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(b, self.num_heads, self.head_dim)
 
 
 class MLP(nn.Module):
