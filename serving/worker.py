@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -67,19 +69,26 @@ class _Link:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point: build the engine, report ready, then serve until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the router decides when workers stop
     link = _Link(conn)
+    code = 0
     try:
         worker = _Worker(spec, link)
     except Exception as e:
         link.send("failed", f"{type(e).__name__}: {e}")
-        return
-    try:
-        worker.run()
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the router went away
-    except Exception:
-        traceback.print_exc()
-        raise
+        code = 1
+    else:
+        try:
+            worker.run()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            pass  # the router went away
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: daemon KV threads blocked in sockets can abort it noisily.
+    os._exit(code)
 
 
 class _Worker:
