@@ -76,6 +76,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         port=args.port,
         control_token=args.control_token,
         telemetry_spool=args.telemetry_spool,
+        emulate_shape=args.emulate_shape,
     )
 
 

@@ -179,6 +179,11 @@ class Engine:
             decode_seqs=sched.decode_seqs,
             context_tokens=sum(i.context_len for i in sched.items),
             batch_size=len(sched.items),
+            attention_pairs=sum(
+                i.num_new_tokens * i.context_len - i.num_new_tokens * (i.num_new_tokens - 1) // 2
+                for i in sched.items
+            ),
+            sampled_seqs=len(sampled),
         )
         pacing_s = self.device.on_iteration(work, started_s, compute_s)
         ended_s = time.time()

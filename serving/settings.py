@@ -31,6 +31,7 @@ class ServeSettings:
     control_token: str | None = None
     telemetry_spool: str | None = None
     served_model_name: str | None = None
+    emulate_shape: str | None = None  # with emulated:<gpu> devices: the model shape to pace for
 
     def model_config(self) -> ModelConfig:
         return model_config_for(self.model)
@@ -71,7 +72,12 @@ class ServeSettings:
             if n < 1:
                 raise ConfigError(f"number of {what} must be >= 1, got {n}")
         self.model_config()
-        check_devices_available(self.worker_devices())
+        devices = self.worker_devices()
+        if self.emulate_shape is not None:
+            model_config_for(self.emulate_shape)
+            if not all(d.startswith("emulated:") for d in devices):
+                raise ConfigError("--emulate-shape needs emulated devices (--device emulated:<gpu>)")
+        check_devices_available(devices)
 
     def worker_specs(self) -> list[tuple[str, WorkerSpec]]:
         roles, devices = self.roles(), self.worker_devices()
@@ -87,6 +93,7 @@ class ServeSettings:
                     seed=self.seed,
                     engine=self.engine,
                     threads=threads,
+                    emulate_shape=self.emulate_shape,
                 ),
             )
             for i, (role, dev) in enumerate(zip(roles, devices, strict=True))

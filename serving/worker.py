@@ -45,6 +45,7 @@ class WorkerSpec:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     threads: int = 1
     kv_host: str = "127.0.0.1"
+    emulate_shape: str | None = None  # model shape an emulated GPU models (default: the real model)
 
 
 def params_to_dict(p: SamplingParams) -> dict[str, Any]:
@@ -95,6 +96,7 @@ class _Worker:
     def __init__(self, spec: WorkerSpec, link: _Link) -> None:
         import torch
 
+        from serving.config import model_config_for
         from serving.devices import open_device
         from serving.engine import Engine
         from serving.kv_transfer import KVReceiver, KVSender
@@ -102,7 +104,7 @@ class _Worker:
         from serving.weights import load_model, model_dtype
 
         self.spec, self.link = spec, link
-        self.device = open_device(spec.device)
+        self.device = open_device(spec.device, model_shape=model_config_for(spec.emulate_shape or spec.model))
         # A GPU worker's host work is small tensors: many threads only contend.
         threads = spec.threads if self.device.torch_device == "cpu" else min(spec.threads, 2)
         torch.set_num_threads(max(1, threads))

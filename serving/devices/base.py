@@ -76,6 +76,8 @@ class IterationWork:
     decode_seqs: int
     context_tokens: int  # sum of the context lengths attended by the iteration
     batch_size: int
+    attention_pairs: int = 0  # (query token, key token) pairs attended, summed over sequences
+    sampled_seqs: int = 0  # sequences that sampled a token (rows through the LM head)
 
 
 class Device(ABC):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from serving.devices.base import Device, DeviceKind
 from serving.devices.cpu import CpuDevice
@@ -58,11 +59,11 @@ def cuda_device_count() -> int:
     return nvml_device_count() if nvml_available() else torch_cuda_device_count()
 
 
-def _open_cpu(spec: DeviceSpec) -> Device:
+def _open_cpu(spec: DeviceSpec, **_: Any) -> Device:
     return CpuDevice()
 
 
-def _open_cuda(spec: DeviceSpec) -> Device:
+def _open_cuda(spec: DeviceSpec, **_: Any) -> Device:
     assert spec.index is not None
     if nvml_available():
         count = nvml_device_count()
@@ -75,11 +76,11 @@ def _open_cuda(spec: DeviceSpec) -> Device:
     raise DeviceNotFoundError(f"{spec} not found: {_gpus_found(count)}")
 
 
-def _open_emulated(spec: DeviceSpec) -> Device:
+def _open_emulated(spec: DeviceSpec, **_: Any) -> Device:
     raise DeviceNotSupportedError("emulated GPUs are not implemented yet")
 
 
-DeviceFactory = Callable[[DeviceSpec], Device]
+DeviceFactory = Callable[..., Device]  # (DeviceSpec, **options) -> Device
 DEVICE_FACTORIES: dict[str, DeviceFactory] = {
     "cpu": _open_cpu,
     "cuda": _open_cuda,
@@ -92,10 +93,14 @@ def register_device_factory(kind: DeviceKind, factory: DeviceFactory) -> None:
     DEVICE_FACTORIES[kind] = factory
 
 
-def open_device(spec: str) -> Device:
-    """Open the device named by ``spec`` (see :func:`parse_device_spec`)."""
+def open_device(spec: str, **options: Any) -> Device:
+    """Open the device named by ``spec`` (see :func:`parse_device_spec`).
+
+    ``options`` go to the kind's factory; ``cpu`` and ``cuda`` ignore them, an emulated GPU takes
+    ``model_shape`` (the :class:`~serving.config.ModelConfig` whose work it models).
+    """
     parsed = parse_device_spec(spec)
-    return DEVICE_FACTORIES[parsed.kind](parsed)
+    return DEVICE_FACTORIES[parsed.kind](parsed, **options)
 
 
 def check_devices_available(specs: list[str]) -> None:
