@@ -158,6 +158,20 @@ def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 7) -> dict[str, 
     }
 
 
+def measure_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-`repeats` fp32 matmul rate (GFLOP/s): the compute roof this host offers torch."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 # -- engine --------------------------------------------------------------------------------------
 
 
@@ -287,7 +301,18 @@ def decode_step_bytes(model: EngineModel, batch: int, context_tokens: int) -> di
     return {"weight_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv}
 
 
-def roofline_summary(model: EngineModel, steps: list[dict[str, Any]], bw_gbps: float) -> dict[str, Any]:
+def decode_step_flops(model: EngineModel, batch: int, context_tokens: int) -> int:
+    """FLOPs of one decode step: 2 per weight per sequence (matmuls) + QK^T and PV over the context."""
+    cfg: ModelConfig = model.config
+    matmul_params = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    matmul_params -= model.model.embed_tokens.weight.numel() * (not cfg.tie_word_embeddings)
+    return 2 * matmul_params * batch + 4 * context_tokens * cfg.num_heads * cfg.head_dim * cfg.num_layers
+
+
+def roofline_summary(
+    model: EngineModel, steps: list[dict[str, Any]], bw_gbps: float, gflops: float
+) -> dict[str, Any]:
+    """Measured decode-only step times vs the memory roof (and, for context, the compute roof)."""
     decode = [s for s in steps if s["phase"] == "decode"]
     if not decode:
         return {}
@@ -301,6 +326,8 @@ def roofline_summary(model: EngineModel, steps: list[dict[str, Any]], bw_gbps: f
     ref_bytes = decode_step_bytes(model, ref_batch, round(ref_ctx * ref_batch))
     ref_roof = ref_bytes["total_bytes"] / (bw_gbps * 1e9)
     ref_wall = statistics.fmean(s["wall_s"] for s in ref)
+    ref_flops = decode_step_flops(model, ref_batch, round(ref_ctx * ref_batch))
+    ref_compute = ref_flops / (gflops * 1e9)
     mean_wall = statistics.fmean(s["wall_s"] for s in decode)
     mean_roof = statistics.fmean(s["roofline_s"] for s in decode)
     return {
@@ -317,6 +344,9 @@ def roofline_summary(model: EngineModel, steps: list[dict[str, Any]], bw_gbps: f
         "ref_step_s": ref_wall,
         "ref_roofline_s": ref_roof,
         "ref_ratio": ref_wall / ref_roof,
+        "ref_flops": ref_flops,
+        "ref_compute_roof_s": ref_compute,
+        "ref_ratio_vs_max_roof": ref_wall / max(ref_roof, ref_compute),
     }
 
 
@@ -395,7 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     bw = measure_bandwidth()
-    print(f"memory bandwidth: copy {bw['copy_gbps']:.1f} GB/s (read+write), read {bw['read_gbps']:.1f} GB/s")
+    gflops = measure_matmul_gflops()
+    bw["matmul_gflops"] = gflops
+    print(
+        f"memory bandwidth: copy {bw['copy_gbps']:.1f} GB/s (read+write), read {bw['read_gbps']:.1f} GB/s; "
+        f"fp32 matmul {gflops:.0f} GFLOP/s"
+    )
 
     with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp:
         t = time.perf_counter()
@@ -431,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_med = {
         b: rs[0].useful_tokens / statistics.median(r.elapsed_s for r in rs) for b, rs in hf_runs.items()
     }
-    roof = roofline_summary(model, eng.steps, bw["copy_gbps"])
+    roof = roofline_summary(model, eng.steps, bw["copy_gbps"], gflops)
     same, prefix = _agreement(eng.outputs, hf_best[args.hf_batch[0]].outputs)
 
     phases: dict[str, list[float]] = {}
@@ -479,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  roofline bytes/step: weights {roof['ref_weight_bytes'] / 1e6:.1f} MB + KV "
             f"{roof['ref_kv_bytes'] / 1e6:.1f} MB at {bw['copy_gbps']:.1f} GB/s (measured copy bandwidth)"
+        )
+        print(
+            f"  compute roof at that step: {roof['ref_flops'] / 1e9:.2f} GFLOP at {gflops:.0f} GFLOP/s = "
+            f"{roof['ref_compute_roof_s'] * 1e3:.3f} ms; measured / max(memory, compute) roof = "
+            f"{roof['ref_ratio_vs_max_roof']:.1f}x"
         )
     print(
         f"greedy agreement engine vs transformers: {same}/{len(requests)} requests identical, "

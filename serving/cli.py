@@ -49,6 +49,11 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="bearer token of /control (default: $PHASELENS_CONTROL_TOKEN or generated)",
     )
     p.add_argument(
+        "--emulate-shape",
+        default=None,
+        help="with --device emulated:<gpu>: model shape whose GPU time is emulated (e.g. llama-3.1-8b)",
+    )
+    p.add_argument(
         "--telemetry-spool", default=None, help="also append telemetry batches to this JSON-lines file"
     )
 
