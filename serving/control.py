@@ -79,11 +79,17 @@ def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) 
             actor="control-api",
         )
 
-    async def drained(w: WorkerHandle, timeout_s: float) -> bool:
+    async def drain(w: WorkerHandle, timeout_s: float, outcome: str) -> None:
+        """Stop routing to `w` and wait for its in-flight requests; raise if that fails."""
+        w.state = "draining"
         deadline = time.monotonic() + timeout_s
         while w.inflight and time.monotonic() < deadline and w.state == "draining":
             await asyncio.sleep(0.02)
-        return not w.inflight
+        if w.state != "draining":
+            raise _fail(409, f"{w.id} became {w.state} while draining; {outcome}")
+        if w.inflight:
+            w.state = "ready"
+            raise _fail(504, f"{w.id} still had {len(w.inflight)} requests after {timeout_s} s; {outcome}")
 
     @router.get("/layout")
     async def layout() -> dict[str, Any]:
@@ -119,12 +125,7 @@ def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) 
         """Drain the worker (no new requests; in-flight ones finish), then stop it."""
         w, p = worker(worker_id), pool()
         before = p.layout()
-        w.state = "draining"
-        if not await drained(w, timeout_s):
-            w.state = "ready"
-            raise _fail(
-                504, f"{worker_id} still had {len(w.inflight)} requests after {timeout_s} s; left running"
-            )
+        await drain(w, timeout_s, "left running")
         await p.stop_worker(w)
         audit("remove_worker", worker_id, before, p.layout())
         return p.layout()
@@ -140,12 +141,7 @@ def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) 
         w, _p = worker(worker_id), pool()
         before = w.describe()
         old_role = w.role
-        w.state = "draining"
-        if not await drained(w, timeout_s):
-            w.state = "ready"
-            raise _fail(
-                504, f"{worker_id} still had {len(w.inflight)} requests after {timeout_s} s; role unchanged"
-            )
+        await drain(w, timeout_s, "role unchanged")
         w.role, w.state = role, "ready"
         audit("set_role", worker_id, {"role": old_role, **before}, w.describe())
         return w.describe()
