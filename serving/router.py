@@ -89,6 +89,24 @@ def create_app(settings: ServeSettings) -> FastAPI:
             ],
         }
 
+    @app.get("/v1/devices")
+    async def devices() -> JSONResponse:
+        """One consistent snapshot per worker's device (read-only; emulated devices are labelled)."""
+        pool: WorkerPool | None = state["pool"]
+        workers = [w for w in pool.workers.values() if w.state in ("ready", "draining")] if pool else []
+        results = await asyncio.gather(
+            *(pool.call(w, "snapshot", 10.0) for w in workers), return_exceptions=True
+        )
+        out = []
+        for w, res in zip(workers, results, strict=True):
+            item: dict[str, Any] = {"worker": w.id, "role": w.role, "device": w.spec.device}
+            if isinstance(res, BaseException):
+                item["error"] = str(res) or type(res).__name__
+            else:
+                item["sample"] = res
+            out.append(item)
+        return JSONResponse({"devices": out})
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -7,6 +7,14 @@ metric the device cannot measure. Errors are the few classes in :mod:`serving.de
 
 from serving.devices.base import Device, DeviceKind, DeviceSample, IterationWork, Phase, PowerLimitConstraints
 from serving.devices.cpu import CpuDevice
+from serving.devices.emulated import (
+    EmulatedDevice,
+    EmulationConstants,
+    EmulationStats,
+    IterationEstimate,
+    estimate_at_clock,
+    predict_iteration,
+)
 from serving.devices.errors import (
     DeviceError,
     DeviceLostError,
@@ -15,6 +23,7 @@ from serving.devices.errors import (
     DevicePermissionError,
     DeviceValueError,
 )
+from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, gpu_spec
 from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
 from serving.devices.registry import (
     DEVICE_FACTORIES,
@@ -31,6 +40,7 @@ from serving.devices.torch_cuda import TorchCudaDevice
 __all__ = [
     "DEVICE_FACTORIES",
     "EMULATED_GPUS",
+    "GPU_SPECS",
     "CpuDevice",
     "Device",
     "DeviceError",
@@ -42,6 +52,11 @@ __all__ = [
     "DeviceSample",
     "DeviceSpec",
     "DeviceValueError",
+    "EmulatedDevice",
+    "EmulationConstants",
+    "EmulationStats",
+    "GpuSpec",
+    "IterationEstimate",
     "IterationWork",
     "NvmlDevice",
     "Phase",
@@ -49,9 +64,12 @@ __all__ = [
     "TorchCudaDevice",
     "check_devices_available",
     "cuda_device_count",
+    "estimate_at_clock",
+    "gpu_spec",
     "nvml_available",
     "nvml_device_count",
     "open_device",
     "parse_device_spec",
+    "predict_iteration",
     "register_device_factory",
 ]

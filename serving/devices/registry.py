@@ -1,7 +1,7 @@
 """Device specs (``cpu``, ``cuda[:N]``, ``emulated:<gpu>``) and opening a Device from one.
 
-Each kind has a factory in :data:`DEVICE_FACTORIES`; the emulated-GPU implementation plugs in with
-:func:`register_device_factory` (until then ``emulated:*`` specs parse but do not open).
+Each kind has a factory in :data:`DEVICE_FACTORIES` (replaceable with :func:`register_device_factory`);
+``emulated:<gpu>`` opens the roofline + DVFS model of :mod:`serving.devices.emulated`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from serving.devices.base import Device, DeviceKind
 from serving.devices.cpu import CpuDevice
-from serving.devices.errors import DeviceNotFoundError, DeviceNotSupportedError, DeviceValueError
+from serving.devices.emulated import EmulatedDevice
+from serving.devices.errors import DeviceNotFoundError, DeviceValueError
 from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
 from serving.devices.torch_cuda import TorchCudaDevice, torch_cuda_device_count
 
@@ -76,8 +77,10 @@ def _open_cuda(spec: DeviceSpec, **_: Any) -> Device:
     raise DeviceNotFoundError(f"{spec} not found: {_gpus_found(count)}")
 
 
-def _open_emulated(spec: DeviceSpec, **_: Any) -> Device:
-    raise DeviceNotSupportedError("emulated GPUs are not implemented yet")
+def _open_emulated(spec: DeviceSpec, **options: Any) -> Device:
+    """An emulated GPU; ``options`` go to :class:`EmulatedDevice` (``model_shape``, ``pace``, ...)."""
+    assert spec.gpu is not None
+    return EmulatedDevice(spec.gpu, **options)
 
 
 DeviceFactory = Callable[..., Device]  # (DeviceSpec, **options) -> Device

@@ -1,0 +1,500 @@
+"""The emulated GPU: the roofline + DVFS model, published behaviour it reproduces, counters, knobs, pacing.
+
+Model tests use an injected clock and sleep, so they run instantly; one test paces in real time.
+Test names and docstrings say which published result each reproduces (see docs/EMULATION.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from serving.config import preset
+from serving.devices import (
+    EMULATED_GPUS,
+    GPU_SPECS,
+    DeviceValueError,
+    EmulatedDevice,
+    IterationWork,
+    open_device,
+    predict_iteration,
+)
+from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
+
+LLAMA_8B = preset("llama-3.1-8b")
+RUN2 = Path(__file__).resolve().parents[3] / "docs" / "gpu" / "2026-11-30-h200-run2.json"
+
+
+def prefill(tokens: int) -> IterationWork:
+    """One sequence's whole prompt, sampling its first token (as the H200 measurements ran it)."""
+    pairs = tokens * tokens - tokens * (tokens - 1) // 2
+    return IterationWork("prefill", tokens, 0, tokens, 1, attention_pairs=pairs, sampled_seqs=1)
+
+
+def decode(batch: int, ctx: int = 1024) -> IterationWork:
+    return IterationWork(
+        "decode", 0, batch, batch * ctx, batch, attention_pairs=batch * ctx, sampled_seqs=batch
+    )
+
+
+class FakeTime:
+    """A clock that only moves when slept on or advanced."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += max(0.0, seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake() -> FakeTime:
+    return FakeTime()
+
+
+def device(fake: FakeTime, gpu: str = "h100-sxm", **kw) -> EmulatedDevice:
+    return EmulatedDevice(gpu, model_shape=LLAMA_8B, clock=fake.clock, sleep=fake.sleep, **kw)
+
+
+def run(dev: EmulatedDevice, fake: FakeTime, work: IterationWork, host_s: float = 0.0) -> float:
+    """The engine's side: ``host_s`` of real math, then the device hook."""
+    fake.advance(host_s)
+    return dev.on_iteration(work, started_s=fake.now - host_s, elapsed_s=host_s)
+
+
+# --- published behaviour ----------------------------------------------------------------------------
+
+
+def test_splitwise_h100_decode_latency_insensitive_to_350w_cap_prefill_sensitive(fake: FakeTime) -> None:
+    """Splitwise (ISCA 2024, H100): capping 700 -> 350 W barely moves token-phase latency, while the
+    prompt phase is highly sensitive to the cap."""
+    dev = device(fake)
+    dec_700, pre_700 = dev.predict(decode(32)), dev.predict(prefill(4096))
+    dev.set_power_limit_w(350)
+    dec_350, pre_350 = dev.predict(decode(32)), dev.predict(prefill(4096))
+    assert dec_350.time_s / dec_700.time_s - 1 < 0.05
+    assert pre_350.time_s / pre_700.time_s - 1 > 0.25
+    assert pre_350.power_capped and pre_350.sm_clock_mhz < pre_700.sm_clock_mhz
+    assert pre_350.power_w <= 350
+    assert dec_700.bound == "memory" and pre_700.bound == "compute"
+
+
+def test_splitwise_prompt_power_grows_with_batch_token_power_flat() -> None:
+    """Splitwise (ISCA 2024): prompt-phase power grows with the batch (tokens); token-phase power stays
+    flat across batch sizes (within ~10 %)."""
+    prompt = [predict_iteration("h100-sxm", LLAMA_8B, prefill(n)).power_w for n in (32, 64, 128, 256, 1024)]
+    assert prompt == sorted(prompt) and prompt[-1] > 1.8 * prompt[0]
+    token = [predict_iteration("h100-sxm", LLAMA_8B, decode(b)).power_w for b in (1, 4, 8, 16, 32)]
+    assert max(token) / min(token) - 1 < 0.12
+    assert max(token) < 0.5 * prompt[-1]
+
+
+def test_illusion_of_power_capping_h200_decode_cap_at_80pct_tdp_does_not_bind(fake: FakeTime) -> None:
+    """arXiv 2605.11999 (H200): decode draws far below TDP, so a power cap never binds there."""
+    dev = device(fake, "h200")
+    free = dev.predict(decode(32))
+    assert free.power_w < 0.5 * dev.gpu.tdp_w
+    dev.set_power_limit_w(0.8 * dev.gpu.tdp_w)
+    capped = dev.predict(decode(32))
+    assert (capped.sm_clock_mhz, capped.time_s, capped.power_capped) == (
+        free.sm_clock_mhz,
+        free.time_s,
+        False,
+    )
+    for _ in range(20):
+        run(dev, fake, decode(32), host_s=0.001)
+    sample = dev.snapshot()
+    assert not sample.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    assert sample.sm_clock_mhz == dev.gpu.max_sm_clock_mhz
+
+
+def test_illusion_of_power_capping_h200_clock_lock_cuts_decode_energy() -> None:
+    """arXiv 2605.11999 (H200): locking the SM clock recovers a large share (up to ~32 %) of decode
+    energy at a small latency cost."""
+    free = predict_iteration("h200", LLAMA_8B, decode(32))
+    locked = predict_iteration("h200", LLAMA_8B, decode(32), sm_clock_range=(990, 990))
+    per_token = locked.energy_j / free.energy_j  # same tokens per step
+    assert per_token < 0.9
+    assert locked.time_s / free.time_s - 1 < 0.05
+    assert locked.sm_clock_mhz == 990
+
+
+def test_phase_decoupled_decode_caps_flat_then_cliff() -> None:
+    """arXiv 2609.11133: decode throughput is flat from its natural draw down to a cliff, then drops."""
+    work = decode(128)
+    natural = predict_iteration("h100-sxm", LLAMA_8B, work)
+    caps = list(range(700, 195, -25))
+    slowdown = [
+        predict_iteration("h100-sxm", LLAMA_8B, work, power_limit_w=c).time_s / natural.time_s for c in caps
+    ]
+    assert slowdown == sorted(slowdown)  # a lower cap is never faster
+    flat = [c for c, s in zip(caps, slowdown, strict=True) if s < 1.02]
+    assert min(flat) <= 0.8 * natural.power_w  # the flat region reaches well below the natural draw
+    assert slowdown[-1] > 1.3  # ... then the cliff
+    below = slowdown[caps.index(min(flat)) :]
+    assert below[-1] - below[0] > 10 * (below[0] - 1)  # the drop is concentrated past the edge
+
+
+def test_memory_bound_decode_barely_slows_with_clock_until_compute_overtakes() -> None:
+    """DESIGN.md: compute-bound prefill slows ~ with the clock; memory-bound decode barely slows until
+    its compute term overtakes the memory term."""
+
+    def at(work: IterationWork, mhz: int) -> float:
+        return predict_iteration("h100-sxm", LLAMA_8B, work, sm_clock_range=(mhz, mhz)).time_s
+
+    assert at(decode(32), 345) / at(decode(32), 1980) < 1.01  # never crosses over
+    big = decode(128)
+    assert at(big, 1200) / at(big, 1980) < 1.01
+    assert at(big, 510) / at(big, 1980) > 1.4  # past the crossing: ~ 1/f
+    assert at(prefill(4096), 990) / at(prefill(4096), 1980) > 1.7
+
+
+def test_h200_prefill_rows_of_run2_within_tolerance() -> None:
+    """The calibration: every GPU-bound H200 prefill row of docs/gpu/2026-11-30-h200-run2.json
+    (llama-3.1-8b bf16, 4096/8192 tokens, default, caps 497/350/200 W, locks 1410/990 MHz)."""
+    runs = json.loads(RUN2.read_text(encoding="utf-8").replace("NaN", "null"))["engine"]["runs"]
+    rows = [r for r in runs if r["phase"] == "prefill" and r["size"] >= 4096]
+    assert len(rows) == 7
+    for r in rows:
+        knob = r["knob"]
+        cap = float(knob.split()[1]) if knob.startswith("cap") else None
+        lock = (int(knob.split()[1]),) * 2 if knob.startswith("sm") else None
+        est = predict_iteration("h200", LLAMA_8B, prefill(r["size"]), power_limit_w=cap, sm_clock_range=lock)
+        assert est.time_s * 1e3 == pytest.approx(r["step_ms"], rel=0.08), knob
+        assert est.power_w == pytest.approx(r["power_w"], rel=0.08), knob
+
+
+# --- counters ----------------------------------------------------------------------------------------
+
+
+def test_continuous_decode_reads_high_utilization_low_sm_activity(fake: FakeTime) -> None:
+    """DESIGN.md: a decode-bound GPU reads 80-100 % utilization at 10-30 % SM activity."""
+    dev = device(fake)
+    dev.snapshot()  # start the window
+    for _ in range(40):
+        run(dev, fake, decode(32), host_s=0.002)
+    s = dev.snapshot()
+    assert s.gpu_util_pct > 80 and s.sm_active_pct < 35 and s.dram_active_pct > 60
+    assert s.tensor_active_pct < s.sm_active_pct
+    for _ in range(3):
+        run(dev, fake, prefill(4096), host_s=0.01)
+    p = dev.snapshot()
+    assert p.gpu_util_pct > 80 and p.sm_active_pct > s.sm_active_pct + 15
+    assert p.power_w > 2 * s.power_w
+
+
+def test_snapshot_windows_are_since_the_previous_snapshot(fake: FakeTime) -> None:
+    dev = device(fake)
+    first = dev.snapshot()
+    assert (first.gpu_util_pct, first.power_w, first.clock_event_reasons) == (0.0, 72.0, CLOCK_EVENT_GPU_IDLE)
+    assert first.sm_clock_mhz == 345  # idles at the lowest clock
+    est = dev.predict(decode(32))
+    run(dev, fake, decode(32))  # busy for est.time_s ...
+    fake.advance(est.time_s)  # ... then idle as long again
+    s = dev.snapshot()
+    assert s.gpu_util_pct == pytest.approx(50.0)
+    assert s.power_w == pytest.approx((est.power_w + 72.0) / 2)
+    assert s.clock_event_reasons == 0 and s.sm_clock_mhz == 1980
+    fake.advance(0.5)
+    assert dev.snapshot().gpu_util_pct == 0.0
+
+
+def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> None:
+    """A sampler in another thread, mid-sleep, sees the modeled GPU busy (not idle)."""
+    seen = []
+
+    def sleep(seconds: float) -> None:
+        fake.advance(seconds / 2)
+        seen.append(dev.snapshot())
+        fake.advance(seconds / 2)
+
+    dev = EmulatedDevice("h100-sxm", model_shape=LLAMA_8B, clock=fake.clock, sleep=sleep)
+    dev.snapshot()
+    fake.advance(1.0)
+    dev.snapshot()
+    run(dev, fake, prefill(4096))
+    assert seen[0].gpu_util_pct == pytest.approx(100.0) and seen[0].power_w > 600
+
+
+def test_samples_are_labelled_emulated_and_complete(fake: FakeTime) -> None:
+    dev = device(fake, "h200")
+    run(dev, fake, decode(8))
+    s = dev.snapshot()
+    assert (s.device, s.kind, s.emulated, s.index, s.lost) == ("emulated:h200", "emulated", True, None, False)
+    assert s.name == "NVIDIA H200 (emulated)" and s.uuid
+    for key, value in s.to_dict().items():
+        if key not in ("index", "locked_sm_clock_min_mhz", "locked_sm_clock_max_mhz"):
+            assert value is not None, key
+    assert s.mem_total_bytes == GPU_SPECS["h200"].memory_bytes
+    assert LLAMA_8B.param_count() * 2 < s.mem_used_bytes < s.mem_total_bytes
+    assert s.mem_clock_mhz == 3201 and s.power_limit_w == 700.0
+    json.dumps(s.to_dict())
+
+
+def test_power_cap_lowers_clock_and_sets_sw_power_cap_reason(fake: FakeTime) -> None:
+    dev = device(fake)
+    dev.set_power_limit_w(350)
+    dev.snapshot()
+    for _ in range(3):
+        run(dev, fake, prefill(4096), host_s=0.01)
+    s = dev.snapshot()
+    assert s.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    assert s.sm_clock_mhz < 1500 and s.power_w <= 350 and s.power_limit_w == 350
+
+
+def test_power_cap_wins_over_a_locked_clock_range() -> None:
+    """As on real GPUs, the power limit can pull the clock below a locked range's floor."""
+    est = predict_iteration(
+        "h100-sxm", LLAMA_8B, prefill(4096), power_limit_w=200, sm_clock_range=(1500, 1980)
+    )
+    assert est.power_capped and est.sm_clock_mhz < 1500 and est.power_w <= 200
+
+
+def test_energy_counter_is_monotonic_and_integrates_power(fake: FakeTime) -> None:
+    dev = device(fake)
+    start = dev.snapshot().energy_mj
+    expected_j, readings = 0.0, [start]
+    for i in range(60):
+        work = prefill(512) if i % 7 == 0 else decode(16 + i)
+        est = dev.predict(work)
+        run(dev, fake, work, host_s=0.001)
+        gap = 0.003 * (i % 4)
+        fake.advance(gap)
+        expected_j += est.power_w * est.time_s + 72.0 * gap
+        if i % 5 == 0:
+            readings.append(dev.snapshot().energy_mj)
+    readings.append(dev.snapshot().energy_mj)
+    assert readings == sorted(readings)
+    assert (readings[-1] - start) / 1000 == pytest.approx(expected_j, rel=0.01)
+
+
+def test_temperature_rises_under_load_and_relaxes(fake: FakeTime) -> None:
+    dev = device(fake, "h200")
+    cold = dev.snapshot().temperature_c
+    for _ in range(300):  # ~30 s of prefill
+        run(dev, fake, prefill(4096), host_s=0.01)
+    hot = dev.snapshot().temperature_c
+    fake.advance(300.0)
+    relaxed = dev.snapshot().temperature_c
+    assert cold < 36 < 50 < hot < 60 and relaxed == pytest.approx(cold, abs=0.5)
+
+
+def test_snapshot_from_another_thread_is_safe() -> None:
+    dev = EmulatedDevice("h100-sxm", model_shape=LLAMA_8B, pace=False)
+    stop, energies = threading.Event(), []
+
+    def sampler() -> None:
+        while not stop.is_set():
+            energies.append(dev.snapshot().energy_mj)
+
+    t = threading.Thread(target=sampler)
+    t.start()
+    try:
+        for i in range(2000):
+            dev.on_iteration(decode(1 + i % 64), time.time(), 0.0)
+    finally:
+        stop.set()
+        t.join()
+    assert energies == sorted(energies) and dev.stats().iterations == 2000
+
+
+# --- pacing ------------------------------------------------------------------------------------------
+
+
+def test_pacing_sleeps_modeled_minus_elapsed(fake: FakeTime) -> None:
+    dev = device(fake)
+    modeled = dev.predict(decode(32)).time_s
+    applied = run(dev, fake, decode(32), host_s=0.002)
+    assert sum(fake.slept) == pytest.approx(modeled - 0.002)
+    assert applied == pytest.approx(modeled - 0.002)
+    stats = dev.stats()
+    assert (stats.iterations, stats.paced_iterations, stats.lagged_iterations) == (1, 1, 0)
+    assert stats.last_pacing_error_s == pytest.approx(0.0, abs=1e-12)
+    assert stats.modeled_s_total == pytest.approx(modeled)
+
+
+def test_pacing_counts_host_work_after_the_engines_elapsed_measurement(fake: FakeTime) -> None:
+    """The iteration runs from the engine's started_s, not from elapsed_s before the hook call."""
+    dev = device(fake)
+    modeled = dev.predict(decode(32)).time_s
+    fake.advance(0.003)
+    dev.on_iteration(decode(32), started_s=fake.now - 0.003, elapsed_s=0.002)  # 1 ms after measuring
+    assert sum(fake.slept) == pytest.approx(modeled - 0.003)
+    fake.slept.clear()
+    fake.advance(0.002)
+    dev.on_iteration(decode(32), started_s=fake.now + 3600.0, elapsed_s=0.002)  # a clock step: ignored
+    assert sum(fake.slept) == pytest.approx(modeled - 0.002)
+
+
+def test_host_overrun_is_counted_as_lag_not_slept(fake: FakeTime) -> None:
+    dev = device(fake)
+    modeled = dev.predict(decode(32)).time_s
+    applied = run(dev, fake, decode(32), host_s=modeled + 0.004)
+    assert applied == 0.0 and fake.slept == []
+    stats = dev.stats()
+    assert (stats.lagged_iterations, stats.paced_iterations) == (1, 0)
+    assert stats.lag_s_total == pytest.approx(0.004)
+    assert stats.last_pacing_error_s == pytest.approx(0.004)
+    run(dev, fake, decode(32), host_s=0.001)  # the next one paces again
+    assert dev.stats().paced_iterations == 1 and len(fake.slept) == 1
+
+
+def test_pace_false_models_and_accounts_without_sleeping(fake: FakeTime) -> None:
+    dev = device(fake, pace=False)
+    for _ in range(5):
+        assert run(dev, fake, decode(32)) == 0.0
+    stats = dev.stats()
+    assert fake.slept == [] and stats.iterations == 5 and stats.lagged_iterations == 0
+    fake.advance(1.0)
+    est = dev.predict(decode(32))
+    assert dev.snapshot().energy_mj / 1000 == pytest.approx(
+        5 * est.energy_j + 72.0 * (1.0 - 5 * est.time_s), rel=0.01
+    )
+
+
+def test_real_time_pacing_is_close_to_the_modeled_time() -> None:
+    """No injection: ~20 iterations of a few ms each are paced to the modeled time (generous bound)."""
+    dev = EmulatedDevice("h100-sxm", model_shape=LLAMA_8B)
+    work = decode(1)
+    errors = []
+    for _ in range(20):
+        started, started_wall = time.monotonic(), time.time()
+        dev.on_iteration(work, started_wall, time.monotonic() - started)
+        wall = time.monotonic() - started
+        errors.append(abs(wall - dev.last_estimate.time_s) / dev.last_estimate.time_s)
+    assert 0.002 < dev.last_estimate.time_s < 0.01
+    assert sum(errors) / len(errors) < 0.2
+
+
+# --- knobs and registry ------------------------------------------------------------------------------
+
+
+def test_power_limit_knob_bounds_and_errors_like_nvml(fake: FakeTime) -> None:
+    dev = device(fake)
+    c = dev.power_limit_constraints_w()
+    assert (c.min_w, c.max_w, c.default_w) == (200.0, 700.0, 700.0)
+    with pytest.raises(
+        DeviceValueError, match=r"^emulated:h100-sxm power limit 5000 W is outside \[200, 700\] W$"
+    ):
+        dev.set_power_limit_w(5000)
+    with pytest.raises(DeviceValueError, match=r"outside \[200, 700\] W"):
+        dev.set_power_limit_w(199.9)
+    dev.set_power_limit_w(350.0004)
+    assert dev.power_limit_w() == 350.0 and dev.snapshot().power_limit_w == 350.0
+    dev.reset_power_limit()
+    assert dev.power_limit_w() == 700.0
+    a100 = EmulatedDevice("a100-sxm-80gb", clock=fake.clock, sleep=fake.sleep)
+    c = a100.power_limit_constraints_w()
+    assert (c.min_w, c.max_w, c.default_w) == (100.0, 400.0, 400.0)
+
+
+def test_sm_clock_knob_bounds_and_errors_like_nvml(fake: FakeTime) -> None:
+    dev = device(fake, "h200")
+    clocks = dev.supported_sm_clocks_mhz()
+    assert clocks[0] == 345 and clocks[-1] == 1980 and clocks == sorted(set(clocks))
+    assert all(b - a == 15 for a, b in itertools.pairwise(clocks)) and 990 in clocks
+    assert dev.sm_clock_range_mhz() is None
+    with pytest.raises(
+        DeviceValueError, match=r"^emulated:h200 SM clock range \[1500, 990\] MHz has min > max$"
+    ):
+        dev.set_sm_clock_range_mhz(1500, 990)
+    with pytest.raises(
+        DeviceValueError, match=r"^emulated:h200 SM clock 3000 MHz is outside \[345, 1980\] MHz$"
+    ):
+        dev.set_sm_clock_range_mhz(990, 3000)
+    with pytest.raises(DeviceValueError, match=r"SM clock 100 MHz is outside"):
+        dev.set_sm_clock_range_mhz(100, 990)
+    dev.set_sm_clock_range_mhz(990, 990)
+    assert dev.sm_clock_range_mhz() == (990, 990)
+    knobs = dev.knobs()
+    assert knobs == {
+        "device": "emulated:h200",
+        "emulated": True,
+        "power_limit_w": 700.0,
+        "power_limit_min_w": 200.0,
+        "power_limit_max_w": 700.0,
+        "power_limit_default_w": 700.0,
+        "locked_sm_clock_min_mhz": 990,
+        "locked_sm_clock_max_mhz": 990,
+        "supported_sm_clock_min_mhz": 345,
+        "supported_sm_clock_max_mhz": 1980,
+    }
+    s = dev.snapshot()
+    assert (s.locked_sm_clock_min_mhz, s.locked_sm_clock_max_mhz, s.sm_clock_mhz) == (990, 990, 990)
+    run(dev, fake, prefill(1024))
+    assert dev.last_estimate.sm_clock_mhz == 990
+    dev.reset_sm_clocks()
+    assert dev.sm_clock_range_mhz() is None and dev.knobs()["locked_sm_clock_min_mhz"] is None
+    a100 = EmulatedDevice("a100-sxm-80gb")
+    assert a100.supported_sm_clocks_mhz()[0] == 210 and a100.supported_sm_clocks_mhz()[-1] == 1410
+
+
+def test_open_device_through_the_registry() -> None:
+    dev = open_device("emulated:h200", model_shape=LLAMA_8B)
+    assert isinstance(dev, EmulatedDevice) and dev.is_emulated and dev.kind == "emulated"
+    assert dev.spec == "emulated:h200" and dev.torch_device == "cpu" and dev.model_shape is LLAMA_8B
+    assert dev.snapshot().emulated
+    default = open_device("emulated:a100-sxm-80gb")
+    assert (
+        default.model_shape.name == "tiny" and default.snapshot().name == "NVIDIA A100-SXM4-80GB (emulated)"
+    )
+    with pytest.raises(DeviceValueError, match="unknown emulated GPU"):
+        EmulatedDevice("b200")
+
+
+def test_spec_table_covers_the_registry_and_design_figures() -> None:
+    assert set(GPU_SPECS) == set(EMULATED_GPUS)
+    figures = {  # DESIGN.md: TFLOP/s, TB/s, TDP, min limit, max SM clock
+        "a100-sxm-80gb": (312, 2.04, 400, 100, 1410),
+        "h100-sxm": (989, 3.35, 700, 200, 1980),
+        "h200": (989, 4.8, 700, 200, 1980),
+    }
+    for key, (tflops, tb_s, tdp, low, fmax) in figures.items():
+        g = GPU_SPECS[key]
+        assert (g.bf16_tflops, g.hbm_tb_s, g.tdp_w, g.min_power_limit_w, g.max_sm_clock_mhz) == (
+            tflops,
+            tb_s,
+            tdp,
+            low,
+            fmax,
+        )
+
+
+# --- the pure model ----------------------------------------------------------------------------------
+
+
+def test_estimate_terms_and_shape_scaling() -> None:
+    dec = predict_iteration("h100-sxm", LLAMA_8B, decode(32))
+    assert dec.bound == "memory" and dec.memory_s > 3 * dec.compute_s
+    assert 0.004 < dec.time_s < 0.012  # ~16 GB of weights + 4 GB of KV at ~2.8 TB/s
+    assert dec.hbm_bytes > 2 * LLAMA_8B.param_count() * 0.9
+    pre = predict_iteration("h100-sxm", LLAMA_8B, prefill(4096))
+    assert pre.bound == "compute" and pre.flops > 2 * 7e9 * 4096
+    assert pre.sm_active > 2 * dec.sm_active - 0.2 and pre.dram_active < dec.dram_active
+    # The LM head runs only for sampled rows: an unfinished prompt chunk skips it.
+    chunk = IterationWork("prefill", 512, 0, 512, 1, attention_pairs=512 * 513 // 2, sampled_seqs=0)
+    assert (
+        predict_iteration("h100-sxm", LLAMA_8B, chunk).flops
+        < predict_iteration("h100-sxm", LLAMA_8B, prefill(512)).flops
+    )
+    tiny = predict_iteration("h100-sxm", preset("tiny"), decode(32))
+    assert tiny.time_s < dec.time_s / 10 and tiny.bound == "overhead"
+    h200 = predict_iteration("h200", LLAMA_8B, decode(32))
+    assert h200.time_s < dec.time_s  # more bandwidth
+    mixed = IterationWork(
+        "mixed", 256, 16, 256 + 16 * 1024, 17, attention_pairs=256 * 257 // 2 + 16 * 1024, sampled_seqs=17
+    )
+    assert predict_iteration("h100-sxm", LLAMA_8B, mixed).time_s > dec.time_s * 0.5
