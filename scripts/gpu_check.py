@@ -318,6 +318,58 @@ def stage_serving(out: Path, dev: Any, model_name: str) -> None:
     save(out)
 
 
+def emulator_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The emulator's prediction beside each measured engine row (same GPU, shape, work, knob)."""
+    from serving.config import preset
+    from serving.devices import IterationWork, predict_iteration
+
+    engine = results.get("engine") or {}
+    name = (results.get("env") or {}).get("gpu") or ""
+    gpu = "h200" if "H200" in name else "a100-sxm-80gb" if "A100" in name else "h100-sxm"
+    shape = preset(engine.get("model", "llama-3.1-8b"))
+    rows = []
+    for run in engine.get("runs", []):
+        n, knob = run["size"], run["knob"]
+        if run["phase"] == "prefill":
+            work = IterationWork("prefill", n, 0, n, 1, n * (n + 1) // 2, 1)
+        else:
+            ctx = 1024
+            work = IterationWork("decode", 0, n, n * ctx, n, n * ctx, n)
+        limit = clocks = None
+        if knob.startswith("cap "):
+            limit = float(knob.split()[1])
+        elif knob.startswith("sm "):
+            mhz = int(knob.split()[1])
+            clocks = (mhz, mhz)
+        est = predict_iteration(gpu, shape, work, power_limit_w=limit, sm_clock_range=clocks)
+        rows.append(
+            {
+                "phase": run["phase"],
+                "size": n,
+                "knob": knob,
+                "measured_ms": run["step_ms"],
+                "modeled_ms": round(est.time_s * 1e3, 2),
+                "time_err_pct": round((est.time_s * 1e3 / run["step_ms"] - 1) * 100, 1),
+                "measured_w": run.get("power_w"),
+                "modeled_w": round(est.power_w, 1),
+                "measured_util_pct": run.get("gpu_util_pct"),
+            }
+        )
+    return rows
+
+
+def print_comparison(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'phase':8} {'size':>5} {'knob':14} {'meas ms':>9} {'model ms':>9} {'err %':>7} {'meas W':>7} {'model W':>8} {'util %':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['phase']:8} {r['size']:>5} {r['knob']:14} {r['measured_ms']:>9} {r['modeled_ms']:>9} "
+            f"{r['time_err_pct']:>7} {r['measured_w']!s:>7} {r['modeled_w']:>8} {r['measured_util_pct']!s:>7}"
+        )
+    print("(rows with low util % were host-bound: the emulator models the GPU, not host overhead)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -327,8 +379,12 @@ def main() -> int:
     ap.add_argument("--device", default="cuda:0", help="cuda:N (or cpu for a dry rehearsal)")
     ap.add_argument("--load-requests", type=int, default=96)
     ap.add_argument("--kv-gb", type=float, default=24.0, help="KV cache of the engine sweep")
+    ap.add_argument("--compare", default=None, help="only print emulator vs measurement for a results JSON")
     ap.add_argument("--skip", default="", help="comma list of stages to skip: engine,serving")
     args = ap.parse_args()
+    if args.compare:
+        print_comparison(emulator_rows(json.loads(Path(args.compare).read_text())))
+        return 0
     global DEVICE, LOAD_REQUESTS, KV_GB
     DEVICE, LOAD_REQUESTS, KV_GB = args.device, args.load_requests, args.kv_gb
     out = Path(args.out)
@@ -364,6 +420,10 @@ def main() -> int:
         gc.collect()
         if DEVICE != "cpu":
             torch.cuda.empty_cache()
+        save(out)
+    if RESULTS.get("engine", {}).get("runs"):
+        RESULTS["emulator_comparison"] = emulator_rows(RESULTS)
+        print_comparison(RESULTS["emulator_comparison"])
         save(out)
     for restore in (dev.reset_power_limit, dev.reset_sm_clocks):
         try:
