@@ -3,6 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+# The Prometheus-path tests run a real Prometheus server (Debian package); they skip without it.
+if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "phaselens: installing Debian's prometheus for the Prometheus-path tests ..." >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+    >.venv/apt.log 2>&1 || echo "phaselens: prometheus not installed (see .venv/apt.log); those tests will skip" >&2
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest -q "$@"

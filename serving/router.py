@@ -99,7 +99,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         )
         out = []
         for w, res in zip(workers, results, strict=True):
-            item: dict[str, Any] = {"worker": w.id, "role": w.role, "device": w.spec.device}
+            item: dict[str, Any] = {
+                "worker": w.id,
+                "role": w.role,
+                "device": w.spec.device,
+                "pid": w.process.pid,
+            }
             if isinstance(res, BaseException):
                 item["error"] = str(res) or type(res).__name__
             else:

@@ -1,0 +1,236 @@
+"""The scrape-source contract of the collector: ``poll()`` returns rows per table plus counted problems.
+
+A source never raises out of :meth:`Source.poll`: a failed fetch is recorded in its
+:class:`SourceHealth` (status ``down``) and retried after an exponentially growing delay
+(:class:`~collector.sources.backoff.Backoff`), so an unreachable endpoint never becomes a crash loop.
+Problems inside a successful fetch (a malformed line, an unknown metric, a clock that jumped back)
+are counted as :class:`IngestError` and the rest of the data is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from collector.sources.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+TABLE_GPU_SAMPLES = "gpu_samples"
+TABLE_ENGINE_METRICS = "engine_metrics"
+
+Severity = Literal["error", "warning", "info"]
+Status = Literal["unknown", "ok", "degraded", "down"]
+
+
+@dataclass
+class IngestError:
+    """A counted problem met while ingesting from ``source``.
+
+    ``kind`` is a short machine-readable word (``unreachable``, ``http_status``, ``malformed_line``,
+    ``non_numeric``, ``non_finite``, ``unknown_metric``, ``clock_backwards``, ``counter_reset``,
+    ``query_error``, ``partial_data``, ``internal``). ``message`` is the first occurrence's detail.
+    Severity ``error`` means data was lost (the source reads ``degraded``); ``warning`` means
+    something was skipped that the tables have no place for; ``info`` is bookkeeping only.
+    """
+
+    source: str
+    kind: str
+    message: str
+    count: int = 1
+    severity: Severity = "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SourceResult:
+    """What one poll produced: rows per target table and the problems met, merged by kind."""
+
+    source: str
+    ts_s: float
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    errors: list[IngestError] = field(default_factory=list)
+    ok: bool = True  # False when the fetch itself failed
+    skipped: bool = False  # True when the poll was not due (backing off) and nothing was fetched
+
+    def add_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        self.rows.setdefault(table, []).extend(rows)
+
+    def count(self, kind: str, message: str, n: int = 1, severity: Severity = "error") -> None:
+        """Count ``n`` problems of ``kind``; the first message of a kind is kept."""
+        if n <= 0:
+            return
+        for e in self.errors:
+            if e.kind == kind and e.severity == severity:
+                e.count += n
+                return
+        self.errors.append(IngestError(self.source, kind, message, n, severity))
+
+    def error_count(self, kind: str | None = None) -> int:
+        """How many problems of ``kind`` (all kinds when ``None``) were counted."""
+        return sum(e.count for e in self.errors if kind is None or e.kind == kind)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(r) for r in self.rows.values())
+
+    @property
+    def degraded(self) -> bool:
+        return any(e.severity == "error" for e in self.errors)
+
+
+@dataclass
+class SourceHealth:
+    """How a source is doing, for the service's health endpoint and the dashboard."""
+
+    name: str
+    status: Status = "unknown"
+    last_attempt_s: float | None = None
+    last_success_s: float | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+    next_attempt_s: float | None = None
+    rows_total: int = 0
+    errors_total: int = 0  # counted problems of severity error or warning, plus failed polls
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SourceUnavailable(Exception):
+    """A fetch failed as a whole (endpoint unreachable, HTTP error, every query rejected)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class Source(ABC):
+    """A poll-driven data source. Subclasses implement :meth:`_discover` and :meth:`_collect`.
+
+    ``clock`` (epoch seconds) stamps rows and drives the backoff schedule; ``interval_s`` is the
+    nominal delay between successful polls (``due()`` is true again after it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        interval_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+        backoff: Backoff | None = None,
+        discovery_ttl_s: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.clock = clock
+        self.backoff = backoff if backoff is not None else Backoff()
+        self.discovery_ttl_s = discovery_ttl_s
+        self._health = SourceHealth(name)
+        self._available: bool | None = None
+        self._available_checked_s: float | None = None
+        self._lock = threading.Lock()
+
+    # --- for subclasses ------------------------------------------------------------------------
+
+    @abstractmethod
+    def _discover(self) -> bool:
+        """Return True when the endpoint answers with data this source understands. May raise."""
+
+    @abstractmethod
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        """Fetch once and fill ``result``. Raise :class:`SourceUnavailable` when the fetch failed."""
+
+    # --- public API ----------------------------------------------------------------------------
+
+    def available(self, refresh: bool = False) -> bool:
+        """Whether the endpoint is there (cached for ``discovery_ttl_s``; never raises)."""
+        now = self.clock()
+        fresh = (
+            self._available_checked_s is not None
+            and 0 <= now - self._available_checked_s < self.discovery_ttl_s
+        )
+        if self._available is None or refresh or not fresh:
+            try:
+                self._available = bool(self._discover())
+            except Exception as e:  # discovery is best effort
+                log.debug("%s: discovery failed: %s", self.name, e)
+                self._available = False
+            self._available_checked_s = now
+        return self._available
+
+    def due(self, now_s: float | None = None) -> bool:
+        """Whether a poll now would fetch (False while backing off or inside ``interval_s``)."""
+        nxt = self._health.next_attempt_s
+        return nxt is None or (self.clock() if now_s is None else now_s) >= nxt
+
+    def poll(self, *, force: bool = False) -> SourceResult:
+        """Fetch once if due (or ``force``); never raises. Health and backoff are updated."""
+        with self._lock:
+            now = self.clock()
+            result = SourceResult(self.name, now)
+            if not force and not self.due(now):
+                result.skipped = True
+                return result
+            h = self._health
+            h.last_attempt_s = now
+            try:
+                self._collect(now, result)
+            except SourceUnavailable as e:
+                self._fail(result, now, e.kind, e.message)
+            except Exception as e:  # a bug or an unexpected payload: count it, back off, carry on
+                log.exception("%s: poll failed", self.name)
+                self._fail(result, now, "internal", f"{type(e).__name__}: {e}")
+            else:
+                self.backoff.success()
+                h.consecutive_failures = 0
+                h.last_success_s = now
+                h.next_attempt_s = now + self.interval_s
+                h.status = "degraded" if result.degraded else "ok"
+                h.last_error = next(
+                    (f"{e.kind}: {e.message}" for e in result.errors if e.severity != "info"), h.last_error
+                )
+                h.rows_total += result.n_rows
+                h.errors_total += sum(e.count for e in result.errors if e.severity != "info")
+                self._available, self._available_checked_s = True, now
+            return result
+
+    def health(self) -> SourceHealth:
+        """A copy of the current health."""
+        return SourceHealth(**asdict(self._health))
+
+    def close(self) -> None:
+        """Release connections. Safe to call more than once."""
+        return None
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _fail(self, result: SourceResult, now: float, kind: str, message: str) -> None:
+        result.ok = False
+        result.rows.clear()
+        result.errors = [IngestError(self.name, kind, message, 1, "error")]
+        h = self._health
+        h.status = "down"
+        h.consecutive_failures += 1
+        h.last_error = f"{kind}: {message}"
+        h.errors_total += 1
+        delay = self.backoff.failure()
+        h.next_attempt_s = now + delay
+        log.warning("%s: %s (%s); retrying in %.1f s", self.name, kind, message, delay)

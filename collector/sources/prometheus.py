@@ -1,0 +1,632 @@
+"""Serving-engine metrics (vLLM, SGLang, NVIDIA Dynamo, the phaselens router) and the Prometheus query API.
+
+:class:`EngineScrapeSource` scrapes an engine's ``/metrics``; :class:`PrometheusQuerySource` reads a
+Prometheus-compatible server (Prometheus, Thanos, Mimir) through ``/api/v1/query_range`` for
+``DCGM_FI_*`` series (→ ``gpu_samples``) and engine series (→ ``engine_metrics``).
+
+``engine_metrics`` rows: ``node, endpoint, engine, ts_s, metric, labels, value`` with ``labels`` a JSON
+object string (sorted keys). Metric names are normalised across engines:
+
+==========================  ==========================================================================
+histograms (``_sum``,       ``ttft_seconds``, ``itl_seconds``, ``tpot_seconds``, ``e2e_seconds``,
+``_count``, ``_bucket``)    ``queue_seconds``, ``prefill_seconds``, ``decode_seconds``,
+                            ``input_sequence_tokens``, ``output_sequence_tokens``
+counters (``_total``)       ``prompt_tokens_total``, ``generation_tokens_total``, ``requests_total``
+gauges                      ``requests_running``, ``requests_waiting``, ``kv_cache_usage_ratio`` (0-1)
+per interval (computed)     ``<counter>_per_s`` (e.g. ``prompt_tokens_per_s``), ``<histogram>_mean``
+                            (e.g. ``ttft_seconds_mean`` = Δsum/Δcount), ``<histogram>_count_per_s``
+==========================  ==========================================================================
+
+Other metrics under an engine prefix pass through under their own name, prefix removed (e.g.
+SGLang's ``cache_hit_rate``). A counter that went down restarted: its new value is the increase
+(counted as ``counter_reset``, severity info).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from collector.sources.backoff import Backoff
+from collector.sources.base import (
+    TABLE_ENGINE_METRICS,
+    TABLE_GPU_SAMPLES,
+    Source,
+    SourceResult,
+    SourceUnavailable,
+)
+from collector.sources.dcgm import _FB_FIELDS, DCGM_FIELDS, ClockGuard, GpuRowBuilder, is_dcgm_field
+from collector.sources.exposition import Sample, fetch_text, finite, parse_exposition, split_name
+
+ENGINE_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("vllm:", "vllm"),
+    ("sglang:", "sglang"),
+    ("dynamo_frontend_", "dynamo"),
+    ("phaselens:", "phaselens"),
+)
+ENGINES = ("vllm", "sglang", "dynamo", "phaselens")
+ENGINE_ROW_COLUMNS = ("node", "endpoint", "engine", "ts_s", "metric", "labels", "value")
+
+_H, _C, _G = "histogram", "counter", "gauge"
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    base: str  # normalised name without suffix
+    kind: str  # histogram | counter | gauge
+    rank: int = 0  # lower wins when an engine exports two names for one thing
+
+
+#: (engine, metric stem without prefix and without ``_total``) → normalised metric.
+ENGINE_METRICS: dict[str, dict[str, _Known]] = {
+    "vllm": {
+        "time_to_first_token_seconds": _Known("ttft_seconds", _H),
+        "inter_token_latency_seconds": _Known("itl_seconds", _H),
+        "time_per_output_token_seconds": _Known("itl_seconds", _H, 1),  # pre-0.11 name of the same
+        "request_time_per_output_token_seconds": _Known("tpot_seconds", _H),
+        "e2e_request_latency_seconds": _Known("e2e_seconds", _H),
+        "request_queue_time_seconds": _Known("queue_seconds", _H),
+        "request_prefill_time_seconds": _Known("prefill_seconds", _H),
+        "request_decode_time_seconds": _Known("decode_seconds", _H),
+        "request_prompt_tokens": _Known("input_sequence_tokens", _H),
+        "request_generation_tokens": _Known("output_sequence_tokens", _H),
+        "num_requests_running": _Known("requests_running", _G),
+        "num_requests_waiting": _Known("requests_waiting", _G),
+        "kv_cache_usage_perc": _Known("kv_cache_usage_ratio", _G),
+        "gpu_cache_usage_perc": _Known("kv_cache_usage_ratio", _G, 1),
+        "prompt_tokens": _Known("prompt_tokens", _C),
+        "generation_tokens": _Known("generation_tokens", _C),
+        "request_success": _Known("requests", _C),
+    },
+    "sglang": {
+        "time_to_first_token_seconds": _Known("ttft_seconds", _H),
+        "inter_token_latency_seconds": _Known("itl_seconds", _H),
+        "time_per_output_token_seconds": _Known("itl_seconds", _H, 1),
+        "e2e_request_latency_seconds": _Known("e2e_seconds", _H),
+        "queue_time_seconds": _Known("queue_seconds", _H),
+        "num_running_reqs": _Known("requests_running", _G),
+        "num_queue_reqs": _Known("requests_waiting", _G),
+        "token_usage": _Known("kv_cache_usage_ratio", _G),
+        "prompt_tokens": _Known("prompt_tokens", _C),
+        "generation_tokens": _Known("generation_tokens", _C),
+        "num_requests": _Known("requests", _C),
+    },
+    "dynamo": {
+        "time_to_first_token_seconds": _Known("ttft_seconds", _H),
+        "inter_token_latency_seconds": _Known("itl_seconds", _H),
+        "request_duration_seconds": _Known("e2e_seconds", _H),
+        "input_sequence_tokens": _Known("input_sequence_tokens", _H),
+        "output_sequence_tokens": _Known("output_sequence_tokens", _H),
+        "requests": _Known("requests", _C),
+        "inflight_requests": _Known("requests_running", _G),
+        "queued_requests": _Known("requests_waiting", _G),
+    },
+    "phaselens": {},
+}
+ENGINE_METRICS["phaselens"] = ENGINE_METRICS["vllm"]  # the bundled router exports vLLM names
+
+#: Counters an engine does not export but its histograms imply: Dynamo's token totals are the
+#: sums of its per-request sequence-length histograms.
+_DERIVED_COUNTERS: dict[str, dict[str, str]] = {
+    "dynamo": {"input_sequence_tokens": "prompt_tokens", "output_sequence_tokens": "generation_tokens"},
+}
+
+_DROP_LABELS = ("__name__", "instance", "job")
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePoint:
+    """One engine sample after normalisation."""
+
+    engine: str
+    base: str  # normalised name without suffix
+    kind: str  # histogram | summary | counter | gauge
+    suffix: str  # '' | _sum | _count | _bucket | _total
+    labels: dict[str, str]
+    value: float
+
+    @property
+    def metric(self) -> str:
+        if self.kind == _C:
+            return self.base + "_total"
+        return self.base + self.suffix
+
+
+def _labels_json(labels: dict[str, str]) -> str:
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+def _engine_of(name: str) -> tuple[str, str] | None:
+    for prefix, engine in ENGINE_PREFIXES:
+        if name.startswith(prefix):
+            return engine, name[len(prefix) :]
+    return None
+
+
+def _classify(s: Sample) -> tuple[str, str, _Known | None, str, str] | None:
+    """(engine, raw stem, known spec or None, kind, suffix) for an engine sample, else None."""
+    found = _engine_of(s.name)
+    if found is None:
+        return None
+    engine, rest = found
+    table = ENGINE_METRICS.get(engine, {})
+    known = table.get(rest)
+    if known is not None and known.kind in (_G, _C):
+        return engine, rest, known, known.kind, "_total" if known.kind == _C else ""
+    for suf in ("_total", "_sum", "_count", "_bucket", "_created"):
+        if rest.endswith(suf):
+            known = table.get(rest[: -len(suf)])
+            if known is not None:
+                return engine, rest[: -len(suf)], known, known.kind, suf
+    if rest in table:  # a histogram's stem alone: a summary-style quantile row; keep it as is
+        return engine, rest, table[rest], table[rest].kind, ""
+    # Not one we know: pass it through under its own name, prefix removed.
+    prefix = s.name[: len(s.name) - len(rest)]
+    if s.type in (_C, _H, "summary", "gaugehistogram") and s.stem.startswith(prefix):
+        return engine, s.stem[len(prefix) :], None, s.type, s.suffix
+    if s.type == _G:
+        return engine, rest, None, _G, ""
+    stem, suf = split_name(rest)
+    kind = {"_total": _C, "_bucket": _H, "_sum": _H, "_count": _H, "_created": _C}.get(suf, _G)
+    return engine, stem, None, kind, suf
+
+
+class EngineMapper:
+    """Turns the samples of one snapshot (one endpoint, one instant) into :class:`EnginePoint` s."""
+
+    def __init__(self, engine: str = "auto", *, include_buckets: bool = True, passthrough: bool = True):
+        if engine != "auto" and engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; expected 'auto' or one of {ENGINES}")
+        self.engine = engine
+        self.include_buckets = include_buckets
+        self.passthrough = passthrough
+
+    def accepts(self, engine: str) -> bool:
+        if self.engine == "auto":
+            return True
+        if self.engine == "phaselens":
+            return engine in ("vllm", "phaselens")
+        return engine == self.engine
+
+    def map(self, samples: Iterable[Sample], result: SourceResult) -> list[EnginePoint]:
+        classified = []
+        present: dict[tuple[str, str], int] = {}  # (engine, base) → best rank present
+        is_phaselens = self.engine == "phaselens"
+        for s in samples:
+            c = _classify(s)
+            if c is None or not self.accepts(c[0]):
+                continue
+            engine, stem, known, kind, suffix = c
+            if suffix == "_created" or suffix in ("_gsum", "_gcount"):
+                continue
+            if known is None and not self.passthrough:
+                continue
+            if suffix == "_bucket" and not self.include_buckets:
+                continue
+            if not finite(s.value) and not (suffix == "" and kind == "summary"):
+                result.count("non_finite", f"{s.name}{s.labels}: {s.value}", severity="warning")
+                continue
+            is_phaselens = is_phaselens or engine == "phaselens"
+            base = known.base if known is not None else stem
+            if known is not None:
+                key = (engine, base)
+                present[key] = min(present.get(key, known.rank), known.rank)
+            classified.append((engine, base, known, kind, suffix, s))
+        points: list[EnginePoint] = []
+        for engine, base, known, kind, suffix, s in classified:
+            if known is not None and known.rank > present[(engine, base)]:
+                continue  # an engine exporting old and new names: keep the preferred one
+            eng = "phaselens" if is_phaselens and engine == "vllm" else engine
+            labels = {k: v for k, v in s.labels.items() if k not in _DROP_LABELS}
+            points.append(EnginePoint(eng, base, kind, suffix, labels, float(s.value)))
+            derived = _DERIVED_COUNTERS.get(engine, {}).get(base)
+            if derived and suffix == "_sum" and (engine, derived) not in present:
+                points.append(EnginePoint(eng, derived, _C, "_total", labels, float(s.value)))
+        return points
+
+
+class DeltaTracker:
+    """Per-interval rates and means between consecutive snapshots of the same endpoint."""
+
+    def __init__(self, stale_after_s: float = 3600.0) -> None:
+        self._counters: dict[tuple, tuple[float, float]] = {}
+        self._hists: dict[tuple, tuple[float, float, float]] = {}
+        # Series not seen for this long are forgotten, so label churn (pods come and go) stays bounded.
+        self.stale_after_s = stale_after_s
+        self._pruned_s: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._counters) + len(self._hists)
+
+    def _prune(self, ts_s: float) -> None:
+        if self._pruned_s is not None and ts_s - self._pruned_s < self.stale_after_s / 10:
+            return
+        self._pruned_s = ts_s
+        horizon = ts_s - self.stale_after_s
+        for d in (self._counters, self._hists):
+            for k in [k for k, v in d.items() if v[0] < horizon]:
+                del d[k]
+
+    def update(
+        self, endpoint: str, ts_s: float, points: list[EnginePoint], result: SourceResult
+    ) -> list[tuple[EnginePoint, str]]:
+        """Return ``(point, metric name)`` for every delta-derived value of this snapshot."""
+        self._prune(ts_s)
+        out: list[tuple[EnginePoint, str]] = []
+        hist_now: dict[tuple, dict[str, Any]] = {}
+        for p in points:
+            if p.kind == _C and p.suffix in ("_total", ""):
+                key = (endpoint, p.engine, p.base, _labels_json(p.labels))
+                prev = self._counters.get(key)
+                self._counters[key] = (ts_s, p.value)
+                if prev is None or ts_s <= prev[0]:
+                    continue
+                inc = p.value - prev[1]
+                if inc < 0:
+                    result.count(
+                        "counter_reset",
+                        f"{endpoint} {p.metric}{p.labels}: {prev[1]} -> {p.value}",
+                        severity="info",
+                    )
+                    inc = p.value
+                out.append((_derived(p, inc / (ts_s - prev[0])), p.base + "_per_s"))
+            elif p.kind in (_H, "summary") and p.suffix in ("_sum", "_count"):
+                key = (endpoint, p.engine, p.base, _labels_json(p.labels))
+                h = hist_now.setdefault(key, {"point": p})
+                h[p.suffix] = p.value
+        for key, h in hist_now.items():
+            if "_sum" not in h or "_count" not in h:
+                continue
+            prev = self._hists.get(key)
+            self._hists[key] = (ts_s, h["_sum"], h["_count"])
+            if prev is None or ts_s <= prev[0]:
+                continue
+            d_sum, d_count = h["_sum"] - prev[1], h["_count"] - prev[2]
+            p = h["point"]
+            if d_count < 0 or d_sum < 0:
+                result.count(
+                    "counter_reset",
+                    f"{endpoint} {p.base}{p.labels}: count {prev[2]} -> {h['_count']}",
+                    severity="info",
+                )
+                d_sum, d_count = h["_sum"], h["_count"]
+            out.append((_derived(p, d_count / (ts_s - prev[0])), p.base + "_count_per_s"))
+            if d_count > 0:
+                out.append((_derived(p, d_sum / d_count), p.base + "_mean"))
+        return out
+
+
+def _derived(p: EnginePoint, value: float) -> EnginePoint:
+    return EnginePoint(p.engine, p.base, p.kind, p.suffix, p.labels, value)
+
+
+def _host(url_or_instance: str) -> str | None:
+    if "://" not in url_or_instance:
+        url_or_instance = "//" + url_or_instance
+    return urlsplit(url_or_instance).hostname
+
+
+class _EngineRows:
+    """Shared by both sources: points of one snapshot → raw rows + per-interval rows."""
+
+    def __init__(self, mapper: EngineMapper) -> None:
+        self.mapper = mapper
+        self.deltas = DeltaTracker()
+
+    def rows(
+        self, samples: Iterable[Sample], *, node: str | None, endpoint: str, ts_s: float, result: SourceResult
+    ) -> list[dict[str, Any]]:
+        points = self.mapper.map(samples, result)
+        rows = [_row(node, endpoint, ts_s, p, p.metric) for p in points]
+        rows += [
+            _row(node, endpoint, ts_s, p, m) for p, m in self.deltas.update(endpoint, ts_s, points, result)
+        ]
+        return rows
+
+
+def _row(node: str | None, endpoint: str, ts_s: float, p: EnginePoint, metric: str) -> dict[str, Any]:
+    return {
+        "node": node,
+        "endpoint": endpoint,
+        "engine": p.engine,
+        "ts_s": ts_s,
+        "metric": metric,
+        "labels": _labels_json(p.labels),
+        "value": p.value,
+    }
+
+
+class EngineScrapeSource(Source):
+    """Scrapes one engine ``/metrics`` endpoint (vLLM, SGLang, Dynamo frontend, phaselens router).
+
+    ``engine="auto"`` takes every known prefix and labels ``vllm:*`` rows ``phaselens`` when the
+    exposition also carries ``phaselens:*`` metrics (the bundled router).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        engine: str = "auto",
+        node: str | None = None,
+        interval_s: float = 5.0,
+        include_buckets: bool = True,
+        passthrough: bool = True,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] | None = None,
+        backoff: Backoff | None = None,
+        client: httpx.Client | None = None,
+        discovery_ttl_s: float = 60.0,
+    ) -> None:
+        kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        super().__init__(
+            f"engine:{url}", interval_s=interval_s, backoff=backoff, discovery_ttl_s=discovery_ttl_s, **kw
+        )
+        self.url = url
+        self.node = node or _host(url)
+        self._rows = _EngineRows(
+            EngineMapper(engine, include_buckets=include_buckets, passthrough=passthrough)
+        )
+        self._own_client = client is None
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._clock_guard = ClockGuard()
+        self.detected_engines: set[str] = set()
+
+    @property
+    def engine(self) -> str:
+        return self._rows.mapper.engine
+
+    def _discover(self) -> bool:
+        result = SourceResult(self.name, self.clock())
+        samples = parse_exposition(fetch_text(self._client, self.url), result)
+        engines = {c[0] for s in samples if (c := _engine_of(s.name)) and self._rows.mapper.accepts(c[0])}
+        self.detected_engines = engines
+        return bool(engines)
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        text = fetch_text(self._client, self.url)
+        samples = parse_exposition(text, result)
+        if not self._clock_guard.admit(self.url, now_s, result, self.url):
+            return
+        rows = self._rows.rows(samples, node=self.node, endpoint=self.url, ts_s=now_s, result=result)
+        self.detected_engines |= {r["engine"] for r in rows}
+        result.add_rows(TABLE_ENGINE_METRICS, rows)
+
+    def close(self) -> None:
+        if self._own_client:
+            self._client.close()
+
+
+# --- Prometheus HTTP query API ----------------------------------------------------------------------
+
+
+def _dcgm_query() -> str:
+    names = sorted({*DCGM_FIELDS, *_FB_FIELDS})
+    return '{__name__=~"' + "|".join(names) + '"}'
+
+
+def _engine_query(include_buckets: bool) -> str:
+    alt = "|".join(p for p, _ in ENGINE_PREFIXES)
+    q = '{__name__=~"(' + alt + ').+"'
+    if not include_buckets:
+        q += ',__name__!~".+_(bucket|created)"'
+    return q + "}"
+
+
+class PrometheusQuerySource(Source):
+    """Reads a Prometheus-compatible server's ``/api/v1/query_range`` for DCGM and engine series.
+
+    Each poll reads the window after the last one read (the first reaches back ``lookback_s``),
+    aligned to ``step_s``; at most ``max_points`` steps per poll, so a long gap is caught up over
+    several polls rather than asked for at once. Windows end ``delay_s`` before now, for servers that
+    ingest late (remote write into Mimir/Thanos): a step already read is never read again.
+    ``headers`` go with every request (e.g. Mimir's ``X-Scope-OrgID`` or an ``Authorization``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        dcgm: bool = True,
+        engines: bool = True,
+        step_s: float = 15.0,
+        lookback_s: float = 300.0,
+        max_points: int = 1000,
+        delay_s: float = 0.0,
+        interval_s: float | None = None,
+        include_buckets: bool = False,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] | None = None,
+        backoff: Backoff | None = None,
+        client: httpx.Client | None = None,
+        discovery_ttl_s: float = 60.0,
+    ) -> None:
+        if step_s <= 0 or max_points < 1:
+            raise ValueError("step_s must be > 0 and max_points >= 1")
+        kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        super().__init__(
+            f"prometheus:{base_url}",
+            interval_s=step_s if interval_s is None else interval_s,
+            backoff=backoff,
+            discovery_ttl_s=discovery_ttl_s,
+            **kw,
+        )
+        self.base_url = base_url.rstrip("/")
+        self.step_s = step_s
+        self.lookback_s = lookback_s
+        self.max_points = max_points
+        self.delay_s = delay_s
+        self.queries: dict[str, str] = {}
+        if dcgm:
+            self.queries["dcgm"] = _dcgm_query()
+        if engines:
+            self.queries["engine"] = _engine_query(include_buckets)
+        self._engine_rows = _EngineRows(EngineMapper("auto", include_buckets=include_buckets))
+        self._gpu_guard = ClockGuard()
+        self._cursor_s: float | None = None  # end of the last window read
+        self._own_client = client is None
+        self._client = client or httpx.Client(timeout=timeout_s, headers=headers)
+        if client is not None and headers:
+            self._client.headers.update(headers)
+
+    # --- Source ------------------------------------------------------------------------------------
+
+    def _discover(self) -> bool:
+        body = self._get("/api/v1/query", {"query": "vector(1)"})
+        return body.get("status") == "success"
+
+    def window(self, now_s: float) -> tuple[float, float] | None:
+        """The (start, end) the next poll would read, or None when no whole step has passed."""
+        step = self.step_s
+        now_s -= self.delay_s
+        start = now_s - self.lookback_s if self._cursor_s is None else self._cursor_s + step
+        start = math.ceil(start / step) * step
+        end = math.floor(now_s / step) * step
+        end = min(end, start + (self.max_points - 1) * step)
+        return (start, end) if end >= start else None
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        win = self.window(now_s)
+        if win is None or not self.queries:
+            return
+        start, end = win
+        answered = 0
+        failures: list[str] = []
+        for what, query in self.queries.items():
+            series = self._query_range(what, query, start, end, result)
+            if series is None:
+                failures.append(what)
+                continue
+            answered += 1
+            if what == "dcgm":
+                self._map_dcgm(series, result)
+            else:
+                self._map_engine(series, result)
+        if answered == 0:
+            msgs = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or "no query answered"
+            raise SourceUnavailable("query_error", msgs)
+        self._cursor_s = end
+
+    def close(self) -> None:
+        if self._own_client:
+            self._client.close()
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+
+    def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
+        url = self.base_url + path
+        try:
+            resp = self._client.get(url, params=params)
+        except httpx.HTTPError as e:
+            raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            if resp.status_code >= 500 or resp.status_code in (401, 403, 404):
+                raise SourceUnavailable("http_status", f"{url}: HTTP {resp.status_code}: {resp.text[:160]}")
+            return {
+                "status": "error",
+                "errorType": "bad_response",
+                "error": f"HTTP {resp.status_code}, not JSON",
+            }
+        return body
+
+    def _query_range(
+        self, what: str, query: str, start: float, end: float, result: SourceResult
+    ) -> list[dict[str, Any]] | None:
+        body = self._get(
+            "/api/v1/query_range",
+            {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": self.step_s},
+        )
+        if body.get("status") != "success":
+            result.count(
+                "query_error",
+                f"{what}: {body.get('errorType', '?')}: {body.get('error', body.get('status'))}",
+            )
+            return None
+        for w in body.get("warnings") or []:
+            result.count("partial_data", f"{what}: {w}")
+        data = body.get("data")
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            result.count("bad_response", f"{what}: expected a matrix, got {kind}")
+            return None
+        series = data.get("result")
+        if not isinstance(series, list):
+            result.count("bad_response", f"{what}: result is not a list")
+            return None
+        return series
+
+    # --- mapping ------------------------------------------------------------------------------------
+
+    def _points(self, series: list[dict[str, Any]], result: SourceResult):
+        """Yield (labels, name, ts, value) for every well-formed point; count the rest."""
+        for s in series:
+            metric = s.get("metric") if isinstance(s, dict) else None
+            values = s.get("values") if isinstance(s, dict) else None
+            if not isinstance(metric, dict) or not isinstance(values, list) or "__name__" not in metric:
+                result.count("bad_response", f"malformed series: {str(s)[:160]}")
+                continue
+            name = metric["__name__"]
+            for v in values:
+                try:
+                    ts, raw = float(v[0]), v[1]
+                    value = float(raw)
+                except (TypeError, ValueError, IndexError):
+                    result.count("non_numeric", f"{name}: {str(v)[:80]}")
+                    continue
+                yield metric, name, ts, value
+
+    def _map_dcgm(self, series: list[dict[str, Any]], result: SourceResult) -> None:
+        by_ts: dict[float, GpuRowBuilder] = {}
+        for labels, name, ts, value in self._points(series, result):
+            if not is_dcgm_field(name):
+                result.count("unknown_metric", f"{name} is not a DCGM field", severity="warning")
+                continue
+            b = by_ts.get(ts)
+            if b is None:
+                b = by_ts[ts] = GpuRowBuilder(self.name, None, result)
+            b.add(name, labels, value, ts, default_node=_host(labels.get("instance", "")))
+        rows = []
+        for ts in sorted(by_ts):
+            for key, row in by_ts[ts].rows():
+                if self._gpu_guard.admit(key, row["ts_s"], result, f"{row['node']} {row['device']}", False):
+                    rows.append(row)
+        result.add_rows(TABLE_GPU_SAMPLES, rows)
+
+    def _map_engine(self, series: list[dict[str, Any]], result: SourceResult) -> None:
+        snapshots: dict[tuple[str, float], list[Sample]] = defaultdict(list)
+        for labels, name, ts, value in self._points(series, result):
+            endpoint = labels.get("instance") or self.base_url
+            stem, suffix = split_name(name)
+            snapshots[(endpoint, ts)].append(
+                Sample(name, stem, suffix, "untyped", {k: str(v) for k, v in labels.items()}, value, ts)
+            )
+        rows = []
+        for endpoint, ts in sorted(snapshots, key=lambda k: (k[1], k[0])):
+            rows += self._engine_rows.rows(
+                snapshots[(endpoint, ts)], node=_host(endpoint), endpoint=endpoint, ts_s=ts, result=result
+            )
+        result.add_rows(TABLE_ENGINE_METRICS, rows)
+
+
+__all__ = [
+    "ENGINES",
+    "ENGINE_METRICS",
+    "ENGINE_ROW_COLUMNS",
+    "DeltaTracker",
+    "EngineMapper",
+    "EnginePoint",
+    "EngineScrapeSource",
+    "PrometheusQuerySource",
+]

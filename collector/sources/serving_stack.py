@@ -1,0 +1,127 @@
+"""The bundled serving stack: its telemetry (requests, tokens, iterations, control events), the
+devices of its workers (emulated GPUs included) and the host CPU/memory of its worker processes."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import httpx
+import psutil
+
+from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
+from serving.telemetry import TelemetryReader
+
+TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
+TABLE_TELEMETRY_GAPS = "telemetry_gaps"
+TABLE_HOST_SAMPLES = "host_samples"
+
+
+def _get(client: httpx.Client, url: str, what: str, **params: Any) -> Any:
+    try:
+        r = client.get(url, params=params or None)
+    except httpx.HTTPError as e:
+        raise SourceUnavailable("unreachable", f"{what}: {e}") from e
+    if r.status_code != 200:
+        raise SourceUnavailable("http_status", f"{what}: HTTP {r.status_code}: {r.text[:200]}")
+    try:
+        return r.json()
+    except ValueError as e:
+        raise SourceUnavailable("bad_response", f"{what}: not JSON: {e}") from e
+
+
+class ServingTelemetrySource(Source):
+    """Reads `GET /v1/telemetry` with per-source cursors; every gap in batch numbers is recorded."""
+
+    def __init__(self, url: str, *, node: str | None = None, interval_s: float = 0.5, **kw: Any) -> None:
+        super().__init__(f"serving-telemetry:{url}", interval_s=interval_s, **kw)
+        self.url = url.rstrip("/")
+        self.node = node or socket.gethostname()
+        self.reader = TelemetryReader()
+        self._client = httpx.Client(timeout=10)
+
+    def _discover(self) -> bool:
+        return self._client.get(f"{self.url}/health").status_code in (200, 503)
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        gaps_before, rejected_before = len(self.reader.gaps), self.reader.rejected
+        while True:
+            payload = _get(
+                self._client, f"{self.url}/v1/telemetry", "telemetry", after=self.reader.query_param()
+            )
+            batches = self.reader.accept(payload)
+            result.add_rows(TABLE_TELEMETRY, batches)
+            if len(payload.get("batches", [])) < 1000:
+                break
+        new_gaps = self.reader.gaps[gaps_before:]
+        result.add_rows(
+            TABLE_TELEMETRY_GAPS,
+            [
+                {
+                    "node": self.node,
+                    "source": g.source,
+                    "after_seq": g.after_seq,
+                    "missing_batches": g.missing_batches,
+                }
+                for g in new_gaps
+            ],
+        )
+        if new_gaps:
+            missing = sum(g.missing_batches for g in new_gaps)
+            result.count("telemetry_gap", f"{missing} telemetry batches missing (e.g. {new_gaps[0]})")
+        result.count(
+            "invalid_batch", "telemetry batch with a bad envelope", self.reader.rejected - rejected_before
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class ServingDevicesSource(Source):
+    """Samples the stack's worker devices (`GET /v1/devices`) and the workers' host CPU and memory."""
+
+    def __init__(self, url: str, *, node: str | None = None, interval_s: float = 0.1, **kw: Any) -> None:
+        super().__init__(f"serving-devices:{url}", interval_s=interval_s, **kw)
+        self.url = url.rstrip("/")
+        self.node = node or socket.gethostname()
+        self._client = httpx.Client(timeout=5)
+        self._procs: dict[int, psutil.Process] = {}
+
+    def _discover(self) -> bool:
+        return self._client.get(f"{self.url}/v1/devices").status_code == 200
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        body = _get(self._client, f"{self.url}/v1/devices", "devices")
+        rows, hosts = [], []
+        for item in body.get("devices", []):
+            if "sample" not in item:
+                result.count("device_error", f"{item.get('worker')}: {item.get('error')}")
+                continue
+            source = "emulated" if item["sample"].get("emulated") else "serving"
+            rows.append({**item["sample"], "node": self.node, "source": source})
+            if item.get("pid"):
+                host = self._host_sample(item["pid"], item["worker"], now_s)
+                if host is not None:
+                    hosts.append(host)
+        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        result.add_rows(TABLE_HOST_SAMPLES, hosts)
+
+    def _host_sample(self, pid: int, worker: str, now_s: float) -> dict[str, Any] | None:
+        try:
+            proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
+            with proc.oneshot():
+                cpu, rss = proc.cpu_percent(None), proc.memory_info().rss
+        except psutil.Error:
+            self._procs.pop(pid, None)  # remote stack or the worker is gone
+            return None
+        return {
+            "node": self.node,
+            "ts_s": now_s,
+            "pid": pid,
+            "worker": worker,
+            "cpu_pct": cpu,
+            "rss_bytes": rss,
+        }
+
+    def close(self) -> None:
+        self._client.close()
