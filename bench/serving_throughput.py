@@ -22,8 +22,12 @@ Requests: the first ``--requests`` rows of the vendored Azure 2023 conversation 
 (``serving.trace.vendored_trace_path()``), token counts clipped to ``--max-prompt`` / ``--max-output``;
 or ``--workload uniform`` draws them from seeded uniform ranges. Prompt token ids are seeded random.
 
-    python bench/serving_throughput.py [--model tiny] [--requests 64] [--hf-batch 8 [16 32]]
-        [--threads 2] [--seed 0] [--json out.json] [--profile]
+Timing: one small warm-up run of each, then ``--repeats`` interleaved timed runs (engine, then each
+HF batch size); the best run of each is the headline (the host may be shared), the median is shown
+too. Greedy outputs of both are compared as a sanity check (same weights, so they should agree).
+
+    python bench/serving_throughput.py [--model tiny] [--requests 64] [--hf-batch 8 [16 32 64]]
+        [--threads 2] [--seed 0] [--repeats 3] [--json out.json] [--profile]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import platform
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -383,6 +388,21 @@ def _agreement(a: dict[str, list[int]], b: dict[str, list[int]]) -> tuple[int, f
     return same, statistics.fmean(prefix)
 
 
+def _commit() -> str:
+    """The checked-out commit (with "+dirty" when serving/ has uncommitted changes), or "unknown"."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "serving"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model shape preset")
@@ -416,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        "commit": _commit(),
     }
     print(f"machine: {machine}")
     print(
