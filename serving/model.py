@@ -54,6 +54,20 @@ class RMSNorm(nn.Module):
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Single-token sequences of similar context length, attended as one padded batch."""
+
+    tokens: torch.Tensor  # [B] flat index of each sequence's token
+    gather: torch.Tensor  # [B, C] cache slots each sequence attends to (padded to the longest)
+    mask: torch.Tensor  # [B, 1, 1, C] True where attended
+
+
+# A decode group is split when its longest context would exceed its shortest by this factor,
+# so padding wastes at most ~30 % of the K/V copied per layer.
+DECODE_GROUP_SPREAD = 1.3
+
+
+@dataclass(slots=True)
 class AttentionBatch:
     """Where one forward pass's tokens sit in the paged KV cache.
 
@@ -62,9 +76,7 @@ class AttentionBatch:
     """
 
     slot_mapping: torch.Tensor  # [T] cache slot of each new token
-    decode_tokens: torch.Tensor  # [B] flat index of each single-token sequence's token
-    decode_gather: torch.Tensor  # [B, C] cache slots each single-token sequence attends to
-    decode_mask: torch.Tensor  # [B, 1, 1, C] True where attended
+    decode: list[DecodeGroup]  # single-token sequences, grouped by similar context length
     prefill: list[tuple[int, int, torch.Tensor]]  # (token start, query len, slots[ctx]) per multi-token seq
 
     @classmethod
@@ -100,16 +112,32 @@ class AttentionBatch:
             else:
                 prefill.append((start, q, slots[i, :ctx]))
             start += q
-        width = max((context_lens[i] for i in dec_rows), default=0)
-        dec_ctx = torch.tensor([context_lens[i] for i in dec_rows], dtype=torch.long, device=device)
-        rows = torch.tensor(dec_rows, dtype=torch.long, device=device)
-        return cls(
-            slot_mapping=slots.flatten()[torch.tensor(new_flat, dtype=torch.long, device=device)],
-            decode_tokens=torch.tensor(dec_tokens, dtype=torch.long, device=device),
-            decode_gather=slots[rows, :width],
-            decode_mask=(torch.arange(width, device=device) < dec_ctx.unsqueeze(1))[:, None, None, :],
-            prefill=prefill,
-        )
+        slot_mapping = slots.flatten()[torch.tensor(new_flat, dtype=torch.long, device=device)]
+        groups: list[DecodeGroup] = []
+        token_of = dict(zip(dec_rows, dec_tokens, strict=True))
+        for members in _group_by_context(dec_rows, context_lens):
+            ctx = [context_lens[i] for i in members]
+            width = max(ctx)
+            dec_ctx = torch.tensor(ctx, dtype=torch.long, device=device)
+            groups.append(
+                DecodeGroup(
+                    tokens=torch.tensor([token_of[i] for i in members], device=device),
+                    gather=slots[torch.tensor(members, dtype=torch.long, device=device), :width],
+                    mask=(torch.arange(width, device=device) < dec_ctx.unsqueeze(1))[:, None, None, :],
+                )
+            )
+        return cls(slot_mapping=slot_mapping, decode=groups, prefill=prefill)
+
+
+def _group_by_context(rows: list[int], context_lens: list[int]) -> list[list[int]]:
+    """Split `rows` (sorted by context length) wherever the spread would pass DECODE_GROUP_SPREAD."""
+    groups: list[list[int]] = []
+    for i in sorted(rows, key=lambda r: context_lens[r]):
+        if groups and context_lens[i] <= DECODE_GROUP_SPREAD * context_lens[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _slots(block_table: list[int], n: int, block_size: int) -> list[int]:
@@ -172,8 +200,8 @@ class Attention(nn.Module):
         k_cache[batch.slot_mapping] = k.to(k_cache.dtype)
         v_cache[batch.slot_mapping] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
-        if batch.decode_tokens.numel():
-            out[batch.decode_tokens] = self._decode_attention(q[batch.decode_tokens], batch, k_cache, v_cache)
+        for group in batch.decode:
+            out[group.tokens] = self._decode_attention(q[group.tokens], group, k_cache, v_cache)
         for start, qlen, slots in batch.prefill:
             qp = q[start : start + qlen].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
             kp = k_cache[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, C, D]
@@ -189,19 +217,25 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, -1))
 
     def _decode_attention(
-        self, q: torch.Tensor, batch: AttentionBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self, q: torch.Tensor, group: DecodeGroup, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         """One query per sequence against its cached keys: [B, H, D] -> [B, H, D].
 
-        Plain batched matmuls over the query heads grouped by their KV head (GQA without
-        repeating K/V), masked to each sequence's context length.
+        On CUDA: plain batched matmuls over the query heads grouped by their KV head (masked SDPA
+        with GQA measured 4.6x slower per decode step on an H200). On the CPU: masked SDPA, which
+        avoids the contiguous copies the matmul path makes there.
         """
-        b, group = q.shape[0], self.num_heads // self.num_kv_heads
-        k = k_cache[batch.decode_gather].to(q.dtype)  # [B, C, KVH, D]
-        v = v_cache[batch.decode_gather].to(q.dtype)
-        qg = q.view(b, self.num_kv_heads, group, self.head_dim)
+        b, group_size = q.shape[0], self.num_heads // self.num_kv_heads
+        k = k_cache[group.gather].to(q.dtype)  # [B, C, KVH, D]
+        v = v_cache[group.gather].to(q.dtype)
+        if q.device.type == "cpu":
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
+            )
+            return o.squeeze(2)
+        qg = q.view(b, self.num_kv_heads, group_size, self.head_dim)
         scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * self.head_dim**-0.5  # [B, KVH, G, C]
-        scores = scores.float().masked_fill(~batch.decode_mask, float("-inf"))
+        scores = scores.float().masked_fill(~group.mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(b, self.num_heads, self.head_dim)
 

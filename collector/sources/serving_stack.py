@@ -80,12 +80,22 @@ class ServingTelemetrySource(Source):
 class ServingDevicesSource(Source):
     """Samples the stack's worker devices (`GET /v1/devices`) and the workers' host CPU and memory."""
 
-    def __init__(self, url: str, *, node: str | None = None, interval_s: float = 0.1, **kw: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        node: str | None = None,
+        interval_s: float = 0.1,
+        host_interval_s: float = 1.0,
+        **kw: Any,
+    ) -> None:
         super().__init__(f"serving-devices:{url}", interval_s=interval_s, **kw)
         self.url = url.rstrip("/")
         self.node = node or socket.gethostname()
+        self.host_interval_s = host_interval_s
         self._client = httpx.Client(timeout=5)
         self._procs: dict[int, psutil.Process] = {}
+        self._last_host_s = 0.0
 
     def _discover(self) -> bool:
         return self._client.get(f"{self.url}/v1/devices").status_code == 200
@@ -93,13 +103,16 @@ class ServingDevicesSource(Source):
     def _collect(self, now_s: float, result: SourceResult) -> None:
         body = _get(self._client, f"{self.url}/v1/devices", "devices")
         rows, hosts = [], []
+        sample_hosts = now_s - self._last_host_s >= self.host_interval_s
+        if sample_hosts:
+            self._last_host_s = now_s
         for item in body.get("devices", []):
             if "sample" not in item:
                 result.count("device_error", f"{item.get('worker')}: {item.get('error')}")
                 continue
             source = "emulated" if item["sample"].get("emulated") else "serving"
             rows.append({**item["sample"], "node": self.node, "source": source})
-            if item.get("pid"):
+            if sample_hosts and item.get("pid"):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:
                     hosts.append(host)

@@ -1,0 +1,225 @@
+"""The collector service: polls every source on its own thread, writes the store from one writer
+thread (DuckDB admits one writing process; this is it), and serves reads and health over HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.sources.base import Source, SourceResult
+from collector.sources.dcgm import DcgmSource
+from collector.sources.local_gpus import LocalGpuSource
+from collector.sources.prometheus import EngineScrapeSource, PrometheusQuerySource
+from collector.sources.serving_stack import (
+    TABLE_TELEMETRY,
+    TABLE_TELEMETRY_GAPS,
+    ServingDevicesSource,
+    ServingTelemetrySource,
+)
+from collector.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CollectorSettings:
+    """What `phaselens collect` samples and where it writes."""
+
+    db_path: str = "phaselens.duckdb"
+    host: str = "127.0.0.1"
+    port: int = 8900
+    node: str = field(default_factory=socket.gethostname)
+    serving_urls: list[str] = field(default_factory=list)
+    dcgm_urls: list[str] = field(default_factory=list)
+    engine_urls: list[str] = field(default_factory=list)
+    prometheus_url: str | None = None
+    nvml: bool = True  # sample this host's NVIDIA GPUs when NVML is there
+    gpu_interval_s: float = 0.1
+    telemetry_interval_s: float = 0.5
+    scrape_interval_s: float = 1.0
+    flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
+    checkpoint_interval_s: float = 60.0  # fold the WAL into the file
+    max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
+
+    def build_sources(self) -> list[Source]:
+        sources: list[Source] = []
+        if self.nvml:
+            local = LocalGpuSource(node=self.node, interval_s=self.gpu_interval_s)
+            if local.available():
+                sources.append(local)
+        for url in self.serving_urls:
+            sources.append(ServingTelemetrySource(url, node=self.node, interval_s=self.telemetry_interval_s))
+            sources.append(ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s))
+        sources += [DcgmSource(u, interval_s=self.scrape_interval_s) for u in self.dcgm_urls]
+        sources += [EngineScrapeSource(u, interval_s=self.scrape_interval_s) for u in self.engine_urls]
+        if self.prometheus_url:
+            sources.append(PrometheusQuerySource(self.prometheus_url, interval_s=15.0))
+        return sources
+
+
+@dataclass(slots=True)
+class WriterStats:
+    rows_written: dict[str, int] = field(default_factory=dict)
+    results_dropped: int = 0  # poll results dropped because the writer fell behind
+    store_errors: int = 0
+    flushes: int = 0
+    last_flush_s: float | None = None
+    last_error: str | None = None
+
+
+class Collector:
+    """Pollers (one thread per source) → bounded queue → one writer thread → the store."""
+
+    def __init__(
+        self, settings: CollectorSettings, store: Store, sources: list[Source] | None = None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.sources = sources if sources is not None else settings.build_sources()
+        self.stats = WriterStats()
+        self._queue: queue.Queue[SourceResult] = queue.Queue(maxsize=settings.max_queue)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._dropped_recorded = 0
+        self._last_checkpoint_s = time.time()
+        self.started_s = time.time()
+
+    def start(self) -> None:
+        for src in self.sources:
+            t = threading.Thread(target=self._poll_loop, args=(src,), daemon=True, name=f"poll-{src.name}")
+            t.start()
+            self._threads.append(t)
+        writer = threading.Thread(target=self._write_loop, daemon=True, name="store-writer")
+        writer.start()
+        self._threads.append(writer)
+
+    def stop(self) -> None:
+        """Stop polling, write everything still queued, checkpoint; safe to call twice."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._drain()
+        self.store.checkpoint()
+        for src in self.sources:
+            src.close()
+
+    # -- threads -----------------------------------------------------------------------------------
+
+    def _poll_loop(self, src: Source) -> None:
+        while not self._stop.is_set():
+            result = src.poll()
+            if not result.skipped:
+                self._put(result)
+            nxt = src.health().next_attempt_s
+            delay = 0.05 if nxt is None else max(0.0, nxt - src.clock())
+            self._stop.wait(min(delay, 1.0))
+
+    def _put(self, result: SourceResult) -> None:
+        while True:
+            try:
+                self._queue.put_nowait(result)
+                return
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()
+                    self.stats.results_dropped += 1
+                except queue.Empty:
+                    pass
+
+    def _write_loop(self) -> None:
+        interval = self.settings.flush_interval_s
+        while not self._stop.wait(interval):
+            self._drain()
+
+    def _drain(self) -> None:
+        results: list[SourceResult] = []
+        while True:
+            try:
+                results.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if not results:
+            return
+        for res in results:
+            self._write(res)
+        dropped = self.stats.results_dropped - self._dropped_recorded
+        if dropped:
+            self._dropped_recorded += dropped
+            self._record(
+                "collector", "writer_behind", "poll results dropped: the writer fell behind", dropped
+            )
+        try:
+            now = time.time()
+            if now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s:
+                self.store.checkpoint()
+                self._last_checkpoint_s = now
+            else:
+                self.store.flush()
+            self.stats.flushes += 1
+            self.stats.last_flush_s = now
+        except StoreError as e:
+            self.stats.store_errors += 1
+            self.stats.last_error = str(e)
+            log.error("store flush failed: %s", e)
+
+    def _write(self, res: SourceResult) -> None:
+        node = self.settings.node
+        for table, rows in res.rows.items():
+            if not rows:
+                continue
+            try:
+                if table == TABLE_TELEMETRY:
+                    for batch in rows:
+                        self.store.append_telemetry_batch(batch, node)
+                elif table == TABLE_TELEMETRY_GAPS:
+                    self.store.append(table, [{**r, "detected_at_s": res.ts_s} for r in rows])
+                else:
+                    self.store.append(table, rows)
+                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
+            except StoreError as e:  # bad rows from a source: counted, the service carries on
+                self.stats.store_errors += 1
+                self.stats.last_error = str(e)
+                self._record(res.source, "store_rejected", str(e), len(rows))
+        for err in res.errors:
+            if err.severity != "info":
+                self._record(err.source, err.kind, err.message, err.count)
+
+    def _record(self, source: str, kind: str, message: str, count: int) -> None:
+        try:
+            self.store.record_ingest_error(self.settings.node, source, kind, message[:2000], count)
+        except StoreError as e:
+            log.error("could not record an ingest error: %s", e)
+
+    # -- health --------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        sources = [s.health().to_dict() for s in self.sources]
+        down = [s["name"] for s in sources if s["status"] == "down"]
+        now = time.time()
+        for s in sources:
+            s["lag_s"] = None if s["last_success_s"] is None else round(now - s["last_success_s"], 3)
+        return {
+            "status": "degraded" if down or self.stats.results_dropped else "ok",
+            "node": self.settings.node,
+            "db_path": str(self.store.path),
+            "schema_version": self.store.schema_version,
+            "uptime_s": round(now - self.started_s, 1),
+            "queue_depth": self._queue.qsize(),
+            "writer": {
+                "rows_written": self.stats.rows_written,
+                "results_dropped": self.stats.results_dropped,
+                "store_errors": self.stats.store_errors,
+                "flushes": self.stats.flushes,
+                "last_flush_s": self.stats.last_flush_s,
+                "last_error": self.stats.last_error,
+            },
+            "sources": sources,
+        }
