@@ -148,8 +148,12 @@ class Collector:
                 break
         if not results:
             return
+        # One append per (source, table) per flush: converting many tiny batches costs more than rows.
+        by_source: dict[str, list[SourceResult]] = {}
         for res in results:
-            self._write(res)
+            by_source.setdefault(res.source, []).append(res)
+        for group in by_source.values():
+            self._write(group)
         dropped = self.stats.results_dropped - self._dropped_recorded
         if dropped:
             self._dropped_recorded += dropped
@@ -170,27 +174,33 @@ class Collector:
             self.stats.last_error = str(e)
             log.error("store flush failed: %s", e)
 
-    def _write(self, res: SourceResult) -> None:
-        node = self.settings.node
-        for table, rows in res.rows.items():
+    def _write(self, results: list[SourceResult]) -> None:
+        """Append one source's poll results: rows merged per table, problems counted."""
+        node, source = self.settings.node, results[0].source
+        merged: dict[str, list[dict[str, Any]]] = {}
+        for res in results:
+            for table, rows in res.rows.items():
+                if table == TABLE_TELEMETRY_GAPS:
+                    rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
+                merged.setdefault(table, []).extend(rows)
+        for table, rows in merged.items():
             if not rows:
                 continue
             try:
                 if table == TABLE_TELEMETRY:
                     for batch in rows:
                         self.store.append_telemetry_batch(batch, node)
-                elif table == TABLE_TELEMETRY_GAPS:
-                    self.store.append(table, [{**r, "detected_at_s": res.ts_s} for r in rows])
                 else:
                     self.store.append(table, rows)
                 self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
             except StoreError as e:  # bad rows from a source: counted, the service carries on
                 self.stats.store_errors += 1
                 self.stats.last_error = str(e)
-                self._record(res.source, "store_rejected", str(e), len(rows))
-        for err in res.errors:
-            if err.severity != "info":
-                self._record(err.source, err.kind, err.message, err.count)
+                self._record(source, "store_rejected", str(e), len(rows))
+        for res in results:
+            for err in res.errors:
+                if err.severity != "info":
+                    self._record(err.source, err.kind, err.message, err.count)
 
     def _record(self, source: str, kind: str, message: str, count: int) -> None:
         try:

@@ -1,0 +1,90 @@
+"""The `phaselens` command: the serving stack's commands plus `collect`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from serving import cli as serving_cli
+
+
+def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default="phaselens.duckdb", help="DuckDB file (this process is its only writer)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address of the API (default: localhost only)")
+    p.add_argument("--port", type=int, default=8900)
+    p.add_argument("--node", default=None, help="node name stored with every row (default: hostname)")
+    p.add_argument("--serving", action="append", default=[], metavar="URL", help="a bundled phaselens stack")
+    p.add_argument("--dcgm", action="append", default=[], metavar="URL", help="a dcgm-exporter /metrics URL")
+    p.add_argument(
+        "--engine", action="append", default=[], metavar="URL", help="a vLLM/SGLang/Dynamo /metrics URL"
+    )
+    p.add_argument("--prometheus", default=None, metavar="URL", help="a Prometheus-compatible query API")
+    p.add_argument("--no-nvml", action="store_true", help="do not sample this host's NVIDIA GPUs")
+    p.add_argument("--gpu-interval", type=float, default=0.1, help="GPU sampling period, s")
+    p.add_argument(
+        "--flush-interval", type=float, default=1.0, help="store flush period, s (max loss on kill -9)"
+    )
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from collector.api import create_collector_app
+    from collector.service import Collector, CollectorSettings
+    from collector.store import Store, StoreError
+
+    settings = CollectorSettings(
+        db_path=args.db,
+        host=args.host,
+        port=args.port,
+        serving_urls=args.serving,
+        dcgm_urls=args.dcgm,
+        engine_urls=args.engine,
+        prometheus_url=args.prometheus,
+        nvml=not args.no_nvml,
+        gpu_interval_s=args.gpu_interval,
+        flush_interval_s=args.flush_interval,
+    )
+    if args.node:
+        settings.node = args.node
+    if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
+        print(
+            "phaselens collect: error: --gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        store = Store.open(settings.db_path, buffer_rows=100_000)  # the writer thread flushes each interval
+    except StoreError as e:
+        print(f"phaselens collect: error: {e}", file=sys.stderr)
+        return 2
+    collector = Collector(settings, store)
+    names = ", ".join(s.name for s in collector.sources) or "none"
+    print(
+        f"phaselens collect: writing {settings.db_path}; API on http://{settings.host}:{settings.port}; sources: {names}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(create_collector_app(collector), host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serving_cli.add_commands(sub)
+    collect = sub.add_parser("collect", help="run the collector service (the DuckDB store's only writer)")
+    _add_collect_arguments(collect)
+    collect.set_defaults(func=cmd_collect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
