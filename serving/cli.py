@@ -184,11 +184,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 proc.kill()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `serve`, `load` and `demo` on a `phaselens` subcommand parser."""
     serve = sub.add_parser("serve", help="run the serving stack (router + worker processes)")
     _add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
@@ -206,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--keep-running", action="store_true")
     demo.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
+    )
+    add_commands(parser.add_subparsers(dest="command", required=True))
     return parser
 
 

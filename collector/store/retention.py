@@ -1,0 +1,239 @@
+"""Data lifecycle: 10 s rollups of raw GPU samples, retention, and Parquet export/import.
+
+Raw ``gpu_samples`` (e.g. 100 ms) are kept for days; ``rollup`` folds whole 10 s buckets older
+than the raw retention into ``gpu_samples_10s`` and deletes those raw rows, in one transaction.
+It is idempotent: a second run finds no raw rows left to fold. Raw rows that arrive late for a
+bucket that was already rolled up are merged into it (averages weighted by sample counts).
+
+``export_parquet`` writes every table as hive-partitioned Parquet
+(``<out>/<table>/date=YYYY-MM-DD/node=<node>/part_<uuid>.parquet``; ``date`` is the UTC day of
+the table's time column), which is how data from many nodes is combined: ``import_parquet``
+merges such a tree into a store, skipping rows whose natural key
+(``collector.store.tables.TABLES``) is already present, so re-importing is harmless.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from collector.store.errors import StoreError
+from collector.store.schema import ROLLUP_AVG_MAX_METRICS
+from collector.store.store import Store, TimeLike, to_epoch_s
+from collector.store.tables import TABLES
+
+BUCKET_S = 10.0
+_DAY_S = 86_400.0
+_ROLLUP_KEY = ("node", "source", "device", "bucket_start_s")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """How long raw samples and their 10 s rollups are kept, in days."""
+
+    raw_days: float = 7.0
+    rollup_days: float = 365.0
+
+    def __post_init__(self) -> None:
+        for name in ("raw_days", "rollup_days"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise StoreError(f"RetentionPolicy.{name} must be a positive number of days, got {value!r}")
+        if self.rollup_days < self.raw_days:
+            raise StoreError(
+                f"RetentionPolicy.rollup_days ({self.rollup_days}) must be >= raw_days ({self.raw_days})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RollupResult:
+    """What one retention pass did."""
+
+    cutoff_s: float  # raw rows before this (a 10 s boundary) were folded and deleted
+    buckets_written: int
+    raw_rows_deleted: int
+    rollup_rows_deleted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """Rows written per table by ``export_parquet``."""
+
+    out_dir: Path
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """Per table: rows inserted, rows skipped as already present, file columns the table lacks."""
+
+    inserted: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    ignored_columns: dict[str, list[str]] = field(default_factory=dict)
+
+
+def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> RollupResult:
+    """Fold raw gpu_samples older than ``older_than_s`` seconds into 10 s rollups, then delete them.
+
+    Only whole buckets are folded: the cutoff is ``now - older_than_s`` rounded down to 10 s.
+    """
+    if not isinstance(older_than_s, int | float) or isinstance(older_than_s, bool) or older_than_s < 0:
+        raise StoreError(f"older_than_s must be a non-negative number of seconds, got {older_than_s!r}")
+    now = time.time() if now_s is None else float(now_s)
+    cutoff = math.floor((now - older_than_s) / BUCKET_S) * BUCKET_S
+    with store.transaction() as con:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _rollup_merged AS {_merge_sql()}", [cutoff])
+        buckets = con.execute("SELECT count(*) FROM _rollup_merged").fetchone()[0]
+        if buckets:
+            match = " AND ".join(f"r.{k} = m.{k}" for k in _ROLLUP_KEY)
+            con.execute(f"DELETE FROM gpu_samples_10s r USING _rollup_merged m WHERE {match}")
+            con.execute("INSERT INTO gpu_samples_10s BY NAME SELECT * FROM _rollup_merged")
+        deleted = con.execute("DELETE FROM gpu_samples WHERE ts_s < ?", [cutoff]).fetchone()[0]
+        con.execute("DROP TABLE _rollup_merged")
+    return RollupResult(cutoff_s=cutoff, buckets_written=int(buckets), raw_rows_deleted=int(deleted))
+
+
+def apply_retention(store: Store, policy: RetentionPolicy, *, now_s: float | None = None) -> RollupResult:
+    """Roll up raw samples older than ``policy.raw_days``; drop rollups older than ``rollup_days``."""
+    now = time.time() if now_s is None else float(now_s)
+    result = rollup(store, policy.raw_days * _DAY_S, now_s=now)
+    with store.transaction() as con:
+        expired = con.execute(
+            "DELETE FROM gpu_samples_10s WHERE bucket_start_s < ?", [now - policy.rollup_days * _DAY_S]
+        ).fetchone()[0]
+    return RollupResult(result.cutoff_s, result.buckets_written, result.raw_rows_deleted, int(expired))
+
+
+def export_parquet(
+    store: Store,
+    out_dir: str | Path,
+    *,
+    start: TimeLike | datetime | None = None,
+    end: TimeLike | datetime | None = None,
+    tables: list[str] | None = None,
+) -> ExportResult:
+    """Write tables (default: all data tables) as hive-partitioned Parquet by date and node.
+
+    Only rows whose time column lies in ``[start, end)`` are written. New files never overwrite
+    earlier exports in the same directory (file names carry a uuid). Reads committed data only.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = ExportResult(out)
+    for name in list(TABLES) if tables is None else tables:
+        spec = TABLES.get(name)
+        if spec is None:
+            raise StoreError(f"unknown table {name!r}; tables: {', '.join(sorted(TABLES))}")
+        tc = spec.time_column
+        where = []
+        if start is not None:
+            where.append(f'"{tc}" >= {to_epoch_s(start, "start")!r}')
+        if end is not None:
+            where.append(f'"{tc}" < {to_epoch_s(end, "end")!r}')
+        cond = f"WHERE {' AND '.join(where)}" if where else ""
+        with store.reader() as cur:
+            count = cur.execute(f'SELECT count(*) FROM "{name}" {cond}').fetchone()[0]
+            if count:
+                cur.execute(
+                    f"""COPY (SELECT *, DATE '1970-01-01' + CAST(floor("{tc}" / {_DAY_S}) AS INTEGER) AS date
+                              FROM "{name}" {cond})
+                        TO {_sql_str(out / name)}
+                        (FORMAT PARQUET, PARTITION_BY (date, node), WRITE_PARTITION_COLUMNS true,
+                         FILENAME_PATTERN 'part_{{uuid}}', OVERWRITE_OR_IGNORE true)"""
+                )
+        result.rows[name] = int(count)
+    return result
+
+
+def import_parquet(store: Store, in_dir: str | Path) -> ImportResult:
+    """Merge a tree written by ``export_parquet`` (any node's) into ``store``, in one transaction.
+
+    Rows whose natural key is already in the store, or repeated within the files, are skipped.
+    Columns the files have but the table lacks are ignored (and listed); columns the files lack
+    are NULL.
+    """
+    root = Path(in_dir)
+    if not root.is_dir():
+        raise StoreError(f"{root} is not a directory of Parquet exports")
+    result = ImportResult()
+    with store.transaction() as con:
+        for name, spec in TABLES.items():
+            table_dir = root / name
+            if not table_dir.is_dir() or not any(table_dir.rglob("*.parquet")):
+                continue
+            src = (
+                f"read_parquet({_sql_str(table_dir / '**' / '*.parquet')}, "
+                "hive_partitioning = false, union_by_name = true)"
+            )
+            file_cols = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()]
+            table_cols = [c.name for c in store.columns(name)]
+            missing_keys = [k for k in spec.natural_key if k not in file_cols]
+            if missing_keys:
+                raise StoreError(f"{table_dir}: Parquet files lack key column(s) {', '.join(missing_keys)}")
+            cols = ", ".join(f'"{c}"' for c in table_cols if c in file_cols)
+            keys = ", ".join(f'"{k}"' for k in spec.natural_key)
+            match = " AND ".join(f't."{k}" IS NOT DISTINCT FROM s."{k}"' for k in spec.natural_key)
+            total = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+            inserted = con.execute(
+                f"""INSERT INTO "{name}" ({cols})
+                    SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {src}) s
+                    WHERE NOT EXISTS (SELECT 1 FROM "{name}" t WHERE {match})"""
+            ).fetchone()[0]
+            result.inserted[name] = int(inserted)
+            result.duplicates[name] = int(total) - int(inserted)
+            ignored = [c for c in file_cols if c not in table_cols and c != "date"]
+            if ignored:
+                result.ignored_columns[name] = ignored
+    return result
+
+
+def _merge_sql() -> str:
+    """SELECT of merged rollup rows: fresh buckets from raw rows (``ts_s < ?``) + existing rows."""
+    fresh_metrics = ",\n".join(f"avg({m}) AS avg_{m}, max({m}) AS max_{m}" for m in ROLLUP_AVG_MAX_METRICS)
+    merged_metrics = ",\n".join(
+        f"sum(avg_{m} * samples) / sum(CASE WHEN avg_{m} IS NOT NULL THEN samples END) AS avg_{m}, "
+        f"max(max_{m}) AS max_{m}"
+        for m in ROLLUP_AVG_MAX_METRICS
+    )
+    key = ", ".join(_ROLLUP_KEY)
+    return f"""
+    WITH fresh AS (
+        SELECT node, source, device, floor(ts_s / {BUCKET_S}) * {BUCKET_S} AS bucket_start_s,
+               any_value(kind) AS kind, any_value("index") AS "index", any_value(uuid) AS uuid,
+               any_value(name) AS name, bool_or(emulated) AS emulated,
+               count(*) AS samples, count_if(lost) AS lost_samples,
+               {fresh_metrics},
+               min(energy_mj) AS min_energy_mj, max(energy_mj) AS max_energy_mj,
+               max(mem_total_bytes) AS max_mem_total_bytes,
+               bit_or(clock_event_reasons) AS any_clock_event_reasons,
+               min(locked_sm_clock_min_mhz) AS min_locked_sm_clock_min_mhz,
+               max(locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz,
+               any_value(k8s_pod) AS k8s_pod, any_value(k8s_namespace) AS k8s_namespace,
+               any_value(k8s_container) AS k8s_container
+        FROM gpu_samples WHERE ts_s < ?
+        GROUP BY node, source, device, floor(ts_s / {BUCKET_S}) * {BUCKET_S}
+    ),
+    old AS (SELECT r.* FROM gpu_samples_10s r SEMI JOIN fresh f USING ({key})),
+    both_rows AS (SELECT * FROM fresh UNION ALL BY NAME SELECT * FROM old)
+    SELECT {key},
+           any_value(kind) AS kind, any_value("index") AS "index", any_value(uuid) AS uuid,
+           any_value(name) AS name, bool_or(emulated) AS emulated,
+           sum(samples) AS samples, sum(lost_samples) AS lost_samples,
+           {merged_metrics},
+           min(min_energy_mj) AS min_energy_mj, max(max_energy_mj) AS max_energy_mj,
+           max(max_mem_total_bytes) AS max_mem_total_bytes,
+           bit_or(any_clock_event_reasons) AS any_clock_event_reasons,
+           min(min_locked_sm_clock_min_mhz) AS min_locked_sm_clock_min_mhz,
+           max(max_locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz,
+           any_value(k8s_pod) AS k8s_pod, any_value(k8s_namespace) AS k8s_namespace,
+           any_value(k8s_container) AS k8s_container
+    FROM both_rows GROUP BY {key}
+    """
+
+
+def _sql_str(value: str | Path) -> str:
+    """A SQL string literal."""
+    return "'" + str(value).replace("'", "''") + "'"

@@ -1,0 +1,439 @@
+"""The store's schema, as numbered migrations applied in order.
+
+Conventions (every table):
+
+* **Time** is UTC epoch seconds in a ``DOUBLE`` column whose name ends in ``_s`` (``ts_s``,
+  ``start_s``, ``arrival_s``, ``bucket_start_s`` ...). This is the unit the serving telemetry
+  contract and :class:`serving.devices.base.DeviceSample` already use, so ingest copies values
+  unchanged, and intervals are plain subtraction (``first_token_s - arrival_s`` is TTFT in seconds).
+  A double holds epoch seconds to well under a microsecond. ``to_timestamp(ts_s)`` gives a
+  ``TIMESTAMPTZ`` where a calendar is wanted. Durations are ``*_s`` too.
+* **Units in names**: ``_pct`` (0-100), ``_w``, ``_mj`` (millijoules), ``_mhz``, ``_c``, ``_bytes``,
+  ``_tokens``, ``_seqs``. Columns copied from the telemetry contract keep its names
+  (``batch_size`` counts sequences, ``preempted`` counts sequences, ``attempts`` counts tries).
+* **NULL** means "not measured / not supported" -- never a string such as ``'N/A'``.
+* **node** on every data table: the machine (collector) the row describes or came from. It is the
+  second Parquet partition key and part of every natural key, so exports of many nodes merge.
+* JSON-valued fields (control before/after, labels, details) are ``JSON`` columns.
+* **Token timestamps** live in their own ``tokens`` table (``node, request_id, idx, ts_s, itl_s``),
+  not in a LIST column of ``requests``: ITL percentiles are then a plain aggregate over a column
+  (``quantile_cont(itl_s, 0.99)``) with no UNNEST, tokens join to ``iterations`` and
+  ``gpu_samples`` by time range, and the ``requests`` rows stay narrow. ``itl_s`` (gap to the
+  request's previous token, NULL for the first) is computed at ingest.
+* No indexes or primary keys on the high-rate tables: they would slow batched appends several
+  times; natural keys (``collector.store.tables``) are enforced when merging Parquet imports.
+
+Each migration runs in one transaction together with its ``schema_version`` row. Never edit a
+released migration; add a new one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import duckdb
+
+from collector.store.errors import StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step: applied once, in version order."""
+
+    version: int
+    description: str
+    sql: str
+
+
+# The ledger of applied migrations; created by the migration runner before the first step.
+SCHEMA_VERSION_DDL = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version      INTEGER PRIMARY KEY,
+    description  VARCHAR NOT NULL,
+    applied_at_s DOUBLE  NOT NULL
+);
+"""
+
+_V1_SAMPLES = """
+CREATE TABLE gpu_samples (
+    node                    VARCHAR NOT NULL,
+    source                  VARCHAR NOT NULL,   -- nvml | emulated | cpu | dcgm | agent ...
+    ts_s                    DOUBLE  NOT NULL,
+    device                  VARCHAR NOT NULL,   -- spec: cuda:0, emulated:h100-sxm, cpu
+    kind                    VARCHAR,            -- cuda | emulated | cpu
+    "index"                 INTEGER,
+    uuid                    VARCHAR,
+    name                    VARCHAR,
+    emulated                BOOLEAN NOT NULL,
+    gpu_util_pct            DOUBLE,
+    mem_util_pct            DOUBLE,
+    sm_active_pct           DOUBLE,
+    sm_occupancy_pct        DOUBLE,
+    tensor_active_pct       DOUBLE,
+    dram_active_pct         DOUBLE,
+    power_w                 DOUBLE,
+    energy_mj               BIGINT,             -- counter since driver load
+    power_limit_w           DOUBLE,
+    sm_clock_mhz            INTEGER,
+    mem_clock_mhz           INTEGER,
+    temperature_c           DOUBLE,
+    mem_used_bytes          BIGINT,
+    mem_total_bytes         BIGINT,
+    clock_event_reasons     UBIGINT,            -- NVML clock-event reason bitmask
+    locked_sm_clock_min_mhz INTEGER,
+    locked_sm_clock_max_mhz INTEGER,
+    lost                    BOOLEAN,
+    k8s_pod                 VARCHAR,            -- dcgm-exporter pod attribution
+    k8s_namespace           VARCHAR,
+    k8s_container           VARCHAR
+);
+
+CREATE TABLE host_samples (
+    node      VARCHAR NOT NULL,
+    ts_s      DOUBLE  NOT NULL,
+    pid       INTEGER NOT NULL,
+    worker    VARCHAR,
+    cpu_pct   DOUBLE,
+    rss_bytes BIGINT
+);
+
+CREATE TABLE ingest_errors (
+    node    VARCHAR NOT NULL,
+    source  VARCHAR NOT NULL,
+    ts_s    DOUBLE  NOT NULL,
+    kind    VARCHAR NOT NULL,                   -- invalid_batch | unknown_event_type | invalid_event | ...
+    message VARCHAR NOT NULL,
+    count   BIGINT  NOT NULL
+);
+"""
+
+_V2_TELEMETRY = """
+CREATE TABLE telemetry_batches (
+    node                 VARCHAR NOT NULL,
+    source               VARCHAR NOT NULL,
+    seq                  BIGINT  NOT NULL,
+    sent_s               DOUBLE  NOT NULL,
+    received_s           DOUBLE  NOT NULL,
+    events               INTEGER NOT NULL,
+    rejected_events      INTEGER NOT NULL,
+    dropped_events_total BIGINT
+);
+
+CREATE TABLE iterations (
+    node           VARCHAR NOT NULL,
+    source         VARCHAR NOT NULL,
+    batch_seq      BIGINT,
+    worker         VARCHAR NOT NULL,
+    device         VARCHAR,
+    start_s        DOUBLE  NOT NULL,
+    end_s          DOUBLE  NOT NULL,
+    phase          VARCHAR NOT NULL,           -- prefill | decode | mixed
+    batch_size     INTEGER,
+    prefill_tokens INTEGER,
+    decode_seqs    INTEGER,
+    context_tokens BIGINT,
+    kv_blocks_used INTEGER,
+    kv_blocks_total INTEGER,
+    preempted      INTEGER,
+    compute_s      DOUBLE,
+    pacing_s       DOUBLE
+);
+
+CREATE TABLE requests (
+    node                VARCHAR NOT NULL,
+    source              VARCHAR NOT NULL,
+    batch_seq           BIGINT,
+    request_id          VARCHAR NOT NULL,
+    arrival_s           DOUBLE  NOT NULL,
+    first_scheduled_s   DOUBLE,
+    prefill_start_s     DOUBLE,
+    prefill_end_s       DOUBLE,
+    kv_transfer_start_s DOUBLE,
+    kv_transfer_end_s   DOUBLE,
+    kv_transfer_bytes   BIGINT,
+    first_token_s       DOUBLE,
+    finish_s            DOUBLE,
+    prompt_tokens       INTEGER,
+    output_tokens       INTEGER,
+    prefill_worker      VARCHAR,
+    decode_worker       VARCHAR,
+    status              VARCHAR,               -- ok | error | aborted
+    finish_reason       VARCHAR,
+    error               VARCHAR,
+    attempts            INTEGER,
+    preemptions         INTEGER
+);
+
+-- One row per output token (the request event's token_ts_s, exploded). itl_s is the gap to the
+-- previous token of the same request (NULL for the first), so ITL percentiles are one aggregate.
+CREATE TABLE tokens (
+    node       VARCHAR NOT NULL,
+    request_id VARCHAR NOT NULL,
+    idx        INTEGER NOT NULL,
+    ts_s       DOUBLE  NOT NULL,
+    itl_s      DOUBLE
+);
+
+CREATE TABLE control_events (
+    node      VARCHAR NOT NULL,
+    source    VARCHAR NOT NULL,
+    batch_seq BIGINT,
+    ts_s      DOUBLE  NOT NULL,
+    action    VARCHAR NOT NULL,
+    target    VARCHAR,
+    before    JSON,
+    after     JSON,
+    actor     VARCHAR
+);
+
+CREATE TABLE telemetry_gaps (
+    node            VARCHAR NOT NULL,
+    source          VARCHAR NOT NULL,
+    after_seq       BIGINT  NOT NULL,
+    missing_batches BIGINT  NOT NULL,
+    detected_at_s   DOUBLE  NOT NULL
+);
+
+CREATE VIEW request_latency AS
+SELECT
+    node,
+    request_id,
+    status,
+    arrival_s,
+    prompt_tokens,
+    output_tokens,
+    first_scheduled_s - arrival_s            AS queue_s,
+    prefill_end_s - prefill_start_s          AS prefill_s,
+    kv_transfer_end_s - kv_transfer_start_s  AS kv_transfer_s,
+    first_token_s - arrival_s                AS ttft_s,
+    finish_s - arrival_s                     AS e2e_s,
+    CASE WHEN output_tokens > 1
+         THEN (finish_s - first_token_s) / (output_tokens - 1) END AS tpot_s
+FROM requests;
+"""
+
+_V3_ENGINE_METRICS = """
+-- Prometheus-scraped aggregates from vLLM / SGLang / Dynamo frontends (one sample per row).
+CREATE TABLE engine_metrics (
+    node     VARCHAR NOT NULL,
+    endpoint VARCHAR NOT NULL,
+    ts_s     DOUBLE  NOT NULL,
+    metric   VARCHAR NOT NULL,                 -- e.g. vllm:num_requests_running
+    labels   JSON    NOT NULL,                 -- {} when the series has none
+    value    DOUBLE
+);
+"""
+
+_V4_ANALYTICS = """
+CREATE TABLE calibrations (
+    calibration_id           VARCHAR NOT NULL,
+    node                     VARCHAR NOT NULL,
+    ts_s                     DOUBLE  NOT NULL,
+    device                   VARCHAR NOT NULL,
+    gpu_name                 VARCHAR,
+    emulated                 BOOLEAN,
+    model                    VARCHAR,
+    phase                    VARCHAR NOT NULL,  -- prefill | decode
+    knob                     VARCHAR NOT NULL,  -- power_limit | sm_clock_window | none
+    power_limit_w            DOUBLE,
+    sm_clock_min_mhz         INTEGER,
+    sm_clock_max_mhz         INTEGER,
+    batch_size               INTEGER,
+    duration_s               DOUBLE,
+    throughput_tokens_per_s  DOUBLE,
+    avg_power_w              DOUBLE,
+    energy_per_token_j       DOUBLE,
+    iteration_p50_s          DOUBLE,
+    details                  JSON
+);
+
+CREATE TABLE recommendations (
+    recommendation_id            VARCHAR NOT NULL,
+    node                         VARCHAR NOT NULL,
+    ts_s                         DOUBLE  NOT NULL,
+    kind                         VARCHAR NOT NULL,  -- layout | power_limit | sm_clock_window | ...
+    target                       VARCHAR,
+    current                      JSON,
+    proposed                     JSON,
+    rationale                    VARCHAR,
+    est_tokens_per_j_change_pct  DOUBLE,
+    est_latency_change_pct       DOUBLE,
+    est_cost_change_usd_per_h    DOUBLE,
+    status                       VARCHAR,           -- proposed | applied | dismissed
+    details                      JSON
+);
+
+-- Audit of every change phaselens made or would have made (dry run).
+CREATE TABLE actions (
+    action_id         VARCHAR NOT NULL,
+    node              VARCHAR NOT NULL,
+    ts_s              DOUBLE  NOT NULL,
+    actor             VARCHAR NOT NULL,             -- who
+    action            VARCHAR NOT NULL,             -- what
+    target            VARCHAR,
+    before            JSON,
+    after             JSON,
+    dry_run           BOOLEAN NOT NULL,
+    status            VARCHAR NOT NULL,             -- planned | applied | failed | rolled_back
+    rolled_back       BOOLEAN NOT NULL,             -- false unless given (TableSpec.defaults)
+    rolled_back_at_s  DOUBLE,
+    recommendation_id VARCHAR,
+    message           VARCHAR
+);
+
+CREATE TABLE reports (
+    report_id VARCHAR NOT NULL,
+    node      VARCHAR NOT NULL,
+    ts_s      DOUBLE  NOT NULL,
+    kind      VARCHAR NOT NULL,
+    title     VARCHAR,
+    start_s   DOUBLE,
+    end_s     DOUBLE,
+    format    VARCHAR,                              -- markdown | html | json
+    body      VARCHAR,
+    details   JSON
+);
+"""
+
+# Metrics rolled up as avg_* and max_* per 10 s bucket (see collector.store.retention).
+ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (
+    "gpu_util_pct",
+    "mem_util_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_active_pct",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temperature_c",
+    "mem_used_bytes",
+)
+
+
+def _rollup_ddl() -> str:
+    metric_cols = ",\n".join(
+        f"    avg_{m} DOUBLE,\n    max_{m} {'DOUBLE' if m.endswith(('_pct', '_w', '_c')) else 'BIGINT'}"
+        for m in ROLLUP_AVG_MAX_METRICS
+    )
+    return f"""
+-- 10 s rollup of gpu_samples; kept far longer than the raw rows. avg_* are means over the
+-- samples in the bucket that had the metric; min/max_energy_mj bracket the energy counter.
+CREATE TABLE gpu_samples_10s (
+    node                    VARCHAR NOT NULL,
+    source                  VARCHAR NOT NULL,
+    device                  VARCHAR NOT NULL,
+    bucket_start_s          DOUBLE  NOT NULL,
+    kind                    VARCHAR,
+    "index"                 INTEGER,
+    uuid                    VARCHAR,
+    name                    VARCHAR,
+    emulated                BOOLEAN NOT NULL,
+    samples                 BIGINT  NOT NULL,
+    lost_samples            BIGINT  NOT NULL,
+{metric_cols},
+    min_energy_mj           BIGINT,
+    max_energy_mj           BIGINT,
+    max_mem_total_bytes     BIGINT,
+    any_clock_event_reasons UBIGINT,
+    min_locked_sm_clock_min_mhz INTEGER,
+    max_locked_sm_clock_max_mhz INTEGER,
+    k8s_pod                 VARCHAR,
+    k8s_namespace           VARCHAR,
+    k8s_container           VARCHAR
+);
+"""
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
+    Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
+    Migration(3, "Prometheus-scraped engine metrics", _V3_ENGINE_METRICS),
+    Migration(4, "analytics: calibrations, recommendations, actions (audit), reports", _V4_ANALYTICS),
+    Migration(5, "10 s rollup of gpu_samples", _rollup_ddl()),
+)
+
+LATEST_VERSION: int = MIGRATIONS[-1].version
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """Return the highest applied migration version of an open database (0 for a fresh file)."""
+    if not _table_exists(con, "schema_version"):
+        return 0
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def check_version(
+    con: duckdb.DuckDBPyConnection, where: str, migrations: Sequence[Migration] = MIGRATIONS
+) -> int:
+    """Return the file's schema version; StoreError when it is newer than ``migrations`` know.
+
+    Also refuses a DuckDB file that holds other tables but no ``schema_version`` (not a store).
+    """
+    version = current_version(con)
+    known = migrations[-1].version if migrations else 0
+    if version > known:
+        raise StoreError(
+            f"{where} has schema version {version}, newer than this phaselens knows "
+            f"(version {known}); upgrade phaselens to open it (the file was left unchanged)"
+        )
+    if version == 0:
+        others = con.execute(
+            "SELECT string_agg(table_name, ', ' ORDER BY table_name) FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_catalog = current_database()"
+        ).fetchone()[0]
+        if others:
+            raise StoreError(
+                f"{where} is a DuckDB file without a phaselens schema_version table "
+                f"(it holds: {others}); refusing to add the phaselens schema to it"
+            )
+    return version
+
+
+def apply_migrations(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    where: str = "the database",
+    target_version: int | None = None,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> list[int]:
+    """Apply every pending migration up to ``target_version`` (default: all) in ONE transaction.
+
+    Returns the versions applied (empty when up to date). On any failure the transaction is
+    rolled back, so the file stays at its old version, and StoreError says which step failed.
+    """
+    current = check_version(con, where, migrations)
+    target = migrations[-1].version if target_version is None else target_version
+    pending = [m for m in migrations if current < m.version <= target]
+    if not pending:
+        return []
+    step = pending[0]
+    con.begin()
+    try:
+        con.execute(SCHEMA_VERSION_DDL)
+        for step in pending:
+            con.execute(step.sql)
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)", [step.version, step.description, time.time()]
+            )
+        con.commit()
+    except duckdb.Error as e:
+        con.rollback()
+        raise StoreError(
+            f"migrating {where} failed at version {step.version} ({step.description}): {e}; "
+            f"the file stays at version {current}"
+        ) from e
+    return [m.version for m in pending]
+
+
+def _table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables "
+        "WHERE table_schema = 'main' AND table_catalog = current_database() AND table_name = ?",
+        [name],
+    ).fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,630 @@
+"""The collector's DuckDB store: one writing process, batched Arrow appends, simple queries.
+
+Threading: a ``Store`` is meant to be written by ONE thread (the collector service's writer
+thread, which drains its queues and appends whatever has accumulated). Every write method takes
+an internal lock, so a stray call from another thread is serialised rather than corrupting state.
+Read methods (``query``, ``range``, ``latest_per_device``) run on their own DuckDB cursor and may
+be called from any thread concurrently with the writer; they see committed data only (not rows
+still in the write buffer -- call ``flush()`` from the writer first where that matters).
+
+Durability: every write is one DuckDB transaction. A committed write survives the writer being
+killed (it is in DuckDB's write-ahead log, replayed on the next open); ``checkpoint()`` folds the
+log into the file. With ``buffer_rows > 0`` appends are held in memory until that many rows are
+pending (or ``flush()``/``checkpoint()``/``close()``): a crash loses at most those unflushed rows,
+so a buffering writer should also call ``flush()`` on a timer (e.g. every second). Batches of at
+least DuckDB's row-group size (122,880 rows) are written straight into the file, which makes the
+buffer worth having at high sample rates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector.store.errors import StoreError, StoreLockedError
+from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
+from collector.store.tables import TABLES, table_spec
+from collector.store.telemetry_rows import TelemetryRows, split_batch
+from serving.devices.base import DeviceSample
+from serving.telemetry import Gap
+
+Rows = Sequence[Mapping[str, Any]] | pa.Table | pd.DataFrame
+TimeLike = float | int | datetime
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+    "DOUBLE": pa.float64(),
+    "FLOAT": pa.float32(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "SMALLINT": pa.int16(),
+    "UBIGINT": pa.uint64(),
+    "UINTEGER": pa.uint32(),
+    "BOOLEAN": pa.bool_(),
+}
+_STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
+_VIEW = "_phaselens_append"
+_SAMPLE_FIELDS = tuple(DeviceSample.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of a store table, with the Arrow type appends are converted to."""
+
+    name: str
+    duckdb_type: str
+    arrow_type: pa.DataType
+    not_null: bool
+
+    @property
+    def is_json(self) -> bool:
+        """True for JSON columns (stored as JSON text)."""
+        return self.duckdb_type == "JSON"
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryIngest:
+    """What ``append_telemetry_batch`` stored from one batch, and what it left out."""
+
+    source: str
+    iterations: int
+    requests: int
+    tokens: int
+    control_events: int
+    rejected_events: int
+    rejected_batch: str | None  # why the whole batch was refused (bad envelope), else None
+    duplicate: bool = False  # the same batch (node, source, seq, sent_s) was stored before: skipped
+
+
+class Store:
+    """A phaselens DuckDB file, opened with :meth:`Store.open`."""
+
+    __slots__ = (
+        "_buffer_rows",
+        "_columns",
+        "_con",
+        "_lock",
+        "_pending",
+        "_pending_batches",
+        "_pending_rows",
+        "path",
+        "read_only",
+    )
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool, buffer_rows: int
+    ) -> None:
+        """Wrap an open, migrated connection (use :meth:`Store.open`)."""
+        self._con = con
+        self.path = path
+        self.read_only = read_only
+        self._buffer_rows = buffer_rows
+        self._lock = threading.RLock()
+        self._pending: dict[str, list[pa.Table]] = {}
+        self._pending_rows = 0
+        self._pending_batches: set[tuple[str, str, int, float]] = set()  # telemetry batches in the buffer
+        self._columns = _load_columns(con)
+
+    # -- open / close -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False, buffer_rows: int = 0) -> Store:
+        """Open (creating if needed) the store at ``path`` and bring its schema up to date.
+
+        An older file is migrated in one transaction; a file with a newer schema version than
+        this code knows raises StoreError naming both versions. A file held by another process
+        raises StoreLockedError. ``read_only`` never migrates: an out-of-date file is refused.
+        ``buffer_rows`` > 0 holds appends in memory until that many rows are pending.
+        """
+        path = Path(path)
+        if not isinstance(buffer_rows, int) or buffer_rows < 0:
+            raise StoreError(f"buffer_rows must be a non-negative integer, got {buffer_rows!r}")
+        if read_only and not path.exists():
+            raise StoreError(f"{path} does not exist; a read-only open cannot create it")
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as e:
+            if "lock" in str(e).lower():
+                raise StoreLockedError(_locked_message(path, str(e), read_only)) from e
+            raise StoreError(f"cannot open {path}: {e}") from e
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open {path}: {e}") from e
+        try:
+            if read_only:
+                version = check_version(con, str(path))
+                if version < LATEST_VERSION:
+                    raise StoreError(
+                        f"{path} has schema version {version}, older than this phaselens "
+                        f"(version {LATEST_VERSION}); open it read-write once to migrate it"
+                    )
+            else:
+                apply_migrations(con, where=str(path))
+            return cls(con, path, read_only=read_only, buffer_rows=buffer_rows)
+        except BaseException:
+            con.close()
+            raise
+
+    def close(self) -> None:
+        """Flush pending rows and close the file. Safe to call more than once."""
+        with self._lock:
+            if self._con is None:
+                return
+            try:
+                if not self.read_only:
+                    self._flush_locked()
+            finally:
+                self._con.close()
+                self._con = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else "read-write"
+        return f"Store({str(self.path)!r}, {mode})"
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        """The file's applied schema version."""
+        with self._lock:
+            return check_version(self._conn(), str(self.path))
+
+    def columns(self, table: str) -> list[Column]:
+        """The columns of ``table``, in table order."""
+        return list(self._table_columns(table).values())
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def append(self, table: str, rows: Rows) -> int:
+        """Append rows to ``table`` in one batch; return the number of rows taken.
+
+        ``rows`` is a list of dicts, a ``pyarrow.Table`` or a ``pandas.DataFrame``. Columns missing
+        from the input are NULL (or the table's default); unknown columns, values that do not fit
+        a column's type, and NULLs in required columns raise StoreError naming the columns and
+        nothing is written. JSON columns take any JSON-able Python value from dict rows (encoded
+        with ``json.dumps``) and JSON text from Arrow/pandas string columns.
+        """
+        data = self._to_arrow(table, rows)
+        self._enqueue({table: data})
+        return data.num_rows
+
+    def append_gpu_samples(
+        self,
+        samples: Iterable[DeviceSample],
+        node: str,
+        source: str,
+        *,
+        k8s: Mapping[str, str | None] | None = None,
+    ) -> int:
+        """Append device samples taken on ``node`` by ``source`` (nvml, emulated, cpu, dcgm ...).
+
+        ``k8s`` optionally gives ``k8s_pod``/``k8s_namespace``/``k8s_container`` for every sample.
+        """
+        samples = list(samples)
+        if not samples:
+            return 0
+        columns: dict[str, list[Any]] = {name: [getattr(s, name) for s in samples] for name in _SAMPLE_FIELDS}
+        n = len(samples)
+        columns["node"] = [node] * n
+        columns["source"] = [source] * n
+        for key, value in (k8s or {}).items():
+            columns[key] = [value] * n
+        data = self._to_arrow("gpu_samples", _columns_to_table("gpu_samples", columns))
+        self._enqueue({"gpu_samples": data})
+        return n
+
+    def append_telemetry_batch(
+        self, batch: Any, node: str, *, received_s: float | None = None
+    ) -> TelemetryIngest:
+        """Store one serving telemetry batch (docs/TELEMETRY.md) received from ``node``.
+
+        The batch is split into iterations, requests, tokens (one row per output token) and
+        control_events, plus one telemetry_batches row, all written in one transaction. Events
+        of unknown type or with missing/mistyped fields are left out and counted in
+        ingest_errors under the batch's source; the rest of the batch is kept. A batch whose
+        envelope fails ``serving.telemetry.validate_batch`` is refused whole and counted.
+        A batch already stored (same node, source, seq and sent_s -- e.g. re-read from the
+        router's ring after a collector restart) is skipped and reported as ``duplicate``.
+        """
+        now = time.time() if received_s is None else received_s
+        rows = split_batch(batch, node, now)
+        parts = {name: self._to_arrow(name, table_rows) for name, table_rows in rows.tables().items()}
+        errors = _error_rows(rows, node, now)
+        if errors:
+            parts["ingest_errors"] = self._to_arrow("ingest_errors", errors)
+        key = None
+        if rows.telemetry_batches:
+            b = rows.telemetry_batches[0]
+            key = (node, b["source"], b["seq"], b["sent_s"])
+        with self._lock:
+            duplicate = key is not None and self._seen_batch(key)
+            if not duplicate:
+                self._enqueue(parts)
+                if key is not None and self._pending:
+                    self._pending_batches.add(key)
+        if duplicate:
+            return TelemetryIngest(rows.source, 0, 0, 0, 0, 0, None, duplicate=True)
+        return TelemetryIngest(
+            source=rows.source,
+            iterations=len(rows.iterations),
+            requests=len(rows.requests),
+            tokens=len(rows.tokens),
+            control_events=len(rows.control_events),
+            rejected_events=rows.rejected_events,
+            rejected_batch=rows.rejected_batch,
+        )
+
+    def record_gaps(self, gaps: Iterable[Gap], node: str, *, detected_at_s: float | None = None) -> int:
+        """Record telemetry sequence gaps (``serving.telemetry.Gap``) seen by the reader."""
+        at = time.time() if detected_at_s is None else detected_at_s
+        rows = [
+            {
+                "node": node,
+                "source": g.source,
+                "after_seq": g.after_seq,
+                "missing_batches": g.missing_batches,
+                "detected_at_s": at,
+            }
+            for g in gaps
+        ]
+        return self.append("telemetry_gaps", rows) if rows else 0
+
+    def record_ingest_error(self, node: str, source: str, kind: str, message: str, count: int = 1) -> None:
+        """Count ``count`` bad inputs of ``kind`` from ``source`` (e.g. a StoreError from append)."""
+        row = {"node": node, "source": source, "ts_s": time.time(), "kind": kind, "message": message}
+        self.append("ingest_errors", [{**row, "count": count}])
+
+    def flush(self) -> None:
+        """Write buffered rows now, in one transaction; a no-op when nothing is pending.
+
+        If DuckDB refuses the write (disk full, ...) the buffered rows are discarded and
+        StoreError says how many; they are not retried.
+        """
+        with self._lock:
+            self._flush_locked()
+
+    def checkpoint(self) -> None:
+        """Flush, then fold DuckDB's write-ahead log into the database file."""
+        with self._lock:
+            self._flush_locked()
+            try:
+                self._conn().execute("CHECKPOINT")
+            except duckdb.Error as e:
+                raise StoreError(f"checkpoint of {self.path} failed: {e}") from e
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Flush, then hold the writer lock and one transaction for multi-statement SQL.
+
+        Yields the writer connection; commits on success, rolls back (and raises StoreError for
+        DuckDB errors) otherwise. Used by ``collector.store.retention``.
+        """
+        with self._lock:
+            self._flush_locked()
+            con = self._writer()
+            con.begin()
+            try:
+                yield con
+            except duckdb.Error as e:
+                con.rollback()
+                raise StoreError(f"transaction on {self.path} failed: {e}") from e
+            except BaseException:
+                con.rollback()
+                raise
+            con.commit()
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A fresh DuckDB cursor for reading, usable from any thread; closed afterwards.
+
+        DuckDB errors raised inside the block become StoreError.
+        """
+        with self._lock:
+            cur = self._conn().cursor()
+        try:
+            yield cur
+        except duckdb.Error as e:
+            raise StoreError(f"query on {self.path} failed: {e}") from e
+        finally:
+            cur.close()
+
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """Run SQL (``?`` or ``$name`` parameters) on a fresh cursor; return a DataFrame."""
+        with self.reader() as cur:
+            return cur.execute(sql, params if params is not None else []).df()
+
+    def range(
+        self,
+        table: str,
+        start: TimeLike | None,
+        end: TimeLike | None,
+        *,
+        device: str | None = None,
+        node: str | None = None,
+        limit: int | None = None,
+    ) -> pd.DataFrame:
+        """Rows of ``table`` whose time column lies in ``[start, end)``, oldest first.
+
+        Times are UTC epoch seconds or timezone-aware datetimes; ``None`` leaves that end open.
+        """
+        spec = table_spec(table)
+        cols = self._table_columns(table)
+        tc = spec.time_column
+        where: list[str] = []
+        params: list[Any] = []
+        if start is not None:
+            where.append(f'"{tc}" >= ?')
+            params.append(to_epoch_s(start, "start"))
+        if end is not None:
+            where.append(f'"{tc}" < ?')
+            params.append(to_epoch_s(end, "end"))
+        for name, value in (("device", device), ("node", node)):
+            if value is None:
+                continue
+            if name not in cols:
+                raise StoreError(f"table {table!r} has no {name!r} column to filter on")
+            where.append(f'"{name}" = ?')
+            params.append(value)
+        sql = f'SELECT * FROM "{table}"'
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f' ORDER BY "{tc}"'
+        if limit is not None:
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+                raise StoreError(f"limit must be a non-negative integer, got {limit!r}")
+            sql += f" LIMIT {limit}"
+        return self.query(sql, params)
+
+    def latest_per_device(self, *, since_s: float | None = None) -> pd.DataFrame:
+        """The newest gpu_samples row of every (node, device), optionally only from ``since_s`` on."""
+        where = "WHERE ts_s >= ?" if since_s is not None else ""
+        return self.query(
+            f"SELECT * FROM gpu_samples {where} "
+            "QUALIFY row_number() OVER (PARTITION BY node, device ORDER BY ts_s DESC) = 1 "
+            "ORDER BY node, device",
+            [to_epoch_s(since_s, "since_s")] if since_s is not None else [],
+        )
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _conn(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            raise StoreError(f"store {self.path} is closed")
+        return self._con
+
+    def _writer(self) -> duckdb.DuckDBPyConnection:
+        con = self._conn()
+        if self.read_only:
+            raise StoreError(f"store {self.path} was opened read-only")
+        return con
+
+    def _table_columns(self, table: str) -> dict[str, Column]:
+        cols = self._columns.get(table)
+        if cols is None or table not in TABLES:
+            raise StoreError(f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}")
+        return cols
+
+    def _to_arrow(self, table: str, rows: Rows) -> pa.Table:
+        """Convert input rows to an Arrow table with exactly ``table``'s columns and types."""
+        cols = self._table_columns(table)
+        if isinstance(rows, pa.Table):
+            data = rows
+        elif isinstance(rows, pd.DataFrame):
+            _check_names(table, [str(c) for c in rows.columns], cols)
+            try:
+                data = pa.Table.from_pandas(rows, preserve_index=False)
+            except (pa.ArrowException, ValueError, TypeError) as e:
+                raise StoreError(f"{table}: cannot convert the DataFrame to Arrow: {e}") from e
+        elif isinstance(rows, Sequence) and not isinstance(rows, str | bytes):
+            data = _rows_to_table(table, rows, cols)
+        else:
+            raise StoreError(
+                f"{table}: rows must be a list of dicts, a pyarrow.Table or a pandas.DataFrame, "
+                f"got {type(rows).__name__}"
+            )
+        _check_names(table, data.column_names, cols)
+        return _conform(table, data, cols)
+
+    def _enqueue(self, parts: Mapping[str, pa.Table]) -> None:
+        """Add converted tables to the buffer (atomically) and write when due."""
+        with self._lock:
+            self._writer()
+            for name, data in parts.items():
+                if data.num_rows:
+                    self._pending.setdefault(name, []).append(data)
+                    self._pending_rows += data.num_rows
+            if self._pending_rows >= self._buffer_rows:
+                self._flush_locked()
+
+    def _seen_batch(self, key: tuple[str, str, int, float]) -> bool:
+        """True when this telemetry batch is already stored or buffered (caller holds the lock)."""
+        if key in self._pending_batches:
+            return True
+        row = (
+            self._writer()
+            .execute(
+                "SELECT 1 FROM telemetry_batches WHERE sent_s = ? AND node = ? AND source = ? AND seq = ? LIMIT 1",
+                [key[3], key[0], key[1], key[2]],
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def _flush_locked(self) -> None:
+        if not self._pending:
+            return
+        pending, rows = self._pending, self._pending_rows
+        self._pending, self._pending_rows = {}, 0
+        self._pending_batches.clear()
+        con = self._writer()
+        con.begin()
+        try:
+            for name, parts in pending.items():
+                # one contiguous chunk: DuckDB writes whole row groups straight to the file
+                data = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+                con.register(_VIEW, data)
+                try:
+                    con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {_VIEW}')
+                finally:
+                    con.unregister(_VIEW)
+            con.commit()
+        except duckdb.Error as e:
+            con.rollback()
+            raise StoreError(
+                f"writing {rows} rows to {', '.join(pending)} failed (nothing written): {e}"
+            ) from e
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _load_columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Column]]:
+    out: dict[str, dict[str, Column]] = {}
+    rows = con.execute(
+        "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
+        "WHERE table_schema = 'main' AND table_catalog = current_database() "
+        "ORDER BY table_name, ordinal_position"
+    ).fetchall()
+    for table, name, dtype, nullable in rows:
+        if table not in TABLES:
+            continue
+        arrow_type = _ARROW_TYPES.get(dtype)
+        if arrow_type is None:
+            raise StoreError(f"column {table}.{name} has type {dtype}, which the append path does not handle")
+        out.setdefault(table, {})[name] = Column(name, dtype, arrow_type, nullable == "NO")
+    return out
+
+
+def _check_names(table: str, names: Sequence[str], cols: Mapping[str, Column]) -> None:
+    unknown = [n for n in names if n not in cols]
+    if unknown:
+        raise StoreError(
+            f"{table}: unknown column(s) {', '.join(map(repr, unknown))}; columns: {', '.join(cols)}"
+        )
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if list(names).count(n) > 1})
+        raise StoreError(f"{table}: duplicate column(s) {', '.join(map(repr, dupes))}")
+
+
+def _rows_to_table(table: str, rows: Sequence[Mapping[str, Any]], cols: Mapping[str, Column]) -> pa.Table:
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise StoreError(f"{table}: row {i} is a {type(row).__name__}, not a dict")
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    _check_names(table, names, cols)
+    columns: dict[str, list[Any]] = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        if cols[name].is_json:
+            values = [_json_text(table, name, v) for v in values]
+        columns[name] = values
+    return _columns_to_table(table, columns)
+
+
+def _columns_to_table(table: str, columns: Mapping[str, list[Any]]) -> pa.Table:
+    arrays = []
+    for name, values in columns.items():
+        try:
+            arrays.append(pa.array(values))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            raise StoreError(f"{table}.{name}: values of mixed or unsupported types: {e}") from e
+    return pa.Table.from_arrays(arrays, names=list(columns))
+
+
+def _json_text(table: str, name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"{table}.{name}: value is not JSON-serialisable: {e}") from e
+
+
+def _conform(table: str, data: pa.Table, cols: Mapping[str, Column]) -> pa.Table:
+    """Cast every input column to its target type; missing columns and NULLs get the default, if any."""
+    spec = TABLES[table]
+    n = data.num_rows
+    present = set(data.column_names)
+    arrays: list[pa.Array | pa.ChunkedArray] = []
+    for col in cols.values():
+        arr = _cast(table, col, data.column(col.name)) if col.name in present else pa.nulls(n, col.arrow_type)
+        if col.name in spec.defaults and arr.null_count:
+            arr = arr.fill_null(pa.scalar(spec.defaults[col.name], col.arrow_type))
+        if col.name == spec.generated_id and arr.null_count:
+            ids = arr.to_pylist()
+            arr = pa.array([v if v is not None else uuid.uuid4().hex for v in ids], type=col.arrow_type)
+        if col.not_null and arr.null_count:
+            raise StoreError(f"{table}.{col.name} must not be NULL ({arr.null_count} of {n} rows are)")
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, names=list(cols))
+
+
+def _cast(table: str, col: Column, arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_floating(arr.type) and pc.any(pc.is_nan(arr)).as_py():
+        arr = pc.if_else(pc.is_nan(arr), pa.scalar(None, arr.type), arr)  # NaN means "no value": NULL
+    if arr.type == col.arrow_type:
+        return arr
+    if col.is_json and arr.type not in _STRING_TYPES and not pa.types.is_null(arr.type):
+        return pa.chunked_array(
+            [pa.array([_json_text(table, col.name, v) for v in arr.to_pylist()], type=pa.string())]
+        )
+    try:
+        return arr.cast(col.arrow_type, safe=True)
+    except (pa.ArrowException, ValueError, TypeError) as e:
+        raise StoreError(f"{table}.{col.name}: cannot store {arr.type} as {col.duckdb_type}: {e}") from e
+
+
+def _error_rows(rows: TelemetryRows, node: str, ts_s: float) -> list[dict[str, Any]]:
+    return [
+        {"node": node, "source": rows.source, "ts_s": ts_s, "kind": kind, "message": message, "count": count}
+        for (kind, message), count in rows.errors.items()
+    ]
+
+
+def to_epoch_s(value: TimeLike, what: str = "time") -> float:
+    """Epoch seconds from a number or a timezone-aware datetime; StoreError naming ``what``."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise StoreError(
+                f"{what}: naive datetime {value}; pass a timezone-aware datetime or epoch seconds"
+            )
+        return value.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise StoreError(f"{what} must be epoch seconds or a timezone-aware datetime, got {type(value).__name__}")
+
+
+def _locked_message(path: Path, duckdb_message: str, read_only: bool) -> str:
+    match = re.search(r"PID (\d+)", duckdb_message)
+    pid = match.group(1) if match else "unknown"
+    msg = (
+        f"{path} is open by another phaselens collector (pid {pid}?) — DuckDB allows one writing "
+        f"process; stop that process, or read through its collector API"
+    )
+    if read_only:
+        msg += " (DuckDB refuses even a read-only open while a writer holds the file)"
+    return msg

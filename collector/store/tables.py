@@ -1,0 +1,55 @@
+"""What the store knows about each table beyond its columns: time column and natural key.
+
+The time column drives ``Store.range`` and the Parquet ``date`` partition; the natural key is
+what identifies "the same row" when exports from several nodes are merged (no duplicates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.store.errors import StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """A data table: its time column (UTC epoch seconds) and natural key columns."""
+
+    name: str
+    time_column: str
+    natural_key: tuple[str, ...]
+    generated_id: str | None = None  # an id column filled with a fresh uuid when missing/NULL
+    defaults: dict[str, Any] = field(default_factory=dict)  # values for columns missing in the input
+
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        TableSpec("gpu_samples", "ts_s", ("node", "source", "device", "ts_s")),
+        TableSpec("gpu_samples_10s", "bucket_start_s", ("node", "source", "device", "bucket_start_s")),
+        TableSpec("host_samples", "ts_s", ("node", "pid", "ts_s")),
+        TableSpec("ingest_errors", "ts_s", ("node", "source", "ts_s", "kind", "message")),
+        TableSpec("telemetry_batches", "received_s", ("node", "source", "seq", "sent_s")),
+        TableSpec("iterations", "start_s", ("node", "source", "worker", "start_s")),
+        TableSpec("requests", "arrival_s", ("node", "request_id")),
+        TableSpec("tokens", "ts_s", ("node", "request_id", "idx")),
+        TableSpec("control_events", "ts_s", ("node", "source", "ts_s", "action", "target")),
+        TableSpec("telemetry_gaps", "detected_at_s", ("node", "source", "after_seq", "detected_at_s")),
+        TableSpec("engine_metrics", "ts_s", ("node", "endpoint", "metric", "labels", "ts_s")),
+        TableSpec("calibrations", "ts_s", ("calibration_id",), generated_id="calibration_id"),
+        TableSpec("recommendations", "ts_s", ("recommendation_id",), generated_id="recommendation_id"),
+        TableSpec(
+            "actions", "ts_s", ("action_id",), generated_id="action_id", defaults={"rolled_back": False}
+        ),
+        TableSpec("reports", "ts_s", ("report_id",), generated_id="report_id"),
+    )
+}
+
+
+def table_spec(name: str) -> TableSpec:
+    """Return the spec of a data table; StoreError naming the known tables otherwise."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise StoreError(f"unknown table {name!r}; tables: {', '.join(sorted(TABLES))}") from None

@@ -1,0 +1,161 @@
+"""`phaselens collect` as a real process beside the real serving stack on emulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collector.store import Store
+from serving.loadgen import run_load
+from serving.trace import poisson_trace
+from tests.serving.conftest import Server, free_port, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "collector.cli",
+        "collect",
+        "--db",
+        str(db),
+        "--port",
+        str(port),
+        "--no-nvml",
+    ]
+    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collector exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("collector not ready")
+
+
+def wait_for(fn: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not fn():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Server]:
+    server = start_server(
+        "--mode", "disaggregated", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-8b"
+    )
+    yield server
+    stop_server(server)
+
+
+def rows(url: str, table: str) -> list[dict]:
+    r = httpx.get(f"{url}/api/v1/tables/{table}", params={"limit": 100_000}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["rows"]
+
+
+def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server, tmp_path: Path) -> None:
+    db = tmp_path / "phaselens.duckdb"
+    proc, url = start_collector(db, "--serving", stack.url)
+    try:
+        report = run_load(
+            stack.url, poisson_trace(20, 8, prompt_tokens=64, output_tokens=12, seed=3), progress=False
+        )
+        assert report.n_ok == 8
+        wait_for(lambda: len(rows(url, "requests")) >= 8)
+        reqs = rows(url, "requests")
+        assert {r["status"] for r in reqs} == {"ok"}
+        assert all(r["kv_transfer_bytes"] > 0 for r in reqs)
+        assert len(rows(url, "tokens")) >= 8 * 12
+        iters = rows(url, "iterations")
+        assert {"prefill", "decode"} <= {r["phase"] for r in iters}
+        samples = rows(url, "gpu_samples")
+        assert samples and all(s["emulated"] and s["kind"] == "emulated" for s in samples)
+        assert rows(url, "host_samples")
+        assert any(r["action"] == "start" for r in rows(url, "control_events"))
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok" and all(s["status"] == "ok" for s in health["sources"])
+        bad = httpx.get(f"{url}/api/v1/tables/nope")
+        assert bad.status_code == 404 and "tables:" in bad.json()["error"]["message"]
+        written = health["writer"]["rows_written"]["gpu_samples"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    with Store.open(db, read_only=True) as store:
+        n = int(store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0])
+        assert n >= written  # everything the writer had taken is in the file after SIGTERM
+        assert int(store.query("SELECT count(*) AS n FROM requests")["n"][0]) >= 8
+
+
+def test_second_writer_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    db = tmp_path / "one.duckdb"
+    proc, _ = start_collector(db)
+    try:
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "collector.cli",
+                "collect",
+                "--db",
+                str(db),
+                "--port",
+                str(free_port()),
+                "--no-nvml",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        assert "another" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_kill_9_loses_at_most_the_last_flush_and_the_file_opens(stack: Server, tmp_path: Path) -> None:
+    db = tmp_path / "crash.duckdb"
+    proc, url = start_collector(db, "--serving", stack.url, "--flush-interval", "0.5")
+    wait_for(lambda: httpx.get(f"{url}/health").json()["writer"]["flushes"] >= 3)
+    flushed_before = len(rows(url, "gpu_samples"))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    with Store.open(db) as store:
+        n = int(store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0])
+    assert n >= flushed_before > 0
+
+
+def test_unreachable_source_backs_off_and_the_service_stays_up(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc, url = start_collector(tmp_path / "x.duckdb", "--serving", dead, "--dcgm", f"{dead}/metrics")
+    try:
+        time.sleep(2.5)
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "degraded"
+        down = [s for s in health["sources"] if s["status"] == "down"]
+        assert len(down) == 3 and all(s["consecutive_failures"] >= 1 for s in down)
+        assert all(s["next_attempt_s"] > s["last_attempt_s"] for s in down)
+        errors = rows(url, "ingest_errors")
+        assert any(e["kind"] == "unreachable" for e in errors)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
