@@ -25,32 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from serving.loadgen import run_load  # noqa: E402
 from serving.trace import poisson_trace  # noqa: E402
-from tests.serving.conftest import free_port, start_server, stop_server  # noqa: E402
-
-
-def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "collector.cli",
-        "collect",
-        "--db",
-        str(db),
-        "--port",
-        str(port),
-        "--no-nvml",
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise TimeoutError("collector did not start")
+from tests.collector.conftest import start_collector  # noqa: E402
+from tests.serving.conftest import start_server, stop_server  # noqa: E402
 
 
 def cpu_share(proc: subprocess.Popen, seconds: float) -> float:

@@ -24,6 +24,10 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--flush-interval", type=float, default=1.0, help="store flush period, s (max loss on kill -9)"
     )
+    p.add_argument(
+        "--raw-days", type=float, default=7.0, help="keep raw GPU samples this long, then 10 s rollups"
+    )
+    p.add_argument("--rollup-days", type=float, default=365.0, help="keep 10 s rollups this long")
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -31,7 +35,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     from collector.api import create_collector_app
     from collector.service import Collector, CollectorSettings
-    from collector.store import Store, StoreError
+    from collector.store import RetentionPolicy, Store, StoreError
 
     settings = CollectorSettings(
         db_path=args.db,
@@ -44,6 +48,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         nvml=not args.no_nvml,
         gpu_interval_s=args.gpu_interval,
         flush_interval_s=args.flush_interval,
+        retention=RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days),
     )
     if args.node:
         settings.node = args.node
@@ -69,6 +74,28 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store(args: argparse.Namespace) -> int:
+    """Export a store to hive-partitioned Parquet, or import such exports from other nodes.
+
+    Works on the file directly, so the collector writing it must be stopped first (DuckDB admits
+    one writing process; the error says so).
+    """
+    from collector.store import Store, StoreError, export_parquet, import_parquet
+
+    try:
+        with Store.open(args.db, read_only=args.action == "export") as store:
+            if args.action == "export":
+                res = export_parquet(store, args.dir, start=args.start, end=args.end)
+                print(f"exported {sum(res.rows.values())} rows to {res.out_dir}: {res.rows}")
+            else:
+                res = import_parquet(store, args.dir)
+                print(f"imported {res.inserted}; skipped duplicates {res.duplicates}")
+    except (StoreError, OSError, ValueError) as e:
+        print(f"phaselens store {args.action}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
@@ -78,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     collect = sub.add_parser("collect", help="run the collector service (the DuckDB store's only writer)")
     _add_collect_arguments(collect)
     collect.set_defaults(func=cmd_collect)
+    store = sub.add_parser("store", help="export a store to Parquet (by date and node) or import exports")
+    store.add_argument("action", choices=("export", "import"))
+    store.add_argument("dir", help="the Parquet folder (hive-partitioned: <table>/date=.../node=...)")
+    store.add_argument("--db", default="phaselens.duckdb")
+    store.add_argument("--start", type=float, default=None, help="export from (UTC epoch s)")
+    store.add_argument("--end", type=float, default=None, help="export until (UTC epoch s)")
+    store.set_defaults(func=cmd_store)
     return parser
 
 

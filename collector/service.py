@@ -22,7 +22,7 @@ from collector.sources.serving_stack import (
     ServingDevicesSource,
     ServingTelemetrySource,
 )
-from collector.store import Store, StoreError
+from collector.store import RetentionPolicy, Store, StoreError, apply_retention
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ class CollectorSettings:
     flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -69,6 +71,8 @@ class WriterStats:
     results_dropped: int = 0  # poll results dropped because the writer fell behind
     store_errors: int = 0
     flushes: int = 0
+    retention_runs: int = 0
+    raw_rows_rolled_up: int = 0
     last_flush_s: float | None = None
     last_error: str | None = None
 
@@ -136,8 +140,23 @@ class Collector:
 
     def _write_loop(self) -> None:
         interval = self.settings.flush_interval_s
+        last_retention = time.monotonic()
         while not self._stop.wait(interval):
             self._drain()
+            if time.monotonic() - last_retention >= self.settings.retention_interval_s:
+                last_retention = time.monotonic()
+                self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        """Fold raw samples older than the retention into 10 s rollups (same writer thread)."""
+        try:
+            res = apply_retention(self.store, self.settings.retention)
+            self.stats.retention_runs += 1
+            self.stats.raw_rows_rolled_up += res.raw_rows_deleted
+        except StoreError as e:
+            self.stats.store_errors += 1
+            self.stats.last_error = str(e)
+            log.error("retention failed: %s", e)
 
     def _drain(self) -> None:
         results: list[SourceResult] = []
@@ -228,6 +247,8 @@ class Collector:
                 "results_dropped": self.stats.results_dropped,
                 "store_errors": self.stats.store_errors,
                 "flushes": self.stats.flushes,
+                "retention_runs": self.stats.retention_runs,
+                "raw_rows_rolled_up": self.stats.raw_rows_rolled_up,
                 "last_flush_s": self.stats.last_flush_s,
                 "last_error": self.stats.last_error,
             },

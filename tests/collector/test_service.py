@@ -16,38 +16,10 @@ import pytest
 from collector.store import Store
 from serving.loadgen import run_load
 from serving.trace import poisson_trace
+from tests.collector.conftest import start_collector
 from tests.serving.conftest import Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-
-
-def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "collector.cli",
-        "collect",
-        "--db",
-        str(db),
-        "--port",
-        str(port),
-        "--no-nvml",
-    ]
-    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"collector exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("collector not ready")
 
 
 def wait_for(fn: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -159,3 +131,26 @@ def test_unreachable_source_backs_off_and_the_service_stays_up(tmp_path: Path) -
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_store_export_then_import_on_another_node(stack: Server, tmp_path: Path) -> None:
+    db = tmp_path / "a.duckdb"
+    proc, url = start_collector(db, "--serving", stack.url, "--node", "node-a")
+    wait_for(lambda: len(rows(url, "gpu_samples")) >= 5)
+    proc.terminate()
+    proc.wait(timeout=30)
+    cli = [sys.executable, "-m", "collector.cli", "store"]
+    export = subprocess.run(
+        [*cli, "export", str(tmp_path / "pq"), "--db", str(db)], capture_output=True, text=True
+    )
+    assert export.returncode == 0, export.stderr
+    assert any((tmp_path / "pq" / "gpu_samples").glob("date=*/node=node-a/*.parquet"))
+    other = tmp_path / "b.duckdb"
+    for _ in range(2):  # a second import adds nothing
+        imp = subprocess.run(
+            [*cli, "import", str(tmp_path / "pq"), "--db", str(other)], capture_output=True, text=True
+        )
+        assert imp.returncode == 0, imp.stderr
+    with Store.open(db, read_only=True) as a, Store.open(other, read_only=True) as b:
+        q = "SELECT count(*) AS n FROM gpu_samples"
+        assert int(a.query(q)["n"][0]) == int(b.query(q)["n"][0]) > 0

@@ -1,0 +1,41 @@
+"""Fixtures that run the real collector: `phaselens collect` in a subprocess on a free port."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.serving.conftest import free_port
+
+
+def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "collector.cli",
+        "collect",
+        "--db",
+        str(db),
+        "--port",
+        str(port),
+        "--no-nvml",
+    ]
+    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collector exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("collector not ready")
