@@ -230,7 +230,7 @@ class Collector:
     # -- health --------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        sources = [s.health().to_dict() for s in self.sources]
+        sources = [{**s.health().to_dict(), **s.health_details()} for s in self.sources]
         down = [s["name"] for s in sources if s["status"] == "down"]
         now = time.time()
         for s in sources:

@@ -207,6 +207,10 @@ class Source(ABC):
         """A copy of the current health."""
         return SourceHealth(**asdict(self._health))
 
+    def health_details(self) -> dict[str, Any]:
+        """Source-specific counters for the health endpoint (e.g. telemetry gaps); none by default."""
+        return {}
+
     def close(self) -> None:
         """Release connections. Safe to call more than once."""
         return None

@@ -107,6 +107,14 @@ class ServingTelemetrySource(Source):
             "invalid_batch", "telemetry batch with a bad envelope", self.reader.rejected - rejected_before
         )
 
+    def health_details(self) -> dict[str, Any]:
+        return {
+            "telemetry_gaps": len(self.reader.gaps),
+            "telemetry_missing_batches": sum(g.missing_batches for g in self.reader.gaps),
+            "telemetry_rejected_batches": self.reader.rejected,
+            "cursors": dict(self.reader.cursors),
+        }
+
     def close(self) -> None:
         self._client.close()
 

@@ -65,6 +65,8 @@ def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server,
         assert any(r["action"] == "start" for r in rows(url, "control_events"))
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "ok" and all(s["status"] == "ok" for s in health["sources"])
+        telemetry = next(s for s in health["sources"] if s["name"].startswith("serving-telemetry"))
+        assert telemetry["telemetry_gaps"] == 0 and telemetry["cursors"]["router"] >= 0
         bad = httpx.get(f"{url}/api/v1/tables/nope")
         assert bad.status_code == 404 and "tables:" in bad.json()["error"]["message"]
         written = health["writer"]["rows_written"]["gpu_samples"]
