@@ -7,6 +7,7 @@ labels kept as ``k8s_pod``/``k8s_namespace``/``k8s_container``. DCGM writes "bla
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 from collector.sources.backoff import Backoff
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult
 from collector.sources.exposition import fetch_text, finite, parse_exposition
+from serving.devices.base import DeviceSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +57,9 @@ _PREFERRED = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_RE
 
 #: The columns of a gpu_samples row produced here (DeviceSample fields + where it came from).
 GPU_ROW_COLUMNS: tuple[str, ...] = (
-    "ts_s",
     "node",
     "source",
-    "device",
-    "kind",
-    "index",
-    "name",
-    "uuid",
-    "emulated",
-    "gpu_util_pct",
-    "mem_util_pct",
-    "sm_active_pct",
-    "sm_occupancy_pct",
-    "tensor_active_pct",
-    "dram_active_pct",
-    "power_w",
-    "energy_mj",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "temperature_c",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "clock_event_reasons",
-    "locked_sm_clock_min_mhz",
-    "locked_sm_clock_max_mhz",
-    "lost",
+    *(f.name for f in dataclasses.fields(DeviceSample)),
     "k8s_pod",
     "k8s_namespace",
     "k8s_container",
