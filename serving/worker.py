@@ -104,7 +104,10 @@ class _Worker:
         from serving.weights import load_model, model_dtype
 
         self.spec, self.link = spec, link
-        self.device = open_device(spec.device, model_shape=model_config_for(spec.emulate_shape or spec.model))
+        worker_number = int(spec.worker_id.rsplit("-", 1)[-1]) if spec.worker_id[-1:].isdigit() else None
+        self.device = open_device(
+            spec.device, model_shape=model_config_for(spec.emulate_shape or spec.model), index=worker_number
+        )
         # A GPU worker's host work is small tensors: many threads only contend.
         threads = spec.threads if self.device.torch_device == "cpu" else min(spec.threads, 2)
         torch.set_num_threads(max(1, threads))

@@ -400,12 +400,13 @@ class Store:
         return self.query(sql, params)
 
     def latest_per_device(self, *, since_s: float | None = None) -> pd.DataFrame:
-        """The newest gpu_samples row of every (node, device), optionally only from ``since_s`` on."""
+        """The newest gpu_samples row of every GPU (node, device, index, uuid: each emulated GPU of
+        a worker counts apart), optionally only from ``since_s`` on."""
         where = "WHERE ts_s >= ?" if since_s is not None else ""
         return self.query(
             f"SELECT * FROM gpu_samples {where} "
-            "QUALIFY row_number() OVER (PARTITION BY node, device ORDER BY ts_s DESC) = 1 "
-            "ORDER BY node, device",
+            'QUALIFY row_number() OVER (PARTITION BY node, device, "index", uuid ORDER BY ts_s DESC) = 1 '
+            'ORDER BY node, device, "index"',
             [to_epoch_s(since_s, "since_s")] if since_s is not None else [],
         )
 

@@ -337,8 +337,10 @@ class EmulatedDevice(Device):
         spin_s: float | None = None,
         constants: EmulationConstants = DEFAULT_CONSTANTS,
         history_s: float = 10.0,
+        index: int | None = None,
     ) -> None:
         self._gpu = gpu_spec(gpu)
+        self._index = index  # which emulated GPU of the host (each worker has its own)
         self._shape = model_shape if model_shape is not None else preset("tiny")
         self._pace = pace
         self._clock = clock if clock is not None else time.monotonic
@@ -599,7 +601,7 @@ class EmulatedDevice(Device):
             ts_s=ts_s,
             device=self.spec,
             kind="emulated",
-            index=None,
+            index=self._index,
             name=self.name,
             uuid=self._uuid,
             emulated=True,

@@ -62,6 +62,8 @@ def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server,
         samples = rows(url, "gpu_samples")
         assert samples and all(s["emulated"] and s["kind"] == "emulated" for s in samples)
         assert rows(url, "host_samples")
+        latest = httpx.get(f"{url}/api/v1/latest").json()["rows"]
+        assert sorted(r["index"] for r in latest) == [0, 1]  # prefill and decode worker GPUs apart
         assert any(r["action"] == "start" for r in rows(url, "control_events"))
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "ok" and all(s["status"] == "ok" for s in health["sources"])

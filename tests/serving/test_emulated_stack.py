@@ -65,6 +65,7 @@ def test_aggregated_two_workers_on_emulated_h200_serve_the_trace() -> None:
         replay(server.url, 12)
         samples = [d["sample"] for d in devices(server.url).values()]
         assert len(samples) == 2
+        assert sorted(s["index"] for s in samples) == [0, 1]  # each worker has its own emulated GPU
         assert all(s["name"].startswith("NVIDIA H200") and s["mem_total_bytes"] > 140e9 for s in samples)
         assert all(75 <= s["power_w"] <= 700 for s in samples)
     finally:
