@@ -12,9 +12,9 @@ import httpx
 from tests.serving.conftest import free_port
 
 
-def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [
+def collect_command(db: Path, port: int) -> list[str]:
+    """`phaselens collect` on `db` and `port`, without this host's NVML GPUs."""
+    return [
         sys.executable,
         "-m",
         "collector.cli",
@@ -25,6 +25,11 @@ def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
         str(port),
         "--no-nvml",
     ]
+
+
+def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = collect_command(db, port)
     proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

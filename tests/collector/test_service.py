@@ -16,7 +16,7 @@ import pytest
 from collector.store import Store
 from serving.loadgen import run_load
 from serving.trace import poisson_trace
-from tests.collector.conftest import start_collector
+from tests.collector.conftest import collect_command, start_collector
 from tests.serving.conftest import Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -86,17 +86,7 @@ def test_second_writer_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     proc, _ = start_collector(db)
     try:
         second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "collector.cli",
-                "collect",
-                "--db",
-                str(db),
-                "--port",
-                str(free_port()),
-                "--no-nvml",
-            ],
+            collect_command(db, free_port()),
             capture_output=True,
             text=True,
             timeout=60,
