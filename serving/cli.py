@@ -150,7 +150,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(
             f"phaselens demo: stack ready at {url}; replaying {args.requests} trace requests", file=sys.stderr
         )
-        load = argparse.Namespace()
         parser = argparse.ArgumentParser(prog="phaselens load")
         add_load_arguments(parser)
         load = parser.parse_args(

@@ -315,11 +315,7 @@ class WorkerPool:
     def abort(self, req: RequestState, reason: str = "aborted by client") -> None:
         if req.done:
             return
-        for wid in {req.prefill_worker, req.decode_worker} - {None}:
-            w = self.workers.get(wid)
-            if w is not None:
-                w.inflight.discard(req.request_id)
-                self._send(w, ("abort", req.request_id))
+        self._release(req, notify=True)
         self._complete(req, "abort", reason)
 
     def _send(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
@@ -328,21 +324,23 @@ class WorkerPool:
         except OSError:
             pass  # the reader thread reports the death
 
-    def _finish(self, req: RequestState, reason: str) -> None:
+    def _release(self, req: RequestState, *, notify: bool) -> None:
+        """Take `req` off its workers' in-flight sets; `notify` tells those workers to drop it."""
         for wid in {req.prefill_worker, req.decode_worker} - {None}:
             w = self.workers.get(wid)
-            if w is not None:
+            if w is not None and req.request_id in w.inflight:
                 w.inflight.discard(req.request_id)
+                if notify:
+                    self._send(w, ("abort", req.request_id))
+
+    def _finish(self, req: RequestState, reason: str) -> None:
+        self._release(req, notify=False)
         self._complete(req, reason, None)
 
     def _fail(self, req: RequestState, message: str) -> None:
         if req.done:
             return
-        for wid in {req.prefill_worker, req.decode_worker} - {None}:
-            w = self.workers.get(wid)
-            if w is not None and req.request_id in w.inflight:
-                w.inflight.discard(req.request_id)
-                self._send(w, ("abort", req.request_id))
+        self._release(req, notify=True)
         self._complete(req, "error", message)
 
     def _complete(self, req: RequestState, reason: str, error: str | None) -> None:

@@ -167,17 +167,14 @@ def create_app(settings: ServeSettings) -> FastAPI:
             return _error(503, str(e), kind="service_unavailable")
         detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         if parsed.stream:
-            return StreamingResponse(
-                _stream(pool, req, parsed, detok, request), media_type="text/event-stream"
-            )
-        return await _collect(pool, req, parsed, detok, request)
+            return StreamingResponse(_stream(pool, req, parsed, detok), media_type="text/event-stream")
+        return await _collect(pool, req, parsed, detok)
 
     async def _collect(
         pool: WorkerPool,
         req: RequestState,
         parsed: ParsedRequest,
         detok: IncrementalDetokenizer,
-        request: Request,
     ) -> Response:
         parts: list[str] = []
         try:
@@ -209,7 +206,6 @@ def create_app(settings: ServeSettings) -> FastAPI:
         req: RequestState,
         parsed: ParsedRequest,
         detok: IncrementalDetokenizer,
-        request: Request,
     ) -> AsyncIterator[bytes]:
         def sse(obj: dict[str, Any]) -> bytes:
             return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()

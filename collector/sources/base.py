@@ -125,13 +125,13 @@ class Source(ABC):
         name: str,
         *,
         interval_s: float = 0.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         backoff: Backoff | None = None,
         discovery_ttl_s: float = 60.0,
     ) -> None:
         self.name = name
         self.interval_s = interval_s
-        self.clock = clock
+        self.clock = clock if clock is not None else time.time
         self.backoff = backoff if backoff is not None else Backoff()
         self.discovery_ttl_s = discovery_ttl_s
         self._health = SourceHealth(name)

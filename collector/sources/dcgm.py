@@ -231,9 +231,12 @@ class DcgmSource(Source):
         client: httpx.Client | None = None,
         discovery_ttl_s: float = 60.0,
     ) -> None:
-        kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
         super().__init__(
-            f"dcgm:{url}", interval_s=interval_s, backoff=backoff, discovery_ttl_s=discovery_ttl_s, **kw
+            f"dcgm:{url}",
+            interval_s=interval_s,
+            clock=clock,
+            backoff=backoff,
+            discovery_ttl_s=discovery_ttl_s,
         )
         self.url = url
         # Rows without a Hostname/hostname label fall back to the endpoint's host.

@@ -365,9 +365,12 @@ class EngineScrapeSource(Source):
         client: httpx.Client | None = None,
         discovery_ttl_s: float = 60.0,
     ) -> None:
-        kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
         super().__init__(
-            f"engine:{url}", interval_s=interval_s, backoff=backoff, discovery_ttl_s=discovery_ttl_s, **kw
+            f"engine:{url}",
+            interval_s=interval_s,
+            clock=clock,
+            backoff=backoff,
+            discovery_ttl_s=discovery_ttl_s,
         )
         self.url = url
         self.node = node or _host(url)
@@ -451,13 +454,12 @@ class PrometheusQuerySource(Source):
     ) -> None:
         if step_s <= 0 or max_points < 1:
             raise ValueError("step_s must be > 0 and max_points >= 1")
-        kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
         super().__init__(
             f"prometheus:{base_url}",
             interval_s=step_s if interval_s is None else interval_s,
+            clock=clock,
             backoff=backoff,
             discovery_ttl_s=discovery_ttl_s,
-            **kw,
         )
         self.base_url = base_url.rstrip("/")
         self.step_s = step_s
