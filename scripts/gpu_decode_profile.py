@@ -1,5 +1,7 @@
-"""Where a decode step's time goes on a GPU: median step time by batch for two decode-attention
-implementations (plain matmuls vs SDPA with a mask and enable_gqa), and a torch.profiler table.
+"""Where a decode step's time goes on a GPU: median step time by batch and a torch.profiler table.
+
+(docs/gpu/2026-11-30-h200-decode-profile.txt was taken with an earlier version that also timed a
+masked-SDPA decode attention; the engine's attention is now serving.model.Attention._paged_decode.)
 
 Usage: python scripts/gpu_decode_profile.py [--model llama-3.2-1b] [--out DIR]
 """
@@ -13,22 +15,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.config import EngineConfig, SamplingParams
 from serving.devices import open_device
 from serving.engine import Engine
-from serving.model import Attention
 from serving.weights import load_model
-
-
-def sdpa_decode(self, q, batch, k_cache, v_cache):
-    kd = k_cache[batch.decode_gather].transpose(1, 2).to(q.dtype)
-    vd = v_cache[batch.decode_gather].transpose(1, 2).to(q.dtype)
-    od = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=batch.decode_mask, enable_gqa=True)
-    return od.squeeze(2)
 
 
 def decode_steps(engine: Engine, batch: int, ctx: int, steps: int) -> list[float]:
@@ -67,17 +60,12 @@ def main() -> int:
     engine = Engine(
         model, EngineConfig(kv_cache_bytes=16 * 2**30, max_num_seqs=256, max_num_batched_tokens=16384), dev
     )
-    matmul_decode = Attention._decode_attention
-    for name, impl in (("matmul", matmul_decode), ("sdpa", sdpa_decode)):
-        Attention._decode_attention = impl
-        for batch in (1, 64):
-            t = decode_steps(engine, batch, 1024, 25)
-            print(
-                f"{name} decode batch {batch}: median {statistics.median(t[3:]):.2f} ms, min {min(t):.2f} ms",
-                flush=True,
-            )
-            clear(engine)
-    Attention._decode_attention = matmul_decode
+    for batch in (1, 64):
+        t = decode_steps(engine, batch, 1024, 25)
+        print(
+            f"decode batch {batch}: median {statistics.median(t[3:]):.2f} ms, min {min(t):.2f} ms", flush=True
+        )
+        clear(engine)
     decode_steps(engine, 16, 1024, 3)
     from torch.profiler import ProfilerActivity, profile
 

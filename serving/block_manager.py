@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 from serving.sequence import Sequence
 
@@ -12,14 +12,18 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockManager:
-    """Hands out fixed-size KV blocks to sequences; a block holds `block_size` tokens."""
+    """Hands out fixed-size KV blocks to sequences; a block holds `block_size` tokens.
+
+    The lowest free block goes first, so the blocks in use stay packed at the bottom of the
+    cache: paged decode attention reads the range spanning a step's blocks, unused ones included.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # a heap
 
     @property
     def num_free(self) -> int:
@@ -45,9 +49,10 @@ class BlockManager:
         need = self.blocks_needed(seq, num_tokens)
         if need > len(self._free):
             raise OutOfBlocksError(f"{seq.request_id}: needs {need} blocks, {len(self._free)} free")
-        seq.block_table.extend(self._free.popleft() for _ in range(need))
+        seq.block_table.extend(heapq.heappop(self._free) for _ in range(need))
 
     def free(self, seq: Sequence) -> None:
         """Return all of `seq`'s blocks."""
-        self._free.extend(seq.block_table)
+        for block in seq.block_table:
+            heapq.heappush(self._free, block)
         seq.block_table = []

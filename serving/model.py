@@ -54,31 +54,56 @@ class RMSNorm(nn.Module):
 
 
 @dataclass(slots=True)
-class DecodeGroup:
-    """Single-token sequences of similar context length, attended as one padded batch."""
+class PagedDecode:
+    """Single-token sequences of one pass, attending to their KV blocks.
 
-    tokens: torch.Tensor  # [B] flat index of each sequence's token
-    blocks: torch.Tensor  # [B, NB] KV blocks each sequence attends to (padded to the longest)
-    mask: torch.Tensor  # [B, NB * block_size] True where attended
-    block_size: int
+    Attention runs over a list of cache blocks as one batch: each block is scored against the
+    query of the sequence that owns it, then a per-sequence softmax combines the blocks. The
+    list is the range ``lo..hi-1`` spanning every block of the decoding sequences, read in place
+    (a view, no copy) when they fill most of it; when they are scattered thinly (``blocks`` set),
+    just their blocks are copied out. Blocks that no decoding sequence owns go to a discarded
+    extra row.
+    """
+
+    tokens: torch.Tensor  # [B] flat index of each decoding sequence's token
+    lo: int  # first cache block of the range
+    hi: int  # one past the last
+    blocks: torch.Tensor | None  # [N] blocks to gather instead of the range (None: the range in place)
+    owner: torch.Tensor  # [N] decode row owning each block; B (the discarded row) for none
+    bias: torch.Tensor  # [N, 1, 1, block_size] float32: 0 where a cached token is attended, else -1e30
 
 
-# A decode group is split when its longest context would exceed its shortest by this factor,
-# so padding wastes at most ~30 % of the K/V copied per layer.
-DECODE_GROUP_SPREAD = 1.3
+# Read the range in place while the decoding sequences own at least this share of its blocks;
+# below it, copying out just their blocks (read + write + read) moves fewer bytes.
+MIN_RANGE_FILL = 1 / 3
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """A multi-token query: a whole prompt (``blocks`` None: K/V come from the pass itself) or a
+    chunk continuing a cached prefix (``blocks``: the sequence's blocks covering ``ctx`` tokens)."""
+
+    start: int  # flat index of its first new token
+    qlen: int
+    ctx: int
+    blocks: torch.Tensor | None
+
+
+NEG_SCORE = -1e30  # finite, so that a row with nothing to attend yields 0/0 in a discarded row only
 
 
 @dataclass(slots=True)
 class AttentionBatch:
     """Where one forward pass's tokens sit in the paged KV cache.
 
-    Tokens of all sequences are flattened in sequence order. Gather indices are built once
-    per pass (here) and reused by every layer.
+    Tokens of all sequences are flattened in sequence order. Indices are built once per pass
+    (here) and reused by every layer.
     """
 
-    slot_mapping: torch.Tensor  # [T] cache slot of each new token
-    decode: list[DecodeGroup]  # single-token sequences, grouped by similar context length
-    prefill: list[tuple[int, int, torch.Tensor]]  # (token start, query len, slots[ctx]) per multi-token seq
+    write_block: torch.Tensor  # [T] cache block of each new token
+    write_offset: torch.Tensor  # [T] its offset in the block
+    decode: PagedDecode | None
+    prefill: list[PrefillSeq]
 
     @classmethod
     def build(
@@ -93,70 +118,83 @@ class AttentionBatch:
 
         Index arithmetic runs on `device` (no host sync); only the small lists cross over.
         """
-        n = len(query_lens)
-        width_blocks = max(len(t) for t in block_tables)
-        table = torch.tensor(
-            [t + [0] * (width_blocks - len(t)) for t in block_tables], dtype=torch.long, device=device
-        )
-        slots = (table.unsqueeze(-1) * block_size + torch.arange(block_size, device=device)).reshape(n, -1)
-        row_width = slots.shape[1]
-        new_flat: list[int] = []
+        write_pos: list[int] = []  # block * block_size + offset of each new token
         dec_rows: list[int] = []
         dec_tokens: list[int] = []
-        prefill: list[tuple[int, int, torch.Tensor]] = []
+        prefill: list[PrefillSeq] = []
         start = 0
         for i, (q, ctx) in enumerate(zip(query_lens, context_lens, strict=True)):
-            new_flat.extend(range(i * row_width + ctx - q, i * row_width + ctx))
+            table = block_tables[i]
+            write_pos.extend(
+                table[p // block_size] * block_size + p % block_size for p in range(ctx - q, ctx)
+            )
             if q == 1:
                 dec_rows.append(i)
                 dec_tokens.append(start)
             else:
-                prefill.append((start, q, slots[i, :ctx]))
+                nb = -(-ctx // block_size)
+                blocks = torch.tensor(table[:nb], device=device) if ctx > q else None
+                prefill.append(PrefillSeq(start, q, ctx, blocks))
             start += q
-        slot_mapping = slots.flatten()[torch.tensor(new_flat, dtype=torch.long, device=device)]
-        groups: list[DecodeGroup] = []
-        token_of = dict(zip(dec_rows, dec_tokens, strict=True))
-        for members in _group_by_context(dec_rows, context_lens):
-            ctx = [context_lens[i] for i in members]
-            nb = -(-max(ctx) // block_size)
-            dec_ctx = torch.tensor(ctx, dtype=torch.long, device=device)
-            groups.append(
-                DecodeGroup(
-                    tokens=torch.tensor([token_of[i] for i in members], device=device),
-                    blocks=table[torch.tensor(members, dtype=torch.long, device=device), :nb],
-                    mask=torch.arange(nb * block_size, device=device) < dec_ctx.unsqueeze(1),
-                    block_size=block_size,
-                )
-            )
-        return cls(slot_mapping=slot_mapping, decode=groups, prefill=prefill)
+        pos = torch.tensor(write_pos, dtype=torch.long, device=device)
+        decode = None
+        if dec_rows:
+            decode = _paged_decode(dec_rows, dec_tokens, context_lens, block_tables, block_size, device)
+        return cls(pos // block_size, pos % block_size, decode, prefill)
 
 
-def _group_by_context(rows: list[int], context_lens: list[int]) -> list[list[int]]:
-    """Split `rows` (sorted by context length) wherever the spread would pass DECODE_GROUP_SPREAD."""
-    groups: list[list[int]] = []
-    for i in sorted(rows, key=lambda r: context_lens[r]):
-        if groups and context_lens[i] <= DECODE_GROUP_SPREAD * context_lens[groups[-1][0]]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def _slots(block_table: list[int], n: int, block_size: int) -> list[int]:
-    return [block_table[i // block_size] * block_size + i % block_size for i in range(n)]
+def _paged_decode(
+    rows: list[int],
+    tokens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str,
+) -> PagedDecode:
+    """Owner and attended tokens of each block the decoding sequences `rows` attend to."""
+    blocks: list[int] = []
+    owners: list[int] = []
+    counts: list[int] = []  # tokens attended in each of those blocks
+    for r, i in enumerate(rows):
+        ctx = context_lens[i]
+        nb = -(-ctx // block_size)
+        blocks.extend(block_tables[i][:nb])
+        owners.extend([r] * nb)
+        counts.extend([block_size] * (nb - 1))
+        counts.append(ctx - (nb - 1) * block_size)
+    lo, hi = min(blocks), max(blocks) + 1
+    chosen = torch.tensor(blocks, dtype=torch.long, device=device)
+    owned = torch.tensor(owners, dtype=torch.long, device=device)
+    count = torch.tensor(counts, dtype=torch.long, device=device)
+    gather = len(blocks) < MIN_RANGE_FILL * (hi - lo)
+    if not gather:  # spread owners and counts over the whole range
+        idx = chosen - lo
+        owned = torch.full((hi - lo,), len(rows), dtype=torch.long, device=device).index_put_((idx,), owned)
+        count = torch.zeros(hi - lo, dtype=torch.long, device=device).index_put_((idx,), count)
+    attended = torch.arange(block_size, device=device) < count.unsqueeze(1)
+    bias = torch.zeros(attended.shape, device=device).masked_fill_(~attended, NEG_SCORE)
+    return PagedDecode(
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        lo=lo,
+        hi=hi,
+        blocks=chosen if gather else None,
+        owner=owned,
+        bias=bias.view(-1, 1, 1, block_size),
+    )
 
 
 class KVCache:
-    """Paged K and V storage: [layers, kv_heads, blocks * block_size, head_dim] each.
+    """Paged K and V storage: [layers, blocks, kv_heads, block_size, head_dim] each.
 
-    Head-major, so a gather of slots yields [kv_heads, ..., head_dim] blocks that attention
-    matmuls consume without further copies. The hand-off format stays token-major (see export).
+    Block-major (vLLM's layout), so any run of blocks is one contiguous view that paged decode
+    attention reads in place, [blocks * kv_heads] matrices of [block_size, head_dim]. The
+    hand-off format stays token-major (see export).
     """
 
     def __init__(
         self, cfg: ModelConfig, num_blocks: int, block_size: int, device: str, dtype: torch.dtype
     ) -> None:
-        shape = (cfg.num_layers, cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
+        shape = (cfg.num_layers, num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.block_size = block_size
@@ -167,23 +205,34 @@ class KVCache:
 
     def export(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         """Copy one sequence's first `num_tokens` of K/V out: [2, layers, tokens, kv_heads, head_dim]."""
-        idx = torch.tensor(_slots(block_table, num_tokens, self.block_size), device=self.k.device)
-        return torch.stack((self.k[:, :, idx].transpose(1, 2), self.v[:, :, idx].transpose(1, 2)))
+        nb = -(-num_tokens // self.block_size)
+        idx = torch.tensor(block_table[:nb], device=self.k.device)
+        return torch.stack(
+            [self._token_major(c.index_select(1, idx))[:, :num_tokens] for c in (self.k, self.v)]
+        )
 
     def import_(self, block_table: list[int], kv: torch.Tensor) -> None:
-        """Write K/V exported by `export` (possibly from another worker) into this cache."""
-        idx = torch.tensor(_slots(block_table, kv.shape[2], self.block_size), device=self.k.device)
-        kv = kv.to(device=self.k.device, dtype=self.k.dtype)
-        self.k[:, :, idx] = kv[0].transpose(1, 2)
-        self.v[:, :, idx] = kv[1].transpose(1, 2)
+        """Write K/V exported by `export` (possibly from another worker) into this cache.
 
+        Whole blocks are written; slots past the last token hold zeros until that sequence
+        writes them.
+        """
+        layers, tokens, kvh, d = kv.shape[1:]
+        nb = -(-tokens // self.block_size)
+        idx = torch.tensor(block_table[:nb], device=self.k.device)
+        padded = torch.zeros(
+            (2, layers, nb * self.block_size, kvh, d), device=self.k.device, dtype=self.k.dtype
+        )
+        padded[:, :, :tokens] = kv.to(device=self.k.device, dtype=self.k.dtype)
+        blocks = padded.view(2, layers, nb, self.block_size, kvh, d).transpose(3, 4)
+        self.k[:, idx] = blocks[0]
+        self.v[:, idx] = blocks[1]
 
-def _gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
-    """Whole KV blocks of a decode group, copied block by block: [KVH, B, NB * block_size, D]."""
-    kvh, _, d = cache.shape
-    b, nb = group.blocks.shape
-    per_block = cache.view(kvh, -1, group.block_size * d)
-    return per_block.index_select(1, group.blocks.flatten()).view(kvh, b, nb * group.block_size, d)
+    @staticmethod
+    def _token_major(blocks: torch.Tensor) -> torch.Tensor:
+        """[layers, nb, kv_heads, block_size, d] -> [layers, nb * block_size, kv_heads, d]."""
+        layers, nb, kvh, bs, d = blocks.shape
+        return blocks.transpose(2, 3).reshape(layers, nb * bs, kvh, d)
 
 
 class Attention(nn.Module):
@@ -211,43 +260,62 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        k_cache[:, batch.slot_mapping] = k.transpose(0, 1).to(k_cache.dtype)
-        v_cache[:, batch.slot_mapping] = v.transpose(0, 1).to(v_cache.dtype)
+        k_cache[batch.write_block, :, batch.write_offset] = k.to(k_cache.dtype)
+        v_cache[batch.write_block, :, batch.write_offset] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
-        for group in batch.decode:
-            out[group.tokens] = self._decode_attention(q[group.tokens], group, k_cache, v_cache)
-        for start, qlen, slots in batch.prefill:
-            qp = q[start : start + qlen].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
-            kp = k_cache.index_select(1, slots).unsqueeze(0).to(q.dtype)  # [1, KVH, C, D]
-            vp = v_cache.index_select(1, slots).unsqueeze(0).to(q.dtype)
-            ctx = slots.numel()
-            if ctx == qlen:
+        if batch.decode is not None:
+            dec = batch.decode
+            out[dec.tokens] = self._paged_decode(q[dec.tokens], dec, k_cache, v_cache)
+        for p in batch.prefill:
+            qp = q[p.start : p.start + p.qlen].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
+            if p.blocks is None:  # a whole prompt: its K/V are this pass's own
+                kp = k[p.start : p.start + p.qlen].transpose(0, 1).unsqueeze(0)  # [1, KVH, L, D]
+                vp = v[p.start : p.start + p.qlen].transpose(0, 1).unsqueeze(0)
                 op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
             else:  # a chunk continuing a cached prefix: query i sees keys up to ctx - qlen + i
-                rows = torch.arange(qlen, device=x.device).unsqueeze(1) + (ctx - qlen)
-                mask = torch.arange(ctx, device=x.device).unsqueeze(0) <= rows
+                kp = _blocks_head_major(k_cache, p.blocks, p.ctx).unsqueeze(0).to(q.dtype)
+                vp = _blocks_head_major(v_cache, p.blocks, p.ctx).unsqueeze(0).to(q.dtype)
+                rows = torch.arange(p.qlen, device=x.device).unsqueeze(1) + (p.ctx - p.qlen)
+                mask = torch.arange(p.ctx, device=x.device).unsqueeze(0) <= rows
                 op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
-            out[start : start + qlen] = op.squeeze(0).transpose(0, 1)
+            out[p.start : p.start + p.qlen] = op.squeeze(0).transpose(0, 1)
         return self.o_proj(out.reshape(t, -1))
 
-    def _decode_attention(
-        self, q: torch.Tensor, group: DecodeGroup, k_cache: torch.Tensor, v_cache: torch.Tensor
+    def _paged_decode(
+        self, q: torch.Tensor, dec: PagedDecode, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         """One query per sequence against its cached keys: [B, H, D] -> [B, H, D].
 
-        Batched matmuls per KV head over its group of query heads (GQA without repeating K/V),
-        reading the gathered head-major K/V in place. (Masked SDPA with enable_gqa measured 4.6x
-        slower per decode step on an H200 and copies K/V again on the CPU.)
+        Each block is one [G, D] x [D, block_size] matmul against the query heads of its owner
+        (GQA without repeating K/V); the softmax is taken per sequence across its blocks (max and
+        sum reduced by owner), and the blocks' weighted V sums are added up by owner. The op count
+        does not grow with the batch, and a packed range is read in place, without a gather.
         """
-        b, group_size = q.shape[0], self.num_heads // self.num_kv_heads
-        k = _gather_blocks(k_cache, group).to(q.dtype)  # [KVH, B, C, D]
-        v = _gather_blocks(v_cache, group).to(q.dtype)
-        qg = q.view(b, self.num_kv_heads, group_size, self.head_dim).transpose(0, 1)  # [KVH, B, G, D]
-        scores = torch.matmul(qg, k.transpose(-1, -2)) * self.head_dim**-0.5  # [KVH, B, G, C]
-        scores = scores.float().masked_fill(~group.mask.view(1, b, 1, -1), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out = torch.matmul(probs, v)  # [KVH, B, G, D]
-        return out.transpose(0, 1).reshape(b, self.num_heads, self.head_dim)
+        b, kvh, hd = q.shape[0], self.num_kv_heads, self.head_dim
+        g = self.num_heads // kvh
+        if dec.blocks is None:
+            k, v = k_cache[dec.lo : dec.hi], v_cache[dec.lo : dec.hi]  # [N, KVH, bs, D] views
+        else:
+            k, v = k_cache.index_select(0, dec.blocks), v_cache.index_select(0, dec.blocks)
+        n, bs = k.shape[0], k.shape[2]
+        qg = (q * hd**-0.5).view(b, kvh, g, hd).to(k.dtype)
+        qg = torch.cat((qg, qg.new_zeros(1, kvh, g, hd)))  # row b: blocks no decoding sequence owns
+        qb = qg.index_select(0, dec.owner)  # [N, KVH, G, D]
+        scores = torch.bmm(qb.view(-1, g, hd), k.reshape(-1, bs, hd).transpose(1, 2))
+        scores = scores.view(n, kvh, g, bs).float() + dec.bias
+        owner3 = dec.owner.view(-1, 1, 1).expand(-1, kvh, g)
+        peak = scores.new_full((b + 1, kvh, g), NEG_SCORE).scatter_reduce_(0, owner3, scores.amax(-1), "amax")
+        probs = (scores - peak.index_select(0, dec.owner).unsqueeze(-1)).exp_()
+        denom = scores.new_zeros(b + 1, kvh, g).index_add_(0, dec.owner, probs.sum(-1))
+        part = torch.bmm(probs.to(v.dtype).view(-1, g, bs), v.reshape(-1, bs, hd)).view(n, kvh, g, hd)
+        acc = scores.new_zeros(b + 1, kvh, g, hd).index_add_(0, dec.owner, part.float())
+        return (acc[:b] / denom[:b].unsqueeze(-1)).to(q.dtype).view(b, self.num_heads, hd)
+
+
+def _blocks_head_major(cache: torch.Tensor, blocks: torch.Tensor, ctx: int) -> torch.Tensor:
+    """The first `ctx` cached tokens in `blocks`, copied out head-major: [KVH, ctx, D]."""
+    nb, kvh, bs, d = blocks.numel(), *cache.shape[1:]
+    return cache.index_select(0, blocks).transpose(0, 1).reshape(kvh, nb * bs, d)[:, :ctx]
 
 
 class MLP(nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from serving.config import ModelConfig, RopeScaling
@@ -102,6 +103,30 @@ def test_mixed_batch_decodes_and_chunked_prefill() -> None:
     torch.testing.assert_close(la, model.full_logits(a)[-1:], atol=ATOL, rtol=0)
     torch.testing.assert_close(lc, model.full_logits(c)[-5:], atol=ATOL, rtol=0)
     torch.testing.assert_close(lb, model.full_logits(b)[-1:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("tables", "in_place"),
+    [
+        # Packed: the decoding sequences own 6 of the 7 blocks 0..6 (block 4 is a prefill's).
+        ([[0, 1], [2, 3, 5, 6]], True),
+        # Scattered thinly over 0..39: only their 6 blocks are copied out.
+        ([[0, 39], [20, 7, 31, 12]], False),
+    ],
+)
+def test_paged_decode_reads_a_packed_range_in_place_and_gathers_a_sparse_one(
+    tables: list[list[int]], in_place: bool
+) -> None:
+    model = _model()
+    cache = KVCache(CFG, num_blocks=40, block_size=BLOCK, device="cpu", dtype=torch.float32)
+    a, b, c = _ids(7, seed=11), _ids(13, seed=12), _ids(3, seed=13)
+    _step(model, cache, [(a[:6], 6, tables[0]), (b[:12], 12, tables[1])])
+    batch = AttentionBatch.build([1, 1, 3], [7, 13, 3], [*tables, [4]], BLOCK, "cpu")
+    assert batch.decode is not None and (batch.decode.blocks is None) == in_place
+    la, lb, lc = _step(model, cache, [(a, 1, tables[0]), (b, 1, tables[1]), (c, 3, [4])])
+    torch.testing.assert_close(la, model.full_logits(a)[-1:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(lb, model.full_logits(b)[-1:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(lc, model.full_logits(c), atol=ATOL, rtol=0)
 
 
 def test_kv_export_import_continues_decode() -> None:
