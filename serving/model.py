@@ -61,8 +61,9 @@ class PagedDecode:
     query of the sequence that owns it, then a per-sequence softmax combines the blocks. The
     list is the range ``lo..hi-1`` spanning every block of the decoding sequences, read in place
     (a view, no copy) when they fill most of it; when they are scattered thinly (``blocks`` set),
-    just their blocks are copied out. Blocks that no decoding sequence owns go to a discarded
-    extra row.
+    just their blocks are copied out. Blocks that no decoding sequence owns are scored against a
+    zero query into a discarded extra row, so only the unfilled tail of each sequence's last
+    block needs masking.
     """
 
     tokens: torch.Tensor  # [B] flat index of each decoding sequence's token
@@ -70,7 +71,8 @@ class PagedDecode:
     hi: int  # one past the last
     blocks: torch.Tensor | None  # [N] blocks to gather instead of the range (None: the range in place)
     owner: torch.Tensor  # [N] decode row owning each block; B (the discarded row) for none
-    bias: torch.Tensor  # [N, 1, 1, block_size] float32: 0 where a cached token is attended, else -1e30
+    tail_block: torch.Tensor  # [M] position in the list of a block slot past its sequence's last token
+    tail_offset: torch.Tensor  # [M] that slot's offset in the block
 
 
 # Read the range in place while the decoding sequences own at least this share of its blocks;
@@ -89,7 +91,7 @@ class PrefillSeq:
     blocks: torch.Tensor | None
 
 
-NEG_SCORE = -1e30  # finite, so that a row with nothing to attend yields 0/0 in a discarded row only
+NEG_SCORE = -1e30  # finite: a masked slot exps to exactly 0, never inf - inf = nan
 
 
 @dataclass(slots=True)
@@ -151,35 +153,36 @@ def _paged_decode(
     block_size: int,
     device: torch.device | str,
 ) -> PagedDecode:
-    """Owner and attended tokens of each block the decoding sequences `rows` attend to."""
+    """Owner of each block the decoding sequences `rows` attend to, and the slots to mask."""
     blocks: list[int] = []
     owners: list[int] = []
-    counts: list[int] = []  # tokens attended in each of those blocks
+    last: list[tuple[int, int]] = []  # (index in `blocks`, tokens in it) of each sequence's last block
     for r, i in enumerate(rows):
         ctx = context_lens[i]
         nb = -(-ctx // block_size)
         blocks.extend(block_tables[i][:nb])
         owners.extend([r] * nb)
-        counts.extend([block_size] * (nb - 1))
-        counts.append(ctx - (nb - 1) * block_size)
+        last.append((len(blocks) - 1, ctx - (nb - 1) * block_size))
     lo, hi = min(blocks), max(blocks) + 1
-    chosen = torch.tensor(blocks, dtype=torch.long, device=device)
-    owned = torch.tensor(owners, dtype=torch.long, device=device)
-    count = torch.tensor(counts, dtype=torch.long, device=device)
     gather = len(blocks) < MIN_RANGE_FILL * (hi - lo)
-    if not gather:  # spread owners and counts over the whole range
-        idx = chosen - lo
-        owned = torch.full((hi - lo,), len(rows), dtype=torch.long, device=device).index_put_((idx,), owned)
-        count = torch.zeros(hi - lo, dtype=torch.long, device=device).index_put_((idx,), count)
-    attended = torch.arange(block_size, device=device) < count.unsqueeze(1)
-    bias = torch.zeros(attended.shape, device=device).masked_fill_(~attended, NEG_SCORE)
+    if gather:
+        owner = torch.tensor(owners, dtype=torch.long, device=device)
+        position = [j for j, _ in last]
+    else:  # blocks are addressed by their place in the range
+        owner_list = [len(rows)] * (hi - lo)
+        for block, r in zip(blocks, owners, strict=True):
+            owner_list[block - lo] = r
+        owner = torch.tensor(owner_list, dtype=torch.long, device=device)
+        position = [blocks[j] - lo for j, _ in last]
+    tail = [(pos, off) for pos, (_, n) in zip(position, last, strict=True) for off in range(n, block_size)]
     return PagedDecode(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         lo=lo,
         hi=hi,
-        blocks=chosen if gather else None,
-        owner=owned,
-        bias=bias.view(-1, 1, 1, block_size),
+        blocks=torch.tensor(blocks, dtype=torch.long, device=device) if gather else None,
+        owner=owner,
+        tail_block=torch.tensor([p for p, _ in tail], dtype=torch.long, device=device),
+        tail_offset=torch.tensor([o for _, o in tail], dtype=torch.long, device=device),
     )
 
 
@@ -302,10 +305,11 @@ class Attention(nn.Module):
         qg = torch.cat((qg, qg.new_zeros(1, kvh, g, hd)))  # row b: blocks no decoding sequence owns
         qb = qg.index_select(0, dec.owner)  # [N, KVH, G, D]
         scores = torch.bmm(qb.view(-1, g, hd), k.reshape(-1, bs, hd).transpose(1, 2))
-        scores = scores.view(n, kvh, g, bs).float() + dec.bias
+        scores = scores.view(n, kvh, g, bs).float()
+        scores[dec.tail_block, :, :, dec.tail_offset] = NEG_SCORE
         owner3 = dec.owner.view(-1, 1, 1).expand(-1, kvh, g)
         peak = scores.new_full((b + 1, kvh, g), NEG_SCORE).scatter_reduce_(0, owner3, scores.amax(-1), "amax")
-        probs = (scores - peak.index_select(0, dec.owner).unsqueeze(-1)).exp_()
+        probs = scores.sub_(peak.index_select(0, dec.owner).unsqueeze(-1)).exp_()
         denom = scores.new_zeros(b + 1, kvh, g).index_add_(0, dec.owner, probs.sum(-1))
         part = torch.bmm(probs.to(v.dtype).view(-1, g, bs), v.reshape(-1, bs, hd)).view(n, kvh, g, hd)
         acc = scores.new_zeros(b + 1, kvh, g, hd).index_add_(0, dec.owner, part.float())
