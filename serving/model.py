@@ -35,9 +35,12 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half's sign folded into `sin_signed` ([-sin, sin]
+    halves): swapping x's halves is the rest of it."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin_signed)
 
 
 class RMSNorm(nn.Module):
@@ -47,10 +50,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # As transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 @dataclass(slots=True)
@@ -261,8 +262,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = _apply_rope(q, cos, sin)
+        k = _apply_rope(k, cos, sin)
         k_cache[batch.write_block, :, batch.write_offset] = k.to(k_cache.dtype)
         v_cache[batch.write_block, :, batch.write_offset] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
@@ -383,9 +384,13 @@ class LlamaForCausalLM(nn.Module):
         return self
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin ([-sin, sin] halves) at `positions`, as `_apply_rope` takes them."""
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = emb.sin()
+        half = sin.shape[-1] // 2
+        sin[..., :half].neg_()  # rotate_half's sign, see _apply_rope
+        return emb.cos().to(dtype), sin.to(dtype)
 
     @torch.inference_mode()
     def forward(
