@@ -1,14 +1,18 @@
 """Sustained ingest of gpu_samples into the collector store: batched Arrow vs row-by-row INSERT.
 
 Batched: ``Store.append("gpu_samples", <pyarrow.Table>)`` -- the real append path (type checks,
-conform, one INSERT ... BY NAME per batch, one transaction each) -- for batches of 10k and 100k
+conform, the device attributes split off into ``devices`` rows when they change, one INSERT ...
+BY NAME per table and batch, one transaction each) -- for batches of 10k and 100k
 rows, one DuckDB row group (122,880), and 10k appends coalesced by ``buffer_rows``; every run
 ends with a CHECKPOINT so the time includes writing the database file. Also the
 ``append_gpu_samples`` path from ``DeviceSample`` objects (Python objects -> Arrow).
-Baseline: a parameterised ``INSERT INTO gpu_samples VALUES (?, ...)`` per row (autocommit), in
-the same run, on fewer rows. Reference runs: DuckDB alone inserting the same batches into the
-same table (the Store's own overhead), and into the 11-column table of DESIGN.md's figures.
-The load average is printed: the figures only compare within one run on a shared machine.
+The input is "wide", as the sources produce it: the sample columns plus kind, uuid and name on
+every row. Baseline: a parameterised ``INSERT INTO gpu_samples VALUES (?, ...)`` per row
+(autocommit; the table's columns only), in the same run, on fewer rows. Reference runs: DuckDB
+alone inserting the same batches into the same table (the Store's own overhead, device split
+included), and into the 11-column table of DESIGN.md's figures.
+The load average is printed, and beside each figure the CPU other processes used meanwhile
+(cores; Linux): the figures only compare within one run on a shared machine.
 
     .venv/bin/python bench/ingest.py               # 2M rows per batched size, 2,000 baseline rows
     .venv/bin/python bench/ingest.py --rows 500000 --baseline-rows 1000 --no-reference
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -27,13 +33,15 @@ import numpy as np
 import pyarrow as pa
 
 from collector.store import Store
+from collector.store.devices import SPLIT_COLUMNS
 from serving.devices.base import DeviceSample
 
 DEVICES = 8
 
 
 def sample_batch(n: int, t0: float, rng: np.random.Generator) -> pa.Table:
-    """``n`` synthetic 100 ms samples of 8 H100s (every metric filled), as an Arrow table."""
+    """``n`` synthetic 100 ms samples of 8 H100s (every metric filled, with the device attributes
+    kind/uuid/name as a source delivers them), as an Arrow table."""
     i = np.arange(n)
     dev = i % DEVICES
     # What NVML reports: integer % for utilization, integer deg C, power in mW, clocks in MHz;
@@ -107,7 +115,7 @@ def bench_row_by_row(path: Path, total: int) -> float:
     """Rows/s of one parameterised INSERT per row (autocommit), the naive baseline."""
     with Store.open(path):
         pass  # create the schema
-    rows = sample_batch(total, 1.7e9, np.random.default_rng(2)).to_pylist()
+    rows = _narrow(sample_batch(total, 1.7e9, np.random.default_rng(2))).to_pylist()
     cols = list(rows[0])
     names = ", ".join(f'"{c}"' for c in cols)
     sql = f"INSERT INTO gpu_samples ({names}) VALUES ({', '.join('?' * len(cols))})"
@@ -128,7 +136,7 @@ def bench_raw_duckdb(path: Path, total: int, batch: int, columns: list[str] | No
     ``columns`` narrows the table; with the 11 columns of ``REFERENCE_11`` this is the table the
     figures in DESIGN.md ("Facts measured on these machines") were taken on.
     """
-    data = sample_batch(batch, 1.7e9, np.random.default_rng(3))
+    data = _narrow(sample_batch(batch, 1.7e9, np.random.default_rng(3)))
     if columns is None:
         with Store.open(path) as store:  # the store's own table and types
             data = store._to_arrow("gpu_samples", data)
@@ -152,6 +160,11 @@ def bench_raw_duckdb(path: Path, total: int, batch: int, columns: list[str] | No
         con.close()
 
 
+def _narrow(data: pa.Table) -> pa.Table:
+    """The sample columns only (what gpu_samples stores)."""
+    return data.drop_columns([c for c in SPLIT_COLUMNS if c in data.column_names])
+
+
 ROW_GROUP = 122_880  # DuckDB's row-group size: a batch this big is written straight to the file
 REFERENCE_11 = [
     "ts_s",
@@ -168,6 +181,26 @@ REFERENCE_11 = [
 ]
 
 
+def _busy_jiffies() -> int | None:
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+
+
+def timed_with_others(fn: Callable[[], float]) -> tuple[float, float | None]:
+    """``fn()`` and the CPU (cores) that other processes used while it ran (None off Linux)."""
+    b0, r0, t0 = _busy_jiffies(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    value = fn()
+    b1, r1, t1 = _busy_jiffies(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    if b0 is None or b1 is None:
+        return value, None
+    own = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    return value, max(0.0, (b1 - b0) / os.sysconf("SC_CLK_TCK") - own) / (t1 - t0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print rows/s of each path and the ratio to row-by-row INSERT."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,14 +212,32 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"duckdb {duckdb.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load average {load}"
     )
-    filled = len(sample_batch(1, 0, np.random.default_rng()).schema)
-    print(f"gpu_samples: 30 columns, {filled} filled (6 strings); every run ends with CHECKPOINT")
+    schema = sample_batch(1, 0, np.random.default_rng()).schema
+    strings = sum(pa.types.is_string(f.type) for f in schema)
     rows = args.rows
-    line = "{:<56} {:>10,} rows {:>11,.0f} rows/s {:>8}"
+    line = "{:<56} {:>10,} rows {:>11,.0f} rows/s {:>8} {:>14}"
+
+    def run(label: str, n: int, fn: Callable[[], float]) -> float:
+        rate, others = timed_with_others(fn)
+        busy = "" if others is None else f"others {others:.2f}"
+        print(line.format(label, n, rate, f"{rate / base:,.0f}x" if label[:3] != "row" else "1x", busy))
+        return rate
+
+    base = 1.0
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        base = bench_row_by_row(tmp_path / "rows.duckdb", args.baseline_rows)
-        print(line.format("row-by-row parameterised INSERT (baseline)", args.baseline_rows, base, "1x"))
+        with Store.open(tmp_path / "schema.duckdb") as store:
+            table_cols, device_cols = len(store.columns("gpu_samples")), len(store.columns("devices"))
+        print(
+            f"input: {len(schema)} columns ({strings} strings); gpu_samples: {table_cols} columns, "
+            f"{len(_narrow(sample_batch(1, 0, np.random.default_rng())).schema)} filled; devices "
+            f"({device_cols} columns) gets a row when a GPU's attributes change; every run ends with CHECKPOINT"
+        )
+        base = run(
+            "row-by-row parameterised INSERT (baseline)",
+            args.baseline_rows,
+            lambda: bench_row_by_row(tmp_path / "rows.duckdb", args.baseline_rows),
+        )
         cases = [
             ("Store.append, Arrow 10,000 rows/batch", 10_000, 0),
             ("Store.append, Arrow 100,000 rows/batch", 100_000, 0),
@@ -194,14 +245,13 @@ def main(argv: list[str] | None = None) -> None:
             (f"Store.append, Arrow 10,000/batch, buffer_rows={ROW_GROUP:,}", 10_000, ROW_GROUP),
         ]
         for label, size, buffer_rows in cases:
-            rate = bench_batched(tmp_path / f"arrow{size}-{buffer_rows}.duckdb", rows, size, buffer_rows)
-            print(line.format(label, rows, rate, f"{rate / base:,.0f}x"))
+            path = tmp_path / f"arrow{size}-{buffer_rows}.duckdb"
+            run(label, rows, lambda p=path, s=size, b=buffer_rows: bench_batched(p, rows, s, b))
         n = min(rows, 200_000)
-        rate = bench_device_samples(tmp_path / "samples.duckdb", n, 10_000)
-        print(
-            line.format(
-                "Store.append_gpu_samples, 10,000 DeviceSamples/call", n, rate, f"{rate / base:,.0f}x"
-            )
+        run(
+            "Store.append_gpu_samples, 10,000 DeviceSamples/call",
+            n,
+            lambda: bench_device_samples(tmp_path / "samples.duckdb", n, 10_000),
         )
         if args.no_reference:
             return
@@ -209,11 +259,12 @@ def main(argv: list[str] | None = None) -> None:
         for label, size, columns in (
             ("reference: DuckDB only, same table, 10,000/batch", 10_000, None),
             ("reference: DuckDB only, same table, 100,000/batch", 100_000, None),
+            (f"reference: DuckDB only, same table, {ROW_GROUP:,}/batch", ROW_GROUP, None),
             ("reference: DuckDB only, 11-column table, 10,000/batch", 10_000, REFERENCE_11),
             ("reference: DuckDB only, 11-column table, 100,000/batch", 100_000, REFERENCE_11),
         ):
-            rate = bench_raw_duckdb(tmp_path / f"raw{size}-{columns is None}.duckdb", n, size, columns)
-            print(line.format(label, n, rate, f"{rate / base:,.0f}x"))
+            path = tmp_path / f"raw{size}-{columns is None}.duckdb"
+            run(label, n, lambda p=path, s=size, c=columns: bench_raw_duckdb(p, n, s, c))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average after: {load}")
 

@@ -3,6 +3,8 @@
 One row per GPU per scrape: ``kind="cuda"``, ``emulated=False``, ``source="dcgm:<url>"``, the node from
 the ``Hostname`` (old exporters) or ``hostname`` label, and Kubernetes ``pod``/``namespace``/``container``
 labels kept as ``k8s_pod``/``k8s_namespace``/``k8s_container``. DCGM writes "blank" sentinels for values it does not have; they become ``None``.
+The rows are the store's wide ``gpu_samples`` input: it keeps kind, UUID, model name and the
+Kubernetes labels in ``devices``, one row per change (a pod moving to another GPU shows up there).
 """
 
 from __future__ import annotations

@@ -3,13 +3,18 @@
 Raw ``gpu_samples`` (e.g. 100 ms) are kept for days; ``rollup`` folds whole 10 s buckets older
 than the raw retention into ``gpu_samples_10s`` and deletes those raw rows, in one transaction.
 It is idempotent: a second run finds no raw rows left to fold. Raw rows that arrive late for a
-bucket that was already rolled up are merged into it (averages weighted by sample counts).
+bucket that was already rolled up are merged into it (averages weighted by sample counts). Device
+attributes stay in ``devices`` (the rollup's ``gpu_samples_10s_full`` view joins them); retention
+drops only ``devices`` rows superseded before the rollup horizon.
 
 ``export_parquet`` writes every table as hive-partitioned Parquet
 (``<out>/<table>/date=YYYY-MM-DD/node=<node>/part_<uuid>.parquet``; ``date`` is the UTC day of
 the table's time column), which is how data from many nodes is combined: ``import_parquet``
 merges such a tree into a store, skipping rows whose natural key
-(``collector.store.tables.TABLES``) is already present, so re-importing is harmless.
+(``collector.store.tables.TABLES``) is already present, so re-importing is harmless. An export
+from a start time also carries each GPU's ``devices`` row in effect at that start. Exports of the
+version-5 shape (``gpu_samples`` with ``kind``/``uuid``/``name``/``k8s_*``) import too: those
+columns become ``devices`` rows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS
 from collector.store.errors import StoreError
 from collector.store.schema import ROLLUP_AVG_MAX_METRICS
 from collector.store.store import Store, TimeLike, to_epoch_s
@@ -27,7 +33,11 @@ from collector.store.tables import TABLES
 
 BUCKET_S = 10.0
 _DAY_S = 86_400.0
-_ROLLUP_KEY = ("node", "source", "device", "bucket_start_s")
+_ROLLUP_KEY = ("node", "source", "device", "index", "bucket_start_s")
+_ROLLUP_MATCH = " AND ".join(f'{{a}}."{k}" IS NOT DISTINCT FROM {{b}}."{k}"' for k in _ROLLUP_KEY)
+_DEVICE_MATCH = " AND ".join(f'{{a}}."{k}" IS NOT DISTINCT FROM {{b}}."{k}"' for k in DEVICE_KEY)
+# where a wide (version-5) gpu_samples / gpu_samples_10s export keeps a row's time
+_WIDE_TIME = {"gpu_samples": "ts_s", "gpu_samples_10s": "bucket_start_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,7 @@ class RollupResult:
     buckets_written: int
     raw_rows_deleted: int
     rollup_rows_deleted: int = 0
+    device_rows_deleted: int = 0  # devices rows superseded before the rollup horizon
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +99,7 @@ def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> 
         con.execute(f"CREATE OR REPLACE TEMP TABLE _rollup_merged AS {_merge_sql()}", [cutoff])
         buckets = con.execute("SELECT count(*) FROM _rollup_merged").fetchone()[0]
         if buckets:
-            match = " AND ".join(f"r.{k} = m.{k}" for k in _ROLLUP_KEY)
+            match = _ROLLUP_MATCH.format(a="r", b="m")
             con.execute(f"DELETE FROM gpu_samples_10s r USING _rollup_merged m WHERE {match}")
             con.execute("INSERT INTO gpu_samples_10s BY NAME SELECT * FROM _rollup_merged")
         deleted = con.execute("DELETE FROM gpu_samples WHERE ts_s < ?", [cutoff]).fetchone()[0]
@@ -97,14 +108,25 @@ def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> 
 
 
 def apply_retention(store: Store, policy: RetentionPolicy, *, now_s: float | None = None) -> RollupResult:
-    """Roll up raw samples older than ``policy.raw_days``; drop rollups older than ``rollup_days``."""
+    """Roll up raw samples older than ``policy.raw_days``; drop rollups older than ``rollup_days``.
+
+    ``devices`` rows superseded by a later row of the same GPU that starts before the rollup
+    horizon describe only data that is gone, and are dropped too.
+    """
     now = time.time() if now_s is None else float(now_s)
     result = rollup(store, policy.raw_days * _DAY_S, now_s=now)
+    horizon = now - policy.rollup_days * _DAY_S
     with store.transaction() as con:
-        expired = con.execute(
-            "DELETE FROM gpu_samples_10s WHERE bucket_start_s < ?", [now - policy.rollup_days * _DAY_S]
+        expired = con.execute("DELETE FROM gpu_samples_10s WHERE bucket_start_s < ?", [horizon]).fetchone()[0]
+        superseded = con.execute(
+            f"""DELETE FROM devices d WHERE since_s < $h AND EXISTS (
+                    SELECT 1 FROM devices n
+                    WHERE {_DEVICE_MATCH.format(a="n", b="d")} AND n.since_s > d.since_s AND n.since_s <= $h)""",
+            {"h": horizon},
         ).fetchone()[0]
-    return RollupResult(result.cutoff_s, result.buckets_written, result.raw_rows_deleted, int(expired))
+    return RollupResult(
+        result.cutoff_s, result.buckets_written, result.raw_rows_deleted, int(expired), int(superseded)
+    )
 
 
 def export_parquet(
@@ -117,8 +139,9 @@ def export_parquet(
 ) -> ExportResult:
     """Write tables (default: all data tables) as hive-partitioned Parquet by date and node.
 
-    Only rows whose time column lies in ``[start, end)`` are written. New files never overwrite
-    earlier exports in the same directory (file names carry a uuid). Reads committed data only.
+    Only rows whose time column lies in ``[start, end)`` are written, plus, for a table of state
+    rows (``devices``), each thing's row in effect at ``start``. New files never overwrite earlier
+    exports in the same directory (file names carry a uuid). Reads committed data only.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -128,18 +151,13 @@ def export_parquet(
         if spec is None:
             raise StoreError(f"unknown table {name!r}; tables: {', '.join(sorted(TABLES))}")
         tc = spec.time_column
-        where = []
-        if start is not None:
-            where.append(f'"{tc}" >= {to_epoch_s(start, "start")!r}')
-        if end is not None:
-            where.append(f'"{tc}" < {to_epoch_s(end, "end")!r}')
-        cond = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = _export_rows(name, tc, spec.state_key, start, end)
         with store.reader() as cur:
-            count = cur.execute(f'SELECT count(*) FROM "{name}" {cond}').fetchone()[0]
+            count = cur.execute(f"SELECT count(*) FROM ({rows})").fetchone()[0]
             if count:
                 cur.execute(
                     f"""COPY (SELECT *, DATE '1970-01-01' + CAST(floor("{tc}" / {_DAY_S}) AS INTEGER) AS date
-                              FROM "{name}" {cond})
+                              FROM ({rows}))
                         TO {_sql_str(out / name)}
                         (FORMAT PARQUET, PARTITION_BY (date, node), WRITE_PARTITION_COLUMNS true,
                          FILENAME_PATTERN 'part_{{uuid}}', OVERWRITE_OR_IGNORE true)"""
@@ -153,7 +171,8 @@ def import_parquet(store: Store, in_dir: str | Path) -> ImportResult:
 
     Rows whose natural key is already in the store, or repeated within the files, are skipped.
     Columns the files have but the table lacks are ignored (and listed); columns the files lack
-    are NULL.
+    are NULL. Device attributes in ``gpu_samples``/``gpu_samples_10s`` files (the version-5 shape)
+    become ``devices`` rows, one per run of unchanged attributes, counted under ``devices``.
     """
     root = Path(in_dir)
     if not root.is_dir():
@@ -184,10 +203,62 @@ def import_parquet(store: Store, in_dir: str | Path) -> ImportResult:
             ).fetchone()[0]
             result.inserted[name] = int(inserted)
             result.duplicates[name] = int(total) - int(inserted)
-            ignored = [c for c in file_cols if c not in table_cols and c != "date"]
+            split = name in _WIDE_TIME and any(c in file_cols for c in SPLIT_COLUMNS)
+            if split:
+                added = con.execute(_wide_devices_sql(src, _WIDE_TIME[name], file_cols)).fetchone()[0]
+                result.inserted["devices"] = result.inserted.get("devices", 0) + int(added)
+            ignored = [
+                c
+                for c in file_cols
+                if c not in table_cols and c != "date" and not (split and c in SPLIT_COLUMNS)
+            ]
             if ignored:
                 result.ignored_columns[name] = ignored
     return result
+
+
+def _export_rows(
+    table: str,
+    tc: str,
+    state_key: tuple[str, ...] | None,
+    start: TimeLike | datetime | None,
+    end: TimeLike | datetime | None,
+) -> str:
+    """SELECT of the rows of ``table`` to export: time in ``[start, end)``, plus for state rows the
+    newest row before ``start`` of each ``state_key``."""
+    lo = None if start is None else to_epoch_s(start, "start")
+    hi = None if end is None else to_epoch_s(end, "end")
+    where = [f'"{tc}" < {hi!r}'] if hi is not None else []
+    if lo is None or state_key is None:
+        if lo is not None:
+            where.append(f'"{tc}" >= {lo!r}')
+        cond = f"WHERE {' AND '.join(where)}" if where else ""
+        return f'SELECT * FROM "{table}" {cond}'
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    part = ", ".join(f'"{k}"' for k in state_key)
+    return f"""SELECT * EXCLUDE (_newest) FROM (
+                   SELECT *, row_number() OVER (PARTITION BY {part}, "{tc}" < {lo!r} ORDER BY "{tc}" DESC)
+                             AS _newest
+                   FROM "{table}" {cond})
+               WHERE "{tc}" >= {lo!r} OR _newest = 1"""
+
+
+def _wide_devices_sql(src: str, time_column: str, file_cols: list[str]) -> str:
+    """INSERT of the ``devices`` rows a wide gpu_samples(_10s) export implies, where not present:
+    per GPU, the first row of each run of unchanged attributes."""
+    key = ", ".join(f'"{k}"' for k in DEVICE_KEY)
+    attrs = ", ".join(f'"{c}"' if c in file_cols else f'NULL AS "{c}"' for c in DEVICE_ATTRIBUTES)
+    attr_names = ", ".join(f'"{c}"' for c in DEVICE_ATTRIBUTES)
+    return f"""
+    INSERT INTO devices ({key}, since_s, {attr_names})
+    SELECT {key}, since_s, {attr_names} FROM (
+        SELECT *, row({attr_names}) IS DISTINCT FROM
+                  lag(row({attr_names})) OVER (PARTITION BY {key} ORDER BY since_s) AS changed
+        FROM (SELECT {key}, "{time_column}" AS since_s, {attrs} FROM {src})
+    ) s
+    WHERE changed AND NOT EXISTS (
+        SELECT 1 FROM devices t WHERE {_DEVICE_MATCH.format(a="t", b="s")} AND t.since_s = s.since_s)
+    """
 
 
 def _merge_sql() -> str:
@@ -198,38 +269,32 @@ def _merge_sql() -> str:
         f"max(max_{m}) AS max_{m}"
         for m in ROLLUP_AVG_MAX_METRICS
     )
-    key = ", ".join(_ROLLUP_KEY)
+    key = ", ".join(f'"{k}"' for k in _ROLLUP_KEY)
     return f"""
     WITH fresh AS (
-        SELECT node, source, device, floor(ts_s / {BUCKET_S}) * {BUCKET_S} AS bucket_start_s,
-               any_value(kind) AS kind, any_value("index") AS "index", any_value(uuid) AS uuid,
-               any_value(name) AS name, bool_or(emulated) AS emulated,
-               count(*) AS samples, count_if(lost) AS lost_samples,
+        SELECT node, source, device, "index", floor(ts_s / {BUCKET_S}) * {BUCKET_S} AS bucket_start_s,
+               bool_or(emulated) AS emulated,
+               count(*) AS samples, count_if(lost IS TRUE) AS lost_samples,
                {fresh_metrics},
                min(energy_mj) AS min_energy_mj, max(energy_mj) AS max_energy_mj,
                max(mem_total_bytes) AS max_mem_total_bytes,
                bit_or(clock_event_reasons) AS any_clock_event_reasons,
                min(locked_sm_clock_min_mhz) AS min_locked_sm_clock_min_mhz,
-               max(locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz,
-               any_value(k8s_pod) AS k8s_pod, any_value(k8s_namespace) AS k8s_namespace,
-               any_value(k8s_container) AS k8s_container
+               max(locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz
         FROM gpu_samples WHERE ts_s < ?
-        GROUP BY node, source, device, floor(ts_s / {BUCKET_S}) * {BUCKET_S}
+        GROUP BY node, source, device, "index", floor(ts_s / {BUCKET_S}) * {BUCKET_S}
     ),
-    old AS (SELECT r.* FROM gpu_samples_10s r SEMI JOIN fresh f USING ({key})),
+    old AS (SELECT r.* FROM gpu_samples_10s r SEMI JOIN fresh f ON {_ROLLUP_MATCH.format(a="r", b="f")}),
     both_rows AS (SELECT * FROM fresh UNION ALL BY NAME SELECT * FROM old)
     SELECT {key},
-           any_value(kind) AS kind, any_value("index") AS "index", any_value(uuid) AS uuid,
-           any_value(name) AS name, bool_or(emulated) AS emulated,
+           bool_or(emulated) AS emulated,
            sum(samples) AS samples, sum(lost_samples) AS lost_samples,
            {merged_metrics},
            min(min_energy_mj) AS min_energy_mj, max(max_energy_mj) AS max_energy_mj,
            max(max_mem_total_bytes) AS max_mem_total_bytes,
            bit_or(any_clock_event_reasons) AS any_clock_event_reasons,
            min(min_locked_sm_clock_min_mhz) AS min_locked_sm_clock_min_mhz,
-           max(max_locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz,
-           any_value(k8s_pod) AS k8s_pod, any_value(k8s_namespace) AS k8s_namespace,
-           any_value(k8s_container) AS k8s_container
+           max(max_locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz
     FROM both_rows GROUP BY {key}
     """
 

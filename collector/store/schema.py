@@ -20,6 +20,10 @@ Conventions (every table):
   (``quantile_cont(itl_s, 0.99)``) with no UNNEST, tokens join to ``iterations`` and
   ``gpu_samples`` by time range, and the ``requests`` rows stay narrow. ``itl_s`` (gap to the
   request's previous token, NULL for the first) is computed at ingest.
+* **Device attributes** (``kind``, ``uuid``, ``name``, Kubernetes labels) are not repeated on every
+  sample: ``devices`` holds one row per GPU (node, source, device, index) each time they are first
+  seen or change, valid from ``since_s``; ``gpu_samples_full`` / ``gpu_samples_10s_full`` join them
+  back (ASOF by time). ``index`` and ``emulated`` stay on every sample row.
 * No indexes or primary keys on the high-rate tables: they would slow batched appends several
   times; natural keys (``collector.store.tables``) are enforced when merging Parquet imports.
 
@@ -348,12 +352,120 @@ CREATE TABLE gpu_samples_10s (
 """
 
 
+# Device attributes that are constant per GPU (or change rarely: a Kubernetes pod moves) leave the
+# sample rows: ``devices`` holds one row each time a GPU's attributes are first seen or change, from
+# ``since_s`` on, and the ``*_full`` views join them back by time (ASOF) for readers of the old shape.
+_V6_DEVICES = """
+CREATE TABLE devices (
+    node          VARCHAR NOT NULL,
+    source        VARCHAR NOT NULL,
+    device        VARCHAR NOT NULL,
+    "index"       INTEGER,
+    since_s       DOUBLE  NOT NULL,            -- ts of the first sample with these attributes
+    kind          VARCHAR,                     -- cuda | emulated | cpu
+    uuid          VARCHAR,
+    name          VARCHAR,
+    emulated      BOOLEAN NOT NULL,
+    k8s_pod       VARCHAR,                     -- dcgm-exporter pod attribution
+    k8s_namespace VARCHAR,
+    k8s_container VARCHAR
+);
+
+-- Backfill: per GPU (node, source, device, index) and attribute set, the first and last time seen
+-- in the raw samples and the rollups. A GPU whose attribute sets interleave in time (pod A, then B,
+-- then A again) is rescanned sample by sample so that every change gets its own row.
+CREATE TEMP VIEW _v6_seen AS
+SELECT node, source, device, "index", ts_s AS at_s, kind, uuid, name, emulated,
+       k8s_pod, k8s_namespace, k8s_container
+FROM gpu_samples
+UNION ALL
+SELECT node, source, device, "index", bucket_start_s, kind, uuid, name, emulated,
+       k8s_pod, k8s_namespace, k8s_container
+FROM gpu_samples_10s;
+
+CREATE TEMP TABLE _v6_spans AS
+SELECT node, source, device, "index", kind, uuid, name, emulated, k8s_pod, k8s_namespace, k8s_container,
+       min(at_s) AS since_s, max(at_s) AS until_s
+FROM _v6_seen
+GROUP BY ALL;
+
+CREATE TEMP TABLE _v6_interleaved AS
+SELECT DISTINCT a.node, a.source, a.device, a."index"
+FROM _v6_spans a JOIN _v6_spans b
+  ON a.node = b.node AND a.source = b.source AND a.device = b.device
+ AND a."index" IS NOT DISTINCT FROM b."index"
+ AND a.rowid <> b.rowid AND a.since_s <= b.since_s AND b.since_s <= a.until_s;
+
+INSERT INTO devices
+SELECT node, source, device, "index", since_s, kind, uuid, name, emulated,
+       k8s_pod, k8s_namespace, k8s_container
+FROM _v6_spans s
+WHERE NOT EXISTS (
+    SELECT 1 FROM _v6_interleaved i
+    WHERE i.node = s.node AND i.source = s.source AND i.device = s.device
+      AND i."index" IS NOT DISTINCT FROM s."index");
+
+INSERT INTO devices
+SELECT node, source, device, "index", at_s, kind, uuid, name, emulated,
+       k8s_pod, k8s_namespace, k8s_container
+FROM (
+    SELECT s.*,
+           row(s.kind, s.uuid, s.name, s.emulated, s.k8s_pod, s.k8s_namespace, s.k8s_container)
+           IS DISTINCT FROM lag(row(s.kind, s.uuid, s.name, s.emulated, s.k8s_pod, s.k8s_namespace,
+                                    s.k8s_container))
+                            OVER (PARTITION BY s.node, s.source, s.device, s."index" ORDER BY s.at_s)
+           AS changed
+    FROM _v6_seen s SEMI JOIN _v6_interleaved i
+      ON i.node = s.node AND i.source = s.source AND i.device = s.device
+     AND i."index" IS NOT DISTINCT FROM s."index"
+)
+WHERE changed;
+
+DROP TABLE _v6_interleaved;
+DROP TABLE _v6_spans;
+DROP VIEW _v6_seen;
+
+ALTER TABLE gpu_samples DROP COLUMN kind;
+ALTER TABLE gpu_samples DROP COLUMN uuid;
+ALTER TABLE gpu_samples DROP COLUMN name;
+ALTER TABLE gpu_samples DROP COLUMN k8s_pod;
+ALTER TABLE gpu_samples DROP COLUMN k8s_namespace;
+ALTER TABLE gpu_samples DROP COLUMN k8s_container;
+ALTER TABLE gpu_samples_10s DROP COLUMN kind;
+ALTER TABLE gpu_samples_10s DROP COLUMN uuid;
+ALTER TABLE gpu_samples_10s DROP COLUMN name;
+ALTER TABLE gpu_samples_10s DROP COLUMN k8s_pod;
+ALTER TABLE gpu_samples_10s DROP COLUMN k8s_namespace;
+ALTER TABLE gpu_samples_10s DROP COLUMN k8s_container;
+
+-- gpu_samples in its version-5 shape: each sample with the attributes in effect at its ts_s.
+CREATE VIEW gpu_samples_full AS
+SELECT s.node, s.source, s.ts_s, s.device, d.kind, s."index", d.uuid, d.name, s.emulated,
+       s.* EXCLUDE (node, source, ts_s, device, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container
+FROM gpu_samples s ASOF LEFT JOIN devices d
+  ON s.node = d.node AND s.source = d.source AND s.device = d.device
+ AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s;
+
+-- gpu_samples_10s in its version-5 shape: each bucket with the attributes in effect at its end
+-- (10.0: the bucket length; a GPU's first sample may lie inside its first bucket).
+CREATE VIEW gpu_samples_10s_full AS
+SELECT r.node, r.source, r.device, r.bucket_start_s, d.kind, r."index", d.uuid, d.name, r.emulated,
+       r.* EXCLUDE (node, source, device, bucket_start_s, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container
+FROM gpu_samples_10s r ASOF LEFT JOIN devices d
+  ON r.node = d.node AND r.source = d.source AND r.device = d.device
+ AND r."index" IS NOT DISTINCT FROM d."index" AND r.bucket_start_s + 10.0 > d.since_s;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
     Migration(3, "Prometheus-scraped engine metrics", _V3_ENGINE_METRICS),
     Migration(4, "analytics: calibrations, recommendations, actions (audit), reports", _V4_ANALYTICS),
     Migration(5, "10 s rollup of gpu_samples", _rollup_ddl()),
+    Migration(6, "devices: per-GPU attributes out of gpu_samples(_10s); *_full views", _V6_DEVICES),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

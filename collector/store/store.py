@@ -7,6 +7,12 @@ Read methods (``query``, ``range``, ``latest_per_device``) run on their own Duck
 be called from any thread concurrently with the writer; they see committed data only (not rows
 still in the write buffer -- call ``flush()`` from the writer first where that matters).
 
+Device attributes: ``gpu_samples`` input may be "wide" (``kind``, ``uuid``, ``name``, ``k8s_*`` on
+every row, as ``DeviceSample`` and the sources produce it); the store writes the samples without
+them and adds a ``devices`` row, in the same transaction, only when a GPU's attributes are first
+seen or change (``collector.store.devices``). Readers get the wide shape from ``gpu_samples_full``
+(``range("gpu_samples")`` and ``latest_per_device`` read it).
+
 Durability: every write is one DuckDB transaction. A committed write survives the writer being
 killed (it is in DuckDB's write-ahead log, replayed on the next open); ``checkpoint()`` folds the
 log into the file. With ``buffer_rows > 0`` appends are held in memory until that many rows are
@@ -23,7 +29,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import StoreError, StoreLockedError
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
 from collector.store.tables import TABLES, table_spec
@@ -60,6 +67,10 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 _STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
 _VIEW = "_phaselens_append"
 _SAMPLE_FIELDS = tuple(DeviceSample.__dataclass_fields__)
+_DEVICE_INPUT = (*DEVICE_KEY, *DEVICE_ATTRIBUTES, "ts_s")  # what the devices rows are worked out from
+# From this many pending wide rows on, a flush works out the devices rows on a thread of its own
+# while DuckDB inserts the samples (which keeps one core busy and releases the GIL).
+_BACKGROUND_DEVICE_ROWS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +109,13 @@ class Store:
         "_buffer_rows",
         "_columns",
         "_con",
+        "_devices",
         "_lock",
         "_pending",
         "_pending_batches",
         "_pending_rows",
+        "_pending_wide",
+        "_wide_samples",
         "path",
         "read_only",
     )
@@ -117,8 +131,16 @@ class Store:
         self._lock = threading.RLock()
         self._pending: dict[str, list[pa.Table]] = {}
         self._pending_rows = 0
+        self._pending_wide: list[pa.Table] = []  # gpu_samples input whose devices rows are due at flush
         self._pending_batches: set[tuple[str, str, int, float]] = set()  # telemetry batches in the buffer
         self._columns = _load_columns(con)
+        # what a wide gpu_samples input may carry: the table's columns + the device attributes
+        self._wide_samples = {
+            **self._columns["gpu_samples"],
+            **{c: self._columns["devices"][c] for c in SPLIT_COLUMNS},
+        }
+        self._devices = DeviceRegistry()
+        self._devices.load(con)
 
     # -- open / close -------------------------------------------------------------------------
 
@@ -205,9 +227,19 @@ class Store:
         a column's type, and NULLs in required columns raise StoreError naming the columns and
         nothing is written. JSON columns take any JSON-able Python value from dict rows (encoded
         with ``json.dumps``) and JSON text from Arrow/pandas string columns.
+
+        ``gpu_samples`` also takes the device attribute columns (``kind``, ``uuid``, ``name``,
+        ``k8s_pod``, ``k8s_namespace``, ``k8s_container``): they go to ``devices`` when they change.
+        Input without any of them adds no ``devices`` rows.
         """
+        if table == "gpu_samples":
+            return self._append_samples(self._input_table(table, rows, self._wide_samples))
         data = self._to_arrow(table, rows)
-        self._enqueue({table: data})
+        with self._lock:
+            self._writer()
+            if table == "devices":
+                self._devices.note(data)
+            self._enqueue({table: data})
         return data.num_rows
 
     def append_gpu_samples(
@@ -221,6 +253,7 @@ class Store:
         """Append device samples taken on ``node`` by ``source`` (nvml, emulated, cpu, dcgm ...).
 
         ``k8s`` optionally gives ``k8s_pod``/``k8s_namespace``/``k8s_container`` for every sample.
+        Like ``append("gpu_samples", ...)``, a GPU's attributes reach ``devices`` when they change.
         """
         samples = list(samples)
         if not samples:
@@ -231,9 +264,8 @@ class Store:
         columns["source"] = [source] * n
         for key, value in (k8s or {}).items():
             columns[key] = [value] * n
-        data = self._to_arrow("gpu_samples", _columns_to_table("gpu_samples", columns))
-        self._enqueue({"gpu_samples": data})
-        return n
+        table = _columns_to_table("gpu_samples", columns)
+        return self._append_samples(self._input_table("gpu_samples", table, self._wide_samples))
 
     def append_telemetry_batch(
         self, batch: Any, node: str, *, received_s: float | None = None
@@ -319,7 +351,8 @@ class Store:
         """Flush, then hold the writer lock and one transaction for multi-statement SQL.
 
         Yields the writer connection; commits on success, rolls back (and raises StoreError for
-        DuckDB errors) otherwise. Used by ``collector.store.retention``.
+        DuckDB errors) otherwise. Used by ``collector.store.retention``. The writer's copy of
+        ``devices`` is reloaded after a commit (the SQL may have changed that table).
         """
         with self._lock:
             self._flush_locked()
@@ -334,6 +367,7 @@ class Store:
                 con.rollback()
                 raise
             con.commit()
+            self._reload_devices()
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -370,6 +404,8 @@ class Store:
         """Rows of ``table`` whose time column lies in ``[start, end)``, oldest first.
 
         Times are UTC epoch seconds or timezone-aware datetimes; ``None`` leaves that end open.
+        ``gpu_samples`` and ``gpu_samples_10s`` rows come with their device attributes (the
+        ``*_full`` views).
         """
         spec = table_spec(table)
         cols = self._table_columns(table)
@@ -389,7 +425,7 @@ class Store:
                 raise StoreError(f"table {table!r} has no {name!r} column to filter on")
             where.append(f'"{name}" = ?')
             params.append(value)
-        sql = f'SELECT * FROM "{table}"'
+        sql = f'SELECT * FROM "{spec.read_as or table}"'
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f' ORDER BY "{tc}"'
@@ -400,11 +436,11 @@ class Store:
         return self.query(sql, params)
 
     def latest_per_device(self, *, since_s: float | None = None) -> pd.DataFrame:
-        """The newest gpu_samples row of every GPU (node, device, index, uuid: each emulated GPU of
-        a worker counts apart), optionally only from ``since_s`` on."""
+        """The newest sample of every GPU (node, device, index, uuid: each emulated GPU of a worker
+        counts apart) with its device attributes, optionally only from ``since_s`` on."""
         where = "WHERE ts_s >= ?" if since_s is not None else ""
         return self.query(
-            f"SELECT * FROM gpu_samples {where} "
+            f"SELECT * FROM gpu_samples_full {where} "
             'QUALIFY row_number() OVER (PARTITION BY node, device, "index", uuid ORDER BY ts_s DESC) = 1 '
             'ORDER BY node, device, "index"',
             [to_epoch_s(since_s, "since_s")] if since_s is not None else [],
@@ -432,6 +468,10 @@ class Store:
     def _to_arrow(self, table: str, rows: Rows) -> pa.Table:
         """Convert input rows to an Arrow table with exactly ``table``'s columns and types."""
         cols = self._table_columns(table)
+        return _conform(table, self._input_table(table, rows, cols), cols)
+
+    def _input_table(self, table: str, rows: Rows, cols: Mapping[str, Column]) -> pa.Table:
+        """Input rows as an Arrow table, column names checked against ``cols`` (types not yet)."""
         if isinstance(rows, pa.Table):
             data = rows
         elif isinstance(rows, pd.DataFrame):
@@ -448,12 +488,38 @@ class Store:
                 f"got {type(rows).__name__}"
             )
         _check_names(table, data.column_names, cols)
-        return _conform(table, data, cols)
+        return data
 
-    def _enqueue(self, parts: Mapping[str, pa.Table]) -> None:
-        """Add converted tables to the buffer (atomically) and write when due."""
+    def _append_samples(self, data: pa.Table) -> int:
+        """Queue gpu_samples input (names checked): the samples, and when the input carries device
+        attributes, those for the flush to write ``devices`` rows where they changed."""
+        wide = any(c in data.column_names for c in SPLIT_COLUMNS)
+        samples = self._columns["gpu_samples"]
+        data = _conform("gpu_samples", data, self._wide_samples if wide else samples)
+        if not wide:
+            self._enqueue({"gpu_samples": data})
+        else:
+            self._enqueue({"gpu_samples": data.select(list(samples))}, data.select(_DEVICE_INPUT))
+        return data.num_rows
+
+    def _device_changes(self, batches: list[pa.Table]) -> list[dict[str, Any]]:
+        """The devices rows that pending wide batches add, in append order (recorded as written)."""
+        return [row for batch in batches for row in self._devices.changes(batch)]
+
+    def _reload_devices(self) -> None:
+        """Re-read ``devices`` after a write that failed or SQL that may have changed it."""
+        try:
+            self._devices.load(self._writer())
+        except duckdb.Error:
+            self._devices.clear()  # every GPU's next sample writes its attributes again
+
+    def _enqueue(self, parts: Mapping[str, pa.Table], wide: pa.Table | None = None) -> None:
+        """Add converted tables (and the device attributes of wide gpu_samples input) to the buffer
+        (atomically) and write when due."""
         with self._lock:
             self._writer()
+            if wide is not None and wide.num_rows:
+                self._pending_wide.append(wide)
             for name, data in parts.items():
                 if data.num_rows:
                     self._pending.setdefault(name, []).append(data)
@@ -478,26 +544,71 @@ class Store:
     def _flush_locked(self) -> None:
         if not self._pending:
             return
-        pending, rows = self._pending, self._pending_rows
-        self._pending, self._pending_rows = {}, 0
+        pending, rows, wide = self._pending, self._pending_rows, self._pending_wide
+        self._pending, self._pending_rows, self._pending_wide = {}, 0, []
         self._pending_batches.clear()
         con = self._writer()
+        background = sum(w.num_rows for w in wide) >= _BACKGROUND_DEVICE_ROWS
+        devices = _Job(self._device_changes, wide, background=background)
         con.begin()
         try:
-            for name, parts in pending.items():
-                # one contiguous chunk: DuckDB writes whole row groups straight to the file
-                data = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
-                con.register(_VIEW, data)
-                try:
-                    con.execute(f'INSERT INTO "{name}" BY NAME SELECT * FROM {_VIEW}')
-                finally:
-                    con.unregister(_VIEW)
+            try:
+                for name, parts in pending.items():
+                    _insert(con, name, parts)
+            finally:
+                devices.join()
+            changed = devices.result()
+            if changed:
+                _insert(con, "devices", [self._to_arrow("devices", changed)])
             con.commit()
-        except duckdb.Error as e:
+        except BaseException as e:
             con.rollback()
-            raise StoreError(
-                f"writing {rows} rows to {', '.join(pending)} failed (nothing written): {e}"
-            ) from e
+            self._reload_devices()  # devices rows of the discarded batch were not written
+            if isinstance(e, duckdb.Error):
+                raise StoreError(
+                    f"writing {rows} rows to {', '.join(pending)} failed (nothing written): {e}"
+                ) from e
+            raise
+
+
+class _Job:
+    """``fn(arg)``, on a thread of its own when ``background`` (else when the result is asked for)."""
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any, *, background: bool) -> None:
+        self._fn, self._arg = fn, arg
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True) if background else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn(self._arg)
+        except BaseException as e:  # handed to the caller by result()
+            self._error = e
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self) -> Any:
+        if self._thread is None:
+            return self._fn(self._arg)
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -> None:
+    # one contiguous chunk: DuckDB writes whole row groups straight to the file
+    data = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+    con.register(_VIEW, data)
+    try:
+        con.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM {_VIEW}')
+    finally:
+        con.unregister(_VIEW)
 
 
 # -- helpers ----------------------------------------------------------------------------------------

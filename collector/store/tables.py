@@ -21,13 +21,30 @@ class TableSpec:
     natural_key: tuple[str, ...]
     generated_id: str | None = None  # an id column filled with a fresh uuid when missing/NULL
     defaults: dict[str, Any] = field(default_factory=dict)  # values for columns missing in the input
+    # A row holds state from its time on, for the thing these columns name: an export from a start
+    # time also carries each thing's row in effect at that start.
+    state_key: tuple[str, ...] | None = None
+    read_as: str | None = None  # the view ``Store.range`` reads (the table joined with what it refers to)
 
 
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
-        TableSpec("gpu_samples", "ts_s", ("node", "source", "device", "ts_s")),
-        TableSpec("gpu_samples_10s", "bucket_start_s", ("node", "source", "device", "bucket_start_s")),
+        TableSpec(
+            "gpu_samples", "ts_s", ("node", "source", "device", "index", "ts_s"), read_as="gpu_samples_full"
+        ),
+        TableSpec(
+            "gpu_samples_10s",
+            "bucket_start_s",
+            ("node", "source", "device", "index", "bucket_start_s"),
+            read_as="gpu_samples_10s_full",
+        ),
+        TableSpec(
+            "devices",
+            "since_s",
+            ("node", "source", "device", "index", "since_s"),
+            state_key=("node", "source", "device", "index"),
+        ),
         TableSpec("host_samples", "ts_s", ("node", "pid", "ts_s")),
         TableSpec("ingest_errors", "ts_s", ("node", "source", "ts_s", "kind", "message")),
         TableSpec("telemetry_batches", "received_s", ("node", "source", "seq", "sent_s")),

@@ -59,8 +59,10 @@ def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server,
         assert len(rows(url, "tokens")) >= 8 * 12
         iters = rows(url, "iterations")
         assert {"prefill", "decode"} <= {r["phase"] for r in iters}
-        samples = rows(url, "gpu_samples")
+        samples = rows(url, "gpu_samples")  # with the device attributes joined back
         assert samples and all(s["emulated"] and s["kind"] == "emulated" for s in samples)
+        devices = rows(url, "devices")  # each emulated GPU described once, not once per sample
+        assert sorted(d["index"] for d in devices) == [0, 1] and all(d["emulated"] for d in devices)
         assert rows(url, "host_samples")
         latest = httpx.get(f"{url}/api/v1/latest").json()["rows"]
         assert sorted(r["index"] for r in latest) == [0, 1]  # prefill and decode worker GPUs apart

@@ -134,7 +134,7 @@ def test_device_samples_round_trip(store: Store) -> None:
         source="dcgm",
         k8s={"k8s_pod": "vllm-0", "k8s_namespace": "llm", "k8s_container": "engine"},
     )
-    df = store.query("SELECT * FROM gpu_samples ORDER BY node, device")
+    df = store.query("SELECT * FROM gpu_samples_full ORDER BY node, device")
     assert df.columns[:4].tolist() == ["node", "source", "ts_s", "device"]
     r0, r1, r2 = (df.iloc[i] for i in range(3))
     assert (r0["node"], r0["source"], r0["ts_s"], r0["index"], r0["name"]) == (
@@ -151,6 +151,9 @@ def test_device_samples_round_trip(store: Store) -> None:
     assert r1["lost"] and pd.isna(r1["power_w"])
     assert (r2["k8s_pod"], r2["k8s_namespace"], r2["k8s_container"]) == ("vllm-0", "llm", "engine")
     assert pd.isna(r0["k8s_pod"])
+    # the attributes live once per GPU in devices, not on the sample rows
+    assert {"kind", "uuid", "name", "k8s_pod"}.isdisjoint(c.name for c in store.columns("gpu_samples"))
+    assert _count(store, "devices") == 3
 
 
 def test_json_columns_generated_ids_and_defaults(store: Store) -> None:

@@ -81,6 +81,7 @@ def test_export_import_between_two_nodes_without_duplicates(tmp_path: Path) -> N
         result = import_parquet(b, tmp_path / "export-a")
         assert result.inserted == {
             "gpu_samples": 20,
+            "devices": 2,  # cuda:0 and cuda:1 of node A, each described once
             "requests": 3,
             "tokens": 4,
             "engine_metrics": 1,
@@ -92,10 +93,10 @@ def test_export_import_between_two_nodes_without_duplicates(tmp_path: Path) -> N
             "SELECT node, count(*) AS n, sum(power_w) AS w FROM gpu_samples GROUP BY node ORDER BY node"
         )
         assert per_node.values.tolist() == [["node-a", 20, 40.0], ["node-b", 20, 40.0]]
-        # node A's rows came back intact
-        ra = b.query("SELECT * FROM gpu_samples WHERE node = 'node-a' ORDER BY ts_s, device")
-        oa = a.query("SELECT * FROM gpu_samples ORDER BY ts_s, device")
-        assert ra.equals(oa)
+        # node A's rows came back intact, with their device attributes
+        ra = b.query("SELECT * FROM gpu_samples_full WHERE node = 'node-a' ORDER BY ts_s, device")
+        oa = a.query("SELECT * FROM gpu_samples_full ORDER BY ts_s, device")
+        assert ra.equals(oa) and ra["uuid"].notna().all()
 
         # importing again, and an overlapping second export, adds nothing
         export_parquet(a, tmp_path / "export-a", start=T0 + DAY)  # same dir: new files beside the old
@@ -140,3 +141,51 @@ def test_import_errors(tmp_path: Path) -> None:
             import_parquet(store, tmp_path / "missing")
         with pytest.raises(StoreError, match="unknown table"):
             export_parquet(store, tmp_path / "out", tables=["nope"])
+
+
+def test_an_export_from_a_start_carries_the_device_rows_in_effect(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "a.duckdb") as a:
+        a.append_gpu_samples(
+            [sample(T0 + i) for i in range(3)], node="n1", source="dcgm", k8s={"k8s_pod": "p0"}
+        )
+        a.append_gpu_samples(
+            [sample(T0 + DAY + i) for i in range(3)], node="n1", source="dcgm", k8s={"k8s_pod": "p1"}
+        )
+        a.append_gpu_samples([sample(T0 + DAY + 10)], node="n1", source="dcgm", k8s={"k8s_pod": "p2"})
+        exported = export_parquet(a, tmp_path / "out", start=T0 + DAY + 1, end=T0 + DAY + 5)
+        assert exported.rows["gpu_samples"] == 2
+        assert exported.rows["devices"] == 1  # p1, in effect from before the start; not p0, not p2
+        want = a.query(
+            "SELECT * FROM gpu_samples_full WHERE ts_s >= ? AND ts_s < ? ORDER BY ts_s",
+            [T0 + DAY + 1, T0 + DAY + 5],
+        )
+    with Store.open(tmp_path / "b.duckdb") as b:
+        assert import_parquet(b, tmp_path / "out").inserted == {"gpu_samples": 2, "devices": 1}
+        got = b.query("SELECT * FROM gpu_samples_full ORDER BY ts_s")
+        assert got.equals(want) and got["k8s_pod"].tolist() == ["p1", "p1"]
+
+
+def test_an_export_of_the_version_5_shape_imports_its_device_attributes(tmp_path: Path) -> None:
+    import duckdb
+
+    out = tmp_path / "v5" / "gpu_samples" / "date=2025-11-25" / "node=n1"
+    out.mkdir(parents=True)
+    con = duckdb.connect()
+    con.execute(
+        f"""COPY (SELECT 'n1' AS node, 'dcgm' AS source, {T0} + i::DOUBLE AS ts_s, 'cuda:0' AS device,
+                         'cuda' AS kind, 0 AS "index", 'GPU-0' AS uuid, 'H100' AS name, false AS emulated,
+                         100.0 + i::DOUBLE AS power_w, CASE WHEN i < 2 OR i > 3 THEN 'a' ELSE 'b' END AS k8s_pod,
+                         'llm' AS k8s_namespace, NULL::VARCHAR AS k8s_container
+                  FROM range(6) t(i))
+            TO '{out / "part.parquet"}' (FORMAT PARQUET)"""
+    )
+    cols = 'node, source, ts_s, device, kind, "index", uuid, name, emulated, power_w, k8s_pod, k8s_namespace'
+    wide = con.execute(f"SELECT {cols} FROM '{out / 'part.parquet'}' ORDER BY ts_s").fetchall()
+    with Store.open(tmp_path / "s.duckdb") as store:
+        result = import_parquet(store, tmp_path / "v5")
+        assert result.inserted == {"gpu_samples": 6, "devices": 3}  # a, b, a again
+        assert result.ignored_columns == {}
+        with store.reader() as cur:
+            assert cur.execute(f"SELECT {cols} FROM gpu_samples_full ORDER BY ts_s").fetchall() == wide
+        again = import_parquet(store, tmp_path / "v5")
+        assert again.inserted == {"gpu_samples": 0, "devices": 0}

@@ -38,7 +38,7 @@ def test_rollup_folds_whole_buckets_and_deletes_those_raw_rows(store: Store) -> 
     result = rollup(store, older_than_s=25, now_s=T0 + 50)  # cutoff: floor(T0+25) to 10 s = T0+20
     assert result.cutoff_s == T0 + 20
     assert (result.buckets_written, result.raw_rows_deleted) == (3, 300)
-    roll = store.query("SELECT * FROM gpu_samples_10s ORDER BY device, bucket_start_s")
+    roll = store.query("SELECT * FROM gpu_samples_10s_full ORDER BY device, bucket_start_s")
     assert roll[["device", "bucket_start_s", "samples"]].values.tolist() == [
         ["cuda:0", T0, 100],
         ["cuda:0", T0 + 10, 100],
@@ -105,3 +105,39 @@ def test_retention_arguments_are_checked() -> None:
 def test_rollup_argument_is_checked(store: Store) -> None:
     with pytest.raises(StoreError, match="older_than_s must be a non-negative number"):
         rollup(store, older_than_s=-1)
+
+
+def test_rollup_keeps_gpus_sharing_a_device_spec_apart(store: Store) -> None:
+    rows = [
+        {
+            "node": "n1",
+            "source": "emulated",
+            "ts_s": T0 + i / 10,
+            "device": "emulated:h100-sxm",
+            "kind": "emulated",
+            "index": worker,
+            "name": "H100 SXM (emulated)",
+            "emulated": True,
+            "power_w": 100.0 * (worker + 1),
+        }
+        for i in range(100)
+        for worker in (0, 1)
+    ]
+    store.append("gpu_samples", rows)  # no "lost" column: NULL, counted as not lost
+    assert rollup(store, older_than_s=0, now_s=T0 + 10).buckets_written == 2
+    roll = store.query(
+        'SELECT "index", samples, avg_power_w, kind, emulated FROM gpu_samples_10s_full ORDER BY 1'
+    )
+    assert roll.values.tolist() == [[0, 100, 100.0, "emulated", True], [1, 100, 200.0, "emulated", True]]
+
+
+def test_apply_retention_drops_devices_rows_superseded_before_the_horizon(store: Store) -> None:
+    now = T0 + 400 * DAY
+    for ts, pod in ((T0, "a"), (T0 + DAY, "b"), (now - 10 * DAY, "c"), (now - 60, "d")):
+        store.append_gpu_samples([sample(ts)], node="n1", source="dcgm", k8s={"k8s_pod": pod})
+    result = apply_retention(store, RetentionPolicy(raw_days=7, rollup_days=365), now_s=now)
+    assert result.device_rows_deleted == 1  # "a": "b" started before the horizon and covers it
+    assert store.query("SELECT k8s_pod FROM devices ORDER BY since_s")["k8s_pod"].tolist() == ["b", "c", "d"]
+    roll = store.query("SELECT k8s_pod FROM gpu_samples_10s_full ORDER BY bucket_start_s")
+    assert roll["k8s_pod"].tolist() == ["c"]
+    assert store.query("SELECT k8s_pod FROM gpu_samples_full")["k8s_pod"].tolist() == ["d"]

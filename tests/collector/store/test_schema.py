@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
 
 from collector.store import LATEST_VERSION, MIGRATIONS, Migration, Store, StoreError, StoreLockedError
@@ -134,3 +135,89 @@ def test_second_writer_in_another_process_gets_a_clear_error(store_path: Path) -
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=10)
     Store.open(store_path).close()  # the lock died with the child
+
+
+def _v5_file(path: Path) -> None:
+    """A version-5 store holding raw samples and rollups of GPUs whose attributes vary over time."""
+    con = duckdb.connect(str(path))
+    assert apply_migrations(con, target_version=5) == [1, 2, 3, 4, 5]
+    cols = (
+        '(node, source, ts_s, device, kind, "index", uuid, name, emulated, power_w, k8s_pod, k8s_namespace)'
+    )
+    emu = ("emulated:h100-sxm", "emulated")
+    rows = [
+        # a dcgm GPU whose pod moves A -> B -> A, and a second one that never changes
+        *[
+            ("n1", "dcgm", t, "cuda:0", "cuda", 0, "GPU-0", "H100", False, 100.0 + t, pod, "llm")
+            for t, pod in ((100.0, "a"), (101.0, "a"), (102.0, "b"), (103.0, "b"), (104.0, "a"))
+        ],
+        *[
+            ("n1", "dcgm", t, "cuda:1", "cuda", 1, "GPU-1", "H100", False, 200.0 + t, None, None)
+            for t in (100.0, 101.0)
+        ],
+        # two emulated GPUs sharing one device spec, told apart by index; one CPU without an index
+        *[
+            ("n1", "emulated", t, *emu, i, None, "H100", True, 50.0, None, None)
+            for t in (1.0, 2.0)
+            for i in (0, 1)
+        ],
+        ("n2", "cpu", 100.0, "cpu", "cpu", None, None, "cpu", False, None, None, None),
+    ]
+    con.executemany(f"INSERT INTO gpu_samples {cols} VALUES ({', '.join('?' * 12)})", rows)
+    con.execute(
+        'INSERT INTO gpu_samples_10s (node, source, device, bucket_start_s, kind, "index", uuid, name, '
+        "emulated, samples, lost_samples, avg_power_w, k8s_pod, k8s_namespace) VALUES "
+        "('n1', 'dcgm', 'cuda:0', 80.0, 'cuda', 0, 'GPU-0', 'H100', false, 100, 0, 310.5, 'old', 'llm'), "
+        "('n1', 'dcgm', 'cuda:0', 90.0, 'cuda', 0, 'GPU-0', 'H100', false, 100, 2, 320.5, 'a', 'llm')"
+    )
+    con.close()
+
+
+def test_version_5_file_with_data_migrates_losslessly(store_path: Path) -> None:
+    _v5_file(store_path)
+    con = duckdb.connect(str(store_path), read_only=True)
+    order = 'ORDER BY node, source, device, "index", ts_s'
+    raw_before = con.execute(f"SELECT * FROM gpu_samples {order}").df()
+    roll_before = con.execute("SELECT * FROM gpu_samples_10s ORDER BY bucket_start_s").df()
+    con.close()
+
+    with Store.open(store_path) as store:
+        assert store.schema_version == LATEST_VERSION
+        raw_after = store.query(f"SELECT * FROM gpu_samples_full {order}")
+        assert raw_after.columns.tolist() == raw_before.columns.tolist()
+        pd.testing.assert_frame_equal(raw_after, raw_before)
+        roll_after = store.query("SELECT * FROM gpu_samples_10s_full ORDER BY bucket_start_s")
+        pd.testing.assert_frame_equal(roll_after, roll_before)
+        # the sample rows lost the attribute columns, but not index and emulated
+        names = [c.name for c in store.columns("gpu_samples")]
+        assert "index" in names and "emulated" in names
+        assert {"kind", "uuid", "name", "k8s_pod", "k8s_namespace", "k8s_container"}.isdisjoint(names)
+        devices = store.query(
+            "SELECT device, \"index\", since_s, k8s_pod FROM devices WHERE device = 'cuda:0' ORDER BY since_s"
+        )
+        assert devices.values.tolist() == [
+            ["cuda:0", 0, 80.0, "old"],
+            ["cuda:0", 0, 90.0, "a"],
+            ["cuda:0", 0, 102.0, "b"],
+            ["cuda:0", 0, 104.0, "a"],
+        ]
+        assert int(store.query("SELECT count(*) AS n FROM devices")["n"][0]) == 4 + 1 + 2 + 1
+        # the writer's copy of devices came from the migrated table: an unchanged GPU adds no row
+        store.append(
+            "gpu_samples",
+            [
+                {
+                    "node": "n1",
+                    "source": "dcgm",
+                    "ts_s": 105.0,
+                    "device": "cuda:1",
+                    "kind": "cuda",
+                    "index": 1,
+                    "uuid": "GPU-1",
+                    "name": "H100",
+                    "emulated": False,
+                }
+            ],
+        )
+        store.flush()
+        assert int(store.query("SELECT count(*) AS n FROM devices")["n"][0]) == 8
