@@ -145,6 +145,14 @@ class AttentionBatch:
             decode = _paged_decode(dec_rows, dec_tokens, context_lens, block_tables, block_size, device)
         return cls(pos // block_size, pos % block_size, decode, prefill)
 
+    def write_rows(self, num_kv_heads: int, block_size: int) -> torch.Tensor:
+        """Rows of a layer's cache viewed as [blocks * kv_heads * block_size, head_dim] that the new
+        tokens' K/V go to, token-major then head: [T * kv_heads] (an index_copy_ is ~10x faster
+        than the equivalent two-index put)."""
+        heads = torch.arange(num_kv_heads, device=self.write_block.device)
+        rows = (self.write_block.unsqueeze(1) * num_kv_heads + heads) * block_size
+        return (rows + self.write_offset.unsqueeze(1)).flatten()
+
 
 def _paged_decode(
     rows: list[int],
@@ -264,8 +272,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = _apply_rope(q, cos, sin)
         k = _apply_rope(k, cos, sin)
-        k_cache[batch.write_block, :, batch.write_offset] = k.to(k_cache.dtype)
-        v_cache[batch.write_block, :, batch.write_offset] = v.to(v_cache.dtype)
+        rows = batch.write_rows(self.num_kv_heads, k_cache.shape[2])
+        k_cache.view(-1, self.head_dim).index_copy_(0, rows, k.reshape(-1, self.head_dim).to(k_cache.dtype))
+        v_cache.view(-1, self.head_dim).index_copy_(0, rows, v.reshape(-1, self.head_dim).to(v_cache.dtype))
         out = torch.empty_like(q)
         if batch.decode is not None:
             dec = batch.decode
