@@ -122,7 +122,7 @@ class Collector:
             result = src.poll()
             if not result.skipped:
                 self._put(result)
-            nxt = src.health().next_attempt_s
+            nxt = src.next_attempt_s
             delay = 0.05 if nxt is None else max(0.0, nxt - src.clock())
             self._stop.wait(min(delay, 1.0))
 

@@ -207,6 +207,11 @@ class Source(ABC):
         """A copy of the current health."""
         return SourceHealth(**asdict(self._health))
 
+    @property
+    def next_attempt_s(self) -> float | None:
+        """When the next poll is due (epoch seconds, on ``clock``); None before the first poll."""
+        return self._health.next_attempt_s
+
     def health_details(self) -> dict[str, Any]:
         """Source-specific counters for the health endpoint (e.g. telemetry gaps); none by default."""
         return {}

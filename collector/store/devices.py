@@ -16,6 +16,7 @@ starts a row of its own, which then also covers the later samples up to the next
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import Any
 
 import duckdb
@@ -37,6 +38,7 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
 SPLIT_COLUMNS: tuple[str, ...] = tuple(c for c in DEVICE_ATTRIBUTES if c != "emulated")
 
 Key = tuple[Any, ...]  # (node, source, device, index)
+_first = itemgetter(0)
 Attributes = tuple[Any, ...]  # values of DEVICE_ATTRIBUTES
 
 
@@ -92,28 +94,9 @@ class DeviceRegistry:
         """
         if samples.num_rows == 0:
             return []
-        columns = [*DEVICE_KEY, *DEVICE_ATTRIBUTES]
-        constant = {c: v for c in columns if (v := _constant(samples.column(c))) is not _VARYING}
-        varying = [c for c in columns if c not in constant]
-        if not varying:
-            groups = [{"ts_s_min": pc.min(samples.column("ts_s")).as_py()}]
-        else:
-            groups = (
-                samples.select([*varying, "ts_s"])
-                .group_by(varying, use_threads=False)
-                .aggregate([("ts_s", "min")])
-                .to_pylist()
-            )
-        runs: dict[Key, list[tuple[float, Attributes]]] = {}
-        for group in groups:
-            values = {**constant, **group}
-            key = tuple(values[c] for c in DEVICE_KEY)
-            attrs = tuple(values[c] for c in DEVICE_ATTRIBUTES)
-            runs.setdefault(key, []).append((values["ts_s_min"], attrs))
+        runs = _runs_row_by_row(samples) if samples.num_rows <= _SMALL_BATCH else _runs_grouped(samples)
         new: list[dict[str, Any]] = []
         for key, spans in runs.items():
-            if len(spans) > 1:  # the attributes changed inside the batch: find each change
-                spans = _runs(samples, key)
             for since, attrs in spans:
                 if self.in_effect(key, since) != attrs:
                     self._add(key, since, attrs)
@@ -133,7 +116,62 @@ class DeviceRegistry:
         self._attrs.setdefault(key, []).insert(i, attrs)
 
 
+Runs = dict[Key, list[tuple[float, Attributes]]]  # per GPU: (first ts, attributes) of each run
+_SMALL_BATCH = 2_000  # rows up to which a Python loop costs less than an Arrow group-by
 _VARYING = object()
+
+
+def _runs_row_by_row(samples: pa.Table) -> Runs:
+    """Each GPU's runs of unchanged attributes, oldest first, looking at every row."""
+    n = len(DEVICE_KEY)
+    seen: dict[Key, list[tuple[float, Attributes]]] = {}
+    columns = [samples.column(c).to_pylist() for c in (*DEVICE_KEY, *DEVICE_ATTRIBUTES)]
+    for ts, *values in zip(samples.column("ts_s").to_pylist(), *columns, strict=True):
+        seen.setdefault(tuple(values[:n]), []).append((ts, tuple(values[n:])))
+    runs: Runs = {}
+    for key, rows in seen.items():
+        rows.sort(key=_first)  # stable: rows of equal ts keep their order
+        spans = runs[key] = []
+        for ts, attrs in rows:
+            if not spans or attrs != spans[-1][1]:
+                spans.append((ts, attrs))
+    return runs
+
+
+def _runs_grouped(samples: pa.Table) -> Runs:
+    """Each GPU's runs of unchanged attributes from an Arrow group-by (GPUs whose attributes
+    changed inside the batch are looked at row by row)."""
+    columns = [*DEVICE_KEY, *DEVICE_ATTRIBUTES]
+    constant = {c: v for c in columns if (v := _constant(samples.column(c))) is not _VARYING}
+    varying = [c for c in columns if c not in constant]
+    if not varying:
+        groups = [{"ts_s_min": pc.min(samples.column("ts_s")).as_py()}]
+    else:
+        groups = (
+            samples.select([*varying, "ts_s"])
+            .group_by(varying, use_threads=False)
+            .aggregate([("ts_s", "min")])
+            .to_pylist()
+        )
+    runs: Runs = {}
+    for group in groups:
+        values = {**constant, **group}
+        key = tuple(values[c] for c in DEVICE_KEY)
+        runs.setdefault(key, []).append((values["ts_s_min"], tuple(values[c] for c in DEVICE_ATTRIBUTES)))
+    for key, spans in runs.items():
+        if len(spans) > 1:  # the attributes changed inside the batch: find each change
+            runs[key] = _runs_row_by_row(samples.filter(_rows_of(samples, key)))[key]
+    return runs
+
+
+def _rows_of(samples: pa.Table, key: Key) -> pa.ChunkedArray:
+    """Mask of the rows of GPU ``key``."""
+    mask = None
+    for name, value in zip(DEVICE_KEY, key, strict=True):
+        col = samples.column(name)
+        cond = pc.is_null(col) if value is None else pc.fill_null(pc.equal(col, value), False)
+        mask = cond if mask is None else pc.and_(mask, cond)
+    return mask
 
 
 def _constant(column: pa.ChunkedArray) -> Any:
@@ -147,22 +185,3 @@ def _constant(column: pa.ChunkedArray) -> Any:
     if not column[-1].equals(first) or not pc.all(pc.equal(column, first)).as_py():
         return _VARYING
     return first.as_py()
-
-
-def _runs(samples: pa.Table, key: Key) -> list[tuple[float, Attributes]]:
-    """``(first ts, attributes)`` of each run of unchanged attributes of GPU ``key``, oldest first."""
-    mask = None
-    for name, value in zip(DEVICE_KEY, key, strict=True):
-        col = samples.column(name)
-        cond = pc.is_null(col) if value is None else pc.fill_null(pc.equal(col, value), False)
-        mask = cond if mask is None else pc.and_(mask, cond)
-    rows = samples.filter(mask).select(["ts_s", *DEVICE_ATTRIBUTES])
-    rows = rows.take(pc.sort_indices(rows, [("ts_s", "ascending")]))
-    ts = rows.column("ts_s").to_pylist()
-    out: list[tuple[float, Attributes]] = []
-    previous: Attributes | None = None
-    for i, attrs in enumerate(zip(*(rows.column(c).to_pylist() for c in DEVICE_ATTRIBUTES), strict=True)):
-        if attrs != previous:
-            out.append((ts[i], attrs))
-            previous = attrs
-    return out

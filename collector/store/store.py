@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,6 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),
 }
 _STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
-_VIEW = "_phaselens_append"
 _SAMPLE_FIELDS = tuple(DeviceSample.__dataclass_fields__)
 _DEVICE_INPUT = (*DEVICE_KEY, *DEVICE_ATTRIBUTES, "ts_s")  # what the devices rows are worked out from
 # From this many pending wide rows on, a flush works out the devices rows on a thread of its own
@@ -603,12 +603,10 @@ class _Job:
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -> None:
     # one contiguous chunk: DuckDB writes whole row groups straight to the file
-    data = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
-    con.register(_VIEW, data)
-    try:
-        con.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM {_VIEW}')
-    finally:
-        con.unregister(_VIEW)
+    _phaselens_append = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+    # DuckDB finds the Arrow table by this local's name (a replacement scan): no catalog entry to
+    # create and drop, which costs more than the INSERT itself for the writer's small batches
+    con.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _phaselens_append')
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -646,8 +644,14 @@ def _rows_to_table(table: str, rows: Sequence[Mapping[str, Any]], cols: Mapping[
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise StoreError(f"{table}: row {i} is a {type(row).__name__}, not a dict")
-    names = list(dict.fromkeys(k for row in rows for k in row))
+    names = list(dict.fromkeys(chain.from_iterable(rows)))
     _check_names(table, names, cols)
+    first = rows[0].keys() if rows else None
+    if first is not None and not any(cols[n].is_json for n in names) and all(r.keys() == first for r in rows):
+        try:  # every row has the same keys (rows from one source): Arrow pivots them in one pass
+            return pa.Table.from_pylist(rows)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass  # the column by column path below names the column that is wrong
     columns: dict[str, list[Any]] = {}
     for name in names:
         values = [row.get(name) for row in rows]

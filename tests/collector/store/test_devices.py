@@ -195,3 +195,25 @@ def test_a_failed_write_forgets_the_devices_rows_it_discarded(store_path: Path) 
         store.append("gpu_samples", [dcgm_row(1.0, "a")])
         store.flush()
         assert store.query("SELECT since_s FROM devices")["since_s"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("seconds", [10, 400])  # 80 rows: row by row; 3,200: an Arrow group-by
+def test_small_and_large_batches_find_the_same_changes(store: Store, seconds: int) -> None:
+    def pod(gpu: int, t: int) -> str | None:
+        if gpu == 0:  # a -> b -> a
+            return "b" if seconds // 3 <= t < 2 * seconds // 3 else "a"
+        return "c" if gpu == 1 else None  # constant, and unlabelled
+
+    rows = [dcgm_row(float(t), pod(gpu, t), gpu=gpu) for t in range(seconds) for gpu in range(8)]
+    store.append("gpu_samples", rows[::-1])  # newest first: the order in the batch does not matter
+    store.flush()
+    got = store.query("SELECT device, since_s, k8s_pod FROM devices ORDER BY device, since_s")
+    third = float(seconds // 3)
+    assert got.values.tolist()[:4] == [
+        ["cuda:0", 0.0, "a"],
+        ["cuda:0", third, "b"],
+        ["cuda:0", 2 * third, "a"],
+        ["cuda:1", 0.0, "c"],
+    ]
+    assert len(got) == 3 + 7
+    assert _pods(store)[int(third) - 1 : int(third) + 1] == [(third - 1, "a"), (third, "b")]
