@@ -3,7 +3,9 @@
 Batched: ``Store.append("gpu_samples", <pyarrow.Table>)`` -- the real append path (type checks,
 conform, the device attributes split off into ``devices`` rows when they change, one INSERT ...
 BY NAME per table and batch, one transaction each) -- for batches of 10k and 100k
-rows, one DuckDB row group (122,880), and 10k appends coalesced by ``buffer_rows``; every run
+rows, one DuckDB row group (122,880), and 10k appends coalesced by ``buffer_rows`` -- one row
+group, and the collector's own write buffer (``WRITER_BUFFER_ROWS``, 4 row groups: what each flush
+holds when a stream arrives faster than that per flush interval); every run
 ends with a CHECKPOINT so the time includes writing the database file. Also the
 ``append_gpu_samples`` path from ``DeviceSample`` objects (Python objects -> Arrow).
 The input is "wide", as the sources produce it: the sample columns plus kind, uuid and name on
@@ -32,7 +34,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from collector.store import Store
+from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.devices import SPLIT_COLUMNS
 from serving.devices.base import DeviceSample
 
@@ -165,7 +167,7 @@ def _narrow(data: pa.Table) -> pa.Table:
     return data.drop_columns([c for c in SPLIT_COLUMNS if c in data.column_names])
 
 
-ROW_GROUP = 122_880  # DuckDB's row-group size: a batch this big is written straight to the file
+ROW_GROUP = ROW_GROUP_ROWS
 REFERENCE_11 = [
     "ts_s",
     "device",
@@ -243,6 +245,11 @@ def main(argv: list[str] | None = None) -> None:
             ("Store.append, Arrow 100,000 rows/batch", 100_000, 0),
             (f"Store.append, Arrow {ROW_GROUP:,} rows/batch (1 row group)", ROW_GROUP, 0),
             (f"Store.append, Arrow 10,000/batch, buffer_rows={ROW_GROUP:,}", 10_000, ROW_GROUP),
+            (
+                f"Store.append, 10,000/batch, collector buffer {WRITER_BUFFER_ROWS:,}",
+                10_000,
+                WRITER_BUFFER_ROWS,
+            ),
         ]
         for label, size, buffer_rows in cases:
             path = tmp_path / f"arrow{size}-{buffer_rows}.duckdb"

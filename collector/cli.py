@@ -35,7 +35,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     from collector.api import create_collector_app
     from collector.service import Collector, CollectorSettings
-    from collector.store import RetentionPolicy, Store, StoreError
+    from collector.store import WRITER_BUFFER_ROWS, RetentionPolicy, Store, StoreError
 
     settings = CollectorSettings(
         db_path=args.db,
@@ -59,7 +59,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        store = Store.open(settings.db_path, buffer_rows=100_000)  # the writer thread flushes each interval
+        store = Store.open(
+            settings.db_path, buffer_rows=WRITER_BUFFER_ROWS
+        )  # and the writer flushes each interval
     except StoreError as e:
         print(f"phaselens collect: error: {e}", file=sys.stderr)
         return 2

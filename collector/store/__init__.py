@@ -16,11 +16,13 @@ from collector.store.retention import (
     rollup,
 )
 from collector.store.schema import LATEST_VERSION, MIGRATIONS, Migration
-from collector.store.store import Column, Store, TelemetryIngest
+from collector.store.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Column, Store, TelemetryIngest
 
 __all__ = [
     "LATEST_VERSION",
     "MIGRATIONS",
+    "ROW_GROUP_ROWS",
+    "WRITER_BUFFER_ROWS",
     "Column",
     "ExportResult",
     "ImportResult",
