@@ -263,6 +263,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         batch: AttentionBatch,
+        write_rows: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
@@ -272,9 +273,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = _apply_rope(q, cos, sin)
         k = _apply_rope(k, cos, sin)
-        rows = batch.write_rows(self.num_kv_heads, k_cache.shape[2])
-        k_cache.view(-1, self.head_dim).index_copy_(0, rows, k.reshape(-1, self.head_dim).to(k_cache.dtype))
-        v_cache.view(-1, self.head_dim).index_copy_(0, rows, v.reshape(-1, self.head_dim).to(v_cache.dtype))
+        k_cache.view(-1, self.head_dim).index_copy_(
+            0, write_rows, k.reshape(-1, self.head_dim).to(k_cache.dtype)
+        )
+        v_cache.view(-1, self.head_dim).index_copy_(
+            0, write_rows, v.reshape(-1, self.head_dim).to(v_cache.dtype)
+        )
         out = torch.empty_like(q)
         if batch.decode is not None:
             dec = batch.decode
@@ -351,8 +355,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, k_cache, v_cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache)
+    def forward(self, x, cos, sin, batch, write_rows, k_cache, v_cache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, write_rows, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -413,8 +417,9 @@ class LlamaForCausalLM(nn.Module):
         """Run the flattened new tokens; return logits (float32) at `logits_indices`."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
+        write_rows = batch.write_rows(self.config.num_kv_heads, cache.block_size)  # the same in every layer
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, cache.k[i], cache.v[i])
+            x = layer(x, cos, sin, batch, write_rows, cache.k[i], cache.v[i])
         x = self.model.norm(x[logits_indices])
         return self.lm_head(x).float()
 
