@@ -2,6 +2,12 @@
 
 All state here is touched on the router's asyncio loop only; each worker's pipe is read by a
 thread that forwards messages onto the loop.
+
+A worker that dies (any exit the router did not ask for) is restarted with the same id, role and
+spec after a back-off (`restart_delay_s`, doubling to `max_restart_delay_s`, back to the first delay
+once a worker has run `stable_s`). The requests in flight on it fail and are never re-dispatched: the
+router cannot tell a crash a request caused (a poison request) from an external kill (OOM killer,
+operator), and retrying a poison request would take down one worker after another.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from serving.telemetry import TelemetryEmitter, TelemetryHub
 from serving.worker import ROLES, WorkerSpec, params_to_dict, worker_main
 
 _CTX = mp.get_context("spawn")
-MAX_ATTEMPTS = 2  # a request whose worker died before its first token is retried once
+RESTART_DELAY_S = 0.5  # first back-off before a dead worker is restarted
+MAX_RESTART_DELAY_S = 30.0
+STABLE_S = 60.0  # a worker that ran this long before dying restarts after the first delay again
 
 
 class NoWorkerError(RuntimeError):
@@ -47,6 +55,15 @@ class WorkerHandle:
     inflight: set[str] = field(default_factory=set)
     ready: asyncio.Future | None = None
     started_s: float = field(default_factory=time.time)
+    exited: bool = False  # the process is gone (set before the router decides what that means)
+    restarts: int = 0  # times this worker id was restarted after dying
+    next_restart_delay_s: float = RESTART_DELAY_S
+    died_s: float | None = None
+    exitcode: int | None = None
+    restart_at_s: float | None = None  # wall time of the pending restart, while dead
+    restart_task: asyncio.Task | None = None
+    last_error: str | None = None  # why the last restart failed to start
+    removed: bool = False  # stopped on purpose (control API, shutdown): never restarted
 
     @property
     def id(self) -> str:
@@ -56,8 +73,15 @@ class WorkerHandle:
     def load(self) -> tuple[int, float]:
         return len(self.inflight), self.stats.get("kv_usage", 0.0)
 
+    @property
+    def restart_pending(self) -> bool:
+        return self.state == "dead" and self.restart_at_s is not None
+
+    def restart_in_s(self) -> float | None:
+        return None if self.restart_at_s is None else round(max(0.0, self.restart_at_s - time.time()), 2)
+
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "role": self.role,
             "state": self.state,
@@ -67,7 +91,25 @@ class WorkerHandle:
             "pid": self.process.pid,
             "inflight": len(self.inflight),
             "stats": self.stats,
+            "restarts": self.restarts,
         }
+        if self.died_s is not None:
+            out["last_death"] = {"died_s": self.died_s, "exitcode": self.exitcode}
+        if self.state == "dead":
+            out["restart_in_s"] = self.restart_in_s()
+            if self.last_error:
+                out["restart_error"] = self.last_error
+        return out
+
+    def status_note(self) -> str:
+        """`worker-1 dead (exit code -9, restarting in 2.0 s)` and the like, for health reasons."""
+        if self.state == "dead":
+            when = self.restart_in_s()
+            then = f"restarting in {when} s" if when is not None else "not restarting"
+            return f"{self.id} dead (exit code {self.exitcode}, {then})"
+        if self.state == "starting" and self.restarts:
+            return f"{self.id} restarting (restart {self.restarts})"
+        return f"{self.id} {self.state}"
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +145,9 @@ class WorkerPool:
         *,
         on_finish: Callable[[RequestState], None] | None = None,
         on_token: Callable[[RequestState, float], None] | None = None,
+        restart_delay_s: float = RESTART_DELAY_S,
+        max_restart_delay_s: float = MAX_RESTART_DELAY_S,
+        stable_s: float = STABLE_S,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.hub = hub
@@ -112,10 +157,14 @@ class WorkerPool:
         self._on_finish = on_finish or (lambda r: None)
         self._on_token = on_token or (lambda r, ts: None)
         self._ids = itertools.count()
-        self._calls: dict[int, asyncio.Future] = {}
+        self._calls: dict[int, tuple[WorkerHandle, asyncio.Future]] = {}
         self._call_ids = itertools.count()
+        self.restart_delay_s = restart_delay_s
+        self.max_restart_delay_s = max(max_restart_delay_s, restart_delay_s)
+        self.stable_s = stable_s
         self.worker_deaths = 0
-        self.retried = 0
+        self.worker_restarts = 0
+        self._closing = False
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -126,6 +175,12 @@ class WorkerPool:
 
     async def start_worker(self, spec: WorkerSpec, role: str, timeout_s: float = 600.0) -> WorkerHandle:
         """Spawn a worker process and wait until it reports ready (or raise with its error)."""
+        w = self._spawn(spec, role)
+        await self._await_ready(w, timeout_s)
+        return w
+
+    def _spawn(self, spec: WorkerSpec, role: str, restart_of: WorkerHandle | None = None) -> WorkerHandle:
+        """Start the process of a worker; `restart_of` is the dead handle it replaces (same id)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
         parent, child = _CTX.Pipe()
@@ -133,16 +188,28 @@ class WorkerPool:
         proc.start()
         child.close()
         w = WorkerHandle(spec, role, proc, parent, ready=self.loop.create_future())
+        w.next_restart_delay_s = self.restart_delay_s
+        if restart_of is not None:
+            w.restarts = restart_of.restarts + 1
+            w.next_restart_delay_s = restart_of.next_restart_delay_s
+            w.died_s, w.exitcode = restart_of.died_s, restart_of.exitcode
         self.workers[w.id] = w
         threading.Thread(target=self._reader, args=(w,), daemon=True, name=f"read-{w.id}").start()
+        return w
+
+    async def _await_ready(self, w: WorkerHandle, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(w.ready), timeout_s)
+            if w.exited or w.state != "starting" or self.workers.get(w.id) is not w:
+                raise RuntimeError(f"{w.id} exited or was removed during start-up")
         except (TimeoutError, RuntimeError):
+            w.state = "stopped"
             self._kill(w)
-            del self.workers[w.id]
+            if self.workers.get(w.id) is w:
+                del self.workers[w.id]
             raise
         w.state = "ready"
-        return w
+        w.started_s = time.time()
 
     def _reader(self, w: WorkerHandle) -> None:
         while True:
@@ -151,63 +218,127 @@ class WorkerPool:
             except (EOFError, OSError):
                 break
             self.loop.call_soon_threadsafe(self._dispatch, w, msg)
-        self.loop.call_soon_threadsafe(self._on_worker_exit, w)
+        w.process.join(timeout=2)  # so that the exit code is known to _on_worker_exit
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the router is gone
+            self.loop.call_soon_threadsafe(self._on_worker_exit, w)
 
     def _kill(self, w: WorkerHandle) -> None:
         if w.process.is_alive():
             w.process.kill()
         w.process.join(timeout=5)
 
+    def _cancel_restart(self, w: WorkerHandle) -> None:
+        if w.restart_task is not None and not w.restart_task.done():
+            w.restart_task.cancel()
+        w.restart_task, w.restart_at_s = None, None
+
     async def stop_worker(self, w: WorkerHandle, timeout_s: float = 10.0) -> None:
-        w.state = "stopped"
-        with contextlib.suppress(OSError):
-            w.conn.send(("shutdown",))
-        deadline = time.monotonic() + timeout_s
-        while w.process.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        self._kill(w)
-        self.workers.pop(w.id, None)
+        """Stop `w` for good (no restart); a dead worker is just taken out of the pool."""
+        was = w.state
+        w.state, w.removed = "stopped", True
+        self._cancel_restart(w)
+        if was != "dead":
+            with contextlib.suppress(OSError):
+                w.conn.send(("shutdown",))
+            deadline = time.monotonic() + timeout_s
+            while w.process.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self._kill(w)
+        if self.workers.get(w.id) is w:
+            del self.workers[w.id]
 
     async def shutdown(self) -> None:
+        self._closing = True
         await asyncio.gather(*(self.stop_worker(w, 5.0) for w in list(self.workers.values())))
         self.telemetry.flush()
 
     def _on_worker_exit(self, w: WorkerHandle) -> None:
+        w.exited = True
+        for call_id, (cw, fut) in list(self._calls.items()):
+            if cw is w and not fut.done():
+                fut.set_exception(WorkerCallError("WorkerDied", f"{w.id} died before it answered"))
+                self._calls.pop(call_id, None)
         if w.ready is not None and not w.ready.done():
             w.ready.set_exception(RuntimeError(f"{w.id} exited during start-up"))
-        if w.state == "stopped":
-            return
+        if w.state in ("stopped", "starting") or self.workers.get(w.id) is not w:
+            return  # asked to stop, or start_worker reports the failed start
+        before = {"state": w.state, "inflight": len(w.inflight), "restarts": w.restarts}
         w.state = "dead"
+        w.died_s, w.exitcode = time.time(), w.process.exitcode
+        w.stats = {}
         self.worker_deaths += 1
-        self.telemetry.emit(
-            "control",
-            ts_s=time.time(),
-            action="worker_died",
-            target=w.id,
-            before={"state": "ready", "inflight": len(w.inflight)},
-            after={"state": "dead", "exitcode": w.process.exitcode},
-            actor="router",
-        )
         for rid in list(w.inflight):
             req = self.requests.get(rid)
             if req is not None:
                 self._worker_lost(req, w)
         w.inflight.clear()
+        delay = self._schedule_restart(w)
+        self.telemetry.emit(
+            "control",
+            ts_s=time.time(),
+            action="worker_died",
+            target=w.id,
+            before=before,
+            after={"state": "dead", "exitcode": w.exitcode, "restart_in_s": delay},
+            actor="router",
+        )
+
+    def _schedule_restart(self, w: WorkerHandle) -> float | None:
+        """Plan `w`'s restart after its back-off; returns the delay (None while shutting down)."""
+        if self._closing:
+            return None
+        if w.died_s is not None and w.died_s - w.started_s >= self.stable_s:
+            w.next_restart_delay_s = self.restart_delay_s
+        delay = min(max(w.next_restart_delay_s, self.restart_delay_s), self.max_restart_delay_s)
+        w.next_restart_delay_s = min(delay * 2, self.max_restart_delay_s)
+        w.restart_at_s = time.time() + delay
+        w.restart_task = self.loop.create_task(self._restart_later(w, delay))
+        return delay
+
+    async def _restart_later(self, w: WorkerHandle, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self._closing or w.state != "dead" or self.workers.get(w.id) is not w:
+            return
+        w.restart_task, w.restart_at_s = None, None
+        nw = self._spawn(w.spec, w.role, restart_of=w)
+        try:
+            await self._await_ready(nw, 600.0)
+        except (RuntimeError, TimeoutError) as e:
+            if self._closing or nw.removed or w.id in self.workers:
+                return  # shutting down, or removed on purpose while it started
+            w.last_error = str(e)
+            w.restarts = nw.restarts  # an attempt, even though it failed
+            w.started_s = time.time()  # a failed start is not a stable run: keep backing off
+            self.workers[w.id] = w
+            delay = self._schedule_restart(w)
+            self.telemetry.emit(
+                "control",
+                ts_s=time.time(),
+                action="worker_restart_failed",
+                target=w.id,
+                before={"state": "dead", "restarts": w.restarts},
+                after={"state": "dead", "error": str(e), "restart_in_s": delay},
+                actor="router",
+            )
+            return
+        self.worker_restarts += 1
+        self.telemetry.emit(
+            "control",
+            ts_s=time.time(),
+            action="worker_restarted",
+            target=nw.id,
+            before={"state": "dead", "exitcode": w.exitcode, "pid": w.process.pid},
+            after={"state": nw.state, "pid": nw.process.pid, "role": nw.role, "restarts": nw.restarts},
+            actor="router",
+        )
 
     def _worker_lost(self, req: RequestState, w: WorkerHandle) -> None:
-        for other in (req.prefill_worker, req.decode_worker):
-            ow = self.workers.get(other) if other else None
-            if ow is not None and ow is not w:
-                ow.inflight.discard(req.request_id)
-                self._send(ow, ("abort", req.request_id))
-        if not req.output_ids and req.attempts < MAX_ATTEMPTS:
-            self.retried += 1
-            try:
-                self.dispatch(req)
-                return
-            except NoWorkerError:
-                pass
-        self._fail(req, f"worker {w.id} died while serving this request")
+        """Fail a request that was in flight on `w` when it died; never re-dispatch it."""
+        self._fail(
+            req,
+            f"worker {w.id} ({w.role}) died while serving this request (exit code {w.exitcode}); "
+            "not retried (possible poison request)",
+        )
 
     # -- messages from workers -------------------------------------------------------------------
 
@@ -232,7 +363,7 @@ class WorkerPool:
             if req is not None:
                 self._fail(req, msg[2])
         elif kind == "reply":
-            fut = self._calls.pop(msg[1], None)
+            _cw, fut = self._calls.pop(msg[1], (None, None))
             if fut is not None and not fut.done():
                 if msg[2]:
                     fut.set_result(msg[3])
@@ -269,13 +400,70 @@ class WorkerPool:
         return [w for w in self.workers.values() if w.role == role and w.state == "ready"]
 
     def layout(self) -> dict[str, Any]:
-        return {"workers": [w.describe() for w in self.workers.values()], "mode": self.mode()}
+        """Every worker (dead ones too, with exit code, time of death and pending restart) and the
+        pool's status as /health reports it."""
+        health = self.health()
+        return {
+            "workers": [w.describe() for w in self.workers.values()],
+            "mode": health["mode"],
+            "serving_mode": health["serving_mode"],
+            "status": health["status"],
+            "reasons": health["reasons"],
+            "worker_restarts": self.worker_restarts,
+            "worker_deaths": self.worker_deaths,
+        }
 
     def mode(self) -> str:
-        roles = {w.role for w in self.workers.values() if w.state in ("ready", "draining")}
-        if {"prefill", "decode"} <= roles:
-            return "disaggregated" if "mixed" not in roles else "hybrid"
-        return "aggregated"
+        """The layout the workers make up (dead ones included: they are being restarted)."""
+        return _mode_of({w.role for w in self.workers.values()})
+
+    def serving_paths(self) -> list[str]:
+        """How a request can be served right now: "prefill+decode" and/or "mixed"."""
+        paths = []
+        if self._eligible("prefill") and self._eligible("decode"):
+            paths.append("prefill+decode")
+        if self._eligible("mixed"):
+            paths.append("mixed")
+        return paths
+
+    def health(self) -> dict[str, Any]:
+        """`ok` (everything ready), `degraded` (serving, but a worker is dead, restarting or a role has
+        no ready worker) or `unavailable` (no prefill+decode pair and no mixed worker is ready)."""
+        roles: dict[str, dict[str, int]] = {}
+        by_role: dict[str, list[WorkerHandle]] = {}
+        for w in self.workers.values():
+            counts = roles.setdefault(w.role, {s: 0 for s in ("ready", "starting", "draining", "dead")})
+            counts[w.state] = counts.get(w.state, 0) + 1
+            by_role.setdefault(w.role, []).append(w)
+        reasons = []
+        for role, ws in by_role.items():
+            if not any(w.state == "ready" for w in ws):
+                reasons.append(f"no ready {role} worker: " + "; ".join(w.status_note() for w in ws))
+            else:
+                reasons += [
+                    w.status_note() for w in ws if w.state == "dead" or (w.state == "starting" and w.restarts)
+                ]
+        paths = self.serving_paths()
+        if not paths:
+            status = "unavailable"
+            what = (
+                "no worker" if not self.workers else "no ready prefill+decode pair and no ready mixed worker"
+            )
+            reasons.insert(0, f"no request can be served: {what}")
+        else:
+            status = "degraded" if reasons else "ok"
+        return {
+            "status": status,
+            "mode": self.mode(),
+            "serving_mode": _serving_mode(paths),
+            "serving": paths,
+            "roles": roles,
+            "ready_workers": [w.id for w in self.workers.values() if w.state == "ready"],
+            "reasons": reasons,
+            "worker_restarts": self.worker_restarts,
+            "worker_deaths": self.worker_deaths,
+            "restarts_by_worker": {w.id: w.restarts for w in self.workers.values()},
+        }
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestState:
         req = RequestState(self.new_request_id(), list(prompt_ids), params, time.time())
@@ -310,7 +498,11 @@ class WorkerPool:
             w.inflight.add(req.request_id)
             self._send(w, ("submit", msg))
         else:
-            raise NoWorkerError("no ready worker can take requests (all draining, starting or dead)")
+            notes = "; ".join(w.status_note() for w in self.workers.values()) or "no workers"
+            raise NoWorkerError(
+                f"no ready worker can take requests (no ready prefill+decode pair and no ready mixed "
+                f"worker: {notes})"
+            )
 
     def abort(self, req: RequestState, reason: str = "aborted by client") -> None:
         if req.done:
@@ -382,9 +574,11 @@ class WorkerPool:
 
     async def call(self, w: WorkerHandle, method: str, timeout_s: float = 30.0, **kwargs: Any) -> Any:
         """Run `method` in worker `w` (device knobs, stats) and return its result."""
+        if w.exited or w.state == "dead":
+            raise WorkerCallError("WorkerDied", f"{w.id} is dead")
         call_id = next(self._call_ids)
         fut = self.loop.create_future()
-        self._calls[call_id] = fut
+        self._calls[call_id] = (w, fut)
         self._send(w, ("call", call_id, method, kwargs))
         try:
             return await asyncio.wait_for(fut, timeout_s)
@@ -393,3 +587,19 @@ class WorkerPool:
 
     def spec_like(self, template: WorkerSpec, device: str | None) -> WorkerSpec:
         return replace(template, worker_id=self.next_worker_id(), device=device or template.device)
+
+
+def _mode_of(roles: set[str]) -> str:
+    if not roles:
+        return "none"
+    if roles == {"mixed"}:
+        return "aggregated"
+    return "hybrid" if "mixed" in roles else "disaggregated"
+
+
+def _serving_mode(paths: list[str]) -> str:
+    if len(paths) == 2:
+        return "hybrid"
+    if paths:
+        return "disaggregated" if paths[0] == "prefill+decode" else "aggregated"
+    return "none"

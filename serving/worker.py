@@ -23,6 +23,10 @@ from serving.config import EngineConfig, SamplingParams
 
 ROLES = ("mixed", "prefill", "decode")
 _STATS_INTERVAL_S = 0.2
+# An iteration that raises fails its requests and the worker goes on; this many failed iterations
+# in a row (or an error that leaves the device unusable) end the process so the pool restarts it.
+MAX_CONSECUTIVE_ITERATION_ERRORS = 3
+_FATAL_MARKERS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "cuDNN error", "NCCL error")
 _DEVICE_METHODS = (
     "knobs",
     "snapshot",
@@ -125,6 +129,8 @@ class _Worker:
         self.sender = KVSender(self._on_sent)
         self._targets: dict[str, tuple[str, int]] = {}
         self._stop = False
+        self.iteration_errors = 0
+        self._consecutive_errors = 0
         self._last_stats = 0.0
         link.send(
             "ready",
@@ -150,11 +156,17 @@ class _Worker:
                     self._handle(conn.recv())
             self._admit_handoffs()
             if self.engine.has_work():
-                self._step()
+                try:
+                    self._step()
+                    self._consecutive_errors = 0
+                except (EOFError, BrokenPipeError, ConnectionResetError):
+                    raise  # the router went away
+                except Exception as e:
+                    self._iteration_failed(e)
             now = time.monotonic()
             if now - self._last_stats >= _STATS_INTERVAL_S:
                 self._last_stats = now
-                self.link.send("stats", self.engine.stats())
+                self.link.send("stats", {**self.engine.stats(), "iteration_errors": self.iteration_errors})
             self.telemetry.maybe_flush()
         self.telemetry.flush()
         self.receiver.close()
@@ -182,6 +194,34 @@ class _Worker:
                 self.link.send("request_error", h.request_id, "no decode worker was given for the hand-off")
             else:
                 self.sender.send(target, header, h.kv)
+
+    def _iteration_failed(self, error: Exception) -> None:
+        """Fail the requests an iteration was running when it raised, and keep serving.
+
+        Re-raises (ending the process; the pool restarts it) when the error cannot be pinned to
+        requests, when it leaves the device unusable, or after repeated failures in a row.
+        """
+        self.iteration_errors += 1
+        self._consecutive_errors += 1
+        text = f"{type(error).__name__}: {error}"
+        batch = [seq.request_id for seq in self.engine.scheduler.running]
+        fatal = any(m in text for m in _FATAL_MARKERS)
+        if not batch or fatal or self._consecutive_errors >= MAX_CONSECUTIVE_ITERATION_ERRORS:
+            raise error
+        print(
+            f"{self.spec.worker_id}: iteration failed, failing its {len(batch)} request(s): {text}",
+            file=sys.stderr,
+            flush=True,
+        )
+        for rid in batch:
+            self.engine.abort(rid)
+            self._targets.pop(rid, None)
+            self.link.send(
+                "request_error",
+                rid,
+                f"worker {self.spec.worker_id} failed while running this request's batch ({text}); "
+                "the request was dropped, the worker goes on serving",
+            )
 
     def _on_sent(self, header: dict[str, Any], nbytes: int, started_s: float, error: str | None) -> None:
         if error is not None:
