@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,9 +26,14 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="preset (tiny, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b) or HF folder",
     )
     p.add_argument("--mode", default="aggregated", choices=MODES)
-    p.add_argument("--workers", type=int, default=1, help="workers in aggregated mode")
-    p.add_argument("--prefill-workers", type=int, default=1, help="prefill workers in disaggregated mode")
-    p.add_argument("--decode-workers", type=int, default=1, help="decode workers in disaggregated mode")
+    # default None: an option given for the other mode is an error, not silently ignored
+    p.add_argument("--workers", type=int, default=None, help="workers in aggregated mode (1)")
+    p.add_argument(
+        "--prefill-workers", type=int, default=None, help="prefill workers in disaggregated mode (1)"
+    )
+    p.add_argument(
+        "--decode-workers", type=int, default=None, help="decode workers in disaggregated mode (1)"
+    )
     p.add_argument(
         "--device",
         default="cpu",
@@ -56,15 +63,22 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--telemetry-spool", default=None, help="also append telemetry batches to this JSON-lines file"
     )
+    p.add_argument(
+        "--restart-delay-s",
+        type=float,
+        default=0.5,
+        help="back-off before a dead worker is restarted; doubles per death (0.5)",
+    )
+    p.add_argument("--max-restart-delay-s", type=float, default=30.0, help="cap of the restart back-off (30)")
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         model=args.model,
         mode=args.mode,
-        workers=args.workers,
-        prefill_workers=args.prefill_workers,
-        decode_workers=args.decode_workers,
+        workers=1 if args.workers is None else args.workers,
+        prefill_workers=1 if args.prefill_workers is None else args.prefill_workers,
+        decode_workers=1 if args.decode_workers is None else args.decode_workers,
         devices=[d for d in args.device.split(",") if d],
         dtype=args.dtype,
         seed=args.seed,
@@ -82,7 +96,38 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         control_token=args.control_token,
         telemetry_spool=args.telemetry_spool,
         emulate_shape=args.emulate_shape,
+        restart_delay_s=args.restart_delay_s,
+        max_restart_delay_s=args.max_restart_delay_s,
     )
+
+
+def layout_option_error(args: argparse.Namespace) -> str | None:
+    """A message when a worker-count option of the other mode was given, else None."""
+    if args.mode == "disaggregated" and args.workers is not None:
+        return "--workers applies to --mode aggregated; use --prefill-workers and --decode-workers"
+    other = [f for f in ("prefill_workers", "decode_workers") if getattr(args, f) is not None]
+    if args.mode == "aggregated" and other:
+        flags = " and ".join("--" + f.replace("_", "-") for f in other)
+        return f"{flags} apply to --mode disaggregated; use --workers with --mode aggregated"
+    return None
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the server's listening socket, so a clash fails before any worker starts.
+
+    Raises ConfigError with a one-line message.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use") from e
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return sock
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -90,9 +135,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from serving.router import create_app
 
+    message = layout_option_error(args)
+    if message:
+        print(f"phaselens serve: error: {message}", file=sys.stderr)
+        return 2
     settings = settings_from_args(args)
     try:
         app = create_app(settings)
+        sock = bind_socket(settings.host, settings.port)
     except (ConfigError, DeviceError) as e:
         print(f"phaselens serve: error: {e}", file=sys.stderr)
         return 2
@@ -107,7 +157,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning"))
+    server.run(sockets=[sock])
     return 0
 
 

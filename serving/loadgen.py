@@ -546,6 +546,17 @@ _NONNEG_FLOAT = _number(float, minimum=0, strict=False, what="a number >= 0")
 _POS_INT = _number(int, minimum=1, strict=False, what="an integer >= 1")
 
 
+def _fraction(text: str) -> float:
+    """Parse a share in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def _token_spec(text: str) -> int | tuple[int, int]:
     """Parse ``N`` or ``MIN:MAX`` token counts."""
     try:
@@ -615,6 +626,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", metavar="N", type=int, default=0, help="prompt text and Poisson seed (0)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--max-failure-rate",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="exit 0 when at most this share of requests failed, 0..1 (0: any failure exits 1)",
+    )
     parser.set_defaults(_load_parser=parser)
 
 
@@ -672,7 +690,8 @@ def _build_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], int, 
 
 
 def main_load(args: argparse.Namespace) -> int:
-    """Run ``phaselens load``; 0 when at least one request succeeded or none were sent, else 1."""
+    """Run ``phaselens load``; 1 when more than ``--max-failure-rate`` of the requests failed (by
+    default: any) or none succeeded, 2 on bad options, else 0."""
     message = _option_error(args)
     if message:
         parser = getattr(args, "_load_parser", None)
@@ -710,4 +729,19 @@ def main_load(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         print(f"report written to {args.json}", file=sys.stderr)
-    return 0 if report.n_ok or not report.n_requests else 1
+    return _exit_code(report, getattr(args, "max_failure_rate", 0.0))
+
+
+def _exit_code(report: LoadReport, max_failure_rate: float) -> int:
+    """1 (with a line on stderr) when the run failed more requests than allowed, else 0."""
+    if not report.n_requests or not report.n_failed:
+        return 0
+    share = report.n_failed / report.n_requests
+    if report.n_ok and share <= max_failure_rate:
+        return 0
+    print(
+        f"phaselens load: {report.n_failed} of {report.n_requests} requests failed ({share:.1%}); "
+        f"allowed: {max_failure_rate:.1%} (--max-failure-rate)",
+        file=sys.stderr,
+    )
+    return 1

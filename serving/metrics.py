@@ -63,19 +63,25 @@ class _PoolCollector(Collector):
             "phaselens:telemetry_dropped_events", "Telemetry events dropped by the router's emitter."
         )
         deaths = CounterMetricFamily("phaselens:worker_deaths", "Worker processes that died unexpectedly.")
+        restarts = CounterMetricFamily(
+            "phaselens:worker_restarts", "Dead workers the pool restarted (same id, role and device)."
+        )
         if pool is not None:
             counts: dict[tuple[str, str], int] = {}
             for w in pool.workers.values():
+                counts[(w.role, w.state)] = counts.get((w.role, w.state), 0) + 1
+                if w.state not in ("ready", "draining"):
+                    continue  # a dead or starting worker runs nothing: no stale gauges
                 labels = [self._model, w.id]
                 running.add_metric(labels, w.stats.get("running", 0))
                 waiting.add_metric(labels, w.stats.get("waiting", 0))
                 kv.add_metric(labels, w.stats.get("kv_usage", 0.0))
-                counts[(w.role, w.state)] = counts.get((w.role, w.state), 0) + 1
             for (role, state), n in counts.items():
                 workers.add_metric([role, state], n)
             dropped.add_metric([], pool.telemetry.dropped_events)
             deaths.add_metric([], pool.worker_deaths)
-        yield from (running, waiting, kv, workers, dropped, deaths)
+            restarts.add_metric([], pool.worker_restarts)
+        yield from (running, waiting, kv, workers, dropped, deaths, restarts)
 
 
 class ServingMetrics:

@@ -165,6 +165,7 @@ class WorkerPool:
         self.worker_deaths = 0
         self.worker_restarts = 0
         self._closing = False
+        self.template: WorkerSpec | None = None  # model and engine settings new workers copy
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -188,6 +189,7 @@ class WorkerPool:
         proc.start()
         child.close()
         w = WorkerHandle(spec, role, proc, parent, ready=self.loop.create_future())
+        self.template = self.template or spec
         w.next_restart_delay_s = self.restart_delay_s
         if restart_of is not None:
             w.restarts = restart_of.restarts + 1
@@ -417,6 +419,23 @@ class WorkerPool:
         """The layout the workers make up (dead ones included: they are being restarted)."""
         return _mode_of({w.role for w in self.workers.values()})
 
+    def strand_reason(self, w: WorkerHandle, new_role: str | None = None) -> str | None:
+        """Why removing `w` (or giving it `new_role`) would leave the pool unable to serve, else None.
+
+        Workers that are ready, starting or dead with a restart pending count as able to serve.
+        """
+        live = [x for x in self.workers.values() if x.state in ("ready", "starting") or x.restart_pending]
+        before = {x.role for x in live}
+        after = {x.role for x in live if x is not w} | ({new_role} if new_role else set())
+        if not _can_serve(before) or _can_serve(after):
+            return None
+        change = "removing it" if new_role is None else f"making it {new_role}"
+        return (
+            f"{w.id} is the last {w.role} worker that is ready or coming back; {change} would leave no "
+            f"prefill+decode pair and no mixed worker to serve requests. Add another {w.role} worker "
+            "first, or pass force=true"
+        )
+
     def serving_paths(self) -> list[str]:
         """How a request can be served right now: "prefill+decode" and/or "mixed"."""
         paths = []
@@ -587,6 +606,10 @@ class WorkerPool:
 
     def spec_like(self, template: WorkerSpec, device: str | None) -> WorkerSpec:
         return replace(template, worker_id=self.next_worker_id(), device=device or template.device)
+
+
+def _can_serve(roles: set[str]) -> bool:
+    return {"prefill", "decode"} <= roles or "mixed" in roles
 
 
 def _mode_of(roles: set[str]) -> str:

@@ -44,7 +44,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = WorkerPool(hub, on_finish=metrics.on_finish, on_token=metrics.on_token)
+        pool = WorkerPool(
+            hub,
+            on_finish=metrics.on_finish,
+            on_token=metrics.on_token,
+            restart_delay_s=settings.restart_delay_s,
+            max_restart_delay_s=settings.max_restart_delay_s,
+        )
         state["pool"] = app.state.pool = pool
         try:
             await asyncio.gather(*(pool.start_worker(spec, role) for role, spec in settings.worker_specs()))
@@ -69,10 +75,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        """`ok` / `degraded` (200: requests can be served) or `unavailable` (503), per role, with reasons."""
         pool: WorkerPool | None = state["pool"]
-        ready = [w.id for w in pool.workers.values() if w.state == "ready"] if pool else []
-        body = {"status": "ok" if ready else "unavailable", "ready_workers": ready}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        if pool is None:
+            body = {"status": "unavailable", "reasons": ["the server is starting"], "ready_workers": []}
+        else:
+            body = pool.health()
+        return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

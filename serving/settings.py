@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ class ServeSettings:
     telemetry_spool: str | None = None
     served_model_name: str | None = None
     emulate_shape: str | None = None  # with emulated:<gpu> devices: the model shape to pace for
+    restart_delay_s: float = 0.5  # first back-off before a dead worker is restarted (doubles)
+    max_restart_delay_s: float = 30.0
 
     def model_config(self) -> ModelConfig:
         return model_config_for(self.model)
@@ -71,6 +74,13 @@ class ServeSettings:
         for what, n in counts.items():
             if n < 1:
                 raise ConfigError(f"number of {what} must be >= 1, got {n}")
+        if not (math.isfinite(self.restart_delay_s) and self.restart_delay_s > 0):
+            raise ConfigError(f"restart delay must be a number of seconds > 0, got {self.restart_delay_s}")
+        if not (math.isfinite(self.max_restart_delay_s) and self.max_restart_delay_s >= self.restart_delay_s):
+            raise ConfigError(
+                f"max restart delay must be >= the restart delay ({self.restart_delay_s} s), "
+                f"got {self.max_restart_delay_s}"
+            )
         self.model_config()
         devices = self.worker_devices()
         if self.emulate_shape is not None:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from serving.loadgen import (
     LoadGenError,
+    _build_requests,
     add_load_arguments,
     build_report,
     fetch_model,
@@ -359,6 +360,23 @@ def test_cli_trace_reports_clipping(llm: FakeLLM, url: str, capsys: pytest.Captu
     assert all(b["max_tokens"] == 4 for _, b in llm.received)
 
 
+def test_cli_exits_1_when_any_request_failed(
+    llm: FakeLLM, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    llm.reject_400 = {3}  # one of the four requests (output tokens 3) is rejected
+    argv = f"--url {url} --poisson 50 --num-requests 4 --prompt-tokens 8 --output-tokens 2:4 --no-progress"
+    args = parse(argv.split())
+    trace_outputs = [r.output_tokens for r in _build_requests(args)[0]]
+    n_bad = trace_outputs.count(3)
+    assert 0 < n_bad < 4, trace_outputs
+    assert main_load(args) == 1
+    assert f"{n_bad} of 4 requests failed" in capsys.readouterr().err
+    assert main_load(parse([*argv.split(), "--max-failure-rate", str(n_bad / 4)])) == 0
+    assert main_load(parse([*argv.split(), "--max-failure-rate", str(n_bad / 4 - 0.01)])) == 1
+    llm.reject_400 = {2, 3, 4}
+    assert main_load(parse([*argv.split(), "--max-failure-rate", "1"])) == 1  # none succeeded
+
+
 def test_cli_unreachable_returns_1(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse(["--url", f"http://127.0.0.1:{free_port()}", "--poisson", "100", "--num-requests", "2"])
     assert main_load(args) == 1
@@ -373,6 +391,8 @@ def test_cli_unreachable_returns_1(capsys: pytest.CaptureFixture[str]) -> None:
         (["--limit", "0"], "expected an integer >= 1"),
         (["--max-concurrency", "-2"], "expected an integer >= 1"),
         (["--prompt-tokens", "9:3"], "expected N or MIN:MAX"),
+        (["--max-failure-rate", "1.5"], "expected a number in [0, 1]"),
+        (["--max-failure-rate", "nan"], "expected a number in [0, 1]"),
         (["--trace", "x.csv", "--poisson", "3"], "not allowed with argument"),
     ],
 )
