@@ -287,6 +287,15 @@ def test_killed_worker_fails_only_its_requests() -> None:
         (["--device", "cuda", "--workers", "2"], "2 workers asked for cuda:0, cuda:1 but no GPU was found"),
         (["--device", "tpu"], "expected 'cpu', 'cuda', 'cuda:N' or 'emulated:<gpu>'"),
         (["--workers", "0"], "number of workers must be >= 1"),
+        (
+            ["--mode", "disaggregated", "--workers", "2"],
+            "--workers applies to --mode aggregated; use --prefill-workers and --decode-workers",
+        ),
+        (
+            ["--decode-workers", "2"],
+            "--decode-workers apply to --mode disaggregated; use --workers with --mode aggregated",
+        ),
+        (["--restart-delay-s", "0"], "restart delay must be a number of seconds > 0"),
     ],
 )
 def test_serve_start_errors_are_one_line(args: list[str], needle: str) -> None:
@@ -296,3 +305,21 @@ def test_serve_start_errors_are_one_line(args: list[str], needle: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_serve_on_a_used_port_fails_before_starting_workers() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "serving.cli", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"phaselens serve: error: port {port} on 127.0.0.1 is in use"], proc.stderr

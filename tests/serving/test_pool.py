@@ -1,0 +1,119 @@
+"""The worker pool in-process with real worker processes: iteration errors, deaths and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from serving.config import EngineConfig, SamplingParams
+from serving.pool import RequestState, WorkerPool
+from serving.telemetry import TelemetryHub
+from serving.worker import WorkerSpec
+
+pytestmark = pytest.mark.slow
+
+ENGINE = EngineConfig(kv_cache_bytes=8 * 2**20)
+
+
+def spec(worker_id: str = "worker-0") -> WorkerSpec:
+    return WorkerSpec(worker_id, "cpu", engine=ENGINE)
+
+
+async def outcome(req: RequestState) -> tuple[str, object]:
+    """("done", finish reason) or ("error", message) once the request ends."""
+    while True:
+        kind, *rest = await req.events.get()
+        if kind != "token":
+            return kind, rest[0]
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not reached: {what}")
+
+
+def control_events(hub: TelemetryHub, pool: WorkerPool) -> list[dict]:
+    pool.telemetry.flush()
+    batches = hub.read({}, 10_000)["batches"]
+    return [e for b in batches for e in b["events"] if e["type"] == "control"]
+
+
+def run(scenario: Callable[[WorkerPool, TelemetryHub], Awaitable[None]], **pool_kw: float) -> None:
+    async def main() -> None:
+        hub = TelemetryHub()
+        pool = WorkerPool(hub, **pool_kw)
+        try:
+            await scenario(pool, hub)
+        finally:
+            await pool.shutdown()
+            hub.close()
+
+    asyncio.run(main())
+
+
+def test_an_iteration_error_fails_its_requests_and_the_worker_goes_on() -> None:
+    async def scenario(pool: WorkerPool, hub: TelemetryHub) -> None:
+        w = await pool.start_worker(spec(), "mixed")
+        pid = w.process.pid
+        # A token id past the vocabulary raises inside the model's forward (the HTTP API rejects
+        # it earlier; the pool does not): the iteration fails, pinned to this request.
+        bad = pool.submit([10**6], SamplingParams(max_tokens=4))
+        kind, message = await outcome(bad)
+        assert kind == "error"
+        assert "worker worker-0 failed while running this request's batch (IndexError" in str(message)
+        good = pool.submit([1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+        assert await outcome(good) == ("done", "length")
+        assert len(good.output_ids) == 5
+        assert w.process.is_alive() and w.process.pid == pid and w.state == "ready"
+        assert pool.worker_deaths == 0
+        await until(lambda: w.stats.get("iteration_errors") == 1, "iteration error counted in stats")
+
+    run(scenario)
+
+
+def test_a_dead_worker_is_restarted_with_back_off() -> None:
+    async def scenario(pool: WorkerPool, hub: TelemetryHub) -> None:
+        first = await pool.start_worker(spec(), "mixed")
+        pids = [first.process.pid]
+        for n in (1, 2):
+            os.kill(pids[-1], signal.SIGKILL)
+            await until(lambda: pool.worker_deaths == n, f"death {n} seen")
+            health = pool.health()
+            assert health["status"] == "unavailable"
+            assert health["roles"]["mixed"]["ready"] == 0
+            assert any("worker-0 dead (exit code -9, restarting in" in r for r in health["reasons"])
+            dead = pool.layout()["workers"][0]
+            assert dead["state"] == "dead" and dead["last_death"]["exitcode"] == -9
+            await until(lambda: pool.health()["status"] == "ok", f"restart {n} ready")
+            w = pool.workers["worker-0"]
+            assert w.restarts == n and w.role == "mixed" and w.process.pid not in pids
+            pids.append(w.process.pid)
+        req = pool.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert await outcome(req) == ("done", "length")
+        events = control_events(hub, pool)
+        died = [e for e in events if e["action"] == "worker_died"]
+        restarted = [e for e in events if e["action"] == "worker_restarted"]
+        assert [e["after"]["restart_in_s"] for e in died] == [0.2, 0.4]  # back-off doubles
+        assert [e["after"]["restarts"] for e in restarted] == [1, 2]
+        assert pool.worker_restarts == 2 and pool.health()["restarts_by_worker"] == {"worker-0": 2}
+
+    run(scenario, restart_delay_s=0.2)
+
+
+def test_a_worker_stopped_on_purpose_is_not_restarted() -> None:
+    async def scenario(pool: WorkerPool, hub: TelemetryHub) -> None:
+        w = await pool.start_worker(spec(), "mixed")
+        await pool.stop_worker(w)
+        await asyncio.sleep(0.5)  # longer than the back-off: a restart would have begun
+        assert pool.workers == {} and pool.worker_deaths == 0
+        assert not [e for e in control_events(hub, pool) if e["action"] == "worker_restarted"]
+        assert pool.health()["status"] == "unavailable"
+
+    run(scenario, restart_delay_s=0.1)
