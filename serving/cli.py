@@ -69,7 +69,12 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="back-off before a dead worker is restarted; doubles per death (0.5)",
     )
-    p.add_argument("--max-restart-delay-s", type=float, default=30.0, help="cap of the restart back-off (30)")
+    p.add_argument(
+        "--max-restart-delay-s",
+        type=float,
+        default=None,
+        help="cap of the restart back-off (30, or the first delay when that is longer)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
@@ -97,7 +102,9 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         telemetry_spool=args.telemetry_spool,
         emulate_shape=args.emulate_shape,
         restart_delay_s=args.restart_delay_s,
-        max_restart_delay_s=args.max_restart_delay_s,
+        max_restart_delay_s=(
+            max(30.0, args.restart_delay_s) if args.max_restart_delay_s is None else args.max_restart_delay_s
+        ),
     )
 
 

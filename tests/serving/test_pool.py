@@ -84,7 +84,7 @@ def test_a_dead_worker_is_restarted_with_back_off() -> None:
         pids = [first.process.pid]
         for n in (1, 2):
             os.kill(pids[-1], signal.SIGKILL)
-            await until(lambda: pool.worker_deaths == n, f"death {n} seen")
+            await until(lambda n=n: pool.worker_deaths == n, f"death {n} seen")
             health = pool.health()
             assert health["status"] == "unavailable"
             assert health["roles"]["mixed"]["ready"] == 0
