@@ -166,11 +166,13 @@ class WorkerPool:
         self.worker_restarts = 0
         self._closing = False
         self.template: WorkerSpec | None = None  # model and engine settings new workers copy
+        self._used_ids: set[str] = set()
 
     # -- workers ---------------------------------------------------------------------------------
 
     def next_worker_id(self) -> str:
-        while (wid := f"worker-{next(self._ids)}") in self.workers:
+        """A worker id never used in this pool (a removed worker's id is not given to another)."""
+        while (wid := f"worker-{next(self._ids)}") in self.workers or wid in self._used_ids:
             pass
         return wid
 
@@ -190,6 +192,7 @@ class WorkerPool:
         child.close()
         w = WorkerHandle(spec, role, proc, parent, ready=self.loop.create_future())
         self.template = self.template or spec
+        self._used_ids.add(spec.worker_id)
         w.next_restart_delay_s = self.restart_delay_s
         if restart_of is not None:
             w.restarts = restart_of.restarts + 1

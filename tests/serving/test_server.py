@@ -181,6 +181,78 @@ def test_cpu_device_knobs_are_not_supported(aggregated_server: Server) -> None:
         assert c.get("/control/workers/worker-9/device").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "param", "needle"),
+    [
+        ("POST", "/control/workers", {"role": 5}, "role", "unknown role 5"),
+        ("POST", "/control/workers", {"role": "mixed", "device": 5}, "device", "'device' must be a string"),
+        ("POST", "/control/workers", {"role": "mixed", "colour": 1}, None, "unknown field(s) ['colour']"),
+        ("POST", "/control/workers", b"[1, 2]", None, "must be a JSON object"),
+        ("POST", "/control/workers/worker-0/role", {"role": ["decode"]}, "role", "unknown role"),
+        (
+            "POST",
+            "/control/workers/worker-0/role",
+            {"role": "decode", "force": "yes"},
+            "force",
+            "true or false",
+        ),
+        (
+            "POST",
+            "/control/workers/worker-0/role",
+            {"role": "decode", "timeout_s": -1},
+            "timeout_s",
+            "(0, 3600]",
+        ),
+        (
+            "POST",
+            "/control/workers/worker-0/role",
+            {"role": "decode", "timeout_s": None},
+            "timeout_s",
+            "seconds",
+        ),
+        (
+            "POST",
+            "/control/workers/worker-0/device",
+            {"power_limit_w": "300"},
+            "power_limit_w",
+            "finite number",
+        ),
+        ("POST", "/control/workers/worker-0/device", b'{"power_limit_w": NaN}', "power_limit_w", "finite"),
+        (
+            "POST",
+            "/control/workers/worker-0/device",
+            b'{"sm_clock_min_mhz": 1e400, "sm_clock_max_mhz": 2}',
+            "sm_clock_min_mhz",
+            "finite number",
+        ),
+        (
+            "POST",
+            "/control/workers/worker-0/device",
+            {"sm_clock_min_mhz": 1.5, "sm_clock_max_mhz": 2},
+            "sm_clock_min_mhz",
+            "whole number",
+        ),
+        ("POST", "/control/workers/worker-0/device", {"reset": "yes"}, "reset", "true or false"),
+        ("DELETE", "/control/workers/worker-0?timeout_s=abc", None, "timeout_s", "number of seconds"),
+        ("DELETE", "/control/workers/worker-0?timeout_s=inf", None, "timeout_s", "number of seconds"),
+        ("DELETE", "/control/workers/worker-0?force=maybe", None, "force", "true or false"),
+        ("DELETE", "/control/workers/worker-0?colour=1", None, None, "unknown query parameter(s) ['colour']"),
+    ],
+)
+def test_control_api_bad_values_are_json_400_naming_the_field(
+    aggregated_server: Server, method: str, path: str, body: object, param: str | None, needle: str
+) -> None:
+    with aggregated_server.control() as c:
+        if isinstance(body, bytes):
+            r = c.request(method, path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = c.request(method, path, json=body)
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert needle in detail["message"] and detail["param"] == param, detail
+    assert len(aggregated_server.layout()["workers"]) == 2  # nothing changed
+
+
 def test_disaggregated_greedy_equals_aggregated(
     aggregated_server: Server, disaggregated_server: Server
 ) -> None:
@@ -273,7 +345,7 @@ def test_killed_worker_fails_only_its_requests() -> None:
         assert all("died" in r["error"] for r in failed)
         assert all(r["chunks"] == 1000 for r in ok)
         workers = {w["id"]: w for w in server.layout()["workers"]}
-        assert workers[victim["id"]]["state"] == "dead"
+        assert workers[victim["id"]]["last_death"]["exitcode"] == -9  # dead, or already restarting
         assert complete(server.url, "still serving", max_tokens=4)["usage"]["completion_tokens"] >= 1
         assert "phaselens:worker_deaths_total 1.0" in httpx.get(f"{server.url}/metrics").text
     finally:

@@ -211,6 +211,7 @@ def test_dead_worker_is_reported_removable_and_the_last_of_a_role_is_guarded() -
             assert r.json()["serving_mode"] == "none"
             added = c.post("/control/workers", json={"role": "decode"})
             assert added.status_code == 201, added.text
+            assert added.json()["id"] == "worker-2"  # a removed worker's id is not reused
         assert health(server)[0] == 200
         assert health(server)[1]["status"] == "ok"
         assert complete(server.url, "served again", max_tokens=3)["usage"]["completion_tokens"] >= 1
