@@ -165,8 +165,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning"))
-    server.run(sockets=[sock])
-    return 0
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # as uvicorn.run does: Ctrl-C after a clean shutdown
+        pass
+    return 0 if server.started else 3  # 3: start-up failed (uvicorn's STARTUP_FAILURE)
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0) -> None:
