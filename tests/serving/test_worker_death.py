@@ -45,28 +45,37 @@ def worker(server: Server, worker_id: str) -> dict:
     return next(w for w in server.layout()["workers"] if w["id"] == worker_id)
 
 
-def kill_with_requests_in_flight(server: Server, victim: dict, n: int, max_tokens: int) -> tuple[list, int]:
-    """Stop `victim`, send `n` streams, kill -9 it once requests are routed to it.
+def kill_with_requests_in_flight(
+    server: Server, victim: dict, n: int, max_tokens: int, expect: int = 1
+) -> tuple[list, int, tuple[int, dict]]:
+    """Stop `victim`, send `n` streams, kill -9 it once `expect` requests are routed to it.
 
-    Returns the stream results and how many requests were in flight on the victim at the kill.
+    Returns the stream results, how many requests were in flight on the victim just before the
+    kill (more may be routed to it in between: they fail too), and the first /health (status code,
+    body) that saw the death (the restart comes at least 0.5 s later).
     """
     os.kill(victim["pid"], signal.SIGSTOP)
 
-    async def scenario() -> tuple[list, int]:
+    async def scenario() -> tuple[list, int, tuple[int, dict]]:
         load = asyncio.create_task(stream_many(server.url, n, max_tokens))
         async with httpx.AsyncClient(base_url=server.url, headers=HEADERS, timeout=30) as c:
             for _ in range(600):
                 await asyncio.sleep(0.05)
                 layout = (await c.get("/control/layout")).json()
                 mine = next(w for w in layout["workers"] if w["id"] == victim["id"])
-                if mine["inflight"] >= 1:
+                if mine["inflight"] >= expect:
                     break
             await asyncio.sleep(0.3)  # let the rest of the requests be routed
             inflight = next(
                 w for w in (await c.get("/control/layout")).json()["workers"] if w["id"] == victim["id"]
             )["inflight"]
-        os.kill(victim["pid"], signal.SIGKILL)
-        return await load, inflight
+            os.kill(victim["pid"], signal.SIGKILL)
+            for _ in range(600):
+                r = await c.get("/health")
+                if r.json()["status"] != "ok":
+                    break
+                await asyncio.sleep(0.01)
+        return await load, inflight, (r.status_code, r.json())
 
     return asyncio.run(scenario())
 
@@ -80,12 +89,13 @@ def test_a_request_whose_worker_died_is_not_retried_and_the_worker_restarts() ->
     server = start_server("--mode", "aggregated", "--workers", "2")
     try:
         victim, survivor = server.layout()["workers"]
-        results, inflight = kill_with_requests_in_flight(server, victim, 4, 20)
+        results, inflight, (status, body) = kill_with_requests_in_flight(server, victim, 4, 20)
+        assert status == 200 and body["status"] == "degraded", body  # worker-1 still serves
         failed = [r for r in results if r["error"]]
         ok = [r for r in results if r["error"] is None]
         # Before its first token a request used to be re-dispatched to the next worker; a poison
         # request would kill that one too. Now it fails with a message that says why.
-        assert len(failed) == inflight >= 1 and ok, results
+        assert len(failed) >= inflight >= 1 and ok, results
         for r in failed:
             assert "worker worker-0 (mixed) died while serving this request (exit code -9)" in r["error"]
             assert "not retried (possible poison request)" in r["error"]
@@ -115,16 +125,13 @@ def test_prefill_and_decode_deaths_in_disaggregated_mode() -> None:
         for victim_id, role in (("worker-0", "prefill"), ("worker-2", "decode")):
             victim = worker(server, victim_id)
             assert victim["role"] == role
-            results, inflight = kill_with_requests_in_flight(server, victim, 6, 16)
+            results, inflight, (status, body) = kill_with_requests_in_flight(server, victim, 6, 16)
             # The pool notices at once and restarts after 0.5 s and a process start: degraded between.
-            status, body = wait_for(
-                lambda: (h := health(server))[1]["status"] != "ok" and h, f"{victim_id} seen dead"
-            )
             assert status == 200 and body["status"] == "degraded", body
             assert any(victim_id in r for r in body["reasons"]), body
             failed = [r for r in results if r["error"]]
             ok = [r for r in results if r["error"] is None]
-            assert len(failed) == inflight >= 1 and ok, (role, results)
+            assert len(failed) >= inflight >= 1 and ok, (role, results)
             for r in failed:
                 assert f"worker {victim_id} ({role}) died while serving this request" in r["error"]
             assert all(r["done"] and r["chunks"] == 16 for r in ok)
@@ -174,7 +181,7 @@ def test_dead_worker_is_reported_removable_and_the_last_of_a_role_is_guarded() -
         assert health(server)[1]["status"] == "ok"
 
         decode = worker(server, "worker-1")
-        results, inflight = kill_with_requests_in_flight(server, decode, 2, 8)
+        results, inflight, _ = kill_with_requests_in_flight(server, decode, 2, 8, expect=2)
         assert inflight == 2 and all("worker worker-1 (decode) died" in r["error"] for r in results)
         status, body = wait_for(
             lambda: (h := health(server))[1]["roles"]["decode"]["dead"] and h, "worker-1 seen dead"
