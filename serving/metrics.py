@@ -66,6 +66,11 @@ class _PoolCollector(Collector):
         restarts = CounterMetricFamily(
             "phaselens:worker_restarts", "Dead workers the pool restarted (same id, role and device)."
         )
+        iteration_errors = CounterMetricFamily(
+            "phaselens:iteration_errors",
+            "Iterations that raised; their requests failed, the worker went on (since it started).",
+            labels=["engine"],
+        )
         if pool is not None:
             counts: dict[tuple[str, str], int] = {}
             for w in pool.workers.values():
@@ -76,12 +81,13 @@ class _PoolCollector(Collector):
                 running.add_metric(labels, w.stats.get("running", 0))
                 waiting.add_metric(labels, w.stats.get("waiting", 0))
                 kv.add_metric(labels, w.stats.get("kv_usage", 0.0))
+                iteration_errors.add_metric([w.id], w.stats.get("iteration_errors", 0))
             for (role, state), n in counts.items():
                 workers.add_metric([role, state], n)
             dropped.add_metric([], pool.telemetry.dropped_events)
             deaths.add_metric([], pool.worker_deaths)
             restarts.add_metric([], pool.worker_restarts)
-        yield from (running, waiting, kv, workers, dropped, deaths, restarts)
+        yield from (running, waiting, kv, workers, dropped, deaths, restarts, iteration_errors)
 
 
 class ServingMetrics:

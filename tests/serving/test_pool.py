@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from serving.config import EngineConfig, SamplingParams
+from serving.metrics import ServingMetrics
 from serving.pool import RequestState, WorkerPool
 from serving.telemetry import TelemetryHub
 from serving.worker import WorkerSpec
@@ -74,6 +75,8 @@ def test_an_iteration_error_fails_its_requests_and_the_worker_goes_on() -> None:
         assert w.process.is_alive() and w.process.pid == pid and w.state == "ready"
         assert pool.worker_deaths == 0
         await until(lambda: w.stats.get("iteration_errors") == 1, "iteration error counted in stats")
+        text = ServingMetrics("tiny", lambda: pool).render().decode()
+        assert 'phaselens:iteration_errors_total{engine="worker-0"} 1.0' in text
 
     run(scenario)
 
