@@ -25,7 +25,7 @@ ROLES = ("mixed", "prefill", "decode")
 _STATS_INTERVAL_S = 0.2
 # An iteration that raises fails its requests and the worker goes on; this many failed iterations
 # in a row (or an error that leaves the device unusable) end the process so the pool restarts it.
-MAX_CONSECUTIVE_ITERATION_ERRORS = 3
+MAX_CONSECUTIVE_ITERATION_ERRORS = 5
 _FATAL_MARKERS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "cuDNN error", "NCCL error")
 _DEVICE_METHODS = (
     "knobs",
@@ -205,7 +205,7 @@ class _Worker:
         self._consecutive_errors += 1
         text = f"{type(error).__name__}: {error}"
         batch = [seq.request_id for seq in self.engine.scheduler.running]
-        fatal = any(m in text for m in _FATAL_MARKERS)
+        fatal = any(m in text for m in _FATAL_MARKERS) or not self._device_usable()
         if not batch or fatal or self._consecutive_errors >= MAX_CONSECUTIVE_ITERATION_ERRORS:
             raise error
         print(
@@ -222,6 +222,15 @@ class _Worker:
                 f"worker {self.spec.worker_id} failed while running this request's batch ({text}); "
                 "the request was dropped, the worker goes on serving",
             )
+
+    def _device_usable(self) -> bool:
+        """A small op on the device: False after a sticky error (e.g. a CUDA device-side assert)."""
+        import torch
+
+        try:
+            return float(torch.ones(2, device=self.device.torch_device).sum().item()) == 2.0
+        except Exception:
+            return False
 
     def _on_sent(self, header: dict[str, Any], nbytes: int, started_s: float, error: str | None) -> None:
         if error is not None:

@@ -13,7 +13,7 @@ from serving.config import EngineConfig, SamplingParams
 from serving.metrics import ServingMetrics
 from serving.pool import RequestState, WorkerPool
 from serving.telemetry import TelemetryHub
-from serving.worker import WorkerSpec
+from serving.worker import MAX_CONSECUTIVE_ITERATION_ERRORS, WorkerSpec
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +77,17 @@ def test_an_iteration_error_fails_its_requests_and_the_worker_goes_on() -> None:
         await until(lambda: w.stats.get("iteration_errors") == 1, "iteration error counted in stats")
         text = ServingMetrics("tiny", lambda: pool).render().decode()
         assert 'phaselens:iteration_errors_total{engine="worker-0"} 1.0' in text
+        # Failing iterations with no good one between: after MAX_CONSECUTIVE_ITERATION_ERRORS the
+        # worker gives up (a broken worker must not fail every request) and the pool restarts it.
+        errors = []
+        for _ in range(MAX_CONSECUTIVE_ITERATION_ERRORS):
+            errors.append(await outcome(pool.submit([10**6], SamplingParams(max_tokens=2))))
+        assert all("failed while running this request's batch" in str(m) for _, m in errors[:-1])
+        assert "worker worker-0 (mixed) died while serving this request" in str(errors[-1][1])
+        await until(lambda: pool.health()["status"] == "ok", "worker-0 restarted")
+        assert pool.worker_deaths == 1 and pool.workers["worker-0"].process.pid != pid
 
-    run(scenario)
+    run(scenario, restart_delay_s=0.1)
 
 
 def test_a_dead_worker_is_restarted_with_back_off() -> None:
