@@ -196,20 +196,25 @@ def test_continuous_decode_reads_high_utilization_low_sm_activity(fake: FakeTime
     assert p.power_w > 2 * s.power_w
 
 
-def test_snapshot_windows_are_since_the_previous_snapshot(fake: FakeTime) -> None:
+def test_snapshot_means_cover_a_trailing_window(fake: FakeTime) -> None:
     dev = device(fake)
     first = dev.snapshot()
     assert (first.gpu_util_pct, first.power_w, first.clock_event_reasons) == (0.0, 72.0, CLOCK_EVENT_GPU_IDLE)
-    assert first.sm_clock_mhz == 345  # idles at the lowest clock
+    assert first.sm_clock_mhz == 345 and first.window_s == 0.1  # idles at the lowest clock
     est = dev.predict(decode(32))
     run(dev, fake, decode(32))  # busy for est.time_s ...
     fake.advance(est.time_s)  # ... then idle as long again
-    s = dev.snapshot()
-    assert s.gpu_util_pct == pytest.approx(50.0)
+    s = dev.snapshot(window_s=2 * est.time_s)
+    assert s.gpu_util_pct == pytest.approx(50.0) and s.window_s == pytest.approx(2 * est.time_s)
     assert s.power_w == pytest.approx((est.power_w + 72.0) / 2)
     assert s.clock_event_reasons == 0 and s.sm_clock_mhz == 1980
+    assert dev.snapshot().gpu_util_pct == pytest.approx(100 * est.time_s / 0.1)  # the default window
     fake.advance(0.5)
     assert dev.snapshot().gpu_util_pct == 0.0
+    with pytest.raises(DeviceValueError, match=r"window_s 0 s is outside \(0, 10\] s"):
+        dev.snapshot(window_s=0)
+    with pytest.raises(DeviceValueError, match=r"window_s 11 s is outside"):
+        dev.snapshot(window_s=11)
 
 
 def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> None:
@@ -218,7 +223,7 @@ def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> No
 
     def sleep(seconds: float) -> None:
         fake.advance(seconds / 2)
-        seen.append(dev.snapshot())
+        seen.append(dev.snapshot(window_s=0.02))
         fake.advance(seconds / 2)
 
     dev = EmulatedDevice("h100-sxm", model_shape=LLAMA_8B, clock=fake.clock, sleep=sleep)
@@ -226,6 +231,7 @@ def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> No
     fake.advance(1.0)
     dev.snapshot()
     run(dev, fake, prefill(4096))
+    assert dev.last_estimate.time_s / 2 > 0.02
     assert seen[0].gpu_util_pct == pytest.approx(100.0) and seen[0].power_w > 600
 
 
