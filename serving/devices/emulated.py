@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from serving.config import ModelConfig, preset
+from serving.config import ModelConfig, model_config_for, preset
 from serving.devices.base import (
     Device,
     DeviceKind,
@@ -275,6 +275,18 @@ def predict_iteration(
     if fit is None:
         fit = estimate_at_clock(spec, shape, work, clocks[0], constants=constants)
     return replace(fit, power_capped=True)
+
+
+def emulated_device_label(device: str, shape: str) -> dict[str, Any] | None:
+    """What a worker on ``device`` models, for banners and APIs; ``None`` unless ``emulated:<gpu>``.
+
+    ``shape`` is the preset name or Hugging Face folder of the modeled shape (``--emulate-shape``,
+    else the served model). Returns ``{"device", "emulated": True, "gpu", "models_shape"}``.
+    """
+    if not device.startswith("emulated:"):
+        return None
+    gpu = gpu_spec(device.split(":", 1)[1])
+    return {"device": device, "emulated": True, "gpu": gpu.name, "models_shape": model_config_for(shape).name}
 
 
 # --- the device -----------------------------------------------------------------------------------
