@@ -26,13 +26,7 @@ class DeviceSample:
     Percentages are 0-100. ``lost`` is True once the device has fallen off the bus; all metrics
     are then ``None``.
 
-    The fields after ``lost`` are an emulated device's (``None`` on measured devices): ``window_s`` is
-    the trailing window the ``*_pct``, ``power_w`` and ``sm_clock_mhz`` means cover; the ``*_total``
-    fields are monotonic counters since the device was opened, over ``uptime_s`` seconds of its
-    clock, so any reader can difference two samples for exact means over its own interval
-    (``Δbusy_s_total / Δuptime_s`` is the utilization, ``Δenergy_mj / Δuptime_s`` the power);
-    ``host_bound_pct`` is the share of the iterations finished in the window whose host time ran past
-    the modeled GPU time (``None`` when none finished in it). See docs/EMULATION.md.
+    An emulated device's samples are :class:`EmulatedSample` s (more fields).
     """
 
     ts_s: float
@@ -60,6 +54,25 @@ class DeviceSample:
     locked_sm_clock_min_mhz: int | None = None
     locked_sm_clock_max_mhz: int | None = None
     lost: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the sample as a flat, JSON-able dict keyed by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class EmulatedSample(DeviceSample):
+    """A sample of an emulated GPU: the :class:`DeviceSample` fields plus what makes it trustworthy.
+
+    ``window_s`` is the trailing window the ``*_pct``, ``power_w``, ``sm_clock_mhz`` and
+    ``host_bound_pct`` means cover. The ``*_total`` fields are monotonic counters since the device
+    was opened, over ``uptime_s`` seconds of its clock, so any reader differences two samples for
+    exact means over its own interval (``Δbusy_s_total / Δuptime_s`` is the utilization,
+    ``Δenergy_mj / Δuptime_s`` the power). ``host_bound_pct`` is the share of the iterations
+    finished in the window whose host time ran past the modeled GPU time, i.e. that were not paced
+    (``None`` when none finished in it). See docs/EMULATION.md.
+    """
+
     window_s: float | None = None
     uptime_s: float | None = None
     busy_s_total: float | None = None
@@ -74,10 +87,6 @@ class DeviceSample:
     lag_s_total: float | None = None
     modeled_s_total: float | None = None
     host_bound_pct: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the sample as a flat, JSON-able dict keyed by field name."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)

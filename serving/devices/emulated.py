@@ -32,7 +32,7 @@ from serving.config import ModelConfig, model_config_for, preset
 from serving.devices.base import (
     Device,
     DeviceKind,
-    DeviceSample,
+    EmulatedSample,
     IterationTiming,
     IterationWork,
     PowerLimitConstraints,
@@ -669,7 +669,7 @@ class EmulatedDevice(Device):
 
     # --- telemetry ------------------------------------------------------------------------------
 
-    def snapshot(self, window_s: float | None = None) -> DeviceSample:
+    def snapshot(self, window_s: float | None = None) -> EmulatedSample:
         """Counters now: means over the trailing ``window_s`` (default ``sample_window_s``), plus
         monotonic cumulative counters.
 
@@ -704,7 +704,7 @@ class EmulatedDevice(Device):
             temperature = self._temp_c
             limit = self._limit_w
             used = self._costs.weight_bytes + self._kv_bytes_in_use + _CONTEXT_BYTES
-        return DeviceSample(
+        return EmulatedSample(
             ts_s=ts_s,
             device=self.spec,
             kind="emulated",
