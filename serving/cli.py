@@ -164,12 +164,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    banner = emulation_banner(settings)
+    if banner is not None:
+        print(banner, file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning"))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # as uvicorn.run does: Ctrl-C after a clean shutdown
         pass
     return 0 if server.started else 3  # 3: start-up failed (uvicorn's STARTUP_FAILURE)
+
+
+def emulation_banner(settings: ServeSettings) -> str | None:
+    """The serve banner's note on emulated devices: which GPU and shape each models, and where lag is
+    counted; ``None`` when every device is measured."""
+    from serving.devices.emulated import emulated_device_label
+
+    modeled: dict[tuple[str, str, str], list[str]] = {}
+    for _role, spec in settings.worker_specs():
+        label = emulated_device_label(spec.device, spec.emulate_shape or spec.model)
+        if label is not None:
+            key = (label["device"], label["gpu"], label["models_shape"])
+            modeled.setdefault(key, []).append(spec.worker_id)
+    if not modeled:
+        return None
+    what = "; ".join(
+        f"{', '.join(workers)} on {device} ({gpu}) modeling {shape} (bf16)"
+        for (device, gpu, shape), workers in modeled.items()
+    )
+    return (
+        f"phaselens serve: EMULATED GPUs, modeled not measured: {what}. The model math runs on this "
+        "host's CPU and each iteration is paced to the modeled GPU time; iterations the host cannot "
+        "keep pace with are counted as lag (host-bound data): see /v1/devices ('emulation'), /metrics "
+        "(phaselens:emulation_lagged_iterations_total, phaselens:emulation_lag_seconds_total) and "
+        "lag_s in iteration telemetry."
+    )
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0) -> None:

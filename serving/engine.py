@@ -152,6 +152,7 @@ class Engine:
             "kv_blocks_total": s.blocks.num_blocks,
             "kv_usage": s.blocks.usage,
             "iterations": self.iterations,
+            "emulation": self.device.emulation_counters(),
         }
 
     # -- one iteration ---------------------------------------------------------------------------
@@ -186,6 +187,7 @@ class Engine:
             sampled_seqs=len(sampled),
         )
         pacing_s = self.device.on_iteration(work, started_s, compute_s)
+        timing = self.device.last_iteration_timing()
         ended_s = time.time()
         result = self._update(sched, sampled, ended_s)
         self.iterations += 1
@@ -206,6 +208,8 @@ class Engine:
                 preempted=len(sched.preempted),
                 compute_s=compute_s,
                 pacing_s=pacing_s,
+                modeled_s=timing.modeled_s if timing is not None else None,
+                lag_s=timing.lag_s if timing is not None else None,
             )
         return result
 

@@ -128,6 +128,8 @@ class LoadReport:
     clipped: int = 0
     max_concurrency: int | None = None
     errors: list[str] = field(default_factory=list)
+    # Per emulated worker, what the run's iterations did on the modeled GPU (see emulation_during).
+    emulation: list[dict[str, Any]] | None = None
 
     def summary_dict(self) -> dict[str, Any]:
         """The summary (everything but the per-request results) as JSON-ready data."""
@@ -433,6 +435,7 @@ async def arun_load(
         bar = tqdm(total=len(requests), unit="req", file=sys.stderr, disable=not progress, desc="load")
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         failed = [0]
+        devices_before = await fetch_emulation(client, base_url)
         t0 = time.perf_counter()
 
         async def one(i: int) -> None:
@@ -454,7 +457,57 @@ async def arun_load(
         finally:
             bar.close()
         duration = time.perf_counter() - t0
-    return build_report(base_url, model, results, duration, clipped=clipped, max_concurrency=max_concurrency)
+        devices_after = await fetch_emulation(client, base_url)
+    report = build_report(
+        base_url, model, results, duration, clipped=clipped, max_concurrency=max_concurrency
+    )
+    report.emulation = emulation_during(devices_before, devices_after)
+    return report
+
+
+async def fetch_emulation(client: httpx.AsyncClient, base_url: str) -> dict[str, dict[str, Any]] | None:
+    """Each emulated worker's ``emulation`` object from ``GET /v1/devices`` (a phaselens stack); ``None``
+    when the server has no such endpoint (another engine) or does not answer it."""
+    try:
+        r = await client.get(f"{base_url}/v1/devices", timeout=10.0)
+        if r.status_code != 200:
+            return None
+        items = r.json().get("devices", [])
+        return {
+            d["worker"]: {**d["emulation"], "device": d.get("device")} for d in items if d.get("emulation")
+        }
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def emulation_during(
+    before: dict[str, dict[str, Any]] | None, after: dict[str, dict[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    """Per emulated worker, the run's iterations, host-bound (lagged) iterations and lag seconds: the
+    difference of its lag counters after and before the run (a worker absent before counts from 0)."""
+    if not after:
+        return None
+    out = []
+    for worker, now in sorted(after.items()):
+        was = (before or {}).get(worker, {})
+        if was.get("device", now.get("device")) != now.get("device"):
+            was = {}  # the worker's device changed during the run: its counters restarted
+        iterations = now["iterations"] - was.get("iterations", 0)
+        lagged = now["lagged_iterations"] - was.get("lagged_iterations", 0)
+        if iterations < 0 or lagged < 0:  # restarted during the run: count what the new device saw
+            iterations, lagged, was = now["iterations"], now["lagged_iterations"], {}
+        out.append(
+            {
+                "worker": worker,
+                "device": now.get("device"),
+                "models_shape": now.get("models_shape"),
+                "iterations": iterations,
+                "lagged_iterations": lagged,
+                "lag_s": (now.get("lag_s_total") or 0.0) - (was.get("lag_s_total") or 0.0),
+                "host_bound_fraction": lagged / iterations if iterations else 0.0,
+            }
+        )
+    return out
 
 
 def run_load(
@@ -512,6 +565,17 @@ def format_report(report: LoadReport) -> str:
     for name, s in (("TTFT", report.ttft), ("ITL", report.itl), ("end-to-end", report.e2e)):
         cells = "".join(f"{_fmt_ms(v):>10}" for v in (s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms))
         lines.append(f"  {name:<14}{s.n:>8}{cells}")
+    if report.emulation:
+        lines += [
+            "",
+            "  emulated GPUs (modeled, not measured): host-bound = iterations the host could not pace",
+        ]
+        for e in report.emulation:
+            lines.append(
+                f"    {e['worker']:<10} {e['device']} modeling {e['models_shape']}: {e['iterations']} iterations, "
+                f"{e['lagged_iterations']} host-bound ({100 * e['host_bound_fraction']:.1f} %), "
+                f"lag {e['lag_s']:.2f} s"
+            )
     if report.errors:
         lines += ["", f"  errors (first {len(report.errors)} of {report.n_failed}):"]
         lines += [f"    {e}" for e in report.errors]

@@ -71,6 +71,7 @@ class _PoolCollector(Collector):
             "Iterations that raised; their requests failed, the worker went on (since it started).",
             labels=["engine"],
         )
+        emulation = _emulation_families()
         if pool is not None:
             counts: dict[tuple[str, str], int] = {}
             for w in pool.workers.values():
@@ -82,12 +83,60 @@ class _PoolCollector(Collector):
                 waiting.add_metric(labels, w.stats.get("waiting", 0))
                 kv.add_metric(labels, w.stats.get("kv_usage", 0.0))
                 iteration_errors.add_metric([w.id], w.stats.get("iteration_errors", 0))
+                _add_emulation(emulation, w.id, w.stats.get("emulation"))
             for (role, state), n in counts.items():
                 workers.add_metric([role, state], n)
             dropped.add_metric([], pool.telemetry.dropped_events)
             deaths.add_metric([], pool.worker_deaths)
             restarts.add_metric([], pool.worker_restarts)
         yield from (running, waiting, kv, workers, dropped, deaths, restarts, iteration_errors)
+        yield from emulation.values()
+
+
+_EMULATION_LABELS = ["worker", "device", "models_shape"]
+# (metric, help, key in the device's emulation counters); counters get the _total suffix on exposition.
+_EMULATION_COUNTERS = (
+    ("phaselens:emulation_iterations", "Iterations an emulated GPU modeled.", "iterations"),
+    (
+        "phaselens:emulation_paced_iterations",
+        "Iterations paced to the modeled GPU time (the host kept up).",
+        "paced_iterations",
+    ),
+    (
+        "phaselens:emulation_lagged_iterations",
+        "Iterations whose host time ran past the modeled GPU time (host-bound, not paced).",
+        "lagged_iterations",
+    ),
+    (
+        "phaselens:emulation_lag_seconds",
+        "Host time beyond the modeled GPU time, summed over lagged iterations.",
+        "lag_s_total",
+    ),
+    ("phaselens:emulation_modeled_seconds", "Modeled GPU time of all iterations.", "modeled_s_total"),
+)
+
+
+def _emulation_families() -> dict[str, CounterMetricFamily | GaugeMetricFamily]:
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+        key: CounterMetricFamily(name, text, labels=_EMULATION_LABELS)
+        for name, text, key in _EMULATION_COUNTERS
+    }
+    families["host_bound_fraction"] = GaugeMetricFamily(
+        "phaselens:emulation_host_bound_fraction",
+        "Share of an emulated GPU's iterations the host could not pace (lagged / iterations).",
+        labels=_EMULATION_LABELS,
+    )
+    return families
+
+
+def _add_emulation(families: dict, worker: str, counters: dict | None) -> None:
+    """One sample per family for an emulated worker (its engine stats carry the device's counters)."""
+    if not counters:
+        return
+    labels = [worker, counters.get("device", ""), counters.get("models_shape", "")]
+    for key, family in families.items():
+        if counters.get(key) is not None:
+            family.add_metric(labels, counters[key])
 
 
 class ServingMetrics:

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serving.control import build_control_router
+from serving.devices.emulated import emulated_device_label
 from serving.metrics import ServingMetrics
 from serving.openai_api import BadRequest, ParsedRequest, chunk, full_response, parse_request, usage_chunk
 from serving.pool import NoWorkerError, RequestState, WorkerPool
@@ -28,6 +29,25 @@ def _error(
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
     )
+
+
+MAX_WINDOW_S = 10.0  # an emulated device keeps this much modeled history
+
+
+def _emulation_summary(label: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:
+    """An emulated worker's ``emulation`` object in /v1/devices: what it models and its lag counters."""
+    iterations = sample.get("iterations_total") or 0
+    lagged = sample.get("lagged_iterations_total") or 0
+    return {
+        "gpu": label["gpu"],
+        "models_shape": label["models_shape"],
+        "iterations": iterations,
+        "paced_iterations": sample.get("paced_iterations_total"),
+        "lagged_iterations": lagged,
+        "lag_s_total": sample.get("lag_s_total"),
+        "modeled_s_total": sample.get("modeled_s_total"),
+        "host_bound_fraction": lagged / iterations if iterations else 0.0,
+    }
 
 
 def create_app(settings: ServeSettings) -> FastAPI:
@@ -94,18 +114,45 @@ def create_app(settings: ServeSettings) -> FastAPI:
                     "created": 0,
                     "owned_by": "phaselens",
                     "max_model_len": limits.cfg.max_model_len,
+                    "phaselens": {"devices": _worker_devices()},
                 }
             ],
         }
 
+    def _worker_devices() -> list[dict[str, Any]]:
+        """Each worker's device and, for an emulated GPU, that it is emulated and which shape it models."""
+        pool: WorkerPool | None = state["pool"]
+        out = []
+        for w in pool.workers.values() if pool else []:
+            if w.state not in ("ready", "draining"):
+                continue
+            label = emulated_device_label(w.spec.device, w.spec.emulate_shape or w.spec.model)
+            out.append({"worker": w.id, **(label or {"device": w.spec.device, "emulated": False})})
+        return out
+
     @app.get("/v1/devices")
-    async def devices() -> JSONResponse:
-        """One consistent snapshot per worker's device (read-only; emulated devices are labelled)."""
+    async def devices(window_s: float | None = None) -> JSONResponse:
+        """One consistent snapshot per worker's device (read-only; emulated devices are labelled).
+
+        ``window_s``: the trailing window an emulated device's means cover (default 0.1 s); measured
+        devices ignore it. An emulated worker's item also has ``emulation``: what it models and how
+        well the host kept pace (lag counters).
+        """
+        if window_s is not None and not 0 < window_s <= MAX_WINDOW_S:
+            return _error(
+                400,
+                f"'window_s' must be in (0, {MAX_WINDOW_S:g}] seconds, got {window_s:g}",
+                param="window_s",
+            )
         pool: WorkerPool | None = state["pool"]
         workers = [w for w in pool.workers.values() if w.state in ("ready", "draining")] if pool else []
-        results = await asyncio.gather(
-            *(pool.call(w, "snapshot", 10.0) for w in workers), return_exceptions=True
-        )
+
+        def snapshot(w: Any) -> Any:
+            if window_s is not None and w.spec.device.startswith("emulated:"):
+                return pool.call(w, "snapshot", 10.0, window_s=window_s)
+            return pool.call(w, "snapshot", 10.0)
+
+        results = await asyncio.gather(*(snapshot(w) for w in workers), return_exceptions=True)
         out = []
         for w, res in zip(workers, results, strict=True):
             item: dict[str, Any] = {
@@ -118,6 +165,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 item["error"] = str(res) or type(res).__name__
             else:
                 item["sample"] = res
+                label = emulated_device_label(w.spec.device, w.spec.emulate_shape or w.spec.model)
+                if label is not None:
+                    item["emulation"] = _emulation_summary(label, res)
             out.append(item)
         return JSONResponse({"devices": out})
 

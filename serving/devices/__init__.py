@@ -5,7 +5,16 @@
 metric the device cannot measure. Errors are the few classes in :mod:`serving.devices.errors`.
 """
 
-from serving.devices.base import Device, DeviceKind, DeviceSample, IterationWork, Phase, PowerLimitConstraints
+from serving.devices.base import (
+    Device,
+    DeviceKind,
+    DeviceSample,
+    EmulatedSample,
+    IterationTiming,
+    IterationWork,
+    Phase,
+    PowerLimitConstraints,
+)
 from serving.devices.cpu import CpuDevice
 from serving.devices.emulated import (
     EmulatedDevice,
@@ -53,10 +62,12 @@ __all__ = [
     "DeviceSpec",
     "DeviceValueError",
     "EmulatedDevice",
+    "EmulatedSample",
     "EmulationConstants",
     "EmulationStats",
     "GpuSpec",
     "IterationEstimate",
+    "IterationTiming",
     "IterationWork",
     "NvmlDevice",
     "Phase",

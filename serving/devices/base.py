@@ -25,6 +25,8 @@ class DeviceSample:
 
     Percentages are 0-100. ``lost`` is True once the device has fallen off the bus; all metrics
     are then ``None``.
+
+    An emulated device's samples are :class:`EmulatedSample` s (more fields).
     """
 
     ts_s: float
@@ -58,6 +60,35 @@ class DeviceSample:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass(slots=True)
+class EmulatedSample(DeviceSample):
+    """A sample of an emulated GPU: the :class:`DeviceSample` fields plus what makes it trustworthy.
+
+    ``window_s`` is the trailing window the ``*_pct``, ``power_w``, ``sm_clock_mhz`` and
+    ``host_bound_pct`` means cover. The ``*_total`` fields are monotonic counters since the device
+    was opened, over ``uptime_s`` seconds of its clock, so any reader differences two samples for
+    exact means over its own interval (``Δbusy_s_total / Δuptime_s`` is the utilization,
+    ``Δenergy_mj / Δuptime_s`` the power). ``host_bound_pct`` is the share of the iterations
+    finished in the window whose host time ran past the modeled GPU time, i.e. that were not paced
+    (``None`` when none finished in it). See docs/EMULATION.md.
+    """
+
+    window_s: float | None = None
+    uptime_s: float | None = None
+    busy_s_total: float | None = None
+    sm_active_s_total: float | None = None
+    sm_occupancy_s_total: float | None = None
+    tensor_active_s_total: float | None = None
+    dram_active_s_total: float | None = None
+    mem_active_s_total: float | None = None
+    iterations_total: int | None = None
+    paced_iterations_total: int | None = None
+    lagged_iterations_total: int | None = None
+    lag_s_total: float | None = None
+    modeled_s_total: float | None = None
+    host_bound_pct: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class PowerLimitConstraints:
     """The power limits a device accepts, in watts."""
@@ -78,6 +109,18 @@ class IterationWork:
     batch_size: int
     attention_pairs: int = 0  # (query token, key token) pairs attended, summed over sequences
     sampled_seqs: int = 0  # sequences that sampled a token (rows through the LM head)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationTiming:
+    """How a device accounted the iteration it last heard about (emulated devices only).
+
+    ``modeled_s``: the modeled GPU time of the iteration. ``lag_s``: host time beyond the modeled
+    time (the host finished after the modeled GPU would have); 0 when the iteration was paced.
+    """
+
+    modeled_s: float
+    lag_s: float
 
 
 class Device(ABC):
@@ -170,6 +213,14 @@ class Device(ABC):
     def on_iteration(self, work: IterationWork, started_s: float, elapsed_s: float) -> float:
         """Hear about one engine iteration; return the seconds of extra pacing applied (none here)."""
         return 0.0
+
+    def last_iteration_timing(self) -> IterationTiming | None:
+        """The modeled time and lag of the last iteration; ``None`` when the device measures, not models."""
+        return None
+
+    def emulation_counters(self) -> dict[str, Any] | None:
+        """Pacing and lag counters of an emulated device as a JSON-able dict; ``None`` on measured devices."""
+        return None
 
     def close(self) -> None:
         """Release vendor resources. Safe to call more than once; nothing to release here."""

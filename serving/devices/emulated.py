@@ -26,10 +26,17 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
-from serving.config import ModelConfig, preset
-from serving.devices.base import Device, DeviceKind, DeviceSample, IterationWork, PowerLimitConstraints
+from serving.config import ModelConfig, model_config_for, preset
+from serving.devices.base import (
+    Device,
+    DeviceKind,
+    EmulatedSample,
+    IterationTiming,
+    IterationWork,
+    PowerLimitConstraints,
+)
 from serving.devices.errors import DeviceValueError
 from serving.devices.gpu_specs import GpuSpec, gpu_spec
 
@@ -270,11 +277,23 @@ def predict_iteration(
     return replace(fit, power_capped=True)
 
 
+def emulated_device_label(device: str, shape: str) -> dict[str, Any] | None:
+    """What a worker on ``device`` models, for banners and APIs; ``None`` unless ``emulated:<gpu>``.
+
+    ``shape`` is the preset name or Hugging Face folder of the modeled shape (``--emulate-shape``,
+    else the served model). Returns ``{"device", "emulated": True, "gpu", "models_shape"}``.
+    """
+    if not device.startswith("emulated:"):
+        return None
+    gpu = gpu_spec(device.split(":", 1)[1])
+    return {"device": device, "emulated": True, "gpu": gpu.name, "models_shape": model_config_for(shape).name}
+
+
 # --- the device -----------------------------------------------------------------------------------
 
 _SPIN_S = 3e-4  # the last stretch of a real-time pacing sleep is a spin: time.sleep overshoots
 _MAX_HOOK_DELAY_S = 0.05  # started_s is trusted when it is at most this much older than elapsed_s says
-_FIRST_WINDOW_S = 0.1  # a snapshot with no predecessor averages over this much history
+SAMPLE_WINDOW_S = 0.1  # default trailing window of a snapshot's means (NVML-like sample period)
 _CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack, for mem_used_bytes
 
 
@@ -300,6 +319,11 @@ class EmulationStats:
     def mean_pacing_error_s(self) -> float:
         return self.pacing_abs_error_s_total / self.paced_iterations if self.paced_iterations else 0.0
 
+    @property
+    def host_bound_fraction(self) -> float:
+        """Share of the iterations whose host time ran past the modeled GPU time (0 with none yet)."""
+        return self.lagged_iterations / self.iterations if self.iterations else 0.0
+
 
 @dataclass(slots=True)
 class _Busy:
@@ -324,6 +348,7 @@ class EmulatedDevice(Device):
     differ from the model the host actually runs. ``pace=False`` models and accounts without
     sleeping (the modeled GPU then runs behind the host like a CUDA launch queue). ``clock`` (a
     monotonic seconds clock) and ``sleep`` are injectable so tests run without real time.
+    ``sample_window_s`` is the trailing window a :meth:`snapshot` averages over by default.
     """
 
     def __init__(
@@ -338,6 +363,7 @@ class EmulatedDevice(Device):
         constants: EmulationConstants = DEFAULT_CONSTANTS,
         history_s: float = 10.0,
         index: int | None = None,
+        sample_window_s: float = SAMPLE_WINDOW_S,
     ) -> None:
         self._gpu = gpu_spec(gpu)
         self._index = index  # which emulated GPU of the host (each worker has its own)
@@ -351,6 +377,7 @@ class EmulatedDevice(Device):
         self._spin_s = spin_s if spin_s is not None else (_SPIN_S if sleep is None else 0.0)
         self._constants = constants
         self._history_s = history_s
+        self._sample_window_s = self._check_window(sample_window_s, "sample_window_s")
         self._clocks = self._gpu.supported_sm_clocks_mhz()
         self._costs = _shape_costs(self._shape, constants.activation_passes)
         self._uuid = f"GPU-emulated-{uuid.uuid4()}"
@@ -360,18 +387,31 @@ class EmulatedDevice(Device):
         self._locked_sm_mhz: tuple[int, int] | None = None
         # modeled timeline
         now = self._clock()
+        self._opened = now
         self._history: deque[_Busy] = deque()
-        self._gpu_free_at = now
-        self._cursor = now  # energy and temperature are integrated up to here
-        self._energy_j = 0.0
+        self._gpu_free_at = now  # when the modeled GPU finishes its queue, for pacing
+        self._timeline_end = now  # end of the last busy interval on the accounted timeline
+        self._cursor = now  # the counters are integrated (and may have been reported) up to here
+        self._reports: deque[tuple[float, bool]] = deque()  # (when the host reported it, lagged)
+        # cumulative counters over [opened, cursor]
+        self._energy_j = self._busy_s = self._sm_s = self._occ_s = 0.0
+        self._tensor_s = self._dram_s = self._mem_s = 0.0
         self._temp_c = self._gpu.ambient_c + self._gpu.thermal_c_per_w * self._gpu.idle_w
-        self._last_snapshot: float | None = None
         self._kv_bytes_in_use = 0
         self._last_estimate: IterationEstimate | None = None
+        self._last_timing: IterationTiming | None = None
         # pacing accounting
         self._iterations = self._lagged = self._paced = 0
         self._lag_s = self._pacing_s = self._abs_err_s = self._modeled_s = 0.0
         self._last_err_s = 0.0
+
+    def _check_window(self, window_s: float, what: str) -> float:
+        if not 0 < window_s <= self._history_s:
+            raise DeviceValueError(
+                f"{self.spec} {what} {window_s:g} s is outside (0, {self._history_s:g}] s "
+                "(the modeled history the device keeps)"
+            )
+        return float(window_s)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -404,6 +444,10 @@ class EmulatedDevice(Device):
     def pace(self) -> bool:
         return self._pace
 
+    @property
+    def sample_window_s(self) -> float:
+        return self._sample_window_s
+
     # --- the model --------------------------------------------------------------------------
 
     def predict(self, work: IterationWork) -> IterationEstimate:
@@ -424,6 +468,10 @@ class EmulatedDevice(Device):
         """The estimate of the most recent iteration, if any."""
         return self._last_estimate
 
+    def last_iteration_timing(self) -> IterationTiming | None:
+        """The modeled time and lag of the most recent iteration (``None`` before the first)."""
+        return self._last_timing
+
     def stats(self) -> EmulationStats:
         """Pacing and lag counters since the device was opened."""
         with self._lock:
@@ -438,6 +486,22 @@ class EmulatedDevice(Device):
                 modeled_s_total=self._modeled_s,
             )
 
+    def emulation_counters(self) -> dict[str, Any]:
+        """:meth:`stats` as a JSON-able dict, plus what is modeled (gpu, shape) and the host-bound share."""
+        s = self.stats()
+        return {
+            "device": self.spec,
+            "gpu": self._gpu.name,
+            "models_shape": self._shape.name,
+            "paced": self._pace,
+            "iterations": s.iterations,
+            "paced_iterations": s.paced_iterations,
+            "lagged_iterations": s.lagged_iterations,
+            "lag_s_total": s.lag_s_total,
+            "modeled_s_total": s.modeled_s_total,
+            "host_bound_fraction": s.host_bound_fraction,
+        }
+
     def on_iteration(self, work: IterationWork, started_s: float, elapsed_s: float) -> float:
         """Model the iteration the engine just ran and pace it; return the seconds slept.
 
@@ -447,6 +511,11 @@ class EmulatedDevice(Device):
         lag. The host start is ``started_s`` (wall clock, as the engine reads it) when that agrees
         with ``elapsed_s`` (so host work after the engine's own measurement counts too), else
         ``elapsed_s`` before now; the device paces on its own monotonic clock.
+
+        The counters' timeline never changes behind a reading: where that start lies before the
+        time the counters were last integrated to (a snapshot taken while the host computed), the
+        iteration's busy interval is placed from that time on instead, so its whole modeled energy
+        and busy time are counted.
         """
         entry = self._clock()
         since_start = self._wall() - started_s
@@ -454,13 +523,15 @@ class EmulatedDevice(Device):
             since_start = elapsed_s  # a wall-clock step, or a started_s from another clock
         est = self.predict(work)
         with self._lock:
-            start = max(entry - max(0.0, since_start), self._gpu_free_at)
-            end = start + est.time_s
-            self._gpu_free_at = end
+            modeled_start = max(entry - max(0.0, since_start), self._gpu_free_at)
+            modeled_end = modeled_start + est.time_s
+            self._gpu_free_at = modeled_end
+            start = max(modeled_start, self._cursor, self._timeline_end)
+            self._timeline_end = start + est.time_s
             self._history.append(
                 _Busy(
                     start=start,
-                    end=end,
+                    end=self._timeline_end,
                     power_w=est.power_w,
                     sm_clock_mhz=est.sm_clock_mhz,
                     sm_active=est.sm_active,
@@ -475,25 +546,30 @@ class EmulatedDevice(Device):
             self._last_estimate = est
             self._iterations += 1
             self._modeled_s += est.time_s
-            lag = entry - end
+            lag = entry - modeled_end
+            self._reports.append((entry, lag > 0))
             if lag > 0:
                 self._lagged += 1
                 self._lag_s += lag
                 self._last_err_s = lag
             elif not self._pace:
-                self._last_err_s = entry - end
-            if self._history[0].end < entry - self._history_s:
+                self._last_err_s = entry - modeled_end
+            self._last_timing = IterationTiming(modeled_s=est.time_s, lag_s=max(0.0, lag))
+            if (
+                self._history[0].end < entry - self._history_s
+                or self._reports[0][0] < entry - self._history_s
+            ):
                 self._advance(entry)
                 self._trim(entry)
         if lag > 0 or not self._pace:
             return 0.0
-        self._sleep_until(end)
+        self._sleep_until(modeled_end)
         leave = self._clock()
         with self._lock:
             self._paced += 1
             self._pacing_s += leave - entry
-            self._abs_err_s += abs(leave - end)
-            self._last_err_s = leave - end
+            self._abs_err_s += abs(leave - modeled_end)
+            self._last_err_s = leave - modeled_end
         return leave - entry
 
     def _sleep_until(self, deadline: float) -> None:
@@ -508,38 +584,52 @@ class EmulatedDevice(Device):
 
     # --- the modeled timeline (callers hold self._lock) -----------------------------------------
 
-    def _segment(self, power_w: float, dt: float) -> None:
+    def _segment(self, busy: _Busy | None, dt: float) -> None:
+        """Add ``dt`` seconds of ``busy`` (or of idle) to the cumulative counters and the thermal model."""
         if dt <= 0:
             return
+        power_w = self._gpu.idle_w if busy is None else busy.power_w
         self._energy_j += power_w * dt
+        if busy is not None:
+            self._busy_s += dt
+            self._sm_s += busy.sm_active * dt
+            self._occ_s += busy.sm_occupancy * dt
+            self._tensor_s += busy.tensor_active * dt
+            self._dram_s += busy.dram_active * dt
+            self._mem_s += busy.mem_active * dt
         g = self._gpu
         steady = g.ambient_c + g.thermal_c_per_w * power_w
         self._temp_c = steady + (self._temp_c - steady) * math.exp(-dt / g.thermal_tau_s)
 
     def _advance(self, now: float) -> None:
-        """Integrate energy and temperature from the cursor up to ``now`` (idle between iterations)."""
+        """Integrate the counters from the cursor up to ``now`` (idle between iterations).
+
+        Busy intervals are never placed before the cursor (see :meth:`on_iteration`), so each is
+        integrated exactly once, whole.
+        """
         t = self._cursor
         if now <= t:
             return
-        idle = self._gpu.idle_w
         for busy in self._history:
             if busy.end <= t:
                 continue
             if busy.start >= now:
                 break
             if busy.start > t:
-                self._segment(idle, busy.start - t)
+                self._segment(None, busy.start - t)
                 t = busy.start
             stop = min(busy.end, now)
-            self._segment(busy.power_w, stop - t)
+            self._segment(busy, stop - t)
             t = stop
-        self._segment(idle, now - t)
+        self._segment(None, now - t)
         self._cursor = now
 
     def _trim(self, now: float) -> None:
         horizon = min(now - self._history_s, self._cursor)
         while self._history and self._history[0].end < horizon:
             self._history.popleft()
+        while self._reports and self._reports[0][0] < now - self._history_s:
+            self._reports.popleft()
 
     def _window(self, w0: float, w1: float) -> dict[str, float | int | None]:
         """Time-weighted means over ``[w0, w1]``; idle time counts as zero activity and idle power."""
@@ -563,6 +653,7 @@ class EmulatedDevice(Device):
         reasons = (0 if busy > 0 else CLOCK_EVENT_GPU_IDLE) | (CLOCK_EVENT_SW_POWER_CAP if capped else 0)
         idle_clock = self._locked_sm_mhz[0] if self._locked_sm_mhz else self._clocks[0]
         pct = 100.0 / length
+        reported = [lagged for at, lagged in self._reports if w0 < at <= w1]
         return {
             "gpu_util_pct": busy * pct,
             "mem_util_pct": mem * pct,
@@ -573,31 +664,47 @@ class EmulatedDevice(Device):
             "power_w": energy / length,
             "sm_clock_mhz": round(clock / busy) if busy > 0 else idle_clock,
             "clock_event_reasons": reasons,
+            "host_bound_pct": 100.0 * sum(reported) / len(reported) if reported else None,
         }
 
     # --- telemetry ------------------------------------------------------------------------------
 
-    def snapshot(self) -> DeviceSample:
-        """Counters averaged over the time since the previous snapshot (the last 100 ms on the first).
+    def snapshot(self, window_s: float | None = None) -> EmulatedSample:
+        """Counters now: means over the trailing ``window_s`` (default ``sample_window_s``), plus
+        monotonic cumulative counters.
 
-        ``energy_mj`` is cumulative since the device was opened and integrates the modeled power
-        (idle power between iterations); ``temperature_c`` follows a first-order thermal model.
+        No reader changes what another reads: nothing here depends on earlier snapshots. A reader
+        that wants exact means over its own interval passes its period as ``window_s``, or
+        differences the cumulative counters (``energy_mj``, ``*_total``) of two samples over
+        ``uptime_s``. ``energy_mj`` integrates the modeled power since the device was opened (idle
+        power between iterations); ``temperature_c`` follows a first-order thermal model.
         """
-        ts_s = time.time()
+        length = self._sample_window_s if window_s is None else self._check_window(window_s, "window_s")
         now = self._clock()
+        ts_s = self._wall()
         with self._lock:
             self._advance(now)
-            since = self._last_snapshot
-            w0 = since if since is not None and now - since > 1e-6 else now - _FIRST_WINDOW_S
-            w0 = max(w0, now - self._history_s)
-            self._last_snapshot = now
-            window = self._window(w0, now)
+            window = self._window(now - length, now)
             locked = self._locked_sm_mhz
             energy_mj = int(self._energy_j * 1000.0)
+            counters = {
+                "uptime_s": now - self._opened,
+                "busy_s_total": self._busy_s,
+                "sm_active_s_total": self._sm_s,
+                "sm_occupancy_s_total": self._occ_s,
+                "tensor_active_s_total": self._tensor_s,
+                "dram_active_s_total": self._dram_s,
+                "mem_active_s_total": self._mem_s,
+                "iterations_total": self._iterations,
+                "paced_iterations_total": self._paced,
+                "lagged_iterations_total": self._lagged,
+                "lag_s_total": self._lag_s,
+                "modeled_s_total": self._modeled_s,
+            }
             temperature = self._temp_c
             limit = self._limit_w
             used = self._costs.weight_bytes + self._kv_bytes_in_use + _CONTEXT_BYTES
-        return DeviceSample(
+        return EmulatedSample(
             ts_s=ts_s,
             device=self.spec,
             kind="emulated",
@@ -613,6 +720,8 @@ class EmulatedDevice(Device):
             mem_total_bytes=self._gpu.memory_bytes,
             locked_sm_clock_min_mhz=locked[0] if locked else None,
             locked_sm_clock_max_mhz=locked[1] if locked else None,
+            window_s=length,
+            **counters,
             **window,
         )
 

@@ -3,7 +3,9 @@
 The datasheet columns are the table in DESIGN.md ("GPU model for emulation"); the clock table mirrors
 what NVML reports (``nvmlDeviceGetSupportedGraphicsClocks``: 15 MHz steps from the minimum to the
 maximum SM clock; the H200 read 345..1980 MHz on 2026-11-30). Memory totals are what NVML reports
-(H200 measured; the 80 GB parts are 80 GiB).
+as ``memory.total`` on the real boards (``nvidia-smi --query-gpu=memory.total``, MiB), not the
+marketing capacity: H100 SXM5 80GB 81,559 MiB and A100-SXM4-80GB 81,920 MiB (as those boards report
+them in published nvidia-smi output); H200 141GB 143,771 MiB (this project's H200, 2026-11-30).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 from dataclasses import dataclass
 
 from serving.devices.errors import DeviceValueError
+
+MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +72,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
         max_sm_clock_mhz=1980,
         min_sm_clock_mhz=345,
         mem_clock_mhz=2619,
-        memory_bytes=80 * 2**30,
+        memory_bytes=81_559 * MIB,  # NVML memory.total of an H100 SXM5 80GB
     ),
     "h200": GpuSpec(
         key="h200",
@@ -81,7 +85,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
         max_sm_clock_mhz=1980,
         min_sm_clock_mhz=345,
         mem_clock_mhz=3201,
-        memory_bytes=150_754_820_096,
+        memory_bytes=143_771 * MIB,  # NVML memory.total measured on this project's H200
     ),
     "a100-sxm-80gb": GpuSpec(
         key="a100-sxm-80gb",
@@ -94,7 +98,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
         max_sm_clock_mhz=1410,
         min_sm_clock_mhz=210,
         mem_clock_mhz=1593,
-        memory_bytes=80 * 2**30,
+        memory_bytes=81_920 * MIB,  # NVML memory.total of an A100-SXM4-80GB
         thermal_c_per_w=0.07,
     ),
 }

@@ -37,3 +37,20 @@ def test_load_against_a_dead_url_fails_cleanly() -> None:
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
+
+
+def test_serve_banner_says_devices_are_emulated_what_they_model_and_where_lag_is_counted() -> None:
+    from serving.cli import emulation_banner
+    from serving.settings import ServeSettings
+
+    banner = emulation_banner(
+        ServeSettings(
+            mode="disaggregated", devices=["emulated:h100-sxm"], emulate_shape="llama-3.1-8b", port=8000
+        )
+    )
+    assert banner is not None
+    assert "EMULATED GPUs, modeled not measured" in banner
+    assert "worker-0, worker-1 on emulated:h100-sxm (NVIDIA H100 80GB HBM3) modeling llama-3.1-8b" in banner
+    for where in ("/v1/devices", "phaselens:emulation_lag_seconds_total", "lag_s"):
+        assert where in banner
+    assert emulation_banner(ServeSettings(devices=["cpu"])) is None

@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from serving.config import BYTE_EOS, BYTE_VOCAB, EngineConfig, ModelConfig, SamplingParams
-from serving.devices import CpuDevice
+from serving.config import BYTE_EOS, BYTE_VOCAB, EngineConfig, ModelConfig, SamplingParams, preset
+from serving.devices import CpuDevice, Device, EmulatedDevice
 from serving.engine import Engine, Handoff
 from serving.model import LlamaForCausalLM
 from serving.scheduler import AdmissionError
@@ -330,13 +330,13 @@ FIELDS = {
 }
 
 
-def _telemetry_run(model, prompts, **kw) -> tuple[Engine, list[dict]]:
+def _telemetry_run(model, prompts, device: Device | None = None, **kw) -> tuple[Engine, list[dict]]:
     batches: list[dict] = []
     tel = TelemetryEmitter("worker-7", batches.append, max_batch_events=1000)
     eng = Engine(
         model,
         EngineConfig(block_size=BLOCK, num_blocks=64, max_model_len=512, **kw),
-        CpuDevice(),
+        device if device is not None else CpuDevice(),
         worker_id="worker-7",
         telemetry=tel,
     )
@@ -366,6 +366,24 @@ def test_iteration_telemetry_fields(model) -> None:
     assert [e["context_tokens"] for e in events] == [7, 9, 11]
     assert events[0]["kv_blocks_used"] == 3  # 5 tokens -> 2 blocks, 2 tokens -> 1 block
     assert all(a["end_s"] <= b["start_s"] for a, b in itertools.pairwise(events))
+    assert all(e["modeled_s"] is None and e["lag_s"] is None for e in events)  # measured, not modeled
+
+
+def test_iteration_telemetry_carries_modeled_time_and_lag_on_an_emulated_device(model) -> None:
+    """Each iteration says how long the modeled GPU took and how far the host ran past it (0 when
+    paced); the events add up to the device's lag counters."""
+    dev = EmulatedDevice("h100-sxm", model_shape=preset("llama-3.1-8b"))
+    eng, events = _telemetry_run(model, [[1, 2, 3, 4, 5], [6, 7]], device=dev)
+    stats = dev.stats()
+    assert len(events) == stats.iterations == 3
+    assert all(e["device"] == "emulated:h100-sxm" and e["modeled_s"] > 0.001 for e in events)
+    assert sum(e["modeled_s"] for e in events) == pytest.approx(stats.modeled_s_total)
+    lagged = [e for e in events if e["lag_s"] > 0]
+    assert len(lagged) == stats.lagged_iterations
+    assert sum(e["lag_s"] for e in events) == pytest.approx(stats.lag_s_total)
+    assert all(e["pacing_s"] == 0 for e in lagged)
+    assert all(e["lag_s"] == 0 and e["pacing_s"] > 0 for e in events if e not in lagged)
+    assert eng.stats()["emulation"]["iterations"] == 3
 
 
 def test_iteration_telemetry_mixed_phase(model) -> None:

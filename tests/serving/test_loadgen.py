@@ -30,6 +30,7 @@ from serving.loadgen import (
     _build_requests,
     add_load_arguments,
     build_report,
+    emulation_during,
     fetch_model,
     format_report,
     latency_stats,
@@ -196,6 +197,55 @@ def test_build_report_counts_only_ok_requests() -> None:
     assert report.itl.n == 3
     assert report.errors == ["#1 http 400: nope"]
     json.dumps(report.to_dict(), allow_nan=False)  # NaN-free JSON
+
+
+def test_load_report_shows_the_host_bound_share_of_emulated_iterations() -> None:
+    """The run's share is the difference of each emulated worker's lag counters after and before."""
+    before = {
+        "worker-0": {
+            "device": "emulated:h100-sxm",
+            "iterations": 10,
+            "lagged_iterations": 4,
+            "lag_s_total": 1.0,
+        }
+    }
+    after = {
+        "worker-0": {
+            "device": "emulated:h100-sxm",
+            "models_shape": "llama-3.1-8b",
+            "iterations": 110,
+            "lagged_iterations": 79,
+            "lag_s_total": 4.5,
+        },
+        "worker-1": {
+            "device": "emulated:h100-sxm",
+            "models_shape": "llama-3.1-8b",
+            "iterations": 20,
+            "lagged_iterations": 0,
+            "lag_s_total": 0.0,
+        },
+    }
+    during = emulation_during(before, after)
+    assert during[0] == {
+        "worker": "worker-0",
+        "device": "emulated:h100-sxm",
+        "models_shape": "llama-3.1-8b",
+        "iterations": 100,
+        "lagged_iterations": 75,
+        "lag_s": 3.5,
+        "host_bound_fraction": 0.75,
+    }
+    assert (during[1]["iterations"], during[1]["host_bound_fraction"]) == (20, 0.0)
+    assert emulation_during(before, None) is None
+    report = build_report("u", "m", [], duration_s=1.0)
+    assert "host-bound" not in format_report(report)
+    report.emulation = during
+    text = format_report(report)
+    assert "emulated GPUs (modeled, not measured)" in text
+    assert (
+        "worker-0   emulated:h100-sxm modeling llama-3.1-8b: 100 iterations, 75 host-bound (75.0 %), lag 3.50 s"
+        in text
+    )
 
 
 def test_synthetic_prompt_exact_ascii_deterministic() -> None:

@@ -10,6 +10,7 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -196,20 +197,25 @@ def test_continuous_decode_reads_high_utilization_low_sm_activity(fake: FakeTime
     assert p.power_w > 2 * s.power_w
 
 
-def test_snapshot_windows_are_since_the_previous_snapshot(fake: FakeTime) -> None:
+def test_snapshot_means_cover_a_trailing_window(fake: FakeTime) -> None:
     dev = device(fake)
     first = dev.snapshot()
     assert (first.gpu_util_pct, first.power_w, first.clock_event_reasons) == (0.0, 72.0, CLOCK_EVENT_GPU_IDLE)
-    assert first.sm_clock_mhz == 345  # idles at the lowest clock
+    assert first.sm_clock_mhz == 345 and first.window_s == 0.1  # idles at the lowest clock
     est = dev.predict(decode(32))
     run(dev, fake, decode(32))  # busy for est.time_s ...
     fake.advance(est.time_s)  # ... then idle as long again
-    s = dev.snapshot()
-    assert s.gpu_util_pct == pytest.approx(50.0)
+    s = dev.snapshot(window_s=2 * est.time_s)
+    assert s.gpu_util_pct == pytest.approx(50.0) and s.window_s == pytest.approx(2 * est.time_s)
     assert s.power_w == pytest.approx((est.power_w + 72.0) / 2)
     assert s.clock_event_reasons == 0 and s.sm_clock_mhz == 1980
+    assert dev.snapshot().gpu_util_pct == pytest.approx(100 * est.time_s / 0.1)  # the default window
     fake.advance(0.5)
     assert dev.snapshot().gpu_util_pct == 0.0
+    with pytest.raises(DeviceValueError, match=r"window_s 0 s is outside \(0, 10\] s"):
+        dev.snapshot(window_s=0)
+    with pytest.raises(DeviceValueError, match=r"window_s 11 s is outside"):
+        dev.snapshot(window_s=11)
 
 
 def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> None:
@@ -218,7 +224,7 @@ def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> No
 
     def sleep(seconds: float) -> None:
         fake.advance(seconds / 2)
-        seen.append(dev.snapshot())
+        seen.append(dev.snapshot(window_s=0.02))
         fake.advance(seconds / 2)
 
     dev = EmulatedDevice("h100-sxm", model_shape=LLAMA_8B, clock=fake.clock, sleep=sleep)
@@ -226,6 +232,7 @@ def test_snapshot_mid_iteration_sees_the_running_iteration(fake: FakeTime) -> No
     fake.advance(1.0)
     dev.snapshot()
     run(dev, fake, prefill(4096))
+    assert dev.last_estimate.time_s / 2 > 0.02
     assert seen[0].gpu_util_pct == pytest.approx(100.0) and seen[0].power_w > 600
 
 
@@ -279,6 +286,136 @@ def test_energy_counter_is_monotonic_and_integrates_power(fake: FakeTime) -> Non
     readings.append(dev.snapshot().energy_mj)
     assert readings == sorted(readings)
     assert (readings[-1] - start) / 1000 == pytest.approx(expected_j, rel=0.01)
+
+
+class TickingTime(FakeTime):
+    """A fake clock that runs readers at exact multiples of their periods as time passes (also while
+    the host computes and while the device sleeps), like samplers in other threads."""
+
+    def __init__(self, readers: list[tuple[float, float, Callable[[], None]]]) -> None:
+        super().__init__()
+        self.readers = [(self.now + offset, period, read) for offset, period, read in readers]
+        self.ticks = [1] * len(readers)
+
+    def advance(self, seconds: float) -> None:
+        target = self.now + seconds
+        while self.readers:
+            due, i = min(
+                (start + self.ticks[i] * period, i) for i, (start, period, _) in enumerate(self.readers)
+            )
+            if due > target:
+                break
+            self.now = due
+            self.ticks[i] += 1
+            self.readers[i][2]()
+        self.now = target
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(max(0.0, seconds))
+
+
+def mixed_load(dev: EmulatedDevice, fake: FakeTime, iterations: int = 400) -> tuple[float, float]:
+    """Iterations that pace and iterations that lag, idle gaps between; returns the modeled (busy s, J)."""
+    busy_s = energy_j = 0.0
+    for i in range(iterations):
+        work = prefill(1024) if i % 9 == 0 else decode(8 + i % 40)
+        est = dev.predict(work)
+        host_s = est.time_s * (2.5 if i % 3 == 0 else 0.4)  # every third iteration lags
+        run(dev, fake, work, host_s=host_s)
+        fake.advance(0.004 * (i % 5))
+        busy_s += est.time_s
+        energy_j += est.energy_j
+    return busy_s, energy_j
+
+
+def test_two_readers_at_different_periods_each_integrate_the_energy_counter() -> None:
+    """Reader A every 0.1 s (default window), reader B every 0.5 s (its own window), interleaved, while
+    the load paces and lags: each reader's power x its period sums to the energy counter's increase,
+    and no reader shortens another's window (the old 'since the last snapshot' window lost 43 %)."""
+    readings: dict[str, list] = {"a": [], "b": []}
+    fake = TickingTime(
+        [
+            (0.0, 0.1, lambda: readings["a"].append(dev.snapshot())),
+            (0.03, 0.5, lambda: readings["b"].append(dev.snapshot(window_s=0.5))),
+        ]
+    )
+    dev = device(fake)
+    mixed_load(dev, fake)
+    for name, period in (("a", 0.1), ("b", 0.5)):
+        samples = readings[name]
+        assert len(samples) > 8
+        integrated_j = sum(s.power_w * period for s in samples[1:])
+        counted_j = (samples[-1].energy_mj - samples[0].energy_mj) / 1000
+        assert integrated_j == pytest.approx(counted_j, rel=1e-3), name
+        for older, newer in itertools.pairwise(samples):  # the counters give the same means
+            dt = newer.uptime_s - older.uptime_s
+            assert dt == pytest.approx(period)
+            util = 100 * (newer.busy_s_total - older.busy_s_total) / dt
+            assert util == pytest.approx(newer.gpu_util_pct, abs=1e-6)
+            sm = 100 * (newer.sm_active_s_total - older.sm_active_s_total) / dt
+            assert sm == pytest.approx(newer.sm_active_pct, abs=1e-6)
+    assert any(0 < s.gpu_util_pct < 100 for s in readings["a"])
+
+
+def test_energy_counter_reconciles_with_modeled_energy_under_lag_and_snapshots() -> None:
+    """The counter equals the modeled iteration energies plus idle power x idle time, whatever the
+    lag and whenever snapshots are taken (before, a busy interval placed before the last snapshot
+    was never counted: -13.5 % energy, 0 % utilization)."""
+    snaps = []
+    fake = TickingTime([(0.0, 0.013, lambda: snaps.append(dev.snapshot()))])  # mid-compute, mid-sleep
+    dev = device(fake)
+    busy_s, energy_j = mixed_load(dev, fake)
+    fake.advance(1.0)  # every modeled interval has ended
+    end = dev.snapshot()
+    idle_s = end.uptime_s - busy_s
+    assert dev.stats().lagged_iterations > 100 and dev.stats().paced_iterations > 200 and len(snaps) > 100
+    assert end.energy_mj / 1000 == pytest.approx(energy_j + 72.0 * idle_s, rel=1e-3)
+    assert end.busy_s_total == pytest.approx(busy_s, rel=1e-9)
+    assert end.modeled_s_total == pytest.approx(busy_s, rel=1e-9)
+    energies = [s.energy_mj for s in snaps] + [end.energy_mj]
+    assert energies == sorted(energies)
+
+
+def test_lag_is_counted_per_iteration_and_in_every_sample(fake: FakeTime) -> None:
+    """On a host too slow for the modeled GPU, the lag is visible: per iteration, in the sample's
+    window and cumulative counters, and in the device's counter summary."""
+    dev = device(fake)
+    assert dev.last_iteration_timing() is None
+    modeled = dev.predict(decode(32)).time_s
+    run(dev, fake, decode(32), host_s=modeled + 0.004)
+    timing = dev.last_iteration_timing()
+    assert timing.modeled_s == pytest.approx(modeled) and timing.lag_s == pytest.approx(0.004)
+    run(dev, fake, decode(32), host_s=0.001)
+    assert dev.last_iteration_timing().lag_s == 0.0
+    s = dev.snapshot()
+    assert (s.iterations_total, s.lagged_iterations_total, s.paced_iterations_total) == (2, 1, 1)
+    assert s.lag_s_total == pytest.approx(0.004) and s.host_bound_pct == pytest.approx(50.0)
+    assert s.modeled_s_total == pytest.approx(2 * modeled)
+    fake.advance(0.5)
+    assert dev.snapshot().host_bound_pct is None  # nothing finished in the window
+    counters = dev.emulation_counters()
+    assert counters == {
+        "device": "emulated:h100-sxm",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "models_shape": "llama-3.1-8b",
+        "paced": True,
+        "iterations": 2,
+        "paced_iterations": 1,
+        "lagged_iterations": 1,
+        "lag_s_total": pytest.approx(0.004),
+        "modeled_s_total": pytest.approx(2 * modeled),
+        "host_bound_fraction": 0.5,
+    }
+    json.dumps(counters)
+
+
+def test_memory_total_is_what_nvml_reports_for_the_real_board(fake: FakeTime) -> None:
+    """NVML memory.total: H100 SXM 80GB 81,559 MiB; H200 143,771 MiB; A100-SXM4-80GB 81,920 MiB."""
+    mib = {"h100-sxm": 81_559, "h200": 143_771, "a100-sxm-80gb": 81_920}
+    for gpu, total in mib.items():
+        assert GPU_SPECS[gpu].memory_bytes == total * 2**20, gpu
+        assert device(fake, gpu).snapshot().mem_total_bytes == total * 2**20
 
 
 def test_temperature_rises_under_load_and_relaxes(fake: FakeTime) -> None:
