@@ -282,7 +282,11 @@ class EngineMapper:
             derived = _DERIVED_COUNTERS.get(engine, {}).get(base)
             if derived and suffix == "_sum" and (engine, derived) not in present:
                 points.append(EnginePoint(eng, derived, _C, "_total", labels, float(s.value)))
-            if engine == "vllm" and base == "cache_config_info" and (engine, "kv_blocks_total") not in present:
+            if (
+                engine == "vllm"
+                and base == "cache_config_info"
+                and (engine, "kv_blocks_total") not in present
+            ):
                 blocks = _number(labels.get("num_gpu_blocks"))
                 if blocks is not None:  # vLLM's KV capacity is a label of this info gauge
                     keep = {k: v for k, v in labels.items() if k in ("engine", "model_name")}

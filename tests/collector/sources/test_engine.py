@@ -21,9 +21,9 @@ def find(rows: list[dict], metric: str, _engine: str | None = None, **labels: st
     out = []
     for r in rows:
         lab = json.loads(r["labels"])
-        if r["metric"] == metric and all(lab.get(k) == v for k, v in labels.items()):
-            if _engine is None or r["engine"] == _engine:
-                out.append(r)
+        same_engine = _engine is None or r["engine"] == _engine
+        if same_engine and r["metric"] == metric and all(lab.get(k) == v for k, v in labels.items()):
+            out.append(r)
     return out
 
 
