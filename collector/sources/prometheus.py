@@ -4,8 +4,8 @@
 Prometheus-compatible server (Prometheus, Thanos, Mimir) through ``/api/v1/query_range`` for
 ``DCGM_FI_*`` series (→ ``gpu_samples``) and engine series (→ ``engine_metrics``).
 
-``engine_metrics`` rows: ``node, endpoint, engine, ts_s, metric, labels, value`` with ``labels`` a JSON
-object string (sorted keys) and ``engine`` one of :data:`ENGINES`: ``dynamo`` is a Dynamo frontend
+``engine_metrics`` rows: ``node, endpoint, engine, ts_s, metric, labels, value`` with ``labels`` a dict
+(sorted keys; the store's JSON object) and ``engine`` one of :data:`ENGINES`: ``dynamo`` is a Dynamo frontend
 (``dynamo_frontend_*``), ``dynamo_worker`` a Dynamo worker/component (``dynamo_component_*``: its
 ``dynamo_component``/``dynamo_endpoint`` labels say which), ``lmcache`` the LMCache connector inside a
 vLLM or SGLang process (``lmcache:*``). Metric names are normalised across engines:
@@ -417,7 +417,7 @@ def _row(node: str | None, endpoint: str, ts_s: float, p: EnginePoint, metric: s
         "engine": p.engine,
         "ts_s": ts_s,
         "metric": metric,
-        "labels": _labels_json(p.labels),
+        "labels": dict(sorted(p.labels.items())),  # the store writes it as a JSON object
         "value": p.value,
     }
 

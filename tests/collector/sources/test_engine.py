@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from collector.sources import TABLE_ENGINE_METRICS, Backoff, EngineScrapeSource
@@ -20,7 +18,7 @@ def rows_of(result) -> list[dict]:
 def find(rows: list[dict], metric: str, _engine: str | None = None, **labels: str) -> list[dict]:
     out = []
     for r in rows:
-        lab = json.loads(r["labels"])
+        lab = r["labels"]
         same_engine = _engine is None or r["engine"] == _engine
         if same_engine and r["metric"] == metric and all(lab.get(k) == v for k, v in labels.items()):
             out.append(r)
@@ -62,7 +60,7 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
         "vllm",
         1_000.0,
     )
-    assert json.loads(r0["labels"]) == {"engine": "0", "model_name": ex.MODEL}
+    assert r0["labels"] == {"engine": "0", "model_name": ex.MODEL}
     assert value(first, "requests_running") == 3
     assert value(first, "requests_waiting") == 1
     assert value(first, "kv_cache_usage_ratio") == 0.25
@@ -97,7 +95,7 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
     assert value(second, "ttft_seconds_count_per_s") == pytest.approx(1.0)
     assert value(second, "itl_seconds_mean") == pytest.approx(0.005)  # 2.5 s / 500 tokens
     assert value(second, "e2e_seconds_mean") == pytest.approx(2.0)
-    assert json.loads(find(second, "ttft_seconds_mean")[0]["labels"]) == {
+    assert find(second, "ttft_seconds_mean")[0]["labels"] == {
         "engine": "0",
         "model_name": ex.MODEL,
     }
@@ -132,7 +130,7 @@ def test_sglang_names(engine, http_server: LocalServer, clock: FakeClock) -> Non
     assert value(first, "itl_seconds_count") == 1000  # time_per_output_token is per-token here
     assert value(first, "e2e_seconds_sum") == 12.0
     assert value(first, "cache_hit_rate") == 0.0075  # unmapped sglang metric passes through
-    assert json.loads(find(first, "ttft_seconds_sum")[0]["labels"]) == {
+    assert find(first, "ttft_seconds_sum")[0]["labels"] == {
         "model_name": ex.MODEL,
         "tp_rank": "0",
     }
@@ -162,7 +160,7 @@ def test_dynamo_frontend_names_and_token_totals_from_sequence_histograms(
     assert value(first, "generation_tokens_total") == 2_000
     # dynamo_component_* is a worker, not the frontend: its own engine, never summed with the frontend
     (worker,) = find(first, "requests_running", "dynamo_worker")
-    assert json.loads(worker["labels"]) == {"dynamo_component": "backend"}
+    assert worker["labels"] == {"dynamo_component": "backend"}
     http_server.serve_text("/metrics", ex.dynamo(isl=(16_000, 14), osl=(2_800, 14), ttft=(2.3, 14)))
     clock.advance(2)
     second = rows_of(src.poll(force=True))
@@ -270,7 +268,7 @@ def test_vllm_with_lmcache_capture(engine, clock: FakeClock) -> None:
     # KV usage and capacity (vLLM writes its block count as a label of cache_config_info)
     assert value(rows, "kv_cache_usage_ratio", "vllm") == pytest.approx(0.4187)
     (cap,) = find(rows, "kv_blocks_total", "vllm")
-    assert cap["value"] == 4381 and json.loads(cap["labels"]) == {"engine": "0"}
+    assert cap["value"] == 4381 and cap["labels"] == {"engine": "0"}
     assert value(rows, "requests_total", finished_reason="length") == 212
     assert value(rows, "queue_seconds_sum") == pytest.approx(96.2)
     # LMCache: hit tokens, usage, retrieve/store latency
@@ -281,7 +279,7 @@ def test_vllm_with_lmcache_capture(engine, clock: FakeClock) -> None:
     assert value(rows, "retrieve_seconds_sum", "lmcache") == pytest.approx(38.2)
     assert value(rows, "retrieve_seconds_count", "lmcache") == 1695
     assert value(rows, "num_lookup_requests_total", "lmcache") == 1702  # passes through
-    lm = json.loads(find(rows, "retrieve_hit_tokens_total")[0]["labels"])
+    lm = find(rows, "retrieve_hit_tokens_total")[0]["labels"]
     assert lm == {"model_name": "Qwen/Qwen3-8B", "role": "worker", "worker_id": "0", "world_size": "1"}
     # The process's own families have no place in engine_metrics: counted, each by name, not dropped
     found = {e.message.split(":")[0] for e in result.errors if e.kind == "unmapped"}
@@ -308,7 +306,7 @@ def test_dynamo_worker_capture(engine) -> None:
     assert value(rows, "requests_running", w) == 9
     req = find(rows, "requests_total", w)[0]
     assert req["value"] == 2231
-    assert json.loads(req["labels"]) == {
+    assert req["labels"] == {
         "dynamo_component": "backend",
         "dynamo_endpoint": "generate",
         "dynamo_namespace": "dynamo",
