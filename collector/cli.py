@@ -22,6 +22,13 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-nvml", action="store_true", help="do not sample this host's NVIDIA GPUs")
     p.add_argument("--gpu-interval", type=float, default=0.1, help="GPU sampling period, s")
     p.add_argument(
+        "--dcgm-interval-s",
+        type=float,
+        default=1.0,
+        help="dcgm-exporter scrape period, s (the exporter refreshes every 30 s by default; "
+        "unchanged refreshes are not stored again)",
+    )
+    p.add_argument(
         "--flush-interval", type=float, default=1.0, help="store flush period, s (max loss on kill -9)"
     )
     p.add_argument(
@@ -47,6 +54,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus,
         nvml=not args.no_nvml,
         gpu_interval_s=args.gpu_interval,
+        dcgm_interval_s=args.dcgm_interval_s,
         flush_interval_s=args.flush_interval,
         retention=RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days),
     )
@@ -55,6 +63,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
         print(
             "phaselens collect: error: --gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0.1 <= settings.dcgm_interval_s <= 300:
+        print(
+            f"phaselens collect: error: --dcgm-interval-s must be in [0.1, 300] s, got {settings.dcgm_interval_s}",
             file=sys.stderr,
         )
         return 2

@@ -43,6 +43,7 @@ class CollectorSettings:
     gpu_interval_s: float = 0.1
     telemetry_interval_s: float = 0.5
     scrape_interval_s: float = 1.0
+    dcgm_interval_s: float = 1.0  # dcgm-exporter scrape period (unchanged refreshes are not stored again)
     flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
@@ -58,7 +59,7 @@ class CollectorSettings:
         for url in self.serving_urls:
             sources.append(ServingTelemetrySource(url, node=self.node, interval_s=self.telemetry_interval_s))
             sources.append(ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s))
-        sources += [DcgmSource(u, interval_s=self.scrape_interval_s) for u in self.dcgm_urls]
+        sources += [DcgmSource(u, node=self.node, interval_s=self.dcgm_interval_s) for u in self.dcgm_urls]
         sources += [EngineScrapeSource(u, interval_s=self.scrape_interval_s) for u in self.engine_urls]
         if self.prometheus_url:
             sources.append(PrometheusQuerySource(self.prometheus_url, interval_s=15.0))
@@ -86,6 +87,7 @@ class Collector:
         self.settings = settings
         self.store = store
         self.sources = sources if sources is not None else settings.build_sources()
+        self._by_name = {s.name: s for s in self.sources}
         self.stats = WriterStats()
         self._queue: queue.Queue[SourceResult] = queue.Queue(maxsize=settings.max_queue)
         self._stop = threading.Event()
@@ -165,8 +167,12 @@ class Collector:
                 results.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        if not results:
-            return
+        if results:
+            self.write_results(results)
+
+    def write_results(self, results: list[SourceResult]) -> None:
+        """Store poll results the way the writer thread does (one append per source and table),
+        then flush. Only the writer thread (or a test without one) calls this."""
         # One append per (source, table) per flush: converting many tiny batches costs more than rows.
         by_source: dict[str, list[SourceResult]] = {}
         for res in results:
@@ -216,6 +222,9 @@ class Collector:
                 self.stats.store_errors += 1
                 self.stats.last_error = str(e)
                 self._record(source, "store_rejected", str(e), len(rows))
+                src = self._by_name.get(source)
+                if src is not None:  # the source's own errors: it reads degraded, and so does /health
+                    src.record_store_rejected(len(rows), str(e))
         for res in results:
             for err in res.errors:
                 if err.severity != "info":
@@ -231,7 +240,7 @@ class Collector:
 
     def health(self) -> dict[str, Any]:
         sources = [{**s.health().to_dict(), **s.health_details()} for s in self.sources]
-        down = [s["name"] for s in sources if s["status"] == "down"]
+        down = [s["name"] for s in sources if s["status"] in ("down", "degraded")]
         now = time.time()
         for s in sources:
             s["lag_s"] = None if s["last_success_s"] is None else round(now - s["last_success_s"], 3)

@@ -33,8 +33,8 @@ class IngestError:
     """A counted problem met while ingesting from ``source``.
 
     ``kind`` is a short machine-readable word (``unreachable``, ``http_status``, ``malformed_line``,
-    ``non_numeric``, ``non_finite``, ``unknown_metric``, ``clock_backwards``, ``counter_reset``,
-    ``query_error``, ``partial_data``, ``internal``). ``message`` is the first occurrence's detail.
+    ``non_numeric``, ``non_finite``, ``unmapped``, ``clock_backwards``, ``counter_reset``,
+    ``query_error``, ``partial_data``, ``internal``; the service adds ``store_rejected``). ``message`` is the first occurrence's detail.
     Severity ``error`` means data was lost (the source reads ``degraded``); ``warning`` means
     something was skipped that the tables have no place for; ``info`` is bookkeeping only.
     """
@@ -63,12 +63,17 @@ class SourceResult:
     def add_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
         self.rows.setdefault(table, []).extend(rows)
 
-    def count(self, kind: str, message: str, n: int = 1, severity: Severity = "error") -> None:
-        """Count ``n`` problems of ``kind``; the first message of a kind is kept."""
+    def count(
+        self, kind: str, message: str, n: int = 1, severity: Severity = "error", *, distinct: bool = False
+    ) -> None:
+        """Count ``n`` problems of ``kind``; the first message of a kind is kept.
+
+        ``distinct`` keeps each message apart (e.g. one ``unmapped`` entry per metric family).
+        """
         if n <= 0:
             return
         for e in self.errors:
-            if e.kind == kind and e.severity == severity:
+            if e.kind == kind and e.severity == severity and (not distinct or e.message == message):
                 e.count += n
                 return
         self.errors.append(IngestError(self.source, kind, message, n, severity))
@@ -98,7 +103,9 @@ class SourceHealth:
     consecutive_failures: int = 0
     next_attempt_s: float | None = None
     rows_total: int = 0
-    errors_total: int = 0  # counted problems of severity error or warning, plus failed polls
+    errors_total: int = 0  # counted problems of severity error or warning, failed polls, store rejections
+    store_rejected_rows: int = 0  # rows of this source the store refused (counted by the service)
+    last_store_rejected_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +118,34 @@ class SourceUnavailable(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+class UnmappedFamilies:
+    """Counts the metric families a source has no place for, once per family per ``every_s``.
+
+    Each is an ``unmapped`` warning naming the family (it reaches ``ingest_errors``), so a family
+    that is dropped every scrape is visible without a row per scrape.
+    """
+
+    def __init__(self, every_s: float = 3600.0) -> None:
+        self.every_s = every_s
+        self._last_s: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._last_s)
+
+    def count(self, families: Iterable[str], now_s: float, result: SourceResult, why: str) -> None:
+        """Count each of ``families`` on ``result`` unless it was counted less than ``every_s`` ago."""
+        for family in sorted(set(families)):
+            last = self._last_s.get(family)
+            if last is not None and 0 <= now_s - last < self.every_s:
+                continue
+            self._last_s[family] = now_s
+            result.count("unmapped", f"{family}: {why}", severity="warning", distinct=True)
+
+
+#: How long after the store last refused a source's rows the source reads ``degraded``.
+STORE_REJECTED_DEGRADED_S = 60.0
 
 
 class Source(ABC):
@@ -135,6 +170,7 @@ class Source(ABC):
         self.backoff = backoff if backoff is not None else Backoff()
         self.discovery_ttl_s = discovery_ttl_s
         self._health = SourceHealth(name)
+        self._health_lock = threading.Lock()  # the writer thread reports store rejections
         self._available: bool | None = None
         self._available_checked_s: float | None = None
         self._lock = threading.Lock()
@@ -191,21 +227,44 @@ class Source(ABC):
                 self._fail(result, now, "internal", f"{type(e).__name__}: {e}")
             else:
                 self.backoff.success()
-                h.consecutive_failures = 0
-                h.last_success_s = now
-                h.next_attempt_s = now + self.interval_s
-                h.status = "degraded" if result.degraded else "ok"
-                h.last_error = next(
-                    (f"{e.kind}: {e.message}" for e in result.errors if e.severity != "info"), h.last_error
-                )
-                h.rows_total += result.n_rows
-                h.errors_total += sum(e.count for e in result.errors if e.severity != "info")
+                with self._health_lock:
+                    h.consecutive_failures = 0
+                    h.last_success_s = now
+                    h.next_attempt_s = now + self.interval_s
+                    h.status = "degraded" if result.degraded or self._rejected_recently(now) else "ok"
+                    h.last_error = next(
+                        (f"{e.kind}: {e.message}" for e in result.errors if e.severity != "info"),
+                        h.last_error,
+                    )
+                    h.rows_total += result.n_rows
+                    h.errors_total += sum(e.count for e in result.errors if e.severity != "info")
                 self._available, self._available_checked_s = True, now
             return result
 
+    def record_store_rejected(self, n_rows: int, message: str) -> None:
+        """Count ``n_rows`` of this source's rows that the store refused (called by the writer).
+
+        One error per refused append; the source reads ``degraded`` until
+        :data:`STORE_REJECTED_DEGRADED_S` after the last refusal.
+        """
+        now = self.clock()
+        with self._health_lock:
+            h = self._health
+            h.errors_total += 1
+            h.store_rejected_rows += n_rows
+            h.last_store_rejected_s = now
+            h.last_error = f"store_rejected: {message}"
+            if h.status != "down":
+                h.status = "degraded"
+
+    def _rejected_recently(self, now_s: float) -> bool:
+        last = self._health.last_store_rejected_s
+        return last is not None and now_s - last < STORE_REJECTED_DEGRADED_S
+
     def health(self) -> SourceHealth:
         """A copy of the current health."""
-        return SourceHealth(**asdict(self._health))
+        with self._health_lock:
+            return SourceHealth(**asdict(self._health))
 
     @property
     def next_attempt_s(self) -> float | None:
@@ -235,11 +294,12 @@ class Source(ABC):
         result.ok = False
         result.rows.clear()
         result.errors = [IngestError(self.name, kind, message, 1, "error")]
-        h = self._health
-        h.status = "down"
-        h.consecutive_failures += 1
-        h.last_error = f"{kind}: {message}"
-        h.errors_total += 1
         delay = self.backoff.failure()
-        h.next_attempt_s = now + delay
+        with self._health_lock:
+            h = self._health
+            h.status = "down"
+            h.consecutive_failures += 1
+            h.last_error = f"{kind}: {message}"
+            h.errors_total += 1
+            h.next_attempt_s = now + delay
         log.warning("%s: %s (%s); retrying in %.1f s", self.name, kind, message, delay)

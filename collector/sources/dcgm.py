@@ -1,24 +1,37 @@
 """NVIDIA dcgm-exporter as a source: ``DCGM_FI_*`` fields → ``gpu_samples`` rows (DeviceSample columns).
 
-One row per GPU per scrape: ``kind="cuda"``, ``emulated=False``, ``source="dcgm:<url>"``, the node from
-the ``Hostname`` (old exporters) or ``hostname`` label, and Kubernetes ``pod``/``namespace``/``container``
-labels kept as ``k8s_pod``/``k8s_namespace``/``k8s_container``. DCGM writes "blank" sentinels for values it does not have; they become ``None``.
-The rows are the store's wide ``gpu_samples`` input: it keeps kind, UUID, model name and the
-Kubernetes labels in ``devices``, one row per change (a pod moving to another GPU shows up there).
+One row per GPU per scrape: ``kind="cuda"``, ``emulated=False``, ``source="dcgm:<url>"``, ``node`` the
+collector's node (``phaselens collect --node``, default the host: the machine the GPU belongs to, as
+for every other source), the exporter's own ``Hostname`` (old exporters) or ``hostname`` label in
+``exporter_hostname``, and Kubernetes ``pod``/``namespace``/``container`` labels kept as
+``k8s_pod``/``k8s_namespace``/``k8s_container``. DCGM writes "blank" sentinels for values it does not
+have; they become ``None``. The rows are the store's wide ``gpu_samples`` input: it keeps kind, UUID,
+model name, MIG identity and the Kubernetes labels in ``devices``, one row per change.
+
+MIG: dcgm-exporter labels a GPU instance's series with the physical GPU's ``gpu``/``UUID`` plus
+``GPU_I_ID`` and ``GPU_I_PROFILE``, and repeats whole-GPU fields (power, energy, clocks,
+temperature) on every instance. Such a GPU gives one whole-GPU row (``cuda:N``: the GPU-level fields,
+from its own series or else from its instances, once) and one row per instance (``cuda:N/gi<id>``,
+``mig_instance_id``, ``mig_profile``, ``parent_uuid``; ``uuid`` NULL as DCGM does not export MIG
+UUIDs) carrying only the per-instance fields (GR engine/SM/tensor/DRAM activity, framebuffer), so
+``SUM(power_w)`` over a physical GPU's rows is its power.
+
+DCGM fields without a column, and non-DCGM families, are counted as ``unmapped`` (once per family
+per hour), never dropped silently.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from collector.sources.backoff import Backoff
-from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult
+from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, UnmappedFamilies
 from collector.sources.exposition import fetch_text, finite, parse_exposition
 from serving.devices.base import DeviceSample
 
@@ -38,10 +51,13 @@ _MIB = 1024 * 1024
 DCGM_FIELDS: dict[str, DcgmField] = {
     "DCGM_FI_DEV_GPU_UTIL": DcgmField("gpu_util_pct"),
     "DCGM_FI_DEV_MEM_COPY_UTIL": DcgmField("mem_util_pct"),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": DcgmField("gr_engine_active_pct", 100.0),
     "DCGM_FI_PROF_SM_ACTIVE": DcgmField("sm_active_pct", 100.0),
     "DCGM_FI_PROF_SM_OCCUPANCY": DcgmField("sm_occupancy_pct", 100.0),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": DcgmField("tensor_active_pct", 100.0),
     "DCGM_FI_PROF_DRAM_ACTIVE": DcgmField("dram_active_pct", 100.0),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": DcgmField("pcie_tx_bytes_per_s"),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": DcgmField("pcie_rx_bytes_per_s"),
     "DCGM_FI_DEV_POWER_USAGE": DcgmField("power_w"),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": DcgmField("energy_mj", integer=True),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": DcgmField("power_limit_w"),
@@ -56,15 +72,35 @@ DCGM_FIELDS: dict[str, DcgmField] = {
 _FB_FIELDS = ("DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 #: Fields whose newer name wins when an exporter writes both.
 _PREFERRED = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
+#: Columns a MIG instance has of its own (its slice of the engines and of the framebuffer); every
+#: other mapped column describes the physical GPU and is stored once, on the whole-GPU row.
+INSTANCE_COLUMNS: frozenset[str] = frozenset(
+    {
+        "gr_engine_active_pct",
+        "sm_active_pct",
+        "sm_occupancy_pct",
+        "tensor_active_pct",
+        "dram_active_pct",
+        "mem_used_bytes",
+        "mem_total_bytes",
+    }
+)
 
 #: The columns of a gpu_samples row produced here (DeviceSample fields + where it came from).
 GPU_ROW_COLUMNS: tuple[str, ...] = (
     "node",
     "source",
     *(f.name for f in dataclasses.fields(DeviceSample)),
+    "gr_engine_active_pct",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
     "k8s_pod",
     "k8s_namespace",
     "k8s_container",
+    "parent_uuid",
+    "mig_instance_id",
+    "mig_profile",
+    "exporter_hostname",
 )
 
 # DCGM blank sentinels (dcgm_structs.h): int64 blanks start at 0x7ffffffffffffff0 (≈ 9.22e18),
@@ -100,31 +136,36 @@ def _label(labels: dict[str, str], keys: Iterable[str]) -> str | None:
     return None
 
 
-def gpu_key(
-    labels: dict[str, str], default_node: str | None
-) -> tuple[str | None, str | None, str | None, str]:
-    """(node, gpu index, UUID, MIG instance) — what makes one GPU row."""
-    return (
-        _label(labels, _NODE_LABELS) or default_node,
-        labels.get("gpu"),
-        labels.get("UUID") or labels.get("uuid"),
-        labels.get("GPU_I_ID", ""),
-    )
-
-
 class GpuRowBuilder:
-    """Collects DCGM field values per GPU and emits one gpu_samples row per GPU."""
+    """Collects DCGM field values per GPU (and MIG instance) and emits gpu_samples rows.
 
-    def __init__(self, source: str, default_node: str | None, result: SourceResult) -> None:
+    ``node``: the node of every row (a direct scrape: the collector's); when None, the series'
+    ``Hostname``/``hostname`` label or the ``default_node`` given to :meth:`add` (the Prometheus
+    query path, which reads many machines). DCGM fields without a column are collected in
+    :attr:`unmapped` for the source to count.
+    """
+
+    def __init__(
+        self, source: str, default_node: str | None, result: SourceResult, *, node: str | None = None
+    ) -> None:
         self.source = source
         self.default_node = default_node
+        self.node = node
         self.result = result
+        self.unmapped: set[str] = set()
         self._gpus: dict[tuple, dict[str, Any]] = {}
 
     def add(
-        self, field: str, labels: dict[str, str], value: float, ts_s: float, default_node: str | None = None
+        self,
+        field: str,
+        labels: dict[str, str],
+        value: float,
+        ts_s: float,
+        default_node: str | None = None,
+        *,
+        stamped: bool = False,
     ) -> None:
-        """Add one DCGM field value (unmapped DCGM fields are ignored: the table has no column).
+        """Add one DCGM field value (``stamped``: ``ts_s`` is the exporter's own timestamp).
 
         ``default_node`` names the node when the series has no Hostname/hostname label
         (default: the builder's).
@@ -132,32 +173,78 @@ class GpuRowBuilder:
         if field.endswith("_total") and field[:-6] in DCGM_FIELDS:  # parser's counter renaming
             field = field[:-6]
         if field not in DCGM_FIELDS and field not in _FB_FIELDS:
+            self.unmapped.add(field.removesuffix("_total"))  # the family (DCGM names are upper case)
             return
         if not finite(value):
             self.result.count("non_finite", f"{field}{labels}: {value}", severity="warning")
             return
-        key = gpu_key(labels, default_node or self.default_node)
+        node = self.node or _label(labels, _NODE_LABELS) or default_node or self.default_node
+        key = (node, labels.get("gpu"), labels.get("UUID") or labels.get("uuid"), labels.get("GPU_I_ID", ""))
         gpu = self._gpus.get(key)
         if gpu is None:
-            gpu = self._gpus[key] = {"labels": labels, "ts_s": ts_s, "fields": {}, "k8s": {}}
+            gpu = self._gpus[key] = {
+                "labels": labels,
+                "ts_s": ts_s,
+                "fields": {},
+                "k8s": {},
+                "stamped": False,
+            }
         for k in _K8S_LABELS:  # Kubernetes labels may sit on some fields only: keep the first seen
             if labels.get(k):
                 gpu["k8s"].setdefault(k, labels[k])
         gpu["ts_s"] = max(gpu["ts_s"], ts_s)
+        gpu["stamped"] = gpu["stamped"] or stamped
         gpu["fields"][field] = None if is_blank(field, value) else value
 
     def rows(self) -> list[tuple[tuple, dict[str, Any]]]:
-        """``(gpu key, row)`` per GPU seen."""
-        return [(key, self._row(key, g)) for key, g in self._gpus.items()]
+        """``(key, row)`` per whole GPU and per MIG instance seen."""
+        return [(key, row) for key, row, _ in self.stamped_rows()]
 
-    def _row(self, key: tuple, g: dict[str, Any]) -> dict[str, Any]:
+    def stamped_rows(self) -> list[tuple[tuple, dict[str, Any], bool]]:
+        """``(key, row, stamped)``: ``stamped`` when the row's time is the exporter's own timestamp."""
+        physical: dict[tuple, dict[str, dict[str, Any]]] = {}
+        for (node, gpu, uuid, mig), g in self._gpus.items():
+            physical.setdefault((node, gpu, uuid), {})[mig] = g
+        out: list[tuple[tuple, dict[str, Any], bool]] = []
+        for (node, gpu, uuid), groups in physical.items():
+            instances = {mig: g for mig, g in groups.items() if mig}
+            whole = groups.get("")
+            if not instances:
+                row = self._row(node, gpu, uuid, whole, whole["fields"])
+                out.append(((node, gpu, uuid, ""), row, whole["stamped"]))
+                continue
+            # A MIG-enabled GPU: GPU-level fields once, on the whole-GPU row; instances keep their own.
+            fields: dict[str, float | None] = dict(whole["fields"]) if whole else {}
+            for g in sorted(instances.values(), key=lambda g: -g["ts_s"]):
+                for fname, v in g["fields"].items():
+                    if _column(fname) not in INSTANCE_COLUMNS:
+                        fields.setdefault(fname, v)
+            base = whole or {
+                "labels": next(iter(instances.values()))["labels"],
+                "ts_s": max(g["ts_s"] for g in instances.values()),
+                "stamped": any(g["stamped"] for g in instances.values()),
+                "k8s": {},
+            }
+            out.append(((node, gpu, uuid, ""), self._row(node, gpu, uuid, base, fields), base["stamped"]))
+            for mig, g in instances.items():
+                own = {f: v for f, v in g["fields"].items() if _column(f) in INSTANCE_COLUMNS}
+                row = self._row(node, gpu, uuid, g, own)
+                row.update(
+                    device=f"{row['device']}/gi{mig}",
+                    uuid=None,
+                    parent_uuid=uuid,
+                    mig_instance_id=int(mig) if mig.isdigit() else None,
+                    mig_profile=g["labels"].get("GPU_I_PROFILE") or None,
+                )
+                out.append(((node, gpu, uuid, mig), row, g["stamped"]))
+        return out
+
+    def _row(
+        self, node: str | None, gpu: str | None, uuid: str | None, g: dict[str, Any], fields: dict[str, Any]
+    ) -> dict[str, Any]:
         labels: dict[str, str] = g["labels"]
-        fields: dict[str, float | None] = g["fields"]
-        node, gpu, uuid, mig = key
         index = int(gpu) if gpu is not None and gpu.isdigit() else None
         device = f"cuda:{gpu}" if gpu is not None else (labels.get("device") or "cuda")
-        if mig:
-            device += f"/gi{mig}"
         row: dict[str, Any] = dict.fromkeys(GPU_ROW_COLUMNS)
         row.update(
             ts_s=g["ts_s"],
@@ -170,6 +257,7 @@ class GpuRowBuilder:
             uuid=uuid,
             emulated=False,
             lost=False,
+            exporter_hostname=_label(labels, _NODE_LABELS),
         )
         for k in _K8S_LABELS:
             row[f"k8s_{k}"] = g["k8s"].get(k)
@@ -180,6 +268,11 @@ class GpuRowBuilder:
             row[spec.column] = _convert(value, spec)
         row["mem_total_bytes"] = _mem_total_bytes(fields)
         return row
+
+
+def _column(field: str) -> str:
+    spec = DCGM_FIELDS.get(field)
+    return spec.column if spec is not None else "mem_total_bytes"  # the FB fields
 
 
 def _convert(value: float | None, spec: DcgmField) -> float | int | None:
@@ -219,7 +312,14 @@ class ClockGuard:
 
 
 class DcgmSource(Source):
-    """Scrapes one dcgm-exporter ``/metrics`` endpoint (use :meth:`many` for several)."""
+    """Scrapes one dcgm-exporter ``/metrics`` endpoint (use :meth:`many` for several).
+
+    ``node`` (default: this host) is the node of every row. dcgm-exporter refreshes its values every
+    30 s by default while this source may scrape every second: a GPU row whose values did not change
+    (and whose exporter timestamp, where the exposition has one, did not move) is not stored again;
+    such rows and scrapes are counted in :meth:`health_details` (``unchanged_rows``,
+    ``unchanged_scrapes``), not as errors.
+    """
 
     def __init__(
         self,
@@ -241,11 +341,13 @@ class DcgmSource(Source):
             discovery_ttl_s=discovery_ttl_s,
         )
         self.url = url
-        # Rows without a Hostname/hostname label fall back to the endpoint's host.
-        self.node = node or urlsplit(url).hostname
+        self.node = node or socket.gethostname()
         self._own_client = client is None
         self._client = client or httpx.Client(timeout=timeout_s)
-        self._clock_guard = ClockGuard()
+        self._last: dict[tuple, tuple[float, tuple]] = {}  # per row key: (ts_s, values) last stored
+        self._unmapped = UnmappedFamilies()
+        self.unchanged_rows = 0
+        self.unchanged_scrapes = 0
 
     @classmethod
     def many(cls, urls: Iterable[str], **kwargs: Any) -> list[DcgmSource]:
@@ -257,12 +359,35 @@ class DcgmSource(Source):
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
         text = fetch_text(self._client, self.url)
-        builder = _map_exposition(text, self.name, self.node, now_s, result)
-        rows = []
-        for key, row in builder.rows():
-            if self._clock_guard.admit(key, row["ts_s"], result, f"{row['node']} {row['device']}"):
-                rows.append(row)
+        builder = _map_exposition(text, self.name, self.node, now_s, result, self._unmapped)
+        rows, unchanged = [], 0
+        for key, row, stamped in builder.stamped_rows():
+            what = f"{row['node']} {row['device']}"
+            values = tuple(v for k, v in row.items() if k != "ts_s")
+            last = self._last.get(key)
+            ts = row["ts_s"]
+            if last is not None and ts < last[0]:
+                result.count("clock_backwards", f"{what}: ts {ts:.3f} < last {last[0]:.3f}; row dropped")
+                continue
+            if last is not None and (ts == last[0] if stamped else values == last[1]):
+                unchanged += 1  # the exporter has not refreshed since the last scrape
+                continue
+            if last is not None and ts == last[0]:
+                result.count("duplicate_timestamp", f"{what}: ts {ts:.3f} repeated", severity="info")
+                continue
+            self._last[key] = (ts, values)
+            rows.append(row)
+        self.unchanged_rows += unchanged
+        if unchanged and not rows:
+            self.unchanged_scrapes += 1
         result.add_rows(TABLE_GPU_SAMPLES, rows)
+
+    def health_details(self) -> dict[str, Any]:
+        return {
+            "unchanged_scrapes": self.unchanged_scrapes,
+            "unchanged_rows": self.unchanged_rows,
+            "unmapped_families": len(self._unmapped),
+        }
 
     def close(self) -> None:
         if self._own_client:
@@ -272,28 +397,38 @@ class DcgmSource(Source):
 def rows_from_text(
     text: str, *, source: str = "dcgm:test", node: str | None = None, ts_s: float = 0.0
 ) -> SourceResult:
-    """Map one exposition text to gpu_samples rows without any HTTP (handy for tools and tests)."""
+    """Map one exposition text to gpu_samples rows without any HTTP (handy for tools and tests).
+
+    ``node`` None takes each series' Hostname/hostname label as its node.
+    """
     result = SourceResult(source, ts_s)
-    builder = _map_exposition(text, source, node, ts_s, result)
+    builder = _map_exposition(text, source, node, ts_s, result, UnmappedFamilies())
     result.add_rows(TABLE_GPU_SAMPLES, [row for _, row in builder.rows()])
     return result
 
 
 def _map_exposition(
-    text: str, source: str, node: str | None, now_s: float, result: SourceResult
+    text: str, source: str, node: str | None, now_s: float, result: SourceResult, unmapped: UnmappedFamilies
 ) -> GpuRowBuilder:
-    builder = GpuRowBuilder(source, node, result)
+    builder = GpuRowBuilder(source, None, result, node=node)
+    others: set[str] = set()
     for s in parse_exposition(text, result):
+        if s.name.endswith("_created"):
+            continue  # a counter's creation time: metadata, not a metric
         if not is_dcgm_field(s.name):
-            result.count("unknown_metric", f"{s.name} is not a DCGM field", severity="warning")
+            others.add(s.stem)
             continue
-        builder.add(s.name, s.labels, s.value, s.timestamp_s if s.timestamp_s is not None else now_s)
+        stamped = s.timestamp_s is not None
+        builder.add(s.name, s.labels, s.value, s.timestamp_s if stamped else now_s, stamped=stamped)
+    unmapped.count(builder.unmapped, now_s, result, "DCGM field without a gpu_samples column")
+    unmapped.count(others, now_s, result, "not a DCGM field")
     return builder
 
 
 __all__ = [
     "DCGM_FIELDS",
     "GPU_ROW_COLUMNS",
+    "INSTANCE_COLUMNS",
     "ClockGuard",
     "DcgmField",
     "DcgmSource",

@@ -1,25 +1,40 @@
-"""Serving-engine metrics (vLLM, SGLang, NVIDIA Dynamo, the phaselens router) and the Prometheus query API.
+"""Serving-engine metrics (vLLM, SGLang, NVIDIA Dynamo, LMCache, the phaselens router) and the Prometheus query API.
 
 :class:`EngineScrapeSource` scrapes an engine's ``/metrics``; :class:`PrometheusQuerySource` reads a
 Prometheus-compatible server (Prometheus, Thanos, Mimir) through ``/api/v1/query_range`` for
 ``DCGM_FI_*`` series (→ ``gpu_samples``) and engine series (→ ``engine_metrics``).
 
-``engine_metrics`` rows: ``node, endpoint, engine, ts_s, metric, labels, value`` with ``labels`` a JSON
-object string (sorted keys). Metric names are normalised across engines:
+``engine_metrics`` rows: ``node, endpoint, engine, ts_s, metric, labels, value`` with ``labels`` a dict
+(sorted keys; the store's JSON object) and ``engine`` one of :data:`ENGINES`: ``dynamo`` is a Dynamo frontend
+(``dynamo_frontend_*``), ``dynamo_worker`` a Dynamo worker/component (``dynamo_component_*``: its
+``dynamo_component``/``dynamo_endpoint`` labels say which), ``lmcache`` the LMCache connector inside a
+vLLM or SGLang process (``lmcache:*``). Metric names are normalised across engines:
 
 ==========================  ==========================================================================
 histograms (``_sum``,       ``ttft_seconds``, ``itl_seconds``, ``tpot_seconds``, ``e2e_seconds``,
 ``_count``, ``_bucket``)    ``queue_seconds``, ``prefill_seconds``, ``decode_seconds``,
                             ``input_sequence_tokens``, ``output_sequence_tokens``
 counters (``_total``)       ``prompt_tokens_total``, ``generation_tokens_total``, ``requests_total``
-gauges                      ``requests_running``, ``requests_waiting``, ``kv_cache_usage_ratio`` (0-1)
+gauges                      ``requests_running``, ``requests_waiting``, ``kv_cache_usage_ratio`` (0-1),
+                            ``kv_blocks_used``, ``kv_blocks_total`` (KV capacity; vLLM's from
+                            ``cache_config_info``'s ``num_gpu_blocks`` label), ``prefix_cache_hit_ratio``
+dynamo_worker               ``requests_total``, ``request_duration_seconds`` (the worker's time per
+                            request), ``requests_running``, ``kv_blocks_used``/``_total``,
+                            ``kv_cache_usage_ratio``, ``prefix_cache_hit_ratio``
+lmcache                     ``retrieve_requests_total``, ``store_requests_total``,
+                            ``retrieve_requested_tokens_total``, ``retrieve_hit_tokens_total``,
+                            ``retrieve_hit_ratio``, ``local_cache_usage_bytes``,
+                            ``remote_cache_usage_bytes``, ``retrieve_seconds``, ``store_seconds``
 per interval (computed)     ``<counter>_per_s`` (e.g. ``prompt_tokens_per_s``), ``<histogram>_mean``
                             (e.g. ``ttft_seconds_mean`` = Δsum/Δcount), ``<histogram>_count_per_s``
 ==========================  ==========================================================================
 
 Other metrics under an engine prefix pass through under their own name, prefix removed (e.g.
-SGLang's ``cache_hit_rate``). A counter that went down restarted: its new value is the increase
-(counted as ``counter_reset``, severity info).
+SGLang's ``cache_hit_rate``). Every other family of a scrape (``process_*``, ``python_*``, an engine
+the ``engine`` filter leaves out, or anything with ``passthrough=False``) is counted as ``unmapped``
+(a warning naming the family, once per family per hour); ``*_created`` series are metadata and are
+skipped. A counter that went down restarted: its new value is the increase (counted as
+``counter_reset``, severity info).
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from collector.sources.base import (
     Source,
     SourceResult,
     SourceUnavailable,
+    UnmappedFamilies,
 )
 from collector.sources.dcgm import _FB_FIELDS, DCGM_FIELDS, ClockGuard, GpuRowBuilder, is_dcgm_field
 from collector.sources.exposition import Sample, fetch_text, finite, parse_exposition, split_name
@@ -49,9 +65,20 @@ ENGINE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("vllm:", "vllm"),
     ("sglang:", "sglang"),
     ("dynamo_frontend_", "dynamo"),
+    ("dynamo_component_", "dynamo_worker"),
+    ("lmcache:", "lmcache"),
     ("phaselens:", "phaselens"),
 )
-ENGINES = ("vllm", "sglang", "dynamo", "phaselens")
+ENGINES = ("vllm", "sglang", "dynamo", "dynamo_worker", "lmcache", "phaselens")
+#: What an ``engine`` filter also takes: metrics that live on the same endpoint.
+_COMPANIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm", "lmcache"),
+    "sglang": ("sglang", "lmcache"),
+    "dynamo": ("dynamo", "dynamo_worker"),
+    "dynamo_worker": ("dynamo_worker", "vllm", "sglang", "lmcache"),
+    "lmcache": ("lmcache",),
+    "phaselens": ("vllm", "phaselens"),
+}
 ENGINE_ROW_COLUMNS = ("node", "endpoint", "engine", "ts_s", "metric", "labels", "value")
 
 _H, _C, _G = "histogram", "counter", "gauge"
@@ -107,6 +134,26 @@ ENGINE_METRICS: dict[str, dict[str, _Known]] = {
         "requests": _Known("requests", _C),
         "inflight_requests": _Known("requests_running", _G),
         "queued_requests": _Known("requests_waiting", _G),
+    },
+    "dynamo_worker": {
+        "requests": _Known("requests", _C),
+        "request_duration_seconds": _Known("request_duration_seconds", _H),
+        "inflight_requests": _Known("requests_running", _G),
+        "kvstats_active_blocks": _Known("kv_blocks_used", _G),
+        "kvstats_total_blocks": _Known("kv_blocks_total", _G),
+        "kvstats_gpu_cache_usage_percent": _Known("kv_cache_usage_ratio", _G),  # 0.0-1.0 despite the name
+        "kvstats_gpu_prefix_cache_hit_rate": _Known("prefix_cache_hit_ratio", _G),
+    },
+    "lmcache": {
+        "num_retrieve_requests": _Known("retrieve_requests", _C),
+        "num_store_requests": _Known("store_requests", _C),
+        "num_requested_tokens": _Known("retrieve_requested_tokens", _C),
+        "num_hit_tokens": _Known("retrieve_hit_tokens", _C),
+        "retrieve_hit_rate": _Known("retrieve_hit_ratio", _G),
+        "local_cache_usage": _Known("local_cache_usage_bytes", _G),
+        "remote_cache_usage": _Known("remote_cache_usage_bytes", _G),
+        "time_to_retrieve": _Known("retrieve_seconds", _H),
+        "time_to_store": _Known("store_seconds", _H),
     },
     "phaselens": {},
 }
@@ -191,22 +238,28 @@ class EngineMapper:
     def accepts(self, engine: str) -> bool:
         if self.engine == "auto":
             return True
-        if self.engine == "phaselens":
-            return engine in ("vllm", "phaselens")
-        return engine == self.engine
+        return engine in _COMPANIONS[self.engine]
 
-    def map(self, samples: Iterable[Sample], result: SourceResult) -> list[EnginePoint]:
+    def map(
+        self, samples: Iterable[Sample], result: SourceResult, unmapped: set[str] | None = None
+    ) -> list[EnginePoint]:
+        """Normalise one snapshot's samples; the families left out are added to ``unmapped``."""
         classified = []
         present: dict[tuple[str, str], int] = {}  # (engine, base) → best rank present
         is_phaselens = self.engine == "phaselens"
+        skipped: set[str] = set()
         for s in samples:
+            if s.name.endswith("_created"):
+                continue  # a counter's or histogram's creation time: metadata, not a metric
             c = _classify(s)
             if c is None or not self.accepts(c[0]):
+                skipped.add(s.stem)
                 continue
             engine, stem, known, kind, suffix = c
-            if suffix == "_created" or suffix in ("_gsum", "_gcount"):
+            if suffix in ("_gsum", "_gcount"):
                 continue
             if known is None and not self.passthrough:
+                skipped.add(s.stem)
                 continue
             if suffix == "_bucket" and not self.include_buckets:
                 continue
@@ -229,7 +282,26 @@ class EngineMapper:
             derived = _DERIVED_COUNTERS.get(engine, {}).get(base)
             if derived and suffix == "_sum" and (engine, derived) not in present:
                 points.append(EnginePoint(eng, derived, _C, "_total", labels, float(s.value)))
+            if (
+                engine == "vllm"
+                and base == "cache_config_info"
+                and (engine, "kv_blocks_total") not in present
+            ):
+                blocks = _number(labels.get("num_gpu_blocks"))
+                if blocks is not None:  # vLLM's KV capacity is a label of this info gauge
+                    keep = {k: v for k, v in labels.items() if k in ("engine", "model_name")}
+                    points.append(EnginePoint(eng, "kv_blocks_total", _G, "", keep, blocks))
+        if unmapped is not None:
+            unmapped |= skipped
         return points
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and finite(value) else None
 
 
 class DeltaTracker:
@@ -321,9 +393,16 @@ class _EngineRows:
         self.deltas = DeltaTracker()
 
     def rows(
-        self, samples: Iterable[Sample], *, node: str | None, endpoint: str, ts_s: float, result: SourceResult
+        self,
+        samples: Iterable[Sample],
+        *,
+        node: str | None,
+        endpoint: str,
+        ts_s: float,
+        result: SourceResult,
+        unmapped: set[str] | None = None,
     ) -> list[dict[str, Any]]:
-        points = self.mapper.map(samples, result)
+        points = self.mapper.map(samples, result, unmapped)
         rows = [_row(node, endpoint, ts_s, p, p.metric) for p in points]
         rows += [
             _row(node, endpoint, ts_s, p, m) for p, m in self.deltas.update(endpoint, ts_s, points, result)
@@ -338,7 +417,7 @@ def _row(node: str | None, endpoint: str, ts_s: float, p: EnginePoint, metric: s
         "engine": p.engine,
         "ts_s": ts_s,
         "metric": metric,
-        "labels": _labels_json(p.labels),
+        "labels": dict(sorted(p.labels.items())),  # the store writes it as a JSON object
         "value": p.value,
     }
 
@@ -380,6 +459,7 @@ class EngineScrapeSource(Source):
         self._own_client = client is None
         self._client = client or httpx.Client(timeout=timeout_s)
         self._clock_guard = ClockGuard()
+        self._unmapped = UnmappedFamilies()
         self.detected_engines: set[str] = set()
 
     @property
@@ -398,9 +478,16 @@ class EngineScrapeSource(Source):
         samples = parse_exposition(text, result)
         if not self._clock_guard.admit(self.url, now_s, result, self.url):
             return
-        rows = self._rows.rows(samples, node=self.node, endpoint=self.url, ts_s=now_s, result=result)
+        unmapped: set[str] = set()
+        rows = self._rows.rows(
+            samples, node=self.node, endpoint=self.url, ts_s=now_s, result=result, unmapped=unmapped
+        )
+        self._unmapped.count(unmapped, now_s, result, f"no engine_metrics mapping (engine={self.engine})")
         self.detected_engines |= {r["engine"] for r in rows}
         result.add_rows(TABLE_ENGINE_METRICS, rows)
+
+    def health_details(self) -> dict[str, Any]:
+        return {"unmapped_families": len(self._unmapped)}
 
     def close(self) -> None:
         if self._own_client:

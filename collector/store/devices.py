@@ -32,6 +32,10 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
     "k8s_pod",
     "k8s_namespace",
     "k8s_container",
+    "parent_uuid",
+    "mig_instance_id",
+    "mig_profile",
+    "exporter_hostname",
 )
 #: Attribute columns of a wide gpu_samples input that ``gpu_samples`` does not have (``emulated``
 #: stays on every sample row).

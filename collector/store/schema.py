@@ -301,8 +301,9 @@ CREATE TABLE reports (
 );
 """
 
-# Metrics rolled up as avg_* and max_* per 10 s bucket (see collector.store.retention).
-ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (
+# Metrics rolled up as avg_* and max_* per 10 s bucket by migration 5 (a released migration's input:
+# never edit; later metrics go in ROLLUP_AVG_MAX_METRICS below, with their own migration).
+_V5_ROLLUP_METRICS: tuple[str, ...] = (
     "gpu_util_pct",
     "mem_util_pct",
     "sm_active_pct",
@@ -316,12 +317,16 @@ ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (
     "temperature_c",
     "mem_used_bytes",
 )
+# Metrics added to gpu_samples by migration 7 (DOUBLE avg_* and max_* in gpu_samples_10s).
+_V7_SAMPLE_METRICS: tuple[str, ...] = ("gr_engine_active_pct", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+# Every metric rolled up as avg_* and max_* per 10 s bucket (see collector.store.retention).
+ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (*_V5_ROLLUP_METRICS, *_V7_SAMPLE_METRICS)
 
 
 def _rollup_ddl() -> str:
     metric_cols = ",\n".join(
         f"    avg_{m} DOUBLE,\n    max_{m} {'DOUBLE' if m.endswith(('_pct', '_w', '_c')) else 'BIGINT'}"
-        for m in ROLLUP_AVG_MAX_METRICS
+        for m in _V5_ROLLUP_METRICS
     )
     return f"""
 -- 10 s rollup of gpu_samples; kept far longer than the raw rows. avg_* are means over the
@@ -459,6 +464,52 @@ FROM gpu_samples_10s r ASOF LEFT JOIN devices d
 """
 
 
+# The views of migration 6 with the device columns migration 7 adds (a sample's own columns come
+# through ``s.*`` / ``r.*``).
+_FULL_VIEWS_V7 = """
+CREATE OR REPLACE VIEW gpu_samples_full AS
+SELECT s.node, s.source, s.ts_s, s.device, d.kind, s."index", d.uuid, d.name, s.emulated,
+       s.* EXCLUDE (node, source, ts_s, device, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container,
+       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname
+FROM gpu_samples s ASOF LEFT JOIN devices d
+  ON s.node = d.node AND s.source = d.source AND s.device = d.device
+ AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s;
+
+CREATE OR REPLACE VIEW gpu_samples_10s_full AS
+SELECT r.node, r.source, r.device, r.bucket_start_s, d.kind, r."index", d.uuid, d.name, r.emulated,
+       r.* EXCLUDE (node, source, device, bucket_start_s, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container,
+       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname
+FROM gpu_samples_10s r ASOF LEFT JOIN devices d
+  ON r.node = d.node AND r.source = d.source AND r.device = d.device
+ AND r."index" IS NOT DISTINCT FROM d."index" AND r.bucket_start_s + 10.0 > d.since_s;
+"""
+
+
+def _v7_sql() -> str:
+    metric_cols = "\n".join(
+        f"ALTER TABLE gpu_samples ADD COLUMN {m} DOUBLE;\n"
+        f"ALTER TABLE gpu_samples_10s ADD COLUMN avg_{m} DOUBLE;\n"
+        f"ALTER TABLE gpu_samples_10s ADD COLUMN max_{m} DOUBLE;"
+        for m in _V7_SAMPLE_METRICS
+    )
+    return f"""
+-- The engine (vllm | sglang | dynamo | dynamo_worker | lmcache | phaselens) each scraped row came from.
+ALTER TABLE engine_metrics ADD COLUMN engine VARCHAR;
+
+-- GPU-instance (MIG) metrics and PCIe rates from dcgm-exporter.
+{metric_cols}
+
+-- A MIG instance is a device of its own (cuda:N/gi<GPU_I_ID>) whose parent_uuid is the physical GPU's
+-- UUID; a whole GPU has these NULL. exporter_hostname: the Hostname/hostname label of a dcgm-exporter.
+ALTER TABLE devices ADD COLUMN parent_uuid VARCHAR;
+ALTER TABLE devices ADD COLUMN mig_instance_id INTEGER;
+ALTER TABLE devices ADD COLUMN mig_profile VARCHAR;
+ALTER TABLE devices ADD COLUMN exporter_hostname VARCHAR;
+{_FULL_VIEWS_V7}"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
@@ -466,6 +517,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "analytics: calibrations, recommendations, actions (audit), reports", _V4_ANALYTICS),
     Migration(5, "10 s rollup of gpu_samples", _rollup_ddl()),
     Migration(6, "devices: per-GPU attributes out of gpu_samples(_10s); *_full views", _V6_DEVICES),
+    Migration(
+        7, "engine_metrics.engine; MIG instances, GR engine activity and PCIe rates of GPUs", _v7_sql()
+    ),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

@@ -17,6 +17,7 @@ from collector.store import Store
 from serving.loadgen import run_load
 from serving.trace import poisson_trace
 from tests.collector.conftest import collect_command, start_collector
+from tests.collector.sources.conftest import DATA, L4_PROM, LocalServer, http_server  # noqa: F401
 from tests.serving.conftest import Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -150,3 +151,35 @@ def test_store_export_then_import_on_another_node(stack: Server, tmp_path: Path)
     with Store.open(db, read_only=True) as a, Store.open(other, read_only=True) as b:
         q = "SELECT count(*) AS n FROM gpu_samples"
         assert int(a.query(q)["n"][0]) == int(b.query(q)["n"][0]) > 0
+
+
+def test_engine_and_dcgm_scrapes_are_stored_by_the_real_collector(
+    tmp_path: Path,
+    http_server: LocalServer,  # noqa: F811
+) -> None:
+    engine_url = http_server.serve_text("/metrics", (DATA / "vllm-lmcache.prom").read_text())
+    dcgm_url = http_server.serve_text("/dcgm", L4_PROM)
+    proc, url = start_collector(
+        tmp_path / "e.duckdb",
+        *("--node", "gpu-box-1", "--engine", engine_url, "--dcgm", dcgm_url, "--dcgm-interval-s", "0.5"),
+    )
+    try:
+        wait_for(lambda: len(rows(url, "engine_metrics")) > 0 and len(rows(url, "gpu_samples")) > 0)
+        time.sleep(2.0)  # a few more scrapes: the exporter page does not change, nothing is stored again
+        engine = rows(url, "engine_metrics")
+        assert {r["engine"] for r in engine} == {"vllm", "lmcache"}
+        gpu = rows(url, "gpu_samples")
+        assert len(gpu) == 1  # one row for the unchanged dcgm-exporter page
+        assert (gpu[0]["node"], gpu[0]["exporter_hostname"]) == ("gpu-box-1", "i-030791dc5a37cd257")
+        errors = rows(url, "ingest_errors")
+        assert not [e for e in errors if e["kind"] == "store_rejected"], errors
+        assert {e["kind"] for e in errors} == {"unmapped"}
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok", health
+        by_name = {s["name"]: s for s in health["sources"]}
+        dcgm = by_name[f"dcgm:{dcgm_url}"]
+        assert dcgm["unchanged_scrapes"] >= 1 and dcgm["store_rejected_rows"] == 0
+        assert by_name[f"engine:{engine_url}"]["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from collector.sources import TABLE_ENGINE_METRICS, Backoff, EngineScrapeSource
 from collector.sources.prometheus import ENGINE_ROW_COLUMNS
 from tests.collector.sources import expositions as ex
-from tests.collector.sources.conftest import FakeClock, LocalServer, closed_port_url
+from tests.collector.sources.conftest import DATA, FakeClock, LocalServer, closed_port_url
 
 
 def rows_of(result) -> list[dict]:
@@ -17,17 +15,18 @@ def rows_of(result) -> list[dict]:
     return result.rows.get(TABLE_ENGINE_METRICS, [])
 
 
-def find(rows: list[dict], metric: str, **labels: str) -> list[dict]:
+def find(rows: list[dict], metric: str, _engine: str | None = None, **labels: str) -> list[dict]:
     out = []
     for r in rows:
-        lab = json.loads(r["labels"])
-        if r["metric"] == metric and all(lab.get(k) == v for k, v in labels.items()):
+        lab = r["labels"]
+        same_engine = _engine is None or r["engine"] == _engine
+        if same_engine and r["metric"] == metric and all(lab.get(k) == v for k, v in labels.items()):
             out.append(r)
     return out
 
 
-def value(rows: list[dict], metric: str, **labels: str) -> float:
-    found = find(rows, metric, **labels)
+def value(rows: list[dict], metric: str, _engine: str | None = None, **labels: str) -> float:
+    found = find(rows, metric, _engine, **labels)
     assert len(found) == 1, (metric, labels, found)
     return found[0]["value"]
 
@@ -61,7 +60,7 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
         "vllm",
         1_000.0,
     )
-    assert json.loads(r0["labels"]) == {"engine": "0", "model_name": ex.MODEL}
+    assert r0["labels"] == {"engine": "0", "model_name": ex.MODEL}
     assert value(first, "requests_running") == 3
     assert value(first, "requests_waiting") == 1
     assert value(first, "kv_cache_usage_ratio") == 0.25
@@ -96,7 +95,7 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
     assert value(second, "ttft_seconds_count_per_s") == pytest.approx(1.0)
     assert value(second, "itl_seconds_mean") == pytest.approx(0.005)  # 2.5 s / 500 tokens
     assert value(second, "e2e_seconds_mean") == pytest.approx(2.0)
-    assert json.loads(find(second, "ttft_seconds_mean")[0]["labels"]) == {
+    assert find(second, "ttft_seconds_mean")[0]["labels"] == {
         "engine": "0",
         "model_name": ex.MODEL,
     }
@@ -115,7 +114,8 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
     assert result.error_count("counter_reset") == 6  # 3 counters + 3 histograms
     assert {e.severity for e in result.errors} == {"info"}
     h = src.health()
-    assert h.status == "ok" and h.errors_total == 0  # a restart is not a fault
+    assert h.status == "ok" and h.errors_total == 1  # a restart is not a fault; python_gc_* unmapped once
+    assert src.health_details() == {"unmapped_families": 1}
 
 
 def test_sglang_names(engine, http_server: LocalServer, clock: FakeClock) -> None:
@@ -130,7 +130,7 @@ def test_sglang_names(engine, http_server: LocalServer, clock: FakeClock) -> Non
     assert value(first, "itl_seconds_count") == 1000  # time_per_output_token is per-token here
     assert value(first, "e2e_seconds_sum") == 12.0
     assert value(first, "cache_hit_rate") == 0.0075  # unmapped sglang metric passes through
-    assert json.loads(find(first, "ttft_seconds_sum")[0]["labels"]) == {
+    assert find(first, "ttft_seconds_sum")[0]["labels"] == {
         "model_name": ex.MODEL,
         "tp_rank": "0",
     }
@@ -150,15 +150,17 @@ def test_dynamo_frontend_names_and_token_totals_from_sequence_histograms(
 ) -> None:
     src = engine(ex.dynamo(isl=(10_000, 10), osl=(2_000, 10), ttft=(1.5, 10)))
     first = rows_of(src.poll())
-    assert {r["engine"] for r in first} == {"dynamo"}
-    assert value(first, "requests_running") == 7
+    assert {r["engine"] for r in first} == {"dynamo", "dynamo_worker"}
+    assert value(first, "requests_running", "dynamo") == 7
     assert value(first, "requests_waiting") == 0
     assert value(first, "requests_total", status="success") == 10
     assert value(first, "e2e_seconds_sum") == 20.0
     assert value(first, "input_sequence_tokens_sum") == 10_000
     assert value(first, "prompt_tokens_total") == 10_000
     assert value(first, "generation_tokens_total") == 2_000
-    assert not find(first, "component_inflight_requests")  # dynamo_component_* is not the frontend
+    # dynamo_component_* is a worker, not the frontend: its own engine, never summed with the frontend
+    (worker,) = find(first, "requests_running", "dynamo_worker")
+    assert worker["labels"] == {"dynamo_component": "backend"}
     http_server.serve_text("/metrics", ex.dynamo(isl=(16_000, 14), osl=(2_800, 14), ttft=(2.3, 14)))
     clock.advance(2)
     second = rows_of(src.poll(force=True))
@@ -255,3 +257,78 @@ def test_delta_tracker_forgets_series_that_went_away() -> None:
         )
     t.update("e", 1_000.0, [], res)
     assert len(t) == 0
+
+
+def test_vllm_with_lmcache_capture(engine, clock: FakeClock) -> None:
+    src = engine((DATA / "vllm-lmcache.prom").read_text())
+    result = src.poll()
+    rows = rows_of(result)
+    assert {r["engine"] for r in rows} == {"vllm", "lmcache"}
+    assert not [r for r in rows if "created" in r["metric"]]  # *_created: metadata, skipped
+    # KV usage and capacity (vLLM writes its block count as a label of cache_config_info)
+    assert value(rows, "kv_cache_usage_ratio", "vllm") == pytest.approx(0.4187)
+    (cap,) = find(rows, "kv_blocks_total", "vllm")
+    assert cap["value"] == 4381 and cap["labels"] == {"engine": "0"}
+    assert value(rows, "requests_total", finished_reason="length") == 212
+    assert value(rows, "queue_seconds_sum") == pytest.approx(96.2)
+    # LMCache: hit tokens, usage, retrieve/store latency
+    assert value(rows, "retrieve_requested_tokens_total", "lmcache") == 1_842_112
+    assert value(rows, "retrieve_hit_tokens_total", "lmcache") == 822_016
+    assert value(rows, "retrieve_hit_ratio", "lmcache") == pytest.approx(0.4462)
+    assert value(rows, "local_cache_usage_bytes", "lmcache") == 8_589_934_592
+    assert value(rows, "retrieve_seconds_sum", "lmcache") == pytest.approx(38.2)
+    assert value(rows, "retrieve_seconds_count", "lmcache") == 1695
+    assert value(rows, "num_lookup_requests_total", "lmcache") == 1702  # passes through
+    lm = find(rows, "retrieve_hit_tokens_total")[0]["labels"]
+    assert lm == {"model_name": "Qwen/Qwen3-8B", "role": "worker", "worker_id": "0", "world_size": "1"}
+    # The process's own families have no place in engine_metrics: counted, each by name, not dropped
+    found = {e.message.split(":")[0] for e in result.errors if e.kind == "unmapped"}
+    assert found == {
+        "python_gc_objects_collected",
+        "python_info",
+        "process_virtual_memory_bytes",
+        "process_cpu_seconds",
+    }
+    assert all(e.severity == "warning" for e in result.errors)
+    assert src.health().status == "ok"
+
+
+def test_dynamo_worker_capture(engine) -> None:
+    src = engine((DATA / "dynamo-vllm-worker.prom").read_text())
+    result = src.poll()
+    rows = rows_of(result)
+    assert {r["engine"] for r in rows} == {"dynamo_worker", "vllm"}
+    w = "dynamo_worker"
+    assert value(rows, "kv_blocks_used", w) == 3120
+    assert value(rows, "kv_blocks_total", w) == 4381
+    assert value(rows, "kv_cache_usage_ratio", w) == pytest.approx(0.7122)
+    assert value(rows, "prefix_cache_hit_ratio", w) == pytest.approx(0.3318)
+    assert value(rows, "requests_running", w) == 9
+    req = find(rows, "requests_total", w)[0]
+    assert req["value"] == 2231
+    assert req["labels"] == {
+        "dynamo_component": "backend",
+        "dynamo_endpoint": "generate",
+        "dynamo_namespace": "dynamo",
+        "model": "qwen/qwen3-8b",
+    }
+    assert value(rows, "request_duration_seconds_sum", w) == pytest.approx(15542.6)
+    assert value(rows, "request_duration_seconds_count", w) == 2222
+    assert value(rows, "request_bytes_total", w) == 9_134_722  # the rest passes through
+    assert value(rows, "system_uptime_seconds", w) == pytest.approx(8123.4)
+    assert value(rows, "kv_cache_usage_ratio", "vllm") == pytest.approx(0.7122)
+    assert {e.message.split(":")[0] for e in result.errors if e.kind == "unmapped"} == {
+        "python_gc_objects_collected"
+    }
+
+
+def test_families_an_engine_filter_leaves_out_are_counted(engine, clock: FakeClock) -> None:
+    src = engine((DATA / "dynamo-vllm-worker.prom").read_text(), engine="vllm")
+    result = src.poll()
+    assert {r["engine"] for r in rows_of(result)} == {"vllm"}
+    found = {e.message.split(":")[0] for e in result.errors if e.kind == "unmapped"}
+    assert "dynamo_component_kvstats_active_blocks" in found and "dynamo_component_requests" in found
+    assert len(found) == 12  # 11 dynamo_component_* families + python_gc_objects_collected
+    clock.advance(10)
+    assert src.poll(force=True).errors == []  # once per family per hour
+    assert src.health_details() == {"unmapped_families": 12}

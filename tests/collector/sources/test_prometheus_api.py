@@ -217,7 +217,7 @@ def test_engine_series_become_engine_rows_with_deltas(prom: FakeProm, clock: Fak
     assert at(960.0, "ttft_seconds_mean") == pytest.approx(0.3)
     assert at(945.0, "requests_running") == 4
     r = next(r for r in rows if r["metric"] == "requests_running")
-    assert (r["node"], r["engine"], json.loads(r["labels"])) == ("10.0.0.7", "vllm", {"model_name": "m"})
+    assert (r["node"], r["engine"], r["labels"]) == ("10.0.0.7", "vllm", {"model_name": "m"})
     (sg,) = [r for r in rows if r["engine"] == "sglang"]
     assert (sg["metric"], sg["value"], sg["endpoint"]) == ("kv_cache_usage_ratio", 0.5, "10.0.0.8:30000")
     assert result.error_count("counter_reset") == 1

@@ -6,7 +6,6 @@ skipped with that reason where it is absent.
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -151,7 +150,7 @@ def test_real_prometheus_dcgm_and_engine_series(real_prom: RealProm) -> None:
         assert {x["endpoint"] for x in prompt} == {real_prom.target}
         assert {x["engine"] for x in eng} == {"vllm"}
         running = [x for x in eng if x["metric"] == "requests_running"]
-        assert json.loads(running[0]["labels"]) == {"engine": "0", "model_name": ex.MODEL}
+        assert running[0]["labels"] == {"engine": "0", "model_name": ex.MODEL}
 
         # The engine processes 200 more prompt tokens; the next poll's per-second rates add up to them.
         real_prom.targets.routes["/engine/metrics"] = (200, _vllm(300), TEXT)

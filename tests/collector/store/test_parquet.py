@@ -189,3 +189,35 @@ def test_an_export_of_the_version_5_shape_imports_its_device_attributes(tmp_path
             assert cur.execute(f"SELECT {cols} FROM gpu_samples_full ORDER BY ts_s").fetchall() == wide
         again = import_parquet(store, tmp_path / "v5")
         assert again.inserted == {"gpu_samples": 0, "devices": 0}
+
+
+def test_mig_dcgm_and_engine_columns_survive_export_and_import(tmp_path: Path) -> None:
+    from collector.sources import TABLE_ENGINE_METRICS, TABLE_GPU_SAMPLES
+    from collector.sources.base import SourceResult
+    from collector.sources.dcgm import rows_from_text
+    from collector.sources.exposition import parse_exposition
+    from collector.sources.prometheus import EngineMapper, _EngineRows
+
+    data = Path(__file__).parents[1] / "sources" / "data"
+    gpu = rows_from_text(
+        (data / "dcgm-exporter-a30-mig.prom").read_text(), source="dcgm:x", node="n1", ts_s=T0
+    )
+    res = SourceResult("engine:x", T0)
+    samples = parse_exposition((data / "dynamo-vllm-worker.prom").read_text(), res)
+    engine = _EngineRows(EngineMapper()).rows(samples, node="n1", endpoint="w:9090", ts_s=T0, result=res)
+    with Store.open(tmp_path / "a.duckdb") as a:
+        a.append("gpu_samples", gpu.rows[TABLE_GPU_SAMPLES])
+        a.append(TABLE_ENGINE_METRICS, engine)
+        a.flush()
+        export_parquet(a, tmp_path / "pq")
+        cols = "device, power_w, gr_engine_active_pct, mig_instance_id, mig_profile, parent_uuid, exporter_hostname"
+        want_gpu = a.query(f"SELECT {cols} FROM gpu_samples_full ORDER BY device")
+        want_eng = a.query("SELECT engine, metric, labels, value FROM engine_metrics ORDER BY ALL")
+    with Store.open(tmp_path / "b.duckdb") as b:
+        import_parquet(b, tmp_path / "pq")
+        got_gpu = b.query(f"SELECT {cols} FROM gpu_samples_full ORDER BY device")
+        got_eng = b.query("SELECT engine, metric, labels, value FROM engine_metrics ORDER BY ALL")
+    assert len(want_gpu) == 4 and want_gpu["mig_profile"].tolist()[1:] == ["2g.12gb", "1g.6gb", "1g.6gb"]
+    assert got_gpu.equals(want_gpu)
+    assert len(want_eng) > 10 and set(want_eng["engine"]) == {"dynamo_worker", "vllm"}
+    assert got_eng.equals(want_eng)

@@ -184,10 +184,12 @@ def test_version_5_file_with_data_migrates_losslessly(store_path: Path) -> None:
     with Store.open(store_path) as store:
         assert store.schema_version == LATEST_VERSION
         raw_after = store.query(f"SELECT * FROM gpu_samples_full {order}")
-        assert raw_after.columns.tolist() == raw_before.columns.tolist()
-        pd.testing.assert_frame_equal(raw_after, raw_before)
+        v5 = raw_before.columns.tolist()
+        assert set(v5) <= set(raw_after.columns)  # later migrations only add columns (NULL here)
+        pd.testing.assert_frame_equal(raw_after[v5], raw_before)
+        assert raw_after.drop(columns=v5).isna().all().all()
         roll_after = store.query("SELECT * FROM gpu_samples_10s_full ORDER BY bucket_start_s")
-        pd.testing.assert_frame_equal(roll_after, roll_before)
+        pd.testing.assert_frame_equal(roll_after[roll_before.columns.tolist()], roll_before)
         # the sample rows lost the attribute columns, but not index and emulated
         names = [c.name for c in store.columns("gpu_samples")]
         assert "index" in names and "emulated" in names
@@ -221,3 +223,66 @@ def test_version_5_file_with_data_migrates_losslessly(store_path: Path) -> None:
         )
         store.flush()
         assert int(store.query("SELECT count(*) AS n FROM devices")["n"][0]) == 8
+
+
+def test_version_6_file_migrates_to_7_keeping_rows_and_taking_the_new_columns(store_path: Path) -> None:
+    con = duckdb.connect(str(store_path))
+    assert apply_migrations(con, target_version=6) == [1, 2, 3, 4, 5, 6]
+    con.execute(
+        "INSERT INTO engine_metrics VALUES ('n1', 'http://e:8000/metrics', 1.0, 'ttft_seconds_sum', '{}', 2.5)"
+    )
+    con.execute(
+        'INSERT INTO gpu_samples (node, source, ts_s, device, "index", emulated, power_w) '
+        "VALUES ('n1', 'dcgm:x', 1.0, 'cuda:0', 0, false, 71.5)"
+    )
+    con.execute(
+        'INSERT INTO devices (node, source, device, "index", since_s, kind, uuid, name, emulated) '
+        "VALUES ('n1', 'dcgm:x', 'cuda:0', 0, 1.0, 'cuda', 'GPU-0', 'NVIDIA A30', false)"
+    )
+    con.close()
+    with pytest.raises(StoreError, match="open it read-write once"):
+        Store.open(store_path, read_only=True)
+
+    with Store.open(store_path) as store:
+        versions = store.query("SELECT version FROM schema_version ORDER BY version")["version"].tolist()
+        assert 7 in versions and store.schema_version == LATEST_VERSION
+        old = store.query("SELECT * FROM engine_metrics").to_dict("records")
+        assert old[0]["value"] == 2.5 and old[0]["engine"] is None  # the old row is kept, engine unknown
+        full = store.query("SELECT * FROM gpu_samples_full").to_dict("records")
+        assert (full[0]["power_w"], full[0]["uuid"], full[0]["name"]) == (71.5, "GPU-0", "NVIDIA A30")
+        assert pd.isna(full[0]["gr_engine_active_pct"]) and full[0]["mig_profile"] is None
+        rollup_cols = {c.name for c in store.columns("gpu_samples_10s")}
+        assert {"avg_gr_engine_active_pct", "max_pcie_rx_bytes_per_s"} <= rollup_cols
+
+        store.append(
+            "engine_metrics",
+            [{"node": "n1", "endpoint": "e", "engine": "vllm", "ts_s": 2.0, "metric": "m", "labels": {}}],
+        )
+        store.append(
+            "gpu_samples",
+            [
+                {
+                    "node": "n1",
+                    "source": "dcgm:x",
+                    "ts_s": 2.0,
+                    "device": "cuda:0/gi5",
+                    "index": 0,
+                    "kind": "cuda",
+                    "name": "NVIDIA A30",
+                    "emulated": False,
+                    "gr_engine_active_pct": 62.5,
+                    "pcie_tx_bytes_per_s": 1e6,
+                    "parent_uuid": "GPU-0",
+                    "mig_instance_id": 5,
+                    "mig_profile": "1g.6gb",
+                    "exporter_hostname": "dcgm-exporter-abc",
+                }
+            ],
+        )
+        store.flush()
+        assert store.query("SELECT engine FROM engine_metrics WHERE ts_s = 2.0")["engine"].tolist() == [
+            "vllm"
+        ]
+        mig = store.query("SELECT * FROM gpu_samples_full WHERE device = 'cuda:0/gi5'").to_dict("records")[0]
+        assert (mig["gr_engine_active_pct"], mig["parent_uuid"], mig["mig_instance_id"]) == (62.5, "GPU-0", 5)
+        assert (mig["mig_profile"], mig["exporter_hostname"]) == ("1g.6gb", "dcgm-exporter-abc")
