@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,11 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling: greedy when temperature == 0."""
+    """Per-request sampling: greedy when temperature is 0 (or below `sampling.GREEDY_TEMPERATURE`).
+
+    `stop_token_ids` end a request even with `ignore_eos` (as in vLLM); `ignore_eos` only ignores the
+    model's EOS ids. A seeded request's token k always uses the same random draw (`serving.sampling`).
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -233,9 +238,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
