@@ -20,7 +20,7 @@ PROMPTS = ["The quick brown fox", "phaselens measures prefill and decode", "a", 
 
 
 def complete(url: str, prompt: str, max_tokens: int = 12, **extra: object) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0} | extra
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -296,3 +296,146 @@ def test_serve_start_errors_are_one_line(args: list[str], needle: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+# -- sampling parameters, stop strings and stop ids through the real stack ----------------------------
+
+
+def _first_stop_token_count(ids: list[int], stop: str) -> int:
+    """Tokens a server must consume before `stop` shows in the byte-decoded text."""
+    from serving.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    return next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+
+
+def _stop_candidate(text: str) -> str:
+    """A 3-character piece of the middle of `text` without U+FFFD (spans 3+ byte tokens)."""
+    for a in range(len(text) // 3, len(text) - 3):
+        piece = text[a : a + 3]
+        if "\ufffd" not in piece and text.find(piece) == a:
+            return piece
+    raise AssertionError(f"no usable stop string in {text!r}")
+
+
+def _sse(url: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{url}{path}", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stop_strings_cut_the_text_and_end_the_request(aggregated_server: Server, chat: bool) -> None:
+    url = aggregated_server.url
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    base = {"max_tokens": 48, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    base |= {"messages": [{"role": "user", "content": "tell me"}]} if chat else {"prompt": "Once upon"}
+    full = httpx.post(f"{url}{path}", json=base, timeout=120).json()
+    text_key = (lambda c: c["message"]["content"]) if chat else (lambda c: c["text"])
+    full_text, full_ids = text_key(full["choices"][0]), full["choices"][0]["token_ids"]
+    stop = _stop_candidate(full_text)
+    expected_text = full_text[: full_text.index(stop)]
+    expected_tokens = _first_stop_token_count(full_ids, stop)
+    assert expected_tokens < 48
+
+    got = httpx.post(f"{url}{path}", json={**base, "stop": [stop, "never-there"]}, timeout=120).json()
+    choice = got["choices"][0]
+    assert text_key(choice) == expected_text
+    assert choice["finish_reason"] == "stop"
+    assert got["usage"]["completion_tokens"] == expected_tokens
+    assert choice["token_ids"] == full_ids[:expected_tokens]
+
+    body = {**base, "stop": stop, "stream_options": {"include_usage": True}}
+    events = _sse(url, path, body)
+    chunks, usage = events[:-1], events[-1]
+    texts = [c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"] for c in chunks]
+    assert "".join(texts) == expected_text  # nothing of the stop string or after it leaks
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    assert usage["usage"]["completion_tokens"] == expected_tokens == len(chunks)
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_stop_token_ids_reach_the_engine_in_both_modes(
+    aggregated_server: Server, disaggregated_server: Server, mode: str
+) -> None:
+    url = (aggregated_server if mode == "aggregated" else disaggregated_server).url
+    sampled = {"max_tokens": 24, "ignore_eos": True, "return_token_ids": True, "temperature": 0.8, "seed": 7}
+    ids = complete(url, "stop ids", **sampled)["choices"][0]["token_ids"]
+    idx = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # decoded after the hand-off
+    got = complete(url, "stop ids", **sampled, stop_token_ids=[ids[idx]])
+    assert got["choices"][0]["token_ids"] == ids[: idx + 1]
+    assert got["choices"][0]["finish_reason"] == "stop"
+    assert got["usage"]["completion_tokens"] == idx + 1
+
+
+def test_seeded_sampling_is_the_same_aggregated_and_disaggregated(
+    aggregated_server: Server, disaggregated_server: Server
+) -> None:
+    def ids(url: str, **extra: object) -> list[int]:
+        body = {"prompt": "seeded", "max_tokens": 16, "temperature": 0.8, "ignore_eos": True, **extra}
+        r = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    agg = ids(aggregated_server.url, seed=1234)
+    dis = ids(disaggregated_server.url, seed=1234)
+    assert dis == agg
+    assert ids(disaggregated_server.url, seed=1234) == agg
+    assert len(set(agg)) > 4  # it samples, not a greedy run
+    assert ids(aggregated_server.url, seed=99) != agg
+    unseeded = [ids(disaggregated_server.url) for _ in range(2)]
+    assert unseeded[0] != unseeded[1]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "param"),
+    [
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": 1e-44}', 200, None),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": 1e300}', 200, None),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": NaN}', 400, "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "top_p": -Infinity}', 400, "top_p"),
+        (b'{"prompt": "\\ud800", "max_tokens": 4}', 400, "prompt"),
+    ],
+)
+def test_extreme_sampling_values_never_kill_a_worker(
+    aggregated_server: Server, raw: bytes, status: int, param: str | None
+) -> None:
+    url = aggregated_server.url
+    r = httpx.post(
+        f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == param
+    workers = aggregated_server.layout()["workers"]
+    assert [w["state"] for w in workers] == ["ready", "ready"]
+    assert "phaselens:worker_deaths_total 0.0" in httpx.get(f"{url}/metrics").text
+
+
+def test_tiny_temperature_is_greedy(aggregated_server: Server) -> None:
+    greedy = complete(aggregated_server.url, "tiny T", max_tokens=8, ignore_eos=True, return_token_ids=True)
+    tiny = complete(
+        aggregated_server.url,
+        "tiny T",
+        max_tokens=8,
+        ignore_eos=True,
+        return_token_ids=True,
+        temperature=1e-44,
+    )
+    assert tiny["choices"][0]["token_ids"] == greedy["choices"][0]["token_ids"]
+
+
+def test_unsupported_parameter_is_a_400_naming_it(aggregated_server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{aggregated_server.url}/v1", api_key="unused")
+    with pytest.raises(openai.BadRequestError, match="'presence_penalty' is not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="'logprobs' is not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True
+        )
+    ok = client.completions.create(
+        model="tiny", prompt="x", max_tokens=2, presence_penalty=0, user="me", stop=["zz"]
+    )
+    assert ok.usage.completion_tokens >= 1
