@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -439,3 +440,36 @@ def test_unsupported_parameter_is_a_400_naming_it(aggregated_server: Server) -> 
         model="tiny", prompt="x", max_tokens=2, presence_penalty=0, user="me", stop=["zz"]
     )
     assert ok.usage.completion_tokens >= 1
+
+
+def test_stop_string_aborts_the_request_on_its_worker() -> None:
+    """After a stop-string match the worker stops generating: its decode steps stop well short of
+    max_tokens. Iterations are paced to an emulated 70B decode (~40 ms) so the check counts steps,
+    not time."""
+    from tests.serving.conftest import start_server, stop_server
+
+    server = start_server(
+        "--workers", "1", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-70b",
+        "--max-model-len", "512",
+    )  # fmt: skip
+    try:
+        url = server.url
+        probe = complete(url, "Once upon", max_tokens=48, ignore_eos=True)["choices"][0]["text"]
+        stop = _stop_candidate(probe)
+        got = complete(url, "Once upon", max_tokens=400, ignore_eos=True, stop=stop)
+        assert got["choices"][0]["finish_reason"] == "stop"
+        assert got["choices"][0]["text"] == probe[: probe.index(stop)]
+        used = got["usage"]["completion_tokens"]
+        assert used < 48
+        for _ in range(1500):  # until the worker reports itself idle (stats refresh every 0.2 s)
+            stats = server.layout()["workers"][0]["stats"]
+            if stats.get("running") == 0 and stats.get("waiting") == 0:
+                break
+            time.sleep(0.1)
+        events = read_telemetry(url)
+        decode_steps = sum(e["decode_seqs"] for e in events if e["type"] == "iteration")
+        assert decode_steps < 47 + used + 100, decode_steps  # not the 399 the request asked for
+        req = [e for e in events if e["type"] == "request"][-1]
+        assert req["finish_reason"] == "stop" and req["output_tokens"] == used
+    finally:
+        stop_server(server)
