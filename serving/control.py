@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ def _fail(status: int, message: str) -> HTTPException:
 async def _body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         raise _fail(400, f"request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise _fail(400, "request body must be a JSON object")
@@ -137,7 +138,10 @@ def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) 
         role = body.get("role")
         if role not in ROLES:
             raise _fail(400, f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
-        timeout_s = float(body.get("timeout_s", 120.0))
+        try:
+            timeout_s = float(body.get("timeout_s", 120.0))
+        except (TypeError, ValueError):
+            raise _fail(400, f"'timeout_s' must be a number of seconds, got {body['timeout_s']!r}") from None
         w, _p = worker(worker_id), pool()
         before = w.describe()
         old_role = w.role
@@ -185,8 +189,8 @@ def build_control_router(get_pool: Callable[[], WorkerPool | None], token: str) 
 
 def _num(body: dict[str, Any], key: str) -> float:
     value = body[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(400, f"'{key}' must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _fail(400, f"'{key}' must be a finite number, got {value!r}")
     return float(value)
 
 

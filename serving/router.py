@@ -11,9 +11,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.control import build_control_router
 from serving.metrics import ServingMetrics
@@ -89,6 +90,15 @@ def create_app(settings: ServeSettings) -> FastAPI:
         first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Routing errors (404, 405) in the OpenAI error shape; the control API keeps its `detail`."""
+        if request.url.path.startswith("/control"):
+            return await http_exception_handler(request, exc)
+        response = _error(exc.status_code, str(exc.detail), kind="invalid_request_error")
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
