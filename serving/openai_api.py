@@ -131,6 +131,12 @@ def loads_body(raw: bytes) -> Any:
     return body
 
 
+def _show(value: Any, limit: int = 80) -> str:
+    """repr of a client's value, shortened for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _number(body: dict[str, Any], key: str, default: float, kind: type) -> Any:
     value = body.get(key, default)
     if value is None:
@@ -140,10 +146,16 @@ def _number(body: dict[str, Any], key: str, default: float, kind: type) -> Any:
         or not isinstance(value, int | float)
         or (kind is int and not isinstance(value, int))
     ):
-        raise BadRequest(f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}", key)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadRequest(f"'{key}' must be a finite number, got {value!r}", key)
-    return kind(value)
+        raise BadRequest(
+            f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {_show(value)}", key
+        )
+    try:
+        number = kind(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if isinstance(number, float) and not math.isfinite(number):
+        raise BadRequest(f"'{key}' must be a finite number, got {_show(value)}", key)
+    return number
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -158,7 +170,7 @@ def _check_unsupported(body: dict[str, Any]) -> None:
             accepted = ", ".join(json.dumps(d) for d in defaults)
             raise BadRequest(
                 f"parameter '{key}' is not supported by this server (accepted only as a no-op: "
-                f"{accepted}), got {body[key]!r}",
+                f"{accepted}), got {_show(body[key])}",
                 key,
             )
 
@@ -176,7 +188,7 @@ def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
     ):
         raise BadRequest(
             f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} non-empty strings, "
-            f"got {stop!r}",
+            f"got {_show(stop)}",
             "stop",
         )
     return tuple(dict.fromkeys(stop))
@@ -190,7 +202,8 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
     ):
         raise BadRequest(
-            f"'stop_token_ids' must be a list of token ids (integers >= 0), got {ids!r}", "stop_token_ids"
+            f"'stop_token_ids' must be a list of token ids (integers >= 0), got {_show(ids)}",
+            "stop_token_ids",
         )
     return tuple(ids)
 

@@ -479,3 +479,9 @@ def test_include_usage_must_be_bool() -> None:
 def test_bad_chat_content_parts(part, param: str) -> None:
     e = _bad({"messages": [{"role": "user", "content": [part]}]}, chat=True)
     assert e.param == param
+
+
+@pytest.mark.parametrize("key", ["temperature", "top_p"])
+def test_integer_too_large_for_a_float_is_400(key: str) -> None:
+    e = _bad({"prompt": "x", key: 10**400})
+    assert e.param == key and "finite" in str(e) and len(str(e)) < 300
