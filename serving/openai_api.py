@@ -213,7 +213,7 @@ def _flag(body: dict[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise BadRequest(f"'{key}' must be true or false, got {value!r}", key)
+        raise BadRequest(f"'{key}' must be true or false, got {_show(value)}", key)
     return value
 
 
@@ -237,7 +237,7 @@ def render_chat(messages: Any) -> str:
                 if p["type"] == "text":
                     if not isinstance(p.get("text"), str):
                         raise BadRequest(
-                            f"{where}.text must be a string, got {p.get('text')!r}", f"{where}.text"
+                            f"{where}.text must be a string, got {_show(p.get('text'))}", f"{where}.text"
                         )
                     texts.append(p["text"])
             content = "".join(texts)
@@ -253,14 +253,14 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
     if model is not None and model != served_model:
-        raise BadRequest(f"model {model!r} does not exist; this server serves {served_model!r}", "model")
+        raise BadRequest(f"model {_show(model)} does not exist; this server serves {served_model!r}", "model")
     n = body.get("n", 1)
     if isinstance(n, bool) or not isinstance(n, int) or n != 1:
-        raise BadRequest(f"'n' must be 1, got {n!r}", "n")
+        raise BadRequest(f"'n' must be 1, got {_show(n)}", "n")
     _check_unsupported(body)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise BadRequest(f"'user' must be a string, got {user!r}", "user")
+        raise BadRequest(f"'user' must be a string, got {_show(user)}", "user")
     prompt, prompt_ids = None, None
     if chat:
         prompt = render_chat(body.get("messages"))
@@ -284,7 +284,7 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64
     ):
-        raise BadRequest(f"'seed' must be an integer in [-2**63, 2**64), got {seed!r}", "seed")
+        raise BadRequest(f"'seed' must be an integer in [-2**63, 2**64), got {_show(seed)}", "seed")
     stream_options = body.get("stream_options")
     if stream_options is None:
         stream_options = {}
@@ -293,7 +293,7 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     include_usage = stream_options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise BadRequest(
-            f"'stream_options.include_usage' must be true or false, got {include_usage!r}",
+            f"'stream_options.include_usage' must be true or false, got {_show(include_usage)}",
             "stream_options.include_usage",
         )
     temperature = _number(body, "temperature", 1.0, float)
