@@ -473,3 +473,56 @@ def test_stop_string_aborts_the_request_on_its_worker() -> None:
         assert req["finish_reason"] == "stop" and req["output_tokens"] == used
     finally:
         stop_server(server)
+
+
+def test_a_request_that_cannot_be_sampled_fails_alone(tmp_path) -> None:
+    """A checkpoint whose embedding of "!" is NaN: a prompt with "!" has no finite logit. That request
+    gets a JSON 500 naming why; the worker process lives on and serves the next request."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.serving.conftest import start_server, stop_server
+
+    d, f, kv, vocab = 32, 64, 16, 258
+    g = torch.Generator().manual_seed(0)
+    shapes = {
+        "model.embed_tokens.weight": (vocab, d),
+        "lm_head.weight": (vocab, d),
+        "model.layers.0.self_attn.q_proj.weight": (d, d),
+        "model.layers.0.self_attn.k_proj.weight": (kv, d),
+        "model.layers.0.self_attn.v_proj.weight": (kv, d),
+        "model.layers.0.self_attn.o_proj.weight": (d, d),
+        "model.layers.0.mlp.gate_proj.weight": (f, d),
+        "model.layers.0.mlp.up_proj.weight": (f, d),
+        "model.layers.0.mlp.down_proj.weight": (d, f),
+    }
+    tensors = {k: torch.randn(s, generator=g) * 0.05 for k, s in shapes.items()}
+    tensors |= {n: torch.ones(d) for n in ("model.norm.weight", "model.layers.0.input_layernorm.weight")}
+    tensors["model.layers.0.post_attention_layernorm.weight"] = torch.ones(d)
+    tensors["model.embed_tokens.weight"][ord("!")] = float("nan")
+    folder = tmp_path / "nan-model"
+    folder.mkdir()
+    config = {
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": d, "intermediate_size": f,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256, "rope_theta": 10_000.0, "eos_token_id": 257, "bos_token_id": 256,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "model.safetensors"))
+    server = start_server("--model", str(folder), "--workers", "1")
+    try:
+        pid = server.layout()["workers"][0]["pid"]
+        for temperature in (0.0, 0.8):
+            body = {"prompt": "a!b", "max_tokens": 4, "temperature": temperature}
+            r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 500, r.text
+            assert "no finite logit" in r.json()["error"]["message"]
+            ok = httpx.post(
+                f"{server.url}/v1/completions", json={"prompt": "ab", "max_tokens": 1}, timeout=60
+            )
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
+        (worker,) = server.layout()["workers"]
+        assert worker["pid"] == pid and worker["state"] == "ready"
+        assert "phaselens:worker_deaths_total 0.0" in httpx.get(f"{server.url}/metrics").text
+    finally:
+        stop_server(server)
