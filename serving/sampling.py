@@ -81,16 +81,21 @@ class Sampler:
         clean = torch.where(torch.isnan(logits), float("-inf"), logits)
         greedy = clean.argmax(dim=-1).tolist()
         usable = (clean.amax(dim=-1) > float("-inf")).tolist()
+        random_rows = [i for i, (params, _) in enumerate(rows) if params.temperature >= GREEDY_TEMPERATURE]
+        on_host: dict[int, torch.Tensor] = {}  # one device-to-host copy for all randomly sampled rows
+        if random_rows:
+            host = logits[random_rows].detach().to("cpu", torch.float64)
+            on_host = {i: host[k] for k, i in enumerate(random_rows)}
         out: list[int | SamplingError] = []
         for i, (params, index) in enumerate(rows):
             try:
-                if params.temperature < GREEDY_TEMPERATURE:
+                if i not in on_host:
                     if not usable[i]:
                         raise SamplingError("the model produced no finite logit (all NaN or -inf)")
                     out.append(int(greedy[i]))
                     continue
                 u = seeded_uniform(params.seed, index) if params.seed is not None else self._rng.random()
-                out.append(sample_row(logits[i], params, u))
+                out.append(sample_row(on_host[i], params, u))
             except SamplingError as e:
                 out.append(e)
             except Exception as e:  # a bug or bad values in one row must not fail the batch
