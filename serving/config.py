@@ -234,6 +234,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: over the output tokens so far
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -242,6 +244,14 @@ class SamplingParams:
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, key) <= 2:
+                raise ConfigError(f"{key} must be in [-2, 2], got {getattr(self, key)}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether presence or frequency penalties change the logits."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 def model_config_for(source: str | Path) -> ModelConfig:

@@ -214,14 +214,15 @@ class Engine:
         ids: list[int] = []
         positions: list[int] = []
         logits_idx: list[int] = []
-        samplers: list[tuple[SamplingParams, int]] = []
+        samplers: list[tuple[SamplingParams, int, list[int]]] = []
         for item in sched.items:
             seq, n = item.seq, item.num_new_tokens
             ids.extend(seq.token_ids[seq.num_computed : seq.num_computed + n])
             positions.extend(range(seq.num_computed, seq.num_computed + n))
             if item.completes_prompt:
                 logits_idx.append(len(ids) - 1)
-                samplers.append((seq.params, seq.num_output_tokens))  # seeded draws key on this index
+                history = seq.output_ids if seq.params.penalized else []  # penalties count these
+                samplers.append((seq.params, seq.num_output_tokens, history))  # seeded draws key on the index
         batch = AttentionBatch.build(
             [i.num_new_tokens for i in sched.items],
             [i.context_len for i in sched.items],

@@ -33,8 +33,6 @@ UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -299,6 +297,10 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
     temperature = _number(body, "temperature", 1.0, float)
     if temperature < 0:
         raise BadRequest(f"temperature must be >= 0, got {temperature}", "temperature")
+    penalties = {key: _number(body, key, 0.0, float) for key in ("presence_penalty", "frequency_penalty")}
+    for key, value in penalties.items():
+        if not -2 <= value <= 2:
+            raise BadRequest(f"{key} must be in [-2, 2], got {value}", key)
     top_p = _number(body, "top_p", 1.0, float)
     if not 0 < top_p <= 1:
         raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
@@ -310,6 +312,7 @@ def parse_request(body: Any, *, chat: bool, served_model: str) -> ParsedRequest:
             seed=seed,
             ignore_eos=_flag(body, "ignore_eos"),
             stop_token_ids=_stop_token_ids(body),
+            **penalties,
         )
     except ConfigError as e:
         raise BadRequest(str(e)) from e

@@ -7,7 +7,8 @@ whichever worker samples it: a prefill worker (token 0) and a decode worker afte
 (tokens 1..) reproduce an aggregated run exactly. Unseeded requests draw u from a per-process
 generator seeded from the OS. The sampler keeps no per-request state.
 
-Temperatures below `GREEDY_TEMPERATURE` sample greedily (dividing by them would overflow). NaN logits
+Presence/frequency penalties (OpenAI's definition, over the request's output tokens) are applied to
+the logits first. Temperatures below `GREEDY_TEMPERATURE` sample greedily (dividing by them would overflow). NaN logits
 are never chosen; +inf logits share the whole probability; a row with no usable logit raises
 `SamplingError` for that row only.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -41,8 +44,19 @@ def seeded_uniform(seed: int, index: int) -> float:
     return (_splitmix64(_splitmix64(seed & _MASK64) ^ (index & _MASK64)) >> 11) * 2.0**-53
 
 
+def apply_penalties(row: torch.Tensor, params: SamplingParams, output_ids: Sequence[int]) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties on one row: logit[j] -= frequency * count[j] +
+    presence * (count[j] > 0), counting token j among the request's output tokens so far."""
+    if not params.penalized or not output_ids:
+        return row
+    counts = torch.bincount(torch.tensor(list(output_ids)), minlength=row.numel())[: row.numel()]
+    counts = counts.to(row.device, row.dtype)
+    return row - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(row.dtype)
+
+
 def sample_row(row: torch.Tensor, params: SamplingParams, u: float) -> int:
-    """Inverse-CDF sample of one row of logits at `params.temperature` and `params.top_p`, using `u`."""
+    """One token from one row of logits: greedy below `GREEDY_TEMPERATURE`, else inverse-CDF sampling
+    at `params.temperature` and `params.top_p` with the uniform draw `u`, in float64."""
     x = row.detach().to("cpu", torch.float64)
     x = torch.where(torch.isnan(x), float("-inf"), x)
     posinf = torch.isposinf(x)
@@ -51,6 +65,8 @@ def sample_row(row: torch.Tensor, params: SamplingParams, u: float) -> int:
     top = float(x.max())
     if top == float("-inf"):
         raise SamplingError("the model produced no finite logit (all NaN or -inf) for this request")
+    if params.temperature < GREEDY_TEMPERATURE:
+        return int(x.argmax())
     probs = torch.exp((x - top) / params.temperature)  # max is exactly 1: no overflow, no all-zero row
     if params.top_p < 1.0:
         probs, order = probs.sort(descending=True)
@@ -70,32 +86,32 @@ class Sampler:
     def __init__(self) -> None:
         self._rng = random.Random(os.urandom(16))
 
-    def sample(
-        self, logits: torch.Tensor, rows: list[tuple[SamplingParams, int]]
-    ) -> list[int | SamplingError]:
-        """`logits` is [N, vocab]; row i belongs to rows[i] = (params, output token index).
+    def sample(self, logits: torch.Tensor, rows: list[tuple[Any, ...]]) -> list[int | SamplingError]:
+        """`logits` is [N, vocab]; rows[i] = (params, output token index[, output ids so far]) of row i.
 
-        A row that cannot be sampled gives its `SamplingError` instead of a token, so one bad
-        request does not fail the others in the batch.
+        The output ids are needed only for presence/frequency penalties. A row that cannot be
+        sampled gives its `SamplingError` instead of a token, so one bad request does not fail the
+        others in the batch.
         """
         clean = torch.where(torch.isnan(logits), float("-inf"), logits)
         greedy = clean.argmax(dim=-1).tolist()
         usable = (clean.amax(dim=-1) > float("-inf")).tolist()
-        random_rows = [i for i, (params, _) in enumerate(rows) if params.temperature >= GREEDY_TEMPERATURE]
-        on_host: dict[int, torch.Tensor] = {}  # one device-to-host copy for all randomly sampled rows
-        if random_rows:
-            host = logits[random_rows].detach().to("cpu", torch.float64)
-            on_host = {i: host[k] for k, i in enumerate(random_rows)}
+        per_row = [i for i, (p, *_) in enumerate(rows) if p.temperature >= GREEDY_TEMPERATURE or p.penalized]
+        on_host: dict[int, torch.Tensor] = {}  # one device-to-host copy for all rows sampled one by one
+        if per_row:
+            host = logits[per_row].detach().to("cpu", torch.float64)
+            on_host = {i: host[k] for k, i in enumerate(per_row)}
         out: list[int | SamplingError] = []
-        for i, (params, index) in enumerate(rows):
+        for i, (params, index, *history) in enumerate(rows):
             try:
                 if i not in on_host:
                     if not usable[i]:
                         raise SamplingError("the model produced no finite logit (all NaN or -inf)")
                     out.append(int(greedy[i]))
                     continue
+                row = apply_penalties(on_host[i], params, history[0] if history else ())
                 u = seeded_uniform(params.seed, index) if params.seed is not None else self._rng.random()
-                out.append(sample_row(on_host[i], params, u))
+                out.append(sample_row(row, params, u))
             except SamplingError as e:
                 out.append(e)
             except Exception as e:  # a bug or bad values in one row must not fail the batch

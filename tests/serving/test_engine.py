@@ -275,6 +275,28 @@ def test_seeded_sampling_after_handoff_equals_one_engine(model) -> None:
     assert runs[0] != runs[1]  # without a seed, requests stay random
 
 
+def test_penalties_match_a_from_scratch_reference_and_survive_the_handoff(model) -> None:
+    """Greedy with presence/frequency penalties equals argmax of the penalized full-sequence logits."""
+    prompt = _prompts(1, seed=13)[0]
+    params = _params(max_tokens=12, presence_penalty=1.0, frequency_penalty=0.5)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(12):
+            logits = model.full_logits(prompt + out)[-1].double()
+            for t in set(out):
+                logits[t] -= 1.0 + 0.5 * out.count(t)
+            out.append(int(logits.argmax()))
+    got = _alone(model, prompt, params)
+    assert got == out
+    assert got != _alone(model, prompt, _params(max_tokens=12))  # the penalties changed the output
+    prefill, decode = _engine(model), _engine(model)
+    prefill.add_request("r", prompt, params, handoff=True)
+    first, (h,) = _drain(prefill)
+    decode.add_prefilled(h.request_id, h.token_ids, h.num_prompt_tokens, h.params, h.kv, h.meta)
+    rest, _ = _drain(decode)
+    assert [first["r"][0][0]] + [t for t, _, _ in rest["r"]] == out
+
+
 def test_nan_logits_fail_only_that_request(model) -> None:
     """A request whose logits are all NaN is dropped with an error; the batch and engine go on."""
     prompts = _prompts(3, seed=12, lo=4)

@@ -413,8 +413,6 @@ def test_bad_stop_token_ids(ids) -> None:
         ("logprobs", True),
         ("top_logprobs", 3),
         ("echo", True),
-        ("presence_penalty", 0.5),
-        ("frequency_penalty", -1),
         ("logit_bias", {"5": 10}),
         ("best_of", 2),
         ("suffix", "end"),
@@ -485,3 +483,15 @@ def test_bad_chat_content_parts(part, param: str) -> None:
 def test_integer_too_large_for_a_float_is_400(key: str) -> None:
     e = _bad({"prompt": "x", key: 10**400})
     assert e.param == key and "finite" in str(e) and len(str(e)) < 300
+
+
+def test_penalties_are_parsed() -> None:
+    r = _parse({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -2})
+    assert r.params.presence_penalty == 0.5 and r.params.frequency_penalty == -2.0
+    assert r.params.penalized and not _parse({"prompt": "x", "presence_penalty": 0}).params.penalized
+
+
+@pytest.mark.parametrize("key", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -3, "1", True])
+def test_bad_penalties(key: str, value) -> None:
+    assert _bad({"prompt": "x", key: value}).param == key

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from serving.config import ConfigError, SamplingParams
-from serving.sampling import GREEDY_TEMPERATURE, Sampler, SamplingError, sample_row, seeded_uniform
+from serving.sampling import (
+    GREEDY_TEMPERATURE,
+    Sampler,
+    SamplingError,
+    apply_penalties,
+    sample_row,
+    seeded_uniform,
+)
 
 VOCAB = 64
 
@@ -147,8 +154,29 @@ def test_a_row_without_finite_logits_fails_only_that_row() -> None:
         {"top_p": 0.0},
         {"top_p": 1.5},
         {"max_tokens": 0},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": float("nan")},
     ],
 )
 def test_sampling_params_reject_invalid_values(kw: dict) -> None:
     with pytest.raises(ConfigError):
         SamplingParams(**kw)
+
+
+def test_penalties_follow_openai_definition() -> None:
+    row = torch.zeros(VOCAB, dtype=torch.float64)
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(row, p, [3, 3, 3, 7])
+    assert out[3] == -(0.5 + 3 * 0.25) and out[7] == -(0.5 + 0.25)
+    assert out[0] == 0 and int((out != 0).sum()) == 2
+    assert apply_penalties(row, SamplingParams(), [3]) is row  # no penalties: untouched
+
+
+def test_penalties_steer_greedy_and_sampled_rows() -> None:
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 5] = 1.0  # token 5 leads by 1
+    plain = SamplingParams(temperature=0.0)
+    pen = SamplingParams(temperature=0.0, presence_penalty=1.5)
+    assert Sampler().sample(logits, [(plain, 1, [5]), (pen, 1, [5])]) == [5, 0]  # 5 pushed below 0s
+    sampled = SamplingParams(temperature=1e-3, frequency_penalty=2.0, seed=1)
+    assert Sampler().sample(logits[:1], [(sampled, 1, [5])])[0] != 5

@@ -430,8 +430,8 @@ def test_tiny_temperature_is_greedy(aggregated_server: Server) -> None:
 
 def test_unsupported_parameter_is_a_400_naming_it(aggregated_server: Server) -> None:
     client = openai.OpenAI(base_url=f"{aggregated_server.url}/v1", api_key="unused")
-    with pytest.raises(openai.BadRequestError, match="'presence_penalty' is not supported"):
-        client.completions.create(model="tiny", prompt="x", max_tokens=2, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="'logit_bias' is not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logit_bias={"5": 10})
     with pytest.raises(openai.BadRequestError, match="'logprobs' is not supported"):
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True
