@@ -8,9 +8,9 @@ whichever worker samples it: a prefill worker (token 0) and a decode worker afte
 generator seeded from the OS. The sampler keeps no per-request state.
 
 Presence/frequency penalties (OpenAI's definition, over the request's output tokens) are applied to
-the logits first. Temperatures below `GREEDY_TEMPERATURE` sample greedily (dividing by them would overflow). NaN logits
-are never chosen; +inf logits share the whole probability; a row with no usable logit raises
-`SamplingError` for that row only.
+the logits first. Temperatures below `GREEDY_TEMPERATURE` sample greedily (dividing by them would
+overflow). NaN logits are never chosen; +inf logits share the whole probability; a row with no
+usable logit raises `SamplingError` for that row only.
 """
 
 from __future__ import annotations
