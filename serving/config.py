@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,11 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling: greedy when temperature == 0."""
+    """Per-request sampling: greedy when temperature is 0 (or below `sampling.GREEDY_TEMPERATURE`).
+
+    `stop_token_ids` end a request even with `ignore_eos` (as in vLLM); `ignore_eos` only ignores the
+    model's EOS ids. A seeded request's token k always uses the same random draw (`serving.sampling`).
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -229,14 +234,24 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: over the output tokens so far
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, key) <= 2:
+                raise ConfigError(f"{key} must be in [-2, 2], got {getattr(self, key)}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether presence or frequency penalties change the logits."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 def model_config_for(source: str | Path) -> ModelConfig:

@@ -64,7 +64,7 @@ class _JSONErrorRoute(APIRoute):
 async def _body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         raise _fail(400, f"request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise _fail(400, "request body must be a JSON object")

@@ -11,7 +11,7 @@ import torch
 from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import Device, IterationWork
 from serving.model import AttentionBatch, KVCache, LlamaForCausalLM
-from serving.sampling import Sampler
+from serving.sampling import Sampler, SamplingError
 from serving.scheduler import Scheduler, SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
@@ -44,6 +44,7 @@ class Handoff:
 class StepResult:
     outputs: list[TokenOutput] = field(default_factory=list)
     handoffs: list[Handoff] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (request id, message): dropped requests
     phase: str = "idle"
 
 
@@ -135,7 +136,6 @@ class Engine:
             return False
         self._pending_imports = [p for p in self._pending_imports if p[0] is not seq]
         self.scheduler.finish(seq)
-        self.sampler.forget(request_id)
         return True
 
     # -- state ---------------------------------------------------------------------------------
@@ -213,19 +213,20 @@ class Engine:
             )
         return result
 
-    def _forward_and_sample(self, sched: SchedulerOutput) -> list[int]:
+    def _forward_and_sample(self, sched: SchedulerOutput) -> list[int | SamplingError]:
         dev = self.device.torch_device
         ids: list[int] = []
         positions: list[int] = []
         logits_idx: list[int] = []
-        samplers: list[tuple[str, SamplingParams]] = []
+        samplers: list[tuple[SamplingParams, int, list[int]]] = []
         for item in sched.items:
             seq, n = item.seq, item.num_new_tokens
             ids.extend(seq.token_ids[seq.num_computed : seq.num_computed + n])
             positions.extend(range(seq.num_computed, seq.num_computed + n))
             if item.completes_prompt:
                 logits_idx.append(len(ids) - 1)
-                samplers.append((seq.request_id, seq.params))
+                history = seq.output_ids if seq.params.penalized else []  # penalties count these
+                samplers.append((seq.params, seq.num_output_tokens, history))  # seeded draws key on the index
         batch = AttentionBatch.build(
             [i.num_new_tokens for i in sched.items],
             [i.context_len for i in sched.items],
@@ -242,7 +243,7 @@ class Engine:
         )
         return self.sampler.sample(logits, samplers) if samplers else []
 
-    def _update(self, sched: SchedulerOutput, sampled: list[int], ts_s: float) -> StepResult:
+    def _update(self, sched: SchedulerOutput, sampled: list[int | SamplingError], ts_s: float) -> StepResult:
         result = StepResult(phase=sched.phase)
         tokens = iter(sampled)
         for item in sched.items:
@@ -252,6 +253,11 @@ class Engine:
             if not completes:
                 continue
             token = next(tokens)
+            if isinstance(token, SamplingError):  # fail this request only; the batch goes on
+                result.errors.append((seq.request_id, str(token)))
+                self._scrub(seq)
+                self._drop(seq)
+                continue
             seq.token_ids.append(token)
             meta = None
             if was_prefill and seq.prefill_end_s is None:
@@ -277,7 +283,7 @@ class Engine:
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
-        if not params.ignore_eos and (token in self._stop_ids or token in params.stop_token_ids):
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self._stop_ids):
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
             return "length"
@@ -287,7 +293,14 @@ class Engine:
         kv = self.cache.export(seq.block_table, seq.num_computed)
         return Handoff(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params, kv, meta)
 
+    def _scrub(self, seq: Sequence) -> None:
+        """Zero a failed sequence's KV blocks: NaN left there would leak into the next owner's
+        masked (zero-weight) slots, since 0 * NaN is NaN."""
+        if seq.block_table:
+            idx = torch.tensor(seq.block_table, device=self.cache.k.device)
+            self.cache.k[:, idx] = 0
+            self.cache.v[:, idx] = 0
+
     def _drop(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         self._seqs.pop(seq.request_id, None)
-        self.sampler.forget(seq.request_id)

@@ -130,6 +130,9 @@ class RequestState:
     error: str | None = None
     attempts: int = 0
     finished_s: float | None = None
+    # Called with each output token on the router's loop; True ends the request with finish reason
+    # "stop" and aborts it on its workers (the router's stop-string match).
+    check_stop: Callable[[int], bool] | None = None
 
     @property
     def done(self) -> bool:
@@ -358,7 +361,9 @@ class WorkerPool:
             self.hub.publish(msg[1])
         elif kind == "kv_received":
             req = self.requests.get(msg[1])
-            if req is not None:
+            if req is None:  # it ended (stop string, abort) while its KV was on the way: drop it there
+                self._send(w, ("abort", msg[1]))
+            else:
                 req.meta.update(msg[2])
                 pw = self.workers.get(req.prefill_worker or "")
                 if pw is not None and pw is not w:
@@ -392,8 +397,20 @@ class WorkerPool:
         req.output_ids.append(token)
         req.token_ts.append(ts)
         self._on_token(req, ts)
+        stopped = False
+        if req.check_stop is not None:
+            try:
+                stopped = req.check_stop(token)
+            except Exception as e:  # a failing check fails this request only
+                self._fail(req, f"stop check failed: {type(e).__name__}: {e}")
+                return
+        if stopped:
+            reason = "stop"
         req.events.put_nowait(("token", token, reason))
-        if reason is not None:
+        if stopped:
+            self._release(req, notify=True)  # the workers would go on generating otherwise
+            self._complete(req, reason, None)
+        elif reason is not None:
             self._finish(req, reason)
 
     # -- requests --------------------------------------------------------------------------------
@@ -487,8 +504,16 @@ class WorkerPool:
             "restarts_by_worker": {w.id: w.restarts for w in self.workers.values()},
         }
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestState:
-        req = RequestState(self.new_request_id(), list(prompt_ids), params, time.time())
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        check_stop: Callable[[int], bool] | None = None,
+    ) -> RequestState:
+        """Route a new request; `check_stop(token)` returning True ends it early (stop strings)."""
+        req = RequestState(
+            self.new_request_id(), list(prompt_ids), params, time.time(), check_stop=check_stop
+        )
         self.requests[req.request_id] = req
         try:
             self.dispatch(req)

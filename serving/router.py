@@ -4,23 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.control import build_control_router
 from serving.devices.emulated import emulated_device_label
 from serving.metrics import ServingMetrics
-from serving.openai_api import BadRequest, ParsedRequest, chunk, full_response, parse_request, usage_chunk
+from serving.openai_api import (
+    BadRequest,
+    ParsedRequest,
+    chunk,
+    full_response,
+    loads_body,
+    parse_request,
+    usage_chunk,
+)
+from serving.output_text import OutputText
 from serving.pool import NoWorkerError, RequestState, WorkerPool
 from serving.scheduler import AdmissionError, Scheduler
 from serving.settings import ServeSettings
 from serving.telemetry import TelemetryHub, parse_after
-from serving.tokenizer import IncrementalDetokenizer, load_tokenizer
+from serving.tokenizer import load_tokenizer
+
+log = logging.getLogger("phaselens.router")
 
 
 def _error(
@@ -90,6 +105,33 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     app = FastAPI(title="phaselens serving", lifespan=lifespan)
     app.state.settings = settings
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_params(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's query/path validation failures as 400s in the OpenAI error shape (the control
+        API keeps FastAPI's 422 with `detail`, like its other errors)."""
+        if request.url.path.startswith("/control"):
+            return await request_validation_exception_handler(request, exc)
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Routing errors (404, 405) in the OpenAI error shape; the control API keeps its `detail`."""
+        if request.url.path.startswith("/control"):
+            return await http_exception_handler(request, exc)
+        response = _error(exc.status_code, str(exc.detail), kind="invalid_request_error")
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Whatever escapes a handler: logged, answered as a JSON 500 (never a plain-text one)."""
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _error(500, f"internal server error: {type(exc).__name__}", kind="server_error")
+
     app.state.hub = hub
     app.include_router(build_control_router(lambda: state["pool"], token))
 
@@ -191,10 +233,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     async def _parse(request: Request, chat: bool) -> ParsedRequest | JSONResponse:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"request body is not valid JSON: {e}")
-        try:
+            body = loads_body(await request.body())
             return parse_request(body, chat=chat, served_model=settings.model_name)
         except BadRequest as e:
             return JSONResponse(e.body(), status_code=400)
@@ -218,37 +257,34 @@ def create_app(settings: ServeSettings) -> FastAPI:
         except AdmissionError as e:
             return _error(400, f"{e}; shorten the prompt or lower max_tokens", param="max_tokens")
         pool: WorkerPool | None = state["pool"]
+        out = OutputText(tokenizer, prompt_ids, parsed.stop)
         try:
             if pool is None:
                 raise NoWorkerError("the server is starting")
-            req = pool.submit(prompt_ids, parsed.params)
+            req = pool.submit(prompt_ids, parsed.params, check_stop=out.add)
         except NoWorkerError as e:
             return _error(503, str(e), kind="service_unavailable")
-        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         if parsed.stream:
-            return StreamingResponse(_stream(pool, req, parsed, detok), media_type="text/event-stream")
-        return await _collect(pool, req, parsed, detok)
+            return StreamingResponse(_stream(pool, req, parsed, out), media_type="text/event-stream")
+        return await _collect(pool, req, parsed, out)
 
     async def _collect(
         pool: WorkerPool,
         req: RequestState,
         parsed: ParsedRequest,
-        detok: IncrementalDetokenizer,
+        out: OutputText,
     ) -> Response:
-        parts: list[str] = []
         try:
             while True:
                 kind, *rest = await req.events.get()
-                if kind == "token":
-                    parts.append(detok.add(rest[0]))
-                elif kind == "error":
+                if kind == "error":
                     return _error(500, f"request failed: {rest[0]}", kind="server_error")
-                else:
-                    parts.append(detok.flush())
+                if kind == "done":
+                    out.finish()
                     body = full_response(
                         req.request_id,
                         settings.model_name,
-                        "".join(parts),
+                        out.text,
                         rest[0],
                         len(req.prompt_ids),
                         len(req.output_ids),
@@ -264,18 +300,25 @@ def create_app(settings: ServeSettings) -> FastAPI:
         pool: WorkerPool,
         req: RequestState,
         parsed: ParsedRequest,
-        detok: IncrementalDetokenizer,
+        out: OutputText,
     ) -> AsyncIterator[bytes]:
         def sse(obj: dict[str, Any]) -> bytes:
             return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
+        def error_event(message: str) -> bytes:
+            return sse({"error": {"message": message, "type": "server_error", "param": None, "code": 500}})
+
         first = True
+        received = 0  # tokens taken off the queue: the text they decide is released with them
         try:
             while True:
                 kind, *rest = await req.events.get()
                 if kind == "token":
+                    received += 1
                     reason = rest[1]
-                    text = detok.add(rest[0]) + (detok.flush() if reason else "")
+                    if reason is not None:
+                        out.finish()
+                    text = out.release(received)
                     yield sse(
                         chunk(
                             req.request_id, settings.model_name, text, reason, chat=parsed.chat, first=first
@@ -283,15 +326,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
                     )
                     first = False
                 elif kind == "error":
-                    yield sse(
-                        {
-                            "error": {
-                                "message": f"request failed: {rest[0]}",
-                                "type": "server_error",
-                                "code": 500,
-                            }
-                        }
-                    )
+                    yield error_event(f"request failed: {rest[0]}")
                     break
                 else:
                     if parsed.include_usage:
@@ -305,6 +340,10 @@ def create_app(settings: ServeSettings) -> FastAPI:
                             )
                         )
                     break
+            yield b"data: [DONE]\n\n"
+        except Exception as e:  # the status line is sent: report in-band, then end the stream
+            log.error("stream of %s failed", req.request_id, exc_info=e)
+            yield error_event(f"internal server error: {type(e).__name__}")
             yield b"data: [DONE]\n\n"
         finally:
             if not req.done:

@@ -180,6 +180,9 @@ class _Worker:
                 "tokens",
                 [(o.request_id, o.token_id, o.ts_s, o.finish_reason, o.meta) for o in result.outputs],
             )
+        for rid, message in result.errors:  # the engine dropped these requests; the worker goes on
+            self._targets.pop(rid, None)
+            self.link.send("request_error", rid, message)
         for h in result.handoffs:
             header = {
                 "request_id": h.request_id,

@@ -147,17 +147,16 @@ def _stop_candidate(tokens: list[int]) -> tuple[int, int]:
     raise AssertionError(f"no usable stop token in {tokens}")
 
 
-def test_stop_token_ids_stop_unless_ignore_eos(model) -> None:
+def test_stop_token_ids_stop_even_with_ignore_eos(model) -> None:
+    """As in vLLM: `ignore_eos` ignores only the model's EOS ids, never the request's stop_token_ids."""
     prompt = _prompts(1, seed=3)[0]
     full = _alone(model, prompt)
     stop, idx = _stop_candidate(full)
-    outs = _run(_engine(model), [prompt], _params(ignore_eos=False, stop_token_ids=(stop,)))
-    assert [t for t, _, _ in outs["r0"]] == full[: idx + 1]  # the stop token is emitted, then it stops
-    assert outs["r0"][-1][1] == "stop"
-    assert all(r is None for _, r, _ in outs["r0"][:-1])
-    outs = _run(_engine(model), [prompt], _params(ignore_eos=True, stop_token_ids=(stop,)))
-    assert [t for t, _, _ in outs["r0"]] == full
-    assert outs["r0"][-1][1] == "length"
+    for ignore_eos in (False, True):
+        outs = _run(_engine(model), [prompt], _params(ignore_eos=ignore_eos, stop_token_ids=(stop,)))
+        assert [t for t, _, _ in outs["r0"]] == full[: idx + 1]  # the stop token is emitted, then it stops
+        assert outs["r0"][-1][1] == "stop"
+        assert all(r is None for _, r, _ in outs["r0"][:-1])
 
 
 def test_model_eos_stops_unless_ignore_eos(model) -> None:
@@ -254,6 +253,77 @@ def test_handoff_then_decode_elsewhere_equals_one_engine(model) -> None:
         assert [first[rid][0][0]] + [t for t, _, _ in rest[rid]] == tokens, rid
         assert rest[rid][-1][1] == "length"
     _assert_idle(decode)
+
+
+def test_seeded_sampling_after_handoff_equals_one_engine(model) -> None:
+    """Token k of a seeded request uses the same draw on whichever engine samples it."""
+    prompts = _prompts(3, seed=11)
+    params = _params(max_tokens=16, temperature=0.8, seed=1234)
+    single = _tokens(_run(_engine(model), prompts, params))
+    assert len({t for toks in single.values() for t in toks}) > 8  # it really samples
+    prefill, decode = _engine(model), _engine(model)
+    for i, p in enumerate(prompts):
+        prefill.add_request(f"r{i}", p, params, handoff=True)
+    first, handoffs = _drain(prefill)
+    for h in handoffs:
+        decode.add_prefilled(h.request_id, h.token_ids, h.num_prompt_tokens, h.params, h.kv, h.meta)
+    rest, _ = _drain(decode)
+    for rid, tokens in single.items():
+        assert [first[rid][0][0]] + [t for t, _, _ in rest[rid]] == tokens, rid
+    unseeded = _params(max_tokens=16, temperature=0.8)
+    runs = [_tokens(_run(_engine(model), prompts[:1], unseeded))["r0"] for _ in range(2)]
+    assert runs[0] != runs[1]  # without a seed, requests stay random
+
+
+def test_penalties_match_a_from_scratch_reference_and_survive_the_handoff(model) -> None:
+    """Greedy with presence/frequency penalties equals argmax of the penalized full-sequence logits."""
+    prompt = _prompts(1, seed=13)[0]
+    params = _params(max_tokens=12, presence_penalty=1.0, frequency_penalty=0.5)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(12):
+            logits = model.full_logits(prompt + out)[-1].double()
+            for t in set(out):
+                logits[t] -= 1.0 + 0.5 * out.count(t)
+            out.append(int(logits.argmax()))
+    got = _alone(model, prompt, params)
+    assert got == out
+    assert got != _alone(model, prompt, _params(max_tokens=12))  # the penalties changed the output
+    prefill, decode = _engine(model), _engine(model)
+    prefill.add_request("r", prompt, params, handoff=True)
+    first, (h,) = _drain(prefill)
+    decode.add_prefilled(h.request_id, h.token_ids, h.num_prompt_tokens, h.params, h.kv, h.meta)
+    rest, _ = _drain(decode)
+    assert [first["r"][0][0]] + [t for t, _, _ in rest["r"]] == out
+
+
+def test_nan_logits_fail_only_that_request(model) -> None:
+    """A request whose logits are all NaN is dropped with an error; the batch and engine go on."""
+    prompts = _prompts(3, seed=12, lo=4)
+    runs = {t: [_alone(model, p, _params(temperature=t, seed=5)) for p in prompts] for t in (0.0, 0.7)}
+    used = {t for p in prompts for t in p} | {t for r in runs.values() for out in r for t in out}
+    poison = next(t for t in range(256) if t not in used)  # only the bad request ever embeds it
+    poisoned = _model()
+    with torch.no_grad():
+        poisoned.model.embed_tokens.weight[poison] = float("nan")
+    for temperature, alone in runs.items():
+        eng = _engine(poisoned)
+        params = _params(temperature=temperature, seed=5)
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", p, params)
+        eng.add_request("bad", [1, poison, 2], params)
+        outs: dict[str, list[int]] = {}
+        errors = []
+        while eng.has_work():
+            res = eng.step()
+            errors += res.errors
+            for o in res.outputs:
+                outs.setdefault(o.request_id, []).append(o.token_id)
+        assert [rid for rid, _ in errors] == ["bad"]
+        assert "no finite logit" in errors[0][1]
+        assert "bad" not in outs
+        assert [outs[f"r{i}"] for i in range(len(prompts))] == alone
+        _assert_idle(eng)
 
 
 def test_handoff_kv_equals_the_prompt_kv_of_a_full_run(model) -> None:

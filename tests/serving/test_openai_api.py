@@ -11,6 +11,7 @@ from serving.openai_api import (
     BadRequest,
     chunk,
     full_response,
+    loads_body,
     parse_request,
     render_chat,
     usage,
@@ -317,3 +318,180 @@ def test_shapes_validate_against_the_openai_client_types() -> None:
         assert ch.choices[0].delta.content == "t"
     u = chat_types.ChatCompletionChunk.model_validate(usage_chunk("c", MODEL, 1, 2, chat=True))
     assert u.usage.completion_tokens == 2 and u.choices == []
+
+
+# -- strict JSON bodies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "needle"),
+    [
+        (b'{"prompt": "x", "temperature": NaN}', "temperature", "NaN"),
+        (b'{"prompt": "x", "top_p": Infinity}', "top_p", "Infinity"),
+        (b'{"prompt": "x", "stop": ["a", -Infinity]}', "stop[1]", "-Infinity"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": NaN}]}]}',
+            "messages[0].content[0].text",
+            "NaN",
+        ),
+        (b'{"prompt": "\\ud800"}', "prompt", "surrogate"),
+        (b'{"prompt": "x", "user": "a\\udfffb"}', "user", "surrogate"),
+    ],
+)
+def test_loads_body_rejects_non_finite_numbers_and_surrogates(raw: bytes, param: str, needle: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        loads_body(raw)
+    assert e.value.param == param
+    assert needle in str(e.value) and param in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"", "not valid JSON"),
+        (b"\xff\xfe\x00", "not valid JSON"),
+        (b"{not json", "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"max_tokens": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+    ],
+)
+def test_loads_body_rejects_malformed_bytes(raw: bytes, needle: str) -> None:
+    with pytest.raises(BadRequest, match=needle):
+        loads_body(raw)
+
+
+def test_loads_body_accepts_ordinary_json() -> None:
+    assert loads_body(b'{"prompt": "h\\u00e9 \\ud83d\\ude00", "temperature": 1e-3}') == {
+        "prompt": "hé 😀",
+        "temperature": 1e-3,
+    }
+
+
+# -- every sampling parameter validated ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("temperature", float("nan")), ("temperature", float("inf")), ("top_p", float("nan"))],
+)
+def test_non_finite_numbers_are_rejected(key: str, value: float) -> None:
+    e = _bad({"prompt": "x", key: value})
+    assert e.param == key and "finite" in str(e)
+
+
+def test_tiny_temperature_is_accepted() -> None:
+    assert _parse({"prompt": "x", "temperature": 1e-44}).params.temperature == 1e-44
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_seed_out_of_range(seed: int) -> None:
+    assert _bad({"prompt": "x", "seed": seed}).param == "seed"
+
+
+def test_stop_strings_and_stop_token_ids() -> None:
+    r = _parse({"prompt": "x", "stop": "\n\n", "stop_token_ids": [5, 9]})
+    assert r.stop == ("\n\n",) and r.params.stop_token_ids == (5, 9)
+    assert _parse({"prompt": "x", "stop": ["a", "bc", "a"]}).stop == ("a", "bc")
+    assert _parse({"prompt": "x", "stop": None}).stop == ()
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["a", "b", "c", "d", "e"], 5, [1], {"a": 1}, ["a", None]])
+def test_bad_stop(stop) -> None:
+    e = _bad({"prompt": "x", "stop": stop})
+    assert e.param == "stop" and "up to 4" in str(e)
+
+
+@pytest.mark.parametrize("ids", [5, [1.5], [-1], [True], "5"])
+def test_bad_stop_token_ids(ids) -> None:
+    assert _bad({"prompt": "x", "stop_token_ids": ids}).param == "stop_token_ids"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("logprobs", 1),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("echo", True),
+        ("logit_bias", {"5": 10}),
+        ("best_of", 2),
+        ("suffix", "end"),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"),
+        ("functions", [{"name": "f"}]),
+        ("response_format", {"type": "json_object"}),
+        ("top_k", 5),
+        ("repetition_penalty", 1.2),
+        ("include_stop_str_in_output", True),
+    ],
+)
+def test_unsupported_parameters_with_values_are_400(key: str, value) -> None:
+    for chat in (False, True):
+        body = {"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": "x"}
+        e = _bad({**body, key: value}, chat=chat)
+        assert e.param == key
+        assert f"parameter '{key}' is not supported by this server" in str(e)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("logprobs", None),
+        ("logprobs", False),
+        ("top_logprobs", 0),
+        ("echo", False),
+        ("presence_penalty", 0),
+        ("frequency_penalty", 0.0),
+        ("logit_bias", {}),
+        ("best_of", 1),
+        ("tools", []),
+        ("tool_choice", "none"),
+        ("response_format", {"type": "text"}),
+        ("user", "someone"),
+        ("an_unknown_key", [1, 2]),
+    ],
+)
+def test_default_values_of_unsupported_parameters_are_accepted(key: str, value) -> None:
+    assert _parse({"prompt": "x", key: value}).prompt == "x"
+
+
+def test_user_must_be_a_string() -> None:
+    assert _bad({"prompt": "x", "user": 5}).param == "user"
+
+
+def test_include_usage_must_be_bool() -> None:
+    assert _bad({"prompt": "x", "stream_options": {"include_usage": "yes"}}).param == (
+        "stream_options.include_usage"
+    )
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"type": "text", "text": 5}, "messages[0].content[0].text"),
+        ({"type": "text"}, "messages[0].content[0].text"),
+        ("just a string", "messages[0].content[0]"),
+        ({"text": "no type"}, "messages[0].content[0]"),
+    ],
+)
+def test_bad_chat_content_parts(part, param: str) -> None:
+    e = _bad({"messages": [{"role": "user", "content": [part]}]}, chat=True)
+    assert e.param == param
+
+
+@pytest.mark.parametrize("key", ["temperature", "top_p"])
+def test_integer_too_large_for_a_float_is_400(key: str) -> None:
+    e = _bad({"prompt": "x", key: 10**400})
+    assert e.param == key and "finite" in str(e) and len(str(e)) < 300
+
+
+def test_penalties_are_parsed() -> None:
+    r = _parse({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -2})
+    assert r.params.presence_penalty == 0.5 and r.params.frequency_penalty == -2.0
+    assert r.params.penalized and not _parse({"prompt": "x", "presence_penalty": 0}).params.penalized
+
+
+@pytest.mark.parametrize("key", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -3, "1", True])
+def test_bad_penalties(key: str, value) -> None:
+    assert _bad({"prompt": "x", key: value}).param == key

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ PROMPTS = ["The quick brown fox", "phaselens measures prefill and decode", "a", 
 
 
 def complete(url: str, prompt: str, max_tokens: int = 12, **extra: object) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0} | extra
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -395,3 +396,232 @@ def test_serve_on_a_used_port_fails_before_starting_workers() -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [f"phaselens serve: error: port {port} on 127.0.0.1 is in use"], proc.stderr
+
+
+# -- sampling parameters, stop strings and stop ids through the real stack ----------------------------
+
+
+def _first_stop_token_count(ids: list[int], stop: str) -> int:
+    """Tokens a server must consume before `stop` shows in the byte-decoded text."""
+    from serving.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    return next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+
+
+def _stop_candidate(text: str) -> str:
+    """A 3-character piece of the middle of `text` without U+FFFD (spans 3+ byte tokens)."""
+    for a in range(len(text) // 3, len(text) - 3):
+        piece = text[a : a + 3]
+        if "\ufffd" not in piece and text.find(piece) == a:
+            return piece
+    raise AssertionError(f"no usable stop string in {text!r}")
+
+
+def _sse(url: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{url}{path}", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stop_strings_cut_the_text_and_end_the_request(aggregated_server: Server, chat: bool) -> None:
+    url = aggregated_server.url
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    base = {"max_tokens": 48, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    base |= {"messages": [{"role": "user", "content": "tell me"}]} if chat else {"prompt": "Once upon"}
+    full = httpx.post(f"{url}{path}", json=base, timeout=120).json()
+    text_key = (lambda c: c["message"]["content"]) if chat else (lambda c: c["text"])
+    full_text, full_ids = text_key(full["choices"][0]), full["choices"][0]["token_ids"]
+    stop = _stop_candidate(full_text)
+    expected_text = full_text[: full_text.index(stop)]
+    expected_tokens = _first_stop_token_count(full_ids, stop)
+    assert expected_tokens < 48
+
+    got = httpx.post(f"{url}{path}", json={**base, "stop": [stop, "never-there"]}, timeout=120).json()
+    choice = got["choices"][0]
+    assert text_key(choice) == expected_text
+    assert choice["finish_reason"] == "stop"
+    assert got["usage"]["completion_tokens"] == expected_tokens
+    assert choice["token_ids"] == full_ids[:expected_tokens]
+
+    body = {**base, "stop": stop, "stream_options": {"include_usage": True}}
+    events = _sse(url, path, body)
+    chunks, usage = events[:-1], events[-1]
+    texts = [c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"] for c in chunks]
+    assert "".join(texts) == expected_text  # nothing of the stop string or after it leaks
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    assert usage["usage"]["completion_tokens"] == expected_tokens == len(chunks)
+
+
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_stop_token_ids_reach_the_engine_in_both_modes(
+    aggregated_server: Server, disaggregated_server: Server, mode: str
+) -> None:
+    url = (aggregated_server if mode == "aggregated" else disaggregated_server).url
+    sampled = {"max_tokens": 24, "ignore_eos": True, "return_token_ids": True, "temperature": 0.8, "seed": 7}
+    ids = complete(url, "stop ids", **sampled)["choices"][0]["token_ids"]
+    idx = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # decoded after the hand-off
+    got = complete(url, "stop ids", **sampled, stop_token_ids=[ids[idx]])
+    assert got["choices"][0]["token_ids"] == ids[: idx + 1]
+    assert got["choices"][0]["finish_reason"] == "stop"
+    assert got["usage"]["completion_tokens"] == idx + 1
+
+
+def test_seeded_sampling_is_the_same_aggregated_and_disaggregated(
+    aggregated_server: Server, disaggregated_server: Server
+) -> None:
+    def ids(url: str, **extra: object) -> list[int]:
+        body = {"prompt": "seeded", "max_tokens": 16, "temperature": 0.8, "ignore_eos": True, **extra}
+        r = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    agg = ids(aggregated_server.url, seed=1234)
+    dis = ids(disaggregated_server.url, seed=1234)
+    assert dis == agg
+    assert ids(disaggregated_server.url, seed=1234) == agg
+    assert len(set(agg)) > 4  # it samples, not a greedy run
+    assert ids(aggregated_server.url, seed=99) != agg
+    unseeded = [ids(disaggregated_server.url) for _ in range(2)]
+    assert unseeded[0] != unseeded[1]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "param"),
+    [
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": 1e-44}', 200, None),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": 1e300}', 200, None),
+        (b'{"prompt": "hi", "max_tokens": 4, "temperature": NaN}', 400, "temperature"),
+        (b'{"prompt": "hi", "max_tokens": 4, "top_p": -Infinity}', 400, "top_p"),
+        (b'{"prompt": "\\ud800", "max_tokens": 4}', 400, "prompt"),
+    ],
+)
+def test_extreme_sampling_values_never_kill_a_worker(
+    aggregated_server: Server, raw: bytes, status: int, param: str | None
+) -> None:
+    url = aggregated_server.url
+    r = httpx.post(
+        f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == param
+    workers = aggregated_server.layout()["workers"]
+    assert [w["state"] for w in workers] == ["ready", "ready"]
+    assert "phaselens:worker_deaths_total 0.0" in httpx.get(f"{url}/metrics").text
+
+
+def test_tiny_temperature_is_greedy(aggregated_server: Server) -> None:
+    greedy = complete(aggregated_server.url, "tiny T", max_tokens=8, ignore_eos=True, return_token_ids=True)
+    tiny = complete(
+        aggregated_server.url,
+        "tiny T",
+        max_tokens=8,
+        ignore_eos=True,
+        return_token_ids=True,
+        temperature=1e-44,
+    )
+    assert tiny["choices"][0]["token_ids"] == greedy["choices"][0]["token_ids"]
+
+
+def test_unsupported_parameter_is_a_400_naming_it(aggregated_server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{aggregated_server.url}/v1", api_key="unused")
+    with pytest.raises(openai.BadRequestError, match="'logit_bias' is not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logit_bias={"5": 10})
+    with pytest.raises(openai.BadRequestError, match="'logprobs' is not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True
+        )
+    ok = client.completions.create(
+        model="tiny", prompt="x", max_tokens=2, presence_penalty=0, user="me", stop=["zz"]
+    )
+    assert ok.usage.completion_tokens >= 1
+
+
+def test_stop_string_aborts_the_request_on_its_worker() -> None:
+    """After a stop-string match the worker stops generating: its decode steps stop well short of
+    max_tokens. Iterations are paced to an emulated 70B decode (~40 ms) so the check counts steps,
+    not time."""
+    from tests.serving.conftest import start_server, stop_server
+
+    server = start_server(
+        "--workers", "1", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-70b",
+        "--max-model-len", "512",
+    )  # fmt: skip
+    try:
+        url = server.url
+        probe = complete(url, "Once upon", max_tokens=48, ignore_eos=True)["choices"][0]["text"]
+        stop = _stop_candidate(probe)
+        got = complete(url, "Once upon", max_tokens=400, ignore_eos=True, stop=stop)
+        assert got["choices"][0]["finish_reason"] == "stop"
+        assert got["choices"][0]["text"] == probe[: probe.index(stop)]
+        used = got["usage"]["completion_tokens"]
+        assert used < 48
+        for _ in range(1500):  # until the worker reports itself idle (stats refresh every 0.2 s)
+            stats = server.layout()["workers"][0]["stats"]
+            if stats.get("running") == 0 and stats.get("waiting") == 0:
+                break
+            time.sleep(0.1)
+        events = read_telemetry(url)
+        decode_steps = sum(e["decode_seqs"] for e in events if e["type"] == "iteration")
+        assert decode_steps < 47 + used + 100, decode_steps  # not the 399 the request asked for
+        req = [e for e in events if e["type"] == "request"][-1]
+        assert req["finish_reason"] == "stop" and req["output_tokens"] == used
+    finally:
+        stop_server(server)
+
+
+def test_a_request_that_cannot_be_sampled_fails_alone(tmp_path) -> None:
+    """A checkpoint whose embedding of "!" is NaN: a prompt with "!" has no finite logit. That request
+    gets a JSON 500 naming why; the worker process lives on and serves the next request."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.serving.conftest import start_server, stop_server
+
+    d, f, kv, vocab = 32, 64, 16, 258
+    g = torch.Generator().manual_seed(0)
+    shapes = {
+        "model.embed_tokens.weight": (vocab, d),
+        "lm_head.weight": (vocab, d),
+        "model.layers.0.self_attn.q_proj.weight": (d, d),
+        "model.layers.0.self_attn.k_proj.weight": (kv, d),
+        "model.layers.0.self_attn.v_proj.weight": (kv, d),
+        "model.layers.0.self_attn.o_proj.weight": (d, d),
+        "model.layers.0.mlp.gate_proj.weight": (f, d),
+        "model.layers.0.mlp.up_proj.weight": (f, d),
+        "model.layers.0.mlp.down_proj.weight": (d, f),
+    }
+    tensors = {k: torch.randn(s, generator=g) * 0.05 for k, s in shapes.items()}
+    tensors |= {n: torch.ones(d) for n in ("model.norm.weight", "model.layers.0.input_layernorm.weight")}
+    tensors["model.layers.0.post_attention_layernorm.weight"] = torch.ones(d)
+    tensors["model.embed_tokens.weight"][ord("!")] = float("nan")
+    folder = tmp_path / "nan-model"
+    folder.mkdir()
+    config = {
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": d, "intermediate_size": f,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256, "rope_theta": 10_000.0, "eos_token_id": 257, "bos_token_id": 256,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "model.safetensors"))
+    server = start_server("--model", str(folder), "--workers", "1")
+    try:
+        pid = server.layout()["workers"][0]["pid"]
+        for temperature in (0.0, 0.8):
+            body = {"prompt": "a!b", "max_tokens": 4, "temperature": temperature}
+            r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 500, r.text
+            assert "no finite logit" in r.json()["error"]["message"]
+            ok = httpx.post(
+                f"{server.url}/v1/completions", json={"prompt": "ab", "max_tokens": 1}, timeout=60
+            )
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
+        (worker,) = server.layout()["workers"]
+        assert worker["pid"] == pid and worker["state"] == "ready"
+        assert "phaselens:worker_deaths_total 0.0" in httpx.get(f"{server.url}/metrics").text
+    finally:
+        stop_server(server)
