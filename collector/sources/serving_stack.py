@@ -234,7 +234,9 @@ class ServingDevicesSource(Source):
                 result.count("device_error", f"{item.get('worker')}: {item.get('error')}")
                 continue
             source = "emulated" if item["sample"].get("emulated") else "serving"
-            rows.append({**item["sample"], "node": self.node, "source": source})
+            # the worker and role owning the GPU go to the GPU's devices row (a new row on change)
+            owner = {"worker": item.get("worker"), "role": item.get("role")}
+            rows.append({**item["sample"], **owner, "node": self.node, "source": source})
             if sample_hosts and item.get("pid"):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:

@@ -459,6 +459,45 @@ FROM gpu_samples_10s r ASOF LEFT JOIN devices d
 """
 
 
+# Which GPU a worker ran on, and in which role. Iterations carry the GPU's identity (uuid, index)
+# from the worker that ran them; ``devices`` rows carry the worker and role owning the GPU (a role
+# change starts a new row, valid from ``since_s``). Telemetry batches record the serving endpoint
+# they were read from, so a restarted collector resumes each producer's sequence where it stopped.
+# ``lag_s``/``modeled_s`` are the emulated device's pacing lag and modeled duration per iteration.
+_V8_IDENTITY = """
+ALTER TABLE iterations ADD COLUMN gpu_uuid VARCHAR;
+ALTER TABLE iterations ADD COLUMN gpu_index INTEGER;
+ALTER TABLE iterations ADD COLUMN lag_s DOUBLE;
+ALTER TABLE iterations ADD COLUMN modeled_s DOUBLE;
+ALTER TABLE devices ADD COLUMN worker VARCHAR;
+ALTER TABLE devices ADD COLUMN role VARCHAR;
+ALTER TABLE telemetry_batches ADD COLUMN endpoint VARCHAR;
+
+CREATE OR REPLACE VIEW gpu_samples_full AS
+SELECT s.node, s.source, s.ts_s, s.device, d.kind, s."index", d.uuid, d.name, s.emulated,
+       s.* EXCLUDE (node, source, ts_s, device, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container, d.worker, d.role
+FROM gpu_samples s ASOF LEFT JOIN devices d
+  ON s.node = d.node AND s.source = d.source AND s.device = d.device
+ AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s;
+
+CREATE OR REPLACE VIEW gpu_samples_10s_full AS
+SELECT r.node, r.source, r.device, r.bucket_start_s, d.kind, r."index", d.uuid, d.name, r.emulated,
+       r.* EXCLUDE (node, source, device, bucket_start_s, "index", emulated),
+       d.k8s_pod, d.k8s_namespace, d.k8s_container, d.worker, d.role
+FROM gpu_samples_10s r ASOF LEFT JOIN devices d
+  ON r.node = d.node AND r.source = d.source AND r.device = d.device
+ AND r."index" IS NOT DISTINCT FROM d."index" AND r.bucket_start_s + 10.0 > d.since_s;
+
+-- Each iteration with the worker's role on its GPU at the iteration's start (the devices row of
+-- that GPU, by uuid, in effect then; NULL before the GPU's first sample with a worker).
+CREATE VIEW iterations_full AS
+SELECT i.*, d.role, d.device AS gpu_device, d.name AS gpu_name, d.emulated AS gpu_emulated
+FROM iterations i ASOF LEFT JOIN (SELECT * FROM devices WHERE worker IS NOT NULL) d
+  ON i.node = d.node AND i.gpu_uuid = d.uuid AND i.start_s >= d.since_s;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
@@ -466,6 +505,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "analytics: calibrations, recommendations, actions (audit), reports", _V4_ANALYTICS),
     Migration(5, "10 s rollup of gpu_samples", _rollup_ddl()),
     Migration(6, "devices: per-GPU attributes out of gpu_samples(_10s); *_full views", _V6_DEVICES),
+    Migration(
+        8, "GPU identity: iterations gpu_uuid/gpu_index/lag_s/modeled_s, devices worker/role", _V8_IDENTITY
+    ),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

@@ -34,6 +34,10 @@ ITERATION_FIELDS: dict[str, _FieldSpec] = {
     "preempted": ("int", False),
     "compute_s": ("num", False),
     "pacing_s": ("num", False),
+    "gpu_uuid": ("str", False),
+    "gpu_index": ("int", False),
+    "lag_s": ("num", False),
+    "modeled_s": ("num", False),
 }
 
 REQUEST_FIELDS: dict[str, _FieldSpec] = {
