@@ -47,7 +47,7 @@ class CollectorSettings:
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up
+    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -68,6 +68,8 @@ class CollectorSettings:
 @dataclass(slots=True)
 class WriterStats:
     rows_written: dict[str, int] = field(default_factory=dict)
+    # telemetry batches read again that the store already held (skipped, not in rows_written)
+    duplicates: dict[str, int] = field(default_factory=dict)
     results_dropped: int = 0  # poll results dropped because the writer fell behind
     store_errors: int = 0
     flushes: int = 0
@@ -86,6 +88,7 @@ class Collector:
         self.settings = settings
         self.store = store
         self.sources = sources if sources is not None else settings.build_sources()
+        self._endpoints = {s.name: s.url for s in self.sources if isinstance(s, ServingTelemetrySource)}
         self.stats = WriterStats()
         self._queue: queue.Queue[SourceResult] = queue.Queue(maxsize=settings.max_queue)
         self._stop = threading.Event()
@@ -95,6 +98,8 @@ class Collector:
         self.started_s = time.time()
 
     def start(self) -> None:
+        """Resume telemetry cursors from the store, then start the pollers and the writer."""
+        self.restore_cursors()
         for src in self.sources:
             t = threading.Thread(target=self._poll_loop, args=(src,), daemon=True, name=f"poll-{src.name}")
             t.start()
@@ -114,6 +119,18 @@ class Collector:
         self.store.checkpoint()
         for src in self.sources:
             src.close()
+
+    def restore_cursors(self) -> None:
+        """Give each serving telemetry source the newest batch per producer already stored, so a
+        restarted collector neither reads stored batches again nor reports them as a gap."""
+        for src in self.sources:
+            if isinstance(src, ServingTelemetrySource):
+                try:
+                    src.restore(self.store.telemetry_cursors(self.settings.node, src.url))
+                except StoreError as e:
+                    self.stats.store_errors += 1
+                    self.stats.last_error = str(e)
+                    log.error("%s: cursors not restored (batches may be read again): %s", src.name, e)
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -140,6 +157,7 @@ class Collector:
 
     def _write_loop(self) -> None:
         interval = self.settings.flush_interval_s
+        self._apply_retention()  # a collector down past the horizon catches up at once
         last_retention = time.monotonic()
         while not self._stop.wait(interval):
             self._drain()
@@ -207,11 +225,15 @@ class Collector:
                 continue
             try:
                 if table == TABLE_TELEMETRY:
-                    for batch in rows:
-                        self.store.append_telemetry_batch(batch, node)
+                    endpoint = self._endpoints.get(source)
+                    ingests = [self.store.append_telemetry_batch(b, node, endpoint=endpoint) for b in rows]
+                    duplicates = sum(i.duplicate for i in ingests)
+                    if duplicates:
+                        self.stats.duplicates[table] = self.stats.duplicates.get(table, 0) + duplicates
+                    written = len(rows) - duplicates
                 else:
-                    self.store.append(table, rows)
-                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
+                    written = self.store.append(table, rows)
+                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
             except StoreError as e:  # bad rows from a source: counted, the service carries on
                 self.stats.store_errors += 1
                 self.stats.last_error = str(e)
@@ -244,6 +266,7 @@ class Collector:
             "queue_depth": self._queue.qsize(),
             "writer": {
                 "rows_written": self.stats.rows_written,
+                "duplicates": self.stats.duplicates,
                 "results_dropped": self.stats.results_dropped,
                 "store_errors": self.stats.store_errors,
                 "flushes": self.stats.flushes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -156,6 +157,20 @@ class ServingTelemetrySource(Source):
         self.node = node or socket.gethostname()
         self.reader = TelemetryReader()
         self._client = _JsonClient(self.url, timeout_s=10)
+        # per producer, the newest batch already stored (seq, sent_s): re-read once to check that
+        # the producer is the one that sent it (a restarted server numbers its batches from 0 again)
+        self._anchors: dict[str, tuple[int, float]] = {}
+        self.restored_cursors = 0
+        self.producer_restarts = 0  # restored cursors dropped: the producer was not the one stored
+
+    def restore(self, stored: Mapping[str, tuple[int, float]]) -> None:
+        """Resume after the batches already in the store: ``stored`` maps each producer (telemetry
+        source) to its newest stored batch's ``(seq, sent_s)``. No batch is then read twice and no
+        gap is recorded for batches stored before a collector restart."""
+        for source, (seq, sent_s) in stored.items():
+            self._anchors[source] = (int(seq), float(sent_s))
+            self.reader.cursors[source] = int(seq)
+        self.restored_cursors = len(self._anchors)
 
     def _discover(self) -> bool:
         return self._client.status("/v1/models") == 200
@@ -163,10 +178,11 @@ class ServingTelemetrySource(Source):
     def _collect(self, now_s: float, result: SourceResult) -> None:
         gaps_before, rejected_before = len(self.reader.gaps), self.reader.rejected
         while True:
-            payload = self._client.get("/v1/telemetry", "telemetry", after=self.reader.query_param())
+            payload = self._client.get("/v1/telemetry", "telemetry", after=self._after())
+            payload, reread = self._check_anchors(payload)
             batches = self.reader.accept(payload)
             result.add_rows(TABLE_TELEMETRY, batches)
-            if len(payload.get("batches", [])) < 1000:
+            if not reread and len(payload.get("batches", [])) < 1000:
                 break
         new_gaps = self.reader.gaps[gaps_before:]
         result.add_rows(
@@ -188,8 +204,59 @@ class ServingTelemetrySource(Source):
             "invalid_batch", "telemetry batch with a bad envelope", self.reader.rejected - rejected_before
         )
 
+    def _after(self) -> str:
+        """The ``after`` cursors: an unverified restored cursor asks for its anchor batch again."""
+        cursors = dict(self.reader.cursors)
+        for source, (seq, _) in self._anchors.items():
+            cursors[source] = seq - 1
+        return ",".join(f"{s}:{n}" for s, n in sorted(cursors.items()))
+
+    def _check_anchors(self, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Check restored cursors against the producers' rings; return the payload without the
+        batches of producers found restarted, and whether those must be read again from the start.
+
+        Same producer: its anchor batch is there with the stored ``sent_s`` (or has been evicted from
+        the ring: the batches after it were lost, a gap). Restarted: the batch of that seq was sent
+        at another time, or the ring ends before that seq.
+        """
+        if not self._anchors:
+            return payload, False
+        batches = payload.get("batches") or []
+        rings = payload.get("sources") or {}
+        restarted: set[str] = set()
+        for source, (seq, sent_s) in list(self._anchors.items()):
+            anchor = next(
+                (
+                    b
+                    for b in batches
+                    if isinstance(b, dict) and b.get("source") == source and b.get("seq") == seq
+                ),
+                None,
+            )
+            ring = rings.get(source)
+            if anchor is not None:
+                if anchor.get("sent_s") != sent_s:
+                    restarted.add(source)
+            elif not isinstance(ring, dict) or not isinstance(ring.get("last_seq"), int):
+                continue  # nothing of this producer in the ring (yet): ask again next time
+            elif ring["last_seq"] < seq:
+                restarted.add(source)
+            elif isinstance(ring.get("first_seq"), int) and ring["first_seq"] <= seq:
+                continue  # in the ring but left out of this read (the read's limit): ask again
+            del self._anchors[source]
+        for source in restarted:
+            self._anchors.pop(source, None)
+            self.reader.cursors.pop(source, None)
+            self.producer_restarts += 1
+        if not restarted:
+            return payload, False
+        kept = [b for b in batches if not (isinstance(b, dict) and b.get("source") in restarted)]
+        return {**payload, "batches": kept}, True
+
     def health_details(self) -> dict[str, Any]:
         return {
+            "restored_cursors": self.restored_cursors,
+            "producer_restarts": self.producer_restarts,
             "telemetry_gaps": len(self.reader.gaps),
             "telemetry_missing_batches": sum(g.missing_batches for g in self.reader.gaps),
             "telemetry_rejected_batches": self.reader.rejected,

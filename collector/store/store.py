@@ -273,7 +273,7 @@ class Store:
         return self._append_samples(self._input_table("gpu_samples", table, self._wide_samples))
 
     def append_telemetry_batch(
-        self, batch: Any, node: str, *, received_s: float | None = None
+        self, batch: Any, node: str, *, received_s: float | None = None, endpoint: str | None = None
     ) -> TelemetryIngest:
         """Store one serving telemetry batch (docs/TELEMETRY.md) received from ``node``.
 
@@ -284,9 +284,13 @@ class Store:
         envelope fails ``serving.telemetry.validate_batch`` is refused whole and counted.
         A batch already stored (same node, source, seq and sent_s -- e.g. re-read from the
         router's ring after a collector restart) is skipped and reported as ``duplicate``.
+        ``endpoint`` (the serving URL read) is kept on the telemetry_batches row, for
+        :meth:`telemetry_cursors`.
         """
         now = time.time() if received_s is None else received_s
         rows = split_batch(batch, node, now)
+        for b in rows.telemetry_batches:
+            b["endpoint"] = endpoint
         parts = {name: self._to_arrow(name, table_rows) for name, table_rows in rows.tables().items()}
         errors = _error_rows(rows, node, now)
         if errors:
@@ -312,6 +316,20 @@ class Store:
             rejected_events=rows.rejected_events,
             rejected_batch=rows.rejected_batch,
         )
+
+    def telemetry_cursors(self, node: str, endpoint: str) -> dict[str, tuple[int, float]]:
+        """Per telemetry source read from ``endpoint`` on ``node``: ``(seq, sent_s)`` of the newest
+        batch stored (by arrival; rows stored before version 8 have no endpoint and count too).
+        A collector resumes its cursors from these after a restart."""
+        with self._lock:
+            self._flush_locked()
+        rows = self.query(
+            "SELECT source, seq, sent_s FROM telemetry_batches "
+            "WHERE node = ? AND (endpoint = ? OR endpoint IS NULL) "
+            "QUALIFY row_number() OVER (PARTITION BY source ORDER BY received_s DESC, seq DESC) = 1",
+            [node, endpoint],
+        )
+        return {r.source: (int(r.seq), float(r.sent_s)) for r in rows.itertuples()}
 
     def record_gaps(self, gaps: Iterable[Gap], node: str, *, detected_at_s: float | None = None) -> int:
         """Record telemetry sequence gaps (``serving.telemetry.Gap``) seen by the reader."""
