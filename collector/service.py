@@ -23,6 +23,7 @@ from collector.sources.serving_stack import (
     ServingTelemetrySource,
 )
 from collector.store import RetentionPolicy, Store, StoreError, apply_retention
+from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +178,11 @@ class Collector:
             log.error("retention failed: %s", e)
 
     def _drain(self) -> None:
-        results: list[SourceResult] = []
-        while True:
-            try:
-                results.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        q = self._queue
+        with q.mutex:  # take everything queued at once (not one locked get per poll result)
+            results: list[SourceResult] = list(q.queue)
+            q.queue.clear()
+            q.not_full.notify_all()
         if not results:
             return
         # One append per (source, table) per flush: converting many tiny batches costs more than rows.
@@ -220,13 +220,25 @@ class Collector:
                 if table == TABLE_TELEMETRY_GAPS:
                     rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
                 merged.setdefault(table, []).extend(rows)
+        columns: dict[str, list[ColumnBlock]] = {}
+        for res in results:
+            for table, blocks in res.columns.items():
+                columns.setdefault(table, []).extend(blocks)
+        for table, blocks in columns.items():
+            try:
+                written = self.store.append_columns(table, blocks)
+                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
+            except StoreError as e:
+                self.stats.store_errors += 1
+                self.stats.last_error = str(e)
+                self._record(source, "store_rejected", str(e), sum(b.n for b in blocks))
         for table, rows in merged.items():
             if not rows:
                 continue
             try:
                 if table == TABLE_TELEMETRY:
                     endpoint = self._endpoints.get(source)
-                    ingests = [self.store.append_telemetry_batch(b, node, endpoint=endpoint) for b in rows]
+                    ingests = self.store.append_telemetry_batches(rows, node, endpoint=endpoint)
                     duplicates = sum(i.duplicate for i in ingests)
                     if duplicates:
                         self.stats.duplicates[table] = self.stats.duplicates.get(table, 0) + duplicates

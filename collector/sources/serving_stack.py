@@ -267,6 +267,26 @@ class ServingTelemetrySource(Source):
         self._client.close()
 
 
+def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: str) -> None:
+    """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
+    worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
+    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``."""
+    if not items:
+        return
+    samples = [item["sample"] for item in items]
+    names = list(dict.fromkeys(name for sample in samples for name in sample))
+    values: dict[str, list[Any]] = {name: [sample.get(name) for sample in samples] for name in names}
+    values["worker"] = [item.get("worker") for item in items]
+    values["role"] = [item.get("role") for item in items]
+    sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
+    constants: dict[str, Any] = {"node": node}
+    if len(set(sources)) == 1:
+        constants["source"] = sources[0]
+    else:
+        values["source"] = sources
+    result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+
+
 class ServingDevicesSource(Source):
     """Samples the stack's worker devices (`GET /v1/devices`) and the workers' host CPU and memory."""
 
@@ -292,23 +312,21 @@ class ServingDevicesSource(Source):
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
         body = self._client.get("/v1/devices", "devices")
-        rows, hosts = [], []
+        hosts = []
         sample_hosts = now_s - self._last_host_s >= self.host_interval_s
         if sample_hosts:
             self._last_host_s = now_s
+        items = []
         for item in body.get("devices", []):
             if "sample" not in item:
                 result.count("device_error", f"{item.get('worker')}: {item.get('error')}")
                 continue
-            source = "emulated" if item["sample"].get("emulated") else "serving"
-            # the worker and role owning the GPU go to the GPU's devices row (a new row on change)
-            owner = {"worker": item.get("worker"), "role": item.get("role")}
-            rows.append({**item["sample"], **owner, "node": self.node, "source": source})
+            items.append(item)
             if sample_hosts and item.get("pid"):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:
                     hosts.append(host)
-        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        add_device_columns(result, items, self.node)
         result.add_rows(TABLE_HOST_SAMPLES, hosts)
 
     def _host_sample(self, pid: int, worker: str, now_s: float) -> dict[str, Any] | None:
