@@ -44,7 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.store.columns import ColumnBlock, block_names, build_column, concat_arrow
+from collector.store.columns import ColumnBlock, block_names, build_columns
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import StoreError, StoreLockedError
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
@@ -259,12 +259,9 @@ class Store:
         blocks = [b for b in blocks if b.n]
         if not blocks:
             return 0
-        arrow = concat_arrow(blocks)  # built by the sources: the writer only concatenates
         if table == "gpu_samples":
-            if arrow is not None:
-                return self._append_samples(self._input_table(table, arrow, self._wide_samples))
             return self._append_samples(self._columns_table(table, blocks, self._wide_samples))
-        data = self._to_arrow(table, arrow) if arrow is not None else self._columns_arrow(table, blocks)
+        data = self._columns_arrow(table, blocks)
         with self._lock:
             self._writer()
             if table == "devices":
@@ -283,18 +280,19 @@ class Store:
         """Column blocks as one Arrow table, each column built with its type from ``cols``."""
         names = block_names(blocks)
         _check_names(table, names, cols)
-        arrays = []
-        for name in names:
-            col = cols[name]
-            encode = partial(_json_text, table, name) if col.is_json else None
+        encoders = {n: partial(_json_text, table, n) for n in names if cols[n].is_json}
+        inferred: set[str] = set()  # columns whose values do not build as their type: Arrow infers,
+        while True:  # and the cast in append then names what does not fit
             try:
-                arrays.append(build_column(name, blocks, col.arrow_type, encode))
-            except (pa.ArrowException, TypeError, ValueError, OverflowError):
-                try:  # Arrow infers the type; the cast in append then names what does not fit
-                    arrays.append(build_column(name, blocks, None, encode))
-                except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-                    raise StoreError(f"{table}.{name}: values of mixed or unsupported types: {e}") from e
-        return pa.Table.from_arrays(arrays, names=names)
+                types = {n: None if n in inferred else cols[n].arrow_type for n in names}
+                arrays = build_columns(blocks, types, encoders)
+                break
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                bad = getattr(e, "column", None)
+                if bad is None or bad in inferred:
+                    raise StoreError(f"{table}.{bad}: values of mixed or unsupported types: {e}") from e
+                inferred.add(bad)
+        return pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
 
     def append_gpu_samples(
         self,
@@ -378,9 +376,8 @@ class Store:
                     )
                 )
             parts = {
-                table: self._columns_arrow(table, [ColumnBlock(out.rows(table), values, {"node": node})])
-                for table, values in out.columns.items()
-                if out.rows(table)
+                table: self._columns_arrow(table, [ColumnBlock.of(values, {"node": node})])
+                for table, values in out.columns().items()
             }
             if errors:
                 rows = [

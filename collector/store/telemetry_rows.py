@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
-from typing import Any
+from typing import Any, ClassVar
 
 from serving.telemetry import validate_batch
 
@@ -140,40 +140,63 @@ def check_envelope(batch: Any, node: str, received_s: float) -> BatchSplit:
 
 class TelemetryColumns:
     """The rows of many telemetry batches, per table as column lists (``node`` is the same for all:
-    a constant of the block). Built event by event; a token is three list appends, not a dict."""
+    a constant of the block). Valid events are kept by type and turned into columns at the end,
+    one list comprehension per field; a token is three list extends per request, not a dict."""
+
+    _TABLES: ClassVar[dict[str, str]] = {
+        "iteration": "iterations",
+        "request": "requests",
+        "control": "control_events",
+    }
+    _FIELDS: ClassVar[dict[str, Any]] = {
+        "iteration": ITERATION_FIELDS,
+        "request": None,
+        "control": CONTROL_FIELDS,
+    }
 
     def __init__(self) -> None:
-        self.columns: dict[str, dict[str, list[Any]]] = {
-            table: {c: [] for c in cols} for table, cols in TABLE_COLUMNS.items()
-        }
+        self._events: dict[str, list[dict[str, Any]]] = {t: [] for t in self._TABLES}
+        self._base: dict[str, tuple[list[str], list[int]]] = {t: ([], []) for t in self._TABLES}
+        self._tokens: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["tokens"]}
+        self._batches: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["telemetry_batches"]}
 
-    def rows(self, table: str) -> int:
-        """Rows of ``table`` so far."""
-        return len(self.columns[table][TABLE_COLUMNS[table][0]])
+    def columns(self) -> dict[str, dict[str, list[Any]]]:
+        """The non-empty tables' columns (without ``node``)."""
+        out: dict[str, dict[str, list[Any]]] = {}
+        if self._batches["seq"]:
+            out["telemetry_batches"] = self._batches
+        for etype, table in self._TABLES.items():
+            events = self._events[etype]
+            if not events:
+                continue
+            sources, seqs = self._base[etype]
+            fields = self._FIELDS[etype] or _REQUEST_ROW_FIELDS
+            cols: dict[str, list[Any]] = {"source": sources, "batch_seq": seqs}
+            for name in fields:
+                cols[name] = [e.get(name) for e in events]
+            out[table] = cols
+        if self._tokens["idx"]:
+            out["tokens"] = self._tokens
+        return out
 
     def add(self, batch: dict[str, Any], split: BatchSplit, received_s: float, endpoint: str | None) -> None:
-        """Split an accepted batch (``split`` from :func:`check_envelope`) into the columns; each bad
+        """Split an accepted batch (``split`` from :func:`check_envelope`) into the tables; each bad
         event is left out and counted in ``split.errors``. Unknown fields are ignored."""
         if split.key is None:
             raise ValueError(f"telemetry batch of {split.source!r} was refused: {split.rejected_batch}")
         source, seq, sent_s = split.key[1], split.key[2], split.key[3]
-        it, rq, tk, ce = (self.columns[t] for t in ("iterations", "requests", "tokens", "control_events"))
+        tk = self._tokens
         tk_rid, tk_idx, tk_ts, tk_itl = tk["request_id"], tk["idx"], tk["ts_s"], tk["itl_s"]
+        taken = {t: 0 for t in self._TABLES}
         for event in batch["events"]:
             problem = _check_event(event)
             if problem is not None:
                 split.errors[problem] += 1
                 continue
             etype = event["type"]
-            if etype == "iteration":
-                cols, fields = it, ITERATION_FIELDS
-                split.iterations += 1
-            elif etype == "control":
-                cols, fields = ce, CONTROL_FIELDS
-                split.control_events += 1
-            else:
-                cols, fields = rq, _REQUEST_ROW_FIELDS
-                split.requests += 1
+            self._events[etype].append(event)
+            taken[etype] += 1
+            if etype == "request":
                 token_ts = event.get("token_ts_s") or []
                 n = len(token_ts)
                 if n:
@@ -183,10 +206,13 @@ class TelemetryColumns:
                     tk_itl.append(None)
                     tk_itl.extend(map(sub, token_ts[1:], token_ts[:-1]))
                     split.tokens += n
-            cols["source"].append(source)
-            cols["batch_seq"].append(seq)
-            for name in fields:
-                cols[name].append(event.get(name))
+        for etype, n in taken.items():
+            sources, seqs = self._base[etype]
+            sources.extend(repeat(source, n))
+            seqs.extend(repeat(seq, n))
+        split.iterations += taken["iteration"]
+        split.requests += taken["request"]
+        split.control_events += taken["control"]
         dropped = batch.get("dropped_events_total")
         row = {
             "source": source,
@@ -199,7 +225,7 @@ class TelemetryColumns:
             "endpoint": endpoint,
         }
         for name, value in row.items():
-            self.columns["telemetry_batches"][name].append(value)
+            self._batches[name].append(value)
 
 
 _REQUEST_ROW_FIELDS = tuple(f for f in REQUEST_FIELDS if f != "token_ts_s")
@@ -216,18 +242,24 @@ def _check_event(event: Any) -> tuple[str, str] | None:
             "unknown_event_type",
             f"unknown telemetry event type {etype!r}; known: {', '.join(_EVENT_FIELDS)}",
         )
-    for name, (kind, required) in spec.items():
+    for name, kind, required, allowed in _CHECKS[etype]:
         value = event.get(name)
         if value is None:
             if required:
                 return "invalid_event", f"{etype} event lacks required field {name!r}"
             continue
-        if not _KIND_CHECKS[kind](value):
+        t = type(value)
+        # the common cases inline (JSON gives exactly str, int, float); anything else the full check
+        if not (
+            (kind == "str" and t is str)
+            or (kind == "num" and (t is int or (t is float and value - value == 0.0)))  # finite
+            or (kind == "int" and t is int)
+            or _KIND_CHECKS[kind](value)
+        ):
             return (
                 "invalid_event",
                 f"{etype} field {name!r} must be {_KIND_NAMES[kind]}, got {type(value).__name__}",
             )
-        allowed = ALLOWED_VALUES.get((etype, name))
         if allowed is not None and value not in allowed:
             return "invalid_event", f"{etype} field {name!r} must be one of {sorted(allowed)}"
     return None
@@ -269,6 +301,13 @@ _KIND_CHECKS = {
     "int": _is_int,
     "nums": _is_nums,
     "json": _is_json,
+}
+# per event type: (field, kind, required, allowed values or None), in field order
+_CHECKS: dict[str, tuple[tuple[str, str, bool, frozenset[str] | None], ...]] = {
+    etype: tuple(
+        (name, kind, required, ALLOWED_VALUES.get((etype, name))) for name, (kind, required) in fields.items()
+    )
+    for etype, fields in _EVENT_FIELDS.items()
 }
 _KIND_NAMES = {
     "str": "a string",
