@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -274,8 +274,13 @@ def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: 
     if not items:
         return
     samples = [item["sample"] for item in items]
-    names = list(dict.fromkeys(name for sample in samples for name in sample))
-    values: dict[str, list[Any]] = {name: [sample.get(name) for sample in samples] for name in names}
+    keys = samples[0].keys()
+    values: dict[str, Sequence[Any]]
+    if all(sample.keys() == keys for sample in samples):  # one stack, one sample shape: transpose in C
+        values = dict(zip(keys, zip(*(sample.values() for sample in samples), strict=True), strict=True))
+    else:
+        names = list(dict.fromkeys(name for sample in samples for name in sample))
+        values = {name: [sample.get(name) for sample in samples] for name in names}
     values["worker"] = [item.get("worker") for item in items]
     values["role"] = [item.get("role") for item in items]
     sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
