@@ -22,7 +22,7 @@ from collector.sources.serving_stack import (
     ServingDevicesSource,
     ServingTelemetrySource,
 )
-from collector.store import RetentionPolicy, Store, StoreError, apply_retention
+from collector.store import RetentionPolicy, Store, StoreError, TelemetryIngest, apply_retention
 from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class Collector:
 
     def _write(self, results: list[SourceResult]) -> None:
         """Append one source's poll results: rows merged per table, problems counted."""
-        node, source = self.settings.node, results[0].source
+        source = results[0].source
         merged: dict[str, list[dict[str, Any]]] = {}
         for res in results:
             for table, rows in res.rows.items():
@@ -237,12 +237,11 @@ class Collector:
                 continue
             try:
                 if table == TABLE_TELEMETRY:
-                    endpoint = self._endpoints.get(source)
-                    ingests = self.store.append_telemetry_batches(rows, node, endpoint=endpoint)
+                    ingests = self._append_telemetry(rows, source)
                     duplicates = sum(i.duplicate for i in ingests)
                     if duplicates:
                         self.stats.duplicates[table] = self.stats.duplicates.get(table, 0) + duplicates
-                    written = len(rows) - duplicates
+                    written = len(ingests) - duplicates
                 else:
                     written = self.store.append(table, rows)
                 self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
@@ -254,6 +253,25 @@ class Collector:
             for err in res.errors:
                 if err.severity != "info":
                     self._record(err.source, err.kind, err.message, err.count)
+
+    def _append_telemetry(self, batches: list[Any], source: str) -> list[TelemetryIngest]:
+        """All of a source's telemetry batches of this flush in one append; when the store refuses
+        them, batch by batch, so that only a bad batch is lost (counted as store_rejected)."""
+        node, endpoint = self.settings.node, self._endpoints.get(source)
+        try:
+            return self.store.append_telemetry_batches(batches, node, endpoint=endpoint)
+        except StoreError:
+            if len(batches) == 1:
+                raise
+        ingests: list[TelemetryIngest] = []
+        for batch in batches:
+            try:
+                ingests += self.store.append_telemetry_batches([batch], node, endpoint=endpoint)
+            except StoreError as e:
+                self.stats.store_errors += 1
+                self.stats.last_error = str(e)
+                self._record(source, "store_rejected", str(e), 1)
+        return ingests
 
     def _record(self, source: str, kind: str, message: str, count: int) -> None:
         try:

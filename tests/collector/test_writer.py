@@ -107,3 +107,48 @@ def test_retention_interval_flag_sets_the_period_and_bad_values_are_named() -> N
         collect_settings(parse(["collect", "--retention-interval-s", "0"]))
     with pytest.raises(ValueError, match="rollup_days"):
         collect_settings(parse(["collect", "--raw-days", "10", "--rollup-days", "5"]))
+
+
+class Once(Source):
+    """Hands the given telemetry batches to the writer in one poll, then nothing."""
+
+    def __init__(self, batches: list[dict]) -> None:
+        super().__init__("serving-telemetry:once", interval_s=0.01)
+        self.batches = batches
+
+    def _discover(self) -> bool:
+        return True
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        result.add_rows(TABLE_TELEMETRY, self.batches)
+        self.batches = []
+
+
+def test_a_batch_the_store_refuses_costs_only_itself_not_the_batches_polled_with_it(tmp_path: Path) -> None:
+    def batch(seq: int, kv_bytes: int) -> dict:
+        event = {"type": "request", "request_id": f"r{seq}", "arrival_s": 1.0, "kv_transfer_bytes": kv_bytes}
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "source": "router",
+            "seq": seq,
+            "sent_s": 1.0 + seq,
+            "events": [event],
+        }
+
+    settings = CollectorSettings(db_path=str(tmp_path / "b.duckdb"), nvml=False, flush_interval_s=0.05)
+    with Store.open(settings.db_path) as store:
+        # an integer too large for BIGINT passes the event checks but not the column's type
+        collector = Collector(settings, store, [Once([batch(0, 1), batch(1, 2**70), batch(2, 3)])])
+        collector.start()
+        try:
+            wait_for(lambda: collector.stats.store_errors >= 1 and collector.stats.flushes >= 2)
+        finally:
+            collector.stop()
+        assert store.query("SELECT request_id FROM requests ORDER BY 1")["request_id"].tolist() == [
+            "r0",
+            "r2",
+        ]
+        assert collector.stats.rows_written[TABLE_TELEMETRY] == 2
+        errors = store.query("SELECT kind, count FROM ingest_errors")
+        assert errors.values.tolist() == [["store_rejected", 1]]
