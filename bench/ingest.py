@@ -48,7 +48,6 @@ from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.devices import SPLIT_COLUMNS
-from serving.devices.base import DeviceSample
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
 
 DEVICES = 8
@@ -305,19 +304,6 @@ def bench_batched(path: Path, total: int, batch: int, buffer_rows: int = 0) -> f
     return done / elapsed
 
 
-def bench_device_samples(path: Path, total: int, batch: int) -> float:
-    """Rows/s through ``append_gpu_samples`` from DeviceSample objects (includes object -> Arrow)."""
-    rows = sample_batch(batch, 1.7e9, np.random.default_rng(1)).drop_columns(["node", "source"]).to_pylist()
-    samples = [DeviceSample(**r) for r in rows]
-    with Store.open(path) as store:
-        t = time.perf_counter()
-        done = 0
-        while done < total:
-            done += store.append_gpu_samples(samples, "node-a", "nvml")
-        store.checkpoint()
-        return done / (time.perf_counter() - t)
-
-
 def bench_row_by_row(path: Path, total: int) -> float:
     """Rows/s of one parameterised INSERT per row (autocommit), the naive baseline."""
     with Store.open(path):
@@ -340,8 +326,8 @@ def bench_row_by_row(path: Path, total: int) -> float:
 def bench_raw_duckdb(path: Path, total: int, batch: int, columns: list[str] | None = None) -> float:
     """Reference: DuckDB alone (no Store) inserting the same Arrow batches, checkpoint included.
 
-    ``columns`` narrows the table; with the 11 columns of ``REFERENCE_11`` this is the table the
-    figures in DESIGN.md ("Facts measured on these machines") were taken on.
+    ``columns`` narrows the table (the 11-column table of DESIGN.md's "Facts measured on these
+    machines": ts_s, device and nine metrics).
     """
     data = _narrow(sample_batch(batch, 1.7e9, np.random.default_rng(3)))
     if columns is None:
@@ -373,19 +359,6 @@ def _narrow(data: pa.Table) -> pa.Table:
 
 
 ROW_GROUP = ROW_GROUP_ROWS
-REFERENCE_11 = [
-    "ts_s",
-    "device",
-    "gpu_util_pct",
-    "mem_util_pct",
-    "sm_active_pct",
-    "power_w",
-    "energy_mj",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "temperature_c",
-    "mem_used_bytes",
-]
 
 
 def _busy_jiffies() -> int | None:
