@@ -646,8 +646,11 @@ class Store:
         found = (
             self._writer()
             .execute(
-                "SELECT k.node, k.source, k.seq, k.sent_s FROM _phaselens_keys k SEMI JOIN telemetry_batches t "
-                "ON t.sent_s = k.sent_s AND t.node = k.node AND t.source = k.source AND t.seq = k.seq"
+                "SELECT k.node, k.source, k.seq, k.sent_s FROM _phaselens_keys k SEMI JOIN "
+                # the sent_s range lets DuckDB skip row groups (min/max) of batches sent long before
+                "(SELECT * FROM telemetry_batches WHERE sent_s BETWEEN ? AND ?) t "
+                "ON t.sent_s = k.sent_s AND t.node = k.node AND t.source = k.source AND t.seq = k.seq",
+                [min(k[3] for k in rest), max(k[3] for k in rest)],
             )
             .fetchall()
         )
