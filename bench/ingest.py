@@ -1,28 +1,37 @@
-"""Sustained ingest of gpu_samples into the collector store: batched Arrow vs row-by-row INSERT.
+"""Sustained ingest into the collector store, through the path the collector really takes.
 
-Batched: ``Store.append("gpu_samples", <pyarrow.Table>)`` -- the real append path (type checks,
-conform, the device attributes split off into ``devices`` rows when they change, one INSERT ...
-BY NAME per table and batch, one transaction each) -- for batches of 10k and 100k
-rows, one DuckDB row group (122,880), and 10k appends coalesced by ``buffer_rows`` -- one row
-group, and the collector's own write buffer (``WRITER_BUFFER_ROWS``, 4 row groups: what each flush
-holds when a stream arrives faster than that per flush interval); every run
-ends with a CHECKPOINT so the time includes writing the database file. Also the
-``append_gpu_samples`` path from ``DeviceSample`` objects (Python objects -> Arrow).
-The input is "wide", as the sources produce it: the sample columns plus kind, uuid and name on
-every row. Baseline: a parameterised ``INSERT INTO gpu_samples VALUES (?, ...)`` per row
-(autocommit; the table's columns only), in the same run, on fewer rows. Reference runs: DuckDB
-alone inserting the same batches into the same table (the Store's own overhead, device split
-included), and into the 11-column table of DESIGN.md's figures.
-The load average is printed, and beside each figure the CPU other processes used meanwhile
-(cores; Linux): the figures only compare within one run on a shared machine.
+**The collector's path** (the headline figures): rows produced the way the sources produce them --
+``SourceResult`` objects, built by the sources' own code from what their endpoints return -- handed
+to a real :class:`~collector.service.Collector` exactly as its poller threads do (``_put`` into its
+bounded queue) and written by the writer thread's own ``_drain`` (one append per source and table
+per flush, into a store opened as ``phaselens collect`` opens it: ``WRITER_BUFFER_ROWS``), at most a
+full queue (``max_queue`` results) per flush; ends with CHECKPOINT. Cases:
 
-    .venv/bin/python bench/ingest.py               # 2M rows per batched size, 2,000 baseline rows
-    .venv/bin/python bench/ingest.py --rows 500000 --baseline-rows 1000 --no-reference
+* ``gpu_samples`` from ``GET /v1/devices``: ``add_device_columns`` (what ``ServingDevicesSource``
+  does with the decoded JSON body), 8 GPUs per poll, columns per poll;
+* the same polls as lists of dicts (what the sources produced before: the row-by-row pivot);
+* serving telemetry: batches as ``GET /v1/telemetry`` returns them (decoded JSON; 512 events each:
+  worker batches of iteration events, router batches of request events with 128 token times each,
+  4 worker batches per router batch ~ decode batch 32), one poll = what one GET returns, split by
+  the store into iterations, requests, tokens, control_events and telemetry_batches rows.
+
+The time the sources take to build their results (poller threads, in parallel with the writer in
+the service) is printed apart; decoding JSON off the socket is not in either figure.
+
+**References**: ``Store.append`` of pre-built Arrow tables (10,000 rows each, the collector's buffer)
+and DuckDB alone inserting the same Arrow batches -- what DuckDB takes, not what the collector
+receives; **baseline**: one parameterised ``INSERT`` per row (autocommit), on fewer rows, same run.
+The load average is printed, and beside each figure the CPU other processes used meanwhile (cores;
+Linux): the figures only compare within one run on a shared machine.
+
+    .venv/bin/python bench/ingest.py               # 1M rows per case, 2,000 baseline rows
+    .venv/bin/python bench/ingest.py --rows 300000 --baseline-rows 1000 --no-reference
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import tempfile
@@ -34,9 +43,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from collector.service import Collector, CollectorSettings
+from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
+from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.devices import SPLIT_COLUMNS
-from serving.devices.base import DeviceSample
+from serving.telemetry import SCHEMA, SCHEMA_VERSION
 
 DEVICES = 8
 
@@ -79,6 +91,198 @@ def sample_batch(n: int, t0: float, rng: np.random.Generator) -> pa.Table:
     )
 
 
+# -- the collector's path ---------------------------------------------------------------------------
+
+
+def device_polls(polls: int) -> list[list[dict]]:
+    """``polls`` answers of ``GET /v1/devices`` (decoded JSON) of a stack with 8 emulated GPUs."""
+    rows = sample_batch(polls * DEVICES, 1.7e9, np.random.default_rng(4)).drop_columns(["node", "source"])
+    samples = rows.to_pylist()
+    out = []
+    for p in range(polls):
+        items = []
+        for d in range(DEVICES):
+            sample = samples[p * DEVICES + d]
+            sample["emulated"] = True
+            items.append(
+                {
+                    "worker": f"worker-{d}",
+                    "role": "decode",
+                    "device": sample["device"],
+                    "gpu_uuid": sample["uuid"],
+                    "gpu_index": d,
+                    "pid": 0,
+                    "sample": sample,
+                }
+            )
+        out.append(items)
+    return out
+
+
+def columns_results(polls: list[list[dict]]) -> list[SourceResult]:
+    """What ``ServingDevicesSource`` makes of each poll: gpu_samples columns."""
+    results = []
+    for k, items in enumerate(polls):
+        res = SourceResult("serving-devices:bench", 1.7e9 + k * 0.1)
+        add_device_columns(res, items, "node-a")
+        results.append(res)
+    return results
+
+
+def dict_results(polls: list[list[dict]]) -> list[SourceResult]:
+    """The same polls as the source produced them before: one dict per sample."""
+    results = []
+    for k, items in enumerate(polls):
+        res = SourceResult("serving-devices:bench", 1.7e9 + k * 0.1)
+        res.add_rows(
+            TABLE_GPU_SAMPLES,
+            [
+                {
+                    **i["sample"],
+                    "worker": i["worker"],
+                    "role": i["role"],
+                    "node": "node-a",
+                    "source": "emulated",
+                }
+                for i in items
+            ],
+        )
+        results.append(res)
+    return results
+
+
+WORKER_BATCHES_PER_ROUTER_BATCH = 4
+EVENTS_PER_BATCH = 512
+TOKENS_PER_REQUEST = 128
+
+
+def telemetry_events(rng: np.random.Generator) -> tuple[list[dict], list[dict]]:
+    """One worker batch's iteration events and one router batch's request events (decoded JSON)."""
+    t0 = 1.7e9
+    iterations = [
+        {
+            "type": "iteration",
+            "worker": "worker-1",
+            "device": "emulated:h100-sxm",
+            "gpu_uuid": "GPU-emulated-1",
+            "gpu_index": 1,
+            "start_s": t0 + i * 0.02,
+            "end_s": t0 + i * 0.02 + 0.018,
+            "phase": "decode",
+            "batch_size": 32,
+            "prefill_tokens": 0,
+            "decode_seqs": 32,
+            "context_tokens": int(rng.integers(4_000, 60_000)),
+            "kv_blocks_used": int(rng.integers(100, 4000)),
+            "kv_blocks_total": 4096,
+            "preempted": 0,
+            "compute_s": 0.011,
+            "pacing_s": 0.007,
+        }
+        for i in range(EVENTS_PER_BATCH)
+    ]
+    requests = []
+    for r in range(EVENTS_PER_BATCH):
+        arrival = t0 + r * 0.05
+        tokens = (arrival + 0.2 + np.cumsum(rng.uniform(0.015, 0.03, TOKENS_PER_REQUEST))).tolist()
+        requests.append(
+            {
+                "type": "request",
+                "request_id": f"cmpl-{r}",
+                "arrival_s": arrival,
+                "first_scheduled_s": arrival + 0.01,
+                "prefill_start_s": arrival + 0.01,
+                "prefill_end_s": arrival + 0.15,
+                "kv_transfer_start_s": arrival + 0.15,
+                "kv_transfer_end_s": arrival + 0.19,
+                "kv_transfer_bytes": 4_194_304,
+                "first_token_s": tokens[0],
+                "token_ts_s": tokens,
+                "finish_s": tokens[-1],
+                "prompt_tokens": 1024,
+                "output_tokens": TOKENS_PER_REQUEST,
+                "prefill_worker": "worker-0",
+                "decode_worker": "worker-1",
+                "status": "ok",
+                "finish_reason": "length",
+                "attempts": 1,
+                "preemptions": 0,
+            }
+        )
+    return iterations, requests
+
+
+def telemetry_results(groups: int, batches_per_poll: int = 1000) -> tuple[list[SourceResult], int]:
+    """Polls of ``GET /v1/telemetry`` (at most 1000 batches each) as ``ServingTelemetrySource``
+    hands them on, and the rows they make; every batch distinct (seq), events shared."""
+    iterations, requests = telemetry_events(np.random.default_rng(5))
+    batches = []
+    for g in range(groups):
+        for w in range(WORKER_BATCHES_PER_ROUTER_BATCH):
+            seq = g * WORKER_BATCHES_PER_ROUTER_BATCH + w
+            batches.append(_envelope("worker-1", seq, iterations))
+        batches.append(_envelope("router", g, requests))
+    results = []
+    for k in range(0, len(batches), batches_per_poll):
+        res = SourceResult("serving-telemetry:bench", 1.7e9 + k)
+        res.add_rows(TABLE_TELEMETRY, batches[k : k + batches_per_poll])
+        results.append(res)
+    rows_per_group = (
+        WORKER_BATCHES_PER_ROUTER_BATCH * (EVENTS_PER_BATCH + 1)
+        + EVENTS_PER_BATCH * (1 + TOKENS_PER_REQUEST)
+        + 1
+    )
+    return results, groups * rows_per_group
+
+
+def _envelope(source: str, seq: int, events: list[dict]) -> dict:
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "source": source,
+        "seq": seq,
+        "sent_s": 1.7e9 + seq * 0.25,
+        "dropped_events_total": 0,
+        "events": events,
+    }
+
+
+DATA_TABLES = ("gpu_samples", "telemetry_batches", "iterations", "requests", "tokens", "control_events")
+
+
+def bench_collector(path: Path, results: list[SourceResult], rounds: int) -> tuple[float, dict[str, int]]:
+    """Rows/s of ``results`` (fed ``rounds`` times) through a real Collector's queue and writer
+    drain into a store opened as ``phaselens collect`` opens it; CHECKPOINT included. The rows are
+    those stored (counted in the file afterwards), per table."""
+    settings = CollectorSettings(db_path=str(path), node="node-a", nvml=False)
+    with Store.open(path, buffer_rows=WRITER_BUFFER_ROWS) as store:
+        collector = Collector(settings, store, sources=[])
+        t = time.perf_counter()
+        queued = 0
+        for _ in range(rounds):
+            for res in results:
+                collector._put(res)
+                queued += 1
+                if queued == settings.max_queue:  # a full queue: what one flush holds at most
+                    collector._drain()
+                    queued = 0
+        collector._drain()
+        store.checkpoint()
+        elapsed = time.perf_counter() - t
+        if collector.stats.store_errors or collector.stats.results_dropped:
+            raise SystemExit(f"writer errors: {collector.stats.last_error}")
+        stored = {t: int(store.query(f"SELECT count(*) AS n FROM {t}")["n"][0]) for t in DATA_TABLES}
+    stored = {t: n for t, n in stored.items() if n}
+    return sum(stored.values()) / elapsed, stored
+
+
+def timed_build(fn: Callable[[], list[SourceResult]]) -> tuple[list[SourceResult], float]:
+    """The results ``fn`` builds and the sources' cost per row (s)."""
+    t = time.perf_counter()
+    results = fn()
+    return results, (time.perf_counter() - t) / max(1, sum(r.n_rows for r in results))
+
+
 def bench_batched(path: Path, total: int, batch: int, buffer_rows: int = 0) -> float:
     """Rows/s appending ``total`` rows in Arrow batches of ``batch`` rows, checkpoint included."""
     rng = np.random.default_rng(0)
@@ -98,19 +302,6 @@ def bench_batched(path: Path, total: int, batch: int, buffer_rows: int = 0) -> f
     if stored != done:
         raise SystemExit(f"stored {stored} rows, appended {done}")
     return done / elapsed
-
-
-def bench_device_samples(path: Path, total: int, batch: int) -> float:
-    """Rows/s through ``append_gpu_samples`` from DeviceSample objects (includes object -> Arrow)."""
-    rows = sample_batch(batch, 1.7e9, np.random.default_rng(1)).drop_columns(["node", "source"]).to_pylist()
-    samples = [DeviceSample(**r) for r in rows]
-    with Store.open(path) as store:
-        t = time.perf_counter()
-        done = 0
-        while done < total:
-            done += store.append_gpu_samples(samples, "node-a", "nvml")
-        store.checkpoint()
-        return done / (time.perf_counter() - t)
 
 
 def bench_row_by_row(path: Path, total: int) -> float:
@@ -135,8 +326,8 @@ def bench_row_by_row(path: Path, total: int) -> float:
 def bench_raw_duckdb(path: Path, total: int, batch: int, columns: list[str] | None = None) -> float:
     """Reference: DuckDB alone (no Store) inserting the same Arrow batches, checkpoint included.
 
-    ``columns`` narrows the table; with the 11 columns of ``REFERENCE_11`` this is the table the
-    figures in DESIGN.md ("Facts measured on these machines") were taken on.
+    ``columns`` narrows the table (the 11-column table of DESIGN.md's "Facts measured on these
+    machines": ts_s, device and nine metrics).
     """
     data = _narrow(sample_batch(batch, 1.7e9, np.random.default_rng(3)))
     if columns is None:
@@ -168,19 +359,6 @@ def _narrow(data: pa.Table) -> pa.Table:
 
 
 ROW_GROUP = ROW_GROUP_ROWS
-REFERENCE_11 = [
-    "ts_s",
-    "device",
-    "gpu_util_pct",
-    "mem_util_pct",
-    "sm_active_pct",
-    "power_w",
-    "energy_mj",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "temperature_c",
-    "mem_used_bytes",
-]
 
 
 def _busy_jiffies() -> int | None:
@@ -204,9 +382,9 @@ def timed_with_others(fn: Callable[[], float]) -> tuple[float, float | None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print rows/s of each path and the ratio to row-by-row INSERT."""
+    """Run the benchmark; print rows/s of each path and the ratio to row-by-row INSERT."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=2_000_000, help="rows per batched run")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per case")
     ap.add_argument("--baseline-rows", type=int, default=2_000, help="rows for the row-by-row baseline")
     ap.add_argument("--no-reference", action="store_true", help="skip the DuckDB-only reference runs")
     args = ap.parse_args(argv)
@@ -214,10 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"duckdb {duckdb.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load average {load}"
     )
-    schema = sample_batch(1, 0, np.random.default_rng()).schema
-    strings = sum(pa.types.is_string(f.type) for f in schema)
     rows = args.rows
-    line = "{:<56} {:>10,} rows {:>11,.0f} rows/s {:>8} {:>14}"
+    line = "{:<66} {:>10,} rows {:>11,.0f} rows/s {:>8} {:>12}"
 
     def run(label: str, n: int, fn: Callable[[], float]) -> float:
         rate, others = timed_with_others(fn)
@@ -228,50 +404,69 @@ def main(argv: list[str] | None = None) -> None:
     base = 1.0
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        with Store.open(tmp_path / "schema.duckdb") as store:
-            table_cols, device_cols = len(store.columns("gpu_samples")), len(store.columns("devices"))
-        print(
-            f"input: {len(schema)} columns ({strings} strings); gpu_samples: {table_cols} columns, "
-            f"{len(_narrow(sample_batch(1, 0, np.random.default_rng())).schema)} filled; devices "
-            f"({device_cols} columns) gets a row when a GPU's attributes change; every run ends with CHECKPOINT"
-        )
         base = run(
-            "row-by-row parameterised INSERT (baseline)",
+            "row-by-row parameterised INSERT, gpu_samples (baseline)",
             args.baseline_rows,
             lambda: bench_row_by_row(tmp_path / "rows.duckdb", args.baseline_rows),
         )
-        cases = [
-            ("Store.append, Arrow 10,000 rows/batch", 10_000, 0),
-            ("Store.append, Arrow 100,000 rows/batch", 100_000, 0),
-            (f"Store.append, Arrow {ROW_GROUP:,} rows/batch (1 row group)", ROW_GROUP, 0),
-            (f"Store.append, Arrow 10,000/batch, buffer_rows={ROW_GROUP:,}", 10_000, ROW_GROUP),
-            (
-                f"Store.append, 10,000/batch, collector buffer {WRITER_BUFFER_ROWS:,}",
-                10_000,
-                WRITER_BUFFER_ROWS,
-            ),
-        ]
-        for label, size, buffer_rows in cases:
-            path = tmp_path / f"arrow{size}-{buffer_rows}.duckdb"
-            run(label, rows, lambda p=path, s=size, b=buffer_rows: bench_batched(p, rows, s, b))
-        n = min(rows, 200_000)
-        run(
-            "Store.append_gpu_samples, 10,000 DeviceSamples/call",
-            n,
-            lambda: bench_device_samples(tmp_path / "samples.duckdb", n, 10_000),
+        print(
+            "the collector's path: SourceResults as the sources build them -> Collector queue -> writer drain"
         )
-        if args.no_reference:
-            return
-        n = min(rows, 1_000_000)
-        for label, size, columns in (
-            ("reference: DuckDB only, same table, 10,000/batch", 10_000, None),
-            ("reference: DuckDB only, same table, 100,000/batch", 100_000, None),
-            (f"reference: DuckDB only, same table, {ROW_GROUP:,}/batch", ROW_GROUP, None),
-            ("reference: DuckDB only, 11-column table, 10,000/batch", 10_000, REFERENCE_11),
-            ("reference: DuckDB only, 11-column table, 100,000/batch", 100_000, REFERENCE_11),
-        ):
-            path = tmp_path / f"raw{size}-{columns is None}.duckdb"
-            run(label, n, lambda p=path, s=size, c=columns: bench_raw_duckdb(p, n, s, c))
+        max_queue = CollectorSettings().max_queue
+        polls = device_polls(max_queue)  # one full queue of 8-GPU polls, fed again and again
+        cols, cols_cost = timed_build(lambda: columns_results(polls))
+        dicts, dicts_cost = timed_build(lambda: dict_results(polls))
+        written: dict[str, int] = {}
+
+        def collector_case(name: str, results: list[SourceResult], rounds: int) -> Callable[[], float]:
+            def go() -> float:
+                rate, stored = bench_collector(tmp_path / f"{name}.duckdb", results, rounds)
+                written.clear()
+                written.update(stored)
+                return rate
+
+            return go
+
+        gc.freeze()  # the prepared inputs are not the collector's garbage to scan
+        rounds = max(1, rows // (max_queue * DEVICES))
+        n = rounds * max_queue * DEVICES
+        run(
+            "  gpu_samples, 8-GPU polls of /v1/devices as columns (the source now)",
+            n,
+            collector_case("cols", cols, rounds),
+        )
+        run(
+            "  gpu_samples, the same polls as dicts (the source before)",
+            n,
+            collector_case("dicts", dicts, rounds),
+        )
+        groups = max(1, rows // 68_000)
+        tele, tele_rows = telemetry_results(groups)
+        gc.freeze()
+        run(
+            "  telemetry, /v1/telemetry polls of 512-event batches (all tables)",
+            tele_rows,
+            collector_case("tele", tele, 1),
+        )
+        if sum(written.values()) != tele_rows:
+            raise SystemExit(f"telemetry: stored {written}, expected {tele_rows:,} rows")
+        print("    telemetry rows stored: " + ", ".join(f"{k} {v:,}" for k, v in written.items()))
+        print(
+            f"  the sources' own cost (poller threads, beside the writer): columns {cols_cost * 1e6:.2f} us/row, "
+            f"dicts {dicts_cost * 1e6:.2f} us/row"
+        )
+        print("reference: pre-built Arrow tables (what DuckDB takes, not what the collector receives)")
+        run(
+            f"  Store.append, Arrow 10,000/batch, collector buffer {WRITER_BUFFER_ROWS:,}",
+            rows,
+            lambda: bench_batched(tmp_path / "arrow.duckdb", rows, 10_000, WRITER_BUFFER_ROWS),
+        )
+        if not args.no_reference:
+            run(
+                f"  DuckDB only, same table, {ROW_GROUP:,}/batch",
+                rows,
+                lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, ROW_GROUP),
+            )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average after: {load}")
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from serving import cli as serving_cli
+
+if TYPE_CHECKING:
+    from collector.service import CollectorSettings
 
 
 def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,15 +39,23 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "--raw-days", type=float, default=7.0, help="keep raw GPU samples this long, then 10 s rollups"
     )
     p.add_argument("--rollup-days", type=float, default=365.0, help="keep 10 s rollups this long")
+    p.add_argument(
+        "--retention-interval-s",
+        type=float,
+        default=600.0,
+        help="apply the retention (roll up and delete) at start and then every this many s",
+    )
 
 
-def cmd_collect(args: argparse.Namespace) -> int:
-    import uvicorn
+def collect_settings(args: argparse.Namespace) -> CollectorSettings:
+    """The collector's settings from `phaselens collect` arguments; ValueError naming a bad one."""
+    from collector.service import CollectorSettings
+    from collector.store import RetentionPolicy, StoreError
 
-    from collector.api import create_collector_app
-    from collector.service import Collector, CollectorSettings
-    from collector.store import WRITER_BUFFER_ROWS, RetentionPolicy, Store, StoreError
-
+    try:
+        retention = RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days)
+    except StoreError as e:
+        raise ValueError(str(e)) from e
     settings = CollectorSettings(
         db_path=args.db,
         host=args.host,
@@ -56,15 +68,31 @@ def cmd_collect(args: argparse.Namespace) -> int:
         gpu_interval_s=args.gpu_interval,
         dcgm_interval_s=args.dcgm_interval_s,
         flush_interval_s=args.flush_interval,
-        retention=RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days),
+        retention=retention,
+        retention_interval_s=args.retention_interval_s,
     )
     if args.node:
         settings.node = args.node
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
-        print(
-            "phaselens collect: error: --gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s",
-            file=sys.stderr,
+        raise ValueError("--gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s")
+    if not 1.0 <= settings.retention_interval_s <= 7 * 86_400:
+        raise ValueError(
+            f"--retention-interval-s must be in [1, 604800] s (1 s to a week), got {settings.retention_interval_s:g}"
         )
+    return settings
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from collector.api import create_collector_app
+    from collector.service import Collector
+    from collector.store import WRITER_BUFFER_ROWS, Store, StoreError
+
+    try:
+        settings = collect_settings(args)
+    except ValueError as e:
+        print(f"phaselens collect: error: {e}", file=sys.stderr)
         return 2
     if not 0.1 <= settings.dcgm_interval_s <= 300:
         print(

@@ -22,7 +22,8 @@ from collector.sources.serving_stack import (
     ServingDevicesSource,
     ServingTelemetrySource,
 )
-from collector.store import RetentionPolicy, Store, StoreError, apply_retention
+from collector.store import RetentionPolicy, Store, StoreError, TelemetryIngest, apply_retention
+from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class CollectorSettings:
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up
+    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -69,6 +70,8 @@ class CollectorSettings:
 @dataclass(slots=True)
 class WriterStats:
     rows_written: dict[str, int] = field(default_factory=dict)
+    # telemetry batches read again that the store already held (skipped, not in rows_written)
+    duplicates: dict[str, int] = field(default_factory=dict)
     results_dropped: int = 0  # poll results dropped because the writer fell behind
     store_errors: int = 0
     flushes: int = 0
@@ -88,6 +91,7 @@ class Collector:
         self.store = store
         self.sources = sources if sources is not None else settings.build_sources()
         self._by_name = {s.name: s for s in self.sources}
+        self._endpoints = {s.name: s.url for s in self.sources if isinstance(s, ServingTelemetrySource)}
         self.stats = WriterStats()
         self._queue: queue.Queue[SourceResult] = queue.Queue(maxsize=settings.max_queue)
         self._stop = threading.Event()
@@ -97,6 +101,8 @@ class Collector:
         self.started_s = time.time()
 
     def start(self) -> None:
+        """Resume telemetry cursors from the store, then start the pollers and the writer."""
+        self.restore_cursors()
         for src in self.sources:
             t = threading.Thread(target=self._poll_loop, args=(src,), daemon=True, name=f"poll-{src.name}")
             t.start()
@@ -116,6 +122,18 @@ class Collector:
         self.store.checkpoint()
         for src in self.sources:
             src.close()
+
+    def restore_cursors(self) -> None:
+        """Give each serving telemetry source the newest batch per producer already stored, so a
+        restarted collector neither reads stored batches again nor reports them as a gap."""
+        for src in self.sources:
+            if isinstance(src, ServingTelemetrySource):
+                try:
+                    src.restore(self.store.telemetry_cursors(self.settings.node, src.url))
+                except StoreError as e:
+                    self.stats.store_errors += 1
+                    self.stats.last_error = str(e)
+                    log.error("%s: cursors not restored (batches may be read again): %s", src.name, e)
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -142,6 +160,7 @@ class Collector:
 
     def _write_loop(self) -> None:
         interval = self.settings.flush_interval_s
+        self._apply_retention()  # a collector down past the horizon catches up at once
         last_retention = time.monotonic()
         while not self._stop.wait(interval):
             self._drain()
@@ -161,12 +180,11 @@ class Collector:
             log.error("retention failed: %s", e)
 
     def _drain(self) -> None:
-        results: list[SourceResult] = []
-        while True:
-            try:
-                results.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        q = self._queue
+        with q.mutex:  # take everything queued at once (not one locked get per poll result)
+            results: list[SourceResult] = list(q.queue)
+            q.queue.clear()
+            q.not_full.notify_all()
         if results:
             self.write_results(results)
 
@@ -201,34 +219,69 @@ class Collector:
 
     def _write(self, results: list[SourceResult]) -> None:
         """Append one source's poll results: rows merged per table, problems counted."""
-        node, source = self.settings.node, results[0].source
+        source = results[0].source
         merged: dict[str, list[dict[str, Any]]] = {}
         for res in results:
             for table, rows in res.rows.items():
                 if table == TABLE_TELEMETRY_GAPS:
                     rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
                 merged.setdefault(table, []).extend(rows)
+        columns: dict[str, list[ColumnBlock]] = {}
+        for res in results:
+            for table, blocks in res.columns.items():
+                columns.setdefault(table, []).extend(blocks)
+        for table, blocks in columns.items():
+            try:
+                written = self.store.append_columns(table, blocks)
+                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
+            except StoreError as e:
+                self._rejected(source, e, sum(b.n for b in blocks))
         for table, rows in merged.items():
             if not rows:
                 continue
             try:
                 if table == TABLE_TELEMETRY:
-                    for batch in rows:
-                        self.store.append_telemetry_batch(batch, node)
+                    ingests = self._append_telemetry(rows, source)
+                    duplicates = sum(i.duplicate for i in ingests)
+                    if duplicates:
+                        self.stats.duplicates[table] = self.stats.duplicates.get(table, 0) + duplicates
+                    written = len(ingests) - duplicates
                 else:
-                    self.store.append(table, rows)
-                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
+                    written = self.store.append(table, rows)
+                self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
             except StoreError as e:  # bad rows from a source: counted, the service carries on
-                self.stats.store_errors += 1
-                self.stats.last_error = str(e)
-                self._record(source, "store_rejected", str(e), len(rows))
-                src = self._by_name.get(source)
-                if src is not None:  # the source's own errors: it reads degraded, and so does /health
-                    src.record_store_rejected(len(rows), str(e))
+                self._rejected(source, e, len(rows))
         for res in results:
             for err in res.errors:
                 if err.severity != "info":
                     self._record(err.source, err.kind, err.message, err.count)
+
+    def _append_telemetry(self, batches: list[Any], source: str) -> list[TelemetryIngest]:
+        """All of a source's telemetry batches of this flush in one append; when the store refuses
+        them, batch by batch, so that only a bad batch is lost (counted as store_rejected)."""
+        node, endpoint = self.settings.node, self._endpoints.get(source)
+        try:
+            return self.store.append_telemetry_batches(batches, node, endpoint=endpoint)
+        except StoreError:
+            if len(batches) == 1:
+                raise
+        ingests: list[TelemetryIngest] = []
+        for batch in batches:
+            try:
+                ingests += self.store.append_telemetry_batches([batch], node, endpoint=endpoint)
+            except StoreError as e:
+                self._rejected(source, e, 1)
+        return ingests
+
+    def _rejected(self, source: str, error: StoreError, n: int) -> None:
+        """Rows of ``source`` the store refused: counted in ingest_errors and as the source's own
+        errors (it reads degraded, and so does /health)."""
+        self.stats.store_errors += 1
+        self.stats.last_error = str(error)
+        self._record(source, "store_rejected", str(error), n)
+        src = self._by_name.get(source)
+        if src is not None:
+            src.record_store_rejected(n, str(error))
 
     def _record(self, source: str, kind: str, message: str, count: int) -> None:
         try:
@@ -253,6 +306,7 @@ class Collector:
             "queue_depth": self._queue.qsize(),
             "writer": {
                 "rows_written": self.stats.rows_written,
+                "duplicates": self.stats.duplicates,
                 "results_dropped": self.stats.results_dropped,
                 "store_errors": self.stats.store_errors,
                 "flushes": self.stats.flushes,

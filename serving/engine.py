@@ -69,6 +69,8 @@ class Engine:
         dtype = model.lm_head.weight.dtype
         self.cfg = engine_cfg.resolved(self.model_cfg, dtype.itemsize)
         self.device = device
+        identity = device.snapshot()  # which GPU this is, carried by every iteration event
+        self.gpu_uuid, self.gpu_index = identity.uuid, identity.index
         self.worker_id = worker_id
         self.telemetry = telemetry
         self.scheduler = Scheduler(self.cfg)
@@ -196,6 +198,8 @@ class Engine:
                 "iteration",
                 worker=self.worker_id,
                 device=self.device.spec,
+                gpu_uuid=self.gpu_uuid,
+                gpu_index=self.gpu_index,
                 start_s=started_s,
                 end_s=ended_s,
                 phase=work.phase,

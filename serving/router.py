@@ -201,6 +201,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 "worker": w.id,
                 "role": w.role,
                 "device": w.spec.device,
+                "gpu_uuid": w.info.get("gpu_uuid"),
+                "gpu_index": w.info.get("gpu_index"),
                 "pid": w.process.pid,
             }
             if isinstance(res, BaseException):

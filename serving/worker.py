@@ -140,6 +140,8 @@ class _Worker:
                 "kv_port": self.receiver.port,
                 "device": self.device.spec,
                 "device_name": self.device.snapshot().name,
+                "gpu_uuid": self.engine.gpu_uuid,
+                "gpu_index": self.engine.gpu_index,
                 "emulated": self.device.is_emulated,
                 "dtype": dtype_name,
                 "engine": dataclasses.asdict(self.engine.cfg),

@@ -13,11 +13,12 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from collector.sources.backoff import Backoff
+from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,23 @@ class SourceResult:
     source: str
     ts_s: float
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # rows given as columns (add_columns): what the high-rate sources produce, built once per flush
+    columns: dict[str, list[ColumnBlock]] = field(default_factory=dict)
     errors: list[IngestError] = field(default_factory=list)
     ok: bool = True  # False when the fetch itself failed
     skipped: bool = False  # True when the poll was not due (backing off) and nothing was fetched
 
     def add_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
         self.rows.setdefault(table, []).extend(rows)
+
+    def add_columns(
+        self, table: str, values: Mapping[str, Sequence[Any]], constants: Mapping[str, Any] | None = None
+    ) -> None:
+        """Add rows to ``table`` as columns: equal-length value lists, plus ``constants`` (one value
+        for every row, e.g. the node). Cheaper for the writer than dicts (``Store.append_columns``)."""
+        block = ColumnBlock.of(values, constants)
+        if block.n:
+            self.columns.setdefault(table, []).append(block)
 
     def count(
         self, kind: str, message: str, n: int = 1, severity: Severity = "error", *, distinct: bool = False
@@ -84,7 +96,9 @@ class SourceResult:
 
     @property
     def n_rows(self) -> int:
-        return sum(len(r) for r in self.rows.values())
+        return sum(len(r) for r in self.rows.values()) + sum(
+            b.n for blocks in self.columns.values() for b in blocks
+        )
 
     @property
     def degraded(self) -> bool:
@@ -293,6 +307,7 @@ class Source(ABC):
     def _fail(self, result: SourceResult, now: float, kind: str, message: str) -> None:
         result.ok = False
         result.rows.clear()
+        result.columns.clear()
         result.errors = [IngestError(self.name, kind, message, 1, "error")]
         delay = self.backoff.failure()
         with self._health_lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -16,6 +17,25 @@ from serving.telemetry import TelemetryReader
 TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
 TABLE_TELEMETRY_GAPS = "telemetry_gaps"
 TABLE_HOST_SAMPLES = "host_samples"
+TABLE_EMULATION_SAMPLES = "emulation_samples"
+# An emulated GPU's sample fields kept in ``emulation_samples`` (its cumulative counters), not in
+# gpu_samples, whose columns stay those of a measured GPU (``host_bound_pct`` is on both shapes).
+EMULATION_COUNTERS: tuple[str, ...] = (
+    "window_s",
+    "uptime_s",
+    "busy_s_total",
+    "sm_active_s_total",
+    "sm_occupancy_s_total",
+    "tensor_active_s_total",
+    "dram_active_s_total",
+    "mem_active_s_total",
+    "iterations_total",
+    "paced_iterations_total",
+    "lagged_iterations_total",
+    "lag_s_total",
+    "modeled_s_total",
+)
+_SAMPLE_KEY = ("ts_s", "device", "index")
 
 
 class _HttpError(Exception):
@@ -156,6 +176,20 @@ class ServingTelemetrySource(Source):
         self.node = node or socket.gethostname()
         self.reader = TelemetryReader()
         self._client = _JsonClient(self.url, timeout_s=10)
+        # per producer, the newest batch already stored (seq, sent_s): re-read once to check that
+        # the producer is the one that sent it (a restarted server numbers its batches from 0 again)
+        self._anchors: dict[str, tuple[int, float]] = {}
+        self.restored_cursors = 0
+        self.producer_restarts = 0  # restored cursors dropped: the producer was not the one stored
+
+    def restore(self, stored: Mapping[str, tuple[int, float]]) -> None:
+        """Resume after the batches already in the store: ``stored`` maps each producer (telemetry
+        source) to its newest stored batch's ``(seq, sent_s)``. No batch is then read twice and no
+        gap is recorded for batches stored before a collector restart."""
+        for source, (seq, sent_s) in stored.items():
+            self._anchors[source] = (int(seq), float(sent_s))
+            self.reader.cursors[source] = int(seq)
+        self.restored_cursors = len(self._anchors)
 
     def _discover(self) -> bool:
         return self._client.status("/v1/models") == 200
@@ -163,10 +197,11 @@ class ServingTelemetrySource(Source):
     def _collect(self, now_s: float, result: SourceResult) -> None:
         gaps_before, rejected_before = len(self.reader.gaps), self.reader.rejected
         while True:
-            payload = self._client.get("/v1/telemetry", "telemetry", after=self.reader.query_param())
+            payload = self._client.get("/v1/telemetry", "telemetry", after=self._after())
+            payload, reread = self._check_anchors(payload)
             batches = self.reader.accept(payload)
             result.add_rows(TABLE_TELEMETRY, batches)
-            if len(payload.get("batches", [])) < 1000:
+            if not reread and len(payload.get("batches", [])) < 1000:
                 break
         new_gaps = self.reader.gaps[gaps_before:]
         result.add_rows(
@@ -188,8 +223,59 @@ class ServingTelemetrySource(Source):
             "invalid_batch", "telemetry batch with a bad envelope", self.reader.rejected - rejected_before
         )
 
+    def _after(self) -> str:
+        """The ``after`` cursors: an unverified restored cursor asks for its anchor batch again."""
+        cursors = dict(self.reader.cursors)
+        for source, (seq, _) in self._anchors.items():
+            cursors[source] = seq - 1
+        return ",".join(f"{s}:{n}" for s, n in sorted(cursors.items()))
+
+    def _check_anchors(self, payload: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Check restored cursors against the producers' rings; return the payload without the
+        batches of producers found restarted, and whether those must be read again from the start.
+
+        Same producer: its anchor batch is there with the stored ``sent_s`` (or has been evicted from
+        the ring: the batches after it were lost, a gap). Restarted: the batch of that seq was sent
+        at another time, or the ring ends before that seq.
+        """
+        if not self._anchors:
+            return payload, False
+        batches = payload.get("batches") or []
+        rings = payload.get("sources") or {}
+        restarted: set[str] = set()
+        for source, (seq, sent_s) in list(self._anchors.items()):
+            anchor = next(
+                (
+                    b
+                    for b in batches
+                    if isinstance(b, dict) and b.get("source") == source and b.get("seq") == seq
+                ),
+                None,
+            )
+            ring = rings.get(source)
+            if anchor is not None:
+                if anchor.get("sent_s") != sent_s:
+                    restarted.add(source)
+            elif not isinstance(ring, dict) or not isinstance(ring.get("last_seq"), int):
+                continue  # nothing of this producer in the ring (yet): ask again next time
+            elif ring["last_seq"] < seq:
+                restarted.add(source)
+            elif isinstance(ring.get("first_seq"), int) and ring["first_seq"] <= seq:
+                continue  # in the ring but left out of this read (the read's limit): ask again
+            del self._anchors[source]
+        for source in restarted:
+            self._anchors.pop(source, None)
+            self.reader.cursors.pop(source, None)
+            self.producer_restarts += 1
+        if not restarted:
+            return payload, False
+        kept = [b for b in batches if not (isinstance(b, dict) and b.get("source") in restarted)]
+        return {**payload, "batches": kept}, True
+
     def health_details(self) -> dict[str, Any]:
         return {
+            "restored_cursors": self.restored_cursors,
+            "producer_restarts": self.producer_restarts,
             "telemetry_gaps": len(self.reader.gaps),
             "telemetry_missing_batches": sum(g.missing_batches for g in self.reader.gaps),
             "telemetry_rejected_batches": self.reader.rejected,
@@ -198,6 +284,40 @@ class ServingTelemetrySource(Source):
 
     def close(self) -> None:
         self._client.close()
+
+
+def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: str) -> None:
+    """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
+    worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
+    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``."""
+    if not items:
+        return
+    samples = [item["sample"] for item in items]
+    keys = samples[0].keys()
+    values: dict[str, Sequence[Any]]
+    if all(sample.keys() == keys for sample in samples):  # one stack, one sample shape: transpose in C
+        values = dict(zip(keys, zip(*(sample.values() for sample in samples), strict=True), strict=True))
+    else:
+        names = list(dict.fromkeys(name for sample in samples for name in sample))
+        values = {name: [sample.get(name) for sample in samples] for name in names}
+    values["worker"] = [item.get("worker") for item in items]
+    values["role"] = [item.get("role") for item in items]
+    sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
+    constants: dict[str, Any] = {"node": node}
+    if len(set(sources)) == 1:
+        constants["source"] = sources[0]
+    else:
+        values["source"] = sources
+    counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
+    result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+    if counters:
+        emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
+        keyed = {**{k: values[k] for k in _SAMPLE_KEY}, **counters}
+        if "source" in values:
+            keyed["source"] = values["source"]
+        if len(emulated) < len(samples):
+            keyed = {k: [column[i] for i in emulated] for k, column in keyed.items()}
+        result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
 
 
 class ServingDevicesSource(Source):
@@ -225,21 +345,21 @@ class ServingDevicesSource(Source):
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
         body = self._client.get("/v1/devices", "devices")
-        rows, hosts = [], []
+        hosts = []
         sample_hosts = now_s - self._last_host_s >= self.host_interval_s
         if sample_hosts:
             self._last_host_s = now_s
+        items = []
         for item in body.get("devices", []):
             if "sample" not in item:
                 result.count("device_error", f"{item.get('worker')}: {item.get('error')}")
                 continue
-            source = "emulated" if item["sample"].get("emulated") else "serving"
-            rows.append({**item["sample"], "node": self.node, "source": source})
+            items.append(item)
             if sample_hosts and item.get("pid"):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:
                     hosts.append(host)
-        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        add_device_columns(result, items, self.node)
         result.add_rows(TABLE_HOST_SAMPLES, hosts)
 
     def _host_sample(self, pid: int, worker: str, now_s: float) -> dict[str, Any] | None:

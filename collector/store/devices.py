@@ -2,7 +2,7 @@
 
 Samples arrive "wide": a :class:`~serving.devices.base.DeviceSample` (kind, uuid, name), a
 dcgm-exporter row with Kubernetes labels, a Parquet export of the version-5 ``gpu_samples``. Those
-attributes rarely change, so the store keeps them out of ``gpu_samples``: ``devices`` gets one row
+attributes (and the serving worker and role owning a GPU) rarely change, so the store keeps them out of ``gpu_samples``: ``devices`` gets one row
 per GPU -- ``(node, source, device, index)`` -- each time its attributes are first seen or change,
 valid from ``since_s``, the ts of the first sample with them. :class:`DeviceRegistry` holds every
 GPU's rows in memory (loaded from the table when the store opens) and works out, per batch, which
@@ -36,6 +36,8 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
     "mig_instance_id",
     "mig_profile",
     "exporter_hostname",
+    "worker",  # the serving worker owning the GPU, and its role (prefill | decode | mixed)
+    "role",
 )
 #: Attribute columns of a wide gpu_samples input that ``gpu_samples`` does not have (``emulated``
 #: stays on every sample row).

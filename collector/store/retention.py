@@ -103,6 +103,8 @@ def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> 
             con.execute(f"DELETE FROM gpu_samples_10s r USING _rollup_merged m WHERE {match}")
             con.execute("INSERT INTO gpu_samples_10s BY NAME SELECT * FROM _rollup_merged")
         deleted = con.execute("DELETE FROM gpu_samples WHERE ts_s < ?", [cutoff]).fetchone()[0]
+        # An emulated GPU's raw counters go with its raw samples (the rollup keeps host_bound_pct).
+        con.execute("DELETE FROM emulation_samples WHERE ts_s < ?", [cutoff])
         con.execute("DROP TABLE _rollup_merged")
     return RollupResult(cutoff_s=cutoff, buckets_written=int(buckets), raw_rows_deleted=int(deleted))
 

@@ -320,7 +320,7 @@ _V5_ROLLUP_METRICS: tuple[str, ...] = (
 # Metrics added to gpu_samples by migration 7 (DOUBLE avg_* and max_* in gpu_samples_10s).
 _V7_SAMPLE_METRICS: tuple[str, ...] = ("gr_engine_active_pct", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 # Every metric rolled up as avg_* and max_* per 10 s bucket (see collector.store.retention).
-ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (*_V5_ROLLUP_METRICS, *_V7_SAMPLE_METRICS)
+ROLLUP_AVG_MAX_METRICS: tuple[str, ...] = (*_V5_ROLLUP_METRICS, *_V7_SAMPLE_METRICS, "host_bound_pct")
 
 
 def _rollup_ddl() -> str:
@@ -465,13 +465,14 @@ FROM gpu_samples_10s r ASOF LEFT JOIN devices d
 
 
 # The views of migration 6 with the device columns migration 7 adds (a sample's own columns come
-# through ``s.*`` / ``r.*``).
-_FULL_VIEWS_V7 = """
+# through ``s.*`` / ``r.*``); migration 8 adds ``worker`` and ``role`` at the end.
+def _full_views(extra_device_columns: str) -> str:
+    return f"""
 CREATE OR REPLACE VIEW gpu_samples_full AS
 SELECT s.node, s.source, s.ts_s, s.device, d.kind, s."index", d.uuid, d.name, s.emulated,
        s.* EXCLUDE (node, source, ts_s, device, "index", emulated),
        d.k8s_pod, d.k8s_namespace, d.k8s_container,
-       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname
+       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname{extra_device_columns}
 FROM gpu_samples s ASOF LEFT JOIN devices d
   ON s.node = d.node AND s.source = d.source AND s.device = d.device
  AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s;
@@ -480,7 +481,7 @@ CREATE OR REPLACE VIEW gpu_samples_10s_full AS
 SELECT r.node, r.source, r.device, r.bucket_start_s, d.kind, r."index", d.uuid, d.name, r.emulated,
        r.* EXCLUDE (node, source, device, bucket_start_s, "index", emulated),
        d.k8s_pod, d.k8s_namespace, d.k8s_container,
-       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname
+       d.parent_uuid, d.mig_instance_id, d.mig_profile, d.exporter_hostname{extra_device_columns}
 FROM gpu_samples_10s r ASOF LEFT JOIN devices d
   ON r.node = d.node AND r.source = d.source AND r.device = d.device
  AND r."index" IS NOT DISTINCT FROM d."index" AND r.bucket_start_s + 10.0 > d.since_s;
@@ -507,7 +508,57 @@ ALTER TABLE devices ADD COLUMN parent_uuid VARCHAR;
 ALTER TABLE devices ADD COLUMN mig_instance_id INTEGER;
 ALTER TABLE devices ADD COLUMN mig_profile VARCHAR;
 ALTER TABLE devices ADD COLUMN exporter_hostname VARCHAR;
-{_FULL_VIEWS_V7}"""
+{_full_views("")}"""
+
+
+# Which GPU a worker ran on, and in which role. Iterations carry the GPU's identity (uuid, index)
+# from the worker that ran them; ``devices`` rows carry the worker and role owning the GPU (a role
+# change starts a new row, valid from ``since_s``). Telemetry batches record the serving endpoint
+# they were read from, so a restarted collector resumes each producer's sequence where it stopped.
+# ``lag_s``/``modeled_s`` are the emulated device's pacing lag and modeled duration per iteration;
+# ``gpu_samples.host_bound_pct`` (rolled up as avg/max) marks the emulated samples whose window the
+# host could not pace, and ``emulation_samples`` keeps an emulated GPU's cumulative counters.
+def _v8_sql() -> str:
+    return f"""
+ALTER TABLE iterations ADD COLUMN gpu_uuid VARCHAR;
+ALTER TABLE iterations ADD COLUMN gpu_index INTEGER;
+ALTER TABLE iterations ADD COLUMN lag_s DOUBLE;
+ALTER TABLE iterations ADD COLUMN modeled_s DOUBLE;
+ALTER TABLE devices ADD COLUMN worker VARCHAR;
+ALTER TABLE devices ADD COLUMN role VARCHAR;
+ALTER TABLE telemetry_batches ADD COLUMN endpoint VARCHAR;
+ALTER TABLE gpu_samples ADD COLUMN host_bound_pct DOUBLE;
+ALTER TABLE gpu_samples_10s ADD COLUMN avg_host_bound_pct DOUBLE;
+ALTER TABLE gpu_samples_10s ADD COLUMN max_host_bound_pct DOUBLE;
+
+CREATE TABLE emulation_samples (
+    node                     VARCHAR NOT NULL,
+    source                   VARCHAR NOT NULL,
+    ts_s                     DOUBLE  NOT NULL,   -- the same ts_s as the gpu_samples row of the snapshot
+    device                   VARCHAR NOT NULL,
+    "index"                  INTEGER,
+    window_s                 DOUBLE,             -- trailing window of the sample's means
+    uptime_s                 DOUBLE,             -- device-clock seconds the cumulative counters cover
+    busy_s_total             DOUBLE,
+    sm_active_s_total        DOUBLE,
+    sm_occupancy_s_total     DOUBLE,
+    tensor_active_s_total    DOUBLE,
+    dram_active_s_total      DOUBLE,
+    mem_active_s_total       DOUBLE,
+    iterations_total         BIGINT,
+    paced_iterations_total   BIGINT,
+    lagged_iterations_total  BIGINT,
+    lag_s_total              DOUBLE,
+    modeled_s_total          DOUBLE
+);
+{_full_views(", d.worker, d.role")}
+-- Each iteration with the worker's role on its GPU at the iteration's start (the devices row of
+-- that GPU, by uuid, in effect then; NULL before the GPU's first sample with a worker).
+CREATE VIEW iterations_full AS
+SELECT i.*, d.role, d.device AS gpu_device, d.name AS gpu_name, d.emulated AS gpu_emulated
+FROM iterations i ASOF LEFT JOIN (SELECT * FROM devices WHERE worker IS NOT NULL) d
+  ON i.node = d.node AND i.gpu_uuid = d.uuid AND i.start_s >= d.since_s;
+"""
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -519,6 +570,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "devices: per-GPU attributes out of gpu_samples(_10s); *_full views", _V6_DEVICES),
     Migration(
         7, "engine_metrics.engine; MIG instances, GR engine activity and PCIe rates of GPUs", _v7_sql()
+    ),
+    Migration(
+        8,
+        "GPU identity: iterations gpu_uuid/gpu_index/lag_s/modeled_s, devices worker/role; emulation lag",
+        _v8_sql(),
     ),
 )
 

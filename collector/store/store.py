@@ -29,10 +29,12 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -42,11 +44,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.store.columns import ColumnBlock, block_names, build_columns
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import StoreError, StoreLockedError
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
 from collector.store.tables import TABLES, table_spec
-from collector.store.telemetry_rows import TelemetryRows, split_batch
+from collector.store.telemetry_rows import BatchKey, TelemetryColumns, check_envelope
 from serving.devices.base import DeviceSample
 from serving.telemetry import Gap
 
@@ -247,6 +250,50 @@ class Store:
             self._enqueue({table: data})
         return data.num_rows
 
+    def append_columns(self, table: str, blocks: Sequence[ColumnBlock]) -> int:
+        """Append rows given as columns (one :class:`~collector.store.columns.ColumnBlock` per
+        source poll) in one batch; return the rows taken. What ``append`` checks, it checks here:
+        unknown columns, values that do not fit a column's type, NULLs in required columns raise
+        StoreError naming the column, and nothing is written. Each column is built once, with the
+        table's Arrow type; ``gpu_samples`` takes the device attribute columns as ``append`` does."""
+        blocks = [b for b in blocks if b.n]
+        if not blocks:
+            return 0
+        if table == "gpu_samples":
+            return self._append_samples(self._columns_table(table, blocks, self._wide_samples))
+        data = self._columns_arrow(table, blocks)
+        with self._lock:
+            self._writer()
+            if table == "devices":
+                self._devices.note(data)
+            self._enqueue({table: data})
+        return data.num_rows
+
+    def _columns_arrow(self, table: str, blocks: Sequence[ColumnBlock]) -> pa.Table:
+        """Column blocks as an Arrow table with exactly ``table``'s columns and types."""
+        cols = self._table_columns(table)
+        return _conform(table, self._columns_table(table, blocks, cols), cols)
+
+    def _columns_table(
+        self, table: str, blocks: Sequence[ColumnBlock], cols: Mapping[str, Column]
+    ) -> pa.Table:
+        """Column blocks as one Arrow table, each column built with its type from ``cols``."""
+        names = block_names(blocks)
+        _check_names(table, names, cols)
+        encoders = {n: partial(_json_text, table, n) for n in names if cols[n].is_json}
+        inferred: set[str] = set()  # columns whose values do not build as their type: Arrow infers,
+        while True:  # and the cast in append then names what does not fit
+            try:
+                types = {n: None if n in inferred else cols[n].arrow_type for n in names}
+                arrays = build_columns(blocks, types, encoders)
+                break
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                bad = getattr(e, "column", None)
+                if bad is None or bad in inferred:
+                    raise StoreError(f"{table}.{bad}: values of mixed or unsupported types: {e}") from e
+                inferred.add(bad)
+        return pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
+
     def append_gpu_samples(
         self,
         samples: Iterable[DeviceSample],
@@ -273,45 +320,90 @@ class Store:
         return self._append_samples(self._input_table("gpu_samples", table, self._wide_samples))
 
     def append_telemetry_batch(
-        self, batch: Any, node: str, *, received_s: float | None = None
+        self, batch: Any, node: str, *, received_s: float | None = None, endpoint: str | None = None
     ) -> TelemetryIngest:
-        """Store one serving telemetry batch (docs/TELEMETRY.md) received from ``node``.
+        """Store one serving telemetry batch (docs/TELEMETRY.md) received from ``node``; see
+        :meth:`append_telemetry_batches`."""
+        return self.append_telemetry_batches([batch], node, received_s=received_s, endpoint=endpoint)[0]
 
-        The batch is split into iterations, requests, tokens (one row per output token) and
-        control_events, plus one telemetry_batches row, all written in one transaction. Events
-        of unknown type or with missing/mistyped fields are left out and counted in
+    def append_telemetry_batches(
+        self,
+        batches: Sequence[Any],
+        node: str,
+        *,
+        received_s: float | None = None,
+        endpoint: str | None = None,
+    ) -> list[TelemetryIngest]:
+        """Store serving telemetry batches (docs/TELEMETRY.md) received from ``node``, in order.
+
+        Each batch is split into iterations, requests, tokens (one row per output token) and
+        control_events, plus one telemetry_batches row; all of them are written in one transaction.
+        Events of unknown type or with missing/mistyped fields are left out and counted in
         ingest_errors under the batch's source; the rest of the batch is kept. A batch whose
         envelope fails ``serving.telemetry.validate_batch`` is refused whole and counted.
         A batch already stored (same node, source, seq and sent_s -- e.g. re-read from the
         router's ring after a collector restart) is skipped and reported as ``duplicate``.
+        ``endpoint`` (the serving URL read) is kept on the telemetry_batches rows, for
+        :meth:`telemetry_cursors`.
         """
         now = time.time() if received_s is None else received_s
-        rows = split_batch(batch, node, now)
-        parts = {name: self._to_arrow(name, table_rows) for name, table_rows in rows.tables().items()}
-        errors = _error_rows(rows, node, now)
-        if errors:
-            parts["ingest_errors"] = self._to_arrow("ingest_errors", errors)
-        key = None
-        if rows.telemetry_batches:
-            b = rows.telemetry_batches[0]
-            key = (node, b["source"], b["seq"], b["sent_s"])
+        splits = [check_envelope(b, node, now) for b in batches]
+        out = TelemetryColumns()
+        errors: Counter[tuple[str, str, str]] = Counter()
+        results: list[TelemetryIngest] = []
         with self._lock:
-            duplicate = key is not None and self._seen_batch(key)
-            if not duplicate:
+            seen = self._seen_batches([s.key for s in splits if s.key is not None])
+            keys: list[BatchKey] = []
+            for batch, split in zip(batches, splits, strict=True):
+                if split.key is not None and split.key in seen:
+                    results.append(TelemetryIngest(split.source, 0, 0, 0, 0, 0, None, duplicate=True))
+                    continue
+                if split.key is not None:
+                    seen.add(split.key)
+                    keys.append(split.key)
+                    out.add(batch, split, now, endpoint)
+                for (kind, message), count in split.errors.items():
+                    errors[split.source, kind, message] += count
+                results.append(
+                    TelemetryIngest(
+                        source=split.source,
+                        iterations=split.iterations,
+                        requests=split.requests,
+                        tokens=split.tokens,
+                        control_events=split.control_events,
+                        rejected_events=split.rejected_events,
+                        rejected_batch=split.rejected_batch,
+                    )
+                )
+            parts = {
+                table: self._columns_arrow(table, [ColumnBlock.of(values, {"node": node})])
+                for table, values in out.columns().items()
+            }
+            if errors:
+                rows = [
+                    {"node": node, "source": src, "ts_s": now, "kind": kind, "message": msg, "count": n}
+                    for (src, kind, msg), n in errors.items()
+                ]
+                parts["ingest_errors"] = self._to_arrow("ingest_errors", rows)
+            if parts:
                 self._enqueue(parts)
-                if key is not None and self._pending:
-                    self._pending_batches.add(key)
-        if duplicate:
-            return TelemetryIngest(rows.source, 0, 0, 0, 0, 0, None, duplicate=True)
-        return TelemetryIngest(
-            source=rows.source,
-            iterations=len(rows.iterations),
-            requests=len(rows.requests),
-            tokens=len(rows.tokens),
-            control_events=len(rows.control_events),
-            rejected_events=rows.rejected_events,
-            rejected_batch=rows.rejected_batch,
+                if self._pending:
+                    self._pending_batches.update(keys)
+        return results
+
+    def telemetry_cursors(self, node: str, endpoint: str) -> dict[str, tuple[int, float]]:
+        """Per telemetry source read from ``endpoint`` on ``node``: ``(seq, sent_s)`` of the newest
+        batch stored (by arrival; rows stored before version 8 have no endpoint and count too).
+        A collector resumes its cursors from these after a restart."""
+        with self._lock:
+            self._flush_locked()
+        rows = self.query(
+            "SELECT source, seq, sent_s FROM telemetry_batches "
+            "WHERE node = ? AND (endpoint = ? OR endpoint IS NULL) "
+            "QUALIFY row_number() OVER (PARTITION BY source ORDER BY received_s DESC, seq DESC) = 1",
+            [node, endpoint],
         )
+        return {r.source: (int(r.seq), float(r.sent_s)) for r in rows.itertuples()}
 
     def record_gaps(self, gaps: Iterable[Gap], node: str, *, detected_at_s: float | None = None) -> int:
         """Record telemetry sequence gaps (``serving.telemetry.Gap``) seen by the reader."""
@@ -532,19 +624,37 @@ class Store:
             if self._pending_rows >= self._buffer_rows:
                 self._flush_locked()
 
-    def _seen_batch(self, key: tuple[str, str, int, float]) -> bool:
-        """True when this telemetry batch is already stored or buffered (caller holds the lock)."""
-        if key in self._pending_batches:
-            return True
-        row = (
+    def _seen_batches(self, keys: Sequence[BatchKey]) -> set[BatchKey]:
+        """Those of ``keys`` already stored or buffered (caller holds the lock): one query for all."""
+        seen = {k for k in keys if k in self._pending_batches}
+        rest = [k for k in keys if k not in seen]
+        if not rest:
+            return seen
+        _phaselens_keys = pa.table(
+            {
+                name: pa.array([k[i] for k in rest], type=t)
+                for i, (name, t) in enumerate(
+                    (
+                        ("node", pa.string()),
+                        ("source", pa.string()),
+                        ("seq", pa.int64()),
+                        ("sent_s", pa.float64()),
+                    )
+                )
+            }
+        )
+        found = (
             self._writer()
             .execute(
-                "SELECT 1 FROM telemetry_batches WHERE sent_s = ? AND node = ? AND source = ? AND seq = ? LIMIT 1",
-                [key[3], key[0], key[1], key[2]],
+                "SELECT k.node, k.source, k.seq, k.sent_s FROM _phaselens_keys k SEMI JOIN "
+                # the sent_s range lets DuckDB skip row groups (min/max) of batches sent long before
+                "(SELECT * FROM telemetry_batches WHERE sent_s BETWEEN ? AND ?) t "
+                "ON t.sent_s = k.sent_s AND t.node = k.node AND t.source = k.source AND t.seq = k.seq",
+                [min(k[3] for k in rest), max(k[3] for k in rest)],
             )
-            .fetchone()
+            .fetchall()
         )
-        return row is not None
+        return seen | {(n, s, int(q), float(t)) for n, s, q, t in found}
 
     def _flush_locked(self) -> None:
         if not self._pending:
@@ -717,13 +827,6 @@ def _cast(table: str, col: Column, arr: pa.ChunkedArray) -> pa.ChunkedArray:
         return arr.cast(col.arrow_type, safe=True)
     except (pa.ArrowException, ValueError, TypeError) as e:
         raise StoreError(f"{table}.{col.name}: cannot store {arr.type} as {col.duckdb_type}: {e}") from e
-
-
-def _error_rows(rows: TelemetryRows, node: str, ts_s: float) -> list[dict[str, Any]]:
-    return [
-        {"node": node, "source": rows.source, "ts_s": ts_s, "kind": kind, "message": message, "count": count}
-        for (kind, message), count in rows.errors.items()
-    ]
 
 
 def to_epoch_s(value: TimeLike, what: str = "time") -> float:

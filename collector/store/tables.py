@@ -46,6 +46,7 @@ TABLES: dict[str, TableSpec] = {
             state_key=("node", "source", "device", "index"),
         ),
         TableSpec("host_samples", "ts_s", ("node", "pid", "ts_s")),
+        TableSpec("emulation_samples", "ts_s", ("node", "source", "device", "index", "ts_s")),
         TableSpec("ingest_errors", "ts_s", ("node", "source", "ts_s", "kind", "message")),
         TableSpec("telemetry_batches", "received_s", ("node", "source", "seq", "sent_s")),
         TableSpec("iterations", "start_s", ("node", "source", "worker", "start_s")),

@@ -1,6 +1,7 @@
 """Serving telemetry batches (docs/TELEMETRY.md) turned into store rows, event by event.
 
-A bad event never spoils its batch: it is left out and counted by ``(kind, message)``, and the
+Rows are built as columns (``TelemetryColumns``): the writer turns each into one typed Arrow
+column per flush. A bad event never spoils its batch: it is left out and counted by ``(kind, message)``, and the
 store writes those counts to ``ingest_errors``. Unknown fields are ignored, as the contract says.
 """
 
@@ -10,7 +11,9 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import repeat
+from operator import sub
+from typing import Any, ClassVar
 
 from serving.telemetry import validate_batch
 
@@ -34,6 +37,10 @@ ITERATION_FIELDS: dict[str, _FieldSpec] = {
     "preempted": ("int", False),
     "compute_s": ("num", False),
     "pacing_s": ("num", False),
+    "gpu_uuid": ("str", False),
+    "gpu_index": ("int", False),
+    "lag_s": ("num", False),
+    "modeled_s": ("num", False),
 }
 
 REQUEST_FIELDS: dict[str, _FieldSpec] = {
@@ -76,29 +83,38 @@ ALLOWED_VALUES: dict[tuple[str, str], frozenset[str]] = {
 _EVENT_FIELDS = {"iteration": ITERATION_FIELDS, "request": REQUEST_FIELDS, "control": CONTROL_FIELDS}
 
 
+_BASE = ("source", "batch_seq")  # on iterations, requests and control_events rows (and node)
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "telemetry_batches": (
+        "source",
+        "seq",
+        "sent_s",
+        "received_s",
+        "events",
+        "rejected_events",
+        "dropped_events_total",
+        "endpoint",
+    ),
+    "iterations": (*_BASE, *ITERATION_FIELDS),
+    "requests": (*_BASE, *(f for f in REQUEST_FIELDS if f != "token_ts_s")),
+    "tokens": ("request_id", "idx", "ts_s", "itl_s"),
+    "control_events": (*_BASE, *CONTROL_FIELDS),
+}
+BatchKey = tuple[str, str, int, float]  # (node, source, seq, sent_s): the same batch read twice
+
+
 @dataclass(slots=True)
-class TelemetryRows:
-    """One batch's rows per table, plus the events left out, counted by (kind, message)."""
+class BatchSplit:
+    """What one batch gave: rows per table, and the events left out, counted by (kind, message)."""
 
     source: str
-    iterations: list[Row] = field(default_factory=list)
-    requests: list[Row] = field(default_factory=list)
-    tokens: list[Row] = field(default_factory=list)
-    control_events: list[Row] = field(default_factory=list)
-    telemetry_batches: list[Row] = field(default_factory=list)
+    key: BatchKey | None = None  # None when the envelope was refused
+    iterations: int = 0
+    requests: int = 0
+    tokens: int = 0
+    control_events: int = 0
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     rejected_batch: str | None = None  # why the whole batch was refused (bad envelope)
-
-    def tables(self) -> dict[str, list[Row]]:
-        """The non-empty row lists keyed by table name."""
-        out = {
-            "telemetry_batches": self.telemetry_batches,
-            "iterations": self.iterations,
-            "requests": self.requests,
-            "tokens": self.tokens,
-            "control_events": self.control_events,
-        }
-        return {name: rows for name, rows in out.items() if rows}
 
     @property
     def rejected_events(self) -> int:
@@ -106,64 +122,113 @@ class TelemetryRows:
         return sum(self.errors.values())
 
 
-def split_batch(batch: Any, node: str, received_s: float) -> TelemetryRows:
-    """Validate a telemetry batch and split it into rows for each table.
-
-    A bad envelope (``validate_batch`` fails) rejects the whole batch: ``rejected_batch`` holds the
-    reason and ``errors`` one ``invalid_batch`` count. Otherwise each event is checked on its own.
-    """
+def check_envelope(batch: Any, node: str, received_s: float) -> BatchSplit:
+    """A batch's source and key (``sent_s`` falls back to ``received_s``), or why it is refused:
+    a bad envelope (``validate_batch`` fails) rejects the whole batch with one ``invalid_batch``."""
     try:
         validate_batch(batch)
     except ValueError as e:
         source = batch.get("source") if isinstance(batch, dict) else None
-        out = TelemetryRows(source=source if isinstance(source, str) and source else "unknown")
+        out = BatchSplit(source=source if isinstance(source, str) and source else "unknown")
         out.rejected_batch = str(e)
         out.errors["invalid_batch", str(e)] += 1
         return out
-    source, seq = batch["source"], batch["seq"]
-    out = TelemetryRows(source=source)
-    base = {"node": node, "source": source, "batch_seq": seq}
-    for event in batch["events"]:
-        problem = _check_event(event)
-        if problem is not None:
-            out.errors[problem] += 1
-            continue
-        etype = event["type"]
-        fields = {name: event.get(name) for name in _EVENT_FIELDS[etype]}
-        if etype == "iteration":
-            out.iterations.append({**base, **fields})
-        elif etype == "control":
-            out.control_events.append({**base, **fields})
-        else:
-            token_ts = fields.pop("token_ts_s") or []
-            out.requests.append({**base, **fields})
-            prev = None
-            for idx, ts in enumerate(token_ts):
-                out.tokens.append(
-                    {
-                        "node": node,
-                        "request_id": fields["request_id"],
-                        "idx": idx,
-                        "ts_s": float(ts),
-                        "itl_s": None if prev is None else ts - prev,
-                    }
-                )
-                prev = ts
     sent_s = batch.get("sent_s")
-    dropped = batch.get("dropped_events_total")
-    out.telemetry_batches.append(
-        {
-            "node": node,
+    key = (node, batch["source"], batch["seq"], float(sent_s) if _is_num(sent_s) else received_s)
+    return BatchSplit(source=batch["source"], key=key)
+
+
+class TelemetryColumns:
+    """The rows of many telemetry batches, per table as column lists (``node`` is the same for all:
+    a constant of the block). Valid events are kept by type and turned into columns at the end,
+    one list comprehension per field; a token is three list extends per request, not a dict."""
+
+    _TABLES: ClassVar[dict[str, str]] = {
+        "iteration": "iterations",
+        "request": "requests",
+        "control": "control_events",
+    }
+    _FIELDS: ClassVar[dict[str, Any]] = {
+        "iteration": ITERATION_FIELDS,
+        "request": None,
+        "control": CONTROL_FIELDS,
+    }
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[dict[str, Any]]] = {t: [] for t in self._TABLES}
+        self._base: dict[str, tuple[list[str], list[int]]] = {t: ([], []) for t in self._TABLES}
+        self._tokens: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["tokens"]}
+        self._batches: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["telemetry_batches"]}
+
+    def columns(self) -> dict[str, dict[str, list[Any]]]:
+        """The non-empty tables' columns (without ``node``)."""
+        out: dict[str, dict[str, list[Any]]] = {}
+        if self._batches["seq"]:
+            out["telemetry_batches"] = self._batches
+        for etype, table in self._TABLES.items():
+            events = self._events[etype]
+            if not events:
+                continue
+            sources, seqs = self._base[etype]
+            fields = self._FIELDS[etype] or _REQUEST_ROW_FIELDS
+            cols: dict[str, list[Any]] = {"source": sources, "batch_seq": seqs}
+            for name in fields:
+                cols[name] = [e.get(name) for e in events]
+            out[table] = cols
+        if self._tokens["idx"]:
+            out["tokens"] = self._tokens
+        return out
+
+    def add(self, batch: dict[str, Any], split: BatchSplit, received_s: float, endpoint: str | None) -> None:
+        """Split an accepted batch (``split`` from :func:`check_envelope`) into the tables; each bad
+        event is left out and counted in ``split.errors``. Unknown fields are ignored."""
+        if split.key is None:
+            raise ValueError(f"telemetry batch of {split.source!r} was refused: {split.rejected_batch}")
+        source, seq, sent_s = split.key[1], split.key[2], split.key[3]
+        tk = self._tokens
+        tk_rid, tk_idx, tk_ts, tk_itl = tk["request_id"], tk["idx"], tk["ts_s"], tk["itl_s"]
+        taken = {t: 0 for t in self._TABLES}
+        for event in batch["events"]:
+            problem = _check_event(event)
+            if problem is not None:
+                split.errors[problem] += 1
+                continue
+            etype = event["type"]
+            self._events[etype].append(event)
+            taken[etype] += 1
+            if etype == "request":
+                token_ts = event.get("token_ts_s") or []
+                n = len(token_ts)
+                if n:
+                    tk_rid.extend(repeat(event["request_id"], n))
+                    tk_idx.extend(range(n))
+                    tk_ts.extend(token_ts)
+                    tk_itl.append(None)
+                    tk_itl.extend(map(sub, token_ts[1:], token_ts[:-1]))
+                    split.tokens += n
+        for etype, n in taken.items():
+            sources, seqs = self._base[etype]
+            sources.extend(repeat(source, n))
+            seqs.extend(repeat(seq, n))
+        split.iterations += taken["iteration"]
+        split.requests += taken["request"]
+        split.control_events += taken["control"]
+        dropped = batch.get("dropped_events_total")
+        row = {
             "source": source,
             "seq": seq,
-            "sent_s": float(sent_s) if _is_num(sent_s) else received_s,
+            "sent_s": sent_s,
             "received_s": received_s,
             "events": len(batch["events"]),
-            "rejected_events": out.rejected_events,
+            "rejected_events": split.rejected_events,
             "dropped_events_total": dropped if _is_int(dropped) else None,
+            "endpoint": endpoint,
         }
-    )
-    return out
+        for name, value in row.items():
+            self._batches[name].append(value)
+
+
+_REQUEST_ROW_FIELDS = tuple(f for f in REQUEST_FIELDS if f != "token_ts_s")
 
 
 def _check_event(event: Any) -> tuple[str, str] | None:
@@ -177,18 +242,24 @@ def _check_event(event: Any) -> tuple[str, str] | None:
             "unknown_event_type",
             f"unknown telemetry event type {etype!r}; known: {', '.join(_EVENT_FIELDS)}",
         )
-    for name, (kind, required) in spec.items():
+    for name, kind, required, allowed in _CHECKS[etype]:
         value = event.get(name)
         if value is None:
             if required:
                 return "invalid_event", f"{etype} event lacks required field {name!r}"
             continue
-        if not _KIND_CHECKS[kind](value):
+        t = type(value)
+        # the common cases inline (JSON gives exactly str, int, float); anything else the full check
+        if not (
+            (kind == "str" and t is str)
+            or (kind == "num" and (t is int or (t is float and value - value == 0.0)))  # finite
+            or (kind == "int" and t is int)
+            or _KIND_CHECKS[kind](value)
+        ):
             return (
                 "invalid_event",
                 f"{etype} field {name!r} must be {_KIND_NAMES[kind]}, got {type(value).__name__}",
             )
-        allowed = ALLOWED_VALUES.get((etype, name))
         if allowed is not None and value not in allowed:
             return "invalid_event", f"{etype} field {name!r} must be one of {sorted(allowed)}"
     return None
@@ -205,7 +276,15 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_nums(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_num(x) for x in v)
+    if not isinstance(v, list) or not set(map(type, v)) <= _NUM_TYPES:  # per element in C: no bools
+        return False
+    try:
+        return math.isfinite(math.fsum(v))  # NaN or an infinity anywhere makes the sum one
+    except OverflowError:  # values whose sum does not fit a double: look at each
+        return all(_is_num(x) for x in v)
+
+
+_NUM_TYPES = frozenset({int, float})
 
 
 def _is_json(v: Any) -> bool:
@@ -222,6 +301,13 @@ _KIND_CHECKS = {
     "int": _is_int,
     "nums": _is_nums,
     "json": _is_json,
+}
+# per event type: (field, kind, required, allowed values or None), in field order
+_CHECKS: dict[str, tuple[tuple[str, str, bool, frozenset[str] | None], ...]] = {
+    etype: tuple(
+        (name, kind, required, ALLOWED_VALUES.get((etype, name))) for name, (kind, required) in fields.items()
+    )
+    for etype, fields in _EVENT_FIELDS.items()
 }
 _KIND_NAMES = {
     "str": "a string",

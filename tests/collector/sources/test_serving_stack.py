@@ -136,3 +136,95 @@ def test_unreachable_endpoint() -> None:
     assert err.value.kind == "unreachable"
     with pytest.raises(ValueError, match="http://host:port"):
         _JsonClient("https://x:1", timeout_s=1)
+
+
+# -- cursors restored from the store after a collector restart ------------------------------------
+
+
+def _batch(source: str, seq: int, sent_s: float) -> dict:
+    from serving.telemetry import SCHEMA, SCHEMA_VERSION
+
+    event = {"type": "control", "ts_s": sent_s, "action": "tick"}
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "source": source,
+        "seq": seq,
+        "sent_s": sent_s,
+        "dropped_events_total": 0,
+        "events": [event],
+    }
+
+
+def _telemetry_server(http_server, batches: list[dict], ring: int):
+    import json
+
+    from serving.telemetry import TelemetryHub, parse_after
+
+    hub = TelemetryHub(max_batches_per_source=ring)
+    for b in batches:
+        hub.publish(b)
+    http_server.routes["/v1/models"] = (200, "{}", "application/json")
+    http_server.routes["/v1/telemetry"] = lambda q: (
+        200,
+        json.dumps(hub.read(parse_after(q.get("after", [""])[0]))),
+        "application/json",
+    )
+    return hub
+
+
+def _restored_source(http_server, tmp_path, stored: list[dict]):
+    from collector.sources.serving_stack import ServingTelemetrySource
+    from collector.store import Store
+
+    with Store.open(tmp_path / "s.duckdb", buffer_rows=1_000_000) as store:
+        *earlier, last = stored
+        rows = [
+            {**{k: b[k] for k in ("source", "seq", "sent_s")}, "events": 1, "rejected_events": 0}
+            for b in earlier
+        ]
+        store.append(
+            "telemetry_batches",
+            [{**r, "node": "n1", "received_s": 0.0, "endpoint": http_server.url} for r in rows],
+        )
+        assert not store.append_telemetry_batch(last, "n1", endpoint=http_server.url).duplicate
+        cursors = store.telemetry_cursors("n1", http_server.url)
+        assert store.telemetry_cursors("n1", "http://elsewhere:1") == {}
+    src = ServingTelemetrySource(http_server.url, node="n1")
+    src.restore(cursors)
+    return src
+
+
+def _seqs(result) -> list[int]:
+    from collector.sources.serving_stack import TABLE_TELEMETRY
+
+    return [b["seq"] for b in result.rows.get(TABLE_TELEMETRY, [])]
+
+
+def test_a_restored_cursor_reads_on_without_a_false_gap_when_the_ring_moved_past_it(
+    http_server, tmp_path
+) -> None:
+    # 2,500 batches stored before the restart; the router's ring now starts at seq 2500
+    _telemetry_server(http_server, [_batch("router", i, 1000.0 + i) for i in range(2510)], ring=10)
+    src = _restored_source(http_server, tmp_path, [_batch("router", i, 1000.0 + i) for i in range(2500)])
+    result = src.poll(force=True)
+    assert _seqs(result) == list(range(2500, 2510))
+    assert src.reader.gaps == [] and src.health_details()["producer_restarts"] == 0
+
+
+def test_a_restored_cursor_skips_the_batches_already_stored(http_server, tmp_path) -> None:
+    _telemetry_server(http_server, [_batch("router", i, 1000.0 + i) for i in range(30)], ring=2048)
+    src = _restored_source(http_server, tmp_path, [_batch("router", i, 1000.0 + i) for i in range(20)])
+    assert _seqs(src.poll(force=True)) == list(range(20, 30))
+    assert src.reader.gaps == [] and src.health_details()["restored_cursors"] == 1
+
+
+@pytest.mark.parametrize("new_batches", [30, 5])
+def test_a_restarted_server_numbering_from_zero_again_is_read_whole(
+    http_server, tmp_path, new_batches
+) -> None:
+    # stored: seq 0..19 of the old server; the new one sent seq 0..new_batches-1 at other times
+    _telemetry_server(http_server, [_batch("router", i, 5000.0 + i) for i in range(new_batches)], ring=2048)
+    src = _restored_source(http_server, tmp_path, [_batch("router", i, 1000.0 + i) for i in range(20)])
+    assert _seqs(src.poll(force=True)) == list(range(new_batches))
+    assert src.reader.gaps == [] and src.health_details()["producer_restarts"] == 1

@@ -1,0 +1,154 @@
+"""The collector's writer thread in process: duplicates counted apart, retention at start, its flags."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from collector.cli import build_parser, collect_settings
+from collector.service import Collector, CollectorSettings
+from collector.sources.base import Source, SourceResult
+from collector.sources.serving_stack import TABLE_TELEMETRY
+from collector.store import RetentionPolicy, Store
+from serving.telemetry import SCHEMA, SCHEMA_VERSION
+
+
+def wait_for(fn, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not fn():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+class Replay(Source):
+    """Hands the same telemetry batch to the writer on every poll (a reader that re-reads)."""
+
+    def __init__(self, batch: dict) -> None:
+        super().__init__("replay", interval_s=0.01)
+        self.batch = batch
+
+    def _discover(self) -> bool:
+        return True
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        result.add_rows(TABLE_TELEMETRY, [self.batch])
+
+
+def test_batches_read_again_are_counted_as_duplicates_not_as_written(tmp_path: Path) -> None:
+    event = {"type": "control", "ts_s": 1.0, "action": "tick"}
+    batch = {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "source": "router",
+        "seq": 0,
+        "sent_s": 1.0,
+        "events": [event],
+    }
+    settings = CollectorSettings(db_path=str(tmp_path / "d.duckdb"), nvml=False, flush_interval_s=0.05)
+    with Store.open(settings.db_path) as store:
+        collector = Collector(settings, store, [Replay(batch)])
+        collector.start()
+        try:
+            wait_for(lambda: collector.stats.duplicates.get(TABLE_TELEMETRY, 0) >= 3)
+        finally:
+            collector.stop()
+        writer = collector.health()["writer"]
+        assert writer["rows_written"][TABLE_TELEMETRY] == 1
+        polls = collector.sources[0].health().rows_total
+        assert writer["duplicates"][TABLE_TELEMETRY] == polls - 1
+        assert store.query("SELECT count(*) AS n FROM telemetry_batches")["n"][0] == 1
+        assert store.query("SELECT count(*) AS n FROM control_events")["n"][0] == 1
+
+
+def test_retention_runs_at_start_not_only_after_the_first_interval(tmp_path: Path) -> None:
+    settings = CollectorSettings(
+        db_path=str(tmp_path / "r.duckdb"),
+        nvml=False,
+        flush_interval_s=0.05,
+        retention=RetentionPolicy(raw_days=1, rollup_days=30),
+        retention_interval_s=3600.0,
+    )
+    old_s = time.time() - 3 * 86_400
+    with Store.open(settings.db_path) as store:
+        store.append(
+            "gpu_samples",
+            [
+                {
+                    "node": "n1",
+                    "source": "nvml",
+                    "ts_s": old_s + i,
+                    "device": "cuda:0",
+                    "index": 0,
+                    "emulated": False,
+                    "power_w": 100.0,
+                }
+                for i in range(5)
+            ],
+        )
+        store.flush()
+        collector = Collector(settings, store, [])
+        collector.start()
+        try:
+            wait_for(lambda: collector.stats.retention_runs >= 1)
+        finally:
+            collector.stop()
+        assert collector.stats.raw_rows_rolled_up == 5
+        assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 0
+        assert store.query("SELECT sum(samples) AS n FROM gpu_samples_10s")["n"][0] == 5
+
+
+def test_retention_interval_flag_sets_the_period_and_bad_values_are_named() -> None:
+    parse = build_parser().parse_args
+    assert collect_settings(parse(["collect"])).retention_interval_s == 600.0
+    assert collect_settings(parse(["collect", "--retention-interval-s", "30"])).retention_interval_s == 30.0
+    with pytest.raises(ValueError, match="--retention-interval-s must be in"):
+        collect_settings(parse(["collect", "--retention-interval-s", "0"]))
+    with pytest.raises(ValueError, match="rollup_days"):
+        collect_settings(parse(["collect", "--raw-days", "10", "--rollup-days", "5"]))
+
+
+class Once(Source):
+    """Hands the given telemetry batches to the writer in one poll, then nothing."""
+
+    def __init__(self, batches: list[dict]) -> None:
+        super().__init__("serving-telemetry:once", interval_s=0.01)
+        self.batches = batches
+
+    def _discover(self) -> bool:
+        return True
+
+    def _collect(self, now_s: float, result: SourceResult) -> None:
+        result.add_rows(TABLE_TELEMETRY, self.batches)
+        self.batches = []
+
+
+def test_a_batch_the_store_refuses_costs_only_itself_not_the_batches_polled_with_it(tmp_path: Path) -> None:
+    def batch(seq: int, kv_bytes: int) -> dict:
+        event = {"type": "request", "request_id": f"r{seq}", "arrival_s": 1.0, "kv_transfer_bytes": kv_bytes}
+        return {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "source": "router",
+            "seq": seq,
+            "sent_s": 1.0 + seq,
+            "events": [event],
+        }
+
+    settings = CollectorSettings(db_path=str(tmp_path / "b.duckdb"), nvml=False, flush_interval_s=0.05)
+    with Store.open(settings.db_path) as store:
+        # an integer too large for BIGINT passes the event checks but not the column's type
+        collector = Collector(settings, store, [Once([batch(0, 1), batch(1, 2**70), batch(2, 3)])])
+        collector.start()
+        try:
+            wait_for(lambda: collector.stats.store_errors >= 1 and collector.stats.flushes >= 2)
+        finally:
+            collector.stop()
+        assert store.query("SELECT request_id FROM requests ORDER BY 1")["request_id"].tolist() == [
+            "r0",
+            "r2",
+        ]
+        assert collector.stats.rows_written[TABLE_TELEMETRY] == 2
+        errors = store.query("SELECT kind, count FROM ingest_errors")
+        assert errors.values.tolist() == [["store_rejected", 1]]
