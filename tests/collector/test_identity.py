@@ -30,6 +30,14 @@ def gpu_activity_query() -> str:
     return match.group(1)
 
 
+def iterations_caught_up(url: str) -> bool:
+    """Every stored token's iteration is stored too (a token's ts_s is its iteration's end_s)."""
+    tokens, iterations = rows(url, "tokens"), rows(url, "iterations")
+    return bool(tokens and iterations) and max(i["end_s"] for i in iterations) >= max(
+        t["ts_s"] for t in tokens
+    )
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Server]:
     server = start_server("--mode", "disaggregated", "--device", "emulated:h100-sxm")
@@ -70,6 +78,7 @@ def test_iterations_requests_and_joules_join_to_the_gpu_and_role_changes_are_tra
         )
         assert report.n_ok == 3
         wait_for(lambda: len(rows(url, "requests")) >= 7)
+        wait_for(lambda: iterations_caught_up(url))  # workers' batches may trail the router's
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -108,3 +117,23 @@ def test_iterations_requests_and_joules_join_to_the_gpu_and_role_changes_are_tra
         # the role change is in the control events too
         changes = store.query("SELECT target, after FROM control_events WHERE action = 'set_role'")
         assert changes["target"].tolist() == [decode["worker"]]
+        # the emulated GPU's lag is kept: per iteration, as a host-bound share per sample and as the
+        # device's own counters, which agree with the iterations stored
+        lag = store.query(
+            "SELECT count(*) AS n, count(lag_s) AS with_lag, count(modeled_s) AS with_modeled,"
+            " count(*) FILTER (WHERE lag_s > 0) AS lagged FROM iterations WHERE gpu_uuid = ?",
+            [decode["gpu_uuid"]],
+        ).iloc[0]
+        assert lag["n"] == lag["with_lag"] == lag["with_modeled"] > 0
+        marked = store.query("SELECT count(host_bound_pct) AS n FROM gpu_samples WHERE emulated")["n"][0]
+        assert marked > 0
+        counters = store.query(
+            """SELECT e.* FROM emulation_samples e JOIN gpu_samples s USING (node, source, device, "index", ts_s)
+               WHERE e."index" = ? ORDER BY e.ts_s""",
+            [decode["gpu_index"]],
+        )
+        assert len(counters) > 0 and counters["uptime_s"].is_monotonic_increasing
+        last = counters.iloc[-1]
+        assert last["iterations_total"] >= lag["n"]  # the device counted every iteration stored
+        assert last["lagged_iterations_total"] <= last["iterations_total"]
+        assert last["lagged_iterations_total"] + last["paced_iterations_total"] <= last["iterations_total"]
