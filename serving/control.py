@@ -3,8 +3,10 @@
 Every change is emitted as a `control` telemetry event with before/after. Layout changes drain
 first: a draining worker takes no new requests and finishes the ones it has. A change that would
 leave the pool unable to serve (the last prefill, decode or mixed worker that is ready or coming
-back) is refused with 409 unless `force` is true. Every error is JSON: `{"detail": {"message": ...,
-"param": ...}}`, and a field of the wrong type or range is a 400 naming the field.
+back) is refused with 409 unless `force` is true. Every error is JSON in the OpenAI error shape
+(`{"error": {"message", "type", "param", "code"}}`, written by the router's handlers from the
+`detail` of the HTTPException raised here), and a field of the wrong type or range is a 400 naming
+the field.
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ DEFAULT_DRAIN_TIMEOUT_S = 120.0
 MAX_DRAIN_TIMEOUT_S = 3600.0
 
 
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}  # other 4xx: invalid_request_error
+
+
+def error_type(status: int) -> str:
+    """The OpenAI-style error ``type`` of an HTTP status."""
+    if status in _ERROR_TYPES:
+        return _ERROR_TYPES[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
 def _fail(status: int, message: str, param: str | None = None) -> HTTPException:
     return HTTPException(status_code=status, detail={"message": message, "param": param})
 
@@ -56,7 +68,8 @@ class _JSONErrorRoute(APIRoute):
             except Exception as e:
                 traceback.print_exc()
                 message = f"internal error in the control API: {type(e).__name__}: {e}"
-                return JSONResponse({"detail": {"message": message, "param": None}}, status_code=500)
+                body = {"message": message, "type": "server_error", "param": None, "code": 500}
+                return JSONResponse({"error": body}, status_code=500)
 
         return run
 

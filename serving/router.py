@@ -11,12 +11,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.control import build_control_router
+from serving.control import build_control_router, error_type
 from serving.devices.emulated import emulated_device_label
 from serving.metrics import ServingMetrics
 from serving.openai_api import (
@@ -108,10 +107,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_params(request: Request, exc: RequestValidationError) -> JSONResponse:
-        """FastAPI's query/path validation failures as 400s in the OpenAI error shape (the control
-        API keeps FastAPI's 422 with `detail`, like its other errors)."""
-        if request.url.path.startswith("/control"):
-            return await request_validation_exception_handler(request, exc)
+        """FastAPI's query/path validation failures as 400s in the OpenAI error shape."""
         errors = exc.errors()
         first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
@@ -119,10 +115,14 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        """Routing errors (404, 405) in the OpenAI error shape; the control API keeps its `detail`."""
-        if request.url.path.startswith("/control"):
-            return await http_exception_handler(request, exc)
-        response = _error(exc.status_code, str(exc.detail), kind="invalid_request_error")
+        """Routing errors (404, 405) and the control API's errors in the OpenAI error shape."""
+        detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+        response = _error(
+            exc.status_code,
+            str(detail.get("message")),
+            kind=error_type(exc.status_code),
+            param=detail.get("param"),
+        )
         response.headers.update(exc.headers or {})
         return response
 

@@ -51,7 +51,7 @@ def test_1p1d_on_emulated_h100_serves_the_trace_with_labelled_counters() -> None
             assert sample["power_limit_w"] == 700
         with server.control() as c:
             r = c.post("/control/workers/worker-1/device", json={"power_limit_w": 5000})
-            assert r.status_code == 400 and "outside [200, 700] W" in r.json()["detail"]["message"]
+            assert r.status_code == 400 and "outside [200, 700] W" in r.json()["error"]["message"]
             r = c.post("/control/workers/worker-1/device", json={"power_limit_w": 350})
             assert r.status_code == 200 and r.json()["power_limit_w"] == 350
             r = c.post("/control/workers/worker-1/device", json={"reset": True})

@@ -106,14 +106,11 @@ def _check(r: httpx.Response, what: str, *, control: bool = False, allow_501: bo
         f"{what}: {r.status_code} {r.text[:300]}"
     )
     if r.status_code >= 400:
-        body = r.json()
-        if control:
-            assert "detail" in body, what
-        else:
-            err = body["error"]
-            assert isinstance(err["message"], str) and err["message"], what
-            assert err["code"] == r.status_code and err["type"] == "invalid_request_error", what
-            assert "param" in err, what
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["message"], what
+        assert err["code"] == r.status_code and "param" in err, what
+        if not control:
+            assert err["type"] == "invalid_request_error", what
 
 
 def _post_api(client: httpx.Client, path: str, raw: bytes, what: str, ctype: str | None = None) -> None:

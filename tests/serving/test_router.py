@@ -55,6 +55,8 @@ def test_bad_query_parameter_is_a_400_naming_it(client: TestClient) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
 
 
-def test_control_api_keeps_its_detail_shape(client: TestClient) -> None:
+def test_control_api_errors_use_the_openai_shape(client: TestClient) -> None:
     r = client.get("/control/layout")
-    assert r.status_code == 401 and "message" in r.json()["detail"]
+    err = r.json()["error"]
+    assert r.status_code == 401 and err["code"] == 401 and err["type"] == "authentication_error"
+    assert "bearer token" in err["message"]

@@ -176,9 +176,9 @@ def test_cpu_device_knobs_are_not_supported(aggregated_server: Server) -> None:
         knobs = c.get("/control/workers/worker-0/device").json()
         assert knobs["device"] == "cpu" and knobs["power_limit_w"] is None
         r = c.post("/control/workers/worker-0/device", json={"power_limit_w": 300})
-        assert r.status_code == 501 and "does not support" in r.json()["detail"]["message"]
+        assert r.status_code == 501 and "does not support" in r.json()["error"]["message"]
         r = c.post("/control/workers/worker-0/device", json={"fan_speed": 3})
-        assert r.status_code == 400 and "allowed" in r.json()["detail"]["message"]
+        assert r.status_code == 400 and "allowed" in r.json()["error"]["message"]
         assert c.get("/control/workers/worker-9/device").status_code == 404
 
 
@@ -249,7 +249,7 @@ def test_control_api_bad_values_are_json_400_naming_the_field(
         else:
             r = c.request(method, path, json=body)
     assert r.status_code == 400, r.text
-    detail = r.json()["detail"]
+    detail = r.json()["error"]
     assert needle in detail["message"] and detail["param"] == param, detail
     assert len(aggregated_server.layout()["workers"]) == 2  # nothing changed
 

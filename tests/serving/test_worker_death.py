@@ -167,17 +167,17 @@ def test_dead_worker_is_reported_removable_and_the_last_of_a_role_is_guarded() -
         with server.control() as c:
             r = c.delete("/control/workers/worker-1")
             assert r.status_code == 409, r.text
-            message = r.json()["detail"]["message"]
+            message = r.json()["error"]["message"]
             assert "worker-1 is the last decode worker" in message and "force=true" in message
             r = c.post("/control/workers/worker-0/role", json={"role": "decode"})
-            assert r.status_code == 409 and "making it decode would leave" in r.json()["detail"]["message"]
+            assert r.status_code == 409 and "making it decode would leave" in r.json()["error"]["message"]
             for r in (
                 c.delete("/control/workers/worker-1", params={"timeout_s": "abc"}),
                 c.post("/control/workers/worker-0/role", json={"role": "prefill", "timeout_s": "abc"}),
             ):
                 assert r.status_code == 400, r.text
-                assert r.json()["detail"]["param"] == "timeout_s"
-                assert "'timeout_s' must be a number of seconds" in r.json()["detail"]["message"]
+                assert r.json()["error"]["param"] == "timeout_s"
+                assert "'timeout_s' must be a number of seconds" in r.json()["error"]["message"]
         assert health(server)[1]["status"] == "ok"
 
         decode = worker(server, "worker-1")
@@ -210,7 +210,7 @@ def test_dead_worker_is_reported_removable_and_the_last_of_a_role_is_guarded() -
 
         with server.control() as c:
             r = c.get("/control/workers/worker-1/device")
-            assert r.status_code == 409 and "worker-1 dead" in r.json()["detail"]["message"]
+            assert r.status_code == 409 and "worker-1 dead" in r.json()["error"]["message"]
             assert c.delete("/control/workers/worker-1").status_code == 409  # it would come back
             r = c.delete("/control/workers/worker-1", params={"force": "true"})
             assert r.status_code == 200, r.text
