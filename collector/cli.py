@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--start", type=float, default=None, help="export from (UTC epoch s)")
     store.add_argument("--end", type=float, default=None, help="export until (UTC epoch s)")
     store.set_defaults(func=cmd_store)
+    add_simulate_command(sub)
     return parser
 
 

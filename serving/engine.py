@@ -176,18 +176,7 @@ class Engine:
         kv_blocks_used = self.scheduler.blocks.num_blocks - self.scheduler.blocks.num_free
         sampled = self._forward_and_sample(sched)
         compute_s = time.time() - started_s
-        work = IterationWork(
-            phase=sched.phase,
-            prefill_tokens=sched.prefill_tokens,
-            decode_seqs=sched.decode_seqs,
-            context_tokens=sum(i.context_len for i in sched.items),
-            batch_size=len(sched.items),
-            attention_pairs=sum(
-                i.num_new_tokens * i.context_len - i.num_new_tokens * (i.num_new_tokens - 1) // 2
-                for i in sched.items
-            ),
-            sampled_seqs=len(sampled),
-        )
+        work = IterationWork(*sched.tally())
         pacing_s = self.device.on_iteration(work, started_s, compute_s)
         timing = self.device.last_iteration_timing()
         ended_s = time.time()

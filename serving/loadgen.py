@@ -638,6 +638,25 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``phaselens load`` options to ``parser`` (call :func:`main_load` with the result)."""
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
     parser.add_argument("--model", default=None, help="model name (default: first of GET /v1/models)")
+    add_trace_arguments(parser)
+    parser.add_argument(
+        "--max-concurrency", metavar="N", type=_POS_INT, default=None, help="cap requests in flight"
+    )
+    parser.add_argument("--timeout", type=_POS_FLOAT, default=300.0, metavar="S", help="per request (300)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--max-failure-rate",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="exit 0 when at most this share of requests failed, 0..1 (0: any failure exits 1)",
+    )
+    parser.set_defaults(_load_parser=parser)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options that choose the requests (a trace or Poisson arrivals); see :func:`build_trace`."""
     src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--trace",
@@ -683,28 +702,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-output-tokens", metavar="N", type=_POS_INT, default=None, help="clip output lengths"
     )
-    parser.add_argument(
-        "--max-concurrency", metavar="N", type=_POS_INT, default=None, help="cap requests in flight"
-    )
-    parser.add_argument("--timeout", type=_POS_FLOAT, default=300.0, metavar="S", help="per request (300)")
     parser.add_argument("--seed", metavar="N", type=int, default=0, help="prompt text and Poisson seed (0)")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--max-failure-rate",
-        type=_fraction,
-        default=0.0,
-        metavar="F",
-        help="exit 0 when at most this share of requests failed, 0..1 (0: any failure exits 1)",
-    )
-    parser.set_defaults(_load_parser=parser)
 
 
 _TRACE_ONLY = ("time_scale", "rate_scale", "start", "duration", "limit")
 _POISSON_ONLY = ("num_requests", "prompt_tokens", "output_tokens")
 
 
-def _option_error(args: argparse.Namespace) -> str | None:
+def trace_option_error(args: argparse.Namespace) -> str | None:
     """A message for options that do not fit together, else None."""
     if args.poisson is not None:
         bad = [n for n in _TRACE_ONLY if getattr(args, n) is not None]
@@ -724,7 +729,7 @@ def _flags(names: list[str]) -> str:
     return ", ".join("--" + n.replace("_", "-") for n in names)
 
 
-def _build_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], int, str]:
+def build_trace(args: argparse.Namespace) -> tuple[list[TraceRequest], int, str]:
     """The requests to send, the clipped count and a description of the source."""
     if args.poisson is not None:
         n = args.num_requests or 100
@@ -756,7 +761,7 @@ def _build_requests(args: argparse.Namespace) -> tuple[list[TraceRequest], int, 
 def main_load(args: argparse.Namespace) -> int:
     """Run ``phaselens load``; 1 when more than ``--max-failure-rate`` of the requests failed (by
     default: any) or none succeeded, 2 on bad options, else 0."""
-    message = _option_error(args)
+    message = trace_option_error(args)
     if message:
         parser = getattr(args, "_load_parser", None)
         if parser is not None:
@@ -764,7 +769,7 @@ def main_load(args: argparse.Namespace) -> int:
         print(f"phaselens load: error: {message}", file=sys.stderr)
         return 2
     try:
-        requests, clipped, source = _build_requests(args)
+        requests, clipped, source = build_trace(args)
     except (OSError, ValueError) as e:
         print(f"phaselens load: error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serving.config import SamplingParams
+from serving.routing import choose_route
 from serving.telemetry import TelemetryEmitter, TelemetryHub
 from serving.worker import ROLES, WorkerSpec, params_to_dict, worker_main
 
@@ -532,15 +533,16 @@ class WorkerPool:
             "params": params_to_dict(req.params),
             "arrival_s": req.arrival_s,
         }
-        if prefill and decode:
-            pw, dw = min(prefill, key=lambda w: w.load), min(decode, key=lambda w: w.load)
+        route = choose_route(prefill, decode, mixed, lambda w: w.load)
+        if route is not None and route.disaggregated:
+            pw, dw = route.prefill, route.decode
             msg["handoff_to"] = {"worker": dw.id, "host": dw.info["kv_host"], "port": dw.info["kv_port"]}
             req.prefill_worker, req.decode_worker = pw.id, dw.id
             pw.inflight.add(req.request_id)
             dw.inflight.add(req.request_id)
             self._send(pw, ("submit", msg))
-        elif mixed:
-            w = min(mixed, key=lambda w: w.load)
+        elif route is not None:
+            w = route.prefill
             req.prefill_worker = req.decode_worker = w.id
             w.inflight.add(req.request_id)
             self._send(w, ("submit", msg))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from serving.block_manager import BlockManager
 from serving.config import EngineConfig
@@ -29,6 +30,18 @@ class ScheduledSeq:
         return self.context_len == self.seq.num_tokens
 
 
+class IterationTally(NamedTuple):
+    """What an iteration computes, in the field order of ``serving.devices.IterationWork``."""
+
+    phase: str
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int  # sum of the context lengths attended
+    batch_size: int
+    attention_pairs: int  # (query token, key token) pairs attended, causal within a new chunk
+    sampled_seqs: int  # sequences that sample a token (their prompt or chunk is complete)
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     items: list[ScheduledSeq] = field(default_factory=list)
@@ -46,6 +59,23 @@ class SchedulerOutput:
     def phase(self) -> str:
         p, d = self.prefill_tokens, self.decode_seqs
         return "mixed" if p and d else "prefill" if p else "decode" if d else "idle"
+
+    def tally(self) -> IterationTally:
+        """The iteration's work in one pass (what a device model needs to time it)."""
+        prefill = decode = context = pairs = sampled = 0
+        for item in self.items:
+            seq, n = item.seq, item.num_new_tokens
+            ctx = seq.num_computed + n
+            context += ctx
+            pairs += n * ctx - n * (n - 1) // 2
+            if ctx == seq.num_tokens:
+                sampled += 1
+            if seq.in_prefill:
+                prefill += n
+            else:
+                decode += 1
+        phase = "mixed" if prefill and decode else "prefill" if prefill else "decode" if decode else "idle"
+        return IterationTally(phase, prefill, decode, context, len(self.items), pairs, sampled)
 
 
 class Scheduler:

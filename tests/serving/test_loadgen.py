@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from serving.loadgen import (
     LoadGenError,
-    _build_requests,
+    build_trace,
     add_load_arguments,
     build_report,
     emulation_during,
@@ -416,7 +416,7 @@ def test_cli_exits_1_when_any_request_failed(
     llm.reject_400 = {3}  # one of the four requests (output tokens 3) is rejected
     argv = f"--url {url} --poisson 50 --num-requests 4 --prompt-tokens 8 --output-tokens 2:4 --no-progress"
     args = parse(argv.split())
-    trace_outputs = [r.output_tokens for r in _build_requests(args)[0]]
+    trace_outputs = [r.output_tokens for r in build_trace(args)[0]]
     n_bad = trace_outputs.count(3)
     assert 0 < n_bad < 4, trace_outputs
     assert main_load(args) == 1

@@ -1,0 +1,480 @@
+"""``phaselens simulate``: run deployments in virtual time and store them as labelled scenarios.
+
+The simulator (:mod:`serving.sim`) knows nothing of DuckDB; this module stores what it produced,
+through the store's own ingest code: its telemetry batches go through
+``Store.append_telemetry_batches`` exactly as a live stack's do, and its device samples through
+``Store.append`` as a sampler's would. Every row of a scenario has ``node = 'sim:<scenario_id>'``
+(telemetry producers keep their ``worker-N``/``router`` sources; GPU samples have ``source =
+'simulated'``, ``kind = 'simulated'`` and ``emulated = TRUE``) and the ``scenarios`` table
+describes the run, so simulated rows are never mistaken for measured ones.
+
+Where the rows go respects the single writer: ``--db FILE`` writes the file directly (refused, with
+the way out, while a collector holds it); ``--collector URL`` writes a Parquet export and asks that
+collector to merge it (``POST /api/v1/import``, a control call: ``--token``); ``--out DIR`` only
+writes the Parquet export (``phaselens store import DIR`` merges it later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from serving.trace import TraceRequest
+
+SOURCE = "simulated"
+
+
+def scenario_node(scenario_id: str) -> str:
+    """The ``node`` every row of a scenario carries."""
+    return f"sim:{scenario_id}"
+
+
+def new_scenario_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def store_simulation(
+    store: Any,
+    result: Any,
+    *,
+    scenario_id: str,
+    sample_period_s: float = 0.1,
+    summary: dict[str, Any] | None = None,
+    trace: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> dict[str, int]:
+    """Write one run (a :class:`serving.sim.simulator.SimResult`) into ``store`` as a scenario.
+
+    Returns the rows written per table. Telemetry goes through the store's live ingest path; GPU
+    samples are derived every ``sample_period_s`` from the GPUs' cumulative counters.
+    """
+    from serving.sim.samples import replica_samples
+
+    node = scenario_node(scenario_id)
+    counts: dict[str, int] = {}
+    ingests = store.append_telemetry_batches(
+        result.batches, node, received_s=result.end_s, endpoint="simulator"
+    )
+    for key in ("iterations", "requests", "tokens", "control_events"):
+        counts[key] = sum(getattr(i, key) for i in ingests)
+    rejected = sum(i.rejected_events for i in ingests)
+    if rejected:  # the simulator's own events must fit the contract: a bug, said loudly
+        raise RuntimeError(f"the store rejected {rejected} simulated telemetry events (see ingest_errors)")
+    shape = result.shape
+    spec_key = result.layout.gpu
+    samples = 0
+    for replica in result.replicas:
+        weight_bytes = int(shape.param_count() * 2 / replica.pool.tp)
+        for cols in replica_samples(result, replica, sample_period_s, weight_bytes):
+            table = _sample_table(cols, node, spec_key, result.gpu_name)
+            samples += store.append("gpu_samples", table)
+    counts["gpu_samples"] = samples
+    row = {
+        "scenario_id": scenario_id,
+        "node": node,
+        "created_s": time.time(),
+        "label": "simulated",
+        "name": name or result.layout.name,
+        "model": shape.name,
+        "gpu": result.gpu_name,
+        "layout": result.layout.describe(),
+        "trace": trace or {},
+        "params": {"sample_period_s": sample_period_s},
+        "start_s": result.start_s,
+        "end_s": result.end_s,
+        "wall_s": result.wall_s,
+        "summary": _json_safe(summary or {}),
+    }
+    if "scenarios" in _tables(store):
+        counts["scenarios"] = store.append("scenarios", [row])
+    store.flush()
+    return counts
+
+
+def _tables(store: Any) -> set[str]:
+    try:
+        return set(store.query("SELECT table_name FROM duckdb_tables()")["table_name"])
+    except Exception:  # pragma: no cover - an old store
+        return set()
+
+
+def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
+    n = cols.n
+    data: dict[str, Any] = {}
+    for key, values in cols.columns.items():
+        data[key] = pa.array(values) if isinstance(values, np.ndarray) else pa.array(values, type=pa.int32())
+    data.update(
+        node=pa.array([node] * n, pa.string()),
+        source=pa.array([SOURCE] * n, pa.string()),
+        device=pa.array([f"simulated:{spec_key}"] * n, pa.string()),
+        kind=pa.array(["simulated"] * n, pa.string()),
+        index=pa.array(np.full(n, cols.index, dtype=np.int32)),
+        uuid=pa.array([cols.uuid] * n, pa.string()),
+        name=pa.array([f"{gpu_name} (simulated)"] * n, pa.string()),
+        emulated=pa.array(np.ones(n, dtype=bool)),
+        lost=pa.array(np.zeros(n, dtype=bool)),
+        worker=pa.array([cols.worker] * n, pa.string()),
+        role=pa.array([cols.role] * n, pa.string()),
+    )
+    return pa.table(data)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+# -- stored traffic as a trace ----------------------------------------------------------------------
+
+
+def requests_from_rows(rows: Sequence[dict[str, Any]]) -> list[TraceRequest]:
+    """Stored request rows (``requests`` table) as a trace, arrivals relative to the first one.
+
+    Failed requests are kept (they were offered load); a row without token counts is skipped.
+    """
+    usable = [
+        r
+        for r in rows
+        if r.get("arrival_s") is not None
+        and (r.get("prompt_tokens") or 0) > 0
+        and (r.get("output_tokens") or 0) > 0
+    ]
+    if not usable:
+        return []
+    t0 = min(r["arrival_s"] for r in usable)
+    out = [
+        TraceRequest(r["arrival_s"] - t0, int(r["prompt_tokens"]), int(r["output_tokens"])) for r in usable
+    ]
+    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+def load_stored_requests(
+    *, db: str | None, url: str | None, since_s: float, until_s: float | None = None, node: str | None = None
+) -> list[TraceRequest]:
+    """The requests that arrived in ``[since_s, until_s)`` from a store file or a collector's API.
+
+    A file held by a running collector cannot be opened (DuckDB's lock): pass its ``url`` then.
+    Simulated scenarios (``node`` ``sim:*``) are never taken as traffic unless ``node`` names one.
+    """
+    until = until_s if until_s is not None else time.time() + 1
+    if url:
+        import httpx
+
+        rows: list[dict[str, Any]] = []
+        start = since_s
+        while True:
+            params: dict[str, Any] = {"start": start, "end": until, "limit": 100_000}
+            if node:
+                params["node"] = node
+            resp = httpx.get(url.rstrip("/") + "/api/v1/tables/requests", params=params, timeout=60)
+            if resp.status_code != 200:
+                raise ValueError(
+                    f"{url}: GET /api/v1/tables/requests answered {resp.status_code}: {resp.text[:300]}"
+                )
+            body = resp.json()
+            page = body["rows"]
+            rows.extend(page)
+            if not body.get("truncated") or not page:
+                break
+            start = max(r["arrival_s"] for r in page) + 1e-6
+    else:
+        from collector.store import Store
+
+        with Store.open(db or "phaselens.duckdb", read_only=True) as store:
+            where = "arrival_s >= ? AND arrival_s < ?"
+            params_l: list[Any] = [since_s, until]
+            if node:
+                where += " AND node = ?"
+                params_l.append(node)
+            df = store.query(
+                f"SELECT node, arrival_s, prompt_tokens, output_tokens FROM requests WHERE {where}", params_l
+            )
+            rows = df.to_dict("records")
+    if not node:
+        rows = [r for r in rows if not str(r.get("node", "")).startswith("sim:")]
+    return requests_from_rows(rows)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def add_simulate_command(sub: Any) -> None:
+    """Register ``phaselens simulate`` on the CLI's subparsers."""
+    from serving.loadgen import add_trace_arguments
+
+    p = sub.add_parser(
+        "simulate",
+        help="run deployments in virtual time (fleets, layouts not deployed) and store them as scenarios",
+        description=(
+            "Simulate serving a trace on one or more layouts in virtual time with the GPU model "
+            "(no GPU, no sleeping) and print a comparison table. Every figure is simulated."
+        ),
+    )
+    p.add_argument(
+        "--layout",
+        action="append",
+        required=True,
+        metavar="LAYOUT",
+        help="e.g. agg:8xh100-sxm:tp2 or 3p1d:h100-sxm:tp2:decode.power_limit_w=450 (repeat to compare)",
+    )
+    p.add_argument("--model", default="llama-3.1-8b", help="model shape: a preset name or an HF folder")
+    add_trace_arguments(p)
+    p.add_argument(
+        "--from-store",
+        metavar="SINCE",
+        default=None,
+        help="replay the requests stored in the last SINCE (e.g. 1h, 30m, 3600s) instead of a trace",
+    )
+    p.add_argument("--from-node", default=None, help="with --from-store: only this node's requests")
+    p.add_argument("--sample-period-s", type=float, default=0.1, help="device sample period (0.1)")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="TTFT SLO for attainment (2000)")
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT SLO for attainment (100)")
+    p.add_argument(
+        "--start-s", type=float, default=None, help="UTC epoch s of virtual time 0 (default: ends now)"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--db", default=None, help="write the scenarios into this store file (default phaselens.duckdb)"
+    )
+    where.add_argument(
+        "--collector", default=None, metavar="URL", help="merge the scenarios through this collector"
+    )
+    where.add_argument("--out", default=None, metavar="DIR", help="only write a Parquet export to DIR")
+    where.add_argument("--no-store", action="store_true", help="print the table only")
+    p.add_argument(
+        "--token", default=None, help="the collector's control token (or env PHASELENS_CONTROL_TOKEN)"
+    )
+    p.add_argument("--json-out", default=None, metavar="PATH", help="write the summaries as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_simulate)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str) -> float:
+    """``1h``, ``30m``, ``90s``, ``2d`` or seconds → seconds; ValueError naming the format."""
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
+    except ValueError:
+        raise ValueError(f"--from-store {text!r}: expected a span such as 1h, 30m, 90s or 2d") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"--from-store {text!r}: the span must be > 0")
+    return value
+
+
+def _error(message: str) -> int:
+    print(f"phaselens simulate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``phaselens simulate``; 2 on bad input (said before anything runs), else 0."""
+    from serving.config import ConfigError, model_config_for
+    from serving.loadgen import build_trace, trace_option_error
+    from serving.sim.layout import parse_layout
+    from serving.sim.simulator import SimulationError
+
+    try:
+        message = trace_option_error(args)
+        if message:
+            raise ValueError(message)
+        if args.from_store and (args.trace or args.poisson):
+            raise ValueError("--from-store replays stored requests; it does not go with --trace or --poisson")
+        layouts = [parse_layout(text) for text in args.layout]
+        shape = model_config_for(args.model)
+        if not 0.01 <= args.sample_period_s <= 60:
+            raise ValueError(f"--sample-period-s must be in [0.01, 60], got {args.sample_period_s:g}")
+        if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
+            raise ValueError("--slo-ttft-ms and --slo-tpot-ms must be > 0")
+        if args.from_store:
+            span = parse_since(args.from_store)
+            now = time.time()
+            requests = load_stored_requests(
+                db=args.db if not args.collector else None,
+                url=args.collector,
+                since_s=now - span,
+                node=args.from_node,
+            )
+            trace_desc = {"kind": "stored", "since_s": now - span, "until_s": now, "node": args.from_node}
+            if not requests:
+                raise ValueError(f"no stored requests in the last {args.from_store} (nothing to replay)")
+        else:
+            requests, _, desc = build_trace(args)
+            trace_desc = {"kind": "trace", "description": desc, "requests": len(requests)}
+            if not requests:
+                raise ValueError(f"{desc}: the trace has no requests in the chosen window")
+    except (ConfigError, SimulationError, ValueError, OSError) as e:
+        return _error(str(e))
+    from serving.sim.layout import check_layout
+
+    try:
+        for layout in layouts:
+            check_layout(layout, shape)
+    except (ConfigError, ValueError) as e:
+        return _error(str(e))
+    return _run(args, layouts, shape, requests, trace_desc)
+
+
+def _run(
+    args: argparse.Namespace, layouts: list[Any], shape: Any, requests: list[TraceRequest], trace: dict
+) -> int:
+    from serving.sim.simulator import Simulation, virtual_start_s
+    from serving.sim.summary import SloSpec, format_table, summarize
+
+    start_s = args.start_s if args.start_s is not None else virtual_start_s(requests)
+    slo = SloSpec(ttft_s=args.slo_ttft_ms / 1000.0, tpot_s=args.slo_tpot_ms / 1000.0)
+    sink = _open_sink(args)
+    if isinstance(sink, int):
+        return sink
+    summaries = []
+    stored: list[tuple[str, dict[str, int]]] = []
+    try:
+        for layout in layouts:
+            sid = new_scenario_id()
+            bar = _progress(layout.name, not args.no_progress)
+            result = Simulation(
+                layout, shape, requests, start_s=start_s, scenario=sid, progress=bar.update
+            ).run()
+            bar.close()
+            summary = summarize(result, slo)
+            summaries.append(summary)
+            if sink is not None:
+                counts = store_simulation(
+                    sink.store,
+                    result,
+                    scenario_id=sid,
+                    sample_period_s=args.sample_period_s,
+                    summary=summary.to_dict(),
+                    trace=trace,
+                )
+                stored.append((sid, counts))
+        if sink is not None:
+            sink.finish()
+    finally:
+        if sink is not None:
+            sink.close()
+    print(format_table(summaries))
+    for sid, counts in stored:
+        rows = sum(counts.values())
+        print(
+            f"scenario {sid}: {rows:,} rows ({counts.get('gpu_samples', 0):,} GPU samples) {sink.where} "
+            f"as node sim:{sid}, labelled simulated"
+        )
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps([_json_safe(s.to_dict()) for s in summaries], indent=1))
+    return 0
+
+
+class _Bar:
+    def __init__(self, label: str, enabled: bool) -> None:
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=100, desc=f"simulating {label}", unit="%", leave=False, file=sys.stderr)
+        self._last = 0
+
+    def update(self, done_s: float, total_s: float) -> None:
+        if self._bar is None or total_s <= 0:
+            return
+        pct = int(100 * done_s / total_s)
+        if pct > self._last:
+            self._bar.update(pct - self._last)
+            self._last = pct
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _progress(label: str, enabled: bool) -> _Bar:
+    return _Bar(label, enabled)
+
+
+class _Sink:
+    """Where scenarios are written: a store file directly, or a Parquet export (merged later or now)."""
+
+    def __init__(self, store: Any, where: str, finish: Callable[[], None], close: Callable[[], None]) -> None:
+        self.store, self.where = store, where
+        self._finish, self._close = finish, close
+
+    def finish(self) -> None:
+        self._finish()
+
+    def close(self) -> None:
+        self._close()
+
+
+def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
+    from collector.store import Store, StoreError, StoreLockedError
+
+    if args.no_store:
+        return None
+    if args.out or args.collector:
+        token = args.token or os.environ.get("PHASELENS_CONTROL_TOKEN")
+        if args.collector and not token:
+            return _error(
+                "--collector needs the collector's control token: --token T or PHASELENS_CONTROL_TOKEN"
+            )
+        tmp = tempfile.TemporaryDirectory(prefix="phaselens-sim-")
+        store = Store.open(Path(tmp.name) / "scenario.duckdb")
+        out_dir = Path(args.out) if args.out else Path(tmp.name) / "export"
+
+        def finish() -> None:
+            from collector.store import export_parquet
+
+            store.flush()
+            export_parquet(store, out_dir)
+            if args.collector:
+                _post_import(args.collector, token, out_dir)
+
+        def close() -> None:
+            store.close()
+            tmp.cleanup()
+
+        where = f"exported to {out_dir}" if args.out else f"merged through {args.collector}"
+        return _Sink(store, where, finish, close)
+    db = args.db or "phaselens.duckdb"
+    try:
+        store = Store.open(db)
+    except StoreLockedError as e:
+        return _error(
+            f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:8900 --token T to merge "
+            "the scenarios through it, or --out DIR to write a Parquet export"
+        )
+    except StoreError as e:
+        return _error(str(e))
+    return _Sink(store, f"written to {db}", lambda: None, store.close)
+
+
+def _post_import(url: str, token: str, out_dir: Path) -> None:
+    import httpx
+
+    resp = httpx.post(
+        url.rstrip("/") + "/api/v1/import",
+        json={"path": str(out_dir.resolve())},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=600,
+    )
+    if resp.status_code != 200:
+        raise RuntimeError(f"{url}: POST /api/v1/import answered {resp.status_code}: {resp.text[:500]}")

@@ -1,0 +1,188 @@
+"""Device samples of a simulated run, derived the way an NVML reader derives them.
+
+Each GPU's state is integrated into cumulative counters (energy, busy time, SM-active time, ...)
+over its busy intervals and the gaps between them; a sample at ``t`` reports the counters at ``t``
+and, for the means (``power_w``, ``*_pct``), their differences over the period ending at ``t`` — as
+the collector stores a live GPU (``energy_mj`` is a monotonic counter; ``power_w`` is the period's
+mean). Busy power and activities are the GPU model's per iteration; the gaps are priced by the
+GPU model's gap-power functions (boost-clock linger after an iteration, true idle after a sustained
+gap), the same functions the emulated device integrates. Everything here is vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
+from serving.devices.gpu_model import gap_energy_j, gap_sm_clock_mhz
+from serving.devices.gpu_specs import GpuSpec
+from serving.sim.simulator import Busy, Replica, SimResult
+
+_CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack, as the emulated device reports
+
+
+@dataclass(frozen=True, slots=True)
+class SampleColumns:
+    """One GPU's samples as columns (``gpu_samples`` names), plus identity and owner."""
+
+    index: int
+    uuid: str
+    worker: str
+    role: str
+    columns: dict[str, np.ndarray | list]
+
+    @property
+    def n(self) -> int:
+        return len(self.columns["ts_s"])
+
+
+class _Cumulative:
+    """Cumulative integrals of one replica's busy intervals and gaps, evaluated at any times."""
+
+    def __init__(self, busy: Busy, spec: GpuSpec, t0: float) -> None:
+        self.spec = spec
+        self.t0 = t0
+        self.s = np.asarray(busy.start_s, dtype=np.float64)
+        self.e = np.asarray(busy.end_s, dtype=np.float64)
+        d = self.e - self.s
+        self.d = d
+        self.power = np.asarray(busy.power_w, dtype=np.float64)
+        self.clock = np.asarray(busy.sm_clock_mhz, dtype=np.float64)
+        self.capped = np.asarray(busy.capped, dtype=bool)
+        self.kv_bytes = np.asarray(busy.kv_bytes, dtype=np.int64)
+        self.rates = {
+            "busy": np.ones_like(d),
+            "energy": self.power,
+            "sm": np.asarray(busy.sm_active, dtype=np.float64),
+            "occ": np.asarray(busy.sm_occupancy, dtype=np.float64),
+            "tensor": np.asarray(busy.tensor_active, dtype=np.float64),
+            "dram": np.asarray(busy.dram_active, dtype=np.float64),
+            "mem": np.asarray(busy.mem_active, dtype=np.float64),
+            "clock": self.clock,
+        }
+        self.cum = {k: np.concatenate(([0.0], np.cumsum(v * d))) for k, v in self.rates.items()}
+        # Gap i lies before busy interval i, after interval i-1 (the first: from t0, at true idle).
+        prev_end = np.concatenate(([t0], self.e[:-1])) if len(d) else np.array([t0])
+        gaps = np.maximum(0.0, self.s - prev_end) if len(d) else np.zeros(0)
+        gap_e = np.asarray(gap_energy_j(spec, gaps), dtype=np.float64) if len(d) else np.zeros(0)
+        if len(d):
+            gap_e[0] = spec.idle_w * gaps[0]  # before its first iteration the GPU sat at true idle
+        self.cum_gap = np.concatenate(([0.0], np.cumsum(gap_e)))
+        self.cum_capped = np.concatenate(([0], np.cumsum(self.capped.astype(np.int64))))
+
+    def at(self, t: np.ndarray) -> dict[str, np.ndarray]:
+        """Counters at each time of ``t`` (ascending, ≥ t0): busy integrals and total energy."""
+        n = len(self.d)
+        k = np.searchsorted(self.e, t, side="right")  # intervals ended by t
+        inside = np.zeros(len(t), dtype=bool)
+        partial = np.zeros(len(t))
+        if n:
+            kk = np.minimum(k, n - 1)
+            inside = (k < n) & (self.s[kk] < t)
+            partial = np.where(inside, t - self.s[kk], 0.0)
+        out = {}
+        for name, cum in self.cum.items():
+            rate = self.rates[name][np.minimum(k, n - 1)] if n else np.zeros(len(t))
+            out[name] = cum[k] + rate * partial
+        # gaps: all gaps before interval k are whole when t is inside interval k or at its start;
+        # otherwise t lies in gap k (after interval k-1), partly elapsed.
+        if n:
+            gap_start = np.where(k > 0, self.e[np.maximum(k - 1, 0)], self.t0)
+            in_gap = ~inside
+            elapsed = np.where(in_gap, np.maximum(0.0, t - gap_start), 0.0)
+            whole = np.where(inside, k + 1, k)  # gaps 0..whole-1 are over
+            first_gap = in_gap & (k == 0)
+            part = np.where(
+                first_gap,
+                self.spec.idle_w * elapsed,
+                np.asarray(gap_energy_j(self.spec, elapsed), dtype=np.float64),
+            )
+            out["gap_energy"] = self.cum_gap[np.minimum(whole, n)] + np.where(in_gap, part, 0.0)
+            out["since_busy"] = np.where(in_gap & (k > 0), t - gap_start, np.inf)
+            out["capped"] = self.cum_capped[np.minimum(whole, n)]
+            out["kv_bytes"] = np.where(k < n, self.kv_bytes[np.minimum(k, n - 1)], 0)
+        else:
+            out["gap_energy"] = self.spec.idle_w * (t - self.t0)
+            out["since_busy"] = np.full(len(t), np.inf)
+            out["capped"] = np.zeros(len(t), dtype=np.int64)
+            out["kv_bytes"] = np.zeros(len(t), dtype=np.int64)
+        out["energy"] = out["energy"] + out["gap_energy"]
+        return out
+
+
+def sample_times(result: SimResult, period_s: float) -> np.ndarray:
+    """Sample instants from one period after the start to the end of the run."""
+    count = max(1, math.ceil(result.duration_s / period_s))
+    return result.start_s + period_s * np.arange(1, count + 1, dtype=np.float64)
+
+
+def replica_samples(
+    result: SimResult, replica: Replica, period_s: float, weight_bytes_per_gpu: int
+) -> Iterator[SampleColumns]:
+    """The samples of every GPU of ``replica`` (its ranks share the iteration timeline)."""
+    spec: GpuSpec = _spec(result)
+    t = sample_times(result, period_s)
+    cum = _Cumulative(replica.intervals, spec, result.start_s)
+    now = cum.at(t)
+    before = cum.at(np.concatenate(([result.start_s], t[:-1])))
+    dt = np.diff(np.concatenate(([result.start_s], t)))
+    busy = now["busy"] - before["busy"]
+    pct = 100.0 / dt
+    power = (now["energy"] - before["energy"]) / dt
+    pool = replica.pool
+    limit = float(pool.power_limit_w if pool.power_limit_w is not None else spec.tdp_w)
+    gap_clock = np.asarray(gap_sm_clock_mhz(spec, now["since_busy"]), dtype=np.float64)
+    if pool.sm_clock_mhz is not None:
+        gap_clock = np.clip(gap_clock, pool.sm_clock_mhz[0], pool.sm_clock_mhz[1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        busy_clock = (now["clock"] - before["clock"]) / busy
+    clock = np.where(busy > 1e-12, busy_clock, gap_clock).round().astype(np.int64)
+    capped = (now["capped"] - before["capped"]) > 0
+    reasons = np.where(busy > 0, 0, CLOCK_EVENT_GPU_IDLE) | np.where(capped, CLOCK_EVENT_SW_POWER_CAP, 0)
+    temperature = _temperature(spec, power, dt)
+    mem_used = np.minimum(weight_bytes_per_gpu + now["kv_bytes"] + _CONTEXT_BYTES, spec.memory_bytes)
+    n = len(t)
+    base = {
+        "ts_s": t,
+        "gpu_util_pct": np.minimum(100.0, busy * pct),
+        "mem_util_pct": np.minimum(100.0, (now["mem"] - before["mem"]) * pct),
+        "sm_active_pct": (now["sm"] - before["sm"]) * pct,
+        "sm_occupancy_pct": (now["occ"] - before["occ"]) * pct,
+        "tensor_active_pct": (now["tensor"] - before["tensor"]) * pct,
+        "dram_active_pct": (now["dram"] - before["dram"]) * pct,
+        "power_w": power,
+        "energy_mj": np.floor(now["energy"] * 1000.0).astype(np.int64),
+        "power_limit_w": np.full(n, limit),
+        "sm_clock_mhz": clock,
+        "mem_clock_mhz": np.full(n, spec.mem_clock_mhz, dtype=np.int64),
+        "temperature_c": temperature.round(2),
+        "mem_used_bytes": mem_used.astype(np.int64),
+        "mem_total_bytes": np.full(n, spec.memory_bytes, dtype=np.int64),
+        "clock_event_reasons": reasons.astype(np.uint64),
+        "locked_sm_clock_min_mhz": [pool.sm_clock_mhz[0] if pool.sm_clock_mhz else None] * n,
+        "locked_sm_clock_max_mhz": [pool.sm_clock_mhz[1] if pool.sm_clock_mhz else None] * n,
+    }
+    for g in replica.gpus:
+        yield SampleColumns(g.index, g.uuid, replica.id, replica.role, base)
+
+
+def _temperature(spec: GpuSpec, power_w: np.ndarray, dt: np.ndarray) -> np.ndarray:
+    """The emulated device's first-order thermal model, stepped over the sample periods."""
+    out = np.empty_like(power_w)
+    temp = spec.ambient_c + spec.thermal_c_per_w * spec.idle_w
+    steady = spec.ambient_c + spec.thermal_c_per_w * power_w
+    decay = np.exp(-dt / spec.thermal_tau_s)
+    for i in range(len(power_w)):
+        temp = steady[i] + (temp - steady[i]) * decay[i]
+        out[i] = temp
+    return out
+
+
+def _spec(result: SimResult) -> GpuSpec:
+    from serving.devices.gpu_specs import gpu_spec
+
+    return gpu_spec(result.layout.gpu)

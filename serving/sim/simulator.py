@@ -1,0 +1,538 @@
+"""The serving stack in virtual time: a discrete-event simulation of a deployment.
+
+The same pieces as the live stack decide what happens: requests are placed by
+:func:`serving.routing.choose_route`, each replica's iterations are chosen by the live engine's
+:class:`~serving.scheduler.Scheduler` and its :class:`~serving.block_manager.BlockManager` (paged KV,
+admission control, preemption, chunked prefill), and every iteration's time, power, clock and
+activities come from the GPU model (:func:`serving.devices.gpu_model.predict_iteration`) that the
+emulated devices use. There is no model math and no sleeping: time jumps from event to event.
+
+The loop, per event (arrival, iteration end, KV hand-off end): route or admit, then start the next
+iteration of every replica that is idle and has work.
+
+Output (:class:`SimResult`): telemetry batches in the live stack's format (``docs/TELEMETRY.md``:
+iteration events per GPU, request events with every token's time, control events), and per-replica
+GPU busy intervals from which :mod:`serving.sim.samples` derives device samples the way an NVML
+reader would (cumulative counters differenced over each sample period).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.config import EngineConfig, ModelConfig, SamplingParams
+from serving.devices.base import IterationWork
+from serving.devices.gpu_model import kv_transfer_s, predict_iteration
+from serving.devices.gpu_specs import gpu_spec
+from serving.routing import choose_route
+from serving.scheduler import AdmissionError, Scheduler
+from serving.sequence import Sequence as Seq
+from serving.sim.layout import Layout, PoolSpec, check_layout
+from serving.trace import TraceRequest
+
+TELEMETRY_SCHEMA = "phaselens.telemetry"
+TELEMETRY_VERSION = 1
+BATCH_EVENTS = 4096  # events per telemetry batch (the live stack batches by time; the size is free)
+BF16_BYTES = 2
+
+_ARRIVAL, _KV_DONE, _ITER_DONE = 0, 1, 2  # event kinds; at equal times, arrivals go first
+
+
+class SimulationError(ValueError):
+    """The simulation cannot run (bad trace, layout or options); the message says what and why."""
+
+
+@dataclass(slots=True)
+class Busy:
+    """A replica's GPU busy intervals (one per iteration), as column lists; every rank of the
+    replica runs the same iteration, so its GPUs share them."""
+
+    start_s: list[float] = field(default_factory=list)
+    end_s: list[float] = field(default_factory=list)
+    power_w: list[float] = field(default_factory=list)
+    sm_clock_mhz: list[int] = field(default_factory=list)
+    sm_active: list[float] = field(default_factory=list)
+    sm_occupancy: list[float] = field(default_factory=list)
+    tensor_active: list[float] = field(default_factory=list)
+    dram_active: list[float] = field(default_factory=list)
+    mem_active: list[float] = field(default_factory=list)
+    capped: list[bool] = field(default_factory=list)
+    kv_bytes: list[int] = field(default_factory=list)  # KV in use during the iteration (per GPU)
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    index: int
+    uuid: str
+
+
+class Replica:
+    """One engine (a worker) of the deployment on ``tp`` GPUs, in virtual time."""
+
+    __slots__ = (
+        "busy",
+        "engine_cfg",
+        "gpus",
+        "id",
+        "inflight",
+        "intervals",
+        "iterations",
+        "pending",
+        "pool",
+        "running_iteration",
+        "scheduler",
+    )
+
+    def __init__(self, wid: str, pool: PoolSpec, gpus: list[SimGpu], engine_cfg: EngineConfig) -> None:
+        self.id = wid
+        self.pool = pool
+        self.gpus = gpus
+        self.engine_cfg = engine_cfg
+        self.scheduler = Scheduler(engine_cfg)
+        self.inflight: set[str] = set()
+        self.pending: list[Seq] = []  # handed-off sequences waiting for KV blocks
+        self.busy = False
+        self.running_iteration: Any = None
+        self.intervals = Busy()
+        self.iterations = 0
+
+    @property
+    def role(self) -> str:
+        return self.pool.role
+
+    @property
+    def load(self) -> tuple[int, float]:
+        return len(self.inflight), self.scheduler.blocks.usage
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self.pending)
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefill: Replica | None = None
+    decode: Replica | None = None
+    first_scheduled_s: float | None = None
+    prefill_start_s: float | None = None
+    prefill_end_s: float | None = None
+    kv_transfer_start_s: float | None = None
+    kv_transfer_end_s: float | None = None
+    kv_transfer_bytes: int | None = None
+    token_ts: list[float] = field(default_factory=list)
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What a simulation produced; times are UTC epoch seconds of the virtual clock."""
+
+    layout: Layout
+    shape: ModelConfig
+    start_s: float
+    end_s: float
+    batches: list[dict[str, Any]]
+    replicas: list[Replica]
+    requests: int
+    finished: int
+    failed: int
+    iterations: int
+    wall_s: float
+    gpu_name: str
+    events: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def gpus(self) -> list[tuple[Replica, SimGpu]]:
+        return [(r, g) for r in self.replicas for g in r.gpus]
+
+
+class Simulation:
+    """One run of ``layout`` serving ``shape`` for ``requests`` (arrival times relative to 0).
+
+    ``start_s`` is the UTC epoch second virtual time 0 maps to. ``scenario`` names the run (GPU
+    UUIDs and telemetry carry it). ``progress(done_s, total_s)`` is called now and then.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        shape: ModelConfig,
+        requests: Sequence[TraceRequest],
+        *,
+        start_s: float = 0.0,
+        scenario: str = "sim",
+        block_size: int = 16,
+        progress: Callable[[float, float], None] | None = None,
+    ) -> None:
+        if not requests:
+            raise SimulationError("the trace has no requests: nothing to simulate")
+        self.layout = layout
+        self.shape = shape
+        self.capacity = check_layout(layout, shape)
+        self.spec = gpu_spec(layout.gpu)
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.start_s = float(start_s)
+        self.scenario = scenario
+        self.block_size = block_size
+        self.progress = progress
+        self.replicas: list[Replica] = []
+        index = 0
+        for pool in layout.pools:
+            blocks = max(1, self.capacity[pool.role] // block_size)
+            cfg = EngineConfig(
+                block_size=block_size,
+                num_blocks=blocks,
+                max_num_seqs=pool.max_num_seqs,
+                max_num_batched_tokens=pool.max_num_batched_tokens,
+                chunked_prefill=pool.chunked_prefill,
+                max_model_len=shape.max_position,
+            )
+            for _ in range(pool.replicas):
+                gpus = [SimGpu(index + k, f"GPU-sim-{scenario}-{index + k}") for k in range(pool.tp)]
+                index += pool.tp
+                self.replicas.append(Replica(f"worker-{len(self.replicas)}", pool, gpus, cfg))
+        self._by_role = {
+            role: [r for r in self.replicas if r.role == role] for role in ("prefill", "decode", "mixed")
+        }
+        self._kv_bytes_per_token = shape.kv_bytes_per_token(BF16_BYTES)
+        self._params_cache: dict[int, SamplingParams] = {}
+        # telemetry
+        self._batches: list[dict[str, Any]] = []
+        self._pending_events: dict[str, list[dict[str, Any]]] = {}
+        self._seq: dict[str, int] = {}
+        self._predict_cache: dict[tuple[Any, ...], Any] = {}
+
+    # -- telemetry -------------------------------------------------------------------------------
+
+    def _emit(self, source: str, event: dict[str, Any], now_s: float) -> None:
+        events = self._pending_events.setdefault(source, [])
+        events.append(event)
+        if len(events) >= BATCH_EVENTS:
+            self._flush_source(source, now_s)
+
+    def _flush_source(self, source: str, now_s: float) -> None:
+        events = self._pending_events.get(source)
+        if not events:
+            return
+        seq = self._seq.get(source, 0)
+        self._seq[source] = seq + 1
+        self._batches.append(
+            {
+                "schema": TELEMETRY_SCHEMA,
+                "version": TELEMETRY_VERSION,
+                "source": source,
+                "seq": seq,
+                "sent_s": now_s,
+                "dropped_events_total": 0,
+                "events": events,
+            }
+        )
+        self._pending_events[source] = []
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Simulate every request to completion; return the telemetry and the GPU busy intervals."""
+        wall0 = time.perf_counter()
+        t0 = self.start_s
+        heap: list[tuple[float, int, int, Any]] = []
+        counter = itertools.count()
+        for i, r in enumerate(self.requests):
+            heap.append((t0 + r.arrival_s, _ARRIVAL, next(counter), (i, r)))
+        heapq.heapify(heap)
+        states: dict[str, _Request] = {}
+        self._states = states
+        self._heap, self._counter = heap, counter
+        self._finished = self._failed = 0
+        self._emit(
+            "router",
+            {
+                "type": "control",
+                "ts_s": t0,
+                "action": "start",
+                "target": "pool",
+                "before": None,
+                "after": {"layout": self.layout.describe(), "scenario": self.scenario},
+                "actor": "simulator",
+            },
+            t0,
+        )
+        last_progress = wall0
+        total_s = self.requests[-1].arrival_s
+        now = t0
+        events = 0
+        while heap:
+            now, kind, _, payload = heapq.heappop(heap)
+            events += 1
+            if kind == _ITER_DONE:
+                self._iteration_done(payload, now)
+            elif kind == _ARRIVAL:
+                self._arrive(payload[0], payload[1], now)
+            else:
+                self._kv_arrived(payload, now)
+            if self.progress is not None and events % 2048 == 0:
+                wall = time.perf_counter()
+                if wall - last_progress > 0.2:
+                    last_progress = wall
+                    self.progress(min(now - t0, total_s), total_s)
+        end_s = max(now, t0 + total_s)
+        for source in list(self._pending_events):
+            self._flush_source(source, end_s)
+        if self.progress is not None:
+            self.progress(total_s, total_s)
+        return SimResult(
+            layout=self.layout,
+            shape=self.shape,
+            start_s=t0,
+            end_s=end_s,
+            batches=self._batches,
+            replicas=self.replicas,
+            requests=len(self.requests),
+            finished=self._finished,
+            failed=self._failed,
+            iterations=sum(r.iterations for r in self.replicas),
+            wall_s=time.perf_counter() - wall0,
+            gpu_name=self.spec.name,
+            events=events,
+        )
+
+    def _params(self, max_tokens: int) -> SamplingParams:
+        p = self._params_cache.get(max_tokens)
+        if p is None:
+            p = self._params_cache[max_tokens] = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return p
+
+    def _arrive(self, i: int, r: TraceRequest, now: float) -> None:
+        rid = f"sim-{i}"
+        req = _Request(rid, now, max(1, r.prompt_tokens), max(1, r.output_tokens))
+        route = choose_route(self._by_role["prefill"], self._by_role["decode"], self._by_role["mixed"], _load)
+        if route is None:  # pragma: no cover - check_layout guarantees a path
+            raise SimulationError("the layout has no prefill+decode pair and no mixed pool")
+        req.prefill, req.decode = route.prefill, route.decode
+        seq = Seq(
+            rid,
+            [0] * req.prompt_tokens,
+            req.prompt_tokens,
+            self._params(req.output_tokens),
+            now,
+            handoff=route.disaggregated,
+        )
+        try:
+            route.prefill.scheduler.add(seq)
+        except AdmissionError as e:
+            self._fail(req, str(e), now)
+            return
+        route.prefill.inflight.add(rid)
+        if route.disaggregated:
+            route.decode.inflight.add(rid)
+        self._states[rid] = req
+        self._kick(route.prefill, now)
+
+    def _kv_arrived(self, payload: tuple[_Request, Seq], now: float) -> None:
+        req, seq = payload
+        req.kv_transfer_end_s = now
+        replica = req.decode
+        replica.pending.append(seq)
+        self._kick(replica, now)
+
+    def _kick(self, replica: Replica, now: float) -> None:
+        """Start ``replica``'s next iteration at ``now`` if it is idle and has something to run."""
+        if replica.busy or not replica.has_work():
+            return
+        if replica.pending:
+            still = []
+            for seq in replica.pending:
+                if not replica.scheduler.add_running(seq):
+                    still.append(seq)
+            replica.pending = still
+        sched = replica.scheduler.schedule()
+        if not sched.items:
+            return  # waiting for blocks: a finishing sequence or an arrival kicks it again
+        tally = sched.tally()
+        pool = replica.pool
+        key = (tally, pool.power_limit_w, pool.sm_clock_mhz, pool.tp)
+        est = self._predict_cache.get(key)
+        if est is None:
+            est = predict_iteration(
+                self.spec,
+                self.shape,
+                IterationWork(*tally),
+                power_limit_w=pool.power_limit_w,
+                sm_clock_range=pool.sm_clock_mhz,
+                tp=pool.tp,
+                link=self.layout.tp_link,
+                profile=self.layout.profile,
+            )
+            if len(self._predict_cache) < 20_000:
+                self._predict_cache[key] = est
+        end = now + est.time_s
+        busy_start = end - est.busy_s
+        blocks = replica.scheduler.blocks
+        kv_blocks_used = blocks.num_blocks - blocks.num_free
+        for item in sched.items:
+            seq = item.seq
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now
+            if seq.in_prefill and seq.prefill_start_s is None:
+                seq.prefill_start_s = now
+        for victim in sched.preempted:
+            state = self._states.get(victim.request_id)
+            if state is not None:
+                state.preemptions += 1
+        iv = replica.intervals
+        iv.start_s.append(busy_start)
+        iv.end_s.append(end)
+        iv.power_w.append(est.power_w)
+        iv.sm_clock_mhz.append(est.sm_clock_mhz)
+        iv.sm_active.append(est.sm_active)
+        iv.sm_occupancy.append(est.sm_occupancy)
+        iv.tensor_active.append(est.tensor_active)
+        iv.dram_active.append(est.dram_active)
+        iv.mem_active.append(min(1.0, est.memory_s / est.busy_s) if est.busy_s > 0 else 0.0)
+        iv.capped.append(est.power_capped)
+        iv.kv_bytes.append(tally.context_tokens * self._kv_bytes_per_token // pool.tp)
+        replica.busy = True
+        replica.iterations += 1
+        for g in replica.gpus:
+            self._emit(
+                replica.id,
+                {
+                    "type": "iteration",
+                    "worker": replica.id,
+                    "device": f"simulated:{self.spec.key}",
+                    "gpu_uuid": g.uuid,
+                    "gpu_index": g.index,
+                    "start_s": now,
+                    "end_s": end,
+                    "phase": tally.phase,
+                    "batch_size": tally.batch_size,
+                    "prefill_tokens": tally.prefill_tokens,
+                    "decode_seqs": tally.decode_seqs,
+                    "context_tokens": tally.context_tokens,
+                    "kv_blocks_used": kv_blocks_used,
+                    "kv_blocks_total": blocks.num_blocks,
+                    "preempted": len(sched.preempted),
+                    "compute_s": est.busy_s,
+                    "pacing_s": 0.0,
+                    "modeled_s": est.time_s,
+                    "lag_s": 0.0,
+                    "host_s": est.host_s,
+                    "tp": pool.tp,
+                },
+                now,
+            )
+        heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, sched)))
+
+    def _iteration_done(self, payload: tuple[Replica, Any], now: float) -> None:
+        replica, sched = payload
+        replica.busy = False
+        states = self._states
+        for item in sched.items:
+            seq = item.seq
+            seq.num_computed += item.num_new_tokens
+            if seq.num_computed != seq.num_tokens:
+                continue  # a prompt chunk
+            seq.token_ids.append(0)
+            req = states[seq.request_id]
+            req.token_ts.append(now)
+            if req.prefill_end_s is None:
+                req.prefill_end_s = now
+                req.first_scheduled_s = seq.first_scheduled_s
+                req.prefill_start_s = seq.prefill_start_s
+            if len(req.token_ts) >= req.output_tokens:
+                replica.scheduler.finish(seq)
+                self._finish(req, now)
+            elif seq.handoff:
+                replica.scheduler.finish(seq)
+                replica.inflight.discard(req.request_id)
+                self._hand_off(req, seq, now)
+        self._kick(replica, now)
+
+    def _hand_off(self, req: _Request, seq: Seq, now: float) -> None:
+        """Ship the prompt's KV to the decode replica over the layout's link."""
+        try:
+            req.decode.scheduler.check_admissible(req.prompt_tokens, req.output_tokens)
+        except AdmissionError as e:
+            req.decode.inflight.discard(req.request_id)
+            self._states.pop(req.request_id, None)
+            self._fail(req, f"decode {req.decode.id}: {e}", now)
+            return
+        nbytes = req.prompt_tokens * self._kv_bytes_per_token
+        req.kv_transfer_start_s = now
+        req.kv_transfer_bytes = nbytes
+        decode_seq = Seq(
+            req.request_id,
+            list(seq.token_ids),
+            req.prompt_tokens,
+            seq.params,
+            req.arrival_s,
+        )
+        decode_seq.num_computed = req.prompt_tokens
+        done = now + kv_transfer_s(self.shape, req.prompt_tokens, self.layout.kv_link, tp=req.decode.pool.tp)
+        heapq.heappush(self._heap, (done, _KV_DONE, next(self._counter), (req, decode_seq)))
+
+    def _finish(self, req: _Request, now: float) -> None:
+        self._finished += 1
+        for r in (req.prefill, req.decode):
+            if r is not None:
+                r.inflight.discard(req.request_id)
+        self._states.pop(req.request_id, None)
+        self._emit_request(req, now, "ok", "length", None)
+
+    def _fail(self, req: _Request, message: str, now: float) -> None:
+        self._failed += 1
+        self._emit_request(req, now, "error", "error", message)
+
+    def _emit_request(self, req: _Request, now: float, status: str, reason: str, error: str | None) -> None:
+        self._emit(
+            "router",
+            {
+                "type": "request",
+                "request_id": req.request_id,
+                "arrival_s": req.arrival_s,
+                "first_scheduled_s": req.first_scheduled_s,
+                "prefill_start_s": req.prefill_start_s,
+                "prefill_end_s": req.prefill_end_s,
+                "kv_transfer_start_s": req.kv_transfer_start_s,
+                "kv_transfer_end_s": req.kv_transfer_end_s,
+                "kv_transfer_bytes": req.kv_transfer_bytes,
+                "first_token_s": req.token_ts[0] if req.token_ts else None,
+                "token_ts_s": req.token_ts,
+                "finish_s": now,
+                "prompt_tokens": req.prompt_tokens,
+                "output_tokens": len(req.token_ts),
+                "prefill_worker": req.prefill.id if req.prefill else None,
+                "decode_worker": req.decode.id if req.decode else None,
+                "status": status,
+                "finish_reason": reason,
+                "error": error,
+                "attempts": 1,
+                "preemptions": req.preemptions,
+            },
+            now,
+        )
+
+
+def _load(replica: Replica) -> tuple[int, float]:
+    return replica.load
+
+
+def virtual_start_s(requests: Sequence[TraceRequest], *, end_at_s: float | None = None) -> float:
+    """A start time such that the trace's last arrival falls at ``end_at_s`` (default: now)."""
+    end = time.time() if end_at_s is None else end_at_s
+    span = max((r.arrival_s for r in requests), default=0.0)
+    return math.floor(end - span)
