@@ -16,14 +16,7 @@ from serving.devices.base import (
     PowerLimitConstraints,
 )
 from serving.devices.cpu import CpuDevice
-from serving.devices.emulated import (
-    EmulatedDevice,
-    EmulationConstants,
-    EmulationStats,
-    IterationEstimate,
-    estimate_at_clock,
-    predict_iteration,
-)
+from serving.devices.emulated import EmulatedDevice, EmulationStats
 from serving.devices.errors import (
     DeviceError,
     DeviceLostError,
@@ -31,6 +24,24 @@ from serving.devices.errors import (
     DeviceNotSupportedError,
     DevicePermissionError,
     DeviceValueError,
+)
+from serving.devices.gpu_model import (
+    DEFAULT_CONSTANTS,
+    DEFAULT_PROFILE,
+    LINKS,
+    PROFILES,
+    EmulationConstants,
+    EngineProfile,
+    IterationEstimate,
+    LinkSpec,
+    estimate_at_clock,
+    gap_energy_j,
+    gap_power_w,
+    gap_sm_clock_mhz,
+    kv_capacity_tokens,
+    kv_transfer_s,
+    predict_iteration,
+    shard_shape,
 )
 from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, gpu_spec
 from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
@@ -47,9 +58,13 @@ from serving.devices.registry import (
 from serving.devices.torch_cuda import TorchCudaDevice
 
 __all__ = [
+    "DEFAULT_CONSTANTS",
+    "DEFAULT_PROFILE",
     "DEVICE_FACTORIES",
     "EMULATED_GPUS",
     "GPU_SPECS",
+    "LINKS",
+    "PROFILES",
     "CpuDevice",
     "Device",
     "DeviceError",
@@ -65,10 +80,12 @@ __all__ = [
     "EmulatedSample",
     "EmulationConstants",
     "EmulationStats",
+    "EngineProfile",
     "GpuSpec",
     "IterationEstimate",
     "IterationTiming",
     "IterationWork",
+    "LinkSpec",
     "NvmlDevice",
     "Phase",
     "PowerLimitConstraints",
@@ -76,11 +93,17 @@ __all__ = [
     "check_devices_available",
     "cuda_device_count",
     "estimate_at_clock",
+    "gap_energy_j",
+    "gap_power_w",
+    "gap_sm_clock_mhz",
     "gpu_spec",
+    "kv_capacity_tokens",
+    "kv_transfer_s",
     "nvml_available",
     "nvml_device_count",
     "open_device",
     "parse_device_spec",
     "predict_iteration",
     "register_device_factory",
+    "shard_shape",
 ]

@@ -18,15 +18,14 @@ The equations, the constants and their calibration against H200 measurements are
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from serving.config import ModelConfig, model_config_for, preset
 from serving.devices.base import (
@@ -38,243 +37,52 @@ from serving.devices.base import (
     PowerLimitConstraints,
 )
 from serving.devices.errors import DeviceValueError
+from serving.devices.gpu_model import (
+    BF16_BYTES,
+    CONTEXT_BYTES,
+    DEFAULT_CONSTANTS,
+    DEFAULT_PROFILE,
+    PROFILES,
+    Bound,
+    EmulationConstants,
+    EngineProfile,
+    IterationEstimate,
+    LinkSpec,
+    _gap_energy_scalar,
+    engine_profile,
+    estimate_at_clock,
+    gap_energy_j,
+    gap_power_w,
+    gap_sm_clock_mhz,
+    predict_iteration,
+    shard_shape,
+)
 from serving.devices.gpu_specs import GpuSpec, gpu_spec
 
-Bound = Literal["compute", "memory", "overhead"]
+__all__ = [
+    "BF16_BYTES",
+    "CLOCK_EVENT_GPU_IDLE",
+    "CLOCK_EVENT_SW_POWER_CAP",
+    "DEFAULT_CONSTANTS",
+    "DEFAULT_PROFILE",
+    "PROFILES",
+    "Bound",
+    "EmulatedDevice",
+    "EmulationConstants",
+    "EmulationStats",
+    "EngineProfile",
+    "IterationEstimate",
+    "emulated_device_label",
+    "estimate_at_clock",
+    "gap_energy_j",
+    "gap_power_w",
+    "gap_sm_clock_mhz",
+    "predict_iteration",
+]
 
 # NVML clock-event (throttle) reason bits the emulator sets.
 CLOCK_EVENT_GPU_IDLE = 0x1
 CLOCK_EVENT_SW_POWER_CAP = 0x4
-
-BF16_BYTES = 2
-
-
-@dataclass(frozen=True, slots=True)
-class EmulationConstants:
-    """The model's fitted constants (see docs/EMULATION.md for where each comes from).
-
-    Power figures are fractions of the GPU's dynamic range ``tdp_w - idle_w`` so one set serves
-    every GPU in :data:`~serving.devices.gpu_specs.GPU_SPECS`.
-    """
-
-    gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
-    memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
-    gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
-    activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
-    overhead_s: float = 2.0e-4  # per iteration: launches, sampling, synchronisation
-    overhead_per_layer_s: float = 4.0e-6
-    # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
-    compute_power: float = 0.95  # SM power through a compute-bound kernel
-    stream_power: float = 0.09  # SM power through a memory-bound kernel (load issue, L2, NoC)
-    hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
-    busy_power: float = 0.08  # clock-independent power whenever a kernel runs
-    # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
-    voltage_offset: float = 0.31  # v0
-    voltage_floor: float = 0.68
-    # activity counters (GPM-like), calibrated to the H200 readings of this engine
-    sm_active_compute: float = 0.55  # SM-active fraction through compute-bound kernels
-    sm_active_memory: float = 0.25  # ... through memory-bound kernels
-    sm_occupancy_compute: float = 0.20
-    sm_occupancy_memory: float = 0.40
-    tensor_active_scale: float = 0.37  # tensor-active fraction per unit of tensor-pipe time
-
-
-DEFAULT_CONSTANTS = EmulationConstants()
-
-
-@dataclass(frozen=True, slots=True)
-class IterationEstimate:
-    """The modeled GPU execution of one iteration.
-
-    ``compute_s`` and ``memory_s`` are the summed compute and memory roofline terms of the
-    iteration's kernels at the chosen clock; ``time_s`` sums each kernel's larger term plus the fixed
-    overhead. Activities are fractions (0-1) of ``time_s``.
-    """
-
-    time_s: float
-    power_w: float
-    sm_clock_mhz: int
-    compute_s: float
-    memory_s: float
-    sm_active: float
-    dram_active: float
-    bound: Bound
-    tensor_active: float = 0.0
-    sm_occupancy: float = 0.0
-    power_capped: bool = False  # the power limit held the SM clock below the allowed maximum
-    flops: float = 0.0
-    hbm_bytes: float = 0.0
-
-    @property
-    def energy_j(self) -> float:
-        return self.power_w * self.time_s
-
-
-@dataclass(frozen=True, slots=True)
-class _ShapeCosts:
-    body_params: int  # parameters every computed token passes through (no embedding, no LM head)
-    lm_head_params: int
-    kv_bytes_per_token: int
-    attn_flops_per_pair: int  # QK^T and PV, every layer and head
-    act_bytes_per_token: float  # elementwise/activation traffic of one token through all layers
-    weight_bytes: int  # all parameters, bf16 (memory in use)
-
-
-@functools.lru_cache(maxsize=64)
-def _shape_costs(shape: ModelConfig, activation_passes: float) -> _ShapeCosts:
-    d = shape.hidden_size
-    lm_head = shape.vocab_size * d
-    embed = shape.vocab_size * d
-    total = shape.param_count()
-    body = total - embed - (0 if shape.tie_word_embeddings else lm_head)
-    return _ShapeCosts(
-        body_params=body,
-        lm_head_params=lm_head,
-        kv_bytes_per_token=shape.kv_bytes_per_token(BF16_BYTES),
-        attn_flops_per_pair=4 * shape.num_layers * shape.num_heads * shape.head_dim,
-        act_bytes_per_token=activation_passes
-        * (shape.hidden_size + shape.intermediate_size)
-        * shape.num_layers
-        * BF16_BYTES,
-        weight_bytes=total * BF16_BYTES,
-    )
-
-
-def _pad(n: int, tile: int) -> int:
-    return -(-n // tile) * tile if n > 0 else 0
-
-
-def estimate_at_clock(
-    gpu: str | GpuSpec,
-    shape: ModelConfig,
-    work: IterationWork,
-    sm_clock_mhz: int,
-    *,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-) -> IterationEstimate:
-    """Model ``work`` on ``gpu`` with the SM clock fixed at ``sm_clock_mhz`` (no power limit applied).
-
-    Each kernel class (the linear layers, the LM head for sampled rows, attention, the elementwise
-    and activation traffic) takes ``max(FLOPs / (peak * eff * f/f_max), bytes / (bw * eff_m))``;
-    the iteration sums them and adds a fixed overhead.
-    """
-    spec = gpu_spec(gpu)
-    c = constants
-    costs = _shape_costs(shape, c.activation_passes)
-    x = sm_clock_mhz / spec.max_sm_clock_mhz
-    flops_per_s = spec.peak_flops * c.gemm_efficiency * x
-    bytes_per_s = spec.bandwidth_bytes_s * c.memory_efficiency
-    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
-    sampled = max(0, work.sampled_seqs)
-    kv = costs.kv_bytes_per_token
-    kernels: list[tuple[float, float]] = []  # (flops, bytes)
-    if tokens:
-        kernels.append((2.0 * costs.body_params * _pad(tokens, c.gemm_tile_tokens), 2.0 * costs.body_params))
-        kernels.append(
-            (
-                float(costs.attn_flops_per_pair * max(0, work.attention_pairs)),
-                float(kv * (max(0, work.context_tokens) + tokens)),  # read the context, write the new
-            )
-        )
-        kernels.append((0.0, costs.act_bytes_per_token * tokens))
-    if sampled:
-        kernels.append(
-            (2.0 * costs.lm_head_params * _pad(sampled, c.gemm_tile_tokens), 2.0 * costs.lm_head_params)
-        )
-    overhead = c.overhead_s + c.overhead_per_layer_s * shape.num_layers
-    compute_s = memory_s = busy_kernels = 0.0
-    sm_weighted = act_weighted = occ_weighted = 0.0
-    total_flops = total_bytes = 0.0
-    for flops, nbytes in kernels:
-        tc, tm = flops / flops_per_s, nbytes / bytes_per_s
-        tk = max(tc, tm)
-        if tk <= 0.0:
-            continue
-        u = tc / tk  # compute-pipe utilisation within this kernel
-        compute_s += tc
-        memory_s += tm
-        busy_kernels += tk
-        sm_weighted += tk * (c.stream_power + (c.compute_power - c.stream_power) * u)
-        act_weighted += tk * (c.sm_active_memory + (c.sm_active_compute - c.sm_active_memory) * u)
-        occ_weighted += tk * (c.sm_occupancy_memory + (c.sm_occupancy_compute - c.sm_occupancy_memory) * u)
-        total_flops += flops
-        total_bytes += nbytes
-    time_s = busy_kernels + overhead
-    dram = total_bytes / (time_s * spec.bandwidth_bytes_s)
-    dynamic = spec.tdp_w - spec.idle_w
-    volts = max(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
-    power = spec.idle_w + dynamic * (
-        c.busy_power + c.hbm_power * dram + x * volts * volts * sm_weighted / time_s
-    )
-    if overhead >= max(compute_s, memory_s):
-        bound: Bound = "overhead"
-    else:
-        bound = "compute" if compute_s >= memory_s else "memory"
-    return IterationEstimate(
-        time_s=time_s,
-        power_w=power,
-        sm_clock_mhz=int(sm_clock_mhz),
-        compute_s=compute_s,
-        memory_s=memory_s,
-        sm_active=act_weighted / time_s,
-        dram_active=dram,
-        bound=bound,
-        tensor_active=min(1.0, c.tensor_active_scale * compute_s / time_s),
-        sm_occupancy=occ_weighted / time_s,
-        flops=total_flops,
-        hbm_bytes=total_bytes,
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _allowed_ceiling(spec: GpuSpec, sm_clock_range: tuple[int, int] | None) -> tuple[tuple[int, ...], int]:
-    """The supported clocks and the index of the highest one the locked range allows."""
-    clocks = spec.supported_sm_clocks_mhz()
-    if sm_clock_range is None:
-        return clocks, len(clocks) - 1
-    low, high = sm_clock_range
-    in_range = [i for i, f in enumerate(clocks) if low <= f <= high]
-    if in_range:
-        return clocks, in_range[-1]
-    below = [i for i, f in enumerate(clocks) if f <= high]
-    return clocks, below[-1] if below else 0
-
-
-def predict_iteration(
-    gpu: str | GpuSpec,
-    shape: ModelConfig,
-    work: IterationWork,
-    *,
-    power_limit_w: float | None = None,
-    sm_clock_range: tuple[int, int] | None = None,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-) -> IterationEstimate:
-    """Model one iteration of ``work`` for ``shape`` (bf16) on ``gpu`` under the given knobs.
-
-    The SM clock is the highest supported clock within ``sm_clock_range`` (all of them when
-    ``None``) whose modeled power fits ``power_limit_w`` (default: the TDP). When even the lowest
-    clock of the range does not fit, the power limit wins, as on real GPUs: the clock drops below
-    the locked range, down to the minimum supported clock. ``power_capped`` says the limit bound.
-    """
-    spec = gpu_spec(gpu)
-    limit = spec.tdp_w if power_limit_w is None else power_limit_w
-    clocks, top = _allowed_ceiling(spec, sm_clock_range)
-    best = estimate_at_clock(spec, shape, work, clocks[top], constants=constants)
-    if best.power_w <= limit:
-        return best
-    # Power rises monotonically with the clock: binary-search the highest clock that fits.
-    lo, hi = 0, top - 1
-    fit: IterationEstimate | None = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        est = estimate_at_clock(spec, shape, work, clocks[mid], constants=constants)
-        if est.power_w <= limit:
-            fit, lo = est, mid + 1
-        else:
-            hi = mid - 1
-    if fit is None:
-        fit = estimate_at_clock(spec, shape, work, clocks[0], constants=constants)
-    return replace(fit, power_capped=True)
 
 
 def emulated_device_label(device: str, shape: str) -> dict[str, Any] | None:
@@ -294,7 +102,7 @@ def emulated_device_label(device: str, shape: str) -> dict[str, Any] | None:
 _SPIN_S = 3e-4  # the last stretch of a real-time pacing sleep is a spin: time.sleep overshoots
 _MAX_HOOK_DELAY_S = 0.05  # started_s is trusted when it is at most this much older than elapsed_s says
 SAMPLE_WINDOW_S = 0.1  # default trailing window of a snapshot's means (NVML-like sample period)
-_CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack, for mem_used_bytes
+_CONTEXT_BYTES = CONTEXT_BYTES  # CUDA context and allocator slack, for mem_used_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +147,7 @@ class _Busy:
     dram_active: float
     mem_active: float
     capped: bool
+    held_mhz: int  # the clock the GPU holds in the gap after this interval (the allowed ceiling)
 
 
 class EmulatedDevice(Device):
@@ -349,6 +158,12 @@ class EmulatedDevice(Device):
     sleeping (the modeled GPU then runs behind the host like a CUDA launch queue). ``clock`` (a
     monotonic seconds clock) and ``sleep`` are injectable so tests run without real time.
     ``sample_window_s`` is the trailing window a :meth:`snapshot` averages over by default.
+    ``profile`` is the engine whose host time is modeled before each iteration's GPU work (an
+    :data:`~serving.devices.gpu_model.PROFILES` name or an
+    :class:`~serving.devices.gpu_model.EngineProfile`; default ``DEFAULT_PROFILE``); ``tp`` and
+    ``link`` model one rank of a tensor-parallel group. Between iterations the GPU follows the gap
+    model (:func:`~serving.devices.gpu_model.gap_power_w`): boost clock and elevated power through
+    short gaps, idle power and the lowest clock after a sustained one.
     """
 
     def __init__(
@@ -364,8 +179,14 @@ class EmulatedDevice(Device):
         history_s: float = 10.0,
         index: int | None = None,
         sample_window_s: float = SAMPLE_WINDOW_S,
+        profile: str | EngineProfile | None = None,
+        tp: int = 1,
+        link: str | LinkSpec = "nvlink",
     ) -> None:
         self._gpu = gpu_spec(gpu)
+        self._profile = engine_profile(profile)
+        self._tp = tp
+        self._link = link
         self._index = index  # which emulated GPU of the host (each worker has its own)
         self._shape = model_shape if model_shape is not None else preset("tiny")
         self._pace = pace
@@ -379,7 +200,9 @@ class EmulatedDevice(Device):
         self._history_s = history_s
         self._sample_window_s = self._check_window(sample_window_s, "sample_window_s")
         self._clocks = self._gpu.supported_sm_clocks_mhz()
-        self._costs = _shape_costs(self._shape, constants.activation_passes)
+        shard = shard_shape(self._shape, tp)  # validates tp against the shape
+        self._kv_bytes_per_token = shard.kv_bytes_per_token(BF16_BYTES)
+        self._weight_bytes = shard.param_count() * BF16_BYTES
         self._uuid = f"GPU-emulated-{uuid.uuid4()}"
         self._lock = threading.Lock()
         # knobs
@@ -393,6 +216,9 @@ class EmulatedDevice(Device):
         self._timeline_end = now  # end of the last busy interval on the accounted timeline
         self._cursor = now  # the counters are integrated (and may have been reported) up to here
         self._reports: deque[tuple[float, bool]] = deque()  # (when the host reported it, lagged)
+        # the last busy interval trimmed from the history (its end and held clock), for gap power
+        self._trimmed_end = -math.inf
+        self._trimmed_held_mhz = self._gpu.max_sm_clock_mhz
         # cumulative counters over [opened, cursor]
         self._energy_j = self._busy_s = self._sm_s = self._occ_s = 0.0
         self._tensor_s = self._dram_s = self._mem_s = 0.0
@@ -403,6 +229,7 @@ class EmulatedDevice(Device):
         # pacing accounting
         self._iterations = self._lagged = self._paced = 0
         self._lag_s = self._pacing_s = self._abs_err_s = self._modeled_s = 0.0
+        self._busy_modeled_s = 0.0
         self._last_err_s = 0.0
 
     def _check_window(self, window_s: float, what: str) -> float:
@@ -448,6 +275,15 @@ class EmulatedDevice(Device):
     def sample_window_s(self) -> float:
         return self._sample_window_s
 
+    @property
+    def profile(self) -> EngineProfile:
+        """The engine profile whose host time each iteration models."""
+        return self._profile
+
+    @property
+    def tp(self) -> int:
+        return self._tp
+
     # --- the model --------------------------------------------------------------------------
 
     def predict(self, work: IterationWork) -> IterationEstimate:
@@ -461,6 +297,9 @@ class EmulatedDevice(Device):
             power_limit_w=limit,
             sm_clock_range=locked,
             constants=self._constants,
+            tp=self._tp,
+            link=self._link,
+            profile=self._profile,
         )
 
     @property
@@ -512,10 +351,11 @@ class EmulatedDevice(Device):
         with ``elapsed_s`` (so host work after the engine's own measurement counts too), else
         ``elapsed_s`` before now; the device paces on its own monotonic clock.
 
-        The counters' timeline never changes behind a reading: where that start lies before the
-        time the counters were last integrated to (a snapshot taken while the host computed), the
-        iteration's busy interval is placed from that time on instead, so its whole modeled energy
-        and busy time are counted.
+        The modeled iteration is ``est.host_s`` of engine host time (GPU idle, gap power) followed by
+        ``est.busy_s`` of GPU work. The counters' timeline never changes behind a reading: where that
+        start lies before the time the counters were last integrated to (a snapshot taken while the
+        host computed), the iteration is placed from that time on instead, so its whole modeled
+        energy and busy time are counted.
         """
         entry = self._clock()
         since_start = self._wall() - started_s
@@ -528,9 +368,10 @@ class EmulatedDevice(Device):
             self._gpu_free_at = modeled_end
             start = max(modeled_start, self._cursor, self._timeline_end)
             self._timeline_end = start + est.time_s
+            locked = self._locked_sm_mhz
             self._history.append(
                 _Busy(
-                    start=start,
+                    start=start + est.host_s,
                     end=self._timeline_end,
                     power_w=est.power_w,
                     sm_clock_mhz=est.sm_clock_mhz,
@@ -538,14 +379,16 @@ class EmulatedDevice(Device):
                     sm_occupancy=est.sm_occupancy,
                     tensor_active=est.tensor_active,
                     dram_active=est.dram_active,
-                    mem_active=min(1.0, est.memory_s / est.time_s) if est.time_s > 0 else 0.0,
+                    mem_active=min(1.0, est.memory_s / est.busy_s) if est.busy_s > 0 else 0.0,
                     capped=est.power_capped,
+                    held_mhz=self._held_mhz(locked),
                 )
             )
-            self._kv_bytes_in_use = max(0, work.context_tokens) * self._costs.kv_bytes_per_token
+            self._kv_bytes_in_use = max(0, work.context_tokens) * self._kv_bytes_per_token
             self._last_estimate = est
             self._iterations += 1
             self._modeled_s += est.time_s
+            self._busy_modeled_s += est.busy_s
             lag = entry - modeled_end
             self._reports.append((entry, lag > 0))
             if lag > 0:
@@ -584,25 +427,69 @@ class EmulatedDevice(Device):
 
     # --- the modeled timeline (callers hold self._lock) -----------------------------------------
 
-    def _segment(self, busy: _Busy | None, dt: float) -> None:
-        """Add ``dt`` seconds of ``busy`` (or of idle) to the cumulative counters and the thermal model."""
+    def _held_mhz(self, locked: tuple[int, int] | None) -> int:
+        """The clock an idle GPU holds after a kernel: the top the locked range allows, else f_max."""
+        if locked is None:
+            return self._gpu.max_sm_clock_mhz
+        below = [f for f in self._clocks if f <= locked[1]]
+        return below[-1] if below else self._clocks[0]
+
+    def _idle_mhz(self) -> int:
+        return self._locked_sm_mhz[0] if self._locked_sm_mhz else self._clocks[0]
+
+    def _gap_j(self, since0: float, since1: float, held_mhz: int) -> float:
+        """Energy of the idle stretch from ``since0`` to ``since1`` seconds after a busy interval."""
+        x = held_mhz / self._gpu.max_sm_clock_mhz
+        c = self._constants
+        return _gap_energy_scalar(self._gpu, since1, c, x) - _gap_energy_scalar(self._gpu, since0, c, x)
+
+    def _gap_clock_s(self, since0: float, since1: float, held_mhz: int) -> float:
+        """Integral of the gap SM clock (MHz x s) from ``since0`` to ``since1`` after a busy interval."""
+        hold = self._constants.gap_hold_s
+        held = max(0.0, min(since1, hold) - min(since0, hold))
+        return held * held_mhz + (since1 - since0 - held) * self._idle_mhz()
+
+    def _idle_segment(self, t0: float, t1: float, last_end: float, held_mhz: int) -> None:
+        """Add the idle stretch ``[t0, t1]`` (the last busy interval ended at ``last_end``)."""
+        dt = t1 - t0
         if dt <= 0:
             return
-        power_w = self._gpu.idle_w if busy is None else busy.power_w
-        self._energy_j += power_w * dt
-        if busy is not None:
-            self._busy_s += dt
-            self._sm_s += busy.sm_active * dt
-            self._occ_s += busy.sm_occupancy * dt
-            self._tensor_s += busy.tensor_active * dt
-            self._dram_s += busy.dram_active * dt
-            self._mem_s += busy.mem_active * dt
+        if last_end == -math.inf:
+            energy = self._gpu.idle_w * dt
+        else:
+            energy = self._gap_j(t0 - last_end, t1 - last_end, held_mhz)
+        self._energy_j += energy
+        self._relax(energy / dt, dt)
+
+    def _busy_segment(self, busy: _Busy, dt: float) -> None:
+        """Add ``dt`` seconds of ``busy`` to the cumulative counters and the thermal model."""
+        if dt <= 0:
+            return
+        self._energy_j += busy.power_w * dt
+        self._busy_s += dt
+        self._sm_s += busy.sm_active * dt
+        self._occ_s += busy.sm_occupancy * dt
+        self._tensor_s += busy.tensor_active * dt
+        self._dram_s += busy.dram_active * dt
+        self._mem_s += busy.mem_active * dt
+        self._relax(busy.power_w, dt)
+
+    def _relax(self, power_w: float, dt: float) -> None:
         g = self._gpu
         steady = g.ambient_c + g.thermal_c_per_w * power_w
         self._temp_c = steady + (self._temp_c - steady) * math.exp(-dt / g.thermal_tau_s)
 
+    def _before(self, t: float) -> tuple[float, int]:
+        """(end, held clock) of the last busy interval ending at or before ``t`` (-inf when none)."""
+        end, held = self._trimmed_end, self._trimmed_held_mhz
+        for busy in self._history:
+            if busy.end > t:
+                break
+            end, held = busy.end, busy.held_mhz
+        return end, held
+
     def _advance(self, now: float) -> None:
-        """Integrate the counters from the cursor up to ``now`` (idle between iterations).
+        """Integrate the counters from the cursor up to ``now`` (gap power between iterations).
 
         Busy intervals are never placed before the cursor (see :meth:`on_iteration`), so each is
         integrated exactly once, whole.
@@ -610,36 +497,51 @@ class EmulatedDevice(Device):
         t = self._cursor
         if now <= t:
             return
+        last_end, held = self._before(t)
         for busy in self._history:
             if busy.end <= t:
                 continue
             if busy.start >= now:
                 break
             if busy.start > t:
-                self._segment(None, busy.start - t)
+                self._idle_segment(t, busy.start, last_end, held)
                 t = busy.start
             stop = min(busy.end, now)
-            self._segment(busy, stop - t)
+            self._busy_segment(busy, stop - t)
             t = stop
-        self._segment(None, now - t)
+            if stop >= busy.end:
+                last_end, held = busy.end, busy.held_mhz
+        self._idle_segment(t, now, last_end, held)
         self._cursor = now
 
     def _trim(self, now: float) -> None:
         horizon = min(now - self._history_s, self._cursor)
         while self._history and self._history[0].end < horizon:
-            self._history.popleft()
+            gone = self._history.popleft()
+            self._trimmed_end, self._trimmed_held_mhz = gone.end, gone.held_mhz
         while self._reports and self._reports[0][0] < now - self._history_s:
             self._reports.popleft()
 
     def _window(self, w0: float, w1: float) -> dict[str, float | int | None]:
-        """Time-weighted means over ``[w0, w1]``; idle time counts as zero activity and idle power."""
+        """Time-weighted means over ``[w0, w1]``; idle time counts as zero activity, at the gap
+        model's power and clock."""
         length = w1 - w0
         busy = energy = clock = sm = occ = tensor = dram = mem = 0.0
         capped = False
+        last_end, held = self._before(w0)
+        t = w0
         for b in self._history:
-            overlap = min(b.end, w1) - max(b.start, w0)
-            if overlap <= 0:
+            if b.end <= w0:
                 continue
+            if b.start >= w1:
+                break
+            if b.start > t:
+                energy += self._gap_between(t, b.start, last_end, held)
+                clock += self._gap_clock_between(t, b.start, last_end, held)
+                t = b.start
+            overlap = min(b.end, w1) - max(b.start, w0)
+            t = min(b.end, w1)
+            last_end, held = b.end, b.held_mhz
             busy += overlap
             energy += overlap * b.power_w
             clock += overlap * b.sm_clock_mhz
@@ -649,9 +551,10 @@ class EmulatedDevice(Device):
             dram += overlap * b.dram_active
             mem += overlap * b.mem_active
             capped = capped or b.capped
-        energy += (length - busy) * self._gpu.idle_w
+        if t < w1:
+            energy += self._gap_between(t, w1, last_end, held)
+            clock += self._gap_clock_between(t, w1, last_end, held)
         reasons = (0 if busy > 0 else CLOCK_EVENT_GPU_IDLE) | (CLOCK_EVENT_SW_POWER_CAP if capped else 0)
-        idle_clock = self._locked_sm_mhz[0] if self._locked_sm_mhz else self._clocks[0]
         pct = 100.0 / length
         reported = [lagged for at, lagged in self._reports if w0 < at <= w1]
         return {
@@ -662,10 +565,20 @@ class EmulatedDevice(Device):
             "tensor_active_pct": tensor * pct,
             "dram_active_pct": dram * pct,
             "power_w": energy / length,
-            "sm_clock_mhz": round(clock / busy) if busy > 0 else idle_clock,
+            "sm_clock_mhz": round(clock / length),
             "clock_event_reasons": reasons,
             "host_bound_pct": 100.0 * sum(reported) / len(reported) if reported else None,
         }
+
+    def _gap_between(self, t0: float, t1: float, last_end: float, held_mhz: int) -> float:
+        if last_end == -math.inf:
+            return self._gpu.idle_w * (t1 - t0)
+        return self._gap_j(t0 - last_end, t1 - last_end, held_mhz)
+
+    def _gap_clock_between(self, t0: float, t1: float, last_end: float, held_mhz: int) -> float:
+        if last_end == -math.inf:
+            return self._idle_mhz() * (t1 - t0)
+        return self._gap_clock_s(t0 - last_end, t1 - last_end, held_mhz)
 
     # --- telemetry ------------------------------------------------------------------------------
 
@@ -703,7 +616,7 @@ class EmulatedDevice(Device):
             }
             temperature = self._temp_c
             limit = self._limit_w
-            used = self._costs.weight_bytes + self._kv_bytes_in_use + _CONTEXT_BYTES
+            used = self._weight_bytes + self._kv_bytes_in_use + _CONTEXT_BYTES
         return EmulatedSample(
             ts_s=ts_s,
             device=self.spec,

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,12 @@ from serving.devices import (
     predict_iteration,
 )
 from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
+from serving.devices.gpu_model import DEFAULT_CONSTANTS, gap_energy_j, gap_power_w
 
 LLAMA_8B = preset("llama-3.1-8b")
+# A GPU that drops to idle power the instant it stops (the v1 idle model): the exact-reconciliation
+# tests use it so their expected energy is busy energy + idle W x idle time.
+FLAT_IDLE = replace(DEFAULT_CONSTANTS, gap_power=0.0)
 RUN2 = Path(__file__).resolve().parents[3] / "docs" / "gpu" / "2026-11-30-h200-run2.json"
 
 
@@ -124,13 +129,17 @@ def test_illusion_of_power_capping_h200_decode_cap_at_80pct_tdp_does_not_bind(fa
 
 def test_illusion_of_power_capping_h200_clock_lock_cuts_decode_energy() -> None:
     """arXiv 2605.11999 (H200): locking the SM clock recovers a large share (up to ~32 %) of decode
-    energy at a small latency cost."""
+    energy at a small latency cost. (v2: decode's kernel latency scales with the clock, as this
+    project's H200 measured, so the saving costs some step time: -21 % energy at +13 % at 990 MHz.)"""
     free = predict_iteration("h200", LLAMA_8B, decode(32))
-    locked = predict_iteration("h200", LLAMA_8B, decode(32), sm_clock_range=(990, 990))
-    per_token = locked.energy_j / free.energy_j  # same tokens per step
-    assert per_token < 0.9
-    assert locked.time_s / free.time_s - 1 < 0.05
-    assert locked.sm_clock_mhz == 990
+    savings = {}
+    for mhz in (1410, 990, 690):
+        locked = predict_iteration("h200", LLAMA_8B, decode(32), sm_clock_range=(mhz, mhz))
+        assert locked.sm_clock_mhz == mhz
+        savings[mhz] = 1 - locked.energy_j / free.energy_j  # same tokens per step, host gap included
+        assert locked.time_s / free.time_s - 1 < 0.25
+    assert 0.12 < max(savings.values()) < 0.33
+    assert max(savings, key=savings.get) == 990  # too low a clock stretches the step: the saving shrinks
 
 
 def test_phase_decoupled_decode_caps_flat_then_cliff() -> None:
@@ -143,24 +152,27 @@ def test_phase_decoupled_decode_caps_flat_then_cliff() -> None:
     ]
     assert slowdown == sorted(slowdown)  # a lower cap is never faster
     flat = [c for c, s in zip(caps, slowdown, strict=True) if s < 1.02]
-    assert min(flat) <= 0.8 * natural.power_w  # the flat region reaches well below the natural draw
+    assert min(flat) <= 0.9 * natural.power_w  # the flat region reaches below the natural draw
     assert slowdown[-1] > 1.3  # ... then the cliff
     below = slowdown[caps.index(min(flat)) :]
     assert below[-1] - below[0] > 10 * (below[0] - 1)  # the drop is concentrated past the edge
 
 
-def test_memory_bound_decode_barely_slows_with_clock_until_compute_overtakes() -> None:
-    """DESIGN.md: compute-bound prefill slows ~ with the clock; memory-bound decode barely slows until
-    its compute term overtakes the memory term."""
+def test_decode_slows_with_the_clock_through_kernel_latency_prefill_through_compute() -> None:
+    """DESIGN.md: compute-bound prefill slows ~ with the clock. This project's H200 (docs/gpu run2
+    and engine, llama-3.1-8b decode batch 64, eager engine): busy 12-17 ms at 1980 MHz, 15-16 at
+    1410, 26-29 at 990, 39 at 408 -- decode's many small kernels have clock-scaled latency. With a
+    CUDA-graph engine (vllm profile) the same kernel latency is a smaller share: decode slows less."""
 
-    def at(work: IterationWork, mhz: int) -> float:
-        return predict_iteration("h100-sxm", LLAMA_8B, work, sm_clock_range=(mhz, mhz)).time_s
+    def busy(work: IterationWork, mhz: int, profile: str = "vllm") -> float:
+        return predict_iteration("h200", LLAMA_8B, work, sm_clock_range=(mhz, mhz), profile=profile).busy_s
 
-    assert at(decode(32), 345) / at(decode(32), 1980) < 1.01  # never crosses over
-    big = decode(128)
-    assert at(big, 1200) / at(big, 1980) < 1.01
-    assert at(big, 510) / at(big, 1980) > 1.4  # past the crossing: ~ 1/f
-    assert at(prefill(4096), 990) / at(prefill(4096), 1980) > 1.7
+    eager = [busy(decode(64), mhz, "phaselens-eager") * 1e3 for mhz in (1980, 1410, 990, 405)]
+    assert 12 <= eager[0] <= 17 and eager[1] <= 19 and 21 <= eager[2] <= 30 and 35 <= eager[3] <= 55
+    assert eager == sorted(eager)
+    vllm = busy(decode(64), 990) / busy(decode(64), 1980)
+    assert 1.05 < vllm < eager[2] / eager[0]
+    assert busy(prefill(4096), 990) / busy(prefill(4096), 1980) > 1.7
 
 
 def test_h200_prefill_rows_of_run2_within_tolerance() -> None:
@@ -188,7 +200,7 @@ def test_continuous_decode_reads_high_utilization_low_sm_activity(fake: FakeTime
     for _ in range(40):
         run(dev, fake, decode(32), host_s=0.002)
     s = dev.snapshot()
-    assert s.gpu_util_pct > 80 and s.sm_active_pct < 35 and s.dram_active_pct > 60
+    assert s.gpu_util_pct > 80 and s.sm_active_pct < 35 and s.dram_active_pct > 50
     assert s.tensor_active_pct < s.sm_active_pct
     for _ in range(3):
         run(dev, fake, prefill(4096), host_s=0.01)
@@ -203,15 +215,20 @@ def test_snapshot_means_cover_a_trailing_window(fake: FakeTime) -> None:
     assert (first.gpu_util_pct, first.power_w, first.clock_event_reasons) == (0.0, 72.0, CLOCK_EVENT_GPU_IDLE)
     assert first.sm_clock_mhz == 345 and first.window_s == 0.1  # idles at the lowest clock
     est = dev.predict(decode(32))
-    run(dev, fake, decode(32))  # busy for est.time_s ...
-    fake.advance(est.time_s)  # ... then idle as long again
-    s = dev.snapshot(window_s=2 * est.time_s)
-    assert s.gpu_util_pct == pytest.approx(50.0) and s.window_s == pytest.approx(2 * est.time_s)
-    assert s.power_w == pytest.approx((est.power_w + 72.0) / 2)
-    assert s.clock_event_reasons == 0 and s.sm_clock_mhz == 1980
-    assert dev.snapshot().gpu_util_pct == pytest.approx(100 * est.time_s / 0.1)  # the default window
+    run(dev, fake, decode(32))  # the host gap (est.host_s), then busy for est.busy_s ...
+    fake.advance(est.busy_s)  # ... then idle as long again
+    s = dev.snapshot(window_s=2 * est.busy_s)
+    assert s.gpu_util_pct == pytest.approx(50.0) and s.window_s == pytest.approx(2 * est.busy_s)
+    gap_j = gap_energy_j("h100-sxm", est.busy_s)  # the gap after a busy interval: boost power
+    assert s.power_w == pytest.approx((est.power_w * est.busy_s + gap_j) / (2 * est.busy_s))
+    assert 72.0 < gap_j / est.busy_s < 0.6 * est.power_w
+    assert s.clock_event_reasons == 0 and s.sm_clock_mhz == 1980  # the gap holds the boost clock
+    assert dev.snapshot().gpu_util_pct == pytest.approx(100 * est.busy_s / 0.1)  # the default window
     fake.advance(0.5)
     assert dev.snapshot().gpu_util_pct == 0.0
+    fake.advance(10.0)  # a sustained gap: true idle, lowest clock
+    idle = dev.snapshot()
+    assert idle.power_w == pytest.approx(72.0, abs=0.01) and idle.sm_clock_mhz == 345
     with pytest.raises(DeviceValueError, match=r"window_s 0 s is outside \(0, 10\] s"):
         dev.snapshot(window_s=0)
     with pytest.raises(DeviceValueError, match=r"window_s 11 s is outside"):
@@ -271,7 +288,7 @@ def test_power_cap_wins_over_a_locked_clock_range() -> None:
 
 
 def test_energy_counter_is_monotonic_and_integrates_power(fake: FakeTime) -> None:
-    dev = device(fake)
+    dev = device(fake, constants=FLAT_IDLE, profile="lean")
     start = dev.snapshot().energy_mj
     expected_j, readings = 0.0, [start]
     for i in range(60):
@@ -364,7 +381,7 @@ def test_energy_counter_reconciles_with_modeled_energy_under_lag_and_snapshots()
     was never counted: -13.5 % energy, 0 % utilization)."""
     snaps = []
     fake = TickingTime([(0.0, 0.013, lambda: snaps.append(dev.snapshot()))])  # mid-compute, mid-sleep
-    dev = device(fake)
+    dev = device(fake, constants=FLAT_IDLE, profile="lean")
     busy_s, energy_j = mixed_load(dev, fake)
     fake.advance(1.0)  # every modeled interval has ended
     end = dev.snapshot()
@@ -375,6 +392,40 @@ def test_energy_counter_reconciles_with_modeled_energy_under_lag_and_snapshots()
     assert end.modeled_s_total == pytest.approx(busy_s, rel=1e-9)
     energies = [s.energy_mj for s in snaps] + [end.energy_mj]
     assert energies == sorted(energies)
+
+
+def test_energy_counter_prices_gaps_with_the_gap_model(fake: FakeTime) -> None:
+    """Default device (vllm profile, gap model): the counter is the busy energies plus, for every
+    gap between busy intervals (the host gap before each iteration, pauses after), gap_energy_j of
+    that gap; true idle before the first iteration. Window means integrate to the same counter."""
+    dev = device(fake)
+    start = dev.snapshot()
+    pauses = [0.0, 0.004, 0.05, 2.5, 0.0, 0.3]
+    works = [prefill(512) if i % 7 == 0 else decode(8 + i) for i in range(36)]
+    ests = [dev.predict(w) for w in works]
+    for i, work in enumerate(works):
+        run(dev, fake, work, host_s=0.0005)  # paced: the host gap est.host_s, then busy est.busy_s
+        fake.advance(pauses[i % len(pauses)])
+    end = dev.snapshot()
+    expected_j = 72.0 * ests[0].host_s + sum(e.busy_energy_j for e in ests)  # true idle before the first
+    for i in range(len(works)):  # the gap after iteration i: its pause, then the next one's host gap
+        gap_s = pauses[i % len(pauses)] + (ests[i + 1].host_s if i + 1 < len(works) else 0.0)
+        expected_j += gap_energy_j("h100-sxm", gap_s)
+    assert (end.energy_mj - start.energy_mj) / 1000 == pytest.approx(expected_j, rel=1e-4)
+    flat_j = 72.0 * (end.uptime_s - start.uptime_s - end.busy_s_total) + sum(e.busy_energy_j for e in ests)
+    assert expected_j > flat_j * 1.02  # the gaps cost more than flat idle would
+
+
+def test_gap_power_in_window_means_decays_to_idle(fake: FakeTime) -> None:
+    """This project's H200: boost clock and elevated power in short gaps, true idle (75 W, lowest
+    clock) only after a sustained one; the window mean follows gap_power_w."""
+    dev = device(fake, "h200")
+    run(dev, fake, decode(32))
+    for since in (0.05, 0.5, 1.5, 4.0):
+        fake.advance(since - (fake.now - dev._history[-1].end))
+        w = dev.snapshot(window_s=0.001)
+        assert w.power_w == pytest.approx(gap_power_w("h200", since - 0.0005), rel=1e-3)
+    assert 120 <= gap_power_w("h200", 0.05) <= 160 and gap_power_w("h200", 30.0) == pytest.approx(75.0)
 
 
 def test_lag_is_counted_per_iteration_and_in_every_sample(fake: FakeTime) -> None:
@@ -490,7 +541,7 @@ def test_host_overrun_is_counted_as_lag_not_slept(fake: FakeTime) -> None:
 
 
 def test_pace_false_models_and_accounts_without_sleeping(fake: FakeTime) -> None:
-    dev = device(fake, pace=False)
+    dev = device(fake, pace=False, constants=FLAT_IDLE, profile="lean")
     for _ in range(5):
         assert run(dev, fake, decode(32)) == 0.0
     stats = dev.stats()
@@ -628,7 +679,8 @@ def test_estimate_terms_and_shape_scaling() -> None:
         < predict_iteration("h100-sxm", LLAMA_8B, prefill(512)).flops
     )
     tiny = predict_iteration("h100-sxm", preset("tiny"), decode(32))
-    assert tiny.time_s < dec.time_s / 10 and tiny.bound == "overhead"
+    assert tiny.busy_s < dec.busy_s / 10 and tiny.bound == "overhead"
+    assert tiny.host_s == dec.host_s > 0  # the engine's host time does not depend on the shape's size
     h200 = predict_iteration("h200", LLAMA_8B, decode(32))
     assert h200.time_s < dec.time_s  # more bandwidth
     mixed = IterationWork(

@@ -1,0 +1,742 @@
+"""The GPU model (v2): one engine iteration's time, power, clock and activities on a modeled GPU.
+
+One implementation shared by the live emulated GPU (:class:`~serving.devices.emulated.EmulatedDevice`)
+and the discrete-event simulator (``serving.sim``). Everything here is pure and cheap:
+
+* :func:`predict_iteration` -- an iteration of :class:`~serving.devices.base.IterationWork` for a
+  model shape (bf16) on a GPU under a power limit / locked SM clocks, with tensor parallelism over a
+  link and an engine's host time (:class:`EngineProfile`). Wall time ``time_s = host_s + busy_s``.
+* :func:`shard_shape`, :func:`kv_capacity_tokens`, :func:`kv_transfer_s` -- tensor-parallel shards,
+  KV capacity per GPU, prefill -> decode KV hand-off over a :class:`LinkSpec`.
+* :func:`gap_power_w`, :func:`gap_energy_j`, :func:`gap_sm_clock_mhz` -- the GPU between iterations
+  (boost clock and elevated power through short gaps, true idle only after a sustained one); they take
+  floats or numpy arrays.
+
+The equations, constants and their sources are in ``docs/EMULATION.md``; the calibration against
+published serving measurements is ``bench/fidelity_table.py`` / ``docs/FIDELITY.md``.
+
+Energy: ``IterationEstimate.power_w`` is the mean power while the GPU is busy, so the busy energy is
+``power_w * busy_s`` (:attr:`IterationEstimate.busy_energy_j`). The host gap before the GPU work is
+priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
+``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
+back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from serving.config import ConfigError, ModelConfig
+from serving.devices.base import IterationWork
+from serving.devices.errors import DeviceValueError
+from serving.devices.gpu_specs import GpuSpec, gpu_spec
+
+Bound = Literal["compute", "memory", "overhead", "comm"]
+
+BF16_BYTES = 2
+ALLOWED_TP = (1, 2, 4, 8)
+CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack per GPU
+
+
+# --- constants ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmulationConstants:
+    """The GPU model's fitted constants (docs/EMULATION.md says where each comes from).
+
+    Power figures are fractions of the GPU's dynamic range ``tdp_w - idle_w`` so one set serves
+    every GPU in :data:`~serving.devices.gpu_specs.GPU_SPECS`. Engine-specific figures (host time,
+    kernel counts) live in :class:`EngineProfile`, not here.
+    """
+
+    gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
+    memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
+    gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
+    activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
+    overhead_s: float = 2.0e-4  # GPU-side per iteration: sampling, synchronisation (clock-insensitive)
+    # Per-kernel fixed GPU time (launch ramp, tail, inter-kernel bubble) in SM cycles: a kernel's
+    # latency floor scales with 1/f, which is what makes small-batch decode slow with the SM clock.
+    kernel_latency_cycles: float = 11000.0
+    iteration_kernels: float = 12.0  # kernels per iteration outside the layers (embed, norm, head, sample)
+    # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
+    compute_power: float = 0.95  # SM power through a compute-bound kernel
+    stream_power: float = 0.09  # SM power through a memory-bound kernel (load issue, L2, NoC)
+    latency_power: float = 0.04  # SM power through kernel ramp/tail and communication waits
+    hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
+    busy_power: float = 0.08  # clock-independent power whenever a kernel runs
+    # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
+    voltage_offset: float = 0.31  # v0
+    voltage_floor: float = 0.68
+    # activity counters (GPM-like), calibrated to the H200 readings of this engine
+    sm_active_compute: float = 0.55  # SM-active fraction through compute-bound kernels
+    sm_active_memory: float = 0.25  # ... through memory-bound kernels
+    sm_occupancy_compute: float = 0.20
+    sm_occupancy_memory: float = 0.40
+    tensor_active_scale: float = 0.37  # tensor-active fraction per unit of tensor-pipe time
+    # the GPU between iterations (see gap_power_w)
+    gap_power: float = 0.10  # power above idle at the held (boost) clock, fraction of D at f_max
+    gap_hold_s: float = 1.0  # the clock and power stay up this long after the last kernel
+    gap_decay_s: float = 0.5  # then fall to idle with this time constant (power); the clock drops at hold
+    # memory
+    activation_reserve_tokens: int = 8192  # tokens of activations reserved (vLLM max_num_batched_tokens)
+
+
+DEFAULT_CONSTANTS = EmulationConstants()
+
+
+# --- engine profiles --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """A serving engine's cost around the GPU work of one iteration.
+
+    Host time (GPU idle, placed before the iteration's GPU work):
+    ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_token_s *
+    prefill tokens + per_tp_rank_s * (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
+    kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
+    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective).
+    """
+
+    name: str
+    step_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_prefill_seq_s: float = 0.0
+    per_prefill_token_s: float = 0.0
+    per_tp_rank_s: float = 0.0
+    per_layer_s: float = 0.0
+    kernels_per_layer: float = 1.0
+    allreduce_overhead_s: float = 0.0
+    description: str = ""
+    source: str = ""
+
+    def host_s(self, work: IterationWork, tp: int = 1, layers: int = 0) -> float:
+        """Host (GPU-idle) time of one iteration of ``work`` at tensor-parallel degree ``tp`` for a
+        model of ``layers`` layers."""
+        decode = max(0, work.decode_seqs)
+        prefill_seqs = max(0, work.batch_size - decode)
+        return (
+            self.step_s
+            + self.per_seq_s * max(0, work.batch_size)
+            + self.per_prefill_seq_s * prefill_seqs
+            + self.per_prefill_token_s * max(0, work.prefill_tokens)
+            + self.per_tp_rank_s * (tp - 1)
+            + self.per_layer_s * layers
+        )
+
+
+PROFILES: dict[str, EngineProfile] = {
+    "lean": EngineProfile(
+        name="lean",
+        kernels_per_layer=1.0,
+        description="no host time: the GPU's own time for a perfectly fed engine (the v1 behaviour)",
+        source="none (the roofline of the GPU model)",
+    ),
+    "vllm": EngineProfile(
+        name="vllm",
+        step_s=1.2e-3,
+        per_seq_s=1.0e-5,
+        per_prefill_seq_s=1.0e-4,
+        per_prefill_token_s=2.0e-7,
+        per_tp_rank_s=1.0e-4,
+        kernels_per_layer=5.0,
+        allreduce_overhead_s=4.0e-6,
+        description="vLLM (V1 engine, CUDA graphs, custom all-reduce)",
+        source="fit on vLLM CI latency runs; see bench/fidelity_table.py",
+    ),
+    "phaselens-eager": EngineProfile(
+        name="phaselens-eager",
+        kernels_per_layer=46.0,
+        description="this project's engine, eager PyTorch (no CUDA graphs): launch-bound decode",
+        source="docs/gpu/2026-11-30-h200-decode-profile.txt: ~740 kernels per llama-3.2-1b (16-layer) "
+        "decode step; its launches overlap the GPU work, so no serialized host time is modeled",
+    ),
+}
+DEFAULT_PROFILE = "vllm"
+
+
+def engine_profile(profile: str | EngineProfile | None) -> EngineProfile:
+    """Resolve ``profile`` (a name in :data:`PROFILES`, a profile, or ``None`` = DEFAULT_PROFILE)."""
+    if profile is None:
+        return PROFILES[DEFAULT_PROFILE]
+    if isinstance(profile, EngineProfile):
+        return profile
+    try:
+        return PROFILES[profile]
+    except KeyError:
+        raise DeviceValueError(
+            f"unknown engine profile {profile!r}; allowed: {', '.join(PROFILES)}"
+        ) from None
+
+
+# --- links ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A GPU-to-GPU link: bandwidth per GPU per direction, latency, and the source of the figures.
+
+    ``latency_s`` is one message's latency: a KV hand-off pays it once, a ring all-reduce of ``N``
+    ranks once per ring step (``2 (N - 1)`` steps, NCCL's ring latency model). ``efficiency`` is the
+    achieved share of ``bandwidth_bytes_s`` for large transfers (all-reduce bus bandwidth, KV
+    hand-off).
+    """
+
+    name: str
+    bandwidth_bytes_s: float
+    latency_s: float
+    efficiency: float
+    source: str
+
+
+LINKS: dict[str, LinkSpec] = {
+    "nvlink": LinkSpec(
+        name="nvlink",
+        bandwidth_bytes_s=450e9,
+        latency_s=1.5e-6,
+        efficiency=0.80,
+        source="NVLink 4 (H100/H200 SXM): 900 GB/s total per GPU = 450 GB/s per direction (NVIDIA "
+        "H100 datasheet); ~360 GB/s NCCL all-reduce bus bandwidth on 8xH100",
+    ),
+    "nvlink3": LinkSpec(
+        name="nvlink3",
+        bandwidth_bytes_s=300e9,
+        latency_s=2.0e-6,
+        efficiency=0.80,
+        source="NVLink 3 (A100 SXM): 600 GB/s total per GPU = 300 GB/s per direction (NVIDIA A100 datasheet)",
+    ),
+    "infiniband": LinkSpec(
+        name="infiniband",
+        bandwidth_bytes_s=50e9,
+        latency_s=5.0e-6,
+        efficiency=0.85,
+        source="NDR InfiniBand 400 Gb/s per NIC (ConnectX-7) = 50 GB/s per direction, one NIC per GPU",
+    ),
+    "pcie5": LinkSpec(
+        name="pcie5",
+        bandwidth_bytes_s=64e9,
+        latency_s=3.0e-6,
+        efficiency=0.80,
+        source="PCIe 5.0 x16: 32 GT/s x 16 lanes ~ 64 GB/s per direction (PCI-SIG)",
+    ),
+}
+
+
+def link_spec(link: str | LinkSpec) -> LinkSpec:
+    """Resolve ``link`` (a name in :data:`LINKS` or a spec)."""
+    if isinstance(link, LinkSpec):
+        return link
+    try:
+        return LINKS[link]
+    except KeyError:
+        raise DeviceValueError(f"unknown link {link!r}; allowed: {', '.join(LINKS)}") from None
+
+
+# --- tensor parallelism -----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=128)
+def shard_shape(shape: ModelConfig, tp: int) -> ModelConfig:
+    """The per-GPU shard of ``shape`` under Megatron-style tensor parallelism of degree ``tp``.
+
+    Query heads, MLP width and vocabulary are split ``tp`` ways; KV heads too, unless there are
+    fewer than ``tp`` of them: then each rank holds one (replicated, as vLLM does). Hidden size and
+    layers are unchanged. ``tp`` must be 1, 2, 4 or 8 and divide the query heads.
+    """
+    if tp not in ALLOWED_TP or shape.num_heads % tp:
+        raise DeviceValueError(
+            f"{shape.name}: tensor-parallel degree {tp!r} is not allowed; allowed: one of "
+            f"{', '.join(map(str, ALLOWED_TP))} that divides the {shape.num_heads} query heads"
+        )
+    if tp == 1:
+        return shape
+    kv = shape.num_kv_heads // tp if shape.num_kv_heads >= tp else 1
+    try:
+        return replace(
+            shape,
+            name=f"{shape.name}/tp{tp}",
+            vocab_size=-(-shape.vocab_size // tp),
+            intermediate_size=-(-shape.intermediate_size // tp),
+            num_heads=shape.num_heads // tp,
+            num_kv_heads=kv,
+            head_dim_override=shape.head_dim,
+        )
+    except ConfigError as e:
+        raise DeviceValueError(f"{shape.name} cannot be split {tp} ways: {e}") from e
+
+
+def kv_transfer_s(
+    shape: ModelConfig, num_tokens: int, link: str | LinkSpec = "nvlink", *, tp: int = 1
+) -> float:
+    """Seconds to hand ``num_tokens`` tokens of a prefilled sequence's KV cache (bf16, all layers)
+    from a prefill GPU to a decode GPU over ``link``.
+
+    Each of the ``tp`` ranks sends its own shard over its own link in parallel, so the time is one
+    rank's: ``latency_s + shard KV bytes / (bandwidth_bytes_s * efficiency)``.
+    """
+    spec = link_spec(link)
+    if num_tokens <= 0:
+        return 0.0
+    nbytes = shard_shape(shape, tp).kv_bytes_per_token(BF16_BYTES) * num_tokens
+    return spec.latency_s + nbytes / (spec.bandwidth_bytes_s * spec.efficiency)
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def kv_capacity_tokens(
+    gpu: str | GpuSpec,
+    shape: ModelConfig,
+    *,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+) -> int:
+    """KV-cache tokens that fit on each GPU after the shard's bf16 weights and the reserves.
+
+    Usable memory = ``memory_bytes * gpu_memory_utilization`` (as vLLM budgets it) minus the
+    shard's weights, the CUDA context (512 MiB) and an activation reserve of
+    ``activation_reserve_tokens`` tokens through one layer. Raises :class:`DeviceValueError` when
+    the weights (or the reserves) do not fit, naming the smallest tensor-parallel degree that would.
+    """
+    spec = gpu_spec(gpu)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise DeviceValueError(f"gpu_memory_utilization {gpu_memory_utilization!r} is outside (0, 1]")
+    shard = shard_shape(shape, tp)
+    budget = spec.memory_bytes * gpu_memory_utilization
+    free = budget - _reserve_bytes(shard, constants) - shard.param_count() * BF16_BYTES
+    per_token = shard.kv_bytes_per_token(BF16_BYTES)
+    if free < per_token:
+        weights = shard.param_count() * BF16_BYTES
+        hint = ""
+        for t in ALLOWED_TP:
+            if t <= tp or shape.num_heads % t:
+                continue
+            s = shard_shape(shape, t)
+            if budget - _reserve_bytes(s, constants) - s.param_count() * BF16_BYTES >= per_token:
+                hint = f"; use tp ≥ {t}"
+                break
+        else:
+            hint = "; no tensor-parallel degree up to 8 fits"
+        raise DeviceValueError(
+            f"{shape.name} at TP {tp} needs {_gb(weights)} of bf16 weights per GPU; an {spec.name} "
+            f"holds {_gb(spec.memory_bytes)} ({_gb(budget)} at gpu_memory_utilization "
+            f"{gpu_memory_utilization:g}, less {_gb(_reserve_bytes(shard, constants))} reserved){hint}"
+        )
+    return int(free // per_token)
+
+
+def _reserve_bytes(shard: ModelConfig, c: EmulationConstants) -> float:
+    act = c.activation_reserve_tokens * (4 * shard.hidden_size + 2 * shard.intermediate_size) * BF16_BYTES
+    return CONTEXT_BYTES + act
+
+
+# --- the GPU between iterations ---------------------------------------------------------------------
+
+
+def _as_out(value: Any, like: Any) -> Any:
+    return float(value) if np.ndim(like) == 0 else value
+
+
+def _voltage_factor(x: Any, c: EmulationConstants) -> Any:
+    v = np.maximum(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
+    return x * v * v
+
+
+def gap_power_w(
+    gpu: str | GpuSpec,
+    since_busy_s: Any,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    *,
+    sm_clock_mhz: Any = None,
+) -> Any:
+    """Power of an idle GPU ``since_busy_s`` seconds after its last kernel (float or numpy array).
+
+    ``P = idle_w + D * gap_power * x V(x)^2 * h(s)``, ``h = 1`` through the hold
+    (``s < gap_hold_s``), then ``exp(-(s - hold) / gap_decay_s)``. ``sm_clock_mhz`` is the clock
+    held in the gap (default: the maximum; a locked range's top under a lock).
+    """
+    spec = gpu_spec(gpu)
+    c = constants
+    s = np.asarray(since_busy_s, dtype=float)
+    x = 1.0 if sm_clock_mhz is None else np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
+    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
+    late = np.maximum(0.0, s - c.gap_hold_s)
+    held = np.where(s < c.gap_hold_s, 1.0, np.exp(-late / c.gap_decay_s))
+    return _as_out(spec.idle_w + amp * held, since_busy_s)
+
+
+def gap_energy_j(
+    gpu: str | GpuSpec,
+    gap_s: Any,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    *,
+    sm_clock_mhz: Any = None,
+) -> Any:
+    """Energy (J) of a whole idle gap of ``gap_s`` seconds right after a busy interval (closed form
+    of the integral of :func:`gap_power_w` from 0 to ``gap_s``; float or numpy array)."""
+    spec = gpu_spec(gpu)
+    c = constants
+    g = np.maximum(0.0, np.asarray(gap_s, dtype=float))
+    x = 1.0 if sm_clock_mhz is None else np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
+    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
+    late = np.maximum(0.0, g - c.gap_hold_s)
+    held = np.minimum(g, c.gap_hold_s) + c.gap_decay_s * -np.expm1(-late / c.gap_decay_s)
+    return _as_out(spec.idle_w * g + amp * held, gap_s)
+
+
+def gap_sm_clock_mhz(
+    gpu: str | GpuSpec,
+    since_busy_s: Any,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    *,
+    held_mhz: Any = None,
+    idle_mhz: Any = None,
+) -> Any:
+    """SM clock of an idle GPU ``since_busy_s`` after its last kernel (float or numpy array): the
+    held clock ``held_mhz`` (default the maximum) through the hold, then ``idle_mhz`` (default the
+    lowest supported clock)."""
+    spec = gpu_spec(gpu)
+    held = float(spec.max_sm_clock_mhz) if held_mhz is None else held_mhz
+    idle = float(spec.min_sm_clock_mhz) if idle_mhz is None else idle_mhz
+    s = np.asarray(since_busy_s, dtype=float)
+    return _as_out(np.where(s < constants.gap_hold_s, held, idle), since_busy_s)
+
+
+def _gap_energy_scalar(spec: GpuSpec, gap_s: float, c: EmulationConstants, x: float = 1.0) -> float:
+    """:func:`gap_energy_j` for one float (no numpy: the per-iteration path)."""
+    if gap_s <= 0.0:
+        return 0.0
+    v = max(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
+    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * x * v * v
+    held = min(gap_s, c.gap_hold_s)
+    if gap_s > c.gap_hold_s:
+        held += c.gap_decay_s * -math.expm1(-(gap_s - c.gap_hold_s) / c.gap_decay_s)
+    return spec.idle_w * gap_s + amp * held
+
+
+# --- one iteration ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IterationEstimate:
+    """The modeled execution of one iteration.
+
+    ``time_s = host_s + busy_s`` is the iteration's wall duration: ``host_s`` of host time with the
+    GPU idle, then ``busy_s`` of GPU work (kernels, fixed overhead and the tensor-parallel
+    all-reduces, ``comm_s`` of it). ``compute_s`` and ``memory_s`` are the summed compute and memory
+    roofline terms at the chosen clock. ``power_w`` is the mean power while busy; the activities
+    (``sm_active``, ``dram_active``, ``tensor_active``, ``sm_occupancy``) are fractions (0-1) of
+    ``busy_s``, and so is ``bound``'s meaning. Energy: :attr:`busy_energy_j` = ``power_w * busy_s``;
+    :attr:`host_energy_j` = the gap model's energy of the host gap right after a busy interval;
+    :attr:`energy_j` = both (back-to-back iterations).
+    """
+
+    time_s: float
+    power_w: float
+    sm_clock_mhz: int
+    compute_s: float
+    memory_s: float
+    sm_active: float
+    dram_active: float
+    bound: Bound
+    tensor_active: float = 0.0
+    sm_occupancy: float = 0.0
+    power_capped: bool = False  # the power limit held the SM clock below the allowed maximum
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    host_s: float = 0.0
+    busy_s: float = 0.0
+    comm_s: float = 0.0
+    host_energy_j: float = 0.0
+    tp: int = 1
+
+    @property
+    def busy_energy_j(self) -> float:
+        """Energy of the GPU-busy part: ``power_w * busy_s``."""
+        return self.power_w * self.busy_s
+
+    @property
+    def energy_j(self) -> float:
+        """Energy of the whole iteration: busy energy plus the host gap's (gap-power model)."""
+        return self.power_w * self.busy_s + self.host_energy_j
+
+    @property
+    def mean_power_w(self) -> float:
+        """Mean power over the whole iteration (host gap included)."""
+        return self.energy_j / self.time_s if self.time_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Coeffs:
+    """Per (gpu, shape, tp, constants, profile, link) coefficients of :func:`_estimate`."""
+
+    spec: GpuSpec
+    c: EmulationConstants
+    profile: EngineProfile
+    tp: int
+    body_params: int
+    lm_head_params: int
+    kv_bytes_per_token: int
+    attn_flops_per_pair: int
+    act_bytes_per_token: float
+    weight_bytes: int
+    flops_per_s: float  # at f_max
+    bytes_per_s: float
+    bandwidth_bytes_s: float
+    kernels: float  # per iteration (layers x kernels_per_layer + iteration kernels)
+    latency_s: float  # all kernels' latency at f_max
+    overhead_s: float
+    comm_calls: int  # all-reduces per iteration
+    comm_call_s: float  # latency per all-reduce
+    comm_s_per_token: float  # ring transfer time per token
+    dynamic_w: float
+    clocks: tuple[int, ...]
+    f_max: float
+
+
+@functools.lru_cache(maxsize=256)
+def _coeffs(
+    spec: GpuSpec, shape: ModelConfig, tp: int, c: EmulationConstants, profile: EngineProfile, link: LinkSpec
+) -> _Coeffs:
+    shard = shard_shape(shape, tp)
+    d = shard.hidden_size
+    lm_head = shard.vocab_size * d
+    embed = shard.vocab_size * d
+    total = shard.param_count()
+    body = total - embed - (0 if shard.tie_word_embeddings else lm_head)
+    kernels = shard.num_layers * profile.kernels_per_layer + c.iteration_kernels
+    comm_calls = 0 if tp == 1 else 2 * shard.num_layers
+    ring = 2.0 * (tp - 1) / tp
+    return _Coeffs(
+        spec=spec,
+        c=c,
+        profile=profile,
+        tp=tp,
+        body_params=body,
+        lm_head_params=lm_head,
+        kv_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES),
+        attn_flops_per_pair=4 * shard.num_layers * shard.num_heads * shard.head_dim,
+        act_bytes_per_token=c.activation_passes
+        * (shard.hidden_size + shard.intermediate_size)
+        * shard.num_layers
+        * BF16_BYTES,
+        weight_bytes=total * BF16_BYTES,
+        flops_per_s=spec.peak_flops * c.gemm_efficiency,
+        bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
+        bandwidth_bytes_s=spec.bandwidth_bytes_s,
+        kernels=kernels,
+        latency_s=kernels * c.kernel_latency_cycles / (spec.max_sm_clock_mhz * 1e6),
+        overhead_s=c.overhead_s,
+        comm_calls=comm_calls,
+        comm_call_s=link.latency_s * 2 * (tp - 1) + profile.allreduce_overhead_s,
+        comm_s_per_token=(
+            0.0
+            if tp == 1
+            else 2 * shard.num_layers * ring * d * BF16_BYTES / (link.bandwidth_bytes_s * link.efficiency)
+        ),
+        dynamic_w=spec.tdp_w - spec.idle_w,
+        clocks=spec.supported_sm_clocks_mhz(),
+        f_max=float(spec.max_sm_clock_mhz),
+    )
+
+
+def _estimate(
+    k: _Coeffs, work: IterationWork, sm_clock_mhz: int, host_s: float, held_x: float = 1.0
+) -> IterationEstimate:
+    c = k.c
+    x = sm_clock_mhz / k.f_max
+    fps = k.flops_per_s * x
+    bps = k.bytes_per_s
+    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
+    sampled = max(0, work.sampled_seqs)
+    tile = c.gemm_tile_tokens
+    compute_s = memory_s = kern_s = 0.0
+    sm_w = act_w = occ_w = 0.0
+    flops_total = bytes_total = 0.0
+    ds = c.compute_power - c.stream_power
+    da = c.sm_active_compute - c.sm_active_memory
+    do = c.sm_occupancy_compute - c.sm_occupancy_memory
+    if tokens:
+        padded = -(-tokens // tile) * tile
+        attn_f = float(k.attn_flops_per_pair * max(0, work.attention_pairs))
+        attn_b = float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens))
+        act_b = k.act_bytes_per_token * tokens
+        lin_f = 2.0 * k.body_params * padded
+        lin_b = 2.0 * k.body_params
+        terms = [(lin_f, lin_b), (attn_f, attn_b)]
+    else:
+        act_b = 0.0
+        terms = []
+    if sampled:
+        padded_s = -(-sampled // tile) * tile
+        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+    for f, b in terms:
+        tc, tm = f / fps, b / bps
+        tk = tc if tc > tm else tm
+        if tk <= 0.0:
+            continue
+        u = tc / tk
+        compute_s += tc
+        memory_s += tm
+        kern_s += tk
+        sm_w += tk * (c.stream_power + ds * u)
+        act_w += tk * (c.sm_active_memory + da * u)
+        occ_w += tk * (c.sm_occupancy_memory + do * u)
+        flops_total += f
+        bytes_total += b
+    # The small kernels (norms, rotary, activation, KV write, sampling): their traffic or their
+    # clock-scaled latency floor, whichever is longer.
+    act_s = act_b / bps
+    latency_s = k.latency_s / x
+    small_s = act_s if act_s > latency_s else latency_s
+    wait_s = small_s - act_s  # latency-bound part of the small kernels
+    memory_s += act_s
+    bytes_total += act_b
+    sm_w += act_s * c.stream_power
+    act_w += act_s * c.sm_active_memory
+    occ_w += act_s * c.sm_occupancy_memory
+    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    fixed_s = wait_s + k.overhead_s
+    busy_s = kern_s + small_s + k.overhead_s + comm_s
+    sm_w += (wait_s + comm_s) * c.latency_power
+    act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
+    occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
+    dram = bytes_total / (busy_s * k.bandwidth_bytes_s)
+    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
+    if v < c.voltage_floor:
+        v = c.voltage_floor
+    power = k.spec.idle_w + k.dynamic_w * (c.busy_power + c.hbm_power * dram + x * v * v * sm_w / busy_s)
+    if comm_s > max(compute_s, memory_s, fixed_s):
+        bound: Bound = "comm"
+    elif fixed_s >= max(compute_s, memory_s):
+        bound = "overhead"
+    else:
+        bound = "compute" if compute_s >= memory_s else "memory"
+    return IterationEstimate(
+        time_s=host_s + busy_s,
+        power_w=power,
+        sm_clock_mhz=int(sm_clock_mhz),
+        compute_s=compute_s,
+        memory_s=memory_s,
+        sm_active=act_w / busy_s,
+        dram_active=dram,
+        bound=bound,
+        tensor_active=min(1.0, c.tensor_active_scale * compute_s / busy_s),
+        sm_occupancy=occ_w / busy_s,
+        flops=flops_total,
+        hbm_bytes=bytes_total,
+        host_s=host_s,
+        busy_s=busy_s,
+        comm_s=comm_s,
+        host_energy_j=_gap_energy_scalar(k.spec, host_s, c, held_x) if host_s > 0 else 0.0,
+        tp=k.tp,
+    )
+
+
+def _resolve(
+    gpu: str | GpuSpec,
+    shape: ModelConfig,
+    constants: EmulationConstants,
+    tp: int,
+    link: str | LinkSpec,
+    profile: str | EngineProfile | None,
+) -> _Coeffs:
+    return _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+
+
+def estimate_at_clock(
+    gpu: str | GpuSpec,
+    shape: ModelConfig,
+    work: IterationWork,
+    sm_clock_mhz: int,
+    *,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    tp: int = 1,
+    link: str | LinkSpec = "nvlink",
+    profile: str | EngineProfile | None = None,
+) -> IterationEstimate:
+    """Model ``work`` on ``gpu`` with the SM clock fixed at ``sm_clock_mhz`` (no power limit applied).
+
+    Each kernel class (the linear layers, the LM head for sampled rows, attention, the elementwise
+    and activation traffic) takes ``max(FLOPs / (peak * eff * f/f_max), bytes / (bw * eff_m))``;
+    the busy time adds the kernels' clock-scaled latency, a fixed overhead and the all-reduces.
+    """
+    k = _resolve(gpu, shape, constants, tp, link, profile)
+    host_s = k.profile.host_s(work, tp, shape.num_layers)
+    return _estimate(k, work, sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
+
+
+@functools.lru_cache(maxsize=256)
+def _allowed_ceiling(spec: GpuSpec, sm_clock_range: tuple[int, int] | None) -> tuple[tuple[int, ...], int]:
+    """The supported clocks and the index of the highest one the locked range allows."""
+    clocks = spec.supported_sm_clocks_mhz()
+    if sm_clock_range is None:
+        return clocks, len(clocks) - 1
+    low, high = sm_clock_range
+    in_range = [i for i, f in enumerate(clocks) if low <= f <= high]
+    if in_range:
+        return clocks, in_range[-1]
+    below = [i for i, f in enumerate(clocks) if f <= high]
+    return clocks, below[-1] if below else 0
+
+
+def predict_iteration(
+    gpu: str | GpuSpec,
+    shape: ModelConfig,
+    work: IterationWork,
+    *,
+    power_limit_w: float | None = None,
+    sm_clock_range: tuple[int, int] | None = None,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    tp: int = 1,
+    link: str | LinkSpec = "nvlink",
+    profile: str | EngineProfile | None = None,
+) -> IterationEstimate:
+    """Model one iteration of ``work`` for ``shape`` (bf16) on ``gpu`` under the given knobs.
+
+    ``tp``: tensor-parallel degree; the estimate is one rank's (its shard, :func:`shard_shape`) plus
+    two ring all-reduces per layer of ``tokens x hidden x 2`` bytes over ``link``. ``profile``: the
+    engine (:data:`PROFILES` name or :class:`EngineProfile`; ``None`` = :data:`DEFAULT_PROFILE`),
+    which sets the host time before the GPU work and the kernel count.
+
+    The SM clock is the highest supported clock within ``sm_clock_range`` (all of them when
+    ``None``) whose modeled busy power fits ``power_limit_w`` (default: the TDP). When even the
+    lowest clock of the range does not fit, the power limit wins, as on real GPUs: the clock drops
+    below the locked range, down to the minimum supported clock. ``power_capped`` says the limit
+    bound. The clock search runs only when the limit binds at the top clock.
+    """
+    k = _resolve(gpu, shape, constants, tp, link, profile)
+    spec = k.spec
+    host_s = k.profile.host_s(work, tp, shape.num_layers)
+    limit = spec.tdp_w if power_limit_w is None else power_limit_w
+    clocks, top = _allowed_ceiling(spec, sm_clock_range)
+    held_x = clocks[top] / k.f_max  # the host gap holds the allowed ceiling (a cap binds only when busy)
+    best = _estimate(k, work, clocks[top], host_s, held_x)
+    if best.power_w <= limit:
+        return best
+    # Power rises monotonically with the clock: binary-search the highest clock that fits.
+    lo, hi = 0, top - 1
+    fit: IterationEstimate | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        est = _estimate(k, work, clocks[mid], host_s, held_x)
+        if est.power_w <= limit:
+            fit, lo = est, mid + 1
+        else:
+            hi = mid - 1
+    if fit is None:
+        fit = _estimate(k, work, clocks[0], host_s, held_x)
+    return replace(fit, power_capped=True)
+
+
+def weight_bytes(shape: ModelConfig, tp: int = 1) -> int:
+    """bf16 weight bytes of one rank's shard of ``shape``."""
+    return shard_shape(shape, tp).param_count() * BF16_BYTES
