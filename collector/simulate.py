@@ -60,6 +60,7 @@ def store_simulation(
     Returns the rows written per table. Telemetry goes through the store's live ingest path; GPU
     samples are derived every ``sample_period_s`` from the GPUs' cumulative counters.
     """
+    from serving.devices.gpu_model import weight_bytes
     from serving.sim.samples import replica_samples
 
     node = scenario_node(scenario_id)
@@ -76,8 +77,8 @@ def store_simulation(
     spec_key = result.layout.gpu
     samples = 0
     for replica in result.replicas:
-        weight_bytes = int(shape.param_count() * 2 / replica.pool.tp)
-        for cols in replica_samples(result, replica, sample_period_s, weight_bytes):
+        per_gpu = weight_bytes(shape, replica.pool.tp)
+        for cols in replica_samples(result, replica, sample_period_s, per_gpu):
             table = _sample_table(cols, node, spec_key, result.gpu_name)
             samples += store.append("gpu_samples", table)
     counts["gpu_samples"] = samples

@@ -39,14 +39,17 @@ class BlockManager:
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks `seq` needs so that its table covers `num_tokens` tokens."""
-        return max(0, self.blocks_for(num_tokens) - len(seq.block_table))
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
     def can_grow(self, seq: Sequence, num_tokens: int, reserve: int = 0) -> bool:
-        return self.blocks_needed(seq, num_tokens) + reserve <= len(self._free)
+        need = -(-num_tokens // self.block_size) - len(seq.block_table)
+        return (need if need > 0 else 0) + reserve <= len(self._free)
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Extend `seq`'s block table to cover `num_tokens` tokens."""
-        need = self.blocks_needed(seq, num_tokens)
+        need = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if need <= 0:  # the common decode step: the last block still has room
+            return
         if need > len(self._free):
             raise OutOfBlocksError(f"{seq.request_id}: needs {need} blocks, {len(self._free)} free")
         seq.block_table.extend(heapq.heappop(self._free) for _ in range(need))

@@ -152,15 +152,17 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         scheduled: set[int] = set()
         # Decodes first: each needs one token and possibly one more block.
+        blocks, running = self.blocks, SeqStatus.RUNNING
         for seq in [s for s in self.running if not s.in_prefill]:
-            if seq not in self.running:  # preempted below to make room for an earlier one
+            if seq.status is not running:  # preempted below to make room for an earlier one
                 continue
-            while not self.blocks.can_grow(seq, seq.num_tokens):
+            n = len(seq.token_ids)
+            while not blocks.can_grow(seq, n):
                 if self._preempt_last(out) is seq:
                     break
-            if seq.status is not SeqStatus.RUNNING or budget < 1:
+            if seq.status is not running or budget < 1:
                 continue
-            self.blocks.grow(seq, seq.num_tokens)
+            blocks.grow(seq, n)
             out.items.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
             budget -= 1

@@ -56,4 +56,5 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_pending > 1 or self.num_computed < self.num_prompt_tokens
+        """More than one token pending (a prompt, a chunk, a recompute), or the prompt unfinished."""
+        return self.num_computed < len(self.token_ids) - 1 or self.num_computed < self.num_prompt_tokens

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
-from serving.devices.gpu_model import gap_energy_j, gap_sm_clock_mhz
+from serving.devices.gpu_model import CONTEXT_BYTES, gap_energy_j, gap_sm_clock_mhz
 from serving.devices.gpu_specs import GpuSpec
 from serving.sim.simulator import Busy, Replica, SimResult
-
-_CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack, as the emulated device reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +41,10 @@ class SampleColumns:
 class _Cumulative:
     """Cumulative integrals of one replica's busy intervals and gaps, evaluated at any times."""
 
-    def __init__(self, busy: Busy, spec: GpuSpec, t0: float) -> None:
+    def __init__(self, busy: Busy, spec: GpuSpec, held_mhz: float | None = None) -> None:
         self.spec = spec
-        self.t0 = t0
-        self.s = np.asarray(busy.start_s, dtype=np.float64)
+        self.held_mhz = held_mhz  # the clock a locked range holds through gaps (None: the maximum)
+        self.s = np.asarray(busy.start_s, dtype=np.float64)  # virtual seconds since the run's start
         self.e = np.asarray(busy.end_s, dtype=np.float64)
         d = self.e - self.s
         self.d = d
@@ -66,16 +64,17 @@ class _Cumulative:
         }
         self.cum = {k: np.concatenate(([0.0], np.cumsum(v * d))) for k, v in self.rates.items()}
         # Gap i lies before busy interval i, after interval i-1 (the first: from t0, at true idle).
-        prev_end = np.concatenate(([t0], self.e[:-1])) if len(d) else np.array([t0])
+        prev_end = np.concatenate(([0.0], self.e[:-1])) if len(d) else np.array([0.0])
         gaps = np.maximum(0.0, self.s - prev_end) if len(d) else np.zeros(0)
-        gap_e = np.asarray(gap_energy_j(spec, gaps), dtype=np.float64) if len(d) else np.zeros(0)
+        gap_e = np.asarray(gap_energy_j(spec, gaps, sm_clock_mhz=held_mhz), dtype=np.float64)
         if len(d):
             gap_e[0] = spec.idle_w * gaps[0]  # before its first iteration the GPU sat at true idle
         self.cum_gap = np.concatenate(([0.0], np.cumsum(gap_e)))
         self.cum_capped = np.concatenate(([0], np.cumsum(self.capped.astype(np.int64))))
 
     def at(self, t: np.ndarray) -> dict[str, np.ndarray]:
-        """Counters at each time of ``t`` (ascending, ≥ t0): busy integrals and total energy."""
+        """Counters at each virtual time of ``t`` (ascending, ≥ 0): busy integrals and total energy."""
+        t = np.asarray(t, dtype=np.float64)
         n = len(self.d)
         k = np.searchsorted(self.e, t, side="right")  # intervals ended by t
         inside = np.zeros(len(t), dtype=bool)
@@ -91,7 +90,7 @@ class _Cumulative:
         # gaps: all gaps before interval k are whole when t is inside interval k or at its start;
         # otherwise t lies in gap k (after interval k-1), partly elapsed.
         if n:
-            gap_start = np.where(k > 0, self.e[np.maximum(k - 1, 0)], self.t0)
+            gap_start = np.where(k > 0, self.e[np.maximum(k - 1, 0)], 0.0)
             in_gap = ~inside
             elapsed = np.where(in_gap, np.maximum(0.0, t - gap_start), 0.0)
             whole = np.where(inside, k + 1, k)  # gaps 0..whole-1 are over
@@ -99,14 +98,14 @@ class _Cumulative:
             part = np.where(
                 first_gap,
                 self.spec.idle_w * elapsed,
-                np.asarray(gap_energy_j(self.spec, elapsed), dtype=np.float64),
+                np.asarray(gap_energy_j(self.spec, elapsed, sm_clock_mhz=self.held_mhz), dtype=np.float64),
             )
             out["gap_energy"] = self.cum_gap[np.minimum(whole, n)] + np.where(in_gap, part, 0.0)
             out["since_busy"] = np.where(in_gap & (k > 0), t - gap_start, np.inf)
             out["capped"] = self.cum_capped[np.minimum(whole, n)]
             out["kv_bytes"] = np.where(k < n, self.kv_bytes[np.minimum(k, n - 1)], 0)
         else:
-            out["gap_energy"] = self.spec.idle_w * (t - self.t0)
+            out["gap_energy"] = self.spec.idle_w * t
             out["since_busy"] = np.full(len(t), np.inf)
             out["capped"] = np.zeros(len(t), dtype=np.int64)
             out["kv_bytes"] = np.zeros(len(t), dtype=np.int64)
@@ -115,9 +114,9 @@ class _Cumulative:
 
 
 def sample_times(result: SimResult, period_s: float) -> np.ndarray:
-    """Sample instants from one period after the start to the end of the run."""
+    """Sample instants (virtual seconds since the start) from one period in to the end of the run."""
     count = max(1, math.ceil(result.duration_s / period_s))
-    return result.start_s + period_s * np.arange(1, count + 1, dtype=np.float64)
+    return period_s * np.arange(1, count + 1, dtype=np.float64)
 
 
 def replica_samples(
@@ -126,28 +125,35 @@ def replica_samples(
     """The samples of every GPU of ``replica`` (its ranks share the iteration timeline)."""
     spec: GpuSpec = _spec(result)
     t = sample_times(result, period_s)
-    cum = _Cumulative(replica.intervals, spec, result.start_s)
+    pool = replica.pool
+    locked = pool.sm_clock_mhz
+    cum = _Cumulative(replica.intervals, spec, locked[1] if locked else None)
     now = cum.at(t)
-    before = cum.at(np.concatenate(([result.start_s], t[:-1])))
-    dt = np.diff(np.concatenate(([result.start_s], t)))
+    before = cum.at(np.concatenate(([0.0], t[:-1])))
+    dt = np.diff(np.concatenate(([0.0], t)))
     busy = now["busy"] - before["busy"]
     pct = 100.0 / dt
     power = (now["energy"] - before["energy"]) / dt
-    pool = replica.pool
     limit = float(pool.power_limit_w if pool.power_limit_w is not None else spec.tdp_w)
-    gap_clock = np.asarray(gap_sm_clock_mhz(spec, now["since_busy"]), dtype=np.float64)
-    if pool.sm_clock_mhz is not None:
-        gap_clock = np.clip(gap_clock, pool.sm_clock_mhz[0], pool.sm_clock_mhz[1])
+    gap_clock = np.asarray(
+        gap_sm_clock_mhz(
+            spec,
+            now["since_busy"],
+            held_mhz=locked[1] if locked else None,
+            idle_mhz=locked[0] if locked else None,
+        ),
+        dtype=np.float64,
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         busy_clock = (now["clock"] - before["clock"]) / busy
     clock = np.where(busy > 1e-12, busy_clock, gap_clock).round().astype(np.int64)
     capped = (now["capped"] - before["capped"]) > 0
     reasons = np.where(busy > 0, 0, CLOCK_EVENT_GPU_IDLE) | np.where(capped, CLOCK_EVENT_SW_POWER_CAP, 0)
     temperature = _temperature(spec, power, dt)
-    mem_used = np.minimum(weight_bytes_per_gpu + now["kv_bytes"] + _CONTEXT_BYTES, spec.memory_bytes)
+    mem_used = np.minimum(weight_bytes_per_gpu + now["kv_bytes"] + CONTEXT_BYTES, spec.memory_bytes)
     n = len(t)
     base = {
-        "ts_s": t,
+        "ts_s": result.start_s + t,
         "gpu_util_pct": np.minimum(100.0, busy * pct),
         "mem_util_pct": np.minimum(100.0, (now["mem"] - before["mem"]) * pct),
         "sm_active_pct": (now["sm"] - before["sm"]) * pct,

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import IterationWork
 from serving.devices.gpu_model import kv_transfer_s, predict_iteration
@@ -51,7 +53,8 @@ class SimulationError(ValueError):
 @dataclass(slots=True)
 class Busy:
     """A replica's GPU busy intervals (one per iteration), as column lists; every rank of the
-    replica runs the same iteration, so its GPUs share them."""
+    replica runs the same iteration, so its GPUs share them. Times are virtual seconds since the
+    run's ``start_s``."""
 
     start_s: list[float] = field(default_factory=list)
     end_s: list[float] = field(default_factory=list)
@@ -87,6 +90,7 @@ class Replica:
         "pool",
         "running_iteration",
         "scheduler",
+        "works",
     )
 
     def __init__(self, wid: str, pool: PoolSpec, gpus: list[SimGpu], engine_cfg: EngineConfig) -> None:
@@ -101,6 +105,7 @@ class Replica:
         self.running_iteration: Any = None
         self.intervals = Busy()
         self.iterations = 0
+        self.works: list[Any] | None = None  # each iteration's tally, when the run records them
 
     @property
     def role(self) -> str:
@@ -165,6 +170,7 @@ class Simulation:
 
     ``start_s`` is the UTC epoch second virtual time 0 maps to. ``scenario`` names the run (GPU
     UUIDs and telemetry carry it). ``progress(done_s, total_s)`` is called now and then.
+    ``record_work`` keeps every iteration's start and work on its replica (``works``), for checks.
     """
 
     def __init__(
@@ -177,6 +183,7 @@ class Simulation:
         scenario: str = "sim",
         block_size: int = 16,
         progress: Callable[[float, float], None] | None = None,
+        record_work: bool = False,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -204,7 +211,9 @@ class Simulation:
             for _ in range(pool.replicas):
                 gpus = [SimGpu(index + k, f"GPU-sim-{scenario}-{index + k}") for k in range(pool.tp)]
                 index += pool.tp
-                self.replicas.append(Replica(f"worker-{len(self.replicas)}", pool, gpus, cfg))
+                replica = Replica(f"worker-{len(self.replicas)}", pool, gpus, cfg)
+                replica.works = [] if record_work else None
+                self.replicas.append(replica)
         self._by_role = {
             role: [r for r in self.replicas if r.role == role] for role in ("prefill", "decode", "mixed")
         }
@@ -248,11 +257,13 @@ class Simulation:
     def run(self) -> SimResult:
         """Simulate every request to completion; return the telemetry and the GPU busy intervals."""
         wall0 = time.perf_counter()
+        # The clock runs from 0 (virtual seconds since start_s): epoch seconds would keep only
+        # ~0.2 µs of precision through the sums. Emitted times are epoch seconds, start_s + t.
         t0 = self.start_s
         heap: list[tuple[float, int, int, Any]] = []
         counter = itertools.count()
         for i, r in enumerate(self.requests):
-            heap.append((t0 + r.arrival_s, _ARRIVAL, next(counter), (i, r)))
+            heap.append((r.arrival_s, _ARRIVAL, next(counter), (i, r)))
         heapq.heapify(heap)
         states: dict[str, _Request] = {}
         self._states = states
@@ -273,7 +284,7 @@ class Simulation:
         )
         last_progress = wall0
         total_s = self.requests[-1].arrival_s
-        now = t0
+        now = 0.0
         events = 0
         while heap:
             now, kind, _, payload = heapq.heappop(heap)
@@ -288,8 +299,8 @@ class Simulation:
                 wall = time.perf_counter()
                 if wall - last_progress > 0.2:
                     last_progress = wall
-                    self.progress(min(now - t0, total_s), total_s)
-        end_s = max(now, t0 + total_s)
+                    self.progress(min(now, total_s), total_s)
+        end_s = t0 + max(now, total_s)
         for source in list(self._pending_events):
             self._flush_source(source, end_s)
         if self.progress is not None:
@@ -353,12 +364,16 @@ class Simulation:
         """Start ``replica``'s next iteration at ``now`` if it is idle and has something to run."""
         if replica.busy or not replica.has_work():
             return
-        if replica.pending:
-            still = []
+        if (
+            replica.pending
+        ):  # hand-offs in arrival order; the first that does not fit waits, and those after it
+            admitted = 0
             for seq in replica.pending:
                 if not replica.scheduler.add_running(seq):
-                    still.append(seq)
-            replica.pending = still
+                    break
+                admitted += 1
+            if admitted:
+                del replica.pending[:admitted]
         sched = replica.scheduler.schedule()
         if not sched.items:
             return  # waiting for blocks: a finishing sequence or an arrival kicks it again
@@ -407,6 +422,9 @@ class Simulation:
         iv.kv_bytes.append(tally.context_tokens * self._kv_bytes_per_token // pool.tp)
         replica.busy = True
         replica.iterations += 1
+        if replica.works is not None:
+            replica.works.append((now, tally))
+        t0 = self.start_s
         for g in replica.gpus:
             self._emit(
                 replica.id,
@@ -416,8 +434,8 @@ class Simulation:
                     "device": f"simulated:{self.spec.key}",
                     "gpu_uuid": g.uuid,
                     "gpu_index": g.index,
-                    "start_s": now,
-                    "end_s": end,
+                    "start_s": t0 + now,
+                    "end_s": t0 + end,
                     "phase": tally.phase,
                     "batch_size": tally.batch_size,
                     "prefill_tokens": tally.prefill_tokens,
@@ -433,7 +451,7 @@ class Simulation:
                     "host_s": est.host_s,
                     "tp": pool.tp,
                 },
-                now,
+                t0 + now,
             )
         heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, sched)))
 
@@ -498,21 +516,27 @@ class Simulation:
         self._emit_request(req, now, "error", "error", message)
 
     def _emit_request(self, req: _Request, now: float, status: str, reason: str, error: str | None) -> None:
+        t0 = self.start_s
+
+        def at(t: float | None) -> float | None:
+            return None if t is None else t0 + t
+
+        tokens = (np.asarray(req.token_ts) + t0).tolist() if req.token_ts else []
         self._emit(
             "router",
             {
                 "type": "request",
                 "request_id": req.request_id,
-                "arrival_s": req.arrival_s,
-                "first_scheduled_s": req.first_scheduled_s,
-                "prefill_start_s": req.prefill_start_s,
-                "prefill_end_s": req.prefill_end_s,
-                "kv_transfer_start_s": req.kv_transfer_start_s,
-                "kv_transfer_end_s": req.kv_transfer_end_s,
+                "arrival_s": t0 + req.arrival_s,
+                "first_scheduled_s": at(req.first_scheduled_s),
+                "prefill_start_s": at(req.prefill_start_s),
+                "prefill_end_s": at(req.prefill_end_s),
+                "kv_transfer_start_s": at(req.kv_transfer_start_s),
+                "kv_transfer_end_s": at(req.kv_transfer_end_s),
                 "kv_transfer_bytes": req.kv_transfer_bytes,
-                "first_token_s": req.token_ts[0] if req.token_ts else None,
-                "token_ts_s": req.token_ts,
-                "finish_s": now,
+                "first_token_s": tokens[0] if tokens else None,
+                "token_ts_s": tokens,
+                "finish_s": t0 + now,
                 "prompt_tokens": req.prompt_tokens,
                 "output_tokens": len(req.token_ts),
                 "prefill_worker": req.prefill.id if req.prefill else None,
@@ -523,7 +547,7 @@ class Simulation:
                 "attempts": 1,
                 "preemptions": req.preemptions,
             },
-            now,
+            t0 + now,
         )
 
 

@@ -100,8 +100,9 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     itl = np.concatenate(itl_parts) if itl_parts else np.zeros(0)
     energy = 0.0
     for replica in result.replicas:
-        cum = _Cumulative(replica.intervals, _spec(result), result.start_s)
-        energy += float(cum.at(np.asarray([result.end_s]))["energy"][0]) * len(replica.gpus)
+        locked = replica.pool.sm_clock_mhz
+        cum = _Cumulative(replica.intervals, _spec(result), locked[1] if locked else None)
+        energy += float(cum.at(np.asarray([result.duration_s]))["energy"][0]) * len(replica.gpus)
     gpus = result.layout.gpus
     duration = max(result.duration_s, 1e-9)
     out_tokens = int(out_a.sum())

@@ -1,0 +1,87 @@
+"""Speed of ``phaselens simulate``: simulated seconds per wall second, iterations per second.
+
+Each case simulates the Azure 2023 conversation trace (``../shared/data``, CC-BY 4.0, Patel et al.,
+Splitwise, ISCA 2024; the vendored 2,000-row slice if the full trace is absent) on a layout and
+then writes everything the product stores into a fresh DuckDB store through the same code
+``phaselens simulate --db`` runs (telemetry through ``Store.append_telemetry_batches``, GPU samples
+every 100 ms, the scenario row), CHECKPOINT included. Printed per case: wall time of the
+simulation and of the write, simulated s per wall s, iterations per wall s, rows written, and the
+ratio against the targets (< 60 s for 8 GPUs, < 600 s for 64 GPUs; stretch 15 s).
+
+    PYTHONPATH=. .venv/bin/python bench/simulate.py                 # the three cases of the issue
+    PYTHONPATH=. .venv/bin/python bench/simulate.py --duration 600  # a shorter slice
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collector.simulate import store_simulation  # noqa: E402
+from collector.store import Store  # noqa: E402
+from serving.config import preset  # noqa: E402
+from serving.sim.layout import parse_layout  # noqa: E402
+from serving.sim.simulator import Simulation  # noqa: E402
+from serving.trace import load_azure_trace, vendored_trace_path  # noqa: E402
+
+FULL_TRACE = ROOT.parent / "shared" / "data" / "azure_llm_inference_2023_conv.csv"
+CASES = (
+    # (label, layout, rate scale, target wall s)
+    ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1.0, 60.0),
+    ("8 x H100, 70B TP2, 3P1D", "3p1d:h100-sxm:tp2", 1.0, 60.0),
+    ("64 x H100, 70B TP2, aggregated, 8x rate", "agg:64xh100-sxm:tp2", 8.0, 600.0),
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=3600.0, help="seconds of the trace (3600)")
+    ap.add_argument("--model", default="llama-3.1-70b")
+    ap.add_argument("--case", action="append", type=int, default=None, help="case numbers (0-based) to run")
+    args = ap.parse_args()
+    path = FULL_TRACE if FULL_TRACE.is_file() else vendored_trace_path()
+    shape = preset(args.model)
+    print(f"trace {path.name}, {args.duration:g} s; model {shape.name}; host {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for i, (label, layout_text, rate_scale, target_s) in enumerate(CASES):
+        if args.case and i not in args.case:
+            continue
+        requests = load_azure_trace(path, duration_s=args.duration, rate_scale=rate_scale)
+        layout = parse_layout(layout_text)
+        t0 = time.perf_counter()
+        result = Simulation(layout, shape, requests, start_s=1.8e9, scenario=f"bench{i}").run()
+        t1 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Store.open(Path(tmp) / "bench.duckdb")
+            counts = store_simulation(store, result, scenario_id=f"bench{i}")
+            store.checkpoint()
+            store.close()
+        t2 = time.perf_counter()
+        sim_s, write_s, total = t1 - t0, t2 - t1, t2 - t0
+        rows = sum(counts.values())
+        print(
+            f"{label} [{layout_text}]: {len(requests):,} requests, {result.duration_s:,.0f} s simulated, "
+            f"{result.iterations:,} iterations\n"
+            f"  simulate {sim_s:6.1f} s  ({result.duration_s / sim_s:,.0f} simulated s per wall s, "
+            f"{result.iterations / sim_s:,.0f} iterations/s)\n"
+            f"  write    {write_s:6.1f} s  ({rows:,} rows: {counts.get('tokens', 0):,} tokens, "
+            f"{counts.get('iterations', 0):,} iterations, {counts.get('gpu_samples', 0):,} GPU samples; "
+            f"{rows / write_s:,.0f} rows/s)\n"
+            f"  total    {total:6.1f} s  = {total / target_s:.2f}x the {target_s:g} s target "
+            f"({'met' if total < target_s else 'NOT met'}; stretch 15 s {'met' if total < 15 else 'not met'})"
+        )
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak_mb:,.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
