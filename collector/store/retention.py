@@ -209,7 +209,10 @@ def import_parquet(store: Store, in_dir: str | Path) -> ImportResult:
     become ``devices`` rows, one per run of unchanged attributes, counted under ``devices``.
     """
     root = Path(in_dir)
-    version, present = check_export(root, store.schema_version)
+    try:
+        version, present = check_export(root, store.schema_version)
+    except OSError as e:
+        raise ExportFormatError(f"cannot read the export {root}: {e}") from e
     result = ImportResult(schema_version=version)
     with store.transaction() as con:
         try:
