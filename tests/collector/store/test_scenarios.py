@@ -220,7 +220,7 @@ def test_import_refuses_what_is_not_an_export_and_writes_nothing(tmp_path: Path)
             f"TO '{bad / 'part.parquet'}' (FORMAT PARQUET)"
         )
         (tmp_path / "bad" / "requests").symlink_to(good / "requests")
-        with pytest.raises(ExportFormatError, match="nothing was imported.*CHECK constraint"):
+        with pytest.raises(ExportFormatError, match=r"nothing was imported.*CHECK constraint"):
             import_parquet(main, tmp_path / "bad")
         assert _counts(main, "box-1") == before
         assert main.query("SELECT count(*) AS n FROM requests")["n"][0] == 1  # good's requests not kept
