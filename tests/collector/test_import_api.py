@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from collector.client import CollectorImportError, import_into_collector
 from collector.store import EXPORT_MANIFEST, LATEST_VERSION, Store
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import DATA, LocalServer, http_server  # noqa: F401
@@ -180,6 +181,9 @@ def test_without_a_token_the_endpoint_is_off_and_the_env_variable_turns_it_on(
     try:
         message = _error(_import(url, {"path": str(export)}), 403)
         assert "--control-token TOKEN" in message and "PHASELENS_CONTROL_TOKEN" in message
+        with pytest.raises(CollectorImportError, match="answered 403: control endpoints are off") as refused:
+            import_into_collector(url, export)
+        assert refused.value.status == 403
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -187,8 +191,10 @@ def test_without_a_token_the_endpoint_is_off_and_the_env_variable_turns_it_on(
     monkeypatch.setenv("PHASELENS_CONTROL_TOKEN", TOKEN)
     proc, url = start_collector(tmp_path / "on.duckdb")
     try:
-        r = _import(url, {"path": str(export)})
-        assert r.status_code == 200 and r.json()["inserted"] == 41, r.text
+        assert import_into_collector(url, export)["inserted"] == 41  # token from the environment too
+        with pytest.raises(CollectorImportError, match="answered 401") as wrong:
+            import_into_collector(url, export, token="nope")
+        assert wrong.value.status == 401
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
