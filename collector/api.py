@@ -146,15 +146,17 @@ def create_collector_app(collector: Collector) -> FastAPI:
     async def tables() -> dict[str, Any]:
         return {"tables": {name: {"time_column": spec.time_column} for name, spec in sorted(TABLES.items())}}
 
+    # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store
+    # (an import holds its lock while it runs) does not stall the event loop, /health or the others.
     @app.get("/api/v1/latest")
-    async def latest(since_s: float | None = None) -> Any:
+    def latest(since_s: float | None = None) -> Any:
         try:
             return {"rows": _records(collector.store.latest_per_device(since_s=since_s))}
         except StoreError as e:
             return _error(400, str(e))
 
     @app.get("/api/v1/tables/{table}")
-    async def table_range(
+    def table_range(
         table: str,
         start: float | None = None,
         end: float | None = None,
