@@ -1,25 +1,39 @@
-"""The collector's HTTP API: time-range reads of every table, latest values per device, health.
+"""The collector's HTTP API: time-range reads of every table, latest values per device, health,
+simulated scenarios, and the import of Parquet exports.
 
 The dashboard, reports and CLI read the store only through here (DuckDB admits no second process
-beside the writer).
+beside the writer). ``POST /api/v1/import`` is a control endpoint (bearer token, ``phaselens collect
+--control-token`` or ``PHASELENS_CONTROL_TOKEN``): the writer thread merges the export, so a
+simulator (or another node) adds rows while the collector holds the file. Errors are JSON:
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import json
+import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from collector.service import Collector
-from collector.store import StoreError
+from collector.service import Collector, CollectorNotRunning
+from collector.store import ExportFormatError, ImportResult, StoreError, list_scenarios
 from collector.store.tables import TABLES
 
+log = logging.getLogger(__name__)
+
 MAX_ROWS = 100_000
+IMPORT_TIMEOUT_S = 600.0  # how long POST /api/v1/import waits for the writer to merge an export
+_IMPORT_FIELDS = ("path",)
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -34,8 +48,80 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+def _error(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"message": message, "type": kind, "param": param, "code": status}
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _control_denied(request: Request, token: str | None) -> JSONResponse | None:
+    """The error response of a control request without the right bearer token, else None."""
+    if not token:
+        return _error(
+            403,
+            "control endpoints are off: start the collector with `phaselens collect --control-token TOKEN` "
+            "(or PHASELENS_CONTROL_TOKEN=TOKEN) and send `Authorization: Bearer TOKEN`",
+        )
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return _error(
+            401,
+            "missing or wrong bearer token for the control endpoint (send `Authorization: Bearer TOKEN`, "
+            "the collector's --control-token)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return None
+
+
+async def _import_path(request: Request) -> Path | JSONResponse:
+    """The export directory named by an import request's JSON body, or the 400 saying what is wrong."""
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError) as e:
+        return _error(400, f"request body is not valid JSON: {e}")
+    if not isinstance(body, dict):
+        return _error(400, 'request body must be a JSON object: {"path": "<export directory>"}')
+    unknown = sorted(set(body) - set(_IMPORT_FIELDS))
+    if unknown:
+        return _error(
+            400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(_IMPORT_FIELDS)}", unknown[0]
+        )
+    path = body.get("path")
+    if path is None:
+        return _error(
+            400, "missing 'path': the export directory to import (absolute, on the collector's host)", "path"
+        )
+    if not isinstance(path, str) or not path.strip():
+        return _error(400, f"'path' must be a non-empty string, got {path!r}", "path")
+    if "\x00" in path or not Path(path).is_absolute():
+        return _error(400, f"'path' must be an absolute path on the collector's host, got {path!r}", "path")
+    return Path(path)
+
+
+def _import_body(path: Path, result: ImportResult) -> dict[str, Any]:
+    names = sorted(set(result.inserted) | set(result.duplicates))
+    tables = {
+        n: {"inserted": result.inserted.get(n, 0), "duplicates": result.duplicates.get(n, 0)} for n in names
+    }
+    return {
+        "path": str(path),
+        "schema_version": result.schema_version,
+        "tables": tables,
+        "inserted": sum(result.inserted.values()),
+        "duplicates": sum(result.duplicates.values()),
+        "ignored_columns": result.ignored_columns,
+    }
+
+
+def _decode_json(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str, Any]]:
+    """JSON text of ``columns`` as values (a row stored by DuckDB always holds valid JSON)."""
+    for row in rows:
+        for c in columns:
+            if isinstance(row.get(c), str):
+                row[c] = json.loads(row[c])
+    return rows
 
 
 def create_collector_app(collector: Collector) -> FastAPI:
@@ -60,15 +146,17 @@ def create_collector_app(collector: Collector) -> FastAPI:
     async def tables() -> dict[str, Any]:
         return {"tables": {name: {"time_column": spec.time_column} for name, spec in sorted(TABLES.items())}}
 
+    # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store
+    # (an import holds its lock while it runs) does not stall the event loop, /health or the others.
     @app.get("/api/v1/latest")
-    async def latest(since_s: float | None = None) -> Any:
+    def latest(since_s: float | None = None) -> Any:
         try:
             return {"rows": _records(collector.store.latest_per_device(since_s=since_s))}
         except StoreError as e:
             return _error(400, str(e))
 
     @app.get("/api/v1/tables/{table}")
-    async def table_range(
+    def table_range(
         table: str,
         start: float | None = None,
         end: float | None = None,
@@ -86,5 +174,49 @@ def create_collector_app(collector: Collector) -> FastAPI:
         except StoreError as e:
             return _error(400, str(e))
         return {"table": table, "rows": _records(df), "truncated": len(df) == limit}
+
+    @app.get("/api/v1/scenarios")
+    async def scenarios(limit: int = 1_000) -> Any:
+        """Simulated scenarios, newest first (JSON fields as values)."""
+        if not 1 <= limit <= MAX_ROWS:
+            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
+        try:  # off the event loop: a running import holds the store's lock
+            df = await asyncio.to_thread(list_scenarios, collector.store, limit=limit)
+        except StoreError as e:
+            return _error(400, str(e))
+        json_cols = [c.name for c in collector.store.columns("scenarios") if c.is_json]
+        return {"scenarios": _decode_json(_records(df), json_cols), "truncated": len(df) == limit}
+
+    @app.post("/api/v1/import")
+    async def import_export(request: Request) -> Any:
+        """Merge a `phaselens store export` directory into the store (control endpoint)."""
+        denied = _control_denied(request, collector.settings.control_token)
+        if denied is not None:
+            return denied
+        path = await _import_path(request)
+        if isinstance(path, JSONResponse):
+            return path
+        try:
+            job = collector.import_export(path)
+        except CollectorNotRunning as e:
+            return _error(503, str(e))
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(job), IMPORT_TIMEOUT_S)
+        except TimeoutError:
+            return _error(
+                504,
+                f"the import of {path} did not finish within {IMPORT_TIMEOUT_S:g} s; it is cancelled if it "
+                "had not started, else it commits whole or not at all (GET /api/v1/scenarios, /health)",
+            )
+        except CollectorNotRunning as e:
+            return _error(503, str(e))
+        except ExportFormatError as e:
+            return _error(422, str(e), "path")
+        except StoreError as e:
+            return _error(500, f"import of {path} failed, nothing was imported: {e}")
+        except Exception as e:  # a JSON 500 naming the error, never a plain-text page
+            log.exception("import of %s failed", path)
+            return _error(500, f"import of {path} failed, nothing was imported: {type(e).__name__}: {e}")
+        return _import_body(path, result)
 
     return app

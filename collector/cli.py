@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -46,12 +47,20 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         default=600.0,
         help="apply the retention (roll up and delete) at start and then every this many s",
     )
+    p.add_argument(
+        "--control-token",
+        default=None,
+        metavar="TOKEN",
+        help="bearer token of the control endpoints (POST /api/v1/import; default: $PHASELENS_CONTROL_TOKEN; "
+        "without one they answer 403)",
+    )
 
 
 def collect_settings(args: argparse.Namespace) -> CollectorSettings:
     """The collector's settings from `phaselens collect` arguments; ValueError naming a bad one."""
     from collector.service import CollectorSettings
     from collector.store import RetentionPolicy, StoreError
+    from collector.store.scenarios import is_simulated_node
 
     try:
         retention = RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days)
@@ -71,9 +80,15 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         flush_interval_s=args.flush_interval,
         retention=retention,
         retention_interval_s=args.retention_interval_s,
+        control_token=args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN") or None,
     )
     if args.node:
         settings.node = args.node
+    if is_simulated_node(settings.node):
+        raise ValueError(
+            f"--node {settings.node!r}: node names starting with 'sim:' mark simulated scenarios' rows; "
+            "a collector stores measured rows, so give it another name"
+        )
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
         raise ValueError("--gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s")
     if not 1.0 <= settings.retention_interval_s <= 7 * 86_400:
@@ -110,8 +125,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return 2
     collector = Collector(settings, store)
     names = ", ".join(s.name for s in collector.sources) or "none"
+    control = "on (bearer token)" if settings.control_token else "off (no --control-token)"
     print(
-        f"phaselens collect: writing {settings.db_path}; API on http://{settings.host}:{settings.port}; sources: {names}",
+        f"phaselens collect: writing {settings.db_path}; API on http://{settings.host}:{settings.port}; "
+        f"sources: {names}; control endpoints {control}",
         file=sys.stderr,
         flush=True,
     )
@@ -125,7 +142,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     Works on the file directly, so the collector writing it must be stopped first (DuckDB admits
     one writing process; the error says so).
     """
-    from collector.store import Store, StoreError, export_parquet, import_parquet
+    from collector.store import Store, StoreError, StoreLockedError, export_parquet, import_parquet
 
     try:
         with Store.open(args.db, read_only=args.action == "export") as store:
@@ -136,7 +153,13 @@ def cmd_store(args: argparse.Namespace) -> int:
                 res = import_parquet(store, args.dir)
                 print(f"imported {res.inserted}; skipped duplicates {res.duplicates}")
     except (StoreError, OSError, ValueError) as e:
-        print(f"phaselens store {args.action}: error: {e}", file=sys.stderr)
+        hint = ""
+        if isinstance(e, StoreLockedError) and args.action == "import":
+            hint = (
+                "; or have the running collector merge it: POST /api/v1/import with "
+                '{"path": "<absolute export dir>"} and its control token (docs/STORE.md)'
+            )
+        print(f"phaselens store {args.action}: error: {e}{hint}", file=sys.stderr)
         return 2
     return 0
 

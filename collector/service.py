@@ -1,5 +1,8 @@
 """The collector service: polls every source on its own thread, writes the store from one writer
 thread (DuckDB admits one writing process; this is it), and serves reads and health over HTTP.
+
+Writes that do not come from a source (``import_export``: merging a Parquet export, e.g. a simulated
+scenario's) are jobs run by the writer thread between two drains, so nothing else writes meanwhile.
 """
 
 from __future__ import annotations
@@ -9,7 +12,11 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from collector.sources.base import Source, SourceResult
@@ -22,10 +29,22 @@ from collector.sources.serving_stack import (
     ServingDevicesSource,
     ServingTelemetrySource,
 )
-from collector.store import RetentionPolicy, Store, StoreError, TelemetryIngest, apply_retention
+from collector.store import (
+    ImportResult,
+    RetentionPolicy,
+    Store,
+    StoreError,
+    TelemetryIngest,
+    apply_retention,
+    import_parquet,
+)
 from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
+
+
+class CollectorNotRunning(Exception):
+    """A job was handed to the writer thread while it is not running (not started, or stopping)."""
 
 
 @dataclass(slots=True)
@@ -50,6 +69,7 @@ class CollectorSettings:
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
+    control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -79,6 +99,9 @@ class WriterStats:
     raw_rows_rolled_up: int = 0
     last_flush_s: float | None = None
     last_error: str | None = None
+    imports: int = 0  # Parquet exports merged through import_export
+    rows_imported: int = 0
+    last_import_s: float | None = None
 
 
 class Collector:
@@ -99,6 +122,12 @@ class Collector:
         self._dropped_recorded = 0
         self._last_checkpoint_s = time.time()
         self.started_s = time.time()
+        self._schema_version = store.schema_version  # for /health: read without the store's lock
+        # jobs for the writer thread (import_export), and what wakes it before its next flush is due
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._jobs_lock = threading.Lock()
+        self._jobs_open = False
+        self._wake = threading.Event()
 
     def start(self) -> None:
         """Resume telemetry cursors from the store, then start the pollers and the writer."""
@@ -110,14 +139,18 @@ class Collector:
         writer = threading.Thread(target=self._write_loop, daemon=True, name="store-writer")
         writer.start()
         self._threads.append(writer)
+        with self._jobs_lock:
+            self._jobs_open = not self._stop.is_set()
 
     def stop(self) -> None:
         """Stop polling, write everything still queued, checkpoint; safe to call twice."""
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake.set()
         for t in self._threads:
             t.join(timeout=10)
+        self._close_jobs()
         self._drain()
         self.store.checkpoint()
         for src in self.sources:
@@ -162,11 +195,71 @@ class Collector:
         interval = self.settings.flush_interval_s
         self._apply_retention()  # a collector down past the horizon catches up at once
         last_retention = time.monotonic()
-        while not self._stop.wait(interval):
+        while not self._sleep(interval):
             self._drain()
+            self._run_jobs()
             if time.monotonic() - last_retention >= self.settings.retention_interval_s:
                 last_retention = time.monotonic()
                 self._apply_retention()
+
+    def _sleep(self, interval_s: float) -> bool:
+        """Wait ``interval_s`` or until woken (stop, a job queued); True when stopping."""
+        self._wake.wait(interval_s)
+        self._wake.clear()
+        return self._stop.is_set()
+
+    # -- jobs on the writer thread ------------------------------------------------------------------
+
+    def import_export(self, path: str | Path) -> Future[ImportResult]:
+        """Queue the merge of a Parquet export directory (``phaselens store export``'s layout) into
+        the store; the writer thread runs it between two drains (``import_parquet``: one
+        transaction). The future gives the ImportResult, or raises the ExportFormatError/StoreError
+        of an import that wrote nothing. CollectorNotRunning when the writer is not running."""
+        return self._submit(partial(self._import, Path(path)))
+
+    def _import(self, path: Path) -> ImportResult:
+        result = import_parquet(self.store, path)
+        self.stats.imports += 1
+        self.stats.rows_imported += sum(result.inserted.values())
+        self.stats.last_import_s = time.time()
+        log.info("imported %s: %s", path, result.inserted)
+        return result
+
+    def _submit(self, job: Callable[[], Any]) -> Future[Any]:
+        """Hand ``job`` to the writer thread and wake it; its future gives the result."""
+        fut: Future[Any] = Future()
+        with self._jobs_lock:
+            if not self._jobs_open:
+                raise CollectorNotRunning("the collector's writer is not running (starting or stopping)")
+            self._jobs.put((job, fut))
+        self._wake.set()
+        return fut
+
+    def _run_jobs(self) -> None:
+        """Run the queued jobs (writer thread); a failing job fails its future, not the writer."""
+        while True:
+            try:
+                job, fut = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue  # the caller gave up before it started
+            try:
+                fut.set_result(job())
+            except Exception as e:  # handed to the caller
+                fut.set_exception(e)
+
+    def _close_jobs(self) -> None:
+        """Refuse new jobs and fail the queued ones (the writer thread has stopped)."""
+        with self._jobs_lock:
+            self._jobs_open = False
+        while True:
+            try:
+                _, fut = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(CollectorNotRunning("the collector stopped before the job ran"))
 
     def _apply_retention(self) -> None:
         """Fold raw samples older than the retention into 10 s rollups (same writer thread)."""
@@ -301,7 +394,7 @@ class Collector:
             "status": "degraded" if down or self.stats.results_dropped else "ok",
             "node": self.settings.node,
             "db_path": str(self.store.path),
-            "schema_version": self.store.schema_version,
+            "schema_version": self._schema_version,
             "uptime_s": round(now - self.started_s, 1),
             "queue_depth": self._queue.qsize(),
             "writer": {
@@ -314,6 +407,9 @@ class Collector:
                 "raw_rows_rolled_up": self.stats.raw_rows_rolled_up,
                 "last_flush_s": self.stats.last_flush_s,
                 "last_error": self.stats.last_error,
+                "imports": self.stats.imports,
+                "rows_imported": self.stats.rows_imported,
+                "last_import_s": self.stats.last_import_s,
             },
             "sources": sources,
         }

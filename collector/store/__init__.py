@@ -1,29 +1,36 @@
 """The collector's DuckDB store (single writer): schema migrations, batched appends, retention.
 
 Public API: :class:`Store` (``Store.open``), :class:`StoreError`, :class:`StoreLockedError`,
-:class:`TelemetryIngest`, and the functions in :mod:`collector.store.retention`.
+:class:`TelemetryIngest`, the functions in :mod:`collector.store.retention` and, for simulated
+scenarios, :mod:`collector.store.scenarios`.
 """
 
-from collector.store.errors import StoreError, StoreLockedError
+from collector.store.errors import ExportFormatError, StoreError, StoreLockedError
 from collector.store.retention import (
+    EXPORT_MANIFEST,
     ExportResult,
     ImportResult,
     RetentionPolicy,
     RollupResult,
     apply_retention,
+    check_export,
     export_parquet,
     import_parquet,
     rollup,
 )
+from collector.store.scenarios import SIMULATED, delete_scenario, list_scenarios, scenario_node
 from collector.store.schema import LATEST_VERSION, MIGRATIONS, Migration
 from collector.store.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Column, Store, TelemetryIngest
 
 __all__ = [
+    "EXPORT_MANIFEST",
     "LATEST_VERSION",
     "MIGRATIONS",
     "ROW_GROUP_ROWS",
+    "SIMULATED",
     "WRITER_BUFFER_ROWS",
     "Column",
+    "ExportFormatError",
     "ExportResult",
     "ImportResult",
     "Migration",
@@ -34,7 +41,11 @@ __all__ = [
     "StoreLockedError",
     "TelemetryIngest",
     "apply_retention",
+    "check_export",
+    "delete_scenario",
     "export_parquet",
     "import_parquet",
+    "list_scenarios",
     "rollup",
+    "scenario_node",
 ]

@@ -9,3 +9,7 @@ class StoreError(Exception):
 
 class StoreLockedError(StoreError):
     """The DuckDB file is held by another process (DuckDB allows one writing process)."""
+
+
+class ExportFormatError(StoreError):
+    """A directory given to import is not a Parquet export this store can take (nothing imported)."""

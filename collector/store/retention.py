@@ -15,19 +15,33 @@ merges such a tree into a store, skipping rows whose natural key
 from a start time also carries each GPU's ``devices`` row in effect at that start. Exports of the
 version-5 shape (``gpu_samples`` with ``kind``/``uuid``/``name``/``k8s_*``) import too: those
 columns become ``devices`` rows.
+
+Every export directory also holds ``_phaselens_export.json`` (the manifest: format, the schema
+version of the store that wrote it, rows per table). Import refuses, before writing anything, a
+directory that is no export (no manifest and no ``<table>/`` folder of Parquet files), one with a
+table this store does not know, and one written by a newer schema; rows the store cannot take
+(types, constraints) roll the whole import back.
+
+Simulated scenarios (``node = 'sim:<scenario_id>'``) live in virtual time: retention leaves their
+rows alone (their timestamps say nothing about their age).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import duckdb
 
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS
-from collector.store.errors import StoreError
-from collector.store.schema import ROLLUP_AVG_MAX_METRICS
+from collector.store.errors import ExportFormatError, StoreError
+from collector.store.schema import LATEST_VERSION, ROLLUP_AVG_MAX_METRICS, SIMULATED_NODE_PREFIX
 from collector.store.store import Store, TimeLike, to_epoch_s
 from collector.store.tables import TABLES
 
@@ -38,6 +52,17 @@ _ROLLUP_MATCH = " AND ".join(f'{{a}}."{k}" IS NOT DISTINCT FROM {{b}}."{k}"' for
 _DEVICE_MATCH = " AND ".join(f'{{a}}."{k}" IS NOT DISTINCT FROM {{b}}."{k}"' for k in DEVICE_KEY)
 # where a wide (version-5) gpu_samples / gpu_samples_10s export keeps a row's time
 _WIDE_TIME = {"gpu_samples": "ts_s", "gpu_samples_10s": "bucket_start_s"}
+EXPORT_MANIFEST = "_phaselens_export.json"  # in the root of every export directory
+EXPORT_FORMAT = "phaselens-parquet-export"
+# rows retention keeps whatever their time: simulated scenarios, in virtual time
+_NOT_SIMULATED = f"NOT starts_with(node, '{SIMULATED_NODE_PREFIX}')"
+# DuckDB errors that mean the files hold rows the store cannot take (the import is rolled back)
+_BAD_ROWS = (
+    duckdb.ConversionException,
+    duckdb.ConstraintException,
+    duckdb.InvalidInputException,
+    duckdb.BinderException,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +109,7 @@ class ImportResult:
     inserted: dict[str, int] = field(default_factory=dict)
     duplicates: dict[str, int] = field(default_factory=dict)
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
+    schema_version: int | None = None  # of the store that wrote the export (None: no manifest)
 
 
 def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> RollupResult:
@@ -102,9 +128,11 @@ def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> 
             match = _ROLLUP_MATCH.format(a="r", b="m")
             con.execute(f"DELETE FROM gpu_samples_10s r USING _rollup_merged m WHERE {match}")
             con.execute("INSERT INTO gpu_samples_10s BY NAME SELECT * FROM _rollup_merged")
-        deleted = con.execute("DELETE FROM gpu_samples WHERE ts_s < ?", [cutoff]).fetchone()[0]
+        deleted = con.execute(
+            f"DELETE FROM gpu_samples WHERE ts_s < ? AND {_NOT_SIMULATED}", [cutoff]
+        ).fetchone()[0]
         # An emulated GPU's raw counters go with its raw samples (the rollup keeps host_bound_pct).
-        con.execute("DELETE FROM emulation_samples WHERE ts_s < ?", [cutoff])
+        con.execute(f"DELETE FROM emulation_samples WHERE ts_s < ? AND {_NOT_SIMULATED}", [cutoff])
         con.execute("DROP TABLE _rollup_merged")
     return RollupResult(cutoff_s=cutoff, buckets_written=int(buckets), raw_rows_deleted=int(deleted))
 
@@ -119,9 +147,11 @@ def apply_retention(store: Store, policy: RetentionPolicy, *, now_s: float | Non
     result = rollup(store, policy.raw_days * _DAY_S, now_s=now)
     horizon = now - policy.rollup_days * _DAY_S
     with store.transaction() as con:
-        expired = con.execute("DELETE FROM gpu_samples_10s WHERE bucket_start_s < ?", [horizon]).fetchone()[0]
+        expired = con.execute(
+            f"DELETE FROM gpu_samples_10s WHERE bucket_start_s < ? AND {_NOT_SIMULATED}", [horizon]
+        ).fetchone()[0]
         superseded = con.execute(
-            f"""DELETE FROM devices d WHERE since_s < $h AND EXISTS (
+            f"""DELETE FROM devices d WHERE since_s < $h AND {_NOT_SIMULATED} AND EXISTS (
                     SELECT 1 FROM devices n
                     WHERE {_DEVICE_MATCH.format(a="n", b="d")} AND n.since_s > d.since_s AND n.since_s <= $h)""",
             {"h": horizon},
@@ -143,7 +173,8 @@ def export_parquet(
 
     Only rows whose time column lies in ``[start, end)`` are written, plus, for a table of state
     rows (``devices``), each thing's row in effect at ``start``. New files never overwrite earlier
-    exports in the same directory (file names carry a uuid). Reads committed data only.
+    exports in the same directory (file names carry a uuid); the manifest (``EXPORT_MANIFEST``) then
+    counts the rows of all of them. Reads committed data only.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +196,7 @@ def export_parquet(
                          FILENAME_PATTERN 'part_{{uuid}}', OVERWRITE_OR_IGNORE true)"""
                 )
         result.rows[name] = int(count)
+    _write_manifest(store, out, result, start, end)
     return result
 
 
@@ -177,46 +209,146 @@ def import_parquet(store: Store, in_dir: str | Path) -> ImportResult:
     become ``devices`` rows, one per run of unchanged attributes, counted under ``devices``.
     """
     root = Path(in_dir)
-    if not root.is_dir():
-        raise StoreError(f"{root} is not a directory of Parquet exports")
-    result = ImportResult()
+    try:
+        version, present = check_export(root, store.schema_version)
+    except OSError as e:
+        raise ExportFormatError(f"cannot read the export {root}: {e}") from e
+    result = ImportResult(schema_version=version)
     with store.transaction() as con:
-        for name, spec in TABLES.items():
-            table_dir = root / name
-            if not table_dir.is_dir() or not any(table_dir.rglob("*.parquet")):
-                continue
-            src = (
-                f"read_parquet({_sql_str(table_dir / '**' / '*.parquet')}, "
-                "hive_partitioning = false, union_by_name = true)"
-            )
-            file_cols = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()]
-            table_cols = [c.name for c in store.columns(name)]
-            missing_keys = [k for k in spec.natural_key if k not in file_cols]
-            if missing_keys:
-                raise StoreError(f"{table_dir}: Parquet files lack key column(s) {', '.join(missing_keys)}")
-            cols = ", ".join(f'"{c}"' for c in table_cols if c in file_cols)
-            keys = ", ".join(f'"{k}"' for k in spec.natural_key)
-            match = " AND ".join(f't."{k}" IS NOT DISTINCT FROM s."{k}"' for k in spec.natural_key)
-            total = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
-            inserted = con.execute(
-                f"""INSERT INTO "{name}" ({cols})
-                    SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {src}) s
-                    WHERE NOT EXISTS (SELECT 1 FROM "{name}" t WHERE {match})"""
-            ).fetchone()[0]
-            result.inserted[name] = int(inserted)
-            result.duplicates[name] = int(total) - int(inserted)
-            split = name in _WIDE_TIME and any(c in file_cols for c in SPLIT_COLUMNS)
-            if split:
-                added = con.execute(_wide_devices_sql(src, _WIDE_TIME[name], file_cols)).fetchone()[0]
-                result.inserted["devices"] = result.inserted.get("devices", 0) + int(added)
-            ignored = [
-                c
-                for c in file_cols
-                if c not in table_cols and c != "date" and not (split and c in SPLIT_COLUMNS)
-            ]
-            if ignored:
-                result.ignored_columns[name] = ignored
+        try:
+            _import_tables(store, con, root, present, result)
+        except _BAD_ROWS as e:
+            raise ExportFormatError(
+                f"{root}: the Parquet files hold rows the store cannot take (nothing was imported): {e}"
+            ) from e
     return result
+
+
+def check_export(root: Path, store_version: int = LATEST_VERSION) -> tuple[int | None, set[str]]:
+    """Check that ``root`` is a Parquet export a store at ``store_version`` can import; return the
+    export's schema version (None when it has no manifest) and the tables it holds files of.
+
+    ExportFormatError names what is wrong: not a directory, no export (neither a manifest nor a
+    ``<table>/`` folder of Parquet files), a table this store does not know, a newer schema.
+    """
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is a file"
+        raise ExportFormatError(f"{root} is not a directory of Parquet exports (it {what})")
+    version = _manifest_version(root)
+    present: set[str] = set()
+    unknown: list[str] = []
+    for sub in sorted(root.iterdir()):
+        if not sub.is_dir() or sub.name.startswith((".", "_")) or not any(sub.rglob("*.parquet")):
+            continue
+        if sub.name in TABLES:
+            present.add(sub.name)
+        else:
+            unknown.append(sub.name)
+    if version is not None and version > store_version:
+        raise ExportFormatError(
+            f"{root} was exported with schema version {version}, newer than this store's "
+            f"(version {store_version}); upgrade phaselens to import it"
+        )
+    if unknown:
+        raise ExportFormatError(
+            f"{root} holds table(s) this store does not know: {', '.join(unknown)}; "
+            f"tables: {', '.join(sorted(TABLES))}"
+        )
+    if version is None and not present:
+        raise ExportFormatError(
+            f"{root} is not a phaselens export: it has no {EXPORT_MANIFEST} and no <table>/ folder of "
+            f"Parquet files (write one with `phaselens store export DIR`)"
+        )
+    return version, present
+
+
+def _manifest_version(root: Path) -> int | None:
+    """The schema version in ``root``'s manifest; None without one; ExportFormatError if unreadable."""
+    path = root / EXPORT_MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ExportFormatError(f"{path} is not a readable export manifest: {e}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
+        raise ExportFormatError(
+            f"{path} is not a phaselens export manifest (format must be {EXPORT_FORMAT!r})"
+        )
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ExportFormatError(f"{path}: schema_version must be a positive integer, got {version!r}")
+    return version
+
+
+def _write_manifest(
+    store: Store, out: Path, result: ExportResult, start: TimeLike | None, end: TimeLike | None
+) -> None:
+    """Write (or update, for a second export into ``out``) the export's manifest, atomically."""
+    path = out / EXPORT_MANIFEST
+    version, rows = store.schema_version, dict(result.rows)
+    try:
+        old: Any = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        old = None  # unreadable: this export's manifest replaces it
+    if isinstance(old, dict) and old.get("format") == EXPORT_FORMAT:
+        if isinstance(old.get("schema_version"), int):
+            version = max(version, old["schema_version"])  # the files of a newer export stay newer
+        for name, n in (old.get("rows") or {}).items():
+            if isinstance(n, int):
+                rows[name] = rows.get(name, 0) + n
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "schema_version": version,
+        "exported_at_s": time.time(),
+        "start_s": None if start is None else to_epoch_s(start, "start"),
+        "end_s": None if end is None else to_epoch_s(end, "end"),
+        "rows": rows,
+    }
+    tmp = out / f".{EXPORT_MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _import_tables(
+    store: Store, con: duckdb.DuckDBPyConnection, root: Path, present: set[str], result: ImportResult
+) -> None:
+    """The inserts of ``import_parquet`` (inside its transaction), table by table."""
+    for name, spec in TABLES.items():
+        table_dir = root / name
+        if name not in present:
+            continue
+        src = (
+            f"read_parquet({_sql_str(table_dir / '**' / '*.parquet')}, "
+            "hive_partitioning = false, union_by_name = true)"
+        )
+        file_cols = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()]
+        table_cols = [c.name for c in store.columns(name)]
+        missing_keys = [k for k in spec.natural_key if k not in file_cols]
+        if missing_keys:
+            raise ExportFormatError(
+                f"{table_dir}: Parquet files lack key column(s) {', '.join(missing_keys)}"
+            )
+        cols = ", ".join(f'"{c}"' for c in table_cols if c in file_cols)
+        keys = ", ".join(f'"{k}"' for k in spec.natural_key)
+        match = " AND ".join(f't."{k}" IS NOT DISTINCT FROM s."{k}"' for k in spec.natural_key)
+        total = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+        inserted = con.execute(
+            f"""INSERT INTO "{name}" ({cols})
+                SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {src}) s
+                WHERE NOT EXISTS (SELECT 1 FROM "{name}" t WHERE {match})"""
+        ).fetchone()[0]
+        result.inserted[name] = int(inserted)
+        result.duplicates[name] = int(total) - int(inserted)
+        split = name in _WIDE_TIME and any(c in file_cols for c in SPLIT_COLUMNS)
+        if split:
+            added = con.execute(_wide_devices_sql(src, _WIDE_TIME[name], file_cols)).fetchone()[0]
+            result.inserted["devices"] = result.inserted.get("devices", 0) + int(added)
+        ignored = [
+            c for c in file_cols if c not in table_cols and c != "date" and not (split and c in SPLIT_COLUMNS)
+        ]
+        if ignored:
+            result.ignored_columns[name] = ignored
 
 
 def _export_rows(
@@ -283,7 +415,7 @@ def _merge_sql() -> str:
                bit_or(clock_event_reasons) AS any_clock_event_reasons,
                min(locked_sm_clock_min_mhz) AS min_locked_sm_clock_min_mhz,
                max(locked_sm_clock_max_mhz) AS max_locked_sm_clock_max_mhz
-        FROM gpu_samples WHERE ts_s < ?
+        FROM gpu_samples WHERE ts_s < ? AND {_NOT_SIMULATED}
         GROUP BY node, source, device, "index", floor(ts_s / {BUCKET_S}) * {BUCKET_S}
     ),
     old AS (SELECT r.* FROM gpu_samples_10s r SEMI JOIN fresh f ON {_ROLLUP_MATCH.format(a="r", b="f")}),

@@ -561,6 +561,43 @@ FROM iterations i ASOF LEFT JOIN (SELECT * FROM devices WHERE worker IS NOT NULL
 """
 
 
+# Simulated scenarios (``phaselens simulate``): one ``scenarios`` row per run, and every row the run
+# produced carries ``node = 'sim:' || scenario_id`` (and ``source = 'simulated'`` where the table has
+# a source; its gpu_samples are ``emulated``). ``trust_label`` is the one definition analytics use
+# to tell simulated, emulated and measured rows apart.
+SIMULATED_NODE_PREFIX = "sim:"
+
+_V9_SCENARIOS = """
+CREATE TABLE scenarios (
+    scenario_id VARCHAR NOT NULL,
+    node        VARCHAR NOT NULL,   -- 'sim:' || scenario_id: the node of every row of the scenario
+    created_s   DOUBLE  NOT NULL,   -- wall clock when the run started
+    label       VARCHAR NOT NULL,   -- 'simulated' (the trust label of the scenario's rows)
+    name        VARCHAR,
+    model       VARCHAR,
+    gpu         VARCHAR,
+    layout      JSON,
+    trace       JSON,
+    params      JSON,
+    start_s     DOUBLE,             -- virtual time span of the scenario (UTC epoch s)
+    end_s       DOUBLE,
+    wall_s      DOUBLE,             -- wall-clock seconds the simulation took
+    summary     JSON,
+    CHECK (node = 'sim:' || scenario_id)
+);
+
+-- 'simulated' | 'emulated' | 'measured' for a row's (node, source, emulated); the two-argument form
+-- is for tables without an emulated column.
+CREATE MACRO trust_label(node, source, emulated) AS
+    CASE WHEN starts_with(node, 'sim:') OR source = 'simulated' THEN 'simulated'
+         WHEN emulated THEN 'emulated'
+         ELSE 'measured' END,
+  (node, source) AS
+    CASE WHEN starts_with(node, 'sim:') OR source = 'simulated' THEN 'simulated'
+         ELSE 'measured' END;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
@@ -576,6 +613,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "GPU identity: iterations gpu_uuid/gpu_index/lag_s/modeled_s, devices worker/role; emulation lag",
         _v8_sql(),
     ),
+    Migration(9, "simulated scenarios: scenarios table, trust_label macro", _V9_SCENARIOS),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version
