@@ -49,8 +49,10 @@ def main() -> int:
     args = ap.parse_args()
     path = FULL_TRACE if FULL_TRACE.is_file() else vendored_trace_path()
     shape = preset(args.model)
-    print(f"trace {path.name}, {args.duration:g} s; model {shape.name}; host {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"trace {path.name}, {args.duration:g} s; model {shape.name}; host {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     for i, (label, layout_text, rate_scale, target_s) in enumerate(CASES):
         if args.case and i not in args.case:
             continue

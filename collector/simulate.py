@@ -31,14 +31,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from collector.store.scenarios import SIMULATED, scenario_node
 from serving.trace import TraceRequest
-
-SOURCE = "simulated"
-
-
-def scenario_node(scenario_id: str) -> str:
-    """The ``node`` every row of a scenario carries."""
-    return f"sim:{scenario_id}"
 
 
 def new_scenario_id() -> str:
@@ -75,6 +69,26 @@ def store_simulation(
         raise RuntimeError(f"the store rejected {rejected} simulated telemetry events (see ingest_errors)")
     shape = result.shape
     spec_key = result.layout.gpu
+    # Each GPU's owner from the first instant, so every iteration joins to its GPU's role; the
+    # samples' attributes equal these, so they add no devices rows of their own.
+    owners = [
+        {
+            "node": node,
+            "source": SIMULATED,
+            "device": f"simulated:{spec_key}",
+            "index": g.index,
+            "since_s": result.start_s,
+            "kind": "simulated",
+            "uuid": g.uuid,
+            "name": f"{result.gpu_name} (simulated)",
+            "emulated": True,
+            "worker": replica.id,
+            "role": replica.role,
+        }
+        for replica in result.replicas
+        for g in replica.gpus
+    ]
+    counts["devices"] = store.append("devices", owners)
     samples = 0
     for replica in result.replicas:
         per_gpu = weight_bytes(shape, replica.pool.tp)
@@ -86,7 +100,7 @@ def store_simulation(
         "scenario_id": scenario_id,
         "node": node,
         "created_s": time.time(),
-        "label": "simulated",
+        "label": SIMULATED,
         "name": name or result.layout.name,
         "model": shape.name,
         "gpu": result.gpu_name,
@@ -98,17 +112,9 @@ def store_simulation(
         "wall_s": result.wall_s,
         "summary": _json_safe(summary or {}),
     }
-    if "scenarios" in _tables(store):
-        counts["scenarios"] = store.append("scenarios", [row])
+    counts["scenarios"] = store.append("scenarios", [row])
     store.flush()
     return counts
-
-
-def _tables(store: Any) -> set[str]:
-    try:
-        return set(store.query("SELECT table_name FROM duckdb_tables()")["table_name"])
-    except Exception:  # pragma: no cover - an old store
-        return set()
 
 
 def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
@@ -118,7 +124,7 @@ def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Tabl
         data[key] = pa.array(values) if isinstance(values, np.ndarray) else pa.array(values, type=pa.int32())
     data.update(
         node=pa.array([node] * n, pa.string()),
-        source=pa.array([SOURCE] * n, pa.string()),
+        source=pa.array([SIMULATED] * n, pa.string()),
         device=pa.array([f"simulated:{spec_key}"] * n, pa.string()),
         kind=pa.array(["simulated"] * n, pa.string()),
         index=pa.array(np.full(n, cols.index, dtype=np.int32)),
@@ -347,6 +353,9 @@ def _run(
     sink = _open_sink(args)
     if isinstance(sink, int):
         return sink
+    from collector.client import CollectorImportError
+    from collector.store import StoreError
+
     summaries = []
     stored: list[tuple[str, dict[str, int]]] = []
     try:
@@ -371,6 +380,13 @@ def _run(
                 stored.append((sid, counts))
         if sink is not None:
             sink.finish()
+    except (CollectorImportError, StoreError, OSError) as e:
+        print(format_table(summaries))
+        print(
+            f"phaselens simulate: error: storing the scenarios failed, nothing was stored: {e}",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         if sink is not None:
             sink.close()
@@ -469,13 +485,6 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
 
 
 def _post_import(url: str, token: str, out_dir: Path) -> None:
-    import httpx
+    from collector.client import import_into_collector
 
-    resp = httpx.post(
-        url.rstrip("/") + "/api/v1/import",
-        json={"path": str(out_dir.resolve())},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=600,
-    )
-    if resp.status_code != 200:
-        raise RuntimeError(f"{url}: POST /api/v1/import answered {resp.status_code}: {resp.text[:500]}")
+    import_into_collector(url, out_dir, token=token)

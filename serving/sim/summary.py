@@ -191,7 +191,8 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
             elif key == "slo":
                 cells.append(f"{s.slo_attainment:.1%}")
             elif key == "energy_j":
-                cells.append(f"{s.energy_j / 3.6e6:,.2f}")
+                kwh = s.energy_j / 3.6e6
+                cells.append(f"{kwh:,.2f}" if kwh >= 10 else f"{kwh:.3g}")
             elif key == "iterations":
                 cells.append(f"{s.iterations:,} / {s.wall_s:,.1f}")
             else:

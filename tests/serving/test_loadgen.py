@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from serving.loadgen import (
     LoadGenError,
-    build_trace,
     add_load_arguments,
     build_report,
+    build_trace,
     emulation_during,
     fetch_model,
     format_report,

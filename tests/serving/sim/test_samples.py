@@ -20,14 +20,18 @@ def _run(layout: str):
     return Simulation(parse_layout(layout), SHAPE, trace, start_s=T0, record_work=True).run()
 
 
-@pytest.mark.parametrize("layout", ["agg:1xh100-sxm", "agg:1xh200:power_limit_w=300", "agg:1xh100-sxm:sm_clock_mhz=990-1200"])
+@pytest.mark.parametrize(
+    "layout", ["agg:1xh100-sxm", "agg:1xh200:power_limit_w=300", "agg:1xh100-sxm:sm_clock_mhz=990-1200"]
+)
 def test_counters_and_samples_equal_an_emulated_gpu_fed_the_same_iterations(layout):
     result = _run(layout)
     (replica,) = result.replicas
     pool = replica.pool
     # The device's clock runs from 0 like the simulation's (time.monotonic() would be small too).
     clock = [0.0]
-    dev = EmulatedDevice(result.layout.gpu, model_shape=SHAPE, pace=False, clock=lambda: clock[0], sleep=lambda s: None)
+    dev = EmulatedDevice(
+        result.layout.gpu, model_shape=SHAPE, pace=False, clock=lambda: clock[0], sleep=lambda s: None
+    )
     if pool.power_limit_w:
         dev.set_power_limit_w(pool.power_limit_w)
     if pool.sm_clock_mhz:
@@ -78,4 +82,6 @@ def test_a_decode_heavy_gpu_is_busy_while_its_sms_are_mostly_idle():
     (cols,) = list(replica_samples(result, result.replicas[0], PERIOD_S, 16 * 2**30))
     busy = cols.columns["gpu_util_pct"] > 50
     assert busy.sum() > 100
-    assert np.median(cols.columns["sm_active_pct"][busy]) < 0.6 * np.median(cols.columns["gpu_util_pct"][busy])
+    assert np.median(cols.columns["sm_active_pct"][busy]) < 0.6 * np.median(
+        cols.columns["gpu_util_pct"][busy]
+    )
