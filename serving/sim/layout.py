@@ -6,7 +6,8 @@ A layout is written as one string, ``MODE:GPU[:OPTION...]``:
 * ``3p1d:h100-sxm:tp2`` — disaggregated: 3 prefill and 1 decode replica of TP 2 (8 GPUs);
 * options, each ``KEY=VALUE`` (for every pool) or ``ROLE.KEY=VALUE`` (``prefill.``, ``decode.`` or
   ``mixed.``): ``tp``, ``power_limit_w``, ``sm_clock_mhz`` (``LOW-HIGH``), ``max_num_seqs``,
-  ``max_num_batched_tokens``, ``chunked_prefill`` (``on``/``off``); layout-wide ``kv_link`` (the
+  ``max_num_batched_tokens``, ``chunked_prefill`` (``on``/``off``), ``kv_blocks`` (KV blocks of 16
+  tokens per replica, instead of what the GPU memory holds); layout-wide ``kv_link`` (the
   hand-off link between pools), ``tp_link`` (the link of a replica's all-reduces), ``profile``
   (the engine profile of the GPU model), ``gpu_memory_utilization``; ``tpN`` is short for ``tp=N``.
 
@@ -34,6 +35,7 @@ _POOL_KEYS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "chunked_prefill",
+    "kv_blocks",
 )
 _LAYOUT_KEYS = ("kv_link", "tp_link", "profile", "gpu_memory_utilization")
 
@@ -54,6 +56,7 @@ class PoolSpec:
     max_num_seqs: int = 256  # vLLM's defaults
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
+    kv_blocks: int | None = None  # KV blocks per replica; None: what the GPU memory holds
 
     @property
     def gpus(self) -> int:
@@ -105,6 +108,7 @@ class Layout:
                     "max_num_seqs": p.max_num_seqs,
                     "max_num_batched_tokens": p.max_num_batched_tokens,
                     "chunked_prefill": p.chunked_prefill,
+                    "kv_blocks": p.kv_blocks,
                 }
                 for p in self.pools
             ],

@@ -171,6 +171,9 @@ class Simulation:
     ``start_s`` is the UTC epoch second virtual time 0 maps to. ``scenario`` names the run (GPU
     UUIDs and telemetry carry it). ``progress(done_s, total_s)`` is called now and then.
     ``record_work`` keeps every iteration's start and work on its replica (``works``), for checks.
+    ``iteration_model(work, pool)`` replaces the GPU model (e.g. a device model fitted to a live
+    run's iterations); it returns an object with :class:`~serving.devices.gpu_model.IterationEstimate`'s
+    fields.
     """
 
     def __init__(
@@ -184,6 +187,7 @@ class Simulation:
         block_size: int = 16,
         progress: Callable[[float, float], None] | None = None,
         record_work: bool = False,
+        iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -196,10 +200,11 @@ class Simulation:
         self.scenario = scenario
         self.block_size = block_size
         self.progress = progress
+        self.iteration_model = iteration_model
         self.replicas: list[Replica] = []
         index = 0
         for pool in layout.pools:
-            blocks = max(1, self.capacity[pool.role] // block_size)
+            blocks = pool.kv_blocks or max(1, self.capacity[pool.role] // block_size)
             cfg = EngineConfig(
                 block_size=block_size,
                 num_blocks=blocks,
@@ -381,7 +386,9 @@ class Simulation:
         pool = replica.pool
         key = (tally, pool.power_limit_w, pool.sm_clock_mhz, pool.tp)
         est = self._predict_cache.get(key)
-        if est is None:
+        if est is None and self.iteration_model is not None:
+            est = self.iteration_model(IterationWork(*tally), pool)
+        elif est is None:
             est = predict_iteration(
                 self.spec,
                 self.shape,
