@@ -30,15 +30,29 @@ from collector.store import Store  # noqa: E402
 from serving.config import preset  # noqa: E402
 from serving.sim.layout import parse_layout  # noqa: E402
 from serving.sim.simulator import Simulation  # noqa: E402
-from serving.trace import load_azure_trace, vendored_trace_path  # noqa: E402
+from serving.trace import TraceRequest, load_azure_trace, vendored_trace_path  # noqa: E402
 
 FULL_TRACE = ROOT.parent / "shared" / "data" / "azure_llm_inference_2023_conv.csv"
 CASES = (
-    # (label, layout, rate scale, target wall s)
-    ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1.0, 60.0),
-    ("8 x H100, 70B TP2, 3P1D", "3p1d:h100-sxm:tp2", 1.0, 60.0),
-    ("64 x H100, 70B TP2, aggregated, 8x rate", "agg:64xh100-sxm:tp2", 8.0, 600.0),
+    # (label, layout, copies of the trace interleaved, target wall s)
+    ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1, 60.0),
+    ("8 x H100, 70B TP2, 3P1D", "3p1d:h100-sxm:tp2", 1, 60.0),
+    ("64 x H100, 70B TP2, aggregated, the hour's traffic x8", "agg:64xh100-sxm:tp2", 8, 600.0),
 )
+
+
+def tile(requests: list[TraceRequest], copies: int) -> list[TraceRequest]:
+    """``copies`` interleaved copies of a trace over the same hour (8x the requests per second,
+    each copy shifted by a fraction of the mean gap), for a fleet 8x the size at the same load."""
+    if copies == 1:
+        return requests
+    gap = (requests[-1].arrival_s - requests[0].arrival_s) / max(1, len(requests) - 1)
+    out = [
+        TraceRequest(r.arrival_s + k * gap / copies, r.prompt_tokens, r.output_tokens)
+        for k in range(copies)
+        for r in requests
+    ]
+    return sorted(out, key=lambda r: r.arrival_s)
 
 
 def main() -> int:
@@ -53,10 +67,10 @@ def main() -> int:
         f"trace {path.name}, {args.duration:g} s; model {shape.name}; host {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    for i, (label, layout_text, rate_scale, target_s) in enumerate(CASES):
+    for i, (label, layout_text, copies, target_s) in enumerate(CASES):
         if args.case and i not in args.case:
             continue
-        requests = load_azure_trace(path, duration_s=args.duration, rate_scale=rate_scale)
+        requests = tile(load_azure_trace(path, duration_s=args.duration), copies)
         layout = parse_layout(layout_text)
         t0 = time.perf_counter()
         result = Simulation(layout, shape, requests, start_s=1.8e9, scenario=f"bench{i}").run()
