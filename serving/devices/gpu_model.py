@@ -62,7 +62,7 @@ class EmulationConstants:
     overhead_s: float = 2.0e-4  # GPU-side per iteration: sampling, synchronisation (clock-insensitive)
     # Per-kernel fixed GPU time (launch ramp, tail, inter-kernel bubble) in SM cycles: a kernel's
     # latency floor scales with 1/f, which is what makes small-batch decode slow with the SM clock.
-    kernel_latency_cycles: float = 11000.0
+    kernel_latency_cycles: float = 15000.0
     iteration_kernels: float = 12.0  # kernels per iteration outside the layers (embed, norm, head, sample)
     # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
     compute_power: float = 0.95  # SM power through a compute-bound kernel
@@ -101,8 +101,17 @@ class EngineProfile:
     ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_token_s *
     prefill tokens + per_tp_rank_s * (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
     kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
-    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective).
+    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
+    ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
+    than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
     """
+
+    def gemm_scale(self, gpu_key: str) -> float:
+        """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
+        for key, factor in self.gemm_efficiency_by_gpu:
+            if key == gpu_key:
+                return factor
+        return 1.0
 
     name: str
     step_s: float = 0.0
@@ -113,6 +122,9 @@ class EngineProfile:
     per_layer_s: float = 0.0
     kernels_per_layer: float = 1.0
     allreduce_overhead_s: float = 0.0
+    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
     source: str = ""
 
@@ -140,15 +152,14 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "vllm": EngineProfile(
         name="vllm",
-        step_s=1.2e-3,
-        per_seq_s=1.0e-5,
-        per_prefill_seq_s=1.0e-4,
-        per_prefill_token_s=2.0e-7,
-        per_tp_rank_s=1.0e-4,
+        step_s=8.9e-4,
         kernels_per_layer=5.0,
-        allreduce_overhead_s=4.0e-6,
-        description="vLLM (V1 engine, CUDA graphs, custom all-reduce)",
-        source="fit on vLLM CI latency runs; see bench/fidelity_table.py",
+        allreduce_overhead_s=4.4e-6,
+        description="vLLM (CUDA graphs for decode, custom all-reduce): host time per step fitted; the "
+        "per-sequence and per-token host costs are not identifiable from the published runs (all batch 8) "
+        "and are left at 0",
+        source="fit on vLLM CI latency_llama8B_tp1 and latency_llama70B_tp4 (H100, build 9555); "
+        "bench/fidelity_table.py",
     ),
     "phaselens-eager": EngineProfile(
         name="phaselens-eager",
@@ -156,6 +167,28 @@ PROFILES: dict[str, EngineProfile] = {
         description="this project's engine, eager PyTorch (no CUDA graphs): launch-bound decode",
         source="docs/gpu/2026-11-30-h200-decode-profile.txt: ~740 kernels per llama-3.2-1b (16-layer) "
         "decode step; its launches overlap the GPU work, so no serialized host time is modeled",
+    ),
+    "splitwise-2023": EngineProfile(
+        name="splitwise-2023",
+        per_seq_s=2.5e-4,
+        per_prefill_seq_s=1.35e-3,
+        kernels_per_layer=25.6,
+        allreduce_overhead_s=1.08e-5,
+        allreduce_bandwidth_scale=0.212,
+        description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
+        "~22 % of NVLink bandwidth)",
+        source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
+        "4096 + token b1; bench/fidelity_table.py",
+    ),
+    "trtllm-0.5": EngineProfile(
+        name="trtllm-0.5",
+        per_prefill_seq_s=6.3e-3,
+        kernels_per_layer=5.0,
+        allreduce_overhead_s=7.7e-5,
+        gemm_efficiency_by_gpu=(("a100-sxm-80gb", 1.156),),
+        description="TensorRT-LLM v0.5 (fused kernels; A100 GEMMs at 75 % of peak)",
+        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128; "
+        "bench/fidelity_table.py",
     ),
 }
 DEFAULT_PROFILE = "vllm"
@@ -529,7 +562,7 @@ def _coeffs(
         * shard.num_layers
         * BF16_BYTES,
         weight_bytes=total * BF16_BYTES,
-        flops_per_s=spec.peak_flops * c.gemm_efficiency,
+        flops_per_s=spec.peak_flops * c.gemm_efficiency * profile.gemm_scale(spec.key),
         bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
         bandwidth_bytes_s=spec.bandwidth_bytes_s,
         kernels=kernels,
@@ -540,7 +573,12 @@ def _coeffs(
         comm_s_per_token=(
             0.0
             if tp == 1
-            else 2 * shard.num_layers * ring * d * BF16_BYTES / (link.bandwidth_bytes_s * link.efficiency)
+            else 2
+            * shard.num_layers
+            * ring
+            * d
+            * BF16_BYTES
+            / (link.bandwidth_bytes_s * link.efficiency * profile.allreduce_bandwidth_scale)
         ),
         dynamic_w=spec.tdp_w - spec.idle_w,
         clocks=spec.supported_sm_clocks_mhz(),
