@@ -152,9 +152,9 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "vllm": EngineProfile(
         name="vllm",
-        step_s=8.9e-4,
+        step_s=9.77e-4,
         kernels_per_layer=5.0,
-        allreduce_overhead_s=4.4e-6,
+        allreduce_overhead_s=6.3e-6,
         description="vLLM (CUDA graphs for decode, custom all-reduce): host time per step fitted; the "
         "per-sequence and per-token host costs are not identifiable from the published runs (all batch 8) "
         "and are left at 0",
