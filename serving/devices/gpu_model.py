@@ -533,6 +533,7 @@ class _Coeffs:
     dynamic_w: float
     clocks: tuple[int, ...]
     f_max: float
+    ceilings: dict[tuple[int, int] | None, tuple[tuple[int, ...], int]]  # per locked range, filled lazily
 
 
 @functools.lru_cache(maxsize=256)
@@ -583,39 +584,80 @@ def _coeffs(
         dynamic_w=spec.tdp_w - spec.idle_w,
         clocks=spec.supported_sm_clocks_mhz(),
         f_max=float(spec.max_sm_clock_mhz),
+        ceilings={},
     )
 
 
-def _estimate(
-    k: _Coeffs, work: IterationWork, sm_clock_mhz: int, host_s: float, held_x: float = 1.0
-) -> IterationEstimate:
+_Terms = tuple[
+    tuple[tuple[float, float], ...], float, int
+]  # ((flops, bytes) per kernel class), act bytes, tokens
+
+
+def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
+    """The clock-independent work of an iteration: (FLOPs, bytes) of the GEMM/attention/LM-head
+    classes, the small kernels' bytes, and the tokens (for the all-reduces)."""
+    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
+    sampled = max(0, work.sampled_seqs)
+    tile = k.c.gemm_tile_tokens
+    terms: list[tuple[float, float]] = []
+    act_b = 0.0
+    if tokens:
+        padded = -(-tokens // tile) * tile
+        terms.append((2.0 * k.body_params * padded, 2.0 * k.body_params))
+        terms.append(
+            (
+                float(k.attn_flops_per_pair * max(0, work.attention_pairs)),
+                float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens)),
+            )
+        )
+        act_b = k.act_bytes_per_token * tokens
+    if sampled:
+        padded_s = -(-sampled // tile) * tile
+        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+    return tuple(terms), act_b, tokens
+
+
+def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
+    """Only the busy power of :func:`_at_clock` (the power-cap search)."""
+    c = k.c
+    x = sm_clock_mhz / k.f_max
+    fps, bps = k.flops_per_s * x, k.bytes_per_s
+    ds = c.compute_power - c.stream_power
+    kern_s = sm_w = bytes_total = 0.0
+    terms, act_b, tokens = t
+    for f, b in terms:
+        tc, tm = f / fps, b / bps
+        tk = tc if tc > tm else tm
+        if tk > 0.0:
+            kern_s += tk
+            sm_w += tk * c.stream_power + ds * tc
+            bytes_total += b
+    act_s = act_b / bps
+    latency_s = k.latency_s / x
+    wait_s = latency_s - act_s if latency_s > act_s else 0.0
+    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
+    sm_w += act_s * c.stream_power + (wait_s + comm_s) * c.latency_power
+    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
+    if v < c.voltage_floor:
+        v = c.voltage_floor
+    dram = (bytes_total + act_b) / (busy_s * k.bandwidth_bytes_s)
+    return k.spec.idle_w + k.dynamic_w * (c.busy_power + c.hbm_power * dram + x * v * v * sm_w / busy_s)
+
+
+def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: float) -> IterationEstimate:
+    """The estimate of the iteration whose work is ``t`` with the SM clock at ``sm_clock_mhz``."""
     c = k.c
     x = sm_clock_mhz / k.f_max
     fps = k.flops_per_s * x
     bps = k.bytes_per_s
-    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
-    sampled = max(0, work.sampled_seqs)
-    tile = c.gemm_tile_tokens
     compute_s = memory_s = kern_s = 0.0
     sm_w = act_w = occ_w = 0.0
     flops_total = bytes_total = 0.0
     ds = c.compute_power - c.stream_power
     da = c.sm_active_compute - c.sm_active_memory
     do = c.sm_occupancy_compute - c.sm_occupancy_memory
-    if tokens:
-        padded = -(-tokens // tile) * tile
-        attn_f = float(k.attn_flops_per_pair * max(0, work.attention_pairs))
-        attn_b = float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens))
-        act_b = k.act_bytes_per_token * tokens
-        lin_f = 2.0 * k.body_params * padded
-        lin_b = 2.0 * k.body_params
-        terms = [(lin_f, lin_b), (attn_f, attn_b)]
-    else:
-        act_b = 0.0
-        terms = []
-    if sampled:
-        padded_s = -(-sampled // tile) * tile
-        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+    terms, act_b, tokens = t
     for f, b in terms:
         tc, tm = f / fps, b / bps
         tk = tc if tc > tm else tm
@@ -634,8 +676,7 @@ def _estimate(
     # clock-scaled latency floor, whichever is longer.
     act_s = act_b / bps
     latency_s = k.latency_s / x
-    small_s = act_s if act_s > latency_s else latency_s
-    wait_s = small_s - act_s  # latency-bound part of the small kernels
+    wait_s = latency_s - act_s if latency_s > act_s else 0.0  # latency-bound part of the small kernels
     memory_s += act_s
     bytes_total += act_b
     sm_w += act_s * c.stream_power
@@ -643,7 +684,7 @@ def _estimate(
     occ_w += act_s * c.sm_occupancy_memory
     comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
     fixed_s = wait_s + k.overhead_s
-    busy_s = kern_s + small_s + k.overhead_s + comm_s
+    busy_s = kern_s + act_s + fixed_s + comm_s
     sm_w += (wait_s + comm_s) * c.latency_power
     act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
     occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
@@ -679,6 +720,10 @@ def _estimate(
     )
 
 
+# Identity-keyed front of _coeffs: hashing the frozen dataclasses costs more than the model itself.
+_FAST: dict[tuple[Any, ...], tuple[tuple[Any, ...], _Coeffs]] = {}
+
+
 def _resolve(
     gpu: str | GpuSpec,
     shape: ModelConfig,
@@ -687,7 +732,33 @@ def _resolve(
     link: str | LinkSpec,
     profile: str | EngineProfile | None,
 ) -> _Coeffs:
-    return _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+    # Names key by value; objects by identity, kept alive (and checked) in the entry so an id is
+    # never reused for another object while its entry exists.
+    key = (
+        gpu if isinstance(gpu, str) else id(gpu),
+        id(shape),
+        id(constants),
+        tp,
+        link if isinstance(link, str) else id(link),
+        profile if profile is None or isinstance(profile, str) else id(profile),
+    )
+    refs = (gpu, shape, constants, link, profile)
+    hit = _FAST.get(key)
+    if hit is not None:
+        held = hit[0]
+        if (
+            held[1] is shape
+            and held[2] is constants
+            and (held[0] is gpu or isinstance(gpu, str))
+            and (held[3] is link or isinstance(link, str))
+            and (held[4] is profile or profile is None or isinstance(profile, str))
+        ):
+            return hit[1]
+    k = _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+    if len(_FAST) > 1024:
+        _FAST.clear()
+    _FAST[key] = (refs, k)
+    return k
 
 
 def estimate_at_clock(
@@ -709,7 +780,7 @@ def estimate_at_clock(
     """
     k = _resolve(gpu, shape, constants, tp, link, profile)
     host_s = k.profile.host_s(work, tp, shape.num_layers)
-    return _estimate(k, work, sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
+    return _at_clock(k, _terms(k, work), sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
 
 
 @functools.lru_cache(maxsize=256)
@@ -752,27 +823,26 @@ def predict_iteration(
     bound. The clock search runs only when the limit binds at the top clock.
     """
     k = _resolve(gpu, shape, constants, tp, link, profile)
-    spec = k.spec
     host_s = k.profile.host_s(work, tp, shape.num_layers)
-    limit = spec.tdp_w if power_limit_w is None else power_limit_w
-    clocks, top = _allowed_ceiling(spec, sm_clock_range)
+    limit = k.spec.tdp_w if power_limit_w is None else power_limit_w
+    ceiling = k.ceilings.get(sm_clock_range)
+    if ceiling is None:
+        ceiling = k.ceilings[sm_clock_range] = _allowed_ceiling(k.spec, sm_clock_range)
+    clocks, top = ceiling
     held_x = clocks[top] / k.f_max  # the host gap holds the allowed ceiling (a cap binds only when busy)
-    best = _estimate(k, work, clocks[top], host_s, held_x)
+    t = _terms(k, work)
+    best = _at_clock(k, t, clocks[top], host_s, held_x)
     if best.power_w <= limit:
         return best
     # Power rises monotonically with the clock: binary-search the highest clock that fits.
-    lo, hi = 0, top - 1
-    fit: IterationEstimate | None = None
+    lo, hi, fit = 0, top - 1, 0
     while lo <= hi:
         mid = (lo + hi) // 2
-        est = _estimate(k, work, clocks[mid], host_s, held_x)
-        if est.power_w <= limit:
-            fit, lo = est, mid + 1
+        if _busy_power_w(k, t, clocks[mid]) <= limit:
+            fit, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if fit is None:
-        fit = _estimate(k, work, clocks[0], host_s, held_x)
-    return replace(fit, power_capped=True)
+    return replace(_at_clock(k, t, clocks[fit], host_s, held_x), power_capped=True)
 
 
 def weight_bytes(shape: ModelConfig, tp: int = 1) -> int:
