@@ -23,7 +23,12 @@ itself). The same loop with ``pace=False`` runs first as the baseline: the CPU t
 pacing has to hide.
 
     python bench/emulation_overhead.py [--workers 2] [--batch 32] [--iters 300] [--gpu h100-sxm]
-        [--shape llama-3.1-8b] [--prompt 128] [--json out.json]
+        [--shape llama-3.1-8b] [--prompt 128] [--profile vllm] [--json out.json]
+    python bench/emulation_overhead.py --model-cost   # microseconds per predict_iteration call
+
+``--model-cost`` times the pure model instead (``serving.devices.predict_iteration``, best of 5 runs
+of 20,000 calls): decode and prefill, TP 1 and 4, unlocked, locked clock, and a binding power cap
+(the only case that searches the clock).
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ def _worker(idx: int, opts: dict[str, Any], pace: bool, barrier: Any, out: Any) 
     from serving.weights import load_model
 
     model, _cfg = load_model("tiny", seed=idx)
-    dev = open_device(f"emulated:{opts['gpu']}", model_shape=preset(opts["shape"]), pace=pace)
+    dev = open_device(
+        f"emulated:{opts['gpu']}", model_shape=preset(opts["shape"]), pace=pace, profile=opts["profile"]
+    )
     batch, prompt, iters, warmup = opts["batch"], opts["prompt"], opts["iters"], opts["warmup"]
     engine = Engine(
         model,
@@ -223,6 +230,30 @@ def _trio(d: dict[str, float]) -> str:
     return f"{d['p50']:.3f} / {d['p90']:.3f} / {d['p99']:.3f}"
 
 
+def model_cost_us(calls: int = 20_000) -> dict[str, float]:
+    """Microseconds per ``predict_iteration`` call (best of 5 runs of ``calls`` calls) by case."""
+    import timeit
+
+    from serving.config import preset
+    from serving.devices import IterationWork, predict_iteration
+
+    l8, l70 = preset("llama-3.1-8b"), preset("llama-3.1-70b")
+    dec = IterationWork("decode", 0, 32, 32 * 1024, 32, attention_pairs=32 * 1024, sampled_seqs=32)
+    pre = IterationWork("prefill", 4096, 0, 4096, 1, attention_pairs=4096 * 4097 // 2, sampled_seqs=1)
+    cases = {
+        "decode 8B, TP 1": lambda: predict_iteration("h100-sxm", l8, dec),
+        "decode 70B, TP 4": lambda: predict_iteration("h100-sxm", l70, dec, tp=4),
+        "prefill 8B 4096, TP 1": lambda: predict_iteration("h100-sxm", l8, pre),
+        "decode 8B, clock locked 990 MHz": lambda: predict_iteration(
+            "h100-sxm", l8, dec, sm_clock_range=(990, 990)
+        ),
+        "prefill 8B 4096, 350 W cap binds (clock search)": lambda: predict_iteration(
+            "h100-sxm", l8, pre, power_limit_w=350
+        ),
+    }
+    return {name: min(timeit.repeat(fn, number=calls, repeat=5)) / calls * 1e6 for name, fn in cases.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -232,9 +263,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per request (decode context)")
     ap.add_argument("--gpu", default="h100-sxm")
     ap.add_argument("--shape", default="llama-3.1-8b")
+    ap.add_argument("--profile", default=None, help="engine profile of the emulated device (default: vllm)")
+    ap.add_argument("--model-cost", action="store_true", help="only time predict_iteration (us per call)")
     ap.add_argument("--json", help="write the full results here")
     args = ap.parse_args(argv)
-    opts = {k: getattr(args, k) for k in ("workers", "batch", "iters", "warmup", "prompt", "gpu", "shape")}
+    if args.model_cost:
+        for name, us in model_cost_us().items():
+            print(f"{name}: {us:.1f} us/call")
+        return
+    opts = {
+        k: getattr(args, k)
+        for k in ("workers", "batch", "iters", "warmup", "prompt", "gpu", "shape", "profile")
+    }
     base = run_phase(opts, pace=False)
     paced = run_phase(opts, pace=True)
     print(report(opts, base, paced))

@@ -1,21 +1,26 @@
-"""Regenerate the model columns of docs/FIDELITY.md: the emulator's prefill TTFT and decode ITL beside
-published measurements, with the error.
+"""Calibrate the GPU model's engine profiles on some published serving measurements and report the
+error on the others (held out), as docs/FIDELITY.md shows.
 
-Every modeled figure comes from the public ``serving.devices.predict_iteration`` (default knobs: TDP
-power limit, unlocked clocks, default constants). The published figures are constants below, each with
-its source key (see docs/FIDELITY.md, "Sources"); nothing is fetched.
+Every modeled figure comes from the public ``serving.devices.predict_iteration`` (TDP power limit,
+unlocked clocks unless a row says otherwise, default constants, tensor parallelism modeled with
+``tp=`` over the GPU's NVLink). The published figures are constants below, each with its source key
+(docs/FIDELITY.md, "Sources"); nothing is fetched.
 
 Conventions:
 
 * TTFT of an ``n``-token prompt = one prefill iteration of ``n`` tokens (one sequence, sampling one
-  token): ``attention_pairs = n (n + 1) / 2``.
-* ITL at batch ``B`` and context ``c`` = one decode iteration of ``B`` sequences each attending ``c``
-  tokens: ``decode_seqs = B``, ``context_tokens = attention_pairs = B c``, ``sampled_seqs = B``.
-* A measurement over a generation (``out`` tokens after an ``in``-token prompt) is modeled step by
-  step: the decode step that produces token ``k + 1`` attends ``in + k`` tokens.
-* Tensor parallelism is not modeled. Where a source used TP = N, the row is modeled on a per-GPU shard
-  (:func:`tp_shard`: heads, KV heads, MLP width and vocabulary divided by N; hidden size, layers and
-  the per-iteration overhead unchanged) -- the ideal split, with no all-reduce or NVLink time.
+  token), host time included: ``attention_pairs = n (n + 1) / 2``.
+* TPOT (a mean token time over a generation of ``out`` tokens after an ``in``-token prompt) = the mean
+  wall time of the decode steps, the step producing token ``k + 1`` attending ``in + k`` tokens.
+* e2e = the prefill iteration plus every decode step.
+* ``busy``: GPU-busy time of one decode step at a locked SM clock (this project's H200 rows: step
+  time x GPU utilization).
+
+The fit: each profile's free parameters (``FITS``) minimise the squared log error over that profile's
+calibration rows (Nelder-Mead in log space); the GPU's kernel latency (``kernel_latency_cycles``)
+is fitted first on this project's H200 decode-vs-clock rows. ``PROFILES`` in
+``serving/devices/gpu_model.py`` ship the fitted values (rounded); this script refits, prints both,
+and the table uses the shipped ones.
 
     python bench/fidelity_table.py [--json out.json]
 """
@@ -24,15 +29,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from serving.config import ModelConfig, preset
-from serving.devices import IterationWork, predict_iteration
+from serving.devices import (
+    DEFAULT_CONSTANTS,
+    PROFILES,
+    EmulationConstants,
+    EngineProfile,
+    IterationWork,
+    predict_iteration,
+)
 
-GPUS = ("h100-sxm", "h200", "a100-sxm-80gb")
 GPU_LABEL = {"h100-sxm": "H100 SXM", "h200": "H200", "a100-sxm-80gb": "A100-SXM-80GB"}
+LINK_OF = {"h100-sxm": "nvlink", "h200": "nvlink", "a100-sxm-80gb": "nvlink3"}
 
 # Shapes of the Llama 2 checkpoints some sources measured (Hugging Face config.json of
 # meta-llama/Llama-2-7b-hf and meta-llama/Llama-2-70b-hf); LLaMA-1 7B has the same shape as Llama-2-7B.
@@ -65,28 +79,16 @@ SHAPES: dict[str, ModelConfig] = {
     "llama-2-70b": LLAMA2_70B,
 }
 
-
-def tp_shard(shape: ModelConfig, tp: int) -> ModelConfig:
-    """The per-GPU shard of ``shape`` under ideal Megatron-style tensor parallelism of degree ``tp``."""
-    if tp == 1:
-        return shape
-    return replace(
-        shape,
-        name=f"{shape.name}/tp{tp}",
-        vocab_size=shape.vocab_size // tp,
-        intermediate_size=shape.intermediate_size // tp,
-        num_heads=shape.num_heads // tp,
-        num_kv_heads=max(1, shape.num_kv_heads // tp),
-        head_dim_override=shape.head_dim,
-    )
+Metric = Literal["ttft", "tpot", "e2e", "busy"]
+Role = Literal["calibration", "held-out", "reference"]
 
 
 # -- the model ---------------------------------------------------------------------------------------
 
 
-def prefill_s(gpu: str, shape: ModelConfig, tokens: int, seqs: int = 1) -> float:
+def prefill_work(tokens: int, seqs: int = 1) -> IterationWork:
     """One prefill iteration of ``seqs`` prompts of ``tokens`` tokens each (each sampling one token)."""
-    work = IterationWork(
+    return IterationWork(
         "prefill",
         prefill_tokens=seqs * tokens,
         decode_seqs=0,
@@ -95,12 +97,11 @@ def prefill_s(gpu: str, shape: ModelConfig, tokens: int, seqs: int = 1) -> float
         attention_pairs=seqs * tokens * (tokens + 1) // 2,
         sampled_seqs=seqs,
     )
-    return predict_iteration(gpu, shape, work).time_s
 
 
-def decode_s(gpu: str, shape: ModelConfig, batch: int, context: int) -> float:
+def decode_work(batch: int, context: int) -> IterationWork:
     """One decode iteration of ``batch`` sequences, each attending ``context`` tokens."""
-    work = IterationWork(
+    return IterationWork(
         "decode",
         prefill_tokens=0,
         decode_seqs=batch,
@@ -109,249 +110,436 @@ def decode_s(gpu: str, shape: ModelConfig, batch: int, context: int) -> float:
         attention_pairs=batch * context,
         sampled_seqs=batch,
     )
-    return predict_iteration(gpu, shape, work).time_s
-
-
-def generation_s(gpu: str, shape: ModelConfig, batch: int, in_len: int, out_len: int) -> tuple[float, float]:
-    """(prefill time, summed decode time) of ``batch`` requests: ``in_len`` prompt, ``out_len`` output."""
-    pre = prefill_s(gpu, shape, in_len, seqs=batch)
-    dec = sum(decode_s(gpu, shape, batch, in_len + k) for k in range(1, out_len))
-    return pre, dec
-
-
-# -- published measurements ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
-    """One published figure and how to model it."""
+class Point:
+    """One published figure, how to model it, and whether the calibration saw it."""
 
     source: str  # key into SOURCES
     gpu: str
     shape: str  # key into SHAPES
     tp: int
-    metric: str  # "ttft" | "itl" | "e2e"
+    metric: Metric
     measured_ms: float
-    tokens: int = 0  # ttft: prompt tokens; itl/e2e: prompt tokens per sequence
+    profile: str  # the engine profile that models this source's stack
+    role: Role
+    tokens: int = 0  # ttft: prompt tokens; tpot/e2e/busy: prompt (context) tokens per sequence
     batch: int = 1
-    out_len: int = 0  # itl/e2e: generated tokens per sequence
+    out_len: int = 0  # tpot/e2e: generated tokens per sequence
+    sm_clock_mhz: int | None = None  # busy: the locked clock
     what: str = ""
-    comparable: str = "yes"  # "yes" | "converted" (TP shard) | "fitted" | "no"
     note: str = ""
 
-    def modeled_ms(self) -> float:
-        shape = tp_shard(SHAPES[self.shape], self.tp)
+    def modeled_ms(
+        self, profile: EngineProfile | None = None, constants: EmulationConstants = DEFAULT_CONSTANTS
+    ) -> float:
+        """The model's figure, with ``profile`` (default: the shipped one this point names)."""
+        prof = profile if profile is not None else PROFILES[self.profile]
+        shape = SHAPES[self.shape]
+
+        def run(work: IterationWork, clock: int | None = None) -> Any:
+            lock = (clock, clock) if clock else None
+            return predict_iteration(
+                self.gpu,
+                shape,
+                work,
+                sm_clock_range=lock,
+                constants=constants,
+                tp=self.tp,
+                link=LINK_OF[self.gpu],
+                profile=prof,
+            )
+
+        if self.metric == "busy":
+            return run(decode_work(self.batch, self.tokens), self.sm_clock_mhz).busy_s * 1e3
+        pre = run(prefill_work(self.tokens, self.batch)).time_s
         if self.metric == "ttft":
-            return prefill_s(self.gpu, shape, self.tokens, seqs=self.batch) * 1e3
-        if self.metric == "itl":  # mean step time over the generation (what a mean TBT/ITL measures)
-            steps = [decode_s(self.gpu, shape, self.batch, self.tokens + k) for k in range(1, self.out_len)]
+            return pre * 1e3
+        steps = [run(decode_work(self.batch, self.tokens + k)).time_s for k in range(1, self.out_len)]
+        if self.metric == "tpot":
             return statistics.fmean(steps) * 1e3
-        if self.metric == "e2e":
-            pre, dec = generation_s(self.gpu, shape, self.batch, self.tokens, self.out_len)
-            return (pre + dec) * 1e3
-        raise ValueError(self.metric)
+        return (pre + sum(steps)) * 1e3
+
+    def error(
+        self, profile: EngineProfile | None = None, constants: EmulationConstants = DEFAULT_CONSTANTS
+    ) -> float:
+        """(model - measured) / measured."""
+        return self.modeled_ms(profile, constants) / self.measured_ms - 1.0
 
 
 SOURCES: dict[str, str] = {
-    "phaselens-h200": "this project, docs/gpu/2026-11-30-h200-run2.json (engine rows)",
+    "phaselens-h200": "this project, docs/gpu/2026-11-30-h200-run2.json and -engine.json (engine rows)",
     "vllm-ci": "vLLM nightly performance benchmark, latency tests (buildkite.com/vllm/performance-benchmark)",
     "splitwise": "Splitwise profiling data, github.com/Mutinifni/splitwise-sim data/perf_model.csv",
     "trtllm-0.5": "TensorRT-LLM docs/source/performance.md, 'Low Latency' tables (data from v0.5)",
 }
 
-# Splitwise perf_model.csv: medians of the 5 repeated rows (prompt_time, token_time in ms).
-_SW_PROMPT = {  # (gpu, tp) -> {prompt tokens: prompt_time ms}, batch 1
-    ("h100-sxm", 2): {1024: 157.95, 2048: 310.32, 4096: 642.66, 8192: 1339.84},
-    ("a100-sxm-80gb", 2): {1024: 377.06, 2048: 688.05, 4096: 1485.35, 8192: 2990.18},
-}
-_SW_TOKEN = {  # (gpu, tp) -> {batch: token_time ms}, prompt 512, 128 output tokens
-    ("h100-sxm", 2): {1: 37.00, 8: 40.40, 32: 52.30},
-    ("a100-sxm-80gb", 2): {1: 54.86, 8: 61.69, 32: 72.19},
-    ("h100-sxm", 8): {1: 29.76},
-    ("a100-sxm-80gb", 8): {1: 44.85},
-}
+POINTS: list[Point] = []
 
-ROWS: list[Row] = []
-# This project's engine on an H200 (llama-3.1-8b bf16, one GPU, eager PyTorch). The prefill rows are the
-# ones the compute efficiency was fitted to; the decode rows (context 1024) were host-bound.
-for _n, _ms, _cmp, _note in (
-    (256, 35.129, "no", "host-bound: util 39 %"),
-    (1024, 31.382, "no", "partly host-bound: util 87 %"),
-    (4096, 107.772, "fitted", "GPU-bound (util 97 %); used to fit eta_c"),
-    (8192, 222.82, "fitted", "GPU-bound (util 97 %); used to fit eta_c"),
+# This project's engine on an H200 (llama-3.1-8b bf16, one GPU, eager PyTorch).
+for _n, _ms, _role, _note in (
+    (4096, 107.772, "calibration", "GPU-bound (util 97 %); fits eta_c"),
+    (8192, 222.82, "calibration", "GPU-bound (util 97 %); fits eta_c"),
+    (256, 35.129, "reference", "host-bound: util 39 %, ~30-35 ms host floor of that day's engine"),
+    (1024, 31.382, "reference", "partly host-bound: util 87 %"),
 ):
-    ROWS.append(
-        Row(
+    POINTS.append(
+        Point(
             "phaselens-h200",
             "h200",
             "llama-3.1-8b",
             1,
             "ttft",
             _ms,
+            "phaselens-eager",
+            _role,
             _n,
-            what=f"prefill {_n}",
-            comparable=_cmp,
+            what=f"prefill {_n}, one step",
             note=_note,
         )
     )
-for _b, _ms, _util in ((1, 66.08, 8), (16, 76.386, 4), (64, 76.518, 22), (128, 73.636, 32)):
-    ROWS.append(
-        Row(
+# Decode batch 64 at context 1024: GPU-busy time = step time x GPU utilization, at the window's clock.
+for _file, _knob, _mhz, _ms, _role in (
+    ("run2", "default", 1980, 76.518 * 0.2226, "calibration"),
+    ("run2", "sm 990 MHz", 990, 40.639 * 0.7030, "calibration"),
+    ("run2", "cap 497 W", 1980, 32.735 * 0.3719, "held-out"),
+    ("run2", "cap 350 W", 1980, 37.591 * 0.4488, "held-out"),
+    ("run2", "sm 1410 MHz", 1410, 28.081 * 0.5840, "held-out"),
+    ("run2", "cap 200 W (408 MHz)", 405, 41.877 * 0.9377, "held-out"),
+    ("engine", "default", 1980, 72.711 * 0.1152, "held-out"),
+    ("engine", "cap 497 W", 1980, 38.846 * 0.2330, "held-out"),
+    ("engine", "cap 350 W", 1980, 49.750 * 0.2659, "held-out"),
+    ("engine", "sm 1410 MHz", 1410, 41.905 * 0.3548, "held-out"),
+    ("engine", "sm 990 MHz", 990, 40.020 * 0.6570, "held-out"),
+    ("engine", "cap 200 W (949 MHz)", 945, 42.202 * 0.7013, "held-out"),
+):
+    POINTS.append(
+        Point(
             "phaselens-h200",
             "h200",
             "llama-3.1-8b",
             1,
-            "itl",
-            _ms,
+            "busy",
+            round(_ms, 2),
+            "phaselens-eager",
+            _role,
             1024,
-            _b,
-            2,
-            what=f"decode batch {_b}, ctx 1024",
-            comparable="no",
-            note=f"host-bound: util {_util} %",
+            64,
+            sm_clock_mhz=_mhz,
+            what=f"decode b64 GPU-busy, {_knob}",
+            note=f"{_file}: step x util; fits kernel_latency_cycles" if _role == "calibration" else _file,
         )
     )
-# vLLM CI latency test: batch 8, 32 input + 128 output tokens, end-to-end latency (median), bf16 default.
-for _gpu, _ms, _build in (
-    ("h200", 834.014, 9513),
-    ("h100-sxm", 997.365, 9555),
-    ("a100-sxm-80gb", 1579.34, 9523),
+# vLLM CI latency test: batch 8, 32 input + 128 output tokens, end-to-end latency (median), bf16.
+for _gpu, _ms8, _ms70, _build, _role8, _role70 in (
+    ("h100-sxm", 997.365, 2444.3, 9555, "calibration", "calibration"),
+    ("h200", 834.014, 2075.36, 9513, "held-out", "held-out"),
+    ("a100-sxm-80gb", 1579.34, 3990.39, 9523, "held-out", "held-out"),
 ):
-    ROWS.append(
-        Row(
-            "vllm-ci",
-            _gpu,
-            "llama-3.1-8b",
-            1,
-            "e2e",
-            _ms,
-            32,
-            8,
-            128,
-            what="latency_llama8B_tp1: batch 8, 32 in / 128 out, e2e",
-            note=f"build {_build}",
+    for _shape, _tp, _ms, _role in (("llama-3.1-8b", 1, _ms8, _role8), ("llama-3.1-70b", 4, _ms70, _role70)):
+        POINTS.append(
+            Point(
+                "vllm-ci",
+                _gpu,
+                _shape,
+                _tp,
+                "e2e",
+                _ms,
+                "vllm",
+                _role,
+                32,
+                8,
+                128,
+                what=f"latency_{'llama8B_tp1' if _tp == 1 else 'llama70B_tp4'}: batch 8, 32 in / 128 out, e2e",
+                note=f"build {_build}",
+            )
         )
-    )
-for _gpu, _ms, _build in (
-    ("h200", 2075.36, 9513),
-    ("h100-sxm", 2444.3, 9555),
-    ("a100-sxm-80gb", 3990.39, 9523),
-):
-    ROWS.append(
-        Row(
-            "vllm-ci",
-            _gpu,
-            "llama-3.1-70b",
-            4,
-            "e2e",
-            _ms,
-            32,
-            8,
-            128,
-            what="latency_llama70B_tp4: batch 8, 32 in / 128 out, e2e",
-            comparable="converted",
-            note=f"build {_build}; TP 4 -> per-GPU shard",
-        )
-    )
+
+# Splitwise perf_model.csv (llama2-70b fp16, batch 1 prompts; token_time = mean of 127 decode steps after a
+# 512-token prompt): medians of the repeated rows, ms. Calibration: H100 TP 2 only.
+_SW_PROMPT = {  # (gpu, tp) -> {prompt tokens: prompt_time}
+    ("h100-sxm", 2): {128: 48.33, 1024: 157.95, 2048: 310.32, 4096: 642.66, 8192: 1339.84},
+    ("h100-sxm", 4): {128: 49.09, 1024: 105.61, 2048: 200.68, 4096: 463.46, 8192: 953.58},
+    ("h100-sxm", 8): {128: 58.19, 1024: 77.91, 2048: 136.80, 4096: 390.29, 8192: 844.89},
+    ("a100-sxm-80gb", 2): {128: 81.08, 1024: 377.06, 2048: 688.05, 4096: 1485.35, 8192: 2990.18},
+    ("a100-sxm-80gb", 4): {128: 63.65, 1024: 227.08, 2048: 403.33, 4096: 965.15, 8192: 2278.45},
+    ("a100-sxm-80gb", 8): {128: 65.35, 1024: 154.46, 2048: 274.22, 4096: 661.22, 8192: 1549.82},
+}
+_SW_TOKEN = {  # (gpu, tp) -> {batch: token_time}
+    ("h100-sxm", 2): {1: 37.00, 8: 40.40, 32: 52.30},
+    ("h100-sxm", 4): {1: 29.72, 8: 31.44, 32: 36.88},
+    ("h100-sxm", 8): {1: 29.76, 8: 32.50, 32: 38.62},
+    ("a100-sxm-80gb", 2): {1: 54.86, 8: 61.69, 32: 72.19},
+    ("a100-sxm-80gb", 4): {1: 44.99, 8: 45.80, 32: 52.35},
+    ("a100-sxm-80gb", 8): {1: 44.85, 8: 46.47, 32: 53.02},
+}
+_SW_CALIBRATION = (
+    {("h100-sxm", 2, "ttft", 128), ("h100-sxm", 2, "ttft", 2048), ("h100-sxm", 8, "ttft", 4096)}
+    | {("h100-sxm", 2, "tpot", b) for b in (1, 32)}
+    | {("h100-sxm", 8, "tpot", 1)}
+)
 for (_gpu, _tp), _d in _SW_PROMPT.items():
     for _n, _ms in _d.items():
-        ROWS.append(
-            Row(
+        POINTS.append(
+            Point(
                 "splitwise",
                 _gpu,
                 "llama-2-70b",
                 _tp,
                 "ttft",
                 _ms,
+                "splitwise-2023",
+                "calibration" if (_gpu, _tp, "ttft", _n) in _SW_CALIBRATION else "held-out",
                 _n,
                 what=f"prompt {_n}, batch 1",
-                comparable="converted",
-                note=f"fp16, TP {_tp} -> per-GPU shard",
+                note="fp16",
             )
         )
 for (_gpu, _tp), _d in _SW_TOKEN.items():
     for _b, _ms in _d.items():
-        ROWS.append(
-            Row(
+        POINTS.append(
+            Point(
                 "splitwise",
                 _gpu,
                 "llama-2-70b",
                 _tp,
-                "itl",
+                "tpot",
                 _ms,
+                "splitwise-2023",
+                "calibration" if (_gpu, _tp, "tpot", _b) in _SW_CALIBRATION else "held-out",
                 512,
                 _b,
                 128,
                 what=f"token time, batch {_b}, prompt 512, 128 out",
-                comparable="converted",
-                note=f"fp16, TP {_tp} -> per-GPU shard",
+                note="fp16",
             )
         )
 # TensorRT-LLM v0.5 first-token latency, A100 FP16, batch 1 (the H100 rows are FP8: not comparable).
-for _shape, _tp, _n, _ms in (
-    ("llama-2-7b", 1, 128, 16.0),
-    ("llama-2-7b", 1, 2048, 133.0),
-    ("llama-2-70b", 4, 128, 47.0),
-    ("llama-2-70b", 4, 2048, 377.0),
+for _shape, _tp, _n, _ms, _role in (
+    ("llama-2-7b", 1, 128, 16.0, "calibration"),
+    ("llama-2-7b", 1, 2048, 133.0, "calibration"),
+    ("llama-2-70b", 4, 128, 47.0, "calibration"),
+    ("llama-2-70b", 4, 2048, 377.0, "held-out"),
 ):
-    ROWS.append(
-        Row(
+    POINTS.append(
+        Point(
             "trtllm-0.5",
             "a100-sxm-80gb",
             _shape,
             _tp,
             "ttft",
             _ms,
+            "trtllm-0.5",
+            _role,
             _n,
             what=f"1st token latency, input {_n}, batch 1",
-            comparable="yes" if _tp == 1 else "converted",
-            note="fp16" + ("" if _tp == 1 else f", TP {_tp} -> per-GPU shard"),
+            note="fp16",
         )
     )
 
 
+# -- the target -----------------------------------------------------------------------------------------
+
+TARGET = 0.15  # |error| on every held-out H100/A100 point (TTFT, TPOT, e2e), TP 1-8
+
+
+def point_key(p: Point) -> tuple[str, str, int, str, int, int]:
+    """(source, gpu, tp, metric, tokens, batch): names a point in KNOWN_MISSES."""
+    return (p.source, p.gpu, p.tp, p.metric, p.tokens, p.batch)
+
+
+_SW_TP_PREFILL = (
+    "Splitwise's stack scales prefill with TP sub-linearly and not linearly in the prompt: at TP 8 its "
+    "marginal cost per token doubles between 1-2k and 2-4k tokens (57 -> 124 us/token on H100), which "
+    "a ring all-reduce at one efficiency plus flash-style attention cannot follow; calibrated on TP 8 "
+    "4096, the model is too slow at 1-2k tokens"
+)
+_SW_SHORT = (
+    "Splitwise's 128-token prompt costs ~50-65 ms at every TP (a fixed per-prefill cost that grows "
+    "with TP); the model's fixed prefill cost is fitted at TP 2 and its kernel-latency floor shrinks "
+    "with the shard"
+)
+_SW_A100_TP2 = (
+    "the all-reduce efficiency fitted on H100 TP 8 over-prices A100 TP 2 prefill; the A100 rows of "
+    "this stack imply a cheaper collective or faster GEMMs there (no A100 row is calibrated)"
+)
+KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
+    ("splitwise", "h100-sxm", 4, "ttft", 128, 1): _SW_SHORT,
+    ("splitwise", "h100-sxm", 8, "ttft", 128, 1): _SW_SHORT,
+    ("splitwise", "a100-sxm-80gb", 8, "ttft", 128, 1): _SW_SHORT,
+    ("splitwise", "h100-sxm", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
+    ("splitwise", "h100-sxm", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
+    ("splitwise", "h100-sxm", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
+    ("splitwise", "h100-sxm", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 8, "ttft", 4096, 1): _SW_TP_PREFILL,
+    ("splitwise", "a100-sxm-80gb", 2, "ttft", 2048, 1): _SW_A100_TP2,
+    ("splitwise", "a100-sxm-80gb", 2, "ttft", 4096, 1): _SW_A100_TP2,
+    ("splitwise", "a100-sxm-80gb", 2, "ttft", 8192, 1): _SW_A100_TP2,
+    ("splitwise", "a100-sxm-80gb", 2, "tpot", 512, 1): (
+        "A100 TP 2 batch 1 token time +17.5 %: the cycles-based kernel latency fitted on H100 over-prices "
+        "this stack's A100 decode at batch 1 (batch 8 and 32 are within 9 %)"
+    ),
+}
+
+
+# -- the fit ---------------------------------------------------------------------------------------------
+
+# Free parameters per profile: (EngineProfile field, start, low, high). gemm_h100 / gemm_a100 are the
+# factors in gemm_efficiency_by_gpu.
+FITS: dict[str, list[tuple[str, float, float, float]]] = {
+    "vllm": [("step_s", 1e-3, 1e-5, 1e-2), ("allreduce_overhead_s", 5e-6, 1e-7, 1e-4)],
+    "splitwise-2023": [
+        ("kernels_per_layer", 40.0, 1.0, 200.0),
+        ("per_seq_s", 3e-4, 1e-6, 5e-3),
+        ("per_prefill_seq_s", 2e-2, 1e-4, 0.1),
+        ("allreduce_bandwidth_scale", 0.5, 0.05, 1.0),
+        ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
+    ],
+    "trtllm-0.5": [
+        ("per_prefill_seq_s", 5e-3, 1e-5, 5e-2),
+        ("gemm_a100", 1.0, 0.5, 1.4),
+        ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
+    ],
+}
+
+
+def with_params(profile: EngineProfile, names: Sequence[str], values: Sequence[float]) -> EngineProfile:
+    """``profile`` with the named parameters set (``gemm_<gpu>`` entries set gemm_efficiency_by_gpu)."""
+    fields: dict[str, Any] = {}
+    gemm = dict(profile.gemm_efficiency_by_gpu)
+    for name, value in zip(names, values, strict=True):
+        if name == "gemm_h100":
+            gemm["h100-sxm"] = value
+        elif name == "gemm_a100":
+            gemm["a100-sxm-80gb"] = value
+        else:
+            fields[name] = value
+    return replace(profile, gemm_efficiency_by_gpu=tuple(sorted(gemm.items())), **fields)
+
+
+def nelder_mead(
+    f: Callable[[list[float]], float], x0: Sequence[float], step: float = 0.3, iters: int = 300
+) -> list[float]:
+    """Minimise ``f`` from ``x0`` (a plain Nelder-Mead simplex; no dependency beyond the stdlib)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x0[j] + (step if j == i else 0.0) for j in range(n)] for i in range(n)]
+    scores = [f(p) for p in simplex]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=scores.__getitem__)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def toward(t: float, worst: list[float] = worst, centroid: list[float] = centroid) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centroid, worst, strict=True)]
+
+        refl = toward(-1.0)
+        fr = f(refl)
+        if fr < scores[0]:
+            exp = toward(-2.0)
+            fe = f(exp)
+            simplex[-1], scores[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < scores[-2]:
+            simplex[-1], scores[-1] = refl, fr
+        else:
+            con = toward(0.5)
+            fc = f(con)
+            if fc < scores[-1]:
+                simplex[-1], scores[-1] = con, fc
+            else:  # shrink toward the best
+                best = simplex[0]
+                simplex = [best] + [
+                    [b + 0.5 * (q - b) for b, q in zip(best, p, strict=True)] for p in simplex[1:]
+                ]
+                scores = [scores[0]] + [f(p) for p in simplex[1:]]
+        if max(scores) - min(scores) < 1e-10:
+            break
+    return simplex[min(range(n + 1), key=scores.__getitem__)]
+
+
+def _loss(points: Sequence[Point], profile: EngineProfile, constants: EmulationConstants) -> float:
+    return sum(math.log1p(p.error(profile, constants)) ** 2 for p in points)
+
+
+def calibration_points(profile: str) -> list[Point]:
+    return [p for p in POINTS if p.profile == profile and p.role == "calibration"]
+
+
+def fit_kernel_latency_cycles() -> float:
+    """The per-kernel latency (SM cycles) that best fits this project's H200 decode-vs-clock rows."""
+    rows = [p for p in calibration_points("phaselens-eager") if p.metric == "busy"]
+    prof = PROFILES["phaselens-eager"]
+
+    def loss(x: list[float]) -> float:
+        c = replace(DEFAULT_CONSTANTS, kernel_latency_cycles=math.exp(x[0]))
+        return _loss(rows, prof, c)
+
+    return math.exp(nelder_mead(loss, [math.log(DEFAULT_CONSTANTS.kernel_latency_cycles)], iters=80)[0])
+
+
+def fit_profile(name: str, constants: EmulationConstants = DEFAULT_CONSTANTS) -> EngineProfile:
+    """Refit ``name``'s free parameters (``FITS``) on its calibration rows."""
+    spec = FITS[name]
+    names = [s[0] for s in spec]
+    lows = [math.log(s[2]) for s in spec]
+    highs = [math.log(s[3]) for s in spec]
+    rows = calibration_points(name)
+    base = PROFILES[name]
+
+    def loss(x: list[float]) -> float:
+        clipped = [min(max(v, lo), hi) for v, lo, hi in zip(x, lows, highs, strict=True)]
+        penalty = sum((v - c) ** 2 for v, c in zip(x, clipped, strict=True))
+        return _loss(rows, with_params(base, names, [math.exp(v) for v in clipped]), constants) + penalty
+
+    x = nelder_mead(loss, [math.log(s[1]) for s in spec])
+    values = [math.exp(min(max(v, lo), hi)) for v, lo, hi in zip(x, lows, highs, strict=True)]
+    return with_params(base, names, values)
+
+
 # -- tables ----------------------------------------------------------------------------------------------
 
-PREFILL_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
-DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
-DECODE_CONTEXT = 1024
 
-
-def model_grid() -> list[dict[str, Any]]:
-    rows = []
-    for gpu in GPUS:
-        for name in ("llama-3.1-8b", "llama-3.1-70b"):
-            shape = SHAPES[name]
-            rows.append(
-                {
-                    "gpu": gpu,
-                    "shape": name,
-                    "ttft_ms": {n: prefill_s(gpu, shape, n) * 1e3 for n in PREFILL_TOKENS},
-                    "itl_ms": {b: decode_s(gpu, shape, b, DECODE_CONTEXT) * 1e3 for b in DECODE_BATCHES},
-                }
-            )
-    return rows
-
-
-def comparisons() -> list[dict[str, Any]]:
+def comparisons(profiles: dict[str, EngineProfile] | None = None) -> list[dict[str, Any]]:
+    """Every point beside the model (shipped PROFILES unless ``profiles`` overrides some)."""
     out = []
-    for r in ROWS:
-        modeled = r.modeled_ms()
+    for p in POINTS:
+        prof = (profiles or {}).get(p.profile)
+        modeled = p.modeled_ms(prof)
         out.append(
             {
-                "source": r.source,
-                "gpu": r.gpu,
-                "shape": r.shape,
-                "tp": r.tp,
-                "metric": r.metric,
-                "what": r.what,
-                "measured_ms": r.measured_ms,
+                "source": p.source,
+                "gpu": p.gpu,
+                "shape": p.shape,
+                "tp": p.tp,
+                "metric": p.metric,
+                "what": p.what,
+                "profile": p.profile,
+                "measured_ms": p.measured_ms,
                 "modeled_ms": round(modeled, 2),
-                "error_pct": round((modeled - r.measured_ms) / r.measured_ms * 100.0, 1),
-                "comparable": r.comparable,
-                "note": r.note,
+                "error_pct": round((modeled / p.measured_ms - 1.0) * 100.0, 1),
+                "role": p.role,
+                "note": p.note,
             }
         )
+    return out
+
+
+def held_out_summary(comps: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Max |error| % and count of the held-out rows per (source, metric)."""
+    out: dict[str, dict[str, float]] = {}
+    for c in comps:
+        if c["role"] != "held-out":
+            continue
+        key = f"{c['source']} {c['metric']}"
+        s = out.setdefault(key, {"n": 0, "max_abs_error_pct": 0.0, "within_15pct": 0})
+        s["n"] += 1
+        s["max_abs_error_pct"] = max(s["max_abs_error_pct"], abs(c["error_pct"]))
+        s["within_15pct"] += abs(c["error_pct"]) <= 15.0
     return out
 
 
@@ -359,48 +547,56 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
-def markdown(grid: list[dict[str, Any]], comps: list[dict[str, Any]]) -> str:
+def markdown(comps: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "Model grid: TTFT (one prompt of n tokens) and ITL (decode step, batch B, context "
-        f"{DECODE_CONTEXT}), ms",
-        "",
-        "| GPU | shape | "
-        + " | ".join(f"TTFT {n}" for n in PREFILL_TOKENS)
-        + " | "
-        + " | ".join(f"ITL b{b}" for b in DECODE_BATCHES)
-        + " |",
-        "|---|---|" + "---|" * (len(PREFILL_TOKENS) + len(DECODE_BATCHES)),
-    ]
-    for g in grid:
-        cells = [_fmt(g["ttft_ms"][n]) for n in PREFILL_TOKENS] + [
-            _fmt(g["itl_ms"][b]) for b in DECODE_BATCHES
-        ]
-        lines.append(f"| {GPU_LABEL[g['gpu']]} | {g['shape']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Comparisons (error = (model - measured) / measured)",
-        "",
-        "| source | GPU | shape | TP | measurement | measured ms | model ms | error | comparable | note |",
+        "| source | GPU | shape | TP | measurement | profile | measured ms | predicted ms | error | used for |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in comps:
         lines.append(
             f"| {c['source']} | {GPU_LABEL[c['gpu']]} | {c['shape']} | {c['tp']} | {c['what']} | "
-            f"{c['measured_ms']:g} | {_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} % | {c['comparable']} | "
-            f"{c['note']} |"
+            f"{c['profile']} | {c['measured_ms']:g} | {_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} % | "
+            f"{c['role']} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", help="also write the grid and the comparisons here")
+    ap.add_argument("--json", help="also write the fit, the comparisons and the sources here")
+    ap.add_argument("--no-fit", action="store_true", help="only the table with the shipped profiles")
     args = ap.parse_args(argv)
-    grid, comps = model_grid(), comparisons()
-    print(markdown(grid, comps))
+    fitted: dict[str, Any] = {}
+    if not args.no_fit:
+        cycles = fit_kernel_latency_cycles()
+        print(
+            f"kernel_latency_cycles: fitted {cycles:.0f}, shipped {DEFAULT_CONSTANTS.kernel_latency_cycles:.0f}"
+        )
+        fitted["kernel_latency_cycles"] = cycles
+        for name, spec in FITS.items():
+            prof = fit_profile(name)
+            print(f"  {prof!r}")
+            shipped = PROFILES[name]
+            print(f"profile {name}:")
+            for field, *_ in spec:
+                if field.startswith("gemm_"):
+                    key = {"gemm_h100": "h100-sxm", "gemm_a100": "a100-sxm-80gb"}[field]
+                    got, have = prof.gemm_scale(key), shipped.gemm_scale(key)
+                else:
+                    got, have = getattr(prof, field), getattr(shipped, field)
+                print(f"  {field}: fitted {got:.4g}, shipped {have:.4g}")
+                fitted[f"{name}.{field}"] = got
+        print()
+    comps = comparisons()
+    print(markdown(comps))
+    print()
+    for key, s in held_out_summary(comps).items():
+        print(
+            f"held-out {key}: {s['within_15pct']}/{s['n']} within 15 %, max |error| {s['max_abs_error_pct']:.1f} %"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"grid": grid, "comparisons": comps, "sources": SOURCES}, f, indent=1)
+            json.dump({"fit": fitted, "comparisons": comps, "sources": SOURCES}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class EmulationConstants:
     overhead_s: float = 2.0e-4  # GPU-side per iteration: sampling, synchronisation (clock-insensitive)
     # Per-kernel fixed GPU time (launch ramp, tail, inter-kernel bubble) in SM cycles: a kernel's
     # latency floor scales with 1/f, which is what makes small-batch decode slow with the SM clock.
-    kernel_latency_cycles: float = 11000.0
+    kernel_latency_cycles: float = 15000.0
     iteration_kernels: float = 12.0  # kernels per iteration outside the layers (embed, norm, head, sample)
     # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
     compute_power: float = 0.95  # SM power through a compute-bound kernel
@@ -101,8 +101,17 @@ class EngineProfile:
     ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_token_s *
     prefill tokens + per_tp_rank_s * (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
     kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
-    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective).
+    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
+    ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
+    than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
     """
+
+    def gemm_scale(self, gpu_key: str) -> float:
+        """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
+        for key, factor in self.gemm_efficiency_by_gpu:
+            if key == gpu_key:
+                return factor
+        return 1.0
 
     name: str
     step_s: float = 0.0
@@ -113,6 +122,9 @@ class EngineProfile:
     per_layer_s: float = 0.0
     kernels_per_layer: float = 1.0
     allreduce_overhead_s: float = 0.0
+    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
     source: str = ""
 
@@ -140,15 +152,14 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "vllm": EngineProfile(
         name="vllm",
-        step_s=1.2e-3,
-        per_seq_s=1.0e-5,
-        per_prefill_seq_s=1.0e-4,
-        per_prefill_token_s=2.0e-7,
-        per_tp_rank_s=1.0e-4,
+        step_s=9.77e-4,
         kernels_per_layer=5.0,
-        allreduce_overhead_s=4.0e-6,
-        description="vLLM (V1 engine, CUDA graphs, custom all-reduce)",
-        source="fit on vLLM CI latency runs; see bench/fidelity_table.py",
+        allreduce_overhead_s=6.3e-6,
+        description="vLLM (CUDA graphs for decode, custom all-reduce): host time per step fitted; the "
+        "per-sequence and per-token host costs are not identifiable from the published runs (all batch 8) "
+        "and are left at 0",
+        source="fit on vLLM CI latency_llama8B_tp1 and latency_llama70B_tp4 (H100, build 9555); "
+        "bench/fidelity_table.py",
     ),
     "phaselens-eager": EngineProfile(
         name="phaselens-eager",
@@ -156,6 +167,28 @@ PROFILES: dict[str, EngineProfile] = {
         description="this project's engine, eager PyTorch (no CUDA graphs): launch-bound decode",
         source="docs/gpu/2026-11-30-h200-decode-profile.txt: ~740 kernels per llama-3.2-1b (16-layer) "
         "decode step; its launches overlap the GPU work, so no serialized host time is modeled",
+    ),
+    "splitwise-2023": EngineProfile(
+        name="splitwise-2023",
+        per_seq_s=2.5e-4,
+        per_prefill_seq_s=1.35e-3,
+        kernels_per_layer=25.6,
+        allreduce_overhead_s=1.08e-5,
+        allreduce_bandwidth_scale=0.212,
+        description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
+        "~22 % of NVLink bandwidth)",
+        source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
+        "4096 + token b1; bench/fidelity_table.py",
+    ),
+    "trtllm-0.5": EngineProfile(
+        name="trtllm-0.5",
+        per_prefill_seq_s=6.3e-3,
+        kernels_per_layer=5.0,
+        allreduce_overhead_s=7.7e-5,
+        gemm_efficiency_by_gpu=(("a100-sxm-80gb", 1.156),),
+        description="TensorRT-LLM v0.5 (fused kernels; A100 GEMMs at 75 % of peak)",
+        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128; "
+        "bench/fidelity_table.py",
     ),
 }
 DEFAULT_PROFILE = "vllm"
@@ -500,6 +533,7 @@ class _Coeffs:
     dynamic_w: float
     clocks: tuple[int, ...]
     f_max: float
+    ceilings: dict[tuple[int, int] | None, tuple[tuple[int, ...], int]]  # per locked range, filled lazily
 
 
 @functools.lru_cache(maxsize=256)
@@ -529,7 +563,7 @@ def _coeffs(
         * shard.num_layers
         * BF16_BYTES,
         weight_bytes=total * BF16_BYTES,
-        flops_per_s=spec.peak_flops * c.gemm_efficiency,
+        flops_per_s=spec.peak_flops * c.gemm_efficiency * profile.gemm_scale(spec.key),
         bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
         bandwidth_bytes_s=spec.bandwidth_bytes_s,
         kernels=kernels,
@@ -540,44 +574,90 @@ def _coeffs(
         comm_s_per_token=(
             0.0
             if tp == 1
-            else 2 * shard.num_layers * ring * d * BF16_BYTES / (link.bandwidth_bytes_s * link.efficiency)
+            else 2
+            * shard.num_layers
+            * ring
+            * d
+            * BF16_BYTES
+            / (link.bandwidth_bytes_s * link.efficiency * profile.allreduce_bandwidth_scale)
         ),
         dynamic_w=spec.tdp_w - spec.idle_w,
         clocks=spec.supported_sm_clocks_mhz(),
         f_max=float(spec.max_sm_clock_mhz),
+        ceilings={},
     )
 
 
-def _estimate(
-    k: _Coeffs, work: IterationWork, sm_clock_mhz: int, host_s: float, held_x: float = 1.0
-) -> IterationEstimate:
+_Terms = tuple[
+    tuple[tuple[float, float], ...], float, int
+]  # ((flops, bytes) per kernel class), act bytes, tokens
+
+
+def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
+    """The clock-independent work of an iteration: (FLOPs, bytes) of the GEMM/attention/LM-head
+    classes, the small kernels' bytes, and the tokens (for the all-reduces)."""
+    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
+    sampled = max(0, work.sampled_seqs)
+    tile = k.c.gemm_tile_tokens
+    terms: list[tuple[float, float]] = []
+    act_b = 0.0
+    if tokens:
+        padded = -(-tokens // tile) * tile
+        terms.append((2.0 * k.body_params * padded, 2.0 * k.body_params))
+        terms.append(
+            (
+                float(k.attn_flops_per_pair * max(0, work.attention_pairs)),
+                float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens)),
+            )
+        )
+        act_b = k.act_bytes_per_token * tokens
+    if sampled:
+        padded_s = -(-sampled // tile) * tile
+        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+    return tuple(terms), act_b, tokens
+
+
+def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
+    """Only the busy power of :func:`_at_clock` (the power-cap search)."""
+    c = k.c
+    x = sm_clock_mhz / k.f_max
+    fps, bps = k.flops_per_s * x, k.bytes_per_s
+    ds = c.compute_power - c.stream_power
+    kern_s = sm_w = bytes_total = 0.0
+    terms, act_b, tokens = t
+    for f, b in terms:
+        tc, tm = f / fps, b / bps
+        tk = tc if tc > tm else tm
+        if tk > 0.0:
+            kern_s += tk
+            sm_w += tk * c.stream_power + ds * tc
+            bytes_total += b
+    act_s = act_b / bps
+    latency_s = k.latency_s / x
+    wait_s = latency_s - act_s if latency_s > act_s else 0.0
+    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
+    sm_w += act_s * c.stream_power + (wait_s + comm_s) * c.latency_power
+    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
+    if v < c.voltage_floor:
+        v = c.voltage_floor
+    dram = (bytes_total + act_b) / (busy_s * k.bandwidth_bytes_s)
+    return k.spec.idle_w + k.dynamic_w * (c.busy_power + c.hbm_power * dram + x * v * v * sm_w / busy_s)
+
+
+def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: float) -> IterationEstimate:
+    """The estimate of the iteration whose work is ``t`` with the SM clock at ``sm_clock_mhz``."""
     c = k.c
     x = sm_clock_mhz / k.f_max
     fps = k.flops_per_s * x
     bps = k.bytes_per_s
-    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
-    sampled = max(0, work.sampled_seqs)
-    tile = c.gemm_tile_tokens
     compute_s = memory_s = kern_s = 0.0
     sm_w = act_w = occ_w = 0.0
     flops_total = bytes_total = 0.0
     ds = c.compute_power - c.stream_power
     da = c.sm_active_compute - c.sm_active_memory
     do = c.sm_occupancy_compute - c.sm_occupancy_memory
-    if tokens:
-        padded = -(-tokens // tile) * tile
-        attn_f = float(k.attn_flops_per_pair * max(0, work.attention_pairs))
-        attn_b = float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens))
-        act_b = k.act_bytes_per_token * tokens
-        lin_f = 2.0 * k.body_params * padded
-        lin_b = 2.0 * k.body_params
-        terms = [(lin_f, lin_b), (attn_f, attn_b)]
-    else:
-        act_b = 0.0
-        terms = []
-    if sampled:
-        padded_s = -(-sampled // tile) * tile
-        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+    terms, act_b, tokens = t
     for f, b in terms:
         tc, tm = f / fps, b / bps
         tk = tc if tc > tm else tm
@@ -596,8 +676,7 @@ def _estimate(
     # clock-scaled latency floor, whichever is longer.
     act_s = act_b / bps
     latency_s = k.latency_s / x
-    small_s = act_s if act_s > latency_s else latency_s
-    wait_s = small_s - act_s  # latency-bound part of the small kernels
+    wait_s = latency_s - act_s if latency_s > act_s else 0.0  # latency-bound part of the small kernels
     memory_s += act_s
     bytes_total += act_b
     sm_w += act_s * c.stream_power
@@ -605,7 +684,7 @@ def _estimate(
     occ_w += act_s * c.sm_occupancy_memory
     comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
     fixed_s = wait_s + k.overhead_s
-    busy_s = kern_s + small_s + k.overhead_s + comm_s
+    busy_s = kern_s + act_s + fixed_s + comm_s
     sm_w += (wait_s + comm_s) * c.latency_power
     act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
     occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
@@ -641,6 +720,10 @@ def _estimate(
     )
 
 
+# Identity-keyed front of _coeffs: hashing the frozen dataclasses costs more than the model itself.
+_FAST: dict[tuple[Any, ...], tuple[tuple[Any, ...], _Coeffs]] = {}
+
+
 def _resolve(
     gpu: str | GpuSpec,
     shape: ModelConfig,
@@ -649,7 +732,33 @@ def _resolve(
     link: str | LinkSpec,
     profile: str | EngineProfile | None,
 ) -> _Coeffs:
-    return _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+    # Names key by value; objects by identity, kept alive (and checked) in the entry so an id is
+    # never reused for another object while its entry exists.
+    key = (
+        gpu if isinstance(gpu, str) else id(gpu),
+        id(shape),
+        id(constants),
+        tp,
+        link if isinstance(link, str) else id(link),
+        profile if profile is None or isinstance(profile, str) else id(profile),
+    )
+    refs = (gpu, shape, constants, link, profile)
+    hit = _FAST.get(key)
+    if hit is not None:
+        held = hit[0]
+        if (
+            held[1] is shape
+            and held[2] is constants
+            and (held[0] is gpu or isinstance(gpu, str))
+            and (held[3] is link or isinstance(link, str))
+            and (held[4] is profile or profile is None or isinstance(profile, str))
+        ):
+            return hit[1]
+    k = _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+    if len(_FAST) > 1024:
+        _FAST.clear()
+    _FAST[key] = (refs, k)
+    return k
 
 
 def estimate_at_clock(
@@ -671,7 +780,7 @@ def estimate_at_clock(
     """
     k = _resolve(gpu, shape, constants, tp, link, profile)
     host_s = k.profile.host_s(work, tp, shape.num_layers)
-    return _estimate(k, work, sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
+    return _at_clock(k, _terms(k, work), sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
 
 
 @functools.lru_cache(maxsize=256)
@@ -714,27 +823,26 @@ def predict_iteration(
     bound. The clock search runs only when the limit binds at the top clock.
     """
     k = _resolve(gpu, shape, constants, tp, link, profile)
-    spec = k.spec
     host_s = k.profile.host_s(work, tp, shape.num_layers)
-    limit = spec.tdp_w if power_limit_w is None else power_limit_w
-    clocks, top = _allowed_ceiling(spec, sm_clock_range)
+    limit = k.spec.tdp_w if power_limit_w is None else power_limit_w
+    ceiling = k.ceilings.get(sm_clock_range)
+    if ceiling is None:
+        ceiling = k.ceilings[sm_clock_range] = _allowed_ceiling(k.spec, sm_clock_range)
+    clocks, top = ceiling
     held_x = clocks[top] / k.f_max  # the host gap holds the allowed ceiling (a cap binds only when busy)
-    best = _estimate(k, work, clocks[top], host_s, held_x)
+    t = _terms(k, work)
+    best = _at_clock(k, t, clocks[top], host_s, held_x)
     if best.power_w <= limit:
         return best
     # Power rises monotonically with the clock: binary-search the highest clock that fits.
-    lo, hi = 0, top - 1
-    fit: IterationEstimate | None = None
+    lo, hi, fit = 0, top - 1, 0
     while lo <= hi:
         mid = (lo + hi) // 2
-        est = _estimate(k, work, clocks[mid], host_s, held_x)
-        if est.power_w <= limit:
-            fit, lo = est, mid + 1
+        if _busy_power_w(k, t, clocks[mid]) <= limit:
+            fit, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if fit is None:
-        fit = _estimate(k, work, clocks[0], host_s, held_x)
-    return replace(fit, power_capped=True)
+    return replace(_at_clock(k, t, clocks[fit], host_s, held_x), power_capped=True)
 
 
 def weight_bytes(shape: ModelConfig, tp: int = 1) -> int:
