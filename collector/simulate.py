@@ -39,6 +39,112 @@ def new_scenario_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+class ScenarioWriter:
+    """Stores one simulated run as a scenario while it runs: pass :meth:`on_batch` to the
+    :class:`~serving.sim.simulator.Simulation` (its telemetry batches go through the store's live
+    ingest path as they come, so a fleet's hour never sits in memory), then :meth:`finish` with the
+    result (each GPU's devices row and samples every ``sample_period_s``, the scenario row).
+    ``seconds`` is the wall time spent storing."""
+
+    def __init__(self, store: Any, scenario_id: str, *, batches_per_write: int = 32) -> None:
+        self.store = store
+        self.scenario_id = scenario_id
+        self.node = scenario_node(scenario_id)
+        self.counts: dict[str, int] = {"iterations": 0, "requests": 0, "tokens": 0, "control_events": 0}
+        self.seconds = 0.0
+        self._buffer: list[dict[str, Any]] = []
+        self._per_write = batches_per_write
+
+    def on_batch(self, batch: dict[str, Any]) -> None:
+        """Take one telemetry batch; every ``batches_per_write`` go to the store together."""
+        self._buffer.append(batch)
+        if len(self._buffer) >= self._per_write:
+            self._write_batches()
+
+    def _write_batches(self) -> None:
+        if not self._buffer:
+            return
+        t = time.perf_counter()
+        batches, self._buffer = self._buffer, []
+        ingests = self.store.append_telemetry_batches(
+            batches, self.node, received_s=batches[-1]["sent_s"], endpoint="simulator"
+        )
+        for key in ("iterations", "requests", "tokens", "control_events"):
+            self.counts[key] += sum(getattr(i, key) for i in ingests)
+        rejected = sum(i.rejected_events for i in ingests)
+        self.seconds += time.perf_counter() - t
+        if rejected:  # the simulator's own events must fit the contract: a bug, said loudly
+            raise RuntimeError(
+                f"the store rejected {rejected} simulated telemetry events (see ingest_errors)"
+            )
+
+    def finish(
+        self,
+        result: Any,
+        *,
+        sample_period_s: float = 0.1,
+        summary: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> dict[str, int]:
+        """Write what is left: pending batches, each GPU's devices row and samples, the scenario.
+        Returns the rows written per table."""
+        from serving.devices.gpu_model import weight_bytes
+        from serving.sim.samples import replica_samples
+
+        self._write_batches()
+        t = time.perf_counter()
+        store, node, counts = self.store, self.node, self.counts
+        shape = result.shape
+        spec_key = result.layout.gpu
+        # Each GPU's owner from the first instant, so every iteration joins to its GPU's role; the
+        # samples' attributes equal these, so they add no devices rows of their own.
+        owners = [
+            {
+                "node": node,
+                "source": SIMULATED,
+                "device": f"simulated:{spec_key}",
+                "index": g.index,
+                "since_s": result.start_s,
+                "kind": "simulated",
+                "uuid": g.uuid,
+                "name": f"{result.gpu_name} (simulated)",
+                "emulated": True,
+                "worker": replica.id,
+                "role": replica.role,
+            }
+            for replica in result.replicas
+            for g in replica.gpus
+        ]
+        counts["devices"] = store.append("devices", owners)
+        samples = 0
+        for replica in result.replicas:
+            per_gpu = weight_bytes(shape, replica.pool.tp)
+            for cols in replica_samples(result, replica, sample_period_s, per_gpu):
+                samples += store.append("gpu_samples", _sample_table(cols, node, spec_key, result.gpu_name))
+        counts["gpu_samples"] = samples
+        row = {
+            "scenario_id": self.scenario_id,
+            "node": node,
+            "created_s": time.time(),
+            "label": SIMULATED,
+            "name": name or result.layout.name,
+            "model": shape.name,
+            "gpu": result.gpu_name,
+            "layout": result.layout.describe(),
+            "trace": trace or {},
+            "params": {"sample_period_s": sample_period_s},
+            "start_s": result.start_s,
+            "end_s": result.end_s,
+            "wall_s": result.wall_s,
+            "summary": _json_safe(summary or {}),
+        }
+        counts["scenarios"] = store.append("scenarios", [row])
+        store.flush()
+        self.seconds += time.perf_counter() - t
+        return dict(counts)
+
+
 def store_simulation(
     store: Any,
     result: Any,
@@ -49,72 +155,12 @@ def store_simulation(
     trace: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> dict[str, int]:
-    """Write one run (a :class:`serving.sim.simulator.SimResult`) into ``store`` as a scenario.
-
-    Returns the rows written per table. Telemetry goes through the store's live ingest path; GPU
-    samples are derived every ``sample_period_s`` from the GPUs' cumulative counters.
-    """
-    from serving.devices.gpu_model import weight_bytes
-    from serving.sim.samples import replica_samples
-
-    node = scenario_node(scenario_id)
-    counts: dict[str, int] = {}
-    ingests = store.append_telemetry_batches(
-        result.batches, node, received_s=result.end_s, endpoint="simulator"
-    )
-    for key in ("iterations", "requests", "tokens", "control_events"):
-        counts[key] = sum(getattr(i, key) for i in ingests)
-    rejected = sum(i.rejected_events for i in ingests)
-    if rejected:  # the simulator's own events must fit the contract: a bug, said loudly
-        raise RuntimeError(f"the store rejected {rejected} simulated telemetry events (see ingest_errors)")
-    shape = result.shape
-    spec_key = result.layout.gpu
-    # Each GPU's owner from the first instant, so every iteration joins to its GPU's role; the
-    # samples' attributes equal these, so they add no devices rows of their own.
-    owners = [
-        {
-            "node": node,
-            "source": SIMULATED,
-            "device": f"simulated:{spec_key}",
-            "index": g.index,
-            "since_s": result.start_s,
-            "kind": "simulated",
-            "uuid": g.uuid,
-            "name": f"{result.gpu_name} (simulated)",
-            "emulated": True,
-            "worker": replica.id,
-            "role": replica.role,
-        }
-        for replica in result.replicas
-        for g in replica.gpus
-    ]
-    counts["devices"] = store.append("devices", owners)
-    samples = 0
-    for replica in result.replicas:
-        per_gpu = weight_bytes(shape, replica.pool.tp)
-        for cols in replica_samples(result, replica, sample_period_s, per_gpu):
-            table = _sample_table(cols, node, spec_key, result.gpu_name)
-            samples += store.append("gpu_samples", table)
-    counts["gpu_samples"] = samples
-    row = {
-        "scenario_id": scenario_id,
-        "node": node,
-        "created_s": time.time(),
-        "label": SIMULATED,
-        "name": name or result.layout.name,
-        "model": shape.name,
-        "gpu": result.gpu_name,
-        "layout": result.layout.describe(),
-        "trace": trace or {},
-        "params": {"sample_period_s": sample_period_s},
-        "start_s": result.start_s,
-        "end_s": result.end_s,
-        "wall_s": result.wall_s,
-        "summary": _json_safe(summary or {}),
-    }
-    counts["scenarios"] = store.append("scenarios", [row])
-    store.flush()
-    return counts
+    """Write a finished run that kept its batches (``Simulation`` without ``on_batch``) as a
+    scenario; return the rows written per table."""
+    writer = ScenarioWriter(store, scenario_id)
+    for batch in result.batches:
+        writer.on_batch(batch)
+    return writer.finish(result, sample_period_s=sample_period_s, summary=summary, trace=trace, name=name)
 
 
 def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
@@ -361,21 +407,23 @@ def _run(
     try:
         for layout in layouts:
             sid = new_scenario_id()
+            writer = ScenarioWriter(sink.store, sid) if sink is not None else None
             bar = _progress(layout.name, not args.no_progress)
             result = Simulation(
-                layout, shape, requests, start_s=start_s, scenario=sid, progress=bar.update
+                layout,
+                shape,
+                requests,
+                start_s=start_s,
+                scenario=sid,
+                progress=bar.update,
+                on_batch=writer.on_batch if writer is not None else _drop,
             ).run()
             bar.close()
             summary = summarize(result, slo)
             summaries.append(summary)
-            if sink is not None:
-                counts = store_simulation(
-                    sink.store,
-                    result,
-                    scenario_id=sid,
-                    sample_period_s=args.sample_period_s,
-                    summary=summary.to_dict(),
-                    trace=trace,
+            if writer is not None:
+                counts = writer.finish(
+                    result, sample_period_s=args.sample_period_s, summary=summary.to_dict(), trace=trace
                 )
                 stored.append((sid, counts))
         if sink is not None:
@@ -400,6 +448,10 @@ def _run(
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([_json_safe(s.to_dict()) for s in summaries], indent=1))
     return 0
+
+
+def _drop(batch: dict[str, Any]) -> None:
+    """Telemetry of a run that is not stored (``--no-store``): the summary needs none of it."""
 
 
 class _Bar:

@@ -44,8 +44,8 @@ class _Cumulative:
     def __init__(self, busy: Busy, spec: GpuSpec, held_mhz: float | None = None) -> None:
         self.spec = spec
         self.held_mhz = held_mhz  # the clock a locked range holds through gaps (None: the maximum)
-        self.s = np.asarray(busy.start_s, dtype=np.float64)  # virtual seconds since the run's start
-        self.e = np.asarray(busy.end_s, dtype=np.float64)
+        self.s = np.frombuffer(busy.start_s, dtype=np.float64)  # virtual seconds since the run's start
+        self.e = np.frombuffer(busy.end_s, dtype=np.float64)
         d = self.e - self.s
         self.d = d
         self.power = np.asarray(busy.power_w, dtype=np.float64)

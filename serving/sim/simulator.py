@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,23 +51,41 @@ class SimulationError(ValueError):
     """The simulation cannot run (bad trace, layout or options); the message says what and why."""
 
 
+def _doubles() -> array:
+    return array("d")
+
+
 @dataclass(slots=True)
 class Busy:
-    """A replica's GPU busy intervals (one per iteration), as column lists; every rank of the
+    """A replica's GPU busy intervals (one per iteration), as compact columns; every rank of the
     replica runs the same iteration, so its GPUs share them. Times are virtual seconds since the
     run's ``start_s``."""
 
-    start_s: list[float] = field(default_factory=list)
-    end_s: list[float] = field(default_factory=list)
-    power_w: list[float] = field(default_factory=list)
-    sm_clock_mhz: list[int] = field(default_factory=list)
-    sm_active: list[float] = field(default_factory=list)
-    sm_occupancy: list[float] = field(default_factory=list)
-    tensor_active: list[float] = field(default_factory=list)
-    dram_active: list[float] = field(default_factory=list)
-    mem_active: list[float] = field(default_factory=list)
-    capped: list[bool] = field(default_factory=list)
-    kv_bytes: list[int] = field(default_factory=list)  # KV in use during the iteration (per GPU)
+    start_s: array = field(default_factory=_doubles)
+    end_s: array = field(default_factory=_doubles)
+    power_w: array = field(default_factory=_doubles)
+    sm_clock_mhz: array = field(default_factory=lambda: array("i"))
+    sm_active: array = field(default_factory=_doubles)
+    sm_occupancy: array = field(default_factory=_doubles)
+    tensor_active: array = field(default_factory=_doubles)
+    dram_active: array = field(default_factory=_doubles)
+    mem_active: array = field(default_factory=_doubles)
+    capped: array = field(default_factory=lambda: array("b"))
+    kv_bytes: array = field(default_factory=lambda: array("q"))  # KV in use during the iteration (per GPU)
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Per finished request, compact columns for the run's summary (epoch seconds), and every
+    inter-token gap; filled whether or not the telemetry batches are kept."""
+
+    arrival_s: array = field(default_factory=_doubles)
+    first_token_s: array = field(default_factory=_doubles)
+    finish_s: array = field(default_factory=_doubles)
+    prompt_tokens: array = field(default_factory=lambda: array("q"))
+    output_tokens: array = field(default_factory=lambda: array("q"))
+    itl_s: array = field(default_factory=_doubles)
+    failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +164,7 @@ class SimResult:
     shape: ModelConfig
     start_s: float
     end_s: float
-    batches: list[dict[str, Any]]
+    batches: list[dict[str, Any]]  # empty when the run streamed them to ``on_batch``
     replicas: list[Replica]
     requests: int
     finished: int
@@ -154,7 +173,8 @@ class SimResult:
     wall_s: float
     gpu_name: str
     events: int = 0
-    warnings: list[str] = field(default_factory=list)
+    stats: RequestStats = field(default_factory=RequestStats)
+    batches_emitted: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -173,7 +193,8 @@ class Simulation:
     ``record_work`` keeps every iteration's start and work on its replica (``works``), for checks.
     ``iteration_model(work, pool)`` replaces the GPU model (e.g. a device model fitted to a live
     run's iterations); it returns an object with :class:`~serving.devices.gpu_model.IterationEstimate`'s
-    fields.
+    fields. ``on_batch(batch)`` receives each telemetry batch as it is complete (then the result
+    keeps none: a fleet's hour is millions of events).
     """
 
     def __init__(
@@ -188,6 +209,7 @@ class Simulation:
         progress: Callable[[float, float], None] | None = None,
         record_work: bool = False,
         iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
+        on_batch: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -226,6 +248,9 @@ class Simulation:
         self._params_cache: dict[int, SamplingParams] = {}
         # telemetry
         self._batches: list[dict[str, Any]] = []
+        self._on_batch = on_batch
+        self._batches_emitted = 0
+        self._stats = RequestStats()
         self._pending_events: dict[str, list[dict[str, Any]]] = {}
         self._seq: dict[str, int] = {}
         self._predict_cache: dict[tuple[Any, ...], Any] = {}
@@ -244,18 +269,21 @@ class Simulation:
             return
         seq = self._seq.get(source, 0)
         self._seq[source] = seq + 1
-        self._batches.append(
-            {
-                "schema": TELEMETRY_SCHEMA,
-                "version": TELEMETRY_VERSION,
-                "source": source,
-                "seq": seq,
-                "sent_s": now_s,
-                "dropped_events_total": 0,
-                "events": events,
-            }
-        )
+        batch = {
+            "schema": TELEMETRY_SCHEMA,
+            "version": TELEMETRY_VERSION,
+            "source": source,
+            "seq": seq,
+            "sent_s": now_s,
+            "dropped_events_total": 0,
+            "events": events,
+        }
         self._pending_events[source] = []
+        self._batches_emitted += 1
+        if self._on_batch is None:
+            self._batches.append(batch)
+        else:
+            self._on_batch(batch)
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -324,6 +352,8 @@ class Simulation:
             wall_s=time.perf_counter() - wall0,
             gpu_name=self.spec.name,
             events=events,
+            stats=self._stats,
+            batches_emitted=self._batches_emitted,
         )
 
     def _params(self, max_tokens: int) -> SamplingParams:
@@ -520,6 +550,7 @@ class Simulation:
 
     def _fail(self, req: _Request, message: str, now: float) -> None:
         self._failed += 1
+        self._stats.failed += 1
         self._emit_request(req, now, "error", "error", message)
 
     def _emit_request(self, req: _Request, now: float, status: str, reason: str, error: str | None) -> None:
@@ -529,6 +560,15 @@ class Simulation:
             return None if t is None else t0 + t
 
         tokens = (np.asarray(req.token_ts) + t0).tolist() if req.token_ts else []
+        if status == "ok" and tokens:
+            st = self._stats
+            st.arrival_s.append(t0 + req.arrival_s)
+            st.first_token_s.append(tokens[0])
+            st.finish_s.append(t0 + now)
+            st.prompt_tokens.append(req.prompt_tokens)
+            st.output_tokens.append(len(tokens))
+            if len(req.token_ts) > 1:
+                st.itl_s.frombytes(np.diff(np.asarray(req.token_ts)).tobytes())
         self._emit(
             "router",
             {

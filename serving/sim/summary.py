@@ -70,34 +70,20 @@ def _pct(values: np.ndarray, q: float) -> float:
 def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     """Compute :class:`SimSummary` from a run's request events and GPU counters."""
     slo = slo or SloSpec()
-    arrival, first, finish, n_out, n_in, ok = [], [], [], [], [], []
-    itl_parts = []
-    failed = 0
-    for batch in result.batches:
-        for ev in batch["events"]:
-            if ev["type"] != "request":
-                continue
-            if ev["status"] != "ok" or ev["first_token_s"] is None:
-                failed += 1
-                continue
-            arrival.append(ev["arrival_s"])
-            first.append(ev["first_token_s"])
-            finish.append(ev["finish_s"])
-            n_out.append(ev["output_tokens"])
-            n_in.append(ev["prompt_tokens"])
-            ok.append(True)
-            ts = ev["token_ts_s"]
-            if len(ts) > 1:
-                itl_parts.append(np.diff(np.asarray(ts)))
-    arrival_a, first_a, finish_a = np.asarray(arrival), np.asarray(first), np.asarray(finish)
-    out_a = np.asarray(n_out, dtype=np.int64)
+    st = result.stats
+    arrival_a, first_a, finish_a = (
+        np.frombuffer(a, dtype=np.float64) for a in (st.arrival_s, st.first_token_s, st.finish_s)
+    )
+    out_a = np.frombuffer(st.output_tokens, dtype=np.int64)
+    n_in = np.frombuffer(st.prompt_tokens, dtype=np.int64)
+    failed = st.failed
     ttft = first_a - arrival_a
     multi = out_a > 1
     tpot = (finish_a[multi] - first_a[multi]) / (out_a[multi] - 1)
     tpot_all = np.zeros(len(out_a))
     tpot_all[multi] = tpot
     meets = (ttft <= slo.ttft_s) & (tpot_all <= slo.tpot_s)
-    itl = np.concatenate(itl_parts) if itl_parts else np.zeros(0)
+    itl = np.frombuffer(st.itl_s, dtype=np.float64)
     energy = 0.0
     for replica in result.replicas:
         locked = replica.pool.sm_clock_mhz
@@ -106,7 +92,7 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     gpus = result.layout.gpus
     duration = max(result.duration_s, 1e-9)
     out_tokens = int(out_a.sum())
-    in_tokens = int(np.asarray(n_in, dtype=np.int64).sum())
+    in_tokens = int(n_in.sum())
     return SimSummary(
         layout=result.layout.name,
         mode=result.layout.mode,
