@@ -229,7 +229,6 @@ class EmulatedDevice(Device):
         # pacing accounting
         self._iterations = self._lagged = self._paced = 0
         self._lag_s = self._pacing_s = self._abs_err_s = self._modeled_s = 0.0
-        self._busy_modeled_s = 0.0
         self._last_err_s = 0.0
 
     def _check_window(self, window_s: float, what: str) -> float:
@@ -388,7 +387,6 @@ class EmulatedDevice(Device):
             self._last_estimate = est
             self._iterations += 1
             self._modeled_s += est.time_s
-            self._busy_modeled_s += est.busy_s
             lag = entry - modeled_end
             self._reports.append((entry, lag > 0))
             if lag > 0:
