@@ -219,6 +219,9 @@ class EmulatedDevice(Device):
         # the last busy interval trimmed from the history (its end and held clock), for gap power
         self._trimmed_end = -math.inf
         self._trimmed_held_mhz = self._gpu.max_sm_clock_mhz
+        # the last busy interval integrated whole into the counters (its end and held clock)
+        self._integrated_end = -math.inf
+        self._integrated_held_mhz = self._gpu.max_sm_clock_mhz
         # cumulative counters over [opened, cursor]
         self._energy_j = self._busy_s = self._sm_s = self._occ_s = 0.0
         self._tensor_s = self._dram_s = self._mem_s = 0.0
@@ -495,7 +498,7 @@ class EmulatedDevice(Device):
         t = self._cursor
         if now <= t:
             return
-        last_end, held = self._before(t)
+        last_end, held = self._integrated_end, self._integrated_held_mhz
         for busy in self._history:
             if busy.end <= t:
                 continue
@@ -511,6 +514,7 @@ class EmulatedDevice(Device):
                 last_end, held = busy.end, busy.held_mhz
         self._idle_segment(t, now, last_end, held)
         self._cursor = now
+        self._integrated_end, self._integrated_held_mhz = last_end, held
 
     def _trim(self, now: float) -> None:
         horizon = min(now - self._history_s, self._cursor)
