@@ -106,27 +106,27 @@ class EngineProfile:
     than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
     """
 
+    name: str
+    step_s: float = 0.0  # host time per iteration
+    per_seq_s: float = 0.0  # ... per sequence in the batch
+    per_prefill_seq_s: float = 0.0  # ... per sequence prefilling in this iteration
+    per_prefill_token_s: float = 0.0  # ... per prompt token computed
+    per_tp_rank_s: float = 0.0  # ... per tensor-parallel rank beyond the first
+    per_layer_s: float = 0.0  # ... per model layer (eager launches that do not overlap the GPU)
+    kernels_per_layer: float = 1.0  # small (latency-bound) GPU kernels per layer
+    allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
+    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
+    description: str = ""
+    source: str = ""
+
     def gemm_scale(self, gpu_key: str) -> float:
         """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
         for key, factor in self.gemm_efficiency_by_gpu:
             if key == gpu_key:
                 return factor
         return 1.0
-
-    name: str
-    step_s: float = 0.0
-    per_seq_s: float = 0.0
-    per_prefill_seq_s: float = 0.0
-    per_prefill_token_s: float = 0.0
-    per_tp_rank_s: float = 0.0
-    per_layer_s: float = 0.0
-    kernels_per_layer: float = 1.0
-    allreduce_overhead_s: float = 0.0
-    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
-    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
-    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
-    description: str = ""
-    source: str = ""
 
     def host_s(self, work: IterationWork, tp: int = 1, layers: int = 0) -> float:
         """Host (GPU-idle) time of one iteration of ``work`` at tensor-parallel degree ``tp`` for a
@@ -147,7 +147,8 @@ PROFILES: dict[str, EngineProfile] = {
     "lean": EngineProfile(
         name="lean",
         kernels_per_layer=1.0,
-        description="no host time: the GPU's own time for a perfectly fed engine (the v1 behaviour)",
+        description="no host time (v1's behaviour) and one small kernel per layer: the GPU's own time for "
+        "a perfectly fed engine",
         source="none (the roofline of the GPU model)",
     ),
     "vllm": EngineProfile(
