@@ -543,6 +543,55 @@ def held_out_summary(comps: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
     return out
 
 
+PREFILL_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
+DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
+DECODE_CONTEXT = 1024
+GRID = (("llama-3.1-8b", 1), ("llama-3.1-70b", 4))
+
+
+def model_grid(profile: str | None = None) -> list[dict[str, Any]]:
+    """TTFT (one prompt of n tokens) and TPOT (decode step, batch B, context 1024), ms, per GPU and
+    shape (70B at TP 4 over the GPU's NVLink), with ``profile`` (default: DEFAULT_PROFILE)."""
+    rows = []
+    for gpu in GPU_LABEL:
+        for name, tp in GRID:
+            shape = SHAPES[name]
+
+            def ms(work: IterationWork, shape: ModelConfig = shape, tp: int = tp, gpu: str = gpu) -> float:
+                return (
+                    predict_iteration(gpu, shape, work, tp=tp, link=LINK_OF[gpu], profile=profile).time_s
+                    * 1e3
+                )
+
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "shape": name,
+                    "tp": tp,
+                    "ttft_ms": {n: ms(prefill_work(n)) for n in PREFILL_TOKENS},
+                    "tpot_ms": {b: ms(decode_work(b, DECODE_CONTEXT)) for b in DECODE_BATCHES},
+                }
+            )
+    return rows
+
+
+def grid_markdown(grid: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| GPU | shape | TP | "
+        + " | ".join(f"TTFT {n}" for n in PREFILL_TOKENS)
+        + " | "
+        + " | ".join(f"TPOT b{b}" for b in DECODE_BATCHES)
+        + " |",
+        "|---|---|---|" + "---|" * (len(PREFILL_TOKENS) + len(DECODE_BATCHES)),
+    ]
+    for g in grid:
+        cells = [_fmt(g["ttft_ms"][n]) for n in PREFILL_TOKENS] + [
+            _fmt(g["tpot_ms"][b]) for b in DECODE_BATCHES
+        ]
+        lines.append(f"| {GPU_LABEL[g['gpu']]} | {g['shape']} | {g['tp']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _fmt(x: float) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
@@ -575,7 +624,6 @@ def main(argv: list[str] | None = None) -> None:
         fitted["kernel_latency_cycles"] = cycles
         for name, spec in FITS.items():
             prof = fit_profile(name)
-            print(f"  {prof!r}")
             shipped = PROFILES[name]
             print(f"profile {name}:")
             for field, *_ in spec:
@@ -590,13 +638,16 @@ def main(argv: list[str] | None = None) -> None:
     comps = comparisons()
     print(markdown(comps))
     print()
+    grid = model_grid()
+    print(grid_markdown(grid))
+    print()
     for key, s in held_out_summary(comps).items():
         print(
             f"held-out {key}: {s['within_15pct']}/{s['n']} within 15 %, max |error| {s['max_abs_error_pct']:.1f} %"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"fit": fitted, "comparisons": comps, "sources": SOURCES}, f, indent=1)
+            json.dump({"fit": fitted, "comparisons": comps, "grid": grid, "sources": SOURCES}, f, indent=1)
 
 
 if __name__ == "__main__":

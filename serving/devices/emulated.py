@@ -219,6 +219,9 @@ class EmulatedDevice(Device):
         # the last busy interval trimmed from the history (its end and held clock), for gap power
         self._trimmed_end = -math.inf
         self._trimmed_held_mhz = self._gpu.max_sm_clock_mhz
+        # the last busy interval integrated whole into the counters (its end and held clock)
+        self._integrated_end = -math.inf
+        self._integrated_held_mhz = self._gpu.max_sm_clock_mhz
         # cumulative counters over [opened, cursor]
         self._energy_j = self._busy_s = self._sm_s = self._occ_s = 0.0
         self._tensor_s = self._dram_s = self._mem_s = 0.0
@@ -229,7 +232,6 @@ class EmulatedDevice(Device):
         # pacing accounting
         self._iterations = self._lagged = self._paced = 0
         self._lag_s = self._pacing_s = self._abs_err_s = self._modeled_s = 0.0
-        self._busy_modeled_s = 0.0
         self._last_err_s = 0.0
 
     def _check_window(self, window_s: float, what: str) -> float:
@@ -388,7 +390,6 @@ class EmulatedDevice(Device):
             self._last_estimate = est
             self._iterations += 1
             self._modeled_s += est.time_s
-            self._busy_modeled_s += est.busy_s
             lag = entry - modeled_end
             self._reports.append((entry, lag > 0))
             if lag > 0:
@@ -497,7 +498,7 @@ class EmulatedDevice(Device):
         t = self._cursor
         if now <= t:
             return
-        last_end, held = self._before(t)
+        last_end, held = self._integrated_end, self._integrated_held_mhz
         for busy in self._history:
             if busy.end <= t:
                 continue
@@ -513,6 +514,7 @@ class EmulatedDevice(Device):
                 last_end, held = busy.end, busy.held_mhz
         self._idle_segment(t, now, last_end, held)
         self._cursor = now
+        self._integrated_end, self._integrated_held_mhz = last_end, held
 
     def _trim(self, now: float) -> None:
         horizon = min(now - self._history_s, self._cursor)

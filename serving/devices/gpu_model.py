@@ -106,27 +106,27 @@ class EngineProfile:
     than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
     """
 
+    name: str
+    step_s: float = 0.0  # host time per iteration
+    per_seq_s: float = 0.0  # ... per sequence in the batch
+    per_prefill_seq_s: float = 0.0  # ... per sequence prefilling in this iteration
+    per_prefill_token_s: float = 0.0  # ... per prompt token computed
+    per_tp_rank_s: float = 0.0  # ... per tensor-parallel rank beyond the first
+    per_layer_s: float = 0.0  # ... per model layer (eager launches that do not overlap the GPU)
+    kernels_per_layer: float = 1.0  # small (latency-bound) GPU kernels per layer
+    allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
+    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
+    description: str = ""
+    source: str = ""
+
     def gemm_scale(self, gpu_key: str) -> float:
         """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
         for key, factor in self.gemm_efficiency_by_gpu:
             if key == gpu_key:
                 return factor
         return 1.0
-
-    name: str
-    step_s: float = 0.0
-    per_seq_s: float = 0.0
-    per_prefill_seq_s: float = 0.0
-    per_prefill_token_s: float = 0.0
-    per_tp_rank_s: float = 0.0
-    per_layer_s: float = 0.0
-    kernels_per_layer: float = 1.0
-    allreduce_overhead_s: float = 0.0
-    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
-    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
-    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
-    description: str = ""
-    source: str = ""
 
     def host_s(self, work: IterationWork, tp: int = 1, layers: int = 0) -> float:
         """Host (GPU-idle) time of one iteration of ``work`` at tensor-parallel degree ``tp`` for a
@@ -147,7 +147,8 @@ PROFILES: dict[str, EngineProfile] = {
     "lean": EngineProfile(
         name="lean",
         kernels_per_layer=1.0,
-        description="no host time: the GPU's own time for a perfectly fed engine (the v1 behaviour)",
+        description="no host time (v1's behaviour) and one small kernel per layer: the GPU's own time for "
+        "a perfectly fed engine",
         source="none (the roofline of the GPU model)",
     ),
     "vllm": EngineProfile(
@@ -374,13 +375,38 @@ def _reserve_bytes(shard: ModelConfig, c: EmulationConstants) -> float:
 # --- the GPU between iterations ---------------------------------------------------------------------
 
 
-def _as_out(value: Any, like: Any) -> Any:
-    return float(value) if np.ndim(like) == 0 else value
-
-
 def _voltage_factor(x: Any, c: EmulationConstants) -> Any:
+    """``x V(x)^2``: the SM dynamic-power factor at clock fraction ``x`` (float or array)."""
     v = np.maximum(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
     return x * v * v
+
+
+def _gap_amp_scalar(spec: GpuSpec, c: EmulationConstants, x: float) -> float:
+    v = max(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
+    return (spec.tdp_w - spec.idle_w) * c.gap_power * x * v * v
+
+
+def _gap_power_scalar(spec: GpuSpec, s: float, c: EmulationConstants, x: float = 1.0) -> float:
+    held = 1.0 if s < c.gap_hold_s else math.exp(-(s - c.gap_hold_s) / c.gap_decay_s)
+    return spec.idle_w + _gap_amp_scalar(spec, c, x) * held
+
+
+def _gap_energy_scalar(spec: GpuSpec, gap_s: float, c: EmulationConstants, x: float = 1.0) -> float:
+    """The closed form of :func:`gap_energy_j` for one float (the per-iteration path)."""
+    if gap_s <= 0.0:
+        return 0.0
+    held = min(gap_s, c.gap_hold_s)
+    if gap_s > c.gap_hold_s:
+        held += c.gap_decay_s * -math.expm1(-(gap_s - c.gap_hold_s) / c.gap_decay_s)
+    return spec.idle_w * gap_s + _gap_amp_scalar(spec, c, x) * held
+
+
+def _clock_x(spec: GpuSpec, sm_clock_mhz: Any) -> Any:
+    if sm_clock_mhz is None:
+        return 1.0
+    if np.ndim(sm_clock_mhz) == 0:
+        return float(sm_clock_mhz) / spec.max_sm_clock_mhz
+    return np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
 
 
 def gap_power_w(
@@ -396,14 +422,14 @@ def gap_power_w(
     (``s < gap_hold_s``), then ``exp(-(s - hold) / gap_decay_s)``. ``sm_clock_mhz`` is the clock
     held in the gap (default: the maximum; a locked range's top under a lock).
     """
-    spec = gpu_spec(gpu)
-    c = constants
+    spec, c = gpu_spec(gpu), constants
+    x = _clock_x(spec, sm_clock_mhz)
+    if np.ndim(since_busy_s) == 0 and np.ndim(x) == 0:
+        return _gap_power_scalar(spec, float(since_busy_s), c, x)
     s = np.asarray(since_busy_s, dtype=float)
-    x = 1.0 if sm_clock_mhz is None else np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
     amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
-    late = np.maximum(0.0, s - c.gap_hold_s)
-    held = np.where(s < c.gap_hold_s, 1.0, np.exp(-late / c.gap_decay_s))
-    return _as_out(spec.idle_w + amp * held, since_busy_s)
+    held = np.where(s < c.gap_hold_s, 1.0, np.exp(-np.maximum(0.0, s - c.gap_hold_s) / c.gap_decay_s))
+    return spec.idle_w + amp * held
 
 
 def gap_energy_j(
@@ -413,16 +439,17 @@ def gap_energy_j(
     *,
     sm_clock_mhz: Any = None,
 ) -> Any:
-    """Energy (J) of a whole idle gap of ``gap_s`` seconds right after a busy interval (closed form
-    of the integral of :func:`gap_power_w` from 0 to ``gap_s``; float or numpy array)."""
-    spec = gpu_spec(gpu)
-    c = constants
+    """Energy (J) of a whole idle gap of ``gap_s`` seconds right after a busy interval: the closed
+    form of the integral of :func:`gap_power_w` from 0 to ``gap_s`` (float or numpy array)."""
+    spec, c = gpu_spec(gpu), constants
+    x = _clock_x(spec, sm_clock_mhz)
+    if np.ndim(gap_s) == 0 and np.ndim(x) == 0:
+        return _gap_energy_scalar(spec, float(gap_s), c, x)
     g = np.maximum(0.0, np.asarray(gap_s, dtype=float))
-    x = 1.0 if sm_clock_mhz is None else np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
     amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
     late = np.maximum(0.0, g - c.gap_hold_s)
     held = np.minimum(g, c.gap_hold_s) + c.gap_decay_s * -np.expm1(-late / c.gap_decay_s)
-    return _as_out(spec.idle_w * g + amp * held, gap_s)
+    return spec.idle_w * g + amp * held
 
 
 def gap_sm_clock_mhz(
@@ -439,20 +466,10 @@ def gap_sm_clock_mhz(
     spec = gpu_spec(gpu)
     held = float(spec.max_sm_clock_mhz) if held_mhz is None else held_mhz
     idle = float(spec.min_sm_clock_mhz) if idle_mhz is None else idle_mhz
+    if np.ndim(since_busy_s) == 0 and np.ndim(held) == 0 and np.ndim(idle) == 0:
+        return float(held if since_busy_s < constants.gap_hold_s else idle)
     s = np.asarray(since_busy_s, dtype=float)
-    return _as_out(np.where(s < constants.gap_hold_s, held, idle), since_busy_s)
-
-
-def _gap_energy_scalar(spec: GpuSpec, gap_s: float, c: EmulationConstants, x: float = 1.0) -> float:
-    """:func:`gap_energy_j` for one float (no numpy: the per-iteration path)."""
-    if gap_s <= 0.0:
-        return 0.0
-    v = max(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
-    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * x * v * v
-    held = min(gap_s, c.gap_hold_s)
-    if gap_s > c.gap_hold_s:
-        held += c.gap_decay_s * -math.expm1(-(gap_s - c.gap_hold_s) / c.gap_decay_s)
-    return spec.idle_w * gap_s + amp * held
+    return np.where(s < constants.gap_hold_s, held, idle).astype(float)
 
 
 # --- one iteration ----------------------------------------------------------------------------------
