@@ -183,7 +183,15 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
                 cells.append(f"{s.iterations:,} / {s.wall_s:,.1f}")
             else:
                 value = getattr(s, key)
-                cells.append("—" if value != value else f"{value:,.2f}" if value < 100 else f"{value:,.0f}")
+                cells.append(
+                    "—"
+                    if value != value
+                    else f"{value:,.0f}"
+                    if value >= 100
+                    else f"{value:.1f}"
+                    if value >= 10
+                    else f"{value:.2f}"
+                )
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []

@@ -1,0 +1,125 @@
+"""What an analysis looks at: a data set (live rows, or one simulated scenario) over a time window.
+
+Analytics are plain functions over a DuckDB connection (a cursor of the store's writer connection in
+the service, or a read-only connection to a file); every one of them takes a :class:`Window`.
+
+* ``dataset="live"``: every node that is not a simulated scenario (``node`` not ``sim:*``) —
+  measured and emulated rows; the two are told apart per row by ``trust_label``.
+* ``dataset=<scenario_id>``: the rows of that scenario only (``node = 'sim:<scenario_id>'``).
+
+Simulated and live rows are never mixed in one result. ``nodes`` narrows a live window further.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+LIVE = "live"
+SIM_PREFIX = "sim:"
+
+
+class AnalyticsError(ValueError):
+    """An analysis cannot run as asked (unknown data set, empty or inverted window, ...); the
+    message says what was wrong and what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """``[start_s, end_s)`` in UTC epoch seconds of one data set."""
+
+    start_s: float
+    end_s: float
+    dataset: str = LIVE
+    nodes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.start_s) and math.isfinite(self.end_s)):
+            raise AnalyticsError(
+                f"window bounds must be finite epoch seconds, got {self.start_s}, {self.end_s}"
+            )
+        if self.end_s <= self.start_s:
+            raise AnalyticsError(f"window end {self.end_s} is not after its start {self.start_s}")
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def simulated(self) -> bool:
+        return self.dataset != LIVE
+
+    def node_sql(self, column: str = "node") -> tuple[str, list[Any]]:
+        """A SQL predicate (with ``?`` parameters) selecting this window's nodes in ``column``."""
+        if self.simulated:
+            return f"{column} = ?", [SIM_PREFIX + self.dataset]
+        clause = f"NOT starts_with({column}, '{SIM_PREFIX}')"
+        if self.nodes:
+            marks = ", ".join("?" for _ in self.nodes)
+            return f"{clause} AND {column} IN ({marks})", list(self.nodes)
+        return clause, []
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "duration_s": self.duration_s,
+            "nodes": list(self.nodes) if self.nodes else None,
+        }
+
+
+def parse_span_s(text: str) -> float:
+    """``90s``, ``30m``, ``1h``, ``2d`` or plain seconds → seconds; AnalyticsError naming the format."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except (ValueError, KeyError):
+        raise AnalyticsError(f"{text!r} is not a time span; use e.g. 90s, 30m, 1h or 2d") from None
+    if not math.isfinite(value) or value <= 0:
+        raise AnalyticsError(f"time span {text!r} must be > 0")
+    return value
+
+
+def scenarios(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """The stored simulated scenarios, newest first: id, name, model, gpu, start_s, end_s."""
+    rows = con.execute(
+        "SELECT scenario_id, name, model, gpu, start_s, end_s FROM scenarios ORDER BY created_s DESC"
+    ).fetchall()
+    keys = ("scenario_id", "name", "model", "gpu", "start_s", "end_s")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def resolve_window(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    dataset: str = LIVE,
+    since_s: float | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    nodes: Sequence[str] | None = None,
+    now_s: float | None = None,
+) -> Window:
+    """The window asked for. A live window defaults to the last hour up to now; a scenario's to its
+    whole span (``since_s`` then counts back from the scenario's end, not from now)."""
+    if dataset != LIVE:
+        row = con.execute("SELECT start_s, end_s FROM scenarios WHERE scenario_id = ?", [dataset]).fetchone()
+        if row is None:
+            known = ", ".join(s["scenario_id"] for s in scenarios(con)[:10]) or "none stored"
+            raise AnalyticsError(f"unknown data set {dataset!r}; use 'live' or a scenario id ({known})")
+        if nodes:
+            raise AnalyticsError("nodes narrow a live window; a scenario is one node of its own")
+        s0, s1 = float(row[0]), float(row[1])
+        end = s1 if end_s is None else end_s
+        start = start_s if start_s is not None else (end - since_s if since_s is not None else s0)
+        return Window(start, end if end > start else start + 1e-9, dataset)
+    now = time.time() if now_s is None else now_s
+    end = now if end_s is None else end_s
+    start = start_s if start_s is not None else end - (since_s if since_s is not None else 3600.0)
+    return Window(start, end, LIVE, tuple(nodes) if nodes else None)
