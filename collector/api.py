@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 100_000
 IMPORT_TIMEOUT_S = 600.0  # how long POST /api/v1/import waits for the writer to merge an export
 _IMPORT_FIELDS = ("path",)
+_SUMMARY_PARAMS = {"dataset", "since", "start_s", "end_s", "node", "slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
 
 
@@ -186,6 +187,33 @@ def create_collector_app(collector: Collector) -> FastAPI:
             return _error(400, str(e))
         json_cols = [c.name for c in collector.store.columns("scenarios") if c.is_json]
         return {"scenarios": _decode_json(_records(df), json_cols), "truncated": len(df) == limit}
+
+    @app.get("/api/v1/analytics/summary")
+    def analytics_summary(request: Request) -> Any:
+        """The analytics summary of a window (``phaselens analyze``'s JSON): query parameters
+        ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
+        ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``."""
+        from analytics.cli import run_summary
+        from analytics.window import AnalyticsError
+
+        q = request.query_params
+        params: dict[str, Any] = {k: q.get(k) for k in q if k != "node"}
+        if q.getlist("node"):
+            params["node"] = q.getlist("node")
+        unknown = set(params) - _SUMMARY_PARAMS
+        if unknown:
+            return _error(
+                400,
+                f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_SUMMARY_PARAMS))}",
+                sorted(unknown)[0],
+            )
+        try:
+            with collector.store.reader() as cur:
+                return run_summary(cur, params)
+        except (AnalyticsError, ValueError) as e:
+            return _error(400, str(e))
+        except StoreError as e:
+            return _error(500, f"the analysis failed on the store: {e}")
 
     @app.post("/api/v1/import")
     async def import_export(request: Request) -> Any:

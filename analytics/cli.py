@@ -1,0 +1,192 @@
+"""``phaselens analyze``: the summary of a window, from a store file or through the collector's API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from analytics.window import LIVE, AnalyticsError, parse_span_s
+
+
+def add_analyze_command(sub: Any) -> None:
+    """Register ``phaselens analyze`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "analyze",
+        help="phase, idle, cost and latency breakdown of a window, with trust labels",
+        description=(
+            "Analyse a window of the store: GPU time and energy by phase, bimodal idle time, cost per "
+            "token and latency/SLO attainment. Every figure says where it comes from (measured, "
+            "emulated, simulated, host-bound, estimated)."
+        ),
+    )
+    p.add_argument("--since", default="1h", help="the window: the last SPAN (90s, 30m, 1h, 2d; default 1h)")
+    p.add_argument(
+        "--start-s", type=float, default=None, help="window start, UTC epoch s (instead of --since)"
+    )
+    p.add_argument("--end-s", type=float, default=None, help="window end, UTC epoch s (default: now)")
+    p.add_argument(
+        "--dataset",
+        default=LIVE,
+        help="'live' (measured and emulated rows), a simulated scenario id, or 'latest' (the newest scenario)",
+    )
+    p.add_argument("--node", action="append", default=None, help="live data of this node only (repeatable)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--db", default=None, help="read this store file (default phaselens.duckdb)")
+    src.add_argument("--collector", default=None, metavar="URL", help="ask a running collector (its API)")
+    p.add_argument("--prices", default=None, metavar="FILE", help="price table overrides (TOML or JSON)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO (default 2000)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO (default 100)")
+    p.add_argument("--fleet-gpus", type=int, default=None, help="annualise the cost for a fleet of N GPUs")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_analyze)
+
+
+def _error(message: str) -> int:
+    print(f"phaselens analyze: error: {message}", file=sys.stderr)
+    return 2
+
+
+def summary_params(
+    *,
+    dataset: str,
+    since: str | None,
+    start_s: float | None,
+    end_s: float | None,
+    nodes: list[str] | None,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+    fleet_gpus: int | None,
+) -> dict[str, Any]:
+    """The query parameters of ``GET /api/v1/analytics/summary`` (what the CLI and the dashboard send)."""
+    params: dict[str, Any] = {"dataset": dataset}
+    for key, value in (
+        ("since", since),
+        ("start_s", start_s),
+        ("end_s", end_s),
+        ("slo_ttft_ms", slo_ttft_ms),
+        ("slo_tpot_ms", slo_tpot_ms),
+        ("fleet_gpus", fleet_gpus),
+    ):
+        if value is not None:
+            params[key] = value
+    if nodes:
+        params["node"] = nodes
+    return params
+
+
+def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = None) -> dict[str, Any]:
+    """Resolve the window of ``params`` on ``con`` and return the summary's JSON form.
+
+    AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
+    collector's API endpoint on a cursor of its writer's connection.
+    """
+    from analytics.summary import summarize
+    from analytics.window import resolve_window, scenarios
+
+    dataset = str(params.get("dataset") or LIVE)
+    if dataset == "latest":
+        found = scenarios(con)
+        if not found:
+            raise AnalyticsError("--dataset latest: no simulated scenario is stored")
+        dataset = found[0]["scenario_id"]
+    since = params.get("since")
+    since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
+    nodes = params.get("node")
+    window = resolve_window(
+        con,
+        dataset=dataset,
+        since_s=since_s,
+        start_s=_float(params, "start_s"),
+        end_s=_float(params, "end_s"),
+        nodes=[nodes] if isinstance(nodes, str) else nodes,
+    )
+    slo = prices = None
+    if params.get("slo_ttft_ms") is not None or params.get("slo_tpot_ms") is not None:
+        from analytics.latency import SloSpec
+
+        default = SloSpec()
+        ttft = _float(params, "slo_ttft_ms")
+        tpot = _float(params, "slo_tpot_ms")
+        for name, value in (("slo_ttft_ms", ttft), ("slo_tpot_ms", tpot)):
+            if value is not None and not value > 0:
+                raise AnalyticsError(f"{name} must be > 0, got {value:g}")
+        slo = SloSpec(
+            ttft_s=ttft / 1000 if ttft is not None else default.ttft_s,
+            tpot_s=tpot / 1000 if tpot is not None else default.tpot_s,
+        )
+    if prices_path:
+        from analytics.cost import load_prices
+
+        prices = load_prices(prices_path)
+    fleet = params.get("fleet_gpus")
+    if fleet is not None:
+        try:
+            fleet = int(fleet)
+        except (TypeError, ValueError):
+            raise AnalyticsError(f"fleet_gpus must be a whole number of GPUs, got {fleet!r}") from None
+        if fleet < 1:
+            raise AnalyticsError(f"fleet_gpus must be >= 1, got {fleet}")
+    return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet).to_dict()
+
+
+def _float(params: dict[str, Any], key: str) -> float | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise AnalyticsError(f"{key} must be a number, got {value!r}") from None
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Run ``phaselens analyze``: 0 with the summary printed, 2 on bad input or an unreadable source."""
+    from analytics.summary import format_summary
+
+    params = summary_params(
+        dataset=args.dataset,
+        since=args.since,
+        start_s=args.start_s,
+        end_s=args.end_s,
+        nodes=args.node,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+        fleet_gpus=args.fleet_gpus,
+    )
+    try:
+        if args.collector:
+            import httpx
+
+            if args.prices:
+                return _error("--prices applies to --db; a collector uses its own price table")
+            try:
+                resp = httpx.get(
+                    args.collector.rstrip("/") + "/api/v1/analytics/summary", params=params, timeout=120
+                )
+            except httpx.HTTPError as e:
+                return _error(f"cannot reach the collector at {args.collector}: {e}")
+            if resp.status_code != 200:
+                try:
+                    message = resp.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = resp.text[:300]
+                return _error(f"{args.collector} answered {resp.status_code}: {message}")
+            summary = resp.json()
+        else:
+            from collector.store import Store, StoreError, StoreLockedError
+
+            db = args.db or "phaselens.duckdb"
+            try:
+                store = Store.open(db, read_only=True)
+            except StoreLockedError as e:
+                return _error(f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:8900")
+            except StoreError as e:
+                return _error(str(e))
+            with store, store.reader() as con:
+                summary = run_summary(con, params, prices_path=args.prices)
+    except (AnalyticsError, ValueError) as e:
+        return _error(str(e))
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    return 0

@@ -1,0 +1,159 @@
+"""A large store for ``bench/analytics.py``, synthesised in DuckDB to the store's own schema.
+
+64 GPUs on one node (``bench``, emulated H100s: 32 aggregated ``mixed`` workers, 16 ``prefill`` and
+16 ``decode``), sampled every 100 ms for 43.4 hours (10,000,000 ``gpu_samples``), one iteration
+every 50 ms per GPU (alternating prefill/decode on mixed GPUs; ~20 M ``iterations``), 1,000,000
+``requests`` with 1–39 output tokens each (their ``tokens``, ~20 M) — the volumes the issue names,
+with values shaped like serving (busy power and SM activity by phase, a monotonic energy counter).
+The data is synthetic: it exercises the analytics' SQL at scale, its figures mean nothing.
+
+    PYTHONPATH=. .venv/bin/python bench/analytics_data.py /tmp/phaselens-bench.duckdb
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from collector.store import Store  # noqa: E402
+
+GPUS = 64
+SAMPLES = 10_000_000
+REQUESTS = 1_000_000
+PERIOD_S = 0.1
+ITER_S = 0.05
+T0 = 1_796_000_000.0
+VERSION = 1  # bump when the shape of the data changes (the cached file is rebuilt)
+
+
+def role_of(g: str) -> str:
+    return f"CASE WHEN {g} < 32 THEN 'mixed' WHEN {g} < 48 THEN 'prefill' ELSE 'decode' END"
+
+
+def build(path: Path) -> dict[str, int]:
+    """Create the store at ``path`` (replacing it) and return the rows per table."""
+    for p in (path, Path(str(path) + ".wal")):
+        p.unlink(missing_ok=True)
+    per_gpu = SAMPLES // GPUS
+    span_s = per_gpu * PERIOD_S
+    with Store.open(path) as store, store.transaction() as con:
+        con.execute(
+            f"""
+            INSERT INTO devices (node, source, device, "index", since_s, kind, uuid, name, emulated, worker, role)
+            SELECT 'bench', 'emulated', 'emulated:h100-sxm', g, {T0}, 'emulated', 'GPU-bench-' || g,
+                   'NVIDIA H100 80GB HBM3 (emulated)', TRUE, 'worker-' || g, {role_of("g")}
+            FROM range({GPUS}) t(g)
+            """
+        )
+        # Samples: mixed GPUs alternate prefill-like and decode-like seconds; prefill GPUs are busy
+        # 60 % of the time at high SM activity; decode GPUs 90 % at low.
+        con.execute(
+            f"""
+            INSERT INTO gpu_samples (node, source, ts_s, device, "index", emulated, gpu_util_pct,
+                mem_util_pct, sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_active_pct,
+                power_w, energy_mj, power_limit_w, sm_clock_mhz, mem_clock_mhz, temperature_c,
+                mem_used_bytes, mem_total_bytes, clock_event_reasons, lost)
+            WITH s AS (
+                SELECT g, k, {T0} + (k + 1) * {PERIOD_S} AS ts_s,
+                       CASE WHEN g < 32 THEN (k // 10) % 2 = 0 WHEN g < 48 THEN hash(g, k) % 10 < 6
+                            ELSE FALSE END AS pre,
+                       CASE WHEN g < 32 THEN 0.95 WHEN g < 48 THEN 0.6 ELSE 0.9 END AS busy
+                FROM range({GPUS}) a(g), range({per_gpu}) b(k)
+            ), p AS (
+                SELECT *, CASE WHEN pre THEN 640.0 ELSE 330.0 END * busy + 72.0 * (1 - busy) AS power_w FROM s
+            )
+            SELECT 'bench', 'emulated', ts_s, 'emulated:h100-sxm', g, TRUE,
+                   100 * busy, CASE WHEN pre THEN 30 ELSE 70 END,
+                   CASE WHEN pre THEN 70 ELSE 18 END * busy, 25, CASE WHEN pre THEN 45 ELSE 5 END,
+                   CASE WHEN pre THEN 30 ELSE 75 END, power_w,
+                   CAST(floor(1000 * {PERIOD_S} * sum(power_w) OVER (PARTITION BY g ORDER BY k)) AS BIGINT),
+                   700, 1980, 2619, 50, 60 * 2^30, 81559 * 2^20, 0, FALSE
+            FROM p
+            """
+        )
+        n_iter = int(span_s / ITER_S)
+        con.execute(
+            f"""
+            INSERT INTO iterations (node, source, batch_seq, worker, device, start_s, end_s, phase,
+                batch_size, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used, kv_blocks_total,
+                preempted, compute_s, pacing_s, gpu_uuid, gpu_index, lag_s, modeled_s)
+            WITH i AS (
+                SELECT g, j, {T0} + j * {ITER_S} AS start_s,
+                       CASE WHEN g < 32 THEN CASE WHEN (j // 20) % 2 = 0 THEN 'prefill' ELSE 'decode' END
+                            WHEN g < 48 THEN 'prefill' ELSE 'decode' END AS phase
+                FROM range({GPUS}) a(g), range({n_iter}) b(j)
+                WHERE g >= 48 OR g < 32 OR hash(g, j) % 10 < 6
+            )
+            SELECT 'bench', 'worker-' || g, 0, 'worker-' || g, 'emulated:h100-sxm', start_s,
+                   start_s + 0.04, phase, CASE WHEN phase = 'prefill' THEN 2 ELSE 32 END,
+                   CASE WHEN phase = 'prefill' THEN 2048 ELSE 0 END,
+                   CASE WHEN phase = 'prefill' THEN 0 ELSE 32 END, 32 * 1200, 2400, 8000, 0,
+                   0.035, 0.0, 'GPU-bench-' || g, g, 0.0, 0.04
+            FROM i
+            """
+        )
+        con.execute(
+            f"""
+            INSERT INTO requests (node, source, batch_seq, request_id, arrival_s, first_scheduled_s,
+                prefill_start_s, prefill_end_s, first_token_s, finish_s, prompt_tokens, output_tokens,
+                prefill_worker, decode_worker, status, finish_reason, attempts, preemptions)
+            WITH r AS (
+                SELECT n, {T0} + n * ({span_s} / {REQUESTS}) AS arrival_s, 1 + n % 39 AS out_tokens,
+                       n % 48 AS pw
+                FROM range({REQUESTS}) t(n)
+            )
+            SELECT 'bench', 'router', 0, 'req-' || n, arrival_s, arrival_s + 0.01, arrival_s + 0.01,
+                   arrival_s + 0.2, arrival_s + 0.2, arrival_s + 0.2 + 0.03 * (out_tokens - 1),
+                   200 + n % 1800, out_tokens,
+                   'worker-' || pw, 'worker-' || CASE WHEN pw < 32 THEN pw ELSE 48 + pw % 16 END,
+                   CASE WHEN n % 500 = 0 THEN 'error' ELSE 'ok' END, 'length', 1, 0
+            FROM r
+            """
+        )
+        con.execute(
+            """
+            INSERT INTO tokens (node, request_id, idx, ts_s, itl_s)
+            SELECT 'bench', r.request_id, k, r.first_token_s + 0.03 * k, CASE WHEN k = 0 THEN NULL ELSE 0.03 END
+            FROM requests r, range(39) t(k)
+            WHERE r.node = 'bench' AND k < r.output_tokens
+            """
+        )
+        counts = {
+            t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("gpu_samples", "iterations", "requests", "tokens", "devices")
+        }
+    return counts
+
+
+def ensure(path: Path) -> dict[str, int]:
+    """Build the store unless a current one is already at ``path``."""
+    stamp = Path(str(path) + f".v{VERSION}")
+    if path.exists() and stamp.exists():
+        with Store.open(path, read_only=True) as store:
+            return {
+                t: int(store.query(f"SELECT count(*) AS n FROM {t}")["n"][0])
+                for t in ("gpu_samples", "iterations", "requests", "tokens", "devices")
+            }
+    counts = build(path)
+    stamp.touch()
+    return counts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", type=Path)
+    args = ap.parse_args()
+    t = time.perf_counter()
+    counts = build(args.path)
+    Path(str(args.path) + f".v{VERSION}").touch()
+    print(f"built {args.path} in {time.perf_counter() - t:.1f} s: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
