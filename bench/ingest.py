@@ -47,6 +47,7 @@ from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
+from collector.store.columns import RepeatedColumns
 from collector.store.devices import SPLIT_COLUMNS
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
 
@@ -122,9 +123,10 @@ def device_polls(polls: int) -> list[list[dict]]:
 def columns_results(polls: list[list[dict]]) -> list[SourceResult]:
     """What ``ServingDevicesSource`` makes of each poll: gpu_samples columns."""
     results = []
+    repeats = RepeatedColumns()  # the source's own, as ServingDevicesSource holds one
     for k, items in enumerate(polls):
         res = SourceResult("serving-devices:bench", 1.7e9 + k * 0.1)
-        add_device_columns(res, items, "node-a")
+        add_device_columns(res, items, "node-a", repeats)
         results.append(res)
     return results
 

@@ -67,11 +67,17 @@ class SourceResult:
         self.rows.setdefault(table, []).extend(rows)
 
     def add_columns(
-        self, table: str, values: Mapping[str, Sequence[Any]], constants: Mapping[str, Any] | None = None
+        self,
+        table: str,
+        values: Mapping[str, Sequence[Any]],
+        constants: Mapping[str, Any] | None = None,
+        repeats: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         """Add rows to ``table`` as columns: equal-length value lists, plus ``constants`` (one value
-        for every row, e.g. the node). Cheaper for the writer than dicts (``Store.append_columns``)."""
-        block = ColumnBlock.of(values, constants)
+        for every row, e.g. the node) and ``repeats`` (value lists handed on as the previous poll's
+        object while unchanged: ``RepeatedColumns.share``). Cheaper for the writer than dicts
+        (``Store.append_columns``)."""
+        block = ColumnBlock.of(values, constants, repeats)
         if block.n:
             self.columns.setdefault(table, []).append(block)
 

@@ -12,6 +12,8 @@ from urllib.parse import urlencode, urlsplit
 import psutil
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
+from collector.store.columns import RepeatedColumns
+from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY
 from serving.telemetry import TelemetryReader
 
 TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
@@ -36,6 +38,8 @@ EMULATION_COUNTERS: tuple[str, ...] = (
     "modeled_s_total",
 )
 _SAMPLE_KEY = ("ts_s", "device", "index")
+# a GPU's identity in gpu_samples input (the devices row's key and attributes): the same poll after poll
+IDENTITY_COLUMNS: tuple[str, ...] = (*DEVICE_KEY, *DEVICE_ATTRIBUTES)
 
 
 class _HttpError(Exception):
@@ -286,10 +290,13 @@ class ServingTelemetrySource(Source):
         self._client.close()
 
 
-def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: str) -> None:
+def add_device_columns(
+    result: SourceResult, items: list[dict[str, Any]], node: str, repeats: RepeatedColumns | None = None
+) -> None:
     """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
-    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``."""
+    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
+    per source), the GPUs' identity columns are handed on as the previous poll's while unchanged."""
     if not items:
         return
     samples = [item["sample"] for item in items]
@@ -309,12 +316,20 @@ def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: 
     else:
         values["source"] = sources
     counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
-    result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+    shared = None
+    if repeats is not None:
+        identity = {name: values[name] for name in IDENTITY_COLUMNS if name in values}
+        shared = repeats.share(identity)
+        values = {name: v for name, v in values.items() if name not in identity}
+        keyed_from = {**values, **shared}
+    else:
+        keyed_from = values
+    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared)
     if counters:
         emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
-        keyed = {**{k: values[k] for k in _SAMPLE_KEY}, **counters}
-        if "source" in values:
-            keyed["source"] = values["source"]
+        keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}
+        if "source" in keyed_from:
+            keyed["source"] = keyed_from["source"]
         if len(emulated) < len(samples):
             keyed = {k: [column[i] for i in emulated] for k, column in keyed.items()}
         result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
@@ -339,6 +354,7 @@ class ServingDevicesSource(Source):
         self._client = _JsonClient(self.url, timeout_s=5)
         self._procs: dict[int, psutil.Process] = {}
         self._last_host_s = 0.0
+        self._repeats = RepeatedColumns()  # the GPUs' identity columns, handed on while unchanged
 
     def _discover(self) -> bool:
         return self._client.status("/v1/devices") == 200
@@ -359,7 +375,7 @@ class ServingDevicesSource(Source):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:
                     hosts.append(host)
-        add_device_columns(result, items, self.node)
+        add_device_columns(result, items, self.node, self._repeats)
         result.add_rows(TABLE_HOST_SAMPLES, hosts)
 
     def _host_sample(self, pid: int, worker: str, now_s: float) -> dict[str, Any] | None:
