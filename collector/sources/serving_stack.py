@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import psutil
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
-from collector.store.columns import RepeatedColumns
-from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY
+from collector.store.columns import RepeatedColumns, transpose
+from collector.store.devices import IDENTITY_COLUMNS
 from serving.telemetry import TelemetryReader
 
 TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
@@ -38,8 +38,6 @@ EMULATION_COUNTERS: tuple[str, ...] = (
     "modeled_s_total",
 )
 _SAMPLE_KEY = ("ts_s", "device", "index")
-# a GPU's identity in gpu_samples input (the devices row's key and attributes): the same poll after poll
-IDENTITY_COLUMNS: tuple[str, ...] = (*DEVICE_KEY, *DEVICE_ATTRIBUTES)
 
 
 class _HttpError(Exception):
@@ -300,13 +298,7 @@ def add_device_columns(
     if not items:
         return
     samples = [item["sample"] for item in items]
-    keys = samples[0].keys()
-    values: dict[str, Sequence[Any]]
-    if all(sample.keys() == keys for sample in samples):  # one stack, one sample shape: transpose in C
-        values = dict(zip(keys, zip(*(sample.values() for sample in samples), strict=True), strict=True))
-    else:
-        names = list(dict.fromkeys(name for sample in samples for name in sample))
-        values = {name: [sample.get(name) for sample in samples] for name in names}
+    values = transpose(samples)  # one stack, one sample shape: transposed in C
     values["worker"] = [item.get("worker") for item in items]
     values["role"] = [item.get("role") for item in items]
     sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]

@@ -63,6 +63,22 @@ class ColumnBlock:
     def names(self) -> list[str]:
         return [*self.values, *self.repeats, *self.constants]
 
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The block's rows as dicts (for reading a poll back; the writer never needs this)."""
+        columns = {**self.values, **self.repeats}
+        return [{**{name: v[i] for name, v in columns.items()}, **self.constants} for i in range(self.n)]
+
+
+def transpose(rows: Sequence[Mapping[str, Any]]) -> dict[str, Sequence[Any]]:
+    """Dicts (a poll's samples) as value lists per key; rows of one shape are transposed in C."""
+    if not rows:
+        return {}
+    keys = rows[0].keys()
+    if all(row.keys() == keys for row in rows):
+        return dict(zip(keys, zip(*(row.values() for row in rows), strict=True), strict=True))
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return {name: [row.get(name) for row in rows] for name in names}
+
 
 class RepeatedColumns:
     """A source's value lists that usually repeat from poll to poll (a GPU's identity columns),

@@ -39,6 +39,9 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
     "worker",  # the serving worker owning the GPU, and its role (prefill | decode | mixed)
     "role",
 )
+#: A GPU's identity in wide gpu_samples input (its devices row's key and attributes): the same poll
+#: after poll, so sources hand these columns on as ``ColumnBlock.repeats``.
+IDENTITY_COLUMNS: tuple[str, ...] = (*DEVICE_KEY, *DEVICE_ATTRIBUTES)
 #: Attribute columns of a wide gpu_samples input that ``gpu_samples`` does not have (``emulated``
 #: stays on every sample row).
 SPLIT_COLUMNS: tuple[str, ...] = tuple(c for c in DEVICE_ATTRIBUTES if c != "emulated")
