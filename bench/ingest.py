@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
+from collector.sources.dcgm import rows_from_text
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.columns import RepeatedColumns
@@ -151,6 +152,36 @@ def dict_results(polls: list[list[dict]]) -> list[SourceResult]:
         )
         results.append(res)
     return results
+
+
+DCGM_PAGE = Path(__file__).resolve().parents[1] / "tests/collector/sources/data/dcgm-exporter-l4.prom"
+
+
+def dcgm_page(gpus: int = DEVICES) -> str:
+    """A dcgm-exporter page of ``gpus`` L4s: the real L4 scrape (tests' fixture), its GPU's series
+    repeated per GPU with that GPU's labels (gpu, UUID, device, pci_bus_id)."""
+    text = DCGM_PAGE.read_text()
+    head = [line for line in text.splitlines() if line.startswith("#")]
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    out = list(head)
+    for g in range(gpus):
+        out += [
+            line.replace('gpu="0"', f'gpu="{g}"')
+            .replace("GPU-c2f76b33", f"GPU-{g:04d}b33")
+            .replace('device="nvidia0"', f'device="nvidia{g}"')
+            .replace("00000000:31:00.0", f"00000000:{0x31 + g:02x}:00.0")
+            for line in series
+        ]
+    return "\n".join(out) + "\n"
+
+
+def dcgm_results(scrapes: int) -> list[SourceResult]:
+    """What the dcgm-exporter source makes of ``scrapes`` scrapes of an 8-GPU page (the source's
+    own parsing and mapping: ``rows_from_text``), one scrape per second."""
+    page = dcgm_page()
+    return [
+        rows_from_text(page, source="dcgm:bench", node="node-a", ts_s=1.7e9 + k) for k in range(scrapes)
+    ]
 
 
 WORKER_BATCHES_PER_ROUTER_BATCH = 4
