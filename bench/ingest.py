@@ -40,12 +40,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import httpx
 import numpy as np
 import pyarrow as pa
 
 from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
-from collector.sources.dcgm import rows_from_text
+from collector.sources.dcgm import DcgmSource
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.columns import RepeatedColumns
@@ -176,12 +177,31 @@ def dcgm_page(gpus: int = DEVICES) -> str:
 
 
 def dcgm_results(scrapes: int) -> list[SourceResult]:
-    """What the dcgm-exporter source makes of ``scrapes`` scrapes of an 8-GPU page (the source's
-    own parsing and mapping: ``rows_from_text``), one scrape per second."""
+    """What a real ``DcgmSource`` makes of ``scrapes`` scrapes of an 8-GPU page, one a second,
+    served over an in-process HTTP transport (every scrape's power readings differ, so no row is
+    dropped as unchanged): the source's own fetch, parsing, mapping and de-duplication."""
     page = dcgm_page()
-    return [
-        rows_from_text(page, source="dcgm:bench", node="node-a", ts_s=1.7e9 + k) for k in range(scrapes)
-    ]
+    scrape = [0]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        power = f"{16.0 + scrape[0] * 0.001:.6f}"
+        return httpx.Response(200, text=page.replace("16.365000", power))
+
+    clock = [1.7e9]
+    src = DcgmSource(
+        "http://dcgm.bench:9400/metrics",
+        node="node-a",
+        client=httpx.Client(transport=httpx.MockTransport(serve)),
+        clock=lambda: clock[0],
+    )
+    results = []
+    for k in range(scrapes):
+        scrape[0], clock[0] = k, 1.7e9 + k
+        results.append(src.poll(force=True))
+    src.close()
+    if sum(r.n_rows for r in results) != scrapes * DEVICES:
+        raise SystemExit("dcgm: the source dropped rows of the bench's scrapes")
+    return results
 
 
 WORKER_BATCHES_PER_ROUTER_BATCH = 4
