@@ -230,15 +230,18 @@ class Collector:
         """Append one source's poll results: rows merged per table, problems counted."""
         source = results[0].source
         merged: dict[str, list[dict[str, Any]]] = {}
-        for res in results:
-            for table, rows in res.rows.items():
-                if table == TABLE_TELEMETRY_GAPS:
-                    rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
-                merged.setdefault(table, []).extend(rows)
         columns: dict[str, list[ColumnBlock]] = {}
-        for res in results:
+        for res in results:  # one pass: a flush may hold 10,000 poll results of a few rows each
+            if res.rows:
+                for table, rows in res.rows.items():
+                    if table == TABLE_TELEMETRY_GAPS:
+                        rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
+                    merged.setdefault(table, []).extend(rows)
             for table, blocks in res.columns.items():
-                columns.setdefault(table, []).extend(blocks)
+                if table in columns:
+                    columns[table] += blocks
+                else:
+                    columns[table] = list(blocks)
         for table, blocks in columns.items():
             try:
                 written = self.store.append_columns(table, blocks)

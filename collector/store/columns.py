@@ -158,6 +158,7 @@ def build_columns(
     types: Mapping[str, pa.DataType | None],
     encoders: Mapping[str, Encode] | None = None,
     runs: Sequence[ColumnRun] | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict[str, pa.Array]:
     """Every column of ``blocks`` as one Arrow array of ``types[name]`` (None: inferred).
 
@@ -165,8 +166,8 @@ def build_columns(
     column: a run's value lists are transposed at once (``zip``) and each column is joined in C
     (``chain``), then built by Arrow with its type; a run's repeats are built once and tiled. A
     column that is a constant in every block is built from its distinct values and the block
-    lengths. ``encoders[name]`` maps each value first (JSON text). Raises what ``pa.array``
-    raises, with the column's name in ``.column``.
+    lengths. ``encoders[name]`` maps each value first (JSON text); ``names``, when given, is
+    ``block_names(blocks)``. Raises what ``pa.array`` raises, with the column's name in ``.column``.
     """
     encoders = encoders or {}
     runs = column_runs(blocks) if runs is None else runs
@@ -183,7 +184,7 @@ def build_columns(
         for name in in_values.difference(keys, run.repeats):  # a constant, or absent, in this run
             parts[name].append(("const", run.blocks, None))
     out: dict[str, pa.Array] = {}
-    for name in block_names(blocks, runs):
+    for name in block_names(blocks, runs) if names is None else names:
         arrow_type = types[name]
         encode = encoders.get(name)
         try:

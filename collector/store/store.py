@@ -294,7 +294,7 @@ class Store:
         while True:  # and the cast in append then names what does not fit
             try:
                 types = {n: None if n in inferred else cols[n].arrow_type for n in names}
-                arrays = build_columns(blocks, types, encoders, runs)
+                arrays = build_columns(blocks, types, encoders, runs, names)
                 break
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 bad = getattr(e, "column", None)
