@@ -48,16 +48,17 @@ class ColumnBlock:
         """A block from value lists of equal length (``repeats`` kept as the object given, so that
         polls sharing it are built once); ValueError naming the lengths or the clash otherwise."""
         repeats = repeats or NO_REPEATS
-        lengths = {name: len(v) for name, v in chain(values.items(), repeats.items())}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"columns of one block must have equal lengths, got {lengths}")
+        values = dict(values)
+        lists = tuple(values.values())
+        lengths = set(map(len, chain(lists, repeats.values())))  # in C: a source makes one a poll
+        if len(lengths) > 1:
+            got = {name: len(v) for name, v in chain(values.items(), repeats.items())}
+            raise ValueError(f"columns of one block must have equal lengths, got {got}")
         constants = dict(constants or {})
-        both = (set(values) & set(constants)) | (set(repeats) & (set(values) | set(constants)))
+        both = (values.keys() & constants.keys()) | (repeats.keys() & (values.keys() | constants.keys()))
         if both:
             raise ValueError(f"column(s) {sorted(both)} given twice (values, constants, repeats)")
-        n = next(iter(lengths.values())) if lengths else 0
-        values = dict(values)
-        return cls(n, values, constants, repeats, tuple(values.values()))
+        return cls(lengths.pop() if lengths else 0, values, constants, repeats, lists)
 
     @property
     def names(self) -> list[str]:
@@ -70,12 +71,14 @@ class ColumnBlock:
 
 
 def transpose(rows: Sequence[Mapping[str, Any]]) -> dict[str, Sequence[Any]]:
-    """Dicts (a poll's samples) as value lists per key; rows of one shape are transposed in C."""
+    """Dicts (a poll's samples) as value lists per key; rows of one shape (the same keys in the
+    same order) are transposed in C, others key by key."""
     if not rows:
         return {}
-    keys = rows[0].keys()
-    if all(row.keys() == keys for row in rows):
-        return dict(zip(keys, zip(*(row.values() for row in rows), strict=True), strict=True))
+    shapes = list(map(tuple, rows))  # ordered: rows with equal key sets in other orders differ
+    first = shapes[0]
+    if shapes.count(first) == len(shapes):
+        return dict(zip(first, zip(*(row.values() for row in rows), strict=True), strict=True))
     names = list(dict.fromkeys(name for row in rows for name in row))
     return {name: [row.get(name) for row in rows] for name in names}
 
@@ -89,24 +92,22 @@ class RepeatedColumns:
     per source and table; not thread-safe (a source polls on one thread).
     """
 
-    __slots__ = ("_last", "_types")
+    __slots__ = ("_last", "_lists", "_types")
 
     def __init__(self) -> None:
         self._last: Mapping[str, Sequence[Any]] = NO_REPEATS
-        self._types: tuple[tuple[type, ...], ...] = ()
+        self._lists: tuple[tuple[Any, ...], ...] = ()
+        self._types: tuple[type, ...] = ()
 
     def share(self, values: Mapping[str, Sequence[Any]]) -> Mapping[str, Sequence[Any]]:
         """``values`` (the ``repeats`` of a block), or the previous poll's equal object."""
-        types = tuple(tuple(map(type, v)) for v in values.values())
+        lists = tuple(map(tuple, values.values()))
+        types = tuple(map(type, chain.from_iterable(lists)))  # 1 == 1.0 == True: types too
         last = self._last
-        if (
-            types == self._types
-            and last.keys() == values.keys()
-            and all(a == tuple(b) for a, b in zip(last.values(), values.values(), strict=True))
-        ):
+        if lists == self._lists and types == self._types and last.keys() == values.keys():
             return last
-        self._last = MappingProxyType({name: tuple(v) for name, v in values.items()})
-        self._types = types
+        self._last = MappingProxyType(dict(zip(values, lists, strict=True)))
+        self._lists, self._types = lists, types
         return self._last
 
 

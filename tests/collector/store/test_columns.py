@@ -207,3 +207,16 @@ def test_devices_rows_follow_changes_across_and_within_flushes(store: Store) -> 
         [1, 5.0, "w2"],
     ]
     assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 16
+
+
+def test_samples_with_the_same_keys_in_another_order_keep_their_values() -> None:
+    result = SourceResult("nvml", 0.0)
+    result.add_samples(
+        "gpu_samples",
+        [{"ts_s": 1.0, "power_w": 10.0}, {"power_w": 20.0, "ts_s": 2.0}],
+        {"node": "n1"},
+    )
+    assert result.table_rows("gpu_samples") == [
+        {"ts_s": 1.0, "power_w": 10.0, "node": "n1"},
+        {"ts_s": 2.0, "power_w": 20.0, "node": "n1"},
+    ]
