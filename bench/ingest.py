@@ -4,12 +4,17 @@
 ``SourceResult`` objects, built by the sources' own code from what their endpoints return -- handed
 to a real :class:`~collector.service.Collector` exactly as its poller threads do (``_put`` into its
 bounded queue) and written by the writer thread's own ``_drain`` (one append per source and table
-per flush, into a store opened as ``phaselens collect`` opens it: ``WRITER_BUFFER_ROWS``), at most a
-full queue (``max_queue`` results) per flush; ends with CHECKPOINT. Cases:
+per drain, into a store opened as ``phaselens collect`` opens it: ``WRITER_BUFFER_ROWS``), at most a
+full queue (``max_queue`` results) per drain, drains back to back (a writer catching up: it
+commits once per flush interval, the store writes its buffer when full); ends with CHECKPOINT.
+Cases:
 
 * ``gpu_samples`` from ``GET /v1/devices``: ``add_device_columns`` (what ``ServingDevicesSource``
-  does with the decoded JSON body), 8 GPUs per poll, columns per poll;
+  does with the decoded JSON body), 8 GPUs per poll, columns per poll, the GPUs' identity columns
+  shared across polls (``RepeatedColumns``, as the source holds one);
 * the same polls as lists of dicts (what the sources produced before: the row-by-row pivot);
+* ``gpu_samples`` from dcgm-exporter: a real ``DcgmSource`` scraping an 8-GPU page (the tests' L4
+  page, its series repeated per GPU) over an in-process HTTP transport; the same rows as dicts;
 * serving telemetry: batches as ``GET /v1/telemetry`` returns them (decoded JSON; 512 events each:
   worker batches of iteration events, router batches of request events with 128 token times each,
   4 worker batches per router batch ~ decode batch 32), one poll = what one GET returns, split by
@@ -25,7 +30,7 @@ The load average is printed, and beside each figure the CPU other processes used
 Linux): the figures only compare within one run on a shared machine.
 
     .venv/bin/python bench/ingest.py               # 1M rows per case, 2,000 baseline rows
-    .venv/bin/python bench/ingest.py --rows 300000 --baseline-rows 1000 --no-reference
+    .venv/bin/python bench/ingest.py --rows 300000 --baseline-rows 1000 --no-reference --no-dcgm
 """
 
 from __future__ import annotations
