@@ -55,7 +55,7 @@ from collector.sources.dcgm import DcgmSource
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
 from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
 from collector.store.columns import RepeatedColumns
-from collector.store.devices import SPLIT_COLUMNS
+from collector.store.devices import SPLIT_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
 
 DEVICES = 8
@@ -130,7 +130,7 @@ def device_polls(polls: int) -> list[list[dict]]:
 def columns_results(polls: list[list[dict]]) -> list[SourceResult]:
     """What ``ServingDevicesSource`` makes of each poll: gpu_samples columns."""
     results = []
-    repeats = RepeatedColumns()  # the source's own, as ServingDevicesSource holds one
+    repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)  # as ServingDevicesSource holds one
     for k, items in enumerate(polls):
         res = SourceResult("serving-devices:bench", 1.7e9 + k * 0.1)
         add_device_columns(res, items, "node-a", repeats)

@@ -91,14 +91,12 @@ class SourceResult:
     ) -> None:
         """Add a poll's sample dicts to ``table`` as columns: transposed, with ``constants`` for
         every row, and (with ``repeats``, one per source and table) the GPUs' identity columns
-        (``IDENTITY_COLUMNS``) handed on as the previous poll's while unchanged."""
+        (``IDENTITY_COLUMNS``, and the repeats' steady ones) handed on as the previous poll's while
+        unchanged."""
         values = transpose(rows)
         shared = None
         if repeats is not None:
-            identity = {name: values[name] for name in IDENTITY_COLUMNS if name in values}
-            if identity:
-                shared = repeats.share(identity)
-                values = {name: v for name, v in values.items() if name not in identity}
+            values, shared = repeats.split(values, IDENTITY_COLUMNS)
         self.add_columns(table, values, constants, shared)
 
     def table_rows(self, table: str) -> list[dict[str, Any]]:

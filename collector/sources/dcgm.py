@@ -34,6 +34,7 @@ from collector.sources.backoff import Backoff
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, UnmappedFamilies
 from collector.sources.exposition import fetch_text, finite, parse_exposition
 from collector.store.columns import RepeatedColumns
+from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices.base import DeviceSample
 
 
@@ -347,7 +348,7 @@ class DcgmSource(Source):
         self._client = client or httpx.Client(timeout=timeout_s)
         self._last: dict[tuple, tuple[float, tuple]] = {}  # per row key: (ts_s, values) last stored
         self._unmapped = UnmappedFamilies()
-        self._repeats = RepeatedColumns()
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
         self.unchanged_rows = 0
         self.unchanged_scrapes = 0
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
 from collector.store.columns import RepeatedColumns
+from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices import Device, DeviceError, nvml_available, nvml_device_count, open_device
 
 
@@ -26,7 +27,7 @@ class LocalGpuSource(Source):
         super().__init__("nvml", interval_s=interval_s, **kw)
         self.node = node or socket.gethostname()
         self._devices: list[Device] | None = None
-        self._repeats = RepeatedColumns()
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
 
     def _discover(self) -> bool:
         return nvml_available() and nvml_device_count() > 0

@@ -13,7 +13,7 @@ import psutil
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
 from collector.store.columns import RepeatedColumns, transpose
-from collector.store.devices import IDENTITY_COLUMNS
+from collector.store.devices import IDENTITY_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import TelemetryReader
 
 TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
@@ -309,13 +309,10 @@ def add_device_columns(
         values["source"] = sources
     counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
     shared = None
+    keyed_from = values
     if repeats is not None:
-        identity = {name: values[name] for name in IDENTITY_COLUMNS if name in values}
-        shared = repeats.share(identity)
-        values = {name: v for name, v in values.items() if name not in identity}
+        values, shared = repeats.split(values, IDENTITY_COLUMNS)
         keyed_from = {**values, **shared}
-    else:
-        keyed_from = values
     result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared)
     if counters:
         emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
@@ -346,7 +343,8 @@ class ServingDevicesSource(Source):
         self._client = _JsonClient(self.url, timeout_s=5)
         self._procs: dict[int, psutil.Process] = {}
         self._last_host_s = 0.0
-        self._repeats = RepeatedColumns()  # the GPUs' identity columns, handed on while unchanged
+        # the GPUs' identity (and steady) columns, handed on while unchanged
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
 
     def _discover(self) -> bool:
         return self._client.status("/v1/devices") == 200

@@ -12,7 +12,7 @@ dicts, by contrast, is pivoted row by row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from types import MappingProxyType
@@ -92,12 +92,40 @@ class RepeatedColumns:
     per source and table; not thread-safe (a source polls on one thread).
     """
 
-    __slots__ = ("_last", "_lists", "_types")
+    __slots__ = ("_last", "_lists", "_steady", "_types")
 
-    def __init__(self) -> None:
+    def __init__(self, steady: Iterable[str] = ()) -> None:
+        """``steady``: value columns that usually keep their values too (a GPU's power limit, its
+        memory size), shared with the identity by :meth:`split` until one first changes; from
+        then on that column goes with the values of each poll (so a column that changes often
+        does not cut every poll into a run of its own)."""
         self._last: Mapping[str, Sequence[Any]] = NO_REPEATS
         self._lists: tuple[tuple[Any, ...], ...] = ()
         self._types: tuple[type, ...] = ()
+        self._steady = set(steady)
+
+    def split(
+        self, values: Mapping[str, Sequence[Any]], identity: Iterable[str]
+    ) -> tuple[dict[str, Sequence[Any]], Mapping[str, Sequence[Any]]]:
+        """``values`` as (the columns to hand on per poll, the shared ``repeats``): the
+        ``identity`` columns and the steady ones that have not changed yet, through :meth:`share`."""
+        names = set(identity) | self._steady
+        shared = {name: v for name, v in values.items() if name in names}
+        last = self._last
+        changed = [
+            name
+            for name in self._steady.intersection(shared)
+            if name in last
+            and (
+                last[name] != tuple(shared[name])
+                or list(map(type, last[name])) != list(map(type, shared[name]))
+            )
+        ]
+        for name in changed:  # a steady column that changed: handed on per poll from now on
+            self._steady.discard(name)
+            del shared[name]
+        rest = {name: v for name, v in values.items() if name not in shared}
+        return rest, self.share(shared) if shared else NO_REPEATS
 
     def share(self, values: Mapping[str, Sequence[Any]]) -> Mapping[str, Sequence[Any]]:
         """``values`` (the ``repeats`` of a block), or the previous poll's equal object."""

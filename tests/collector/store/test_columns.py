@@ -220,3 +220,27 @@ def test_samples_with_the_same_keys_in_another_order_keep_their_values() -> None
         {"ts_s": 1.0, "power_w": 10.0, "node": "n1"},
         {"ts_s": 2.0, "power_w": 20.0, "node": "n1"},
     ]
+
+
+def test_a_steady_column_is_shared_until_it_changes_then_handed_on_per_poll(store_path: Path) -> None:
+    repeats = RepeatedColumns(steady=["power_limit_w"])
+    result = SourceResult("nvml", 0.0)
+    limits = [300.0, 300.0, 250.0, 300.0, 300.0]  # the limit changes at the third poll, and back
+    for k, limit in enumerate(limits):
+        samples = [
+            {"ts_s": float(k), "device": f"cuda:{i}", "index": i, "uuid": f"GPU-{i}", "power_limit_w": limit}
+            for i in range(2)
+        ]
+        result.add_samples(
+            "gpu_samples", samples, {"node": "n1", "source": "nvml", "emulated": False}, repeats
+        )
+    blocks = result.columns["gpu_samples"]
+    assert "power_limit_w" in blocks[0].repeats and blocks[1].repeats is blocks[0].repeats
+    assert all("power_limit_w" in b.values for b in blocks[2:])  # handed on per poll from the change
+    assert blocks[3].repeats is blocks[2].repeats is blocks[4].repeats  # the identity alone: shared
+    with Store.open(store_path) as store:
+        assert store.append_columns("gpu_samples", blocks) == 10
+        store.flush()
+        got = store.query('SELECT power_limit_w FROM gpu_samples ORDER BY ts_s, "index"')
+        assert got["power_limit_w"].tolist() == [x for x in limits for _ in range(2)]
+        assert store.query("SELECT count(*) AS n FROM devices")["n"][0] == 2
