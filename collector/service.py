@@ -273,17 +273,24 @@ class Collector:
             log.error("retention failed: %s", e)
 
     def _drain(self) -> None:
+        """Write everything queued; commit when the flush interval has passed since the last
+        commit. Drains that follow each other faster (a writer catching up on full queues) leave
+        their rows to the store's buffer (``WRITER_BUFFER_ROWS``, written as whole row groups),
+        so nothing waits uncommitted longer than an interval plus one drain."""
         q = self._queue
         with q.mutex:  # take everything queued at once (not one locked get per poll result)
             results: list[SourceResult] = list(q.queue)
             q.queue.clear()
             q.not_full.notify_all()
-        if results:
-            self.write_results(results)
+        last = self.stats.last_flush_s or self.started_s
+        due = time.time() - last >= self.settings.flush_interval_s
+        if results or due:
+            self.write_results(results, flush=due)
 
-    def write_results(self, results: list[SourceResult]) -> None:
+    def write_results(self, results: list[SourceResult], *, flush: bool = True) -> None:
         """Store poll results the way the writer thread does (one append per source and table),
-        then flush. Only the writer thread (or a test without one) calls this."""
+        then flush (``flush=False``: leave them to the store's buffer, which writes when full).
+        Only the writer thread (or a test without one) calls this."""
         # One append per (source, table) per flush: converting many tiny batches costs more than rows.
         by_source: dict[str, list[SourceResult]] = {}
         for res in results:
@@ -296,6 +303,8 @@ class Collector:
             self._record(
                 "collector", "writer_behind", "poll results dropped: the writer fell behind", dropped
             )
+        if not flush:
+            return
         try:
             now = time.time()
             if now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s:
@@ -314,15 +323,18 @@ class Collector:
         """Append one source's poll results: rows merged per table, problems counted."""
         source = results[0].source
         merged: dict[str, list[dict[str, Any]]] = {}
-        for res in results:
-            for table, rows in res.rows.items():
-                if table == TABLE_TELEMETRY_GAPS:
-                    rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
-                merged.setdefault(table, []).extend(rows)
         columns: dict[str, list[ColumnBlock]] = {}
-        for res in results:
+        for res in results:  # one pass: a flush may hold 10,000 poll results of a few rows each
+            if res.rows:
+                for table, rows in res.rows.items():
+                    if table == TABLE_TELEMETRY_GAPS:
+                        rows = [{**r, "detected_at_s": res.ts_s} for r in rows]
+                    merged.setdefault(table, []).extend(rows)
             for table, blocks in res.columns.items():
-                columns.setdefault(table, []).extend(blocks)
+                if table in columns:
+                    columns[table] += blocks
+                else:
+                    columns[table] = list(blocks)
         for table, blocks in columns.items():
             try:
                 written = self.store.append_columns(table, blocks)

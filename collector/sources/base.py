@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from collector.sources.backoff import Backoff
-from collector.store.columns import ColumnBlock
+from collector.store.columns import ColumnBlock, RepeatedColumns, transpose
+from collector.store.devices import IDENTITY_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,40 @@ class SourceResult:
         self.rows.setdefault(table, []).extend(rows)
 
     def add_columns(
-        self, table: str, values: Mapping[str, Sequence[Any]], constants: Mapping[str, Any] | None = None
+        self,
+        table: str,
+        values: Mapping[str, Sequence[Any]],
+        constants: Mapping[str, Any] | None = None,
+        repeats: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         """Add rows to ``table`` as columns: equal-length value lists, plus ``constants`` (one value
-        for every row, e.g. the node). Cheaper for the writer than dicts (``Store.append_columns``)."""
-        block = ColumnBlock.of(values, constants)
+        for every row, e.g. the node) and ``repeats`` (value lists handed on as the previous poll's
+        object while unchanged: ``RepeatedColumns.share``). Cheaper for the writer than dicts
+        (``Store.append_columns``)."""
+        block = ColumnBlock.of(values, constants, repeats)
         if block.n:
             self.columns.setdefault(table, []).append(block)
+
+    def add_samples(
+        self,
+        table: str,
+        rows: Sequence[Mapping[str, Any]],
+        constants: Mapping[str, Any] | None = None,
+        repeats: RepeatedColumns | None = None,
+    ) -> None:
+        """Add a poll's sample dicts to ``table`` as columns: transposed, with ``constants`` for
+        every row, and (with ``repeats``, one per source and table) the GPUs' identity columns
+        (``IDENTITY_COLUMNS``, and the repeats' steady ones) handed on as the previous poll's while
+        unchanged."""
+        values = transpose(rows)
+        shared = None
+        if repeats is not None:
+            values, shared = repeats.split(values, IDENTITY_COLUMNS)
+        self.add_columns(table, values, constants, shared)
+
+    def table_rows(self, table: str) -> list[dict[str, Any]]:
+        """Every row of ``table`` in this result as a dict: those added as rows, then as columns."""
+        return [*self.rows.get(table, []), *(r for b in self.columns.get(table, []) for r in b.to_rows())]
 
     def count(
         self, kind: str, message: str, n: int = 1, severity: Severity = "error", *, distinct: bool = False

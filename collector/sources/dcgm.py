@@ -33,6 +33,8 @@ import httpx
 from collector.sources.backoff import Backoff
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, UnmappedFamilies
 from collector.sources.exposition import fetch_text, finite, parse_exposition
+from collector.store.columns import RepeatedColumns
+from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices.base import DeviceSample
 
 
@@ -346,6 +348,7 @@ class DcgmSource(Source):
         self._client = client or httpx.Client(timeout=timeout_s)
         self._last: dict[tuple, tuple[float, tuple]] = {}  # per row key: (ts_s, values) last stored
         self._unmapped = UnmappedFamilies()
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
         self.unchanged_rows = 0
         self.unchanged_scrapes = 0
 
@@ -380,7 +383,8 @@ class DcgmSource(Source):
         self.unchanged_rows += unchanged
         if unchanged and not rows:
             self.unchanged_scrapes += 1
-        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        # as columns, the GPUs' identity handed on while unchanged (see ``SourceResult.add_samples``)
+        result.add_samples(TABLE_GPU_SAMPLES, rows, repeats=self._repeats)
 
     def health_details(self) -> dict[str, Any]:
         return {
@@ -403,7 +407,7 @@ def rows_from_text(
     """
     result = SourceResult(source, ts_s)
     builder = _map_exposition(text, source, node, ts_s, result, UnmappedFamilies())
-    result.add_rows(TABLE_GPU_SAMPLES, [row for _, row in builder.rows()])
+    result.add_samples(TABLE_GPU_SAMPLES, [row for _, row in builder.rows()])
     return result
 
 

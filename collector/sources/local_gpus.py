@@ -6,6 +6,8 @@ import socket
 from typing import Any
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
+from collector.store.columns import RepeatedColumns
+from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices import Device, DeviceError, nvml_available, nvml_device_count, open_device
 
 
@@ -25,6 +27,7 @@ class LocalGpuSource(Source):
         super().__init__("nvml", interval_s=interval_s, **kw)
         self.node = node or socket.gethostname()
         self._devices: list[Device] | None = None
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
 
     def _discover(self) -> bool:
         return nvml_available() and nvml_device_count() > 0
@@ -37,13 +40,16 @@ class LocalGpuSource(Source):
         return self._devices
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
-        rows = []
+        samples = []
         for dev in self._open():
             try:
-                rows.append(sample_row(dev, self.node, self.name))
+                samples.append(dev.snapshot().to_dict())
             except DeviceError as e:
                 result.count("device_error", f"{dev.spec}: {e}")
-        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        # as columns, the GPUs' identity handed on unchanged: the writer's cost per 100 ms poll is small
+        result.add_samples(
+            TABLE_GPU_SAMPLES, samples, {"node": self.node, "source": self.name}, self._repeats
+        )
 
     def close(self) -> None:
         for dev in self._devices or ():

@@ -691,7 +691,7 @@ class PrometheusQuerySource(Source):
             for key, row in by_ts[ts].rows():
                 if self._gpu_guard.admit(key, row["ts_s"], result, f"{row['node']} {row['device']}", False):
                     rows.append(row)
-        result.add_rows(TABLE_GPU_SAMPLES, rows)
+        result.add_samples(TABLE_GPU_SAMPLES, rows)  # as columns: the writer builds each once per flush
 
     def _map_engine(self, series: list[dict[str, Any]], result: SourceResult) -> None:
         snapshots: dict[tuple[str, float], list[Sample]] = defaultdict(list)
@@ -706,7 +706,7 @@ class PrometheusQuerySource(Source):
             rows += self._engine_rows.rows(
                 snapshots[(endpoint, ts)], node=_host(endpoint), endpoint=endpoint, ts_s=ts, result=result
             )
-        result.add_rows(TABLE_ENGINE_METRICS, rows)
+        result.add_samples(TABLE_ENGINE_METRICS, rows)
 
 
 __all__ = [

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import psutil
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
+from collector.store.columns import RepeatedColumns, transpose
+from collector.store.devices import IDENTITY_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import TelemetryReader
 
 TABLE_TELEMETRY = "telemetry_batches"  # raw batches: the store splits them into their tables
@@ -286,20 +288,17 @@ class ServingTelemetrySource(Source):
         self._client.close()
 
 
-def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: str) -> None:
+def add_device_columns(
+    result: SourceResult, items: list[dict[str, Any]], node: str, repeats: RepeatedColumns | None = None
+) -> None:
     """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
-    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``."""
+    ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
+    per source), the GPUs' identity columns are handed on as the previous poll's while unchanged."""
     if not items:
         return
     samples = [item["sample"] for item in items]
-    keys = samples[0].keys()
-    values: dict[str, Sequence[Any]]
-    if all(sample.keys() == keys for sample in samples):  # one stack, one sample shape: transpose in C
-        values = dict(zip(keys, zip(*(sample.values() for sample in samples), strict=True), strict=True))
-    else:
-        names = list(dict.fromkeys(name for sample in samples for name in sample))
-        values = {name: [sample.get(name) for sample in samples] for name in names}
+    values = transpose(samples)  # one stack, one sample shape: transposed in C
     values["worker"] = [item.get("worker") for item in items]
     values["role"] = [item.get("role") for item in items]
     sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
@@ -309,12 +308,17 @@ def add_device_columns(result: SourceResult, items: list[dict[str, Any]], node: 
     else:
         values["source"] = sources
     counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
-    result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+    shared = None
+    keyed_from = values
+    if repeats is not None:
+        values, shared = repeats.split(values, IDENTITY_COLUMNS)
+        keyed_from = {**values, **shared}
+    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared)
     if counters:
         emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
-        keyed = {**{k: values[k] for k in _SAMPLE_KEY}, **counters}
-        if "source" in values:
-            keyed["source"] = values["source"]
+        keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}
+        if "source" in keyed_from:
+            keyed["source"] = keyed_from["source"]
         if len(emulated) < len(samples):
             keyed = {k: [column[i] for i in emulated] for k, column in keyed.items()}
         result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
@@ -339,6 +343,8 @@ class ServingDevicesSource(Source):
         self._client = _JsonClient(self.url, timeout_s=5)
         self._procs: dict[int, psutil.Process] = {}
         self._last_host_s = 0.0
+        # the GPUs' identity (and steady) columns, handed on while unchanged
+        self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
 
     def _discover(self) -> bool:
         return self._client.status("/v1/devices") == 200
@@ -359,7 +365,7 @@ class ServingDevicesSource(Source):
                 host = self._host_sample(item["pid"], item["worker"], now_s)
                 if host is not None:
                     hosts.append(host)
-        add_device_columns(result, items, self.node)
+        add_device_columns(result, items, self.node, self._repeats)
         result.add_rows(TABLE_HOST_SAMPLES, hosts)
 
     def _host_sample(self, pid: int, worker: str, now_s: float) -> dict[str, Any] | None:

@@ -39,6 +39,20 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
     "worker",  # the serving worker owning the GPU, and its role (prefill | decode | mixed)
     "role",
 )
+#: A GPU's identity in wide gpu_samples input (its devices row's key and attributes): the same poll
+#: after poll, so sources hand these columns on as ``ColumnBlock.repeats``.
+IDENTITY_COLUMNS: tuple[str, ...] = (*DEVICE_KEY, *DEVICE_ATTRIBUTES)
+#: gpu_samples columns that usually keep their values from poll to poll (shared like the identity
+#: until one changes: ``RepeatedColumns(steady=...)``).
+STEADY_SAMPLE_COLUMNS: tuple[str, ...] = (
+    "power_limit_w",
+    "mem_total_bytes",
+    "mem_clock_mhz",
+    "clock_event_reasons",
+    "locked_sm_clock_min_mhz",
+    "locked_sm_clock_max_mhz",
+    "lost",
+)
 #: Attribute columns of a wide gpu_samples input that ``gpu_samples`` does not have (``emulated``
 #: stays on every sample row).
 SPLIT_COLUMNS: tuple[str, ...] = tuple(c for c in DEVICE_ATTRIBUTES if c != "emulated")

@@ -35,16 +35,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.store.columns import ColumnBlock, block_names, build_columns
+from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import StoreError, StoreLockedError
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
@@ -260,7 +261,9 @@ class Store:
         if not blocks:
             return 0
         if table == "gpu_samples":
-            return self._append_samples(self._columns_table(table, blocks, self._wide_samples))
+            runs = column_runs(blocks)
+            data = self._columns_table(table, blocks, self._wide_samples, runs)
+            return self._append_samples(data, _device_spans(runs))
         data = self._columns_arrow(table, blocks)
         with self._lock:
             self._writer()
@@ -275,17 +278,23 @@ class Store:
         return _conform(table, self._columns_table(table, blocks, cols), cols)
 
     def _columns_table(
-        self, table: str, blocks: Sequence[ColumnBlock], cols: Mapping[str, Column]
+        self,
+        table: str,
+        blocks: Sequence[ColumnBlock],
+        cols: Mapping[str, Column],
+        runs: Sequence[ColumnRun] | None = None,
     ) -> pa.Table:
-        """Column blocks as one Arrow table, each column built with its type from ``cols``."""
-        names = block_names(blocks)
+        """Column blocks as one Arrow table, each column built with its type from ``cols``
+        (``runs``: ``column_runs(blocks)``, when the caller has them)."""
+        runs = column_runs(blocks) if runs is None else runs
+        names = block_names(blocks, runs)
         _check_names(table, names, cols)
         encoders = {n: partial(_json_text, table, n) for n in names if cols[n].is_json}
         inferred: set[str] = set()  # columns whose values do not build as their type: Arrow infers,
         while True:  # and the cast in append then names what does not fit
             try:
                 types = {n: None if n in inferred else cols[n].arrow_type for n in names}
-                arrays = build_columns(blocks, types, encoders)
+                arrays = build_columns(blocks, types, encoders, runs, names)
                 break
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 bad = getattr(e, "column", None)
@@ -587,16 +596,17 @@ class Store:
         _check_names(table, data.column_names, cols)
         return data
 
-    def _append_samples(self, data: pa.Table) -> int:
+    def _append_samples(self, data: pa.Table, spans: Sequence[_Span] | None = None) -> int:
         """Queue gpu_samples input (names checked): the samples, and when the input carries device
-        attributes, those for the flush to write ``devices`` rows where they changed."""
+        attributes, those for the flush to write ``devices`` rows where they changed (``spans``:
+        the rows that can change them, from ``_device_spans``; every row when None)."""
         wide = any(c in data.column_names for c in SPLIT_COLUMNS)
         samples = self._columns["gpu_samples"]
         data = _conform("gpu_samples", data, self._wide_samples if wide else samples)
         if not wide:
             self._enqueue({"gpu_samples": data})
         else:
-            self._enqueue({"gpu_samples": data.select(list(samples))}, data.select(_DEVICE_INPUT))
+            self._enqueue({"gpu_samples": data.select(list(samples))}, _device_input(data, spans))
         return data.num_rows
 
     def _device_changes(self, batches: list[pa.Table]) -> list[dict[str, Any]]:
@@ -725,6 +735,60 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+
+
+_Span = tuple[int, int, int]  # (first row, rows, rows per block when only the first block counts else 0)
+
+
+def _device_spans(runs: Sequence[ColumnRun]) -> list[_Span]:
+    """Per run of gpu_samples blocks, the rows whose device attributes the flush must look at: a
+    run whose device key and attribute columns are one shared ``repeats`` object and constants
+    (the same GPUs, unchanged, poll after poll) needs its first block only, with each GPU's
+    earliest ts; any other run all its rows."""
+    spans: list[_Span] = []
+    offset = 0
+    for run in runs:
+        rows = run.rows
+        first = run.blocks[0]
+        per_block = first.n if len(run.blocks) > 1 and run.repeats and _same_devices(run) else 0
+        spans.append((offset, rows, per_block))
+        offset += rows
+    return spans
+
+
+def _same_devices(run: ColumnRun) -> bool:
+    """Whether every block of ``run`` holds the same GPUs with the same attributes, each once."""
+    first = run.blocks[0]
+    constants = [b.constants for b in run.blocks]
+    if constants.count(first.constants) != len(constants):  # e.g. polls of two nodes in one run
+        return False
+    keyed: list[Any] = []
+    for name in _DEVICE_INPUT[:-1]:  # all but ts_s
+        if name in run.keys:
+            return False
+        if name in DEVICE_KEY:
+            keyed.append(
+                run.repeats[name] if name in run.repeats else repeat(first.constants.get(name), first.n)
+            )
+    return len(set(zip(*keyed, strict=False))) == first.n  # no GPU twice in one poll (repeat: endless)
+
+
+def _device_input(data: pa.Table, spans: Sequence[_Span] | None) -> pa.Table:
+    """The rows of wide gpu_samples ``data`` that the devices bookkeeping must see."""
+    wide = data.select(_DEVICE_INPUT)
+    if spans is None or not any(per_block for _, _, per_block in spans):
+        return wide
+    ts = data.column("ts_s").to_numpy()
+    rows, times = [], []
+    for offset, n, per_block in spans:
+        if per_block:
+            rows.append(np.arange(offset, offset + per_block))
+            times.append(ts[offset : offset + n].reshape(-1, per_block).min(axis=0))
+        else:
+            rows.append(np.arange(offset, offset + n))
+            times.append(ts[offset : offset + n])
+    wide = wide.take(pa.array(np.concatenate(rows)))
+    return wide.set_column(len(_DEVICE_INPUT) - 1, "ts_s", pa.array(np.concatenate(times)))
 
 
 def _load_columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Column]]:

@@ -152,3 +152,35 @@ def test_a_batch_the_store_refuses_costs_only_itself_not_the_batches_polled_with
         assert collector.stats.rows_written[TABLE_TELEMETRY] == 2
         errors = store.query("SELECT kind, count FROM ingest_errors")
         assert errors.values.tolist() == [["store_rejected", 1]]
+
+
+def _gpu_poll(k: int) -> SourceResult:
+    res = SourceResult("nvml", float(k))
+    res.add_columns(
+        "gpu_samples",
+        {"ts_s": [float(k)], "device": ["cuda:0"], "index": [0], "emulated": [False]},
+        {"node": "n1", "source": "nvml"},
+    )
+    return res
+
+
+def test_drains_commit_once_per_flush_interval_and_stop_writes_the_rest(tmp_path: Path) -> None:
+    def stored(store: Store) -> int:
+        return int(store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0])
+
+    with Store.open(tmp_path / "a.duckdb", buffer_rows=1_000) as store:
+        collector = Collector(CollectorSettings(nvml=False, flush_interval_s=3600.0), store, sources=[])
+        for k in range(3):
+            collector._put(_gpu_poll(k))
+            collector._drain()  # the interval has not passed: left to the store's buffer
+        assert (collector.stats.flushes, stored(store)) == (0, 0)
+        assert collector.stats.rows_written == {"gpu_samples": 3}
+        collector.stop()
+        assert stored(store) == 3
+    with Store.open(tmp_path / "b.duckdb", buffer_rows=1_000) as store:
+        collector = Collector(CollectorSettings(nvml=False, flush_interval_s=0.0), store, sources=[])
+        for k in range(3):
+            collector._put(_gpu_poll(k))
+            collector._drain()  # due every time: committed at once
+            assert stored(store) == k + 1
+        assert collector.stats.flushes == 3

@@ -60,7 +60,7 @@ def add_sample(text: str, field: str, value: str) -> str:
 def one_row(source: DcgmSource) -> dict:
     result = source.poll(force=True)
     assert result.ok, result.errors
-    rows = result.rows[TABLE_GPU_SAMPLES]
+    rows = result.table_rows(TABLE_GPU_SAMPLES)
     assert len(rows) == 1
     return rows[0]
 
@@ -84,7 +84,7 @@ def test_real_l4_scrape_maps_onto_device_sample_columns(dcgm, http_server: Local
     result = src.poll()
     assert result.ok and not_unmapped(result) == [], result.errors
     assert unmapped(result) == L4_UNMAPPED
-    (row,) = result.rows[TABLE_GPU_SAMPLES]
+    (row,) = result.table_rows(TABLE_GPU_SAMPLES)
     # Values read from tests/collector/sources/data/dcgm-exporter-l4.prom.
     assert row["ts_s"] == 1_000.0
     assert row["node"] == HOST  # the collector's node (the default: this host) ...
@@ -114,7 +114,7 @@ def test_real_l4_scrape_maps_onto_device_sample_columns(dcgm, http_server: Local
     assert row["lost"] is False
     # Every DeviceSample field is a column of the row.
     assert {f for f in DeviceSample.__dataclass_fields__} <= set(row)
-    assert tuple(row) == GPU_ROW_COLUMNS
+    assert sorted(row) == sorted(GPU_ROW_COLUMNS)  # every column (handed on as columns: order not kept)
     h = src.health()
     # unmapped families are warnings: counted, the source stays ok
     assert (h.status, h.rows_total, h.errors_total, h.consecutive_failures) == ("ok", 1, 8, 0)
@@ -148,7 +148,7 @@ def test_blank_sentinels_become_null(dcgm) -> None:
     body = set_value(body, "DCGM_FI_DEV_FB_FREE", "9223372036854775792")
     src = dcgm(body)
     result = src.poll()
-    row = result.rows[TABLE_GPU_SAMPLES][0]
+    row = result.table_rows(TABLE_GPU_SAMPLES)[0]
     for col in ("temperature_c", "energy_mj", "sm_clock_mhz", "power_w", "mem_total_bytes"):
         assert row[col] is None, col
     assert row["mem_clock_mhz"] == 405  # the rest of the scrape is kept
@@ -185,7 +185,7 @@ def test_ratios_become_percent_and_newer_clock_event_name_wins(dcgm) -> None:
 
 def test_old_clock_throttle_reasons_name_alone() -> None:
     body = add_sample(L4_PROM, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "8")
-    (row,) = rows_from_text(body).rows[TABLE_GPU_SAMPLES]
+    (row,) = rows_from_text(body).table_rows(TABLE_GPU_SAMPLES)
     assert row["clock_event_reasons"] == 8
 
 
@@ -196,7 +196,7 @@ def test_one_row_per_gpu(dcgm) -> None:
         if line.startswith("DCGM_FI_"):
             lines.append(line.replace('gpu="0"', 'gpu="1"').replace(L4_UUID, "GPU-second"))
     src = dcgm("\n".join(lines) + "\n")
-    rows = src.poll().rows[TABLE_GPU_SAMPLES]
+    rows = src.poll().table_rows(TABLE_GPU_SAMPLES)
     assert sorted((r["device"], r["uuid"]) for r in rows) == [("cuda:0", L4_UUID), ("cuda:1", "GPU-second")]
 
 
@@ -215,7 +215,7 @@ def test_malformed_lines_and_non_numeric_values_are_counted_and_the_rest_kept(dc
     assert result.error_count("malformed_line") == 2
     assert unmapped(result) == L4_UNMAPPED | {"some_other_exporter_metric"}
     assert all(e.source == src.name for e in result.errors)
-    (row,) = result.rows[TABLE_GPU_SAMPLES]
+    (row,) = result.table_rows(TABLE_GPU_SAMPLES)
     assert row["gpu_util_pct"] is None  # its line was dropped
     assert row["power_w"] == pytest.approx(16.365)
     assert row["sm_clock_mhz"] == 210
@@ -229,16 +229,16 @@ def test_clock_going_backwards_is_counted_and_dropped(
     dcgm, clock: FakeClock, http_server: LocalServer
 ) -> None:
     src = dcgm()
-    assert len(src.poll().rows[TABLE_GPU_SAMPLES]) == 1
+    assert len(src.poll().table_rows(TABLE_GPU_SAMPLES)) == 1
     clock.t -= 30  # the host clock jumped back
     result = src.poll(force=True)
-    assert result.ok and result.rows.get(TABLE_GPU_SAMPLES, []) == []
+    assert result.ok and result.table_rows(TABLE_GPU_SAMPLES) == []
     assert result.error_count("clock_backwards") == 1
     assert src.health().status == "degraded"
     clock.t += 60
     http_server.serve_text("/metrics", set_value(L4_PROM, "DCGM_FI_DEV_POWER_USAGE", "17.0"))
     result = src.poll(force=True)
-    assert len(result.rows[TABLE_GPU_SAMPLES]) == 1 and result.errors == []  # unmapped: once an hour
+    assert len(result.table_rows(TABLE_GPU_SAMPLES)) == 1 and result.errors == []  # unmapped: once an hour
     assert src.health().status == "ok"
 
 
@@ -250,7 +250,7 @@ def test_explicit_sample_timestamps_are_used_and_checked(dcgm, http_server: Loca
     assert one_row(src)["ts_s"] == 1_700_000_000.0
     http_server.serve_text("/metrics", stamped.replace(" 1700000000000", " 1699999999000") + "\n")
     result = src.poll(force=True)
-    assert result.error_count("clock_backwards") == 1 and result.rows.get(TABLE_GPU_SAMPLES, []) == []
+    assert result.error_count("clock_backwards") == 1 and result.table_rows(TABLE_GPU_SAMPLES) == []
 
 
 def test_unreachable_endpoint_is_down_and_backs_off(clock: FakeClock) -> None:
@@ -286,7 +286,7 @@ def test_recovers_after_http_errors(http_server: LocalServer, clock: FakeClock) 
     assert src.poll().skipped  # still backing off
     clock.advance(5.0)
     result = src.poll()
-    assert result.ok and len(result.rows[TABLE_GPU_SAMPLES]) == 1
+    assert result.ok and len(result.table_rows(TABLE_GPU_SAMPLES)) == 1
     h = src.health()
     assert (h.status, h.consecutive_failures, h.last_success_s) == ("ok", 0, clock.t)
     assert src.backoff.failures == 0
@@ -310,7 +310,7 @@ def test_many_gives_one_source_per_endpoint(http_server: LocalServer, clock: Fak
     sources = DcgmSource.many([a, b, closed_port_url()], clock=clock)
     results = [s.poll() for s in sources]
     assert [r.ok for r in results] == [True, True, False]
-    rows = [r.rows[TABLE_GPU_SAMPLES][0] for r in results[:2]]
+    rows = [r.table_rows(TABLE_GPU_SAMPLES)[0] for r in results[:2]]
     assert [r["exporter_hostname"] for r in rows] == [L4_NODE, "node-b"]
     assert [r["node"] for r in rows] == [HOST, HOST]
     assert [s.health().status for s in sources] == ["ok", "ok", "down"]
@@ -322,18 +322,18 @@ def test_unchanged_exporter_values_are_stored_once_and_counted(
     dcgm, http_server: LocalServer, clock: FakeClock
 ) -> None:
     src = dcgm(interval_s=1.0)
-    assert len(src.poll().rows[TABLE_GPU_SAMPLES]) == 1
+    assert len(src.poll().table_rows(TABLE_GPU_SAMPLES)) == 1
     for _ in range(5):  # dcgm-exporter refreshes every 30 s by default: the same values again
         clock.advance(1.0)
         result = src.poll()
-        assert result.ok and result.rows[TABLE_GPU_SAMPLES] == [] and result.errors == []
+        assert result.ok and result.table_rows(TABLE_GPU_SAMPLES) == [] and result.errors == []
     assert src.health_details()["unchanged_scrapes"] == 5
     assert src.health_details()["unchanged_rows"] == 5
     h = src.health()
     assert (h.status, h.rows_total, h.errors_total) == ("ok", 1, len(L4_UNMAPPED))  # not errors
     clock.advance(1.0)
     http_server.serve_text("/metrics", set_value(L4_PROM, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "4742999"))
-    (row,) = src.poll().rows[TABLE_GPU_SAMPLES]
+    (row,) = src.poll().table_rows(TABLE_GPU_SAMPLES)
     assert (row["ts_s"], row["energy_mj"]) == (1_006.0, 4_742_999)
 
 
@@ -350,7 +350,7 @@ def test_exporter_timestamps_decide_what_is_new(dcgm, http_server: LocalServer, 
         "/metrics", stamped(set_value(L4_PROM, "DCGM_FI_DEV_POWER_USAGE", "20"), 1_700_000_000_000)
     )
     result = src.poll(force=True)
-    assert result.rows[TABLE_GPU_SAMPLES] == [] and not_unmapped(result) == []
+    assert result.table_rows(TABLE_GPU_SAMPLES) == [] and not_unmapped(result) == []
     assert src.health_details()["unchanged_scrapes"] == 1
     # A newer exporter timestamp is a new sample even when no value moved.
     http_server.serve_text("/metrics", stamped(L4_PROM, 1_700_000_030_000))
@@ -367,7 +367,7 @@ def test_unmapped_families_are_counted_once_per_hour(
         clock.advance(600.0)
         http_server.serve_text("/metrics", set_value(L4_PROM, "DCGM_FI_DEV_POWER_USAGE", str(20 + step)))
         result = src.poll()
-        assert result.rows[TABLE_GPU_SAMPLES] and unmapped(result) == set()
+        assert result.table_rows(TABLE_GPU_SAMPLES) and unmapped(result) == set()
     clock.advance(1_800.0)  # an hour after the first count
     http_server.serve_text("/metrics", L4_PROM)
     assert unmapped(src.poll()) == L4_UNMAPPED
@@ -377,7 +377,7 @@ def test_unmapped_families_are_counted_once_per_hour(
 def mig_rows(text: str = A30_MIG_PROM) -> dict[str, dict]:
     result = rows_from_text(text, node="n1", ts_s=5.0)
     assert not_unmapped(result) == [], result.errors
-    return {r["device"]: r for r in result.rows[TABLE_GPU_SAMPLES]}
+    return {r["device"]: r for r in result.table_rows(TABLE_GPU_SAMPLES)}
 
 
 def test_mig_instances_are_devices_of_their_own_and_gpu_power_is_stored_once() -> None:
@@ -416,7 +416,7 @@ def test_mig_instances_are_devices_of_their_own_and_gpu_power_is_stored_once() -
 def test_sum_of_power_per_physical_gpu_in_the_store_is_the_gpus_power(tmp_path: Path) -> None:
     result = rows_from_text(A30_MIG_PROM, source="dcgm:a30", node="n1", ts_s=5.0)
     with Store.open(tmp_path / "s.duckdb") as store:
-        store.append("gpu_samples", result.rows[TABLE_GPU_SAMPLES])
+        store.append("gpu_samples", result.table_rows(TABLE_GPU_SAMPLES))
         store.flush()
         per_gpu = store.query(
             "SELECT coalesce(parent_uuid, uuid) AS gpu, sum(power_w) AS w, sum(energy_mj) AS mj, "

@@ -24,7 +24,7 @@ def test_a_lost_gpu_is_marked_and_the_other_keeps_being_sampled(
     src = LocalGpuSource(node="n1")
     assert src.available()
     polls = [src.poll(force=True) for _ in range(6)]
-    rows = [r for p in polls for r in p.rows["gpu_samples"]]
+    rows = [r for p in polls for r in p.table_rows("gpu_samples")]
     by_gpu = {d: [r for r in rows if r["device"] == d] for d in ("cuda:0", "cuda:1")}
     assert len(by_gpu["cuda:0"]) == 6 and not any(r["lost"] for r in by_gpu["cuda:0"])
     lost = [r for r in by_gpu["cuda:1"] if r["lost"]]
@@ -47,7 +47,7 @@ def test_unsupported_metrics_are_null_not_strings(monkeypatch: pytest.MonkeyPatc
     )
     install(monkeypatch, FakeNvml([gpu]))
     src = LocalGpuSource(node="n1")
-    rows = src.poll(force=True).rows["gpu_samples"] + src.poll(force=True).rows["gpu_samples"]
+    rows = src.poll(force=True).table_rows("gpu_samples") + src.poll(force=True).table_rows("gpu_samples")
     assert all(r["energy_mj"] is None and r["temperature_c"] is None for r in rows)
     assert all(r["sm_active_pct"] is None for r in rows)  # no GPM on this GPU
     assert all(r["power_w"] is not None for r in rows)

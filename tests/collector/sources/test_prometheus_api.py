@@ -86,7 +86,7 @@ def test_dcgm_series_become_one_row_per_gpu_per_timestamp(prom: FakeProm, clock:
     assert src.available()
     result = src.poll()
     assert result.ok and result.errors == [], result.errors
-    rows = result.rows[TABLE_GPU_SAMPLES]
+    rows = result.table_rows(TABLE_GPU_SAMPLES)
     assert [r["ts_s"] for r in rows] == [945.0, 960.0, 975.0]
     r = rows[0]
     assert r["source"] == f"prometheus:{prom.url}"
@@ -125,15 +125,15 @@ def test_windows_follow_on_and_catch_up(prom: FakeProm, clock: FakeClock) -> Non
 
 def test_rows_already_read_are_not_repeated(prom: FakeProm, clock: FakeClock) -> None:
     src = source(prom, clock, engines=False)
-    assert len(src.poll().rows[TABLE_GPU_SAMPLES]) == 3
+    assert len(src.poll().table_rows(TABLE_GPU_SAMPLES)) == 3
     clock.advance(15)  # the fake server answers the same three points again
-    assert src.poll().rows.get(TABLE_GPU_SAMPLES, []) == []
+    assert src.poll().table_rows(TABLE_GPU_SAMPLES) == []
 
 
 def test_node_falls_back_to_instance_host(prom: FakeProm, clock: FakeClock) -> None:
     labels = {k: v for k, v in GPU_LABELS.items() if k != "hostname"}
     prom.dcgm = lambda q: matrix([({"__name__": "DCGM_FI_DEV_POWER_USAGE", **labels}, [(960.0, "100")])])
-    (row,) = source(prom, clock, engines=False).poll().rows[TABLE_GPU_SAMPLES]
+    (row,) = source(prom, clock, engines=False).poll().table_rows(TABLE_GPU_SAMPLES)
     assert row["node"] == "10.0.0.5"
 
 
@@ -144,7 +144,7 @@ def test_one_query_rejected_is_partial_and_degraded(prom: FakeProm, clock: FakeC
     assert result.ok
     assert result.error_count("query_error") == 1
     assert "too many samples" in result.errors[0].message
-    assert len(result.rows[TABLE_GPU_SAMPLES]) == 3
+    assert len(result.table_rows(TABLE_GPU_SAMPLES)) == 3
     assert src.health().status == "degraded"
 
 
@@ -169,7 +169,7 @@ def test_warnings_bad_values_and_bad_series_are_counted(prom: FakeProm, clock: F
     assert result.error_count("partial_data") == 1
     assert result.error_count("non_numeric") == 1
     assert result.error_count("bad_response") == 1
-    rows = result.rows[TABLE_GPU_SAMPLES]
+    rows = result.table_rows(TABLE_GPU_SAMPLES)
     assert [(r["ts_s"], r["gpu_util_pct"]) for r in rows] == [(960.0, None), (975.0, 50.0)]
 
 
@@ -203,7 +203,7 @@ def test_engine_series_become_engine_rows_with_deltas(prom: FakeProm, clock: Fak
     src = source(prom, clock, dcgm=False)
     result = src.poll()
     assert result.ok, result.errors
-    rows = result.rows[TABLE_ENGINE_METRICS]
+    rows = result.table_rows(TABLE_ENGINE_METRICS)
 
     def at(ts: float, metric: str) -> float:
         (r,) = [

@@ -129,7 +129,7 @@ def test_real_prometheus_dcgm_and_engine_series(real_prom: RealProm) -> None:
         assert src.available()
         result = src.poll()
         assert result.ok and not result.degraded, result.errors
-        gpu = result.rows[TABLE_GPU_SAMPLES]
+        gpu = result.table_rows(TABLE_GPU_SAMPLES)
         assert gpu, "no gpu rows"
         r = gpu[-1]
         assert r["node"] == "i-030791dc5a37cd257"  # the Hostname label survives Prometheus
@@ -144,7 +144,7 @@ def test_real_prometheus_dcgm_and_engine_series(real_prom: RealProm) -> None:
         assert r["sm_clock_mhz"] == 210 and r["temperature_c"] == 31.0
         assert r["mem_total_bytes"] == (22_563 + 470) * MIB
         assert len({x["ts_s"] for x in gpu}) == len(gpu)  # one row per GPU per timestamp
-        eng = result.rows[TABLE_ENGINE_METRICS]
+        eng = result.table_rows(TABLE_ENGINE_METRICS)
         prompt = [x for x in eng if x["metric"] == "prompt_tokens_total"]
         assert prompt and all(x["value"] == 100 for x in prompt)
         assert {x["endpoint"] for x in prompt} == {real_prom.target}
@@ -158,7 +158,7 @@ def test_real_prometheus_dcgm_and_engine_series(real_prom: RealProm) -> None:
         time.sleep(1.1)  # let the evaluation step that sees 300 close
         later = src.poll(force=True)
         assert later.ok, later.errors
-        rates = [x for x in later.rows[TABLE_ENGINE_METRICS] if x["metric"] == "prompt_tokens_per_s"]
+        rates = [x for x in later.table_rows(TABLE_ENGINE_METRICS) if x["metric"] == "prompt_tokens_per_s"]
         assert sum(x["value"] for x in rates) == pytest.approx(200.0)  # step 1 s: rate x 1 s = tokens
     finally:
         src.close()
@@ -172,7 +172,7 @@ def test_real_prometheus_rejects_a_bad_query(real_prom: RealProm) -> None:
         assert result.ok
         assert result.error_count("query_error") == 1
         assert "bad_data" in result.errors[0].message
-        assert result.rows[TABLE_GPU_SAMPLES]
+        assert result.table_rows(TABLE_GPU_SAMPLES)
         assert src.health().status == "degraded"
     finally:
         src.close()

@@ -76,8 +76,8 @@ def assert_stored_without_rejection(store: Store, source: Source, results: list[
     """Every row the source produced is in its table; nothing was rejected; the source is healthy."""
     produced: dict[str, int] = {}
     for r in results:
-        for table, rows in r.rows.items():
-            produced[table] = produced.get(table, 0) + len(rows)
+        for table in {*r.rows, *r.columns}:
+            produced[table] = produced.get(table, 0) + len(r.table_rows(table))
     assert produced and all(produced.values()), produced
     rejected = store.query("SELECT * FROM ingest_errors WHERE kind = 'store_rejected'")
     assert rejected.empty, rejected.to_dict("records")
@@ -85,7 +85,7 @@ def assert_stored_without_rejection(store: Store, source: Source, results: list[
         n = count(store, "SELECT count(*) FROM gpu_samples WHERE source = ?", [source.name])
         assert n == produced[TABLE_GPU_SAMPLES]
     if TABLE_ENGINE_METRICS in produced:
-        endpoints = sorted({row["endpoint"] for r in results for row in r.rows.get(TABLE_ENGINE_METRICS, [])})
+        endpoints = sorted({row["endpoint"] for r in results for row in r.table_rows(TABLE_ENGINE_METRICS)})
         n = count(store, "SELECT count(*) FROM engine_metrics WHERE list_contains(?, endpoint)", [endpoints])
         assert n == produced[TABLE_ENGINE_METRICS]
     h = source.health()

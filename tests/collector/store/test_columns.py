@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from collector.sources.base import SourceResult
 from collector.store import Store, StoreError
-from collector.store.columns import ColumnBlock
+from collector.store.columns import ColumnBlock, RepeatedColumns
 
 
 def _block(ts: list[float], power: list, **constants: object) -> ColumnBlock:
@@ -96,3 +98,149 @@ def test_polls_with_none_ints_and_floats_in_one_column_are_one_float_column(stor
         300.0,
         250.5,
     ]
+
+
+# -- polls that share their GPUs' identity (RepeatedColumns): merged per run, built once ----------
+
+
+def _polls(source: SourceResult, repeats: RepeatedColumns, ts: list[float], **identity: list) -> None:
+    """One 2-GPU poll per ``ts`` through ``add_samples``, as the NVML source makes them."""
+    for k, t in enumerate(ts):
+        samples = [
+            {
+                "ts_s": t,
+                "device": f"cuda:{i}",
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "emulated": False,
+                "power_w": 100.0 + k + i,
+                **{name: values[i] for name, values in identity.items()},
+            }
+            for i in range(2)
+        ]
+        source.add_samples("gpu_samples", samples, {"node": "n1", "source": "nvml"}, repeats)
+
+
+def test_repeated_identity_is_one_object_until_a_value_or_its_type_changes() -> None:
+    repeats = RepeatedColumns()
+    first = repeats.share({"device": ["cuda:0"], "index": [1]})
+    assert repeats.share({"device": ("cuda:0",), "index": [1]}) is first
+    changed = repeats.share({"device": ["cuda:0"], "index": [True]})  # True == 1, but not an int
+    assert changed is not first and changed["index"] == (True,)
+    assert repeats.share({"device": ["cuda:1"], "index": [True]}) is not changed
+
+
+def test_polls_of_mixed_shapes_store_what_the_same_rows_as_dicts_store(store_path: Path) -> None:
+    result = SourceResult("nvml", 0.0)
+    repeats = RepeatedColumns()
+    _polls(result, repeats, [1.0, 2.0, 3.0], worker=["w0", "w1"])
+    _polls(result, repeats, [4.0, 5.0], worker=["w0", "w2"])  # a new owner: a new shared object
+    _polls(result, repeats, [6.0])  # no worker column at all: another shape
+    result.add_columns(
+        "gpu_samples",
+        {"ts_s": [7.0], "device": ["cuda:0"], "index": [0]},
+        {"node": "n1", "source": "nvml", "emulated": False},
+    )
+    result.add_columns(  # a poll whose values are plain lists (no repeats), other constants
+        "gpu_samples",
+        {"ts_s": [8.0], "device": ["cuda:0"], "index": [0], "power_w": [1.5], "emulated": [True]},
+        {"node": "n2", "source": "other"},
+    )
+    blocks = result.columns["gpu_samples"]
+    assert len({id(b.repeats) for b in blocks[:3]}) == 1 and blocks[3].repeats is not blocks[0].repeats
+    rows = result.table_rows("gpu_samples")
+    query = (
+        'SELECT node, source, ts_s, device, "index", uuid, emulated, power_w, worker '
+        'FROM gpu_samples_full ORDER BY ts_s, node, "index"'
+    )
+    with Store.open(store_path) as store:
+        assert store.append_columns("gpu_samples", blocks) == 14
+        store.flush()
+        as_columns = store.query(query)
+        devices_columns = store.query("SELECT * EXCLUDE (since_s) FROM devices ORDER BY ALL")
+    with Store.open(store_path.with_name("dicts.duckdb")) as store:
+        assert store.append("gpu_samples", rows) == 14
+        store.flush()
+        assert as_columns.equals(store.query(query))
+        assert devices_columns.equals(store.query("SELECT * EXCLUDE (since_s) FROM devices ORDER BY ALL"))
+    assert as_columns["worker"].tolist()[:6] == ["w0", "w1"] * 3
+    assert as_columns["worker"].tolist()[6:10] == ["w0", "w2"] * 2
+
+
+def test_a_bad_value_in_one_poll_of_many_is_named_and_nothing_is_written(store: Store) -> None:
+    result = SourceResult("nvml", 0.0)
+    repeats = RepeatedColumns()
+    _polls(result, repeats, [float(t) for t in range(1, 50)], worker=["w0", "w1"])
+    _polls(result, repeats, [50.0], worker=["w0", 7])  # an int where the worker name goes
+    _polls(result, repeats, [51.0, 52.0], worker=["w0", "w1"])
+    with pytest.raises(StoreError, match=r"gpu_samples\.worker"):
+        store.append_columns("gpu_samples", result.columns["gpu_samples"])
+    bad_power = SourceResult("nvml", 0.0)
+    _polls(bad_power, RepeatedColumns(), [1.0, 2.0, 3.0], worker=["w0", "w1"])
+    blocks = bad_power.columns["gpu_samples"]
+    b = blocks[1]  # the middle poll's second GPU reports a string
+    blocks[1] = ColumnBlock.of({**b.values, "power_w": [101.0, "lots"]}, b.constants, b.repeats)
+    assert blocks[1].repeats is blocks[0].repeats is blocks[2].repeats
+    with pytest.raises(StoreError, match=r"gpu_samples\.power_w"):
+        store.append_columns("gpu_samples", bad_power.columns["gpu_samples"])
+    store.flush()
+    assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 0
+    assert store.query("SELECT count(*) AS n FROM devices")["n"][0] == 0
+
+
+def test_devices_rows_follow_changes_across_and_within_flushes(store: Store) -> None:
+    result = SourceResult("nvml", 0.0)
+    repeats = RepeatedColumns()
+    _polls(result, repeats, [3.0, 2.0, 4.0], worker=["w0", "w1"])  # a late poll: its ts counts
+    _polls(result, repeats, [5.0, 6.0], worker=["w0", "w2"])
+    store.append_columns("gpu_samples", result.columns["gpu_samples"])
+    again = SourceResult("nvml", 0.0)
+    _polls(again, repeats, [7.0, 8.0], worker=["w0", "w2"])  # unchanged: no devices row
+    _polls(again, repeats, [9.0], worker=["w3", "w2"])
+    store.append_columns("gpu_samples", again.columns["gpu_samples"])
+    store.flush()
+    got = store.query('SELECT "index", since_s, worker FROM devices ORDER BY "index", since_s')
+    assert got.values.tolist() == [
+        [0, 2.0, "w0"],
+        [0, 9.0, "w3"],
+        [1, 2.0, "w1"],
+        [1, 5.0, "w2"],
+    ]
+    assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 16
+
+
+def test_samples_with_the_same_keys_in_another_order_keep_their_values() -> None:
+    result = SourceResult("nvml", 0.0)
+    result.add_samples(
+        "gpu_samples",
+        [{"ts_s": 1.0, "power_w": 10.0}, {"power_w": 20.0, "ts_s": 2.0}],
+        {"node": "n1"},
+    )
+    assert result.table_rows("gpu_samples") == [
+        {"ts_s": 1.0, "power_w": 10.0, "node": "n1"},
+        {"ts_s": 2.0, "power_w": 20.0, "node": "n1"},
+    ]
+
+
+def test_a_steady_column_is_shared_until_it_changes_then_handed_on_per_poll(store_path: Path) -> None:
+    repeats = RepeatedColumns(steady=["power_limit_w"])
+    result = SourceResult("nvml", 0.0)
+    limits = [300.0, 300.0, 250.0, 300.0, 300.0]  # the limit changes at the third poll, and back
+    for k, limit in enumerate(limits):
+        samples = [
+            {"ts_s": float(k), "device": f"cuda:{i}", "index": i, "uuid": f"GPU-{i}", "power_limit_w": limit}
+            for i in range(2)
+        ]
+        result.add_samples(
+            "gpu_samples", samples, {"node": "n1", "source": "nvml", "emulated": False}, repeats
+        )
+    blocks = result.columns["gpu_samples"]
+    assert "power_limit_w" in blocks[0].repeats and blocks[1].repeats is blocks[0].repeats
+    assert all("power_limit_w" in b.values for b in blocks[2:])  # handed on per poll from the change
+    assert blocks[3].repeats is blocks[2].repeats is blocks[4].repeats  # the identity alone: shared
+    with Store.open(store_path) as store:
+        assert store.append_columns("gpu_samples", blocks) == 10
+        store.flush()
+        got = store.query('SELECT power_limit_w FROM gpu_samples ORDER BY ts_s, "index"')
+        assert got["power_limit_w"].tolist() == [x for x in limits for _ in range(2)]
+        assert store.query("SELECT count(*) AS n FROM devices")["n"][0] == 2

@@ -206,7 +206,7 @@ def test_mig_dcgm_and_engine_columns_survive_export_and_import(tmp_path: Path) -
     samples = parse_exposition((data / "dynamo-vllm-worker.prom").read_text(), res)
     engine = _EngineRows(EngineMapper()).rows(samples, node="n1", endpoint="w:9090", ts_s=T0, result=res)
     with Store.open(tmp_path / "a.duckdb") as a:
-        a.append("gpu_samples", gpu.rows[TABLE_GPU_SAMPLES])
+        a.append("gpu_samples", gpu.table_rows(TABLE_GPU_SAMPLES))
         a.append(TABLE_ENGINE_METRICS, engine)
         a.flush()
         export_parquet(a, tmp_path / "pq")
