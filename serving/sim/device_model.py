@@ -88,6 +88,7 @@ class FittedDeviceModel:
     floor_s: float  # the shortest iteration measured (a prediction never goes below it)
     quality: FitQuality
     device: str = "cpu"
+    residuals_s: tuple[float, ...] = ()  # measured − fitted time of each calibration iteration
 
     @classmethod
     def fit(
@@ -147,6 +148,7 @@ class FittedDeviceModel:
             floor_s=float(y.min()),
             quality=quality,
             device=str(device or "cpu"),
+            residuals_s=tuple(float(r) for r in resid),
         )
 
     def iteration_s(
@@ -161,6 +163,11 @@ class FittedDeviceModel:
     def __call__(self, work: IterationWork, pool: Any = None) -> IterationEstimate:
         """The simulator's ``iteration_model`` hook: the estimate of ``work`` (``pool`` is unused)."""
         busy = self.iteration_s(work.prefill_tokens, work.decode_seqs, work.context_tokens, work.batch_size)
+        return self.estimate(busy)
+
+    def estimate(self, busy_s: float) -> IterationEstimate:
+        """The estimate of an iteration computing for ``busy_s``: the loop time added, no power."""
+        busy = busy_s
         return IterationEstimate(
             time_s=busy + self.between_s,
             power_w=0.0,
@@ -173,6 +180,13 @@ class FittedDeviceModel:
             host_s=self.between_s,
             busy_s=busy,
         )
+
+    def jittered(self, seed: int = 0) -> JitteredDeviceModel:
+        """This model with the calibration run's noise: each iteration's time gets one of the fit's
+        residuals, drawn at random (seeded). A shared host's iteration times scatter (OS
+        scheduling, other processes, allocator), and that scatter — not the mean — makes the tail
+        percentiles of ITL and of queueing; a deterministic fit predicts means well and p90s low."""
+        return JitteredDeviceModel(self, seed)
 
     def describe(self) -> str:
         """One line: the coefficients (µs per unit) and the fit quality."""
@@ -226,6 +240,25 @@ def iteration_events(batches: Sequence[Mapping[str, Any]], worker: str | None = 
     ]
     out.sort(key=lambda ev: ev["start_s"])
     return out
+
+
+class JitteredDeviceModel:
+    """A :class:`FittedDeviceModel` whose iteration times carry resampled fit residuals (see
+    :meth:`FittedDeviceModel.jittered`); times never drop below the shortest measured iteration."""
+
+    __slots__ = ("_residuals", "_rng", "model")
+
+    def __init__(self, model: FittedDeviceModel, seed: int = 0) -> None:
+        self.model = model
+        self._residuals = np.asarray(model.residuals_s or (0.0,), dtype=np.float64)
+        self._rng = np.random.default_rng(seed)
+
+    def __call__(self, work: IterationWork, pool: Any = None) -> IterationEstimate:
+        """The simulator's ``iteration_model`` hook (``pool`` is unused)."""
+        m = self.model
+        mean = m.iteration_s(work.prefill_tokens, work.decode_seqs, work.context_tokens, work.batch_size)
+        busy = max(m.floor_s, mean + float(self._residuals[self._rng.integers(len(self._residuals))]))
+        return m.estimate(busy)
 
 
 def measured_dispatch_delay_s(
