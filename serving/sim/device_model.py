@@ -7,7 +7,8 @@ a live run's iteration wall times (``end_s - start_s`` of the ``iteration`` even
 
     time_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens + e * attention_pairs
 
-plus the engine loop's time between back-to-back iterations (``between_s``: the median gap from one
+fitted robustly (Huber weights: the rare iterations another process preempted do not drag the
+fit), plus the engine loop's time between back-to-back iterations (``between_s``: the median gap from one
 iteration's end to the next one's start, when the engine went straight on; the worker sends the
 tokens, reads its pipe and admits requests there). Iteration events carry no ``attention_pairs``, so
 both the fit and the prediction use the same estimate from the counts: decode sequences attend
@@ -202,12 +203,12 @@ class FittedDeviceModel:
 
 
 def _fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every work coefficient ≥ 0 (more work never takes less time): fit, drop
+    """Robust least squares with every work coefficient ≥ 0 (more work never takes less time): fit, drop
     the most negative term (collinear ones, e.g. context and attention pairs on short prompts) and
     refit until none is; terms that never vary are left out. The intercept is free."""
     used = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 0]
     while True:
-        sol, *_ = np.linalg.lstsq(x[:, used], y, rcond=None)
+        sol = _huber_lstsq(x[:, used], y)
         worst = min(((c, j) for j, c in zip(used, sol, strict=True) if j), default=(0.0, 0))
         if worst[0] >= 0:
             break
@@ -215,6 +216,26 @@ def _fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     coef = np.zeros(x.shape[1])
     coef[used] = sol
     return coef
+
+
+def _huber_lstsq(x: np.ndarray, y: np.ndarray, *, rounds: int = 20) -> np.ndarray:
+    """Least squares robust to outliers (Huber weights, iteratively reweighted): a shared host's
+    iteration times have a heavy tail (preemption by other processes) that would drag a plain fit
+    above the typical iteration; the tail is kept in the residuals instead (:meth:`jittered`)."""
+    sol, *_ = np.linalg.lstsq(x, y, rcond=None)
+    for _ in range(rounds):
+        r = y - x @ sol
+        scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        if scale <= 0:
+            break
+        w = np.minimum(1.0, 1.345 * scale / np.maximum(np.abs(r), 1e-12))
+        sw = np.sqrt(w)
+        new, *_ = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)
+        if np.allclose(new, sol, rtol=1e-6, atol=1e-12):
+            sol = new
+            break
+        sol = new
+    return sol
 
 
 def back_to_back_gaps_s(
