@@ -7,8 +7,8 @@ a live run's iteration wall times (``end_s - start_s`` of the ``iteration`` even
 
     time_s = a + b * prefill_tokens + c * decode_seqs + d * context_tokens + e * attention_pairs
 
-fitted robustly (Huber weights: the rare iterations another process preempted do not drag the
-fit), plus the engine loop's time between back-to-back iterations (``between_s``: the median gap from one
+fitted on relative residuals and robustly (Huber weights: the rare iterations another process
+preempted do not drag the fit), plus the engine loop's time between back-to-back iterations (``between_s``: the median gap from one
 iteration's end to the next one's start, when the engine went straight on; the worker sends the
 tokens, reads its pipe and admits requests there). Iteration events carry no ``attention_pairs``, so
 both the fit and the prediction use the same estimate from the counts: decode sequences attend
@@ -89,7 +89,8 @@ class FittedDeviceModel:
     floor_s: float  # the shortest iteration measured (a prediction never goes below it)
     quality: FitQuality
     device: str = "cpu"
-    residuals_s: tuple[float, ...] = ()  # measured − fitted time of each calibration iteration
+    residuals_s: tuple[float, ...] = ()  # measured − fitted time of each calibration decode iteration
+    prefill_residuals_s: tuple[float, ...] = ()  # ... of each iteration that computed prompt tokens
 
     @classmethod
     def fit(
@@ -149,7 +150,8 @@ class FittedDeviceModel:
             floor_s=float(y.min()),
             quality=quality,
             device=str(device or "cpu"),
-            residuals_s=tuple(float(r) for r in resid),
+            residuals_s=tuple(float(r) for r, p in zip(resid, x[:, 1], strict=True) if p == 0),
+            prefill_residuals_s=tuple(float(r) for r, p in zip(resid, x[:, 1], strict=True) if p > 0),
         )
 
     def iteration_s(
@@ -184,7 +186,8 @@ class FittedDeviceModel:
 
     def jittered(self, seed: int = 0) -> JitteredDeviceModel:
         """This model with the calibration run's noise: each iteration's time gets one of the fit's
-        residuals, drawn at random (seeded). A shared host's iteration times scatter (OS
+        residuals, drawn at random (seeded) from those of its kind (with prompt tokens, or decode
+        only: a host's scatter differs between them). A shared host's iteration times scatter (OS
         scheduling, other processes, allocator), and that scatter — not the mean — makes the tail
         percentiles of ITL and of queueing; a deterministic fit predicts means well and p90s low."""
         return JitteredDeviceModel(self, seed)
@@ -219,22 +222,25 @@ def _fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _huber_lstsq(x: np.ndarray, y: np.ndarray, *, rounds: int = 20) -> np.ndarray:
-    """Least squares robust to outliers (Huber weights, iteratively reweighted): a shared host's
-    iteration times have a heavy tail (preemption by other processes) that would drag a plain fit
-    above the typical iteration; the tail is kept in the residuals instead (:meth:`jittered`)."""
-    sol, *_ = np.linalg.lstsq(x, y, rcond=None)
-    for _ in range(rounds):
-        r = y - x @ sol
+    """Least squares of the *relative* residuals, robust to outliers (Huber weights, iteratively
+    reweighted). Relative, because iteration times span 1 ms decodes to 100 ms prefills and their
+    scatter grows with them; robust, because a shared host's times have a heavy tail (an iteration
+    preempted by another process) that would drag the fit above the typical iteration. The tail
+    stays in the residuals instead (:meth:`FittedDeviceModel.jittered`)."""
+    base = 1.0 / np.maximum(y, 1e-9)
+    w = np.ones_like(y)
+    sol = np.zeros(x.shape[1])
+    for k in range(rounds):
+        sw = base * np.sqrt(w)
+        new, *_ = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)
+        if k and np.allclose(new, sol, rtol=1e-6, atol=1e-12):
+            return new
+        sol = new
+        r = (y - x @ sol) * base
         scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
         if scale <= 0:
-            break
+            return sol
         w = np.minimum(1.0, 1.345 * scale / np.maximum(np.abs(r), 1e-12))
-        sw = np.sqrt(w)
-        new, *_ = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)
-        if np.allclose(new, sol, rtol=1e-6, atol=1e-12):
-            sol = new
-            break
-        sol = new
     return sol
 
 
@@ -267,18 +273,21 @@ class JitteredDeviceModel:
     """A :class:`FittedDeviceModel` whose iteration times carry resampled fit residuals (see
     :meth:`FittedDeviceModel.jittered`); times never drop below the shortest measured iteration."""
 
-    __slots__ = ("_residuals", "_rng", "model")
+    __slots__ = ("_prefill_residuals", "_residuals", "_rng", "model")
 
     def __init__(self, model: FittedDeviceModel, seed: int = 0) -> None:
         self.model = model
-        self._residuals = np.asarray(model.residuals_s or (0.0,), dtype=np.float64)
+        either = model.residuals_s or model.prefill_residuals_s or (0.0,)
+        self._residuals = np.asarray(model.residuals_s or either, dtype=np.float64)
+        self._prefill_residuals = np.asarray(model.prefill_residuals_s or either, dtype=np.float64)
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, work: IterationWork, pool: Any = None) -> IterationEstimate:
         """The simulator's ``iteration_model`` hook (``pool`` is unused)."""
         m = self.model
         mean = m.iteration_s(work.prefill_tokens, work.decode_seqs, work.context_tokens, work.batch_size)
-        busy = max(m.floor_s, mean + float(self._residuals[self._rng.integers(len(self._residuals))]))
+        pool_s = self._prefill_residuals if work.prefill_tokens else self._residuals
+        busy = max(m.floor_s, mean + float(pool_s[self._rng.integers(len(pool_s))]))
         return m.estimate(busy)
 
 
