@@ -115,19 +115,25 @@ def run_live(url: str, trace: Sequence[TraceRequest], *, settle_s: float = 0.0) 
     around it. ``settle_s``: wait first (an emulated GPU falls back to true idle ~2 s after its
     last kernel, so the window starts from the state a simulated GPU starts in)."""
     reader = TelemetryReader()
-    fetch_telemetry(url, reader)  # skip what earlier runs (warm-up) left
-    time.sleep(settle_s)
+    time.sleep(max(settle_s, 0.6))  # earlier runs' (warm-up's) last telemetry is flushed by then
+    fetch_telemetry(url, reader)  # skip it
     before = devices(url)
+    since = min(d["sample"]["ts_s"] for d in before.values())
     report = run_load(url, list(trace), progress=False)
     after = devices(url)
     time.sleep(0.6)  # the workers flush telemetry every 0.25 s
     batches = fetch_telemetry(url, reader)
     events = [ev for b in batches for ev in b["events"]]
     requests = sorted(
-        (ev for ev in events if ev["type"] == "request" and ev["status"] == "ok"),
+        (
+            ev
+            for ev in events
+            if ev["type"] == "request" and ev["status"] == "ok" and ev["arrival_s"] >= since
+        ),
         key=lambda e: e["arrival_s"],
     )
-    return LiveRun(report, requests, iteration_events(batches), before, after)
+    its = [ev for ev in iteration_events(batches) if ev["start_s"] >= since]
+    return LiveRun(report, requests, its, before, after)
 
 
 def warm_up(url: str, n: int = 4) -> None:
