@@ -349,12 +349,12 @@ def compare_fitted(
     return Comparison(label, live, sim, 0.15, notes)
 
 
-def serve_args_emulated(workers: int = 1) -> list[str]:
+def serve_args_emulated(workers: int = 1, *, disaggregated: bool = False) -> list[str]:
+    layout = (
+        ["--mode", "disaggregated"] if disaggregated else ["--mode", "aggregated", "--workers", str(workers)]
+    )
     return [
-        "--mode",
-        "aggregated",
-        "--workers",
-        str(workers),
+        *layout,
         "--device",
         f"emulated:{EMULATED_GPU}",
         "--emulate-shape",
@@ -370,12 +370,13 @@ def kv_blocks_of(url: str) -> int:
     raise RuntimeError("no iteration event yet: warm the server up first")
 
 
-def case_a(n: int, rate: float, seed: int, repeats: int = 2) -> list[Comparison]:
+def case_a(n: int, rate: float, seed: int, repeats: int = 2, *, pd: bool = False) -> list[Comparison]:
     """Case (a): the same Poisson trace ``repeats`` times on one live emulated server (live-vs-live
-    spread: the live stack's own repeatability), each compared with its simulation."""
+    spread: the live stack's own repeatability), each compared with its simulation. ``pd``: 1P1D
+    (one prefill and one decode worker, KV handed off over localhost TCP) instead of 1 worker."""
     from tests.serving.conftest import start_server, stop_server
 
-    server = start_server(*serve_args_emulated())
+    server = start_server(*serve_args_emulated(disaggregated=pd))
     out = []
     try:
         warm_up(server.url)
@@ -390,7 +391,8 @@ def case_a(n: int, rate: float, seed: int, repeats: int = 2) -> list[Comparison]
             c = compare_emulated(
                 run,
                 blocks,
-                label=f"(a) agg 1 x emulated H200 / llama-3.1-70b, Poisson {rate:g} req/s, {n} requests, "
+                mode="1p1d:" if pd else "agg:1x",
+                label=f"(a) {'1P1D 2' if pd else 'agg 1'} x emulated H200 / llama-3.1-70b, Poisson {rate:g} req/s, {n} requests, "
                 f"live run {k + 1}/{repeats}",
             )
             c.notes.append(f"host load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores")
@@ -536,11 +538,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--two-workers", action="store_true", help="(b): also predict a 2-worker layout")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="(a): live runs of the same trace (2)")
+    p.add_argument("--pd", action="store_true", help="(a): also a 1P1D layout (one run)")
     args = p.parse_args(argv)
     print(f"sim_vs_live  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC")
     if args.only in (None, "a"):
         for c in case_a(args.n, args.rate, args.seed, args.repeats):
             print(c.table(), flush=True)
+        if args.pd:
+            for c in case_a(args.n, args.rate, args.seed, 1, pd=True):
+                print(c.table(), flush=True)
     if args.only in (None, "b"):
         model, comps = case_b(args.n, args.r1, args.r2, args.seed, args.two_workers)
         print(model.describe())
