@@ -362,12 +362,16 @@ def serve_args_emulated(workers: int = 1, *, disaggregated: bool = False) -> lis
     ]
 
 
-def kv_blocks_of(url: str) -> int:
-    """The live engine's KV block count (``GET /control/layout`` is not needed: iteration events carry it)."""
-    batches = fetch_telemetry(url)
-    for ev in iteration_events(batches):
-        return int(ev["kv_blocks_total"])
-    raise RuntimeError("no iteration event yet: warm the server up first")
+def kv_blocks_of(url: str, timeout_s: float = 5.0) -> int:
+    """The live engine's KV block count, from its iteration events (call after a warm-up; the
+    workers flush telemetry every 0.25 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for ev in iteration_events(fetch_telemetry(url)):
+            return int(ev["kv_blocks_total"])
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no iteration event within {timeout_s:g} s: warm the server up first")
+        time.sleep(0.25)
 
 
 def case_a(n: int, rate: float, seed: int, repeats: int = 2, *, pd: bool = False) -> list[Comparison]:
