@@ -17,10 +17,14 @@ run at another rate R2 (and, with ``--two-workers``, a 2-worker layout at R2: tw
 share this host's cores, which the model fitted on one worker does not know); the prediction is
 measured live. Target: within 15 %.
 
-Every figure is printed: live, simulated, relative error, and the host-bound (lagged) share of the
-live emulated iterations.
+With ``--pd``, (a) also runs 1P1D (one prefill, one decode worker). The simulated (b) figures use the
+fit plus resampled calibration residuals (:meth:`FittedDeviceModel.jittered`); the plain fit's are
+printed beside them. Every figure is printed: live, simulated, relative error, the host-bound
+(lagged) share of the live emulated iterations, the host's load average, and the host time the live
+stack adds outside the modeled iterations. Results: docs/BENCHMARKS.md, "sim_vs_live".
 
     PYTHONPATH=. .venv/bin/python bench/sim_vs_live.py                # (a) and (b), ~3 min on 2 cores
+    PYTHONPATH=. .venv/bin/python bench/sim_vs_live.py --n 60 --rate 2 --r1 10 --r2 5 --two-workers --pd
     PYTHONPATH=. .venv/bin/python bench/sim_vs_live.py --only a --n 40
 """
 
