@@ -194,7 +194,10 @@ class Simulation:
     ``iteration_model(work, pool)`` replaces the GPU model (e.g. a device model fitted to a live
     run's iterations); it returns an object with :class:`~serving.devices.gpu_model.IterationEstimate`'s
     fields. ``on_batch(batch)`` receives each telemetry batch as it is complete (then the result
-    keeps none: a fleet's hour is millions of events).
+    keeps none: a fleet's hour is millions of events). ``dispatch_delay_s`` is the front end's
+    time from a request's arrival to its engine seeing it (the live router's HTTP handling,
+    tokenization and pipe to the worker; 0: none): each request reaches routing and its engine
+    that much after its arrival, which its telemetry and TTFT still count from.
     """
 
     def __init__(
@@ -210,9 +213,15 @@ class Simulation:
         record_work: bool = False,
         iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
         on_batch: Callable[[dict[str, Any]], None] | None = None,
+        dispatch_delay_s: float = 0.0,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
+        if not (math.isfinite(dispatch_delay_s) and dispatch_delay_s >= 0):
+            raise SimulationError(
+                f"dispatch_delay_s must be a finite number >= 0 s, got {dispatch_delay_s!r}"
+            )
+        self.dispatch_delay_s = float(dispatch_delay_s)
         self.layout = layout
         self.shape = shape
         self.capacity = check_layout(layout, shape)
@@ -296,7 +305,7 @@ class Simulation:
         heap: list[tuple[float, int, int, Any]] = []
         counter = itertools.count()
         for i, r in enumerate(self.requests):
-            heap.append((r.arrival_s, _ARRIVAL, next(counter), (i, r)))
+            heap.append((r.arrival_s + self.dispatch_delay_s, _ARRIVAL, next(counter), (i, r)))
         heapq.heapify(heap)
         states: dict[str, _Request] = {}
         self._states = states
@@ -364,7 +373,7 @@ class Simulation:
 
     def _arrive(self, i: int, r: TraceRequest, now: float) -> None:
         rid = f"sim-{i}"
-        req = _Request(rid, now, max(1, r.prompt_tokens), max(1, r.output_tokens))
+        req = _Request(rid, r.arrival_s, max(1, r.prompt_tokens), max(1, r.output_tokens))
         route = choose_route(self._by_role["prefill"], self._by_role["decode"], self._by_role["mixed"], _load)
         if route is None:  # pragma: no cover - check_layout guarantees a path
             raise SimulationError("the layout has no prefill+decode pair and no mixed pool")
@@ -374,7 +383,7 @@ class Simulation:
             [0] * req.prompt_tokens,
             req.prompt_tokens,
             self._params(req.output_tokens),
-            now,
+            req.arrival_s,
             handoff=route.disaggregated,
         )
         try:
