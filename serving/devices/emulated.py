@@ -354,7 +354,9 @@ class EmulatedDevice(Device):
         ``elapsed_s`` before now; the device paces on its own monotonic clock.
 
         The modeled iteration is ``est.host_s`` of engine host time (GPU idle, gap power) followed by
-        ``est.busy_s`` of GPU work. The counters' timeline never changes behind a reading: where that
+        ``est.busy_s`` of GPU work. Back to back (the engine started the iteration within ``host_s``
+        of the previous modeled end) it begins at that end, so the engine's real host time between
+        iterations is counted once, as the modeled host time — as the simulator runs them. The counters' timeline never changes behind a reading: where that
         start lies before the time the counters were last integrated to (a snapshot taken while the
         host computed), the iteration is placed from that time on instead, so its whole modeled
         energy and busy time are counted.
@@ -365,7 +367,15 @@ class EmulatedDevice(Device):
             since_start = elapsed_s  # a wall-clock step, or a started_s from another clock
         est = self.predict(work)
         with self._lock:
-            modeled_start = max(entry - max(0.0, since_start), self._gpu_free_at)
+            host_start = entry - max(0.0, since_start)
+            # The engine's real host work since the previous iteration is the modeled host time
+            # (est.host_s), not extra: an iteration the engine started within host_s of the modeled
+            # GPU's previous end begins at that end; one started later (the engine sat idle or the
+            # host was slow) begins when the engine started it.
+            if host_start < self._gpu_free_at + est.host_s:
+                modeled_start = self._gpu_free_at
+            else:
+                modeled_start = host_start
             modeled_end = modeled_start + est.time_s
             self._gpu_free_at = modeled_end
             start = max(modeled_start, self._cursor, self._timeline_end)
