@@ -37,12 +37,12 @@ from analytics.window import Window
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_SOURCES",
     "AnnualProjection",
     "CostBreakdown",
     "GpuHourUsage",
     "PriceError",
     "PriceTable",
-    "DEFAULT_SOURCES",
     "cost_breakdown",
     "load_prices",
     "price_usage",

@@ -154,7 +154,7 @@ def _pct(values: np.ndarray, metric: str) -> Percentiles:
         nan = float("nan")
         return Percentiles(metric, 0, nan, nan, nan, nan)
     q = np.percentile(v, [50, 90, 99])
-    return Percentiles(metric, int(len(v)), float(q[0]), float(q[1]), float(q[2]), float(v.mean()))
+    return Percentiles(metric, len(v), float(q[0]), float(q[1]), float(q[2]), float(v.mean()))
 
 
 def latency_summary(

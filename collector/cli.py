@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from analytics.goodput import add_goodput_command
 from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
 
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--end", type=float, default=None, help="export until (UTC epoch s)")
     store.set_defaults(func=cmd_store)
     add_simulate_command(sub)
+    add_goodput_command(sub)
     return parser
 
 
