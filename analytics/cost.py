@@ -409,79 +409,194 @@ def _model_name(con: duckdb.DuckDBPyConnection, window: Window) -> str | None:
     return None
 
 
-def usage_from_split(
-    split_hours: pd.DataFrame, tokens: pd.DataFrame, model: str | None
-) -> list[GpuHourUsage]:
-    """Join the per GPU-hour category table of :func:`analytics.attribution.idle_split` (columns
-    ``node, gpu_uuid, gpu_name, pool, hour_start_s``, ``<category>_s``, ``energy_j_<category>``)
-    with :func:`token_counts` into :class:`GpuHourUsage` rows."""
-    tok = (
-        tokens.dropna(subset=["gpu_uuid"])
-        .groupby(["node", "gpu_uuid", "hour_start_s"], as_index=False)[["input_tokens", "output_tokens"]]
-        .sum()
-    )
-    merged = split_hours.merge(tok, on=["node", "gpu_uuid", "hour_start_s"], how="left")
+def _col(df: pd.DataFrame, *names: str) -> pd.Series:
+    """The sum of the columns of ``df`` among ``names`` (absent ones count 0)."""
+    out = pd.Series(0.0, index=df.index)
+    for n in names:
+        if n in df.columns:
+            out = out + pd.to_numeric(df[n], errors="coerce").fillna(0.0)
+    return out
+
+
+def category_table(states: pd.DataFrame, stranded: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Map the attribution's state columns (``prefill_s``, ``mixed_prefill_s``, ``decode_s``,
+    ``mixed_decode_s``, ``host_s``, ``gap_s``, ``idle_s`` and their ``energy_<state>_j``) onto
+    :data:`CATEGORIES`: prefill = prefill + mixed prefill; decode = decode + mixed decode;
+    host_bound = host (in-iteration host time) + gap (between iterations, work in flight); idle.
+    ``stranded`` (same index) holds ``stranded_decode_s`` / ``stranded_prefill_s`` when known: they
+    move out of decode / prefill, with energy in proportion to the seconds moved."""
+    out = pd.DataFrame(index=states.index)
+    out["prefill_s"] = _col(states, "prefill_s", "mixed_prefill_s")
+    out["decode_s"] = _col(states, "decode_s", "mixed_decode_s")
+    out["host_bound_s"] = _col(states, "host_s", "gap_s")
+    out["idle_s"] = _col(states, "idle_s")
+    out["energy_j_prefill"] = _col(states, "energy_prefill_j", "energy_mixed_prefill_j")
+    out["energy_j_decode"] = _col(states, "energy_decode_j", "energy_mixed_decode_j")
+    out["energy_j_host_bound"] = _col(states, "energy_host_j", "energy_gap_j")
+    out["energy_j_idle"] = _col(states, "energy_idle_j")
+    for phase in ("prefill", "decode"):
+        moved = (
+            _col(stranded, f"stranded_{phase}_s").clip(lower=0.0)
+            if stranded is not None
+            else pd.Series(0.0, index=states.index)
+        )
+        total = out[f"{phase}_s"]
+        moved = moved.where(moved <= total, total)
+        frac = (moved / total.where(total > 0)).fillna(0.0)
+        out[f"stranded_{phase}_s"] = moved
+        out[f"{phase}_s"] = total - moved
+        out[f"energy_j_stranded_{phase}"] = out[f"energy_j_{phase}"] * frac
+        out[f"energy_j_{phase}"] = out[f"energy_j_{phase}"] * (1.0 - frac)
+    return out
+
+
+def _usages(
+    frame: pd.DataFrame, cats: pd.DataFrame, *, gpu: pd.Series, gpu_name: pd.Series, pool: pd.Series,
+    hour: pd.Series, node: pd.Series, tokens_in: pd.Series, tokens_out: pd.Series, model: str | None,
+) -> list[GpuHourUsage]:  # fmt: skip
     out = []
-    for r in merged.itertuples(index=False):
-        d = r._asdict()
+    for i in frame.index:
         out.append(
             GpuHourUsage(
-                gpu=str(d["gpu_uuid"]),
-                gpu_name=d.get("gpu_name"),
-                hour_start_s=float(d["hour_start_s"]),
-                seconds={c: _nonneg(d.get(f"{c}_s")) for c in CATEGORIES},
-                energy_j={c: _nonneg(d.get(f"energy_j_{c}")) for c in CATEGORIES},
-                input_tokens=_nonneg(d.get("input_tokens")),
-                output_tokens=_nonneg(d.get("output_tokens")),
-                pool=d.get("pool"),
+                gpu=str(gpu[i]),
+                gpu_name=None if pd.isna(gpu_name[i]) else str(gpu_name[i]),
+                hour_start_s=float(hour[i]),
+                seconds={c: _nonneg(cats.at[i, f"{c}_s"]) for c in CATEGORIES},
+                energy_j={c: _nonneg(cats.at[i, f"energy_j_{c}"]) for c in CATEGORIES},
+                input_tokens=_nonneg(tokens_in[i]),
+                output_tokens=_nonneg(tokens_out[i]),
+                pool=None if pd.isna(pool[i]) else str(pool[i]),
                 model=model,
-                node=d.get("node"),
+                node=None if pd.isna(node[i]) else str(node[i]),
             )
         )
     return out
 
 
+def _stranded(con: duckdb.DuckDBPyConnection, window: Window, trust: Trust) -> Any:
+    """Helper A's idle split, when it is there (None otherwise, noted)."""
+    try:
+        from analytics.attribution import idle_split
+    except ImportError:
+        trust.notes.append(
+            "stranded time needs analytics.attribution.idle_split, not available: stranded cost shown as 0 "
+            "(it stays inside productive prefill/decode)"
+        )
+        return None
+    return idle_split(con, window)
+
+
 def cost_breakdown(
     con: duckdb.DuckDBPyConnection, window: Window, prices: PriceTable | None = None
 ) -> CostBreakdown:
-    """Cost and energy per token over ``window``: GPU-seconds and joules per category from helper
-    A's :func:`analytics.attribution.idle_split`, tokens from :func:`token_counts`, priced by
-    :func:`price_usage`. The trust labels are the attribution's."""
-    from analytics.attribution import idle_split
+    """Cost and energy per token over ``window``: GPU-seconds and joules per state from helper A's
+    :func:`analytics.attribution.phase_breakdown` (the power model's apportioned energy), stranded
+    time from its ``idle_split``, tokens from :func:`token_counts`, priced by :func:`price_usage`.
+    ``total``/``by_model``/``by_pool``/``by_gpu`` come from the per-GPU table, ``by_hour`` from
+    the per hour × pool table (priced with the pool's GPU). Trust labels are the attribution's."""
+    from analytics.attribution import phase_breakdown
 
     prices = prices or load_prices()
-    split = idle_split(con, window)
-    trust = Trust().merge([split.trust])
+    pb = phase_breakdown(con, window)
+    trust = Trust().merge([pb.trust])
+    trust.notes.extend(n for n in pb.missing if n not in trust.notes)
+    split = _stranded(con, window, trust)
     model = _model_name(con, window)
     tokens = token_counts(con, window)
-    hours = split_hours_table(split)
-    usages = usage_from_split(hours, tokens, model)
+    per_gpu = pb.per_gpu.reset_index(drop=True)
+    gkey = per_gpu["uuid"].where(
+        per_gpu["uuid"].notna(),
+        per_gpu["node"].astype(str) + "|" + per_gpu["source"].astype(str) + "|" + per_gpu["device"].astype(str),
+    ) if len(per_gpu) else pd.Series(dtype=object)  # fmt: skip
+    tok_gpu = (
+        tokens.dropna(subset=["gpu_uuid"])
+        .groupby(["node", "gpu_uuid"])[["input_tokens", "output_tokens"]]
+        .sum()
+    )
+    idx = pd.MultiIndex.from_arrays([per_gpu["node"], gkey]) if len(per_gpu) else None
+    tin = pd.Series(
+        tok_gpu["input_tokens"].reindex(idx).to_numpy() if idx is not None else [], index=per_gpu.index
+    )
+    tout = pd.Series(
+        tok_gpu["output_tokens"].reindex(idx).to_numpy() if idx is not None else [], index=per_gpu.index
+    )
+    stranded_gpu = _split_table(split, "per_gpu", per_gpu, ["node", "source", "device", "index", "role"])
+    cats = category_table(per_gpu, stranded_gpu)
+    usages = _usages(
+        per_gpu, cats, gpu=gkey, gpu_name=per_gpu.get("name", pd.Series(None, index=per_gpu.index)),
+        pool=per_gpu.get("role", pd.Series(None, index=per_gpu.index)),
+        hour=pd.Series(window.start_s, index=per_gpu.index), node=per_gpu.get("node", pd.Series(None, index=per_gpu.index)),
+        tokens_in=tin.fillna(0.0), tokens_out=tout.fillna(0.0), model=model,
+    )  # fmt: skip
     result = price_usage(usages, prices, trust=trust)
+
+    # per hour: the attribution's hour × pool rows, priced with the pool's (most used) GPU
+    per_hour = pb.per_hour.reset_index(drop=True)
+    if len(per_hour) and len(per_gpu):
+        names = per_gpu.sort_values("interval_s", ascending=False).groupby("role")["name"].first()
+        if (per_gpu.groupby("role")["name"].nunique() > 1).any():
+            trust.notes.append("a pool mixes GPU models: its hourly cost uses its most used GPU's price")
+        role_of = dict(zip(zip(per_gpu["node"], gkey, strict=True), per_gpu["role"], strict=True))
+        t = tokens.dropna(subset=["gpu_uuid"]).copy()
+        t["role"] = [role_of.get((n, g), "unknown") for n, g in zip(t["node"], t["gpu_uuid"], strict=True)]
+        tok_hour = t.groupby(["role", "hour_start_s"])[["input_tokens", "output_tokens"]].sum()
+        hidx = pd.MultiIndex.from_arrays([per_hour["role"], per_hour["hour_s"].astype(float)])
+        stranded_hour = _split_table(split, "per_hour", per_hour, ["hour_s", "role"])
+        hour_usages = _usages(
+            per_hour, category_table(per_hour, stranded_hour), gpu="pool:" + per_hour["role"].astype(str),
+            gpu_name=per_hour["role"].map(names), pool=per_hour["role"], hour=per_hour["hour_s"],
+            node=pd.Series(None, index=per_hour.index),
+            tokens_in=pd.Series(tok_hour["input_tokens"].reindex(hidx).to_numpy(), index=per_hour.index).fillna(0.0),
+            tokens_out=pd.Series(tok_hour["output_tokens"].reindex(hidx).to_numpy(), index=per_hour.index).fillna(0.0),
+            model=model,
+        )  # fmt: skip
+        result.by_hour = price_usage(hour_usages, prices, trust=Trust()).by_hour
+
+    unattributed = float(per_gpu["unattributed_s"].sum()) if "unattributed_s" in per_gpu else 0.0
+    if unattributed > 0:
+        trust.notes.append(
+            f"{unattributed:,.1f} GPU-seconds have no serving telemetry (unattributed): not in any cost category"
+        )
     unassigned = tokens[tokens["gpu_uuid"].isna()]
-    served_in = float(tokens["input_tokens"].sum()) if len(tokens) else 0.0
-    served_out = float(tokens["output_tokens"].sum()) if len(tokens) else 0.0
     result.tokens = {
-        "input_tokens_served": served_in,
-        "output_tokens_served": served_out,
+        "input_tokens_served": float(tokens["input_tokens"].sum()) if len(tokens) else 0.0,
+        "output_tokens_served": float(tokens["output_tokens"].sum()) if len(tokens) else 0.0,
         "input_tokens_counted": float(result.lines["input_tokens"].sum()),
         "output_tokens_counted": float(result.lines["output_tokens"].sum()),
         "input_tokens_unassigned": float(unassigned["input_tokens"].sum()),
         "output_tokens_unassigned": float(unassigned["output_tokens"].sum()),
     }
-    if len(unassigned):
+    lost_in = result.tokens["input_tokens_served"] - result.tokens["input_tokens_counted"]
+    lost_out = result.tokens["output_tokens_served"] - result.tokens["output_tokens_counted"]
+    if lost_in > 0.5 or lost_out > 0.5:
         trust.notes.append(
-            f"{result.tokens['input_tokens_unassigned']:,.0f} input and "
-            f"{result.tokens['output_tokens_unassigned']:,.0f} output tokens of workers with no iteration "
-            "(no GPU) in their hour are not in any GPU's $/1M tokens"
+            f"{lost_in:,.0f} input and {lost_out:,.0f} output tokens served in the window are on no GPU "
+            "the attribution covers (a worker without iterations or samples in their hour): not in $/1M tokens"
         )
     return result
 
 
-def split_hours_table(split: Any) -> pd.DataFrame:
-    """The per GPU-hour table of an :class:`~analytics.attribution.IdleSplit` in the columns
-    :func:`usage_from_split` reads."""
-    df = split.per_hour.copy()
-    return df
+def _split_table(split: Any, name: str, like: pd.DataFrame, keys: list[str]) -> pd.DataFrame | None:
+    """The stranded seconds of ``split.<name>`` aligned to ``like`` on ``keys`` (None when absent)."""
+    if split is None:
+        return None
+    table = getattr(split, name, None)
+    if not isinstance(table, pd.DataFrame):
+        return None
+    cols = {
+        "stranded_decode_s": ("stranded_compute_s", "stranded_decode_s"),
+        "stranded_prefill_s": ("stranded_bandwidth_s", "stranded_prefill_s"),
+    }
+    present = [k for k in keys if k in table.columns and k in like.columns]
+    if len(present) != len(keys):
+        return None
+    out = like[keys].copy()
+    merged = out.merge(table, on=keys, how="left")
+    result = pd.DataFrame(index=like.index)
+    for ours, theirs in cols.items():
+        found = next((c for c in theirs if c in merged.columns), None)
+        result[ours] = merged[found].to_numpy() if found else 0.0
+    return result
 
 
 def _nonneg(v: Any) -> float:
