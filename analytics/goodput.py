@@ -4,7 +4,8 @@ both the TTFT and the TPOT SLO, per GPU.
 :func:`find_goodput` searches rates for any ``measure(rate_rps) -> attainment``: bracketing (double
 the rate while attainment holds, halve it while it does not) then bisection between the highest rate
 that met the target and the lowest that missed it, until they are within ``rel_tol`` of each other.
-It assumes attainment falls as the rate rises and says so when a measured point contradicts that.
+It assumes attainment falls as the rate rises (DistServe's curves do; a noisy run can break that —
+the sweep table shows every point measured).
 
 ``phaselens goodput`` measures attainment with the simulator (``--layout``; every figure simulated)
 or against a live stack (``--url``; measured, or emulated when its GPUs are), for a trace scaled to
@@ -152,17 +153,6 @@ def find_goodput(
         if (hi - lo) > rel_tol * lo:
             trust.notes.append(f"stopped after {max_evals} evaluations: goodput in [{lo:g}, {hi:g}) req/s")
     sweep = sorted(seen.values(), key=lambda m: m.rate_rps)
-    worst_ok = None
-    for m in sweep:  # monotonicity: a rate that misses below one that meets
-        met = m.attainment == m.attainment and m.attainment >= target
-        if not met:
-            worst_ok = m.rate_rps if worst_ok is None else worst_ok
-        elif worst_ok is not None:
-            trust.notes.append(
-                f"attainment is not monotone in the rate: {worst_ok:g} req/s missed the target, "
-                f"{m.rate_rps:g} req/s met it; the search assumes it falls with the rate"
-            )
-            break
     return GoodputResult(
         goodput_rps=lo if lo is not None else 0.0,
         target=target,
@@ -248,7 +238,11 @@ def add_goodput_command(subparsers: Any) -> None:
         "--layout", default=None, metavar="LAYOUT", help="simulate this layout, e.g. agg:2xh100-sxm"
     )
     p.add_argument("--url", default=None, help="a live stack's base URL (instead of the simulator)")
-    p.add_argument("--model", default="llama-3.1-8b", help="model shape (simulator) / model name (live)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="simulator: model shape (llama-3.1-8b); live: model name (default: first of GET /v1/models)",
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="TTFT SLO, ms (2000)")
     p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT SLO, ms (100)")
     p.add_argument("--target", type=float, default=DEFAULT_TARGET, help="attainment to hold, 0..1 (0.9)")
@@ -292,7 +286,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     try:
         if args.layout is not None:
             layout = parse_layout(args.layout)
-            shape = model_config_for(args.model)
+            shape = model_config_for(args.model or "llama-3.1-8b")
             check_layout(layout, shape)
         base, _, desc = build_trace(args)
     except (ConfigError, ValueError, OSError) as e:
