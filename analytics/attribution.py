@@ -397,21 +397,24 @@ class IntervalTable:
 
 
 def _fit_stats_sql(table: str) -> str:
+    """Per GPU: the count, Σy, Σy² and the sums of products of the regressors (x_i x_j, x_i y) of
+    the intervals with a known energy on attributed time — all the least-squares fit needs."""
     xs = [
         "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
         "coalesce(host_s, 0) + coalesce(gap_s, 0)",
         "coalesce(idle_s, 0)",
     ]
+    ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL)"
     parts = []
     for i in range(len(xs)):
         for j in range(i, len(xs)):
-            parts.append(f"sum(({xs[i]}) * ({xs[j]})) AS x{i}x{j}")
-        parts.append(f"sum(({xs[i]}) * energy_j) AS x{i}y")
+            parts.append(f"sum(({xs[i]}) * ({xs[j]})) {ok} AS x{i}x{j}")
+        parts.append(f"sum(({xs[i]}) * energy_j) {ok} AS x{i}y")
     return f"""
-SELECT node, source, device, "index", count(*) AS n, sum(energy_j * energy_j) AS yy, sum(energy_j) AS sy,
-       {", ".join(parts)}
-FROM {table} WHERE attributed AND energy_j IS NOT NULL
+SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_j) {ok} AS yy,
+       sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)}
+FROM {table}
 GROUP BY ALL
 """
 
@@ -420,10 +423,12 @@ def _fits(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, PowerFit]:
     df = con.execute(_fit_stats_sql(table)).df()
     fits: dict[str, PowerFit] = {}
     for rec in df.to_dict(orient="records"):
+        if not rec["attributed"]:
+            continue  # no states to fit on: its energy is reported as unattributed
         stats = {
             k: float(v) if v is not None and not pd.isna(v) else 0.0
             for k, v in rec.items()
-            if k not in _GPU_KEY
+            if k not in (*_GPU_KEY, "attributed")
         }
         fits[gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])] = _fit(stats, MODEL_TERMS)
     return fits
@@ -531,13 +536,40 @@ span AS (
 SELECT count(*) FILTER (WHERE it.prev_end_s > it.start_s + 1e-9 AND it.gpu_uuid IS NOT NULL),
        count(*) FILTER (WHERE it.gpu_uuid IS NULL),
        count(*) FILTER (WHERE sp.uuid IS NOT NULL AND (it.end_s < sp.t0 - 1.0 OR it.start_s > sp.t1 + 1.0)),
-       count(*) FILTER (WHERE it.end_s < it.start_s)
+       count(*) FILTER (WHERE it.end_s < it.start_s),
+       count(DISTINCT it.gpu_uuid) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
+       count(*) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL)
 FROM it LEFT JOIN span sp ON it.node = sp.node AND it.gpu_uuid = sp.uuid
 """,
         [*i_par, *w, *s_par, *w],
     ).fetchone()
-    keys = ("overlapping", "no_uuid", "outside_samples", "negative")
+    keys = ("overlapping", "no_uuid", "outside_samples", "negative", "unsampled_gpus", "unsampled_iterations")
     return dict(zip(keys, (int(v or 0) for v in row), strict=True)) if row else dict.fromkeys(keys, 0)
+
+
+def _issue_notes(issues: dict[str, int]) -> list[str]:
+    """What the bad iteration rows counted by :func:`_iteration_issues` mean for the result."""
+    notes: list[str] = []
+    if issues["overlapping"]:
+        notes.append(
+            f"{issues['overlapping']} iterations overlap an earlier one on the same GPU: clipped to "
+            "the time after it (each GPU second counted once)"
+        )
+    if issues["no_uuid"]:
+        notes.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")
+    if issues["unsampled_gpus"]:
+        notes.append(
+            f"{issues['unsampled_gpus']} GPU uuid(s) ran {issues['unsampled_iterations']} iterations in the "
+            "window but have no samples in it: their time and energy are not in any interval"
+        )
+    if issues["negative"]:
+        notes.append(f"{issues['negative']} iterations end before they start: ignored")
+    if issues["outside_samples"]:
+        notes.append(
+            f"{issues['outside_samples']} iterations lie more than 1 s outside their GPU's samples "
+            "(clock skew between engine and sampler?): they fall in no interval"
+        )
+    return notes
 
 
 def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int) -> None:
@@ -593,6 +625,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
             f"no GPU sample intervals in the window ({window.dataset}, {window.start_s:.3f}–{window.end_s:.3f} s): "
             "a window needs two samples of a GPU"
         )
+        missing += _issue_notes(issues)
         empty = pd.DataFrame(columns=[*_GPU_KEY, "role", *_SUM_COLS])
         return PhaseBreakdown(window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing)
     _trust_from(raw, trust, lagged)
@@ -644,18 +677,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
     for key, fit in fits.items():
         if fit.r2 is not None and fit.r2 < 0.5:
             missing.append(f"{key}: power model fits poorly (R² {fit.r2:.2f}); energy shares uncertain")
-    if issues["overlapping"]:
-        missing.append(
-            f"{issues['overlapping']} iterations overlap an earlier one on the same GPU: clipped to "
-            "the time after it (each GPU second counted once)"
-        )
-    if issues["no_uuid"]:
-        missing.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")
-    if issues["outside_samples"]:
-        missing.append(
-            f"{issues['outside_samples']} iterations lie more than 1 s outside their GPU's samples "
-            "(clock skew between engine and sampler?): they fall in no interval"
-        )
+    missing += _issue_notes(issues)
     return PhaseBreakdown(
         window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing
     )
