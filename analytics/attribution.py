@@ -344,7 +344,9 @@ class PhaseBreakdown:
     ``energy_<state>_j`` (apportioned by the power model; they sum to ``energy_j``),
     ``energy_estimated_j`` (of ``energy_j``, integrated from power) and ``unattributed_s`` /
     ``energy_unattributed_j`` (GPUs with no serving telemetry). ``fits``: the power model per GPU
-    (keyed ``node|source|device|index``). ``missing``: what could not be computed, and why."""
+    (keyed ``node|source|device|index``). ``missing``: what could not be computed, and why.
+    ``raw``: the GPU × role × hour sums all tables come from (with the idle-split sums that
+    :func:`analytics.bimodal.idle_split` reads); not part of ``to_dict``."""
 
     window: Window
     per_gpu: pd.DataFrame
@@ -353,6 +355,7 @@ class PhaseBreakdown:
     fits: dict[str, PowerFit]
     trust: Trust
     missing: list[str] = field(default_factory=list)
+    raw: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -397,21 +400,24 @@ class IntervalTable:
 
 
 def _fit_stats_sql(table: str) -> str:
+    """Per GPU: the count, Σy, Σy² and the sums of products of the regressors (x_i x_j, x_i y) of
+    the intervals with a known energy on attributed time — all the least-squares fit needs."""
     xs = [
         "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
         "coalesce(host_s, 0) + coalesce(gap_s, 0)",
         "coalesce(idle_s, 0)",
     ]
+    ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL)"
     parts = []
     for i in range(len(xs)):
         for j in range(i, len(xs)):
-            parts.append(f"sum(({xs[i]}) * ({xs[j]})) AS x{i}x{j}")
-        parts.append(f"sum(({xs[i]}) * energy_j) AS x{i}y")
+            parts.append(f"sum(({xs[i]}) * ({xs[j]})) {ok} AS x{i}x{j}")
+        parts.append(f"sum(({xs[i]}) * energy_j) {ok} AS x{i}y")
     return f"""
-SELECT node, source, device, "index", count(*) AS n, sum(energy_j * energy_j) AS yy, sum(energy_j) AS sy,
-       {", ".join(parts)}
-FROM {table} WHERE attributed AND energy_j IS NOT NULL
+SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_j) {ok} AS yy,
+       sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)}
+FROM {table}
 GROUP BY ALL
 """
 
@@ -420,10 +426,12 @@ def _fits(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, PowerFit]:
     df = con.execute(_fit_stats_sql(table)).df()
     fits: dict[str, PowerFit] = {}
     for rec in df.to_dict(orient="records"):
+        if not rec["attributed"]:
+            continue  # no states to fit on: its energy is reported as unattributed
         stats = {
             k: float(v) if v is not None and not pd.isna(v) else 0.0
             for k, v in rec.items()
-            if k not in _GPU_KEY
+            if k not in (*_GPU_KEY, "attributed")
         }
         fits[gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])] = _fit(stats, MODEL_TERMS)
     return fits
@@ -437,22 +445,48 @@ def _coef_frame(fits: dict[str, PowerFit]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols).astype({c: "float64" for c in cols[1:]})
 
 
+# GPU-time categories (idle split): they partition attributed time, as the states do.
+CATEGORIES: tuple[str, ...] = (
+    "productive_prefill",
+    "stranded_bandwidth",
+    "productive_decode",
+    "stranded_compute",
+    "host_bound",
+    "idle",
+)
+
+
 def _aggregate_sql(table: str) -> str:
-    """Per GPU × role × hour sums: state seconds and the apportioned energy of every state."""
+    """Per GPU × role × hour sums: state seconds, the apportioned energy of every state, the
+    GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap."""
     weights = " + ".join(f"w_{_TERM_OF[s]} * coalesce({s}, 0)" for s in STATES)
-    e_parts = ", ".join(
-        f"sum(CASE WHEN attributed AND energy_j IS NOT NULL THEN energy_j * "
+    e_cols = ", ".join(
+        f"CASE WHEN attributed AND energy_j IS NOT NULL THEN energy_j * "
         f"CASE WHEN wsum > 0 THEN w_{_TERM_OF[s]} * coalesce({s}, 0) / wsum "
-        f"ELSE coalesce({s}, 0) / interval_s END END) AS energy_{s[:-2]}_j"
+        f"ELSE coalesce({s}, 0) / interval_s END END AS e_{s[:-2]}"
         for s in STATES
     )
+    e_parts = ", ".join(f"sum(e_{s[:-2]}) AS energy_{s[:-2]}_j" for s in STATES)
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
     return f"""
 WITH iv AS (
-    SELECT i.*, c.* EXCLUDE (gkey), coalesce({weights}, 0.0) AS wsum
+    SELECT i.*, c.* EXCLUDE (gkey), coalesce({weights}, 0.0) AS wsum,
+           coalesce(i.prefill_s, 0) + coalesce(i.mixed_prefill_s, 0) AS p_s,
+           coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s
     FROM (SELECT *, node || '|' || source || '|' || device || '|' || coalesce("index"::VARCHAR, '') AS gkey
           FROM {table}) i
     LEFT JOIN pl_coef c ON i.gkey = c.gkey
+),
+ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
+    SELECT *, {e_cols},
+           CASE WHEN p_s + d_s > 0 THEN least(1.0, sm_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS sm_busy,
+           CASE WHEN p_s + d_s > 0 THEN least(1.0, dram_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS dram_busy
+    FROM iv
+),
+cv AS (
+    SELECT *, coalesce(e_prefill, 0) + coalesce(e_mixed_prefill, 0) AS ep_j,
+           coalesce(e_decode, 0) + coalesce(e_mixed_decode, 0) AS ed_j
+    FROM ev
 )
 SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) AS name,
        coalesce(role, 'unknown') AS role, any_value(worker) AS worker, hour_s,
@@ -463,15 +497,30 @@ SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) A
        sum(energy_j) AS energy_j,
        sum(CASE WHEN energy_source LIKE 'integrated%' THEN energy_j ELSE 0 END) AS energy_estimated_j,
        sum(CASE WHEN NOT attributed THEN energy_j ELSE 0 END) AS energy_unattributed_j,
+       {e_parts},
+       sum(p_s * coalesce(dram_busy, 1.0)) FILTER (WHERE attributed) AS productive_prefill_s,
+       sum(p_s * (1.0 - dram_busy)) FILTER (WHERE attributed) AS stranded_bandwidth_s,
+       sum(d_s * coalesce(sm_busy, 1.0)) FILTER (WHERE attributed) AS productive_decode_s,
+       sum(d_s * (1.0 - sm_busy)) FILTER (WHERE attributed) AS stranded_compute_s,
+       sum(coalesce(host_s, 0) + coalesce(gap_s, 0)) FILTER (WHERE attributed) AS host_bound_s,
+       sum(ep_j * coalesce(dram_busy, 1.0)) FILTER (WHERE attributed) AS energy_productive_prefill_j,
+       sum(ep_j * (1.0 - dram_busy)) FILTER (WHERE attributed) AS energy_stranded_bandwidth_j,
+       sum(ed_j * coalesce(sm_busy, 1.0)) FILTER (WHERE attributed) AS energy_productive_decode_j,
+       sum(ed_j * (1.0 - sm_busy)) FILTER (WHERE attributed) AS energy_stranded_compute_j,
+       sum(coalesce(e_host, 0) + coalesce(e_gap, 0)) FILTER (WHERE attributed) AS energy_host_bound_j,
+       sum(CASE WHEN sm_busy IS NULL THEN d_s ELSE 0 END) FILTER (WHERE attributed) AS decode_activity_unknown_s,
+       sum(CASE WHEN dram_busy IS NULL THEN p_s ELSE 0 END) FILTER (WHERE attributed) AS prefill_activity_unknown_s,
+       sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
+       sum(gpu_util_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS util_pct_s,
+       sum(sm_active_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS sm_pct_s,
        count(*) FILTER (WHERE energy_j IS NULL AND energy_source IS DISTINCT FROM 'mig-parent') AS no_energy_intervals,
        count(*) FILTER (WHERE energy_source = 'integrated-reset') AS counter_resets,
        count(*) FILTER (WHERE energy_source = 'integrated-no-counter') AS no_counter_intervals,
        count(*) FILTER (WHERE energy_source = 'mig-parent') AS mig_instance_intervals,
        count(*) FILTER (WHERE sm_source = 'gpu_util') AS util_fallback_intervals,
        count(*) FILTER (WHERE host_bound) AS host_bound_intervals,
-       list(DISTINCT trust) AS trusts,
-       {e_parts}
-FROM iv
+       list(DISTINCT trust) AS trusts
+FROM cv
 GROUP BY node, source, device, "index", coalesce(role, 'unknown'), hour_s
 """
 
@@ -486,6 +535,16 @@ _SUM_COLS = (
     "energy_estimated_j",
     "energy_unattributed_j",
     *[f"energy_{s[:-2]}_j" for s in STATES],
+)
+# sums kept for the idle split (IdleSplit), not shown in the breakdown's tables
+CATEGORY_SUM_COLS = (
+    *[f"{c}_s" for c in CATEGORIES if c != "idle"],
+    *[f"energy_{c}_j" for c in CATEGORIES if c != "idle"],
+    "decode_activity_unknown_s",
+    "prefill_activity_unknown_s",
+    "both_s",
+    "util_pct_s",
+    "sm_pct_s",
 )
 
 
@@ -531,13 +590,40 @@ span AS (
 SELECT count(*) FILTER (WHERE it.prev_end_s > it.start_s + 1e-9 AND it.gpu_uuid IS NOT NULL),
        count(*) FILTER (WHERE it.gpu_uuid IS NULL),
        count(*) FILTER (WHERE sp.uuid IS NOT NULL AND (it.end_s < sp.t0 - 1.0 OR it.start_s > sp.t1 + 1.0)),
-       count(*) FILTER (WHERE it.end_s < it.start_s)
+       count(*) FILTER (WHERE it.end_s < it.start_s),
+       count(DISTINCT it.gpu_uuid) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
+       count(*) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL)
 FROM it LEFT JOIN span sp ON it.node = sp.node AND it.gpu_uuid = sp.uuid
 """,
         [*i_par, *w, *s_par, *w],
     ).fetchone()
-    keys = ("overlapping", "no_uuid", "outside_samples", "negative")
+    keys = ("overlapping", "no_uuid", "outside_samples", "negative", "unsampled_gpus", "unsampled_iterations")
     return dict(zip(keys, (int(v or 0) for v in row), strict=True)) if row else dict.fromkeys(keys, 0)
+
+
+def _issue_notes(issues: dict[str, int]) -> list[str]:
+    """What the bad iteration rows counted by :func:`_iteration_issues` mean for the result."""
+    notes: list[str] = []
+    if issues["overlapping"]:
+        notes.append(
+            f"{issues['overlapping']} iterations overlap an earlier one on the same GPU: clipped to "
+            "the time after it (each GPU second counted once)"
+        )
+    if issues["no_uuid"]:
+        notes.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")
+    if issues["unsampled_gpus"]:
+        notes.append(
+            f"{issues['unsampled_gpus']} GPU uuid(s) ran {issues['unsampled_iterations']} iterations in the "
+            "window but have no samples in it: their time and energy are not in any interval"
+        )
+    if issues["negative"]:
+        notes.append(f"{issues['negative']} iterations end before they start: ignored")
+    if issues["outside_samples"]:
+        notes.append(
+            f"{issues['outside_samples']} iterations lie more than 1 s outside their GPU's samples "
+            "(clock skew between engine and sampler?): they fall in no interval"
+        )
+    return notes
 
 
 def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int) -> None:
@@ -568,10 +654,15 @@ def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int) -> None:
     )
 
 
-def phase_breakdown(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseBreakdown:
+def phase_breakdown(
+    con: duckdb.DuckDBPyConnection, window: Window, *, intervals: IntervalTable | None = None
+) -> PhaseBreakdown:
     """Time and energy of the window's GPUs by state, per GPU, per pool (role) and per hour, with
     the per-GPU power fits and the trust labels. Aggregation runs in SQL over a TEMP table of the
-    intervals; only per GPU × role × hour sums reach Python."""
+    intervals (``intervals``: one already open on ``con`` for this window, shared by several
+    analyses; else one is made and dropped); only per GPU × role × hour sums reach Python."""
+    if intervals is not None:
+        return _breakdown_from(con, window, intervals.name)
     with IntervalTable(con, window) as t:
         return _breakdown_from(con, window, t.name)
 
@@ -593,8 +684,11 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
             f"no GPU sample intervals in the window ({window.dataset}, {window.start_s:.3f}–{window.end_s:.3f} s): "
             "a window needs two samples of a GPU"
         )
+        missing += _issue_notes(issues)
         empty = pd.DataFrame(columns=[*_GPU_KEY, "role", *_SUM_COLS])
-        return PhaseBreakdown(window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing)
+        return PhaseBreakdown(
+            window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing, raw
+        )
     _trust_from(raw, trust, lagged)
     keys = [*_GPU_KEY, "uuid", "name", "role", "worker"]
     raw["index"] = raw["index"].astype("Int64")
@@ -644,18 +738,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
     for key, fit in fits.items():
         if fit.r2 is not None and fit.r2 < 0.5:
             missing.append(f"{key}: power model fits poorly (R² {fit.r2:.2f}); energy shares uncertain")
-    if issues["overlapping"]:
-        missing.append(
-            f"{issues['overlapping']} iterations overlap an earlier one on the same GPU: clipped to "
-            "the time after it (each GPU second counted once)"
-        )
-    if issues["no_uuid"]:
-        missing.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")
-    if issues["outside_samples"]:
-        missing.append(
-            f"{issues['outside_samples']} iterations lie more than 1 s outside their GPU's samples "
-            "(clock skew between engine and sampler?): they fall in no interval"
-        )
+    missing += _issue_notes(issues)
     return PhaseBreakdown(
-        window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing
+        window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw
     )
