@@ -4,7 +4,8 @@ Cost of a GPU-time category c (per GPU and hour)::
 
     cost_c = gpu_usd_per_hour × seconds_c / 3600 + energy_j_c / 3.6e6 × PUE × electricity_usd_per_kwh
 
-Categories (GPU-seconds and joules from :func:`analytics.attribution.idle_split`):
+Categories (GPU-seconds and joules per GPU × pool × hour from helper A's attribution,
+:attr:`analytics.attribution.PhaseBreakdown.raw`):
 ``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − DRAM activity)),
 ``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (gaps between iterations),
 ``idle`` (no work). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
@@ -409,153 +410,99 @@ def _model_name(con: duckdb.DuckDBPyConnection, window: Window) -> str | None:
     return None
 
 
-def _col(df: pd.DataFrame, *names: str) -> pd.Series:
-    """The sum of the columns of ``df`` among ``names`` (absent ones count 0)."""
-    out = pd.Series(0.0, index=df.index)
-    for n in names:
-        if n in df.columns:
-            out = out + pd.to_numeric(df[n], errors="coerce").fillna(0.0)
-    return out
+#: our category → the attribution's GPU-time category (PhaseBreakdown.raw columns <name>_s, energy_<name>_j)
+ATTRIBUTION_CATEGORY = {
+    "prefill": "productive_prefill",
+    "stranded_prefill": "stranded_bandwidth",
+    "decode": "productive_decode",
+    "stranded_decode": "stranded_compute",
+    "host_bound": "host_bound",
+    "idle": "idle",
+}
 
 
-def category_table(states: pd.DataFrame, stranded: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Map the attribution's state columns (``prefill_s``, ``mixed_prefill_s``, ``decode_s``,
-    ``mixed_decode_s``, ``host_s``, ``gap_s``, ``idle_s`` and their ``energy_<state>_j``) onto
-    :data:`CATEGORIES`: prefill = prefill + mixed prefill; decode = decode + mixed decode;
-    host_bound = host (in-iteration host time) + gap (between iterations, work in flight); idle.
-    ``stranded`` (same index) holds ``stranded_decode_s`` / ``stranded_prefill_s`` when known: they
-    move out of decode / prefill, with energy in proportion to the seconds moved."""
-    out = pd.DataFrame(index=states.index)
-    out["prefill_s"] = _col(states, "prefill_s", "mixed_prefill_s")
-    out["decode_s"] = _col(states, "decode_s", "mixed_decode_s")
-    out["host_bound_s"] = _col(states, "host_s", "gap_s")
-    out["idle_s"] = _col(states, "idle_s")
-    out["energy_j_prefill"] = _col(states, "energy_prefill_j", "energy_mixed_prefill_j")
-    out["energy_j_decode"] = _col(states, "energy_decode_j", "energy_mixed_decode_j")
-    out["energy_j_host_bound"] = _col(states, "energy_host_j", "energy_gap_j")
-    out["energy_j_idle"] = _col(states, "energy_idle_j")
-    for phase in ("prefill", "decode"):
-        moved = (
-            _col(stranded, f"stranded_{phase}_s").clip(lower=0.0)
-            if stranded is not None
-            else pd.Series(0.0, index=states.index)
+def usage_rows(raw: pd.DataFrame, tokens: pd.DataFrame, model: str | None) -> list[GpuHourUsage]:
+    """:class:`GpuHourUsage` rows from the attribution's GPU × pool × hour table
+    (:attr:`analytics.attribution.PhaseBreakdown.raw`) and :func:`token_counts`: a GPU is its uuid
+    (else ``node|source|device|index``); categories per :data:`ATTRIBUTION_CATEGORY`."""
+    if raw.empty:
+        return []
+    raw = raw.reset_index(drop=True)
+    key = [
+        u if isinstance(u, str) and u else f"{n}|{s}|{d}|{'' if pd.isna(i) else int(i)}"
+        for u, n, s, d, i in zip(
+            raw["uuid"], raw["node"], raw["source"], raw["device"], raw["index"], strict=True
         )
-        total = out[f"{phase}_s"]
-        moved = moved.where(moved <= total, total)
-        frac = (moved / total.where(total > 0)).fillna(0.0)
-        out[f"stranded_{phase}_s"] = moved
-        out[f"{phase}_s"] = total - moved
-        out[f"energy_j_stranded_{phase}"] = out[f"energy_j_{phase}"] * frac
-        out[f"energy_j_{phase}"] = out[f"energy_j_{phase}"] * (1.0 - frac)
-    return out
-
-
-def _usages(
-    frame: pd.DataFrame, cats: pd.DataFrame, *, gpu: pd.Series, gpu_name: pd.Series, pool: pd.Series,
-    hour: pd.Series, node: pd.Series, tokens_in: pd.Series, tokens_out: pd.Series, model: str | None,
-) -> list[GpuHourUsage]:  # fmt: skip
+    ]
+    tok = (
+        tokens.dropna(subset=["gpu_uuid"])
+        .groupby(["node", "gpu_uuid", "hour_start_s"])[["input_tokens", "output_tokens"]]
+        .sum()
+    )
+    # a GPU that served two pools in one hour (a role change): its tokens go to the pool with more busy time
+    busy = sum(
+        pd.to_numeric(raw.get(c), errors="coerce").fillna(0.0)
+        for c in ("prefill_s", "decode_s", "mixed_prefill_s", "mixed_decode_s")
+        if c in raw
+    )
+    raw = raw.assign(_gpu=key, _busy=busy)
+    first = ~raw.sort_values("_busy", ascending=False).duplicated(["node", "_gpu", "hour_s"])
     out = []
-    for i in frame.index:
+    for i, r in raw.iterrows():
+        t = (r["node"], r["_gpu"], float(r["hour_s"]))
+        has_tokens = bool(first.loc[i]) and t in tok.index
         out.append(
             GpuHourUsage(
-                gpu=str(gpu[i]),
-                gpu_name=None if pd.isna(gpu_name[i]) else str(gpu_name[i]),
-                hour_start_s=float(hour[i]),
-                seconds={c: _nonneg(cats.at[i, f"{c}_s"]) for c in CATEGORIES},
-                energy_j={c: _nonneg(cats.at[i, f"energy_j_{c}"]) for c in CATEGORIES},
-                input_tokens=_nonneg(tokens_in[i]),
-                output_tokens=_nonneg(tokens_out[i]),
-                pool=None if pd.isna(pool[i]) else str(pool[i]),
+                gpu=str(r["_gpu"]),
+                gpu_name=None if pd.isna(r.get("name")) else str(r["name"]),
+                hour_start_s=float(r["hour_s"]),
+                seconds={c: _nonneg(r.get(f"{a}_s")) for c, a in ATTRIBUTION_CATEGORY.items()},
+                energy_j={c: _nonneg(r.get(f"energy_{a}_j")) for c, a in ATTRIBUTION_CATEGORY.items()},
+                input_tokens=float(tok.loc[t, "input_tokens"]) if has_tokens else 0.0,
+                output_tokens=float(tok.loc[t, "output_tokens"]) if has_tokens else 0.0,
+                pool=None if pd.isna(r.get("role")) else str(r["role"]),
                 model=model,
-                node=None if pd.isna(node[i]) else str(node[i]),
+                node=str(r["node"]),
             )
         )
     return out
 
 
-def _stranded(con: duckdb.DuckDBPyConnection, window: Window, trust: Trust) -> Any:
-    """Helper A's idle split, when it is there (None otherwise, noted)."""
-    try:
-        from analytics.attribution import idle_split
-    except ImportError:
-        trust.notes.append(
-            "stranded time needs analytics.attribution.idle_split, not available: stranded cost shown as 0 "
-            "(it stays inside productive prefill/decode)"
-        )
-        return None
-    return idle_split(con, window)
-
-
 def cost_breakdown(
-    con: duckdb.DuckDBPyConnection, window: Window, prices: PriceTable | None = None
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    prices: PriceTable | None = None,
+    *,
+    breakdown: Any = None,
 ) -> CostBreakdown:
-    """Cost and energy per token over ``window``: GPU-seconds and joules per state from helper A's
-    :func:`analytics.attribution.phase_breakdown` (the power model's apportioned energy), stranded
-    time from its ``idle_split``, tokens from :func:`token_counts`, priced by :func:`price_usage`.
-    ``total``/``by_model``/``by_pool``/``by_gpu`` come from the per-GPU table, ``by_hour`` from
-    the per hour × pool table (priced with the pool's GPU). Trust labels are the attribution's."""
+    """Cost and energy per token over ``window``: GPU-seconds and joules per category per GPU × pool
+    × hour from helper A's :func:`analytics.attribution.phase_breakdown` (its ``raw`` table: the
+    power model's apportioned energy, stranded time from SM / DRAM activity), tokens from
+    :func:`token_counts`, priced by :func:`price_usage`. Pass ``breakdown`` (a PhaseBreakdown of the
+    same window) to reuse one already computed. Trust labels and missing-data notes are the
+    attribution's, plus the pricing's own."""
     from analytics.attribution import phase_breakdown
 
     prices = prices or load_prices()
-    pb = phase_breakdown(con, window)
+    pb = breakdown if breakdown is not None else phase_breakdown(con, window)
     trust = Trust().merge([pb.trust])
     trust.notes.extend(n for n in pb.missing if n not in trust.notes)
-    split = _stranded(con, window, trust)
     model = _model_name(con, window)
     tokens = token_counts(con, window)
-    per_gpu = pb.per_gpu.reset_index(drop=True)
-    gkey = per_gpu["uuid"].where(
-        per_gpu["uuid"].notna(),
-        per_gpu["node"].astype(str) + "|" + per_gpu["source"].astype(str) + "|" + per_gpu["device"].astype(str),
-    ) if len(per_gpu) else pd.Series(dtype=object)  # fmt: skip
-    tok_gpu = (
-        tokens.dropna(subset=["gpu_uuid"])
-        .groupby(["node", "gpu_uuid"])[["input_tokens", "output_tokens"]]
-        .sum()
-    )
-    idx = pd.MultiIndex.from_arrays([per_gpu["node"], gkey]) if len(per_gpu) else None
-    tin = pd.Series(
-        tok_gpu["input_tokens"].reindex(idx).to_numpy() if idx is not None else [], index=per_gpu.index
-    )
-    tout = pd.Series(
-        tok_gpu["output_tokens"].reindex(idx).to_numpy() if idx is not None else [], index=per_gpu.index
-    )
-    stranded_gpu = _split_table(split, "per_gpu", per_gpu, ["node", "source", "device", "index", "role"])
-    cats = category_table(per_gpu, stranded_gpu)
-    usages = _usages(
-        per_gpu, cats, gpu=gkey, gpu_name=per_gpu.get("name", pd.Series(None, index=per_gpu.index)),
-        pool=per_gpu.get("role", pd.Series(None, index=per_gpu.index)),
-        hour=pd.Series(window.start_s, index=per_gpu.index), node=per_gpu.get("node", pd.Series(None, index=per_gpu.index)),
-        tokens_in=tin.fillna(0.0), tokens_out=tout.fillna(0.0), model=model,
-    )  # fmt: skip
-    result = price_usage(usages, prices, trust=trust)
+    result = price_usage(usage_rows(pb.raw, tokens, model), prices, trust=trust)
 
-    # per hour: the attribution's hour × pool rows, priced with the pool's (most used) GPU
-    per_hour = pb.per_hour.reset_index(drop=True)
-    if len(per_hour) and len(per_gpu):
-        names = per_gpu.sort_values("interval_s", ascending=False).groupby("role")["name"].first()
-        if (per_gpu.groupby("role")["name"].nunique() > 1).any():
-            trust.notes.append("a pool mixes GPU models: its hourly cost uses its most used GPU's price")
-        role_of = dict(zip(zip(per_gpu["node"], gkey, strict=True), per_gpu["role"], strict=True))
-        t = tokens.dropna(subset=["gpu_uuid"]).copy()
-        t["role"] = [role_of.get((n, g), "unknown") for n, g in zip(t["node"], t["gpu_uuid"], strict=True)]
-        tok_hour = t.groupby(["role", "hour_start_s"])[["input_tokens", "output_tokens"]].sum()
-        hidx = pd.MultiIndex.from_arrays([per_hour["role"], per_hour["hour_s"].astype(float)])
-        stranded_hour = _split_table(split, "per_hour", per_hour, ["hour_s", "role"])
-        hour_usages = _usages(
-            per_hour, category_table(per_hour, stranded_hour), gpu="pool:" + per_hour["role"].astype(str),
-            gpu_name=per_hour["role"].map(names), pool=per_hour["role"], hour=per_hour["hour_s"],
-            node=pd.Series(None, index=per_hour.index),
-            tokens_in=pd.Series(tok_hour["input_tokens"].reindex(hidx).to_numpy(), index=per_hour.index).fillna(0.0),
-            tokens_out=pd.Series(tok_hour["output_tokens"].reindex(hidx).to_numpy(), index=per_hour.index).fillna(0.0),
-            model=model,
-        )  # fmt: skip
-        result.by_hour = price_usage(hour_usages, prices, trust=Trust()).by_hour
-
-    unattributed = float(per_gpu["unattributed_s"].sum()) if "unattributed_s" in per_gpu else 0.0
+    raw = pb.raw
+    unattributed = float(raw["unattributed_s"].sum()) if "unattributed_s" in raw else 0.0
     if unattributed > 0:
         trust.notes.append(
             f"{unattributed:,.1f} GPU-seconds have no serving telemetry (unattributed): not in any cost category"
+        )
+    unknown = sum(
+        float(raw[c].sum()) for c in ("decode_activity_unknown_s", "prefill_activity_unknown_s") if c in raw
+    )
+    if unknown > 0:
+        trust.notes.append(
+            f"{unknown:,.1f} busy GPU-seconds have no SM/DRAM activity: counted productive (stranded unknown)"
         )
     unassigned = tokens[tokens["gpu_uuid"].isna()]
     result.tokens = {
@@ -563,8 +510,8 @@ def cost_breakdown(
         "output_tokens_served": float(tokens["output_tokens"].sum()) if len(tokens) else 0.0,
         "input_tokens_counted": float(result.lines["input_tokens"].sum()),
         "output_tokens_counted": float(result.lines["output_tokens"].sum()),
-        "input_tokens_unassigned": float(unassigned["input_tokens"].sum()),
-        "output_tokens_unassigned": float(unassigned["output_tokens"].sum()),
+        "input_tokens_unassigned": float(unassigned["input_tokens"].sum()) if len(unassigned) else 0.0,
+        "output_tokens_unassigned": float(unassigned["output_tokens"].sum()) if len(unassigned) else 0.0,
     }
     lost_in = result.tokens["input_tokens_served"] - result.tokens["input_tokens_counted"]
     lost_out = result.tokens["output_tokens_served"] - result.tokens["output_tokens_counted"]
@@ -573,29 +520,6 @@ def cost_breakdown(
             f"{lost_in:,.0f} input and {lost_out:,.0f} output tokens served in the window are on no GPU "
             "the attribution covers (a worker without iterations or samples in their hour): not in $/1M tokens"
         )
-    return result
-
-
-def _split_table(split: Any, name: str, like: pd.DataFrame, keys: list[str]) -> pd.DataFrame | None:
-    """The stranded seconds of ``split.<name>`` aligned to ``like`` on ``keys`` (None when absent)."""
-    if split is None:
-        return None
-    table = getattr(split, name, None)
-    if not isinstance(table, pd.DataFrame):
-        return None
-    cols = {
-        "stranded_decode_s": ("stranded_compute_s", "stranded_decode_s"),
-        "stranded_prefill_s": ("stranded_bandwidth_s", "stranded_prefill_s"),
-    }
-    present = [k for k in keys if k in table.columns and k in like.columns]
-    if len(present) != len(keys):
-        return None
-    out = like[keys].copy()
-    merged = out.merge(table, on=keys, how="left")
-    result = pd.DataFrame(index=like.index)
-    for ours, theirs in cols.items():
-        found = next((c for c in theirs if c in merged.columns), None)
-        result[ours] = merged[found].to_numpy() if found else 0.0
     return result
 
 

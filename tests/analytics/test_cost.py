@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pandas as pd
 import pytest
 
 from analytics.cost import (
@@ -19,7 +18,6 @@ from analytics.cost import (
     GpuHourUsage,
     PriceError,
     PriceTable,
-    category_table,
     cost_breakdown,
     load_prices,
     price_usage,
@@ -232,40 +230,6 @@ def test_bad_usage_rows_are_refused() -> None:
         hand_usage(seconds={"busy": 1.0})
     with pytest.raises(PriceError, match=">= 0"):
         hand_usage(energy_j={"idle": -5.0})
-
-
-def test_category_table_maps_states_and_moves_stranded_time() -> None:
-    states = pd.DataFrame(
-        [
-            {
-                "prefill_s": 1.0,
-                "mixed_prefill_s": 1.0,
-                "decode_s": 3.0,
-                "mixed_decode_s": 1.0,
-                "host_s": 0.5,
-                "gap_s": 0.25,
-                "idle_s": 2.0,
-                "energy_prefill_j": 500.0,
-                "energy_mixed_prefill_j": 500.0,
-                "energy_decode_j": 800.0,
-                "energy_mixed_decode_j": 200.0,
-                "energy_host_j": 10.0,
-                "energy_gap_j": 20.0,
-                "energy_idle_j": 100.0,
-            }
-        ]
-    )
-    stranded = pd.DataFrame([{"stranded_decode_s": 1.0, "stranded_prefill_s": 0.5}])
-    c = category_table(states, stranded).iloc[0]
-    assert (c["prefill_s"], c["stranded_prefill_s"]) == (1.5, 0.5)
-    assert (c["decode_s"], c["stranded_decode_s"]) == (3.0, 1.0)
-    assert (c["host_bound_s"], c["idle_s"]) == (0.75, 2.0)
-    assert c["energy_j_stranded_decode"] == pytest.approx(250.0)  # 1 of 4 decode seconds
-    assert c["energy_j_decode"] == pytest.approx(750.0)
-    assert c["energy_j_stranded_prefill"] == pytest.approx(250.0)
-    assert c["energy_j_host_bound"] == 30.0
-    assert sum(c[f"{k}_s"] for k in CATEGORIES) == pytest.approx(8.75)
-    assert sum(c[f"energy_j_{k}"] for k in CATEGORIES) == pytest.approx(2130.0)
 
 
 # -- from a hand-built store --------------------------------------------------------------------------
