@@ -190,6 +190,8 @@ def attainment_of(
 def load_report_attainment(report: Any, *, slo_ttft_s: float, slo_tpot_s: float) -> Measurement:
     """Attainment of a :class:`serving.loadgen.LoadReport`: TPOT = (e2e − TTFT) / (completion
     tokens − 1) per ok request."""
+    from serving.loadgen import percentile
+
     ttft, tpot, ok = [], [], []
     for r in report.results:
         ttft.append(r.ttft_s)
@@ -201,6 +203,7 @@ def load_report_attainment(report: Any, *, slo_ttft_s: float, slo_tpot_s: float)
         ok.append(r.ok)
     a = attainment_of(ttft, tpot, ok, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
     emulation = report.emulation or []
+    tpots = [x for x in tpot if x is not None]
     return Measurement(
         0.0,
         a,
@@ -208,6 +211,7 @@ def load_report_attainment(report: Any, *, slo_ttft_s: float, slo_tpot_s: float)
             "requests": report.n_requests,
             "failed": report.n_failed,
             "ttft_p90_ms": report.ttft.p90_ms,
+            "tpot_p90_ms": percentile(tpots, 90) * 1000 if tpots else float("nan"),
             "e2e_p50_ms": report.e2e.p50_ms,
             "output_tokens_per_s": report.output_tokens_per_s,
             "emulated_workers": len(emulation),
@@ -391,16 +395,18 @@ def format_result(result: GoodputResult, *, label: str | None = None) -> str:
     """The sweep table and the goodput line, labelled with the trust labels."""
     labels = str(result.trust).upper()
     lines = [f"{labels}: goodput sweep" + (f" — {label}" if label else "")]
-    header = f"{'rate req/s':>11}  {'attainment':>10}  {'meets':>5}  {'requests':>8}  {'failed':>6}  {'TTFT p90 ms':>11}"
+    header = (
+        f"{'rate req/s':>11}  {'attainment':>10}  {'meets':>5}  {'requests':>8}  {'failed':>6}  "
+        f"{'TTFT p90 ms':>11}  {'TPOT p90 ms':>11}"
+    )
     lines += [header, "-" * len(header)]
     for m in result.sweep:
         met = m.attainment == m.attainment and m.attainment >= result.target
         a = "—" if m.attainment != m.attainment else f"{m.attainment:.1%}"
-        ttft = m.details.get("ttft_p90_ms")
-        ttft_s = "—" if ttft is None or ttft != ttft else f"{ttft:,.0f}"
         lines.append(
             f"{m.rate_rps:>11.3f}  {a:>10}  {'yes' if met else 'no':>5}  "
-            f"{m.details.get('requests', '—')!s:>8}  {m.details.get('failed', '—')!s:>6}  {ttft_s:>11}"
+            f"{m.details.get('requests', '—')!s:>8}  {m.details.get('failed', '—')!s:>6}  "
+            f"{_ms(m.details.get('ttft_p90_ms')):>11}  {_ms(m.details.get('tpot_p90_ms')):>11}"
         )
     bound = "" if result.bounded else "≥ "
     lines.append(
@@ -409,6 +415,12 @@ def format_result(result: GoodputResult, *, label: str | None = None) -> str:
     )
     lines += [f"  note: {n}" for n in result.trust.notes]
     return "\n".join(lines)
+
+
+def _ms(x: float | None) -> str:
+    if x is None or x != x:
+        return "—"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
 def _finite(x: float) -> float | None:
