@@ -117,20 +117,48 @@ def _bucket_for(duration_s: float, max_buckets: int = 120) -> float:
     return _NICE_BUCKETS_S[-1]
 
 
-_REQUESTS_SQL = """
-SELECT r.node, r.request_id, r.arrival_s, coalesce(r.status, 'none') AS status, r.output_tokens,
-       r.first_token_s - r.arrival_s AS ttft_s,
-       CASE WHEN r.output_tokens > 1 THEN (r.finish_s - r.first_token_s) / (r.output_tokens - 1) END AS tpot_s,
-       r.finish_s - r.arrival_s AS e2e_s,
-       CASE WHEN starts_with(r.node, 'sim:') OR r.source = 'simulated' THEN 'simulated'
-            WHEN EXISTS (SELECT 1 FROM devices d
-                         WHERE d.node = r.node AND d.emulated
-                           AND d.worker IN (r.prefill_worker, r.decode_worker))
-            THEN 'emulated' ELSE 'measured' END AS trust,
-       EXISTS (SELECT 1 FROM devices d
-               WHERE d.node = r.node AND d.worker IN (r.prefill_worker, r.decode_worker)) AS gpu_known
-FROM requests r
-WHERE {node} AND r.arrival_s >= ? AND r.arrival_s < ?
+_REQUESTS_CTE = """
+WITH wk AS (  -- each serving worker's GPUs: known, and whether any is emulated (devices rows)
+    SELECT node, worker, bool_or(emulated) AS emulated FROM devices WHERE worker IS NOT NULL GROUP BY ALL
+),
+rq AS (
+    SELECT r.arrival_s, coalesce(r.status, 'none') AS status, r.status = 'ok' AS ok,
+           floor((r.arrival_s - $start) / $bucket) AS bucket,
+           r.first_token_s - r.arrival_s AS ttft_s,
+           CASE WHEN r.output_tokens > 1
+                THEN (r.finish_s - r.first_token_s) / (r.output_tokens - 1) END AS tpot_s,
+           r.finish_s - r.arrival_s AS e2e_s,
+           coalesce(r.output_tokens, 0) <= 1 AS single_token,
+           CASE WHEN starts_with(r.node, 'sim:') OR r.source = 'simulated' THEN 'simulated'
+                WHEN coalesce(p.emulated, FALSE) OR coalesce(d.emulated, FALSE) THEN 'emulated'
+                ELSE 'measured' END AS trust,
+           p.worker IS NOT NULL OR d.worker IS NOT NULL AS gpu_known
+    FROM requests r
+    LEFT JOIN wk p ON p.node = r.node AND p.worker = r.prefill_worker
+    LEFT JOIN wk d ON d.node = r.node AND d.worker = r.decode_worker
+    WHERE {node} AND r.arrival_s >= $start AND r.arrival_s < $end
+),
+m AS (
+    SELECT *, coalesce(ok AND ttft_s <= $slo_ttft, FALSE) AS meets_ttft,
+           coalesce(ok AND (tpot_s <= $slo_tpot OR single_token), FALSE) AS meets_tpot
+    FROM rq
+)
+"""
+
+_AGG_SQL = """
+SELECT bucket, count(*) AS requests, count(*) FILTER (WHERE ok) AS ok,
+       count(*) FILTER (WHERE meets_ttft AND meets_tpot) AS met,
+       count(*) FILTER (WHERE meets_ttft) AS met_ttft, count(*) FILTER (WHERE meets_tpot) AS met_tpot,
+       count(*) FILTER (WHERE ok AND ttft_s IS NULL) AS no_first_token,
+       count(*) FILTER (WHERE ok AND (ttft_s < 0 OR e2e_s < ttft_s)) AS negative,
+       {aggs}
+FROM m GROUP BY GROUPING SETS ((), (bucket)) ORDER BY bucket NULLS FIRST
+"""
+
+_COUNTS_SQL = """
+SELECT 'status' AS kind, status AS value, count(*) AS n FROM m GROUP BY ALL
+UNION ALL SELECT 'trust', trust, count(*) FROM m GROUP BY ALL
+UNION ALL SELECT 'unknown_gpu', 'measured', count(*) FROM m WHERE NOT gpu_known AND trust = 'measured'
 """
 
 _ITL_SQL = """
@@ -148,13 +176,25 @@ WHERE {node} AND i.start_s >= ? AND i.start_s < ?
 """
 
 
-def _pct(values: np.ndarray, metric: str) -> Percentiles:
-    v = values[np.isfinite(values)]
-    if not len(v):
+def _agg_columns() -> str:
+    parts = []
+    for metric in ("ttft", "tpot", "e2e"):
+        col = f"{metric}_s"
+        parts.append(f"count({col}) FILTER (WHERE ok) AS {metric}_n")
+        parts.append(f"avg({col}) FILTER (WHERE ok) AS {metric}_mean_s")
+        parts.append(f"quantile_cont({col}, [0.5, 0.9, 0.99]) FILTER (WHERE ok) AS {metric}_q")
+    return ",\n       ".join(parts)
+
+
+def _nan_if_none(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _percentiles(metric: str, n: Any, mean: Any, q: Any) -> Percentiles:
+    if not n or q is None:
         nan = float("nan")
         return Percentiles(metric, 0, nan, nan, nan, nan)
-    q = np.percentile(v, [50, 90, 99])
-    return Percentiles(metric, len(v), float(q[0]), float(q[1]), float(q[2]), float(v.mean()))
+    return Percentiles(metric, int(n), float(q[0]), float(q[1]), float(q[2]), _nan_if_none(mean))
 
 
 def latency_summary(
@@ -168,7 +208,8 @@ def latency_summary(
     (default: a round size giving at most 120 buckets), with trust labels per request: simulated
     (a scenario), emulated (a worker that served it ran on an emulated GPU: its ``devices`` rows),
     else measured; host-bound when the window's iterations lagged. Engine histograms in the window
-    give ``estimated`` percentiles (and the headline ones when no request rows exist)."""
+    give ``estimated`` percentiles (and the headline ones when no request rows exist). All of it is
+    aggregated in DuckDB; only per-bucket rows reach Python."""
     slo = slo or SloSpec()
     if not (slo.ttft_s > 0 and slo.tpot_s > 0):
         raise AnalyticsError(f"SLOs must be > 0 seconds, got TTFT {slo.ttft_s!r}, TPOT {slo.tpot_s!r}")
@@ -177,68 +218,78 @@ def latency_summary(
     bucket = float(bucket_s) if bucket_s is not None else _bucket_for(window.duration_s)
     trust = Trust()
     pred, params = window.node_sql("r.node")
-    df = con.execute(_REQUESTS_SQL.format(node=pred), [*params, window.start_s, window.end_s]).df()
-    n = len(df)
-    ok_mask = (df["status"] == "ok").to_numpy()
-    ttft = df["ttft_s"].to_numpy(dtype=float, na_value=np.nan)
-    tpot = df["tpot_s"].to_numpy(dtype=float, na_value=np.nan)
-    e2e = df["e2e_s"].to_numpy(dtype=float, na_value=np.nan)
-    single = (df["output_tokens"].fillna(0).to_numpy() <= 1) & ok_mask
-    meets_ttft = ok_mask & (ttft <= slo.ttft_s)
-    meets_tpot = ok_mask & ((tpot <= slo.tpot_s) | single)
-    meets = meets_ttft & meets_tpot
-    broken = ok_mask & ~np.isfinite(ttft)
-    if broken.any():
-        trust.notes.append(
-            f"{int(broken.sum())} ok requests have no first-token time: counted as missing the SLO"
-        )
+    named = {"start": window.start_s, "end": window.end_s, "bucket": bucket}
+    named |= {"slo_ttft": slo.ttft_s, "slo_tpot": slo.tpot_s}
+    for i, v in enumerate(params):  # the node predicate's ? parameters, as named ones
+        pred = pred.replace("?", f"$node{i}", 1)
+        named[f"node{i}"] = v
+    cte = _REQUESTS_CTE.format(node=pred)
+    cur = con.execute(cte + _AGG_SQL.format(aggs=_agg_columns()), named)
+    names = [d[0] for d in cur.description]
+    agg = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    counts = con.execute(cte + _COUNTS_SQL, named).fetchall()
 
-    by_status = {str(k): int(v) for k, v in df["status"].value_counts().items()}
-    by_trust = {str(k): int(v) for k, v in df["trust"].value_counts().items()}
+    total = next((r for r in agg if r["bucket"] is None), None)
+    n = int(total["requests"]) if total is not None else 0
+    ok = int(total["ok"]) if total is not None else 0
+    by_status = {str(v): int(c) for k, v, c in counts if k == "status"}
+    by_trust = {str(v): int(c) for k, v, c in counts if k == "trust"}
+    unknown = sum(int(c) for k, _, c in counts if k == "unknown_gpu")
     for label in (SIMULATED, EMULATED, MEASURED):
         if by_trust.get(label):
             trust.add(label)
     if window.simulated:
         trust.add(SIMULATED, "a simulated scenario: virtual time and the GPU model")
-    failed = n - int(ok_mask.sum())
+    failed = n - ok
     if failed:
         trust.notes.append(
             f"{failed} of {n} requests did not finish ok ("
             + ", ".join(f"{k}: {v}" for k, v in sorted(by_status.items()) if k != "ok")
             + "): counted as missing the SLO, left out of the percentiles"
         )
-    unknown = int((~df["gpu_known"].astype(bool) & (df["trust"] == MEASURED)).sum()) if n else 0
+    if total is not None and total["no_first_token"]:
+        trust.notes.append(
+            f"{int(total['no_first_token'])} ok requests have no first-token time: counted as missing the SLO"
+        )
+    if total is not None and total["negative"]:
+        trust.notes.append(
+            f"{int(total['negative'])} ok requests have a first token before their arrival or after their "
+            "finish (clock skew between sources?): kept in the percentiles as stored"
+        )
     if unknown and not window.simulated:
         trust.notes.append(
             f"{unknown} requests' workers have no devices row: labelled measured by their row, GPU unknown"
         )
 
-    percentiles = {
-        "ttft": _pct(ttft[ok_mask], "ttft"),
-        "tpot": _pct(tpot[ok_mask], "tpot"),
-        "e2e": _pct(e2e[ok_mask], "e2e"),
-    }
+    percentiles: dict[str, Percentiles] = {}
+    for metric in ("ttft", "tpot", "e2e"):
+        if total is None:
+            percentiles[metric] = _percentiles(metric, 0, None, None)
+        else:
+            percentiles[metric] = _percentiles(
+                metric, total[f"{metric}_n"], total[f"{metric}_mean_s"], total[f"{metric}_q"]
+            )
     tpred, tparams = window.node_sql("t.node")
     itl_rows = con.execute(
         _ITL_SQL.format(node=tpred), [window.start_s, bucket, *tparams, window.start_s, window.end_s]
     ).fetchall()
     itl_by_bucket = {r[0]: r for r in itl_rows if r[0] is not None}
     itl_all = next((r for r in itl_rows if r[0] is None), None)
-    if itl_all is not None and itl_all[1]:
-        q = itl_all[2]
-        percentiles["itl"] = Percentiles("itl", int(itl_all[1]), q[0], q[1], q[2], float(itl_all[3]))
-    else:
-        nan = float("nan")
-        percentiles["itl"] = Percentiles("itl", 0, nan, nan, nan, nan)
+    percentiles["itl"] = (
+        _percentiles("itl", itl_all[1], itl_all[3], itl_all[2])
+        if itl_all
+        else _percentiles("itl", 0, None, None)
+    )
 
+    nan = float("nan")
     attainment = {
-        "both": float(meets.mean()) if n else float("nan"),
-        "ttft": float(meets_ttft.mean()) if n else float("nan"),
-        "tpot": float(meets_tpot.mean()) if n else float("nan"),
-        "met": int(meets.sum()),
+        "both": int(total["met"]) / n if n else nan,
+        "ttft": int(total["met_ttft"]) / n if n else nan,
+        "tpot": int(total["met_tpot"]) / n if n else nan,
+        "met": int(total["met"]) if n else 0,
         "requests": n,
     }
-    over_time = _over_time(df, ok_mask, meets, window, bucket, itl_by_bucket)
+    over_time = _over_time([r for r in agg if r["bucket"] is not None], window, bucket, itl_by_bucket)
 
     hpred, hparams = window.node_sql("i.node")
     iters, lagged = con.execute(
@@ -265,7 +316,7 @@ def latency_summary(
     return LatencySummary(
         slo=slo,
         requests=n,
-        ok=int(ok_mask.sum()),
+        ok=ok,
         failed=failed,
         by_status=by_status,
         by_trust=by_trust,
@@ -279,41 +330,32 @@ def latency_summary(
 
 
 def _over_time(
-    df: pd.DataFrame,
-    ok_mask: np.ndarray,
-    meets: np.ndarray,
-    window: Window,
-    bucket: float,
-    itl_by_bucket: dict[Any, Any],
+    agg: list[dict[str, Any]], window: Window, bucket: float, itl_by_bucket: dict[Any, Any]
 ) -> pd.DataFrame:
     cols = ["bucket_start_s", "requests", "failed", "met", "attainment"]
     cols += [f"{m}_p{p}_s" for m in METRICS for p in (50, 90, 99)]
-    if not len(df) and not itl_by_bucket:
+    by = {float(r["bucket"]): r for r in agg}
+    buckets = sorted(set(by) | {float(b) for b in itl_by_bucket})
+    if not buckets:
         return pd.DataFrame(columns=cols)
-    frame = pd.DataFrame(
-        {
-            "bucket": np.floor((df["arrival_s"].to_numpy() - window.start_s) / bucket),
-            "ok": ok_mask,
-            "met": meets,
-            "ttft": np.where(ok_mask, df["ttft_s"].to_numpy(dtype=float, na_value=np.nan), np.nan),
-            "tpot": np.where(ok_mask, df["tpot_s"].to_numpy(dtype=float, na_value=np.nan), np.nan),
-            "e2e": np.where(ok_mask, df["e2e_s"].to_numpy(dtype=float, na_value=np.nan), np.nan),
-        }
-    )
-    g = frame.groupby("bucket")
-    out = pd.DataFrame({"requests": g.size(), "failed": g["ok"].apply(lambda s: int((~s).sum()))})
-    out["met"] = g["met"].sum().astype(int)
-    out["attainment"] = out["met"] / out["requests"]
-    for m in ("ttft", "tpot", "e2e"):
-        for p in (50, 90, 99):
-            out[f"{m}_p{p}_s"] = g[m].quantile(p / 100.0, interpolation="linear")
-    buckets = sorted(set(out.index) | set(itl_by_bucket))
-    out = out.reindex(buckets)
-    out[["requests", "failed", "met"]] = out[["requests", "failed", "met"]].fillna(0).astype(int)
-    for p_i, p in enumerate((50, 90, 99)):
-        out[f"itl_p{p}_s"] = [itl_by_bucket[b][2][p_i] if b in itl_by_bucket else np.nan for b in buckets]
-    out["bucket_start_s"] = window.start_s + np.asarray(buckets, dtype=float) * bucket
-    return out.reset_index(drop=True)[cols]
+    nan = float("nan")
+    rows = []
+    for b in buckets:
+        r = by.get(b)
+        row: dict[str, Any] = {"bucket_start_s": window.start_s + b * bucket}
+        row["requests"] = int(r["requests"]) if r else 0
+        row["failed"] = int(r["requests"] - r["ok"]) if r else 0
+        row["met"] = int(r["met"]) if r else 0
+        row["attainment"] = row["met"] / row["requests"] if row["requests"] else nan
+        for m in ("ttft", "tpot", "e2e"):
+            q = r[f"{m}_q"] if r else None
+            for i, p in enumerate((50, 90, 99)):
+                row[f"{m}_p{p}_s"] = _nan_if_none(q[i]) if q is not None else nan
+        itl = itl_by_bucket.get(b)
+        for i, p in enumerate((50, 90, 99)):
+            row[f"itl_p{p}_s"] = _nan_if_none(itl[2][i]) if itl is not None and itl[2] is not None else nan
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
 
 
 # -- engine histograms --------------------------------------------------------------------------------

@@ -265,3 +265,12 @@ def test_simulated_latency_matches_the_simulators_summary(sim_store: duckdb.Duck
     assert s.attainment["both"] == pytest.approx(summary["slo_attainment"], abs=1e-9)
     assert 0 < s.attainment["both"] < 1  # the tight SLOs bite
     assert s.over_time["requests"].sum() == s.requests
+
+
+def test_clock_skew_is_said(tmp_path: Path) -> None:
+    skewed = request("s1", 10.0, -0.2, 1.0, 5)  # first token stamped before arrival
+    con = make_store(tmp_path / "skew.duckdb", {"requests": [*REQUESTS, skewed], "devices": [device(False)]})
+    s = latency_summary(con, Window(0.0, 20.0), SLO)
+    assert any("clock skew" in n and n.startswith("1 ok requests") for n in s.trust.notes)
+    assert s.percentiles["ttft"].n == 5
+    con.close()
