@@ -262,6 +262,10 @@ def add_goodput_command(subparsers: Any) -> None:
     p.set_defaults(func=cmd_goodput)
 
 
+class _RunFailed(RuntimeError):
+    """A run of the sweep could not be made (the live stack unreachable, ...)."""
+
+
 def _error(message: str) -> int:
     print(f"phaselens goodput: error: {message}", file=sys.stderr)
     return 2
@@ -273,7 +277,8 @@ def _base_rate(requests: Sequence[Any]) -> float:
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    """Run ``phaselens goodput``; 2 on bad input (said before anything runs), else 0."""
+    """Run ``phaselens goodput``; 2 on bad input (said before anything runs), 1 when a run of the
+    sweep fails (a live stack unreachable), else 0."""
     from serving.config import ConfigError, model_config_for
     from serving.loadgen import build_trace, trace_option_error
     from serving.sim.layout import check_layout, parse_layout
@@ -352,7 +357,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
                     args.url, requests_at(rate), model=args.model, timeout_s=args.timeout, progress=False
                 )
             except LoadGenError as e:
-                raise AnalyticsError(f"{args.url}: {e}") from e
+                raise _RunFailed(f"{args.url}: {e}") from e
             m = load_report_attainment(report, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
             return Measurement(rate, m.attainment, m.details)
 
@@ -372,6 +377,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             max_evals=args.max_evals,
             gpus=gpus,
         )
+    except _RunFailed as e:
+        print(f"phaselens goodput: error: a run failed: {e}", file=sys.stderr)
+        return 1
     except AnalyticsError as e:
         return _error(str(e))
     if layout is None:

@@ -195,6 +195,14 @@ def test_goodput_command_refuses_bad_input(
     assert message in capsys.readouterr().err
 
 
+def test_goodput_command_with_an_unreachable_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.serving.conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["goodput", "--url", url, "--poisson", "1", "--num-requests", "2", "--max-evals", "2"]) == 1
+    assert f"a run failed: {url}" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_goodput_command_against_a_live_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.serving.conftest import start_server, stop_server
