@@ -479,8 +479,8 @@ WITH iv AS (
 ),
 ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
     SELECT *, {e_cols},
-           CASE WHEN p_s + d_s > 0 THEN least(1.0, sm_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS sm_busy,
-           CASE WHEN p_s + d_s > 0 THEN least(1.0, dram_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS dram_busy
+           CASE WHEN p_s + d_s > 0 AND sm_active_pct IS NOT NULL THEN least(1.0, sm_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS sm_busy,
+           CASE WHEN p_s + d_s > 0 AND dram_active_pct IS NOT NULL THEN least(1.0, dram_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS dram_busy
     FROM iv
 ),
 cv AS (
