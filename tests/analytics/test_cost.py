@@ -13,7 +13,9 @@ from typing import Any
 import duckdb
 import pytest
 
+from analytics.bimodal import idle_split
 from analytics.cost import (
+    ATTRIBUTION_CATEGORY,
     CATEGORIES,
     GpuHourUsage,
     PriceError,
@@ -386,6 +388,11 @@ def test_simulated_costs_reconcile(sim_store: duckdb.DuckDBPyConnection) -> None
         assert b.annualised(64).total_usd_per_year == pytest.approx(
             h["cost_usd"] / h["gpu_seconds"] * 64 * 3600 * 8760
         )
+        # the same GPU time and energy per category as helper A's idle split
+        split = idle_split(sim_store, Window(w.start_s, w.end_s + 1.0, sid))
+        for ours, theirs in ATTRIBUTION_CATEGORY.items():
+            assert h[f"{ours}_s"] == pytest.approx(split.per_gpu[f"{theirs}_s"].sum(), rel=1e-9)
+            assert h[f"energy_j_{ours}"] == pytest.approx(split.per_gpu[f"energy_{theirs}_j"].sum(), rel=1e-9)
         if name.startswith("1p1d"):
             pools = b.by_pool.set_index("pool")
             assert math.isnan(pools.loc["prefill", "usd_per_1m_output"])  # a prefill pool makes no output
