@@ -75,8 +75,11 @@ class GpuHourUsage:
     pool: str | None = None
     model: str | None = None
     node: str | None = None
+    gpu_share: float = 1.0  # of the physical GPU's price: a MIG instance is its slices / 7
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.gpu_share, int | float) and 0 < self.gpu_share <= 1):
+            raise PriceError(f"GpuHourUsage.gpu_share must be in (0, 1], got {self.gpu_share!r}")
         for name, d in (("seconds", self.seconds), ("energy_j", self.energy_j)):
             unknown = set(d) - set(CATEGORIES)
             if unknown:
@@ -203,7 +206,7 @@ def price_usage(
             "hour_start_s": u.hour_start_s,
             "input_tokens": float(u.input_tokens),
             "output_tokens": float(u.output_tokens),
-            "gpu_usd_per_hour": prices.gpu_price(u.gpu_name),
+            "gpu_usd_per_hour": _times(prices.gpu_price(u.gpu_name), u.gpu_share),
         }
         for c in CATEGORIES:
             row[f"{c}_s"] = float(u.seconds.get(c, 0.0))
@@ -403,6 +406,16 @@ def token_counts(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFrame
     return con.execute(sql, [*params, *bounds, *params, *bounds, *tparams, *bounds]).df()
 
 
+def _mig_shares(con: duckdb.DuckDBPyConnection, window: Window) -> dict[tuple[Any, ...], float]:
+    pred, params = window.node_sql("node")
+    rows = con.execute(
+        f'SELECT DISTINCT node, source, device, "index", mig_profile FROM devices '
+        f"WHERE {pred} AND mig_profile IS NOT NULL",
+        params,
+    ).fetchall()
+    return {(n, s, d, None if i is None else int(i)): mig_share(p) for n, s, d, i, p in rows}
+
+
 def _model_name(con: duckdb.DuckDBPyConnection, window: Window) -> str | None:
     if window.simulated:
         row = con.execute("SELECT model FROM scenarios WHERE scenario_id = ?", [window.dataset]).fetchone()
@@ -421,10 +434,16 @@ ATTRIBUTION_CATEGORY = {
 }
 
 
-def usage_rows(raw: pd.DataFrame, tokens: pd.DataFrame, model: str | None) -> list[GpuHourUsage]:
+def usage_rows(
+    raw: pd.DataFrame,
+    tokens: pd.DataFrame,
+    model: str | None,
+    shares: dict[tuple[Any, ...], float] | None = None,
+) -> list[GpuHourUsage]:
     """:class:`GpuHourUsage` rows from the attribution's GPU × pool × hour table
     (:attr:`analytics.attribution.PhaseBreakdown.raw`) and :func:`token_counts`: a GPU is its uuid
-    (else ``node|source|device|index``); categories per :data:`ATTRIBUTION_CATEGORY`."""
+    (else ``node|source|device|index``); categories per :data:`ATTRIBUTION_CATEGORY`. ``shares``:
+    ``(node, source, device, index)`` → share of the physical GPU's price (MIG instances)."""
     if raw.empty:
         return []
     raw = raw.reset_index(drop=True)
@@ -463,6 +482,10 @@ def usage_rows(raw: pd.DataFrame, tokens: pd.DataFrame, model: str | None) -> li
                 pool=None if pd.isna(r.get("role")) else str(r["role"]),
                 model=model,
                 node=str(r["node"]),
+                gpu_share=(shares or {}).get(
+                    (r["node"], r["source"], r["device"], None if pd.isna(r["index"]) else int(r["index"])),
+                    1.0,
+                ),
             )
         )
     return out
@@ -489,7 +512,13 @@ def cost_breakdown(
     trust.notes.extend(n for n in pb.missing if n not in trust.notes)
     model = _model_name(con, window)
     tokens = token_counts(con, window)
-    result = price_usage(usage_rows(pb.raw, tokens, model), prices, trust=trust)
+    shares = _mig_shares(con, window)
+    if shares:
+        trust.notes.append(
+            f"{len(shares)} MIG instances priced at their compute slices / {MIG_SLICES} of their GPU's price; "
+            "their energy is on the physical GPU's row"
+        )
+    result = price_usage(usage_rows(pb.raw, tokens, model, shares), prices, trust=trust)
 
     raw = pb.raw
     unattributed = float(raw["unattributed_s"].sum()) if "unattributed_s" in raw else 0.0
@@ -521,6 +550,27 @@ def cost_breakdown(
             "the attribution covers (a worker without iterations or samples in their hour): not in $/1M tokens"
         )
     return result
+
+
+def _times(price: float | None, share: float) -> float | None:
+    return None if price is None else price * share
+
+
+#: compute slices of a whole GPU in MIG mode (A100, H100, H200: 7 GPCs)
+MIG_SLICES = 7
+
+
+def mig_share(profile: str | None) -> float:
+    """The share of its physical GPU a MIG instance of ``profile`` (e.g. ``1g.10gb``, ``3g.40gb``) is:
+    its compute slices / 7; 1.0 for a whole GPU (no profile) and for a profile that does not parse."""
+    if not profile:
+        return 1.0
+    head = str(profile).split("g.", 1)[0]
+    try:
+        slices = int(head)
+    except ValueError:
+        return 1.0
+    return min(1.0, slices / MIG_SLICES) if slices > 0 else 1.0
 
 
 def _nonneg(v: Any) -> float:

@@ -22,6 +22,7 @@ from analytics.cost import (
     PriceTable,
     cost_breakdown,
     load_prices,
+    mig_share,
     price_usage,
     token_counts,
 )
@@ -397,3 +398,14 @@ def test_simulated_costs_reconcile(sim_store: duckdb.DuckDBPyConnection) -> None
             pools = b.by_pool.set_index("pool")
             assert math.isnan(pools.loc["prefill", "usd_per_1m_output"])  # a prefill pool makes no output
             assert math.isnan(pools.loc["decode", "usd_per_1m_input"])
+
+
+def test_mig_instances_are_priced_by_their_slices() -> None:
+    assert mig_share("1g.10gb") == pytest.approx(1 / 7)
+    assert mig_share("3g.40gb") == pytest.approx(3 / 7)
+    assert mig_share("7g.80gb") == 1.0
+    assert mig_share(None) == 1.0 and mig_share("weird") == 1.0
+    b = price_usage([hand_usage(gpu_share=mig_share("1g.10gb"), energy_j={})], PRICES)
+    assert b.headline()["gpu_cost_usd"] == pytest.approx(2.0 / 7)
+    with pytest.raises(PriceError, match="gpu_share"):
+        hand_usage(gpu_share=0.0)
