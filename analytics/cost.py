@@ -7,12 +7,13 @@ Cost of a GPU-time category c (per GPU and hour)::
 Categories (GPU-seconds and joules per GPU × pool × hour from helper A's attribution,
 :attr:`analytics.attribution.PhaseBreakdown.raw`):
 ``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − DRAM activity)),
-``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (gaps between iterations),
-``idle`` (no work). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
+``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (host time in and gaps between
+iterations), ``idle`` (no work). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
 host_bound and idle; output side (→ $/1M output tokens): decode + stranded_decode + the output share.
 The input share of a GPU-hour's host-bound and idle time is its prefill-side busy time over its busy
-time ((prefill + stranded_prefill) / busy); a GPU-hour with no busy time takes the window's share
-(noted). The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
+time ((prefill + stranded_prefill) / busy); a GPU-hour with no busy time gives it to the input side
+in a prefill pool, the output side in a decode pool, else by the window's share (noted). Formulas and
+sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
 :class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store.
 """
 
@@ -37,8 +38,10 @@ from analytics.trust import Trust
 from analytics.window import Window
 
 __all__ = [
+    "ATTRIBUTION_CATEGORY",
     "CATEGORIES",
     "DEFAULT_SOURCES",
+    "MIG_SLICES",
     "AnnualProjection",
     "CostBreakdown",
     "GpuHourUsage",
@@ -46,8 +49,10 @@ __all__ = [
     "PriceTable",
     "cost_breakdown",
     "load_prices",
+    "mig_share",
     "price_usage",
     "token_counts",
+    "usage_rows",
 ]
 
 CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
