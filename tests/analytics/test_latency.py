@@ -274,3 +274,9 @@ def test_clock_skew_is_said(tmp_path: Path) -> None:
     assert any("clock skew" in n and n.startswith("1 ok requests") for n in s.trust.notes)
     assert s.percentiles["ttft"].n == 5
     con.close()
+
+
+def test_a_live_window_narrowed_to_nodes(hand: duckdb.DuckDBPyConnection) -> None:
+    assert latency_summary(hand, Window(0.0, 20.0, nodes=("n1",)), SLO).requests == 5
+    assert latency_summary(hand, Window(0.0, 20.0, nodes=("n2", "n3")), SLO).requests == 0
+    assert latency_summary(hand, Window(0.0, 20.0, "some-scenario"), SLO).requests == 0
