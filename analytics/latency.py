@@ -448,7 +448,7 @@ def histogram_percentiles(con: duckdb.DuckDBPyConnection, window: Window) -> dic
             continue
         bounds = sorted(entry["buckets"])
         cumulative = [entry["buckets"][b] for b in bounds]
-        cumulative = list(np.maximum.accumulate(cumulative))  # counts are cumulative; guard rounding
+        cumulative = [float(c) for c in np.maximum.accumulate(cumulative)]  # cumulative; guard rounding
         if not math.isinf(bounds[-1]) or not cumulative[-1] > 0:
             continue
         estimates = {f"p{int(q * 100)}": bucket_quantile(q, bounds, cumulative) for q in QUANTILES}
