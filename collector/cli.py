@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from analytics.cli import add_analyze_command
+from analytics.goodput import add_goodput_command
 from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
 
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.set_defaults(func=cmd_store)
     add_simulate_command(sub)
     add_analyze_command(sub)
+    add_goodput_command(sub)
     return parser
 
 

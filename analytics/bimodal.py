@@ -1,0 +1,541 @@
+"""Bimodal idle time: how SM activity is distributed, and where "busy" GPU time is really idle.
+
+A decoding GPU reads ~100 % utilization while most of its SMs idle; a prefilling one keeps them
+busy. Over the sample intervals of :func:`analytics.attribution.gpu_intervals`:
+
+* :func:`bimodality`: per fleet, pool (role), pool × hour and GPU, the distribution of SM activity
+  (utilization % only where the source has no SM activity, then flagged), its bimodality —
+  Hartigan's dip test (the ``diptest`` package), Sarle's bimodality coefficient, a two-component
+  Gaussian mixture fitted by EM (both modes' centres, spreads and weights) — the time-weighted SM
+  activity during prefill and during decode, and the gap between utilization % and SM activity;
+* :func:`idle_split`: GPU-seconds (and joules) per category — productive prefill, stranded bandwidth
+  in prefill (prefill time × (1 − DRAM activity)), productive decode, stranded compute (decode time
+  × (1 − SM activity)), host-bound gaps, true idle — per GPU, pool and hour.
+
+Moments and per-phase activities are SQL aggregates over all intervals; the dip test and the
+mixture run in numpy on at most ``max_points`` values per group, drawn in SQL by a hash of the
+interval (so a group's sample is a uniform one, the same on every run). Formulas and sources:
+docs/analytics/attribution.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import diptest
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analytics.attribution import (
+    CATEGORIES,
+    CATEGORY_SUM_COLS,
+    IntervalTable,
+    PhaseBreakdown,
+    _records,
+    gpu_key,
+    nnls_gram,
+    phase_breakdown,
+)
+from analytics.trust import ESTIMATED, Trust
+from analytics.window import Window
+
+#: Sarle's coefficient above this (the value of a uniform distribution) suggests bimodality.
+SARLE_THRESHOLD = 5.0 / 9.0
+#: dip-test p-value below which the distribution is called bimodal (multimodal).
+DIP_ALPHA = 0.05
+_MIN_POINTS = 4  # Sarle's coefficient needs n > 3; the dip test and the mixture need a few points
+
+
+# -- two-component Gaussian mixture -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mixture2:
+    """Two Gaussian components, ``low`` the one with the smaller mean."""
+
+    mean_low: float
+    mean_high: float
+    std_low: float
+    std_high: float
+    weight_low: float
+    weight_high: float
+    iterations: int
+    converged: bool
+    log_likelihood: float
+
+
+def gaussian_mixture_2(
+    x: np.ndarray, *, max_iter: int = 500, tol: float = 1e-9, min_std: float = 0.5
+) -> Mixture2:
+    """Maximum-likelihood two-component Gaussian mixture of ``x`` by expectation–maximisation
+    (Dempster, Laird & Rubin 1977). Deterministic start: means at the 10th and 90th percentiles,
+    both variances the sample variance / 4, equal weights. ``min_std`` (same unit as ``x``) floors
+    each component's standard deviation so that a pile of identical values (idle GPUs at 0 %) does
+    not collapse a component to zero variance."""
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        raise ValueError(f"a two-component mixture needs at least 2 finite values, got {len(x)}")
+    mu = np.array([np.percentile(x, 10), np.percentile(x, 90)])
+    var = np.full(2, max(x.var() / 4.0, min_std**2))
+    w = np.array([0.5, 0.5])
+    prev = -math.inf
+    ll = -math.inf
+    it = 0
+    converged = False
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count is reported
+        # E step (log domain)
+        logp = -0.5 * ((x[:, None] - mu) ** 2 / var + np.log(2 * math.pi * var)) + np.log(w)
+        top = logp.max(axis=1, keepdims=True)
+        norm = top + np.log(np.exp(logp - top).sum(axis=1, keepdims=True))
+        ll = float(norm.sum())
+        r = np.exp(logp - norm)
+        # M step
+        nk = r.sum(axis=0)
+        nk = np.where(nk > 0, nk, 1e-300)
+        w = nk / len(x)
+        mu = (r * x[:, None]).sum(axis=0) / nk
+        var = np.maximum((r * (x[:, None] - mu) ** 2).sum(axis=0) / nk, min_std**2)
+        if abs(ll - prev) <= tol * max(1.0, abs(ll)):
+            converged = True
+            break
+        prev = ll
+    lo, hi = (0, 1) if mu[0] <= mu[1] else (1, 0)
+    return Mixture2(
+        float(mu[lo]),
+        float(mu[hi]),
+        float(math.sqrt(var[lo])),
+        float(math.sqrt(var[hi])),
+        float(w[lo]),
+        float(w[hi]),
+        it,
+        converged,
+        ll,
+    )
+
+
+def sarle_coefficient(skewness: float, excess_kurtosis: float, n: int) -> float | None:
+    """Sarle's bimodality coefficient ``(g² + 1) / (κ + 3(n−1)² / ((n−2)(n−3)))`` from the sample
+    skewness ``g`` and sample excess kurtosis ``κ`` (both bias-corrected, as DuckDB's
+    ``skewness``/``kurtosis`` give them); None for n ≤ 3 or undefined moments."""
+    if n <= 3 or skewness is None or excess_kurtosis is None:
+        return None
+    if not (math.isfinite(skewness) and math.isfinite(excess_kurtosis)):
+        return None
+    denom = excess_kurtosis + 3.0 * (n - 1) ** 2 / ((n - 2) * (n - 3))
+    return (skewness**2 + 1.0) / denom if denom > 0 else None
+
+
+# -- bimodality -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Bimodality:
+    """Bimodality of SM activity. ``table``: one row per group, ``scope`` one of ``fleet``,
+    ``pool``, ``pool_hour``, ``gpu`` (``role``, ``hour_s``, ``gpu`` fill the key), with ``n``
+    (intervals), ``mean_sm_pct``, ``std_sm_pct``, ``skewness``, ``excess_kurtosis``, ``sarle``,
+    ``dip``, ``dip_p_value``, ``dip_n`` (values the dip test and mixture used), ``bimodal`` (dip
+    p-value < 0.05), the mixture's ``mode_low_pct``/``mode_high_pct``, ``std_low_pct``/
+    ``std_high_pct``, ``weight_low``/``weight_high``; ``sm_prefill_pct``/``sm_decode_pct`` (and
+    ``util_prefill_pct``/``util_decode_pct``, ``dram_prefill_pct``/``dram_decode_pct``): the mean
+    activity while the GPU ran prefill / decode work (least squares of activity-seconds on the state
+    seconds, non-negative); ``util_pct``, ``util_sm_gap_pct`` (time-weighted utilization % minus
+    SM activity, on intervals with both); ``sm_fallback_intervals``. ``missing``: groups left out
+    and why."""
+
+    window: Window
+    table: pd.DataFrame
+    trust: Trust
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window.describe(),
+            "table": _records(self.table),
+            "trust": self.trust.to_dict(),
+            "missing": list(self.missing),
+        }
+
+
+_SCOPES = {
+    # scope -> (GROUPING SETS member, key columns kept)
+    "fleet": ("()", ()),
+    "pool": ("(role)", ("role",)),
+    "pool_hour": ("(role, hour_s)", ("role", "hour_s")),
+    "gpu": ('(role, node, source, device, "index")', ("role", "node", "source", "device", "index")),
+}
+
+
+def _moments_sql(table: str, where: str) -> str:
+    """Per group (grouping sets over the scopes): moments of SM activity and the Gram sums of the
+    per-phase activity regressions."""
+    xs = {
+        "p": "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
+        "d": "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
+        "o": "interval_s - (coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) "
+        "+ coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0))",
+    }
+    ys = {"sm": "sm_active_pct", "util": "gpu_util_pct", "dram": "dram_active_pct"}
+    parts = []
+    keys = list(xs)
+    for i, a in enumerate(keys):
+        for b in keys[i:]:
+            for y, col in ys.items():
+                parts.append(f"sum(({xs[a]}) * ({xs[b]})) FILTER (WHERE {col} IS NOT NULL) AS g_{y}_{a}{b}")
+        for y, col in ys.items():
+            parts.append(f"sum(({xs[a]}) * {col} * interval_s) AS r_{y}_{a}")
+    sets = ", ".join(v[0] for v in _SCOPES.values())
+    return f"""
+SELECT role, hour_s, node, source, device, "index",
+       GROUPING(role, hour_s, node, source, device, "index") AS gid,
+       count(*) AS rows, count(sm_active_pct) AS n, avg(sm_active_pct) AS mean_sm_pct, stddev_samp(sm_active_pct) AS std_sm_pct,
+       skewness(sm_active_pct) AS skewness, kurtosis(sm_active_pct) AS excess_kurtosis,
+       count(*) FILTER (WHERE sm_source = 'gpu_util') AS sm_fallback_intervals,
+       sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
+       sum(gpu_util_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
+           AS util_pct_s,
+       sum(sm_active_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
+           AS sm_pct_s,
+       bool_and(attributed) AS attributed,
+       {", ".join(parts)}
+FROM (SELECT * REPLACE (coalesce(role, 'unknown') AS role) FROM {table}) WHERE {where}
+GROUP BY GROUPING SETS ({sets})
+"""
+
+
+def _gid_scope() -> dict[int, str]:
+    """GROUPING() bit patterns (role, hour_s, node, source, device, index; 1 = not grouped) → scope."""
+    cols = ("role", "hour_s", "node", "source", "device", "index")
+    out = {}
+    for scope, (_, kept) in _SCOPES.items():
+        bits = 0
+        for i, c in enumerate(cols):
+            if c not in kept:
+                bits |= 1 << (len(cols) - 1 - i)
+        out[bits] = scope
+    return out
+
+
+def _points_sql(table: str, where: str, max_points: int) -> str:
+    """Up to ``max_points`` SM activity values per GPU and per pool × hour, uniformly by a hash of
+    the interval; each row says how many intervals its GPU has (``n_gpu``) so pooled groups can
+    be drawn in proportion."""
+    return f"""
+WITH v AS (
+    SELECT coalesce(role, 'unknown') AS role, hour_s, node, source, device, "index", sm_active_pct AS x,
+           hash(node, source, device, "index", t1_s) AS h
+    FROM {table} WHERE {where} AND sm_active_pct IS NOT NULL
+),
+c AS (SELECT *, count(*) OVER (PARTITION BY node, source, device, "index") AS n_gpu FROM v)
+SELECT role, hour_s, node, source, device, "index", x, n_gpu
+FROM c WHERE (h % 1000003) < 1000003.0 * {max_points} / n_gpu
+"""
+
+
+def _phase_activity(rec: dict[str, Any], y: str) -> tuple[float | None, float | None]:
+    """Mean activity (%) during prefill and during decode: non-negative least squares of the
+    activity-seconds of the intervals on their prefill / decode / other seconds."""
+    keys = ("p", "d", "o")
+    g = np.zeros((3, 3))
+    r = np.zeros(3)
+    for i, a in enumerate(keys):
+        for j, b in enumerate(keys):
+            name = f"g_{y}_{a}{b}" if i <= j else f"g_{y}_{b}{a}"
+            v = rec.get(name)
+            g[i, j] = 0.0 if v is None or pd.isna(v) else float(v)
+        v = rec.get(f"r_{y}_{a}")
+        r[i] = 0.0 if v is None or pd.isna(v) else float(v)
+    present = [i for i in range(3) if g[i, i] > 1e-12]
+    b = np.zeros(3)
+    if present:
+        b[present] = nnls_gram(g[np.ix_(present, present)], r[present])
+    out = tuple(float(b[i]) if i in present else None for i in (0, 1))
+    return out[0], out[1]
+
+
+def bimodality(
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    *,
+    min_busy_frac: float = 0.0,
+    max_points: int = 20_000,
+    intervals: IntervalTable | None = None,
+) -> Bimodality:
+    """Bimodality of SM activity per fleet, pool, pool × hour and GPU over ``window``'s sample
+    intervals. ``min_busy_frac`` > 0 keeps only intervals whose GPU-busy (prefill + decode) share is
+    at least that (idle intervals otherwise form a mode of their own at 0 %); GPUs without serving
+    telemetry have no known busy share and are then left out (noted)."""
+    if not 0.0 <= min_busy_frac <= 1.0:
+        raise ValueError(f"min_busy_frac must be within [0, 1], got {min_busy_frac}")
+    if max_points < _MIN_POINTS:
+        raise ValueError(f"max_points must be at least {_MIN_POINTS}, got {max_points}")
+    if intervals is not None:
+        return _bimodality_from(con, window, intervals.name, min_busy_frac, max_points)
+    with IntervalTable(con, window) as t:
+        return _bimodality_from(con, window, t.name, min_busy_frac, max_points)
+
+
+def _bimodality_from(
+    con: duckdb.DuckDBPyConnection, window: Window, table: str, min_busy_frac: float, max_points: int
+) -> Bimodality:
+    trust = Trust()
+    missing: list[str] = []
+    where = "TRUE"
+    if min_busy_frac > 0:
+        where = (
+            "attributed AND coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) + coalesce(decode_s, 0)"
+            f" + coalesce(mixed_decode_s, 0) >= {float(min_busy_frac)} * interval_s"
+        )
+        unattributed = con.execute(f"SELECT count(*) FROM {table} WHERE NOT attributed").fetchone()[0]
+        if unattributed:
+            missing.append(
+                f"{unattributed} intervals of GPUs without serving telemetry left out: their busy share "
+                "is unknown"
+            )
+    labels = con.execute(f"SELECT DISTINCT trust FROM {table}").fetchall()
+    for (label,) in labels:
+        trust.add(label)
+    mom = con.execute(_moments_sql(table, where)).df()
+    pts = con.execute(_points_sql(table, where, max_points)).df()
+    scope_of = _gid_scope()
+    rows = []
+    rng = np.random.default_rng(0)
+    pts["gkey"] = [
+        gpu_key(n, s, d, i)
+        for n, s, d, i in zip(pts["node"], pts["source"], pts["device"], pts["index"], strict=True)
+    ]
+    per_gpu_n = pts.groupby("gkey")["n_gpu"].first() if not pts.empty else pd.Series(dtype=float)
+    for rec in mom.to_dict(orient="records"):
+        scope = scope_of.get(int(rec["gid"]))
+        if scope is None or not rec["rows"]:  # the empty grouping set of an empty window
+            continue
+        sel = pd.Series(True, index=pts.index)
+        row: dict[str, Any] = {"scope": scope, "role": None, "hour_s": None, "gpu": None}
+        if scope in ("pool", "pool_hour", "gpu"):
+            row["role"] = rec["role"]
+            sel &= pts["role"] == rec["role"]
+        if scope == "pool_hour":
+            row["hour_s"] = rec["hour_s"]
+            sel &= pts["hour_s"] == rec["hour_s"]
+        if scope == "gpu":
+            row["gpu"] = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
+            sel &= pts["gkey"] == row["gpu"]
+        x = _draw(pts[sel], per_gpu_n, max_points, rng)
+        n = int(rec["n"] or 0)
+        row.update(
+            n=n,
+            mean_sm_pct=_num(rec["mean_sm_pct"]),
+            std_sm_pct=_num(rec["std_sm_pct"]),
+            skewness=_num(rec["skewness"]),
+            excess_kurtosis=_num(rec["excess_kurtosis"]),
+            sarle=sarle_coefficient(_num(rec["skewness"]), _num(rec["excess_kurtosis"]), n),
+            dip_n=len(x),
+        )
+        row.update(_dip_and_mixture(x))
+        for y in ("sm", "util", "dram"):
+            p, d = _phase_activity(rec, y)
+            row[f"{y}_prefill_pct"], row[f"{y}_decode_pct"] = p, d
+        both = _num(rec["both_s"])
+        row["util_pct"] = _num(rec["util_pct_s"]) / both if both else None
+        row["util_sm_gap_pct"] = (_num(rec["util_pct_s"]) - _num(rec["sm_pct_s"])) / both if both else None
+        row["sm_fallback_intervals"] = int(rec["sm_fallback_intervals"] or 0)
+        rows.append(row)
+        label = _label(row)
+        if n < _MIN_POINTS:
+            missing.append(f"{label}: {n} intervals with SM activity: too few for the dip test and mixture")
+        elif row["std_sm_pct"] in (None, 0.0):
+            missing.append(f"{label}: SM activity is constant: no distribution to test")
+        if row["sm_prefill_pct"] is None and scope != "pool_hour":
+            missing.append(f"{label}: no prefill time: SM activity during prefill unknown")
+        if row["sm_decode_pct"] is None and scope != "pool_hour":
+            missing.append(f"{label}: no decode time: SM activity during decode unknown")
+        if both is None or both == 0:
+            missing.append(f"{label}: no interval with both utilization % and SM activity: gap unknown")
+    table_df = pd.DataFrame(rows)
+    if table_df.empty:
+        missing.insert(0, "no GPU sample intervals with SM activity or utilization % in the window")
+    else:
+        order = {s: i for i, s in enumerate(_SCOPES)}
+        table_df = table_df.sort_values(
+            by=["scope", "role", "hour_s", "gpu"], key=lambda c: c.map(order) if c.name == "scope" else c
+        ).reset_index(drop=True)
+        if table_df["sm_fallback_intervals"].max() > 0:
+            trust.add(
+                ESTIMATED,
+                "SM activity missing on some intervals (e.g. dcgm-exporter without profiling fields): "
+                "utilization % used there, which reads busy whenever any kernel runs",
+            )
+    trust.notes.append(
+        f"dip test (Hartigan) and two-component mixture on up to {max_points} uniformly drawn intervals "
+        "per group; moments and per-phase activity on all intervals"
+    )
+    # the hour-level rows are many and noisy: their missing phases are not worth a note each
+    return Bimodality(window, table_df, trust, missing)
+
+
+def _label(row: dict[str, Any]) -> str:
+    if row["scope"] == "fleet":
+        return "fleet"
+    if row["scope"] == "pool":
+        return f"pool {row['role']}"
+    if row["scope"] == "pool_hour":
+        return f"pool {row['role']} hour {row['hour_s']:.0f}"
+    return f"GPU {row['gpu']}"
+
+
+def _num(v: Any) -> float | None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)) or pd.isna(v):
+        return None
+    return float(v)
+
+
+def _draw(sel: pd.DataFrame, per_gpu_n: pd.Series, max_points: int, rng: np.random.Generator) -> np.ndarray:
+    """A group's values: each GPU's drawn values, thinned so that GPUs weigh as their interval counts."""
+    if sel.empty:
+        return np.array([])
+    groups = dict(list(sel.groupby("gkey")["x"]))
+    if len(groups) == 1:
+        return next(iter(groups.values())).to_numpy(dtype=float)
+    total = float(sum(per_gpu_n[k] for k in groups))
+    budget = min(max_points, len(sel))
+    out = []
+    for k, vals in groups.items():
+        want = min(len(vals), max(1, round(budget * per_gpu_n[k] / total)))
+        v = vals.to_numpy(dtype=float)
+        out.append(v if want >= len(v) else rng.choice(v, size=want, replace=False))
+    return np.concatenate(out)
+
+
+def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
+    keys = (
+        "dip",
+        "dip_p_value",
+        "bimodal",
+        "mode_low_pct",
+        "mode_high_pct",
+        "std_low_pct",
+        "std_high_pct",
+        "weight_low",
+        "weight_high",
+    )
+    out: dict[str, Any] = dict.fromkeys(keys)
+    if len(x) < _MIN_POINTS or float(np.ptp(x)) == 0.0:
+        return out
+    dip, p = diptest.diptest(np.sort(x))
+    m = gaussian_mixture_2(x)
+    out.update(
+        dip=float(dip),
+        dip_p_value=float(p),
+        bimodal=bool(p < DIP_ALPHA),
+        mode_low_pct=m.mean_low,
+        mode_high_pct=m.mean_high,
+        std_low_pct=m.std_low,
+        std_high_pct=m.std_high,
+        weight_low=m.weight_low,
+        weight_high=m.weight_high,
+    )
+    return out
+
+
+# -- idle split -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class IdleSplit:
+    """GPU-seconds and joules per category (``CATEGORIES``: productive_prefill, stranded_bandwidth,
+    productive_decode, stranded_compute, host_bound, idle) per GPU, pool (role) and hour × pool:
+    ``<category>_s``, ``frac_<category>`` (of attributed seconds; they sum to 1), ``energy_<category>_j``
+    (summing to the attributed measured energy), plus ``interval_s``, ``attributed_s``,
+    ``unattributed_s``, ``energy_j``, ``util_pct``, ``sm_active_pct`` and ``util_sm_gap_pct``
+    (time-weighted, on intervals with both), ``decode_activity_unknown_s`` /
+    ``prefill_activity_unknown_s`` (counted productive: the activity that would split them is
+    missing). ``missing`` says what could not be split."""
+
+    window: Window
+    per_gpu: pd.DataFrame
+    per_pool: pd.DataFrame
+    per_hour: pd.DataFrame
+    trust: Trust
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window.describe(),
+            "per_gpu": _records(self.per_gpu),
+            "per_pool": _records(self.per_pool),
+            "per_hour": _records(self.per_hour),
+            "trust": self.trust.to_dict(),
+            "missing": list(self.missing),
+        }
+
+
+_SPLIT_SUMS = (
+    "interval_s",
+    "attributed_s",
+    "unattributed_s",
+    "idle_s",
+    "energy_j",
+    "energy_idle_j",
+    "energy_unattributed_j",
+    *CATEGORY_SUM_COLS,
+)
+
+
+def _split_table(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    g = df.groupby(keys, as_index=False, dropna=False)[list(_SPLIT_SUMS)].sum(min_count=1)
+    for c in CATEGORIES:
+        g[f"{c}_s"] = g[f"{c}_s"].fillna(0.0)
+        g[f"energy_{c}_j"] = g[f"energy_{c}_j"].fillna(0.0)
+    denom = g["attributed_s"].where(g["attributed_s"] > 0)
+    for c in CATEGORIES:
+        g[f"frac_{c}"] = g[f"{c}_s"] / denom
+    both = g["both_s"].where(g["both_s"] > 0)
+    g["util_pct"] = g["util_pct_s"] / both
+    g["sm_active_pct"] = g["sm_pct_s"] / both
+    g["util_sm_gap_pct"] = g["util_pct"] - g["sm_active_pct"]
+    return g.drop(columns=["both_s", "util_pct_s", "sm_pct_s"])
+
+
+def idle_split(
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    *,
+    breakdown: PhaseBreakdown | None = None,
+    intervals: IntervalTable | None = None,
+) -> IdleSplit:
+    """GPU time and energy of ``window`` per category, per GPU, pool and hour. ``breakdown``: a
+    :func:`~analytics.attribution.phase_breakdown` of the same window to derive it from without
+    querying again (its ``raw`` sums carry the categories)."""
+    if breakdown is None:
+        breakdown = phase_breakdown(con, window, intervals=intervals)
+    elif breakdown.window != window:
+        raise ValueError("the breakdown given is of another window than the one asked for")
+    trust = Trust().merge([breakdown.trust])
+    missing = list(breakdown.missing)
+    raw = breakdown.raw
+    if raw.empty:
+        empty = pd.DataFrame(columns=[*_SPLIT_SUMS])
+        return IdleSplit(window, empty, empty.copy(), empty.copy(), trust, missing)
+    per_gpu = _split_table(raw, ["node", "source", "device", "index", "role"])
+    per_pool = _split_table(raw, ["role"])
+    per_hour = _split_table(raw, ["hour_s", "role"])
+    unknown_d = float(raw["decode_activity_unknown_s"].sum())
+    unknown_p = float(raw["prefill_activity_unknown_s"].sum())
+    if unknown_d > 0:
+        missing.append(
+            f"{unknown_d:.1f} s of decode time have no SM activity (nor utilization %): counted "
+            "productive decode, stranded compute unknown there"
+        )
+    if unknown_p > 0:
+        missing.append(
+            f"{unknown_p:.1f} s of prefill time have no DRAM activity: counted productive prefill, "
+            "stranded bandwidth unknown there"
+        )
+    trust.notes.append(
+        "stranded compute = decode seconds × (1 − SM activity during GPU-busy time); stranded "
+        "bandwidth = prefill seconds × (1 − DRAM activity during GPU-busy time), per interval"
+    )
+    return IdleSplit(window, per_gpu, per_pool, per_hour, trust, missing)

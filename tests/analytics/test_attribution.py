@@ -1,0 +1,365 @@
+"""Phase attribution: hand-computed intervals, the power model, reconciliation, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+
+from analytics.attribution import (
+    MODEL_TERMS,
+    STATES,
+    gpu_intervals,
+    gpu_key,
+    nnls_gram,
+    phase_breakdown,
+)
+from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
+from analytics.window import Window
+from collector.store import Store
+
+NODE = "n1"
+GPU = {"node": NODE, "source": "nvml", "device": "cuda:0", "index": 0}
+KEY = gpu_key(NODE, "nvml", "cuda:0", 0)
+WINDOW = Window(100.0, 105.0, "live")
+# true power per model term, W: the hand case's energies are generated from them
+TRUE_W = {"prefill": 500.0, "decode": 250.0, "host_bound": 120.0, "idle": 100.0}
+
+
+def samples(ts: list[float], energy_mj: list[int | None], **cols: Any) -> list[dict[str, Any]]:
+    """gpu_samples rows (wide: the device attributes go to ``devices``) of GPU ``cuda:0``."""
+    base = {
+        **GPU,
+        "kind": "cuda",
+        "uuid": "GPU-a",
+        "name": "NVIDIA H100 80GB HBM3",
+        "emulated": False,
+        "worker": "w0",
+        "role": "mixed",
+        "sm_active_pct": 50.0,
+        "gpu_util_pct": 90.0,
+        "dram_active_pct": 40.0,
+        "power_w": 200.0,
+    }
+    return [{**base, "ts_s": t, "energy_mj": e, **cols} for t, e in zip(ts, energy_mj, strict=True)]
+
+
+def iteration(start_s: float, end_s: float, phase: str, **cols: Any) -> dict[str, Any]:
+    return {
+        "node": NODE,
+        "source": "worker-0",
+        "worker": "w0",
+        "gpu_uuid": "GPU-a",
+        "gpu_index": 0,
+        "start_s": start_s,
+        "end_s": end_s,
+        "phase": phase,
+        **cols,
+    }
+
+
+def request(rid: str, arrival_s: float, finish_s: float, **cols: Any) -> dict[str, Any]:
+    return {
+        "node": NODE,
+        "source": "router",
+        "request_id": rid,
+        "arrival_s": arrival_s,
+        "finish_s": finish_s,
+        "prefill_worker": "w0",
+        "decode_worker": "w0",
+        "status": "ok",
+        **cols,
+    }
+
+
+HAND_ITERATIONS = [
+    iteration(100.2, 100.7, "prefill", prefill_tokens=500),
+    iteration(100.9, 101.3, "decode", decode_seqs=8),
+    iteration(101.5, 102.5, "mixed", prefill_tokens=300, decode_seqs=100),  # 3/4 prefill by tokens
+    iteration(102.6, 103.0, "decode", decode_seqs=8, modeled_s=0.3, lag_s=0.0),  # 0.1 s host first
+]
+HAND_REQUESTS = [request("r1", 100.0, 101.3), request("r2", 101.4, 103.0)]
+# expected state seconds per interval (100,101], (101,102], (102,103], (103,104]
+HAND_STATES = {
+    "prefill_s": [0.5, 0.0, 0.0, 0.0],
+    "decode_s": [0.1, 0.3, 0.3, 0.0],
+    "mixed_prefill_s": [0.0, 0.375, 0.375, 0.0],
+    "mixed_decode_s": [0.0, 0.125, 0.125, 0.0],
+    "host_s": [0.0, 0.0, 0.1, 0.0],
+    "gap_s": [0.4, 0.1, 0.1, 0.0],
+    "idle_s": [0.0, 0.1, 0.0, 1.0],
+}
+
+
+def hand_energy_j() -> list[float]:
+    """Interval energies made from TRUE_W and HAND_STATES."""
+    term = {
+        "prefill_s": "prefill",
+        "mixed_prefill_s": "prefill",
+        "decode_s": "decode",
+        "mixed_decode_s": "decode",
+        "host_s": "host_bound",
+        "gap_s": "host_bound",
+        "idle_s": "idle",
+    }
+    return [sum(TRUE_W[term[s]] * HAND_STATES[s][i] for s in STATES) for i in range(4)]
+
+
+def counter_mj(energies_j: list[float], start_mj: int = 1_000_000) -> list[int]:
+    out = [start_mj]
+    for e in energies_j:
+        out.append(out[-1] + round(e * 1000))
+    return out
+
+
+def make_store(path: Path, tables: dict[str, list[dict[str, Any]]]) -> duckdb.DuckDBPyConnection:
+    """A store file with these rows, reopened read-only (as analytics read it)."""
+    with Store.open(path) as store:
+        for table, rows in tables.items():
+            if rows:
+                store.append(table, rows)
+    return duckdb.connect(str(path), read_only=True)
+
+
+@pytest.fixture
+def hand(tmp_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    con = make_store(
+        tmp_path / "hand.duckdb",
+        {
+            "gpu_samples": samples([100.0, 101.0, 102.0, 103.0, 104.0], counter_mj(hand_energy_j())),
+            "iterations": HAND_ITERATIONS,
+            "requests": HAND_REQUESTS,
+        },
+    )
+    yield con
+    con.close()
+
+
+def test_interval_states_are_the_hand_computed_seconds(hand):
+    df = gpu_intervals(hand, WINDOW)
+    assert list(df["t0_s"]) == [100.0, 101.0, 102.0, 103.0]  # the first sample only opens
+    assert list(df["interval_s"]) == [1.0, 1.0, 1.0, 1.0]
+    for state, expected in HAND_STATES.items():
+        np.testing.assert_allclose(df[state], expected, atol=1e-9, err_msg=state)
+    np.testing.assert_allclose(df[list(STATES)].sum(axis=1), df["interval_s"], atol=1e-9)
+    np.testing.assert_allclose(df["energy_j"], hand_energy_j(), atol=1e-3)
+    assert set(df["energy_source"]) == {"counter"}
+    assert set(df["worker"]) == {"w0"} and set(df["role"]) == {"mixed"}
+    assert set(df["trust"]) == {MEASURED} and not df["host_bound"].any()
+
+
+def test_power_model_recovers_the_watts_and_apportions_exactly(hand):
+    pb = phase_breakdown(hand, WINDOW)
+    fit = pb.fits[KEY]
+    for term in MODEL_TERMS:
+        assert fit.coef_w[term] == pytest.approx(TRUE_W[term], rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-9) and fit.intervals == 4
+    g = pb.per_gpu.iloc[0]
+    expected_j = {
+        "prefill": 0.5 * 500,
+        "mixed_prefill": 0.75 * 500,
+        "decode": 0.7 * 250,
+        "mixed_decode": 0.25 * 250,
+        "host": 0.1 * 120,
+        "gap": 0.6 * 120,
+        "idle": 1.1 * 100,
+    }
+    for state, joules in expected_j.items():
+        assert g[f"energy_{state}_j"] == pytest.approx(joules, rel=1e-6), state
+    assert g["energy_j"] == pytest.approx(sum(hand_energy_j()), rel=1e-9)
+    assert sum(g[f"frac_{s[:-2]}"] for s in STATES) == pytest.approx(1.0)
+    assert g["frac_idle"] == pytest.approx(1.1 / 4)
+    assert pb.trust.labels == {MEASURED}
+    assert pb.missing == []
+    assert pb.per_pool.iloc[0]["role"] == "mixed" and pb.per_pool.iloc[0]["gpus"] == 1
+    assert len(pb.per_hour) == 1 and pb.per_hour.iloc[0]["energy_j"] == pytest.approx(g["energy_j"])
+    d = pb.to_dict()
+    assert d["fits"][KEY]["coef_w"]["decode"] == pytest.approx(250.0)
+
+
+def test_attributed_energy_equals_the_counter_delta_even_when_the_model_does_not_fit(tmp_path):
+    # energies that no non-negative model reproduces (noise): apportionment still sums to them
+    rng = np.random.default_rng(3)
+    noisy = [e * f for e, f in zip(hand_energy_j(), rng.uniform(0.5, 1.6, 4), strict=True)]
+    con = make_store(
+        tmp_path / "noisy.duckdb",
+        {
+            "gpu_samples": samples([100.0, 101.0, 102.0, 103.0, 104.0], counter_mj(noisy)),
+            "iterations": HAND_ITERATIONS,
+            "requests": HAND_REQUESTS,
+        },
+    )
+    pb = phase_breakdown(con, WINDOW)
+    g = pb.per_gpu.iloc[0]
+    attributed = sum(g[f"energy_{s[:-2]}_j"] for s in STATES)
+    delta_j = (counter_mj(noisy)[-1] - counter_mj(noisy)[0]) / 1000.0
+    assert attributed == pytest.approx(delta_j, rel=0.01)
+    assert g["energy_j"] == pytest.approx(delta_j, rel=1e-9)
+
+
+def test_nnls_keeps_coefficients_non_negative_and_matches_unconstrained_when_feasible():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    y = np.array([2.0, -1.0, 1.0])  # unconstrained: b2 < 0
+    b = nnls_gram(x.T @ x, x.T @ y)
+    assert b[1] == 0.0 and b[0] == pytest.approx(1.5)  # argmin over b1 of (b1-2)²+(b1-1)²
+    y2 = np.array([2.0, 1.0, 3.0])
+    assert nnls_gram(x.T @ x, x.T @ y2) == pytest.approx(np.linalg.lstsq(x, y2, rcond=None)[0])
+
+
+def test_empty_window_says_so(tmp_path):
+    con = make_store(tmp_path / "empty.duckdb", {})
+    pb = phase_breakdown(con, WINDOW)
+    assert pb.per_gpu.empty and pb.fits == {}
+    assert any("no GPU sample intervals" in m for m in pb.missing)
+    assert str(pb.trust) == "no data"
+    assert gpu_intervals(con, WINDOW).empty
+
+
+def test_a_gpu_with_iterations_but_no_samples_is_reported(tmp_path):
+    con = make_store(
+        tmp_path / "nosamples.duckdb", {"iterations": HAND_ITERATIONS, "requests": HAND_REQUESTS}
+    )
+    pb = phase_breakdown(con, WINDOW)
+    assert any("no samples" in m and "4 iterations" in m for m in pb.missing)
+
+
+def test_counter_reset_and_missing_counter_fall_back_to_integrated_power_flagged(tmp_path):
+    energy = [
+        5_000_000,
+        5_300_000,
+        1_000,
+        None,
+        400_000,
+    ]  # (101,102]: reset; (102,103], (103,104]: no counter
+    rows = samples([100.0, 101.0, 102.0, 103.0, 104.0], energy)
+    for r, p in zip(rows, [200.0, 200.0, 300.0, 100.0, 100.0], strict=True):
+        r["power_w"] = p
+    con = make_store(tmp_path / "reset.duckdb", {"gpu_samples": rows, "iterations": HAND_ITERATIONS})
+    df = gpu_intervals(con, WINDOW)
+    assert list(df["energy_source"]) == [
+        "counter",
+        "integrated-reset",
+        "integrated-no-counter",
+        "integrated-no-counter",
+    ]
+    np.testing.assert_allclose(df["energy_j"], [300.0, 250.0, 200.0, 100.0])  # trapezoid rule
+    pb = phase_breakdown(con, WINDOW)
+    assert ESTIMATED in pb.trust.labels
+    assert pb.per_gpu.iloc[0]["energy_estimated_j"] == pytest.approx(550.0)
+    assert any("reset/wrap" in m for m in pb.missing) and any("no energy counter" in m for m in pb.missing)
+
+
+def test_no_counter_and_no_power_leave_energy_unknown_not_zero(tmp_path):
+    rows = samples([100.0, 101.0, 102.0], [None, None, None], power_w=None)
+    con = make_store(tmp_path / "nopower.duckdb", {"gpu_samples": rows})
+    df = gpu_intervals(con, WINDOW)
+    assert df["energy_j"].isna().all()
+    pb = phase_breakdown(con, WINDOW)
+    assert any("neither energy counter nor power on 2 intervals" in m for m in pb.missing)
+    assert pb.fits[KEY].coef_w["idle"] is None and pb.fits[KEY].intervals == 0
+
+
+def test_overlapping_iterations_count_each_gpu_second_once(tmp_path):
+    its = [iteration(100.0, 100.8, "decode"), iteration(100.5, 101.0, "prefill")]  # overlap 0.3 s
+    con = make_store(
+        tmp_path / "overlap.duckdb",
+        {"gpu_samples": samples([100.0, 101.0], [0, 200_000]), "iterations": its},
+    )
+    df = gpu_intervals(con, WINDOW)
+    assert df.iloc[0]["decode_s"] == pytest.approx(0.8) and df.iloc[0]["prefill_s"] == pytest.approx(0.2)
+    assert df.iloc[0][list(STATES)].sum() == pytest.approx(1.0)
+    pb = phase_breakdown(con, WINDOW)
+    assert any("1 iterations overlap" in m for m in pb.missing)
+
+
+def test_clock_skew_iterations_outside_the_samples_are_reported(tmp_path):
+    skewed = [iteration(t + 3600.0, t + 3600.5, "decode") for t in (100.0, 101.0)]
+    con = make_store(
+        tmp_path / "skew.duckdb",
+        {"gpu_samples": samples([100.0, 101.0, 102.0], [0, 100_000, 200_000]), "iterations": skewed},
+    )
+    w = Window(100.0, 4000.0)
+    df = gpu_intervals(con, w)
+    assert df["idle_s"].sum() == pytest.approx(2.0)  # nothing ran while it was sampled
+    pb = phase_breakdown(con, w)
+    assert any("outside their GPU's samples" in m for m in pb.missing)
+
+
+def test_a_gpu_without_serving_telemetry_is_unattributed_not_idle(tmp_path):
+    rows = samples([100.0, 101.0, 102.0], [0, 100_000, 200_000], worker=None, role=None, uuid="GPU-x")
+    con = make_store(tmp_path / "ext.duckdb", {"gpu_samples": rows})
+    df = gpu_intervals(con, WINDOW)
+    assert not df["attributed"].any() and df["idle_s"].isna().all()
+    pb = phase_breakdown(con, WINDOW)
+    g = pb.per_gpu.iloc[0]
+    assert g["unattributed_s"] == pytest.approx(2.0) and g["energy_unattributed_j"] == pytest.approx(200.0)
+    assert np.isnan(g["frac_idle"])
+    assert any("phase states unknown" in m for m in pb.missing)
+
+
+def test_sm_activity_falls_back_to_utilization_flagged(tmp_path):
+    rows = samples([100.0, 101.0, 102.0], [0, 100_000, 200_000], sm_active_pct=None)
+    con = make_store(tmp_path / "dcgm.duckdb", {"gpu_samples": rows, "iterations": HAND_ITERATIONS[:1]})
+    df = gpu_intervals(con, WINDOW)
+    assert set(df["sm_source"]) == {"gpu_util"} and set(df["sm_active_pct"]) == {90.0}
+    pb = phase_breakdown(con, WINDOW)
+    assert ESTIMATED in pb.trust.labels and any("utilization %" in n for n in pb.trust.notes)
+
+
+def test_host_bound_emulated_windows_are_labelled(tmp_path):
+    rows = samples([100.0, 101.0, 102.0], [0, 100_000, 200_000], emulated=True, host_bound_pct=25.0)
+    lagged = [iteration(100.2, 100.7, "decode", modeled_s=0.2, lag_s=0.3)]
+    con = make_store(tmp_path / "emu.duckdb", {"gpu_samples": rows, "iterations": lagged})
+    df = gpu_intervals(con, WINDOW)
+    assert df["host_bound"].all() and set(df["trust"]) == {"emulated"}
+    # the step's wall time beyond the modeled GPU time is host time with the GPU idle
+    assert df.iloc[0]["decode_s"] == pytest.approx(0.2) and df.iloc[0]["host_s"] == pytest.approx(0.3)
+    pb = phase_breakdown(con, WINDOW)
+    assert {HOST_BOUND, "emulated"} <= pb.trust.labels
+
+
+def test_mig_energy_is_counted_once_per_physical_gpu(tmp_path):
+    whole = samples([100.0, 101.0, 102.0], [0, 300_000, 600_000], sm_active_pct=None, gpu_util_pct=None)
+    for r in whole:
+        r["uuid"] = "GPU-phys"
+    inst = [
+        {
+            **r,
+            "device": "cuda:0/gi1",
+            "uuid": None,
+            "parent_uuid": "GPU-phys",
+            "mig_instance_id": 1,
+            "mig_profile": "3g.40gb",
+            "power_w": None,
+            "energy_mj": None,
+            "sm_active_pct": 30.0,
+        }
+        for r in whole
+    ]
+    con = make_store(tmp_path / "mig.duckdb", {"gpu_samples": whole + inst})
+    df = gpu_intervals(con, WINDOW)
+    by_dev = df.groupby("device")["energy_j"].sum(min_count=1)
+    assert by_dev["cuda:0"] == pytest.approx(600.0) and np.isnan(by_dev["cuda:0/gi1"])
+    assert set(df.loc[df["device"] == "cuda:0/gi1", "energy_source"]) == {"mig-parent"}
+    assert set(df.loc[df["device"] == "cuda:0/gi1", "sm_active_pct"]) == {30.0}
+    pb = phase_breakdown(con, WINDOW)
+    assert pb.per_gpu["energy_j"].sum() == pytest.approx(600.0)
+    assert any("MIG instance" in m for m in pb.missing)
+
+
+def test_disaggregated_request_spans_make_gaps_only_where_the_worker_had_work(tmp_path):
+    # w0 prefills r1 (arrival 100.0 → KV hand-off at 100.5); decode happens elsewhere
+    rows = samples([100.0, 101.0], [0, 100_000])
+    req = request("r1", 100.0, 102.0, decode_worker="w1", prefill_end_s=100.4, kv_transfer_start_s=100.5)
+    con = make_store(
+        tmp_path / "disagg.duckdb",
+        {"gpu_samples": rows, "iterations": [iteration(100.1, 100.4, "prefill")], "requests": [req]},
+    )
+    r = gpu_intervals(con, WINDOW).iloc[0]
+    assert r["prefill_s"] == pytest.approx(0.3)
+    assert r["gap_s"] == pytest.approx(0.2)  # in flight 100.0–100.5, minus 0.3 s of iteration
+    assert r["idle_s"] == pytest.approx(0.5)

@@ -1,0 +1,229 @@
+"""Bimodality of SM activity and the idle split: known mixtures, hand cases, simulated stores."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from analytics.attribution import STATES, IntervalTable, phase_breakdown
+from analytics.bimodal import (
+    CATEGORIES,
+    SARLE_THRESHOLD,
+    bimodality,
+    gaussian_mixture_2,
+    idle_split,
+    sarle_coefficient,
+)
+from analytics.trust import ESTIMATED, SIMULATED
+from analytics.window import resolve_window, scenarios
+from collector.cli import main
+from tests.analytics.test_attribution import (
+    HAND_ITERATIONS,
+    HAND_REQUESTS,
+    WINDOW,
+    counter_mj,
+    hand_energy_j,
+    iteration,
+    make_store,
+    samples,
+)
+
+
+def test_mixture_recovers_two_known_components():
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(20.0, 3.0, 7000), rng.normal(70.0, 5.0, 3000)])
+    m = gaussian_mixture_2(x)
+    assert m.converged
+    assert m.mean_low == pytest.approx(20.0, abs=0.3) and m.mean_high == pytest.approx(70.0, abs=0.5)
+    assert m.std_low == pytest.approx(3.0, abs=0.2) and m.std_high == pytest.approx(5.0, abs=0.3)
+    assert m.weight_low == pytest.approx(0.7, abs=0.02) and m.weight_low + m.weight_high == pytest.approx(1.0)
+
+
+def test_sarle_coefficient_by_hand():
+    # n = 10, g = 0, κ = -1.5: (0 + 1) / (-1.5 + 3·81/(8·7)) = 1 / 2.839285...
+    assert sarle_coefficient(0.0, -1.5, 10) == pytest.approx(1.0 / (-1.5 + 243.0 / 56.0))
+    assert sarle_coefficient(0.0, 0.0, 3) is None
+    rng = np.random.default_rng(1)
+    normal = rng.normal(0, 1, 5000)
+    two = np.concatenate([rng.normal(-3, 1, 2500), rng.normal(3, 1, 2500)])
+    con = duckdb.connect()
+    for x, bimodal in ((normal, False), (two, True)):
+        g, k = con.execute(
+            "SELECT skewness(x), kurtosis(x) FROM (SELECT unnest(?) AS x)", [x.tolist()]
+        ).fetchone()
+        assert (sarle_coefficient(g, k, len(x)) > SARLE_THRESHOLD) is bimodal
+
+
+def _store_with_sm(tmp_path: Path, values: np.ndarray, name: str) -> duckdb.DuckDBPyConnection:
+    ts = [100.0 + 0.1 * i for i in range(len(values) + 1)]
+    rows = samples(ts, counter_mj([10.0] * len(values)))
+    for r, v in zip(rows[1:], values, strict=True):
+        r["sm_active_pct"] = float(v)
+    return make_store(tmp_path / name, {"gpu_samples": rows})
+
+
+def test_dip_test_tells_a_bimodal_from_a_unimodal_gpu(tmp_path):
+    rng = np.random.default_rng(5)
+    w = type(WINDOW)(100.0, 300.0)
+    two = np.clip(np.concatenate([rng.normal(15, 3, 600), rng.normal(60, 4, 400)]), 0, 100)
+    one = np.clip(rng.normal(40, 5, 1000), 0, 100)
+    for values, bimodal, name in ((two, True, "two.duckdb"), (one, False, "one.duckdb")):
+        bm = bimodality(_store_with_sm(tmp_path, rng.permutation(values), name), w)
+        gpu = bm.table[bm.table["scope"] == "gpu"].iloc[0]
+        assert gpu["n"] == 1000 and gpu["dip_n"] == 1000
+        assert bool(gpu["bimodal"]) is bimodal, (gpu["dip"], gpu["dip_p_value"])
+        if bimodal:
+            assert gpu["mode_low_pct"] == pytest.approx(15, abs=1) and gpu["mode_high_pct"] == pytest.approx(
+                60, abs=1
+            )
+            assert gpu["weight_low"] == pytest.approx(0.6, abs=0.03)
+            assert gpu["sarle"] > SARLE_THRESHOLD
+        assert set(bm.table["scope"]) == {"fleet", "pool", "pool_hour", "gpu"}
+
+
+def test_per_phase_activity_and_the_utilization_gap_by_hand(hand_con):
+    bm = bimodality(hand_con, WINDOW)
+    fleet = bm.table[bm.table["scope"] == "fleet"].iloc[0]
+    # every interval reads 50 % SM, 90 % utilization: the gap is 40 points
+    assert fleet["util_sm_gap_pct"] == pytest.approx(40.0) and fleet["util_pct"] == pytest.approx(90.0)
+    assert fleet["n"] == 4 and fleet["std_sm_pct"] == pytest.approx(0.0)
+    assert any("constant" in m for m in bm.missing)
+
+
+@pytest.fixture
+def hand_con(tmp_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    rows = samples([100.0, 101.0, 102.0, 103.0, 104.0], counter_mj(hand_energy_j()))
+    con = make_store(
+        tmp_path / "hand.duckdb",
+        {"gpu_samples": rows, "iterations": HAND_ITERATIONS, "requests": HAND_REQUESTS},
+    )
+    yield con
+    con.close()
+
+
+def test_idle_split_by_hand(tmp_path):
+    # one interval (100, 101]: 0.4 s decode + 0.2 s prefill, SM 30 %, DRAM 36 % of the interval
+    rows = samples([100.0, 101.0], [0, 300_000], sm_active_pct=30.0, dram_active_pct=36.0)
+    its = [iteration(100.0, 0.2 + 100.0, "prefill"), iteration(100.2, 100.6, "decode")]
+    con = make_store(tmp_path / "split.duckdb", {"gpu_samples": rows, "iterations": its})
+    sp = idle_split(con, WINDOW)
+    g = sp.per_gpu.iloc[0]
+    sm_busy, dram_busy = 0.30 / 0.6, 0.36 / 0.6  # activity during the 0.6 GPU-busy seconds
+    assert g["productive_prefill_s"] == pytest.approx(0.2 * dram_busy)
+    assert g["stranded_bandwidth_s"] == pytest.approx(0.2 * (1 - dram_busy))
+    assert g["productive_decode_s"] == pytest.approx(0.4 * sm_busy)
+    assert g["stranded_compute_s"] == pytest.approx(0.4 * (1 - sm_busy))
+    assert g["host_bound_s"] == pytest.approx(0.0) and g["idle_s"] == pytest.approx(0.4)
+    assert sum(g[f"frac_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
+    assert sum(g[f"energy_{c}_j"] for c in CATEGORIES) == pytest.approx(300.0)
+    assert g["util_sm_gap_pct"] == pytest.approx(60.0)
+
+
+def test_idle_split_without_activity_says_what_is_unknown(tmp_path):
+    rows = samples([100.0, 101.0], [0, 100_000], sm_active_pct=None, gpu_util_pct=None, dram_active_pct=None)
+    con = make_store(
+        tmp_path / "noact.duckdb", {"gpu_samples": rows, "iterations": [iteration(100.0, 100.5, "decode")]}
+    )
+    sp = idle_split(con, WINDOW)
+    g = sp.per_gpu.iloc[0]
+    assert g["productive_decode_s"] == pytest.approx(0.5) and g["stranded_compute_s"] == 0.0
+    assert any("no SM activity" in m for m in sp.missing)
+    assert np.isnan(g["util_sm_gap_pct"])
+
+
+def test_empty_window(tmp_path):
+    con = make_store(tmp_path / "empty.duckdb", {})
+    bm = bimodality(con, WINDOW)
+    assert bm.table.empty and bm.missing and bm.to_dict()["table"] == []
+    sp = idle_split(con, WINDOW)
+    assert sp.per_gpu.empty and any("no GPU sample intervals" in m for m in sp.missing)
+
+
+def test_utilization_fallback_is_flagged(tmp_path):
+    rows = samples([100.0, 101.0, 102.0, 103.0, 104.0, 105.0], [0, 1, 2, 3, 4, 5], sm_active_pct=None)
+    for r, u in zip(rows, [0, 10, 80, 20, 90, 30], strict=True):
+        r["gpu_util_pct"] = float(u)
+    bm = bimodality(make_store(tmp_path / "util.duckdb", {"gpu_samples": rows}), type(WINDOW)(100.0, 106.0))
+    assert ESTIMATED in bm.trust.labels
+    assert bm.table["sm_fallback_intervals"].iloc[0] == 5
+    assert bm.table[bm.table["scope"] == "fleet"].iloc[0]["util_sm_gap_pct"] is None
+
+
+# -- on simulated stores ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory) -> Iterator[dict[str, tuple[duckdb.DuckDBPyConnection, object]]]:
+    """5 simulated minutes of the bundled conversation-trace slice on 2 aggregated H100s and 1P1D."""
+    db = tmp_path_factory.mktemp("sim") / "sim.duckdb"
+    rc = main(
+        ["simulate", "--no-progress", "--layout", "agg:2xh100-sxm", "--layout", "1p1d:h100-sxm",
+         "--duration", "300", "--db", str(db)]
+    )  # fmt: skip
+    assert rc == 0
+    con = duckdb.connect(str(db), read_only=True)
+    out = {}
+    for sc in scenarios(con):
+        out["agg" if sc["name"].startswith("agg") else "1p1d"] = (
+            con,
+            resolve_window(con, dataset=sc["scenario_id"]),
+        )
+    yield out
+    con.close()
+
+
+def test_simulated_aggregated_gpus_show_the_bimodal_signature(sim):
+    con, w = sim["agg"]
+    bm = bimodality(con, w)
+    assert SIMULATED in bm.trust.labels
+    for _, g in bm.table[bm.table["scope"] == "gpu"].iterrows():
+        # SM activity high in prefill, low in decode; utilization % high in both
+        assert g["sm_prefill_pct"] > 40 and g["sm_decode_pct"] < 30
+        assert g["sm_prefill_pct"] > 1.5 * g["sm_decode_pct"]
+        assert g["util_prefill_pct"] > 90 and g["util_decode_pct"] > 90
+        assert g["util_sm_gap_pct"] > 40
+        assert g["mode_high_pct"] > g["mode_low_pct"]
+
+
+def test_simulated_1p1d_separates_the_two_modes_by_gpu(sim):
+    con, w = sim["1p1d"]
+    bm = bimodality(con, w, min_busy_frac=0.5)
+    gpus = bm.table[bm.table["scope"] == "gpu"].set_index("role")
+    assert set(gpus.index) == {"prefill", "decode"}
+    pre, dec = gpus.loc["prefill"], gpus.loc["decode"]
+    assert pre["mean_sm_pct"] > dec["mean_sm_pct"] + 10  # the prefill GPU in the high mode
+    assert pre["sm_prefill_pct"] > 40 and dec["sm_decode_pct"] < 30
+    assert np.isnan(pre["sm_decode_pct"]) and np.isnan(dec["sm_prefill_pct"])  # one phase per GPU
+    fleet = bm.table[bm.table["scope"] == "fleet"].iloc[0]
+    assert fleet["mode_low_pct"] < dec["mean_sm_pct"] + 5 and fleet["mode_high_pct"] > dec["mean_sm_pct"] + 5
+
+
+@pytest.mark.parametrize("layout", ["agg", "1p1d"])
+def test_simulated_reconciliation(sim, layout):
+    con, w = sim[layout]
+    with IntervalTable(con, w) as iv:
+        pb = phase_breakdown(con, w, intervals=iv)
+        counter_j = con.execute(
+            """SELECT sum(e) / 1000.0 FROM (SELECT max(energy_mj) - min(energy_mj) AS e FROM gpu_samples
+                WHERE node = ? AND ts_s >= ? AND ts_s < ? GROUP BY device, "index")""",
+            ["sim:" + w.dataset, w.start_s, w.end_s],
+        ).fetchone()[0]
+        fit_r2 = [f.r2 for f in pb.fits.values()]
+    sp = idle_split(con, w, breakdown=pb)
+    assert pb.missing == [] and pb.trust.labels == {SIMULATED}
+    for _, g in pb.per_gpu.iterrows():
+        assert sum(g[f"frac_{s[:-2]}"] for s in STATES) == pytest.approx(1.0, abs=1e-9)
+        assert sum(g[f"energy_{s[:-2]}_j"] for s in STATES) == pytest.approx(g["energy_j"], rel=1e-9)
+    attributed = sum(pb.per_gpu[f"energy_{s[:-2]}_j"].sum() for s in STATES)
+    assert attributed == pytest.approx(counter_j, rel=0.01)
+    assert all(r2 is not None and r2 > 0.8 for r2 in fit_r2)
+    for _, g in sp.per_gpu.iterrows():
+        assert sum(g[f"frac_{c}"] for c in CATEGORIES) == pytest.approx(1.0, abs=1e-9)
+        assert sum(g[f"energy_{c}_j"] for c in CATEGORIES) == pytest.approx(g["energy_j"], rel=1e-6)
+    # the decode GPU's time is mostly stranded compute; the GPU model reports a prefill's SMs busier
+    dec = sp.per_pool.set_index("role").loc["mixed" if layout == "agg" else "decode"]
+    assert dec["frac_stranded_compute"] > 0.4
