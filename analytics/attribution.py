@@ -26,7 +26,6 @@ aggregates reach Python. Formulas and their sources: docs/analytics/attribution.
 from __future__ import annotations
 
 import math
-import uuid as uuidlib
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -35,6 +34,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from analytics.intervals import IntervalTable, buckets_sql, choose_bucket_s, intervals_sql
 from analytics.trust import ESTIMATED, HOST_BOUND, Trust
 from analytics.window import Window
 
@@ -62,182 +62,6 @@ _TERM_OF: dict[str, str] = {
 _GPU_KEY = ("node", "source", "device", "index")
 
 
-# -- the per-interval query ------------------------------------------------------------------------
-
-
-def _intervals_sql(window: Window) -> tuple[str, list[Any]]:
-    """SQL (and its parameters) yielding one row per sample interval of the window's GPUs."""
-    s_pred, s_par = window.node_sql("s.node")
-    i_pred, i_par = window.node_sql("node")
-    r_pred, r_par = window.node_sql("node")
-    w = [window.start_s, window.end_s]
-    sql = f"""
-WITH
-samp AS (  -- the window's samples with the device attributes (owner worker/role) in effect then
-    SELECT s.node, s.source, s.device, s."index", s.ts_s, s.emulated,
-           s.sm_active_pct, s.gpu_util_pct, s.dram_active_pct, s.power_w, s.energy_mj, s.host_bound_pct,
-           d.uuid, d.parent_uuid, d.mig_instance_id, d.name, d.worker, d.role
-    FROM gpu_samples s ASOF LEFT JOIN devices d
-      ON s.node = d.node AND s.source = d.source AND s.device = d.device
-     AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s
-    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ?
-),
-it AS (  -- iterations of the window with their GPU-busy seconds (rule: docs/analytics/attribution.md)
-    SELECT node, gpu_uuid AS uuid, worker, start_s, end_s, phase, lag_s,
-           end_s - start_s AS dur_s,
-           least(end_s - start_s, greatest(0.0,
-               CASE WHEN trust_label(node, source) = 'simulated' AND compute_s IS NOT NULL THEN compute_s
-                    WHEN modeled_s IS NOT NULL THEN modeled_s
-                    ELSE end_s - start_s END)) AS busy_len_s,
-           CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
-                ELSE coalesce(prefill_tokens::DOUBLE
-                              / nullif(coalesce(prefill_tokens, 0) + coalesce(decode_seqs, 0), 0), 0.5)
-           END AS pshare,
-           max(end_s) OVER (PARTITION BY node, gpu_uuid ORDER BY start_s, end_s
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_s
-    FROM iterations
-    WHERE {i_pred} AND gpu_uuid IS NOT NULL AND end_s > start_s AND end_s > ? AND start_s < ?
-),
-seg AS (  -- iterations clipped so that they do not overlap: [a_s, end_s], host part first
-    SELECT *, greatest(0.0, h_end_s - a_s) AS hl_s, greatest(0.0, end_s - greatest(a_s, h_end_s)) AS bl_s
-    FROM (SELECT *, greatest(start_s, coalesce(prev_end_s, start_s)) AS a_s,
-                 end_s - busy_len_s AS h_end_s
-          FROM it)
-    WHERE a_s < end_s
-),
-segc AS (  -- cumulative state seconds before each segment, per GPU uuid
-    SELECT node, uuid, a_s, hl_s, bl_s,
-           CASE phase WHEN 'prefill' THEN 1.0 ELSE 0.0 END AS f_p,
-           CASE phase WHEN 'decode' THEN 1.0 ELSE 0.0 END AS f_d,
-           CASE WHEN phase NOT IN ('prefill', 'decode') THEN pshare ELSE 0.0 END AS f_mp,
-           CASE WHEN phase NOT IN ('prefill', 'decode') THEN 1.0 - pshare ELSE 0.0 END AS f_md,
-           coalesce(sum(hl_s) OVER c, 0.0) AS c_host,
-           coalesce(sum(CASE phase WHEN 'prefill' THEN bl_s ELSE 0.0 END) OVER c, 0.0) AS c_p,
-           coalesce(sum(CASE phase WHEN 'decode' THEN bl_s ELSE 0.0 END) OVER c, 0.0) AS c_d,
-           coalesce(sum(CASE WHEN phase NOT IN ('prefill', 'decode') THEN pshare * bl_s ELSE 0.0 END)
-                    OVER c, 0.0) AS c_mp,
-           coalesce(sum(CASE WHEN phase NOT IN ('prefill', 'decode') THEN (1.0 - pshare) * bl_s ELSE 0.0 END)
-                    OVER c, 0.0) AS c_md
-    FROM seg
-    WINDOW c AS (PARTITION BY node, uuid ORDER BY a_s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-),
-rspan AS (  -- a request's time on each worker it used (rule: docs/analytics/attribution.md)
-    SELECT node, prefill_worker AS worker, arrival_s AS a_s,
-           CASE WHEN decode_worker IS NULL OR decode_worker = prefill_worker
-                THEN coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)
-                ELSE coalesce(kv_transfer_start_s, prefill_end_s, first_token_s, finish_s, arrival_s) END AS b_s
-    FROM requests WHERE {r_pred} AND prefill_worker IS NOT NULL
-    UNION ALL
-    SELECT node, decode_worker, coalesce(kv_transfer_end_s, first_token_s, prefill_end_s, arrival_s),
-           coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)
-    FROM requests WHERE {r_pred} AND decode_worker IS NOT NULL
-      AND decode_worker IS DISTINCT FROM prefill_worker
-),
-rs AS (
-    SELECT *, max(b_s) OVER (PARTITION BY node, worker ORDER BY a_s, b_s
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b_s
-    FROM rspan WHERE b_s > a_s AND b_s > ? AND a_s < ?
-),
-isl AS (  -- islands of "some request in flight" per worker (union of the spans)
-    SELECT node, worker, min(a_s) AS a_s, max(b_s) AS b_s
-    FROM (SELECT *, sum(CASE WHEN prev_b_s IS NULL OR a_s > prev_b_s THEN 1 ELSE 0 END)
-                        OVER (PARTITION BY node, worker ORDER BY a_s, b_s) AS island FROM rs)
-    GROUP BY node, worker, island
-),
-islc AS (
-    SELECT node, worker, a_s, b_s - a_s AS len_s,
-           coalesce(sum(b_s - a_s) OVER (PARTITION BY node, worker ORDER BY a_s
-                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0.0) AS c_in
-    FROM isl
-),
-owner_worker AS (  -- a GPU without a devices worker: the worker whose iterations carry its uuid
-    SELECT node, gpu_uuid AS uuid, min(worker) AS worker
-    FROM iterations WHERE {i_pred} AND gpu_uuid IS NOT NULL AND end_s > ? AND start_s < ?
-    GROUP BY ALL
-),
-ordered AS (
-    SELECT s.* EXCLUDE (worker), coalesce(s.worker, ow.worker) AS worker,
-           lag(s.ts_s) OVER g AS t0_s, lag(s.energy_mj) OVER g AS e0_mj, lag(s.power_w) OVER g AS p0_w,
-           lag(s.uuid) OVER g AS uuid0, lag(coalesce(s.worker, ow.worker)) OVER g AS worker0
-    FROM samp s LEFT JOIN owner_worker ow ON s.node = ow.node AND s.uuid = ow.uuid
-    WINDOW g AS (PARTITION BY s.node, s.source, s.device, s."index" ORDER BY s.ts_s)
-),
-pts AS (  -- where the cumulative functions are read: each sample's ts_s, and the interval's start
-          -- again under the new uuid/worker where the owner changed between the two samples
-    SELECT node, source, device, "index", ts_s AS t_s, 0 AS extra, uuid, worker FROM ordered
-    UNION ALL
-    SELECT node, source, device, "index", t0_s, 1, uuid, worker FROM ordered
-    WHERE t0_s IS NOT NULL AND (uuid IS DISTINCT FROM uuid0 OR worker IS DISTINCT FROM worker0)
-),
-ptc AS (
-    SELECT p.*,
-           c.c_host + least(greatest(p.t_s - c.a_s, 0.0), c.hl_s) AS host_c,
-           least(greatest(p.t_s - c.a_s - c.hl_s, 0.0), c.bl_s) AS busy_part,
-           c.c_p, c.c_d, c.c_mp, c.c_md, c.f_p, c.f_d, c.f_mp, c.f_md
-    FROM pts p ASOF LEFT JOIN segc c ON p.node = c.node AND p.uuid = c.uuid AND p.t_s >= c.a_s
-),
-ptv AS (
-    SELECT p.node, p.source, p.device, p."index", p.t_s, p.extra,
-           coalesce(p.host_c, 0.0) AS host_c,
-           coalesce(p.c_p + p.f_p * p.busy_part, 0.0) AS p_c,
-           coalesce(p.c_d + p.f_d * p.busy_part, 0.0) AS d_c,
-           coalesce(p.c_mp + p.f_mp * p.busy_part, 0.0) AS mp_c,
-           coalesce(p.c_md + p.f_md * p.busy_part, 0.0) AS md_c,
-           coalesce(i.c_in + least(greatest(p.t_s - i.a_s, 0.0), i.len_s), 0.0) AS in_c
-    FROM ptc p ASOF LEFT JOIN islc i ON p.node = i.node AND p.worker = i.worker AND p.t_s >= i.a_s
-),
-deltas AS (
-    SELECT *, lag(host_c) OVER g AS host_0, lag(p_c) OVER g AS p_0, lag(d_c) OVER g AS d_0,
-           lag(mp_c) OVER g AS mp_0, lag(md_c) OVER g AS md_0, lag(in_c) OVER g AS in_0
-    FROM ptv
-    WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY t_s, extra DESC)
-),
-attributed AS (  -- GPUs whose state is known: an owner worker, or iterations carrying their uuid
-    SELECT DISTINCT node, source, device, "index" FROM ordered WHERE worker IS NOT NULL
-)
-SELECT o.node, o.source, o.device, o."index", o.uuid, o.parent_uuid, o.mig_instance_id, o.name,
-       o.worker, o.role, o.t0_s, o.ts_s AS t1_s, o.ts_s - o.t0_s AS interval_s,
-       floor(o.ts_s / 3600.0) * 3600.0 AS hour_s,
-       a.node IS NOT NULL AS attributed,
-       CASE WHEN a.node IS NOT NULL THEN d.p_c - d.p_0 END AS prefill_s,
-       CASE WHEN a.node IS NOT NULL THEN d.d_c - d.d_0 END AS decode_s,
-       CASE WHEN a.node IS NOT NULL THEN d.mp_c - d.mp_0 END AS mixed_prefill_s,
-       CASE WHEN a.node IS NOT NULL THEN d.md_c - d.md_0 END AS mixed_decode_s,
-       CASE WHEN a.node IS NOT NULL THEN d.host_c - d.host_0 END AS host_s,
-       CASE WHEN a.node IS NOT NULL THEN least(greatest(d.in_c - d.in_0 - busy, 0.0),
-                                              greatest(o.ts_s - o.t0_s - busy, 0.0)) END AS gap_s,
-       CASE WHEN a.node IS NOT NULL THEN greatest(o.ts_s - o.t0_s - busy, 0.0)
-                 - least(greatest(d.in_c - d.in_0 - busy, 0.0), greatest(o.ts_s - o.t0_s - busy, 0.0))
-       END AS idle_s,
-       coalesce(o.sm_active_pct, o.gpu_util_pct) AS sm_active_pct,
-       CASE WHEN o.sm_active_pct IS NOT NULL THEN 'sm_active'
-            WHEN o.gpu_util_pct IS NOT NULL THEN 'gpu_util' END AS sm_source,
-       o.gpu_util_pct, o.dram_active_pct, o.power_w,
-       CASE WHEN o.parent_uuid IS NOT NULL THEN NULL
-            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj
-                THEN (o.energy_mj - o.e0_mj) / 1000.0
-            WHEN o.power_w IS NOT NULL
-                THEN (o.power_w + coalesce(o.p0_w, o.power_w)) / 2.0 * (o.ts_s - o.t0_s) END AS energy_j,
-       CASE WHEN o.parent_uuid IS NOT NULL THEN 'mig-parent'
-            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj THEN 'counter'
-            WHEN o.power_w IS NOT NULL AND o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL
-                THEN 'integrated-reset'
-            WHEN o.power_w IS NOT NULL THEN 'integrated-no-counter' END AS energy_source,
-       trust_label(o.node, o.source, o.emulated) AS trust,
-       coalesce(o.host_bound_pct > 0, false) AS host_bound
-FROM ordered o
-JOIN (SELECT *, (p_c - p_0) + (d_c - d_0) + (mp_c - mp_0) + (md_c - md_0) + (host_c - host_0) AS busy
-      FROM deltas WHERE extra = 0) d
-  ON o.node = d.node AND o.source = d.source AND o.device = d.device
- AND o."index" IS NOT DISTINCT FROM d."index" AND o.ts_s = d.t_s
-LEFT JOIN attributed a
-  ON o.node = a.node AND o.source = a.source AND o.device = a.device AND o."index" IS NOT DISTINCT FROM a."index"
-WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
-"""
-    params = [*s_par, *w, *i_par, *w, *r_par, *r_par, *w, *i_par, *w]
-    return sql, params
-
-
 def gpu_intervals(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFrame:
     """One row per GPU sample interval of ``window``: the GPU (node, source, device, index, uuid,
     parent_uuid, mig_instance_id, name, worker, role), ``t0_s``/``t1_s``/``interval_s``/``hour_s``,
@@ -246,12 +70,25 @@ def gpu_intervals(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFram
     attributed), ``sm_active_pct`` (utilization % where the source has no SM activity:
     ``sm_source`` says which), ``gpu_util_pct``, ``dram_active_pct``, ``power_w``, ``energy_j`` and
     ``energy_source`` (``counter``, ``integrated-reset``, ``integrated-no-counter``, ``mig-parent``:
-    a MIG instance, whose energy is its physical GPU's), ``trust`` and ``host_bound``.
+    a MIG instance, whose energy is its physical GPU's), ``trust``, ``host_bound``, ``samples``,
+    ``excess_s``.
 
-    Per-interval rows are for inspection and small windows; the tables of :func:`phase_breakdown`
-    are aggregated in SQL and do not go through this DataFrame."""
-    sql, params = _intervals_sql(window)
+    Exact per sample, and sorted per GPU: for inspection and small windows. The breakdowns run on
+    :func:`gpu_buckets` (same columns) and aggregate in SQL without pulling rows into pandas."""
+    sql, params = intervals_sql(window)
     return con.execute(sql + ' ORDER BY o.node, o.source, o.device, o."index", o.ts_s', params).df()
+
+
+def gpu_buckets(
+    con: duckdb.DuckDBPyConnection, window: Window, bucket_s: float | None = None
+) -> pd.DataFrame:
+    """One row per GPU and grid bucket of ``bucket_s`` seconds (None: :func:`choose_bucket_s`), with
+    the columns of :func:`gpu_intervals`; ``samples`` counts the samples in the bucket and
+    ``excess_s`` the iteration seconds beyond its time that were scaled away (overlapping iterations,
+    clock skew). What :func:`phase_breakdown` aggregates."""
+    width = choose_bucket_s(con, window) if bucket_s is None else bucket_s
+    sql, params = buckets_sql(window, width)
+    return con.execute(f'SELECT * FROM ({sql}) ORDER BY node, source, device, "index", t0_s', params).df()
 
 
 # -- the power model ------------------------------------------------------------------------------
@@ -379,24 +216,6 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def gpu_key(node: str, source: str, device: str, index: int | None) -> str:
     """The key of a GPU in ``PhaseBreakdown.fits``: ``node|source|device|index``."""
     return f"{node}|{source}|{device}|{'' if index is None or pd.isna(index) else int(index)}"
-
-
-class IntervalTable:
-    """The window's intervals materialised once in a connection-local TEMP table (never the store),
-    for the analyses that read them more than once; use as a context manager."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, window: Window) -> None:
-        self.con = con
-        self.window = window
-        self.name = f"pl_intervals_{uuidlib.uuid4().hex[:12]}"
-
-    def __enter__(self) -> IntervalTable:
-        sql, params = _intervals_sql(self.window)
-        self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.con.execute(f"DROP TABLE IF EXISTS {self.name}")
 
 
 def _fit_stats_sql(table: str) -> str:
@@ -566,39 +385,51 @@ def _lagged_iterations(con: duckdb.DuckDBPyConnection, window: Window) -> int:
     return int(row[0]) if row else 0
 
 
-def _iteration_issues(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, int]:
-    """Counts of bad iteration rows: overlapping ones on one GPU, ones outside their GPU's samples
-    (clock skew between the engine and the sampler), ones with no GPU uuid."""
+def _iteration_issues(
+    con: duckdb.DuckDBPyConnection, window: Window, table: str, exact: bool
+) -> dict[str, float]:
+    """Counts of bad iteration rows: ones with no GPU uuid, ones of GPUs with no samples, ones more
+    than 1 s outside their GPU's sampled time (clock skew between engine and sampler), ones ending
+    before they start; overlapping ones on one GPU (counted with a sort on sample intervals, as the
+    seconds scaled away on buckets)."""
     i_pred, i_par = window.node_sql("i.node")
-    s_pred, s_par = window.node_sql("s.node")
     w = [window.start_s, window.end_s]
+    overlap = (
+        "max(end_s) OVER (PARTITION BY node, gpu_uuid ORDER BY start_s, end_s "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+        if exact
+        else "NULL::DOUBLE"
+    )
     row = con.execute(
         f"""
 WITH it AS (
-    SELECT i.*, max(end_s) OVER (PARTITION BY node, gpu_uuid ORDER BY start_s, end_s
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_s
+    SELECT i.node, i.gpu_uuid, i.start_s, i.end_s, {overlap} AS prev_end_s
     FROM iterations i WHERE {i_pred} AND i.end_s > ? AND i.start_s < ?
 ),
-span AS (
-    SELECT s.node, d.uuid, min(s.ts_s) AS t0, max(s.ts_s) AS t1
-    FROM gpu_samples s ASOF JOIN devices d
-      ON s.node = d.node AND s.source = d.source AND s.device = d.device
-     AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s
-    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ? AND d.uuid IS NOT NULL
-    GROUP BY ALL
-)
+span AS (SELECT node, uuid, min(t0_s) AS t0, max(t1_s) AS t1 FROM {table} WHERE uuid IS NOT NULL GROUP BY ALL)
 SELECT count(*) FILTER (WHERE it.prev_end_s > it.start_s + 1e-9 AND it.gpu_uuid IS NOT NULL),
        count(*) FILTER (WHERE it.gpu_uuid IS NULL),
        count(*) FILTER (WHERE sp.uuid IS NOT NULL AND (it.end_s < sp.t0 - 1.0 OR it.start_s > sp.t1 + 1.0)),
        count(*) FILTER (WHERE it.end_s < it.start_s),
        count(DISTINCT it.gpu_uuid) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
-       count(*) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL)
+       count(*) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
+       (SELECT coalesce(sum(excess_s), 0.0) FROM {table}),
+       (SELECT count(*) FILTER (WHERE excess_s > 1e-9) FROM {table})
 FROM it LEFT JOIN span sp ON it.node = sp.node AND it.gpu_uuid = sp.uuid
 """,
-        [*i_par, *w, *s_par, *w],
+        [*i_par, *w],
     ).fetchone()
-    keys = ("overlapping", "no_uuid", "outside_samples", "negative", "unsampled_gpus", "unsampled_iterations")
-    return dict(zip(keys, (int(v or 0) for v in row), strict=True)) if row else dict.fromkeys(keys, 0)
+    keys = (
+        "overlapping",
+        "no_uuid",
+        "outside_samples",
+        "negative",
+        "unsampled_gpus",
+        "unsampled_iterations",
+        "excess_s",
+        "excess_buckets",
+    )
+    return dict(zip(keys, (v or 0 for v in row), strict=True)) if row else dict.fromkeys(keys, 0)
 
 
 def _issue_notes(issues: dict[str, int]) -> list[str]:
@@ -608,6 +439,12 @@ def _issue_notes(issues: dict[str, int]) -> list[str]:
         notes.append(
             f"{issues['overlapping']} iterations overlap an earlier one on the same GPU: clipped to "
             "the time after it (each GPU second counted once)"
+        )
+    if issues["excess_s"] > 1e-9:
+        notes.append(
+            f"{issues['excess_s']:.3f} s of iteration time beyond their bucket's time in "
+            f"{issues['excess_buckets']} buckets (overlapping iterations or clock skew): scaled away, "
+            "each GPU second counted once"
         )
     if issues["no_uuid"]:
         notes.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")
@@ -626,7 +463,7 @@ def _issue_notes(issues: dict[str, int]) -> list[str]:
     return notes
 
 
-def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int) -> None:
+def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int, bucket_note: str) -> None:
     labels = {t for ts in df["trusts"] for t in (ts if ts is not None else [])}
     for label in sorted(labels):
         trust.add(label)
@@ -652,22 +489,32 @@ def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int) -> None:
         "energy apportioned to states by a per-GPU non-negative least-squares power model; the "
         "apportioned energy sums to the measured energy"
     )
+    trust.notes.append(bucket_note)
 
 
 def phase_breakdown(
-    con: duckdb.DuckDBPyConnection, window: Window, *, intervals: IntervalTable | None = None
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    *,
+    bucket_s: float | None = None,
+    intervals: IntervalTable | None = None,
 ) -> PhaseBreakdown:
     """Time and energy of the window's GPUs by state, per GPU, per pool (role) and per hour, with
-    the per-GPU power fits and the trust labels. Aggregation runs in SQL over a TEMP table of the
-    intervals (``intervals``: one already open on ``con`` for this window, shared by several
-    analyses; else one is made and dropped); only per GPU × role × hour sums reach Python."""
+    the per-GPU power fits and the trust labels. Runs on grid buckets of ``bucket_s`` seconds
+    (None: chosen from the sampling period; 0: exact sample intervals, slow on big windows)
+    materialised in a TEMP table — or on ``intervals``, one already open on ``con`` for this window
+    and shared by several analyses. Aggregation runs in SQL; only per GPU × role × hour sums reach
+    Python."""
     if intervals is not None:
-        return _breakdown_from(con, window, intervals.name)
-    with IntervalTable(con, window) as t:
-        return _breakdown_from(con, window, t.name)
+        if intervals.window != window:
+            raise ValueError("the interval table given is of another window than the one asked for")
+        return _breakdown_from(con, window, intervals)
+    with IntervalTable(con, window, bucket_s) as t:
+        return _breakdown_from(con, window, t)
 
 
-def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) -> PhaseBreakdown:
+def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable) -> PhaseBreakdown:
+    table = iv.name
     trust = Trust()
     missing: list[str] = []
     fits = _fits(con, table)
@@ -677,7 +524,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
         raw = con.execute(_aggregate_sql(table)).df()
     finally:
         con.unregister("pl_coef")
-    issues = _iteration_issues(con, window)
+    issues = _iteration_issues(con, window, table, iv.exact)
     lagged = _lagged_iterations(con, window)
     if raw.empty:
         missing.append(
@@ -689,7 +536,14 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, table: str) 
         return PhaseBreakdown(
             window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing, raw
         )
-    _trust_from(raw, trust, lagged)
+    _trust_from(
+        raw,
+        trust,
+        lagged,
+        "per sample interval"
+        if iv.exact
+        else f"on {iv.bucket_s:g} s buckets (energy counter interpolated at bucket boundaries)",
+    )
     keys = [*_GPU_KEY, "uuid", "name", "role", "worker"]
     raw["index"] = raw["index"].astype("Int64")
     per_gpu = raw.groupby([*_GPU_KEY, "role"], dropna=False, as_index=False).agg(

@@ -39,6 +39,7 @@ from analytics.attribution import (
     nnls_gram,
     phase_breakdown,
 )
+from analytics.intervals import SM_SHIFT_PCT
 from analytics.trust import ESTIMATED, Trust
 from analytics.window import Window
 
@@ -68,19 +69,31 @@ class Mixture2:
 
 
 def gaussian_mixture_2(
-    x: np.ndarray, *, max_iter: int = 500, tol: float = 1e-9, min_std: float = 0.5
+    x: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    max_iter: int = 500,
+    tol: float = 1e-9,
+    min_std: float = 0.5,
 ) -> Mixture2:
-    """Maximum-likelihood two-component Gaussian mixture of ``x`` by expectation–maximisation
-    (Dempster, Laird & Rubin 1977). Deterministic start: means at the 10th and 90th percentiles,
-    both variances the sample variance / 4, equal weights. ``min_std`` (same unit as ``x``) floors
+    """Maximum-likelihood two-component Gaussian mixture of ``x`` (each value counted ``weights``
+    times: a histogram's bin centres and counts fit as the values would) by expectation–maximisation
+    (Dempster, Laird & Rubin 1977). Deterministic start: means at the weighted 10th and 90th
+    percentiles, both variances the variance / 4, equal weights. ``min_std`` (unit of ``x``) floors
     each component's standard deviation so that a pile of identical values (idle GPUs at 0 %) does
     not collapse a component to zero variance."""
     x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
-    if len(x) < 2:
-        raise ValueError(f"a two-component mixture needs at least 2 finite values, got {len(x)}")
-    mu = np.array([np.percentile(x, 10), np.percentile(x, 90)])
-    var = np.full(2, max(x.var() / 4.0, min_std**2))
+    wts = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
+    keep = np.isfinite(x) & (wts > 0)
+    x, wts = x[keep], wts[keep]
+    total = float(wts.sum())
+    if len(x) < 2 or total < 2:
+        raise ValueError(f"a two-component mixture needs at least 2 finite values, got {total:g}")
+    order = np.argsort(x)
+    cum = np.cumsum(wts[order]) / total
+    mu = np.array([x[order][np.searchsorted(cum, q)] for q in (0.1, 0.9)], dtype=float)
+    mean = float((wts * x).sum() / total)
+    var = np.full(2, max(float((wts * (x - mean) ** 2).sum() / total) / 4.0, min_std**2))
     w = np.array([0.5, 0.5])
     prev = -math.inf
     ll = -math.inf
@@ -91,12 +104,11 @@ def gaussian_mixture_2(
         logp = -0.5 * ((x[:, None] - mu) ** 2 / var + np.log(2 * math.pi * var)) + np.log(w)
         top = logp.max(axis=1, keepdims=True)
         norm = top + np.log(np.exp(logp - top).sum(axis=1, keepdims=True))
-        ll = float(norm.sum())
-        r = np.exp(logp - norm)
+        ll = float((wts * norm[:, 0]).sum())
+        r = np.exp(logp - norm) * wts[:, None]
         # M step
-        nk = r.sum(axis=0)
-        nk = np.where(nk > 0, nk, 1e-300)
-        w = nk / len(x)
+        nk = np.maximum(r.sum(axis=0), 1e-300)
+        w = nk / total
         mu = (r * x[:, None]).sum(axis=0) / nk
         var = np.maximum((r * (x[:, None] - mu) ** 2).sum(axis=0) / nk, min_std**2)
         if abs(ll - prev) <= tol * max(1.0, abs(ll)):
@@ -115,6 +127,43 @@ def gaussian_mixture_2(
         converged,
         ll,
     )
+
+
+#: Bin width of the histogram the mixture is fitted on (activity %, far below the components' spread).
+MIXTURE_BIN_PCT = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """Sample moments: ``std`` with n − 1; ``skewness`` the adjusted Fisher–Pearson G1 and
+    ``excess_kurtosis`` the bias-corrected G2 (what DuckDB's ``skewness``/``kurtosis`` return)."""
+
+    n: int
+    mean: float | None
+    std: float | None
+    skewness: float | None
+    excess_kurtosis: float | None
+
+
+def moments_from_sums(n: float, s1: float, s2: float, s3: float, s4: float, *, shift: float = 0.0) -> Moments:
+    """Moments from the count and the power sums ``s_p = Σ (x − shift)^p`` (p = 1..4), so that
+    they combine over any grouping of rows by addition (Joanes & Gill 1998 for G1 and G2)."""
+    n_i = round(n)
+    if n_i == 0:
+        return Moments(0, None, None, None, None)
+    m = s1 / n
+    mean = m + shift
+    c2 = max(0.0, s2 / n - m * m)
+    c3 = s3 / n - 3 * m * s2 / n + 2 * m**3
+    c4 = s4 / n - 4 * m * s3 / n + 6 * m * m * s2 / n - 3 * m**4
+    std = math.sqrt(c2 * n / (n - 1)) if n_i > 1 else None
+    if n_i < 4 or c2 <= 1e-12 * max(1.0, mean * mean):
+        return Moments(n_i, mean, std if c2 > 0 or std is None else 0.0, None, None)
+    g1 = c3 / c2**1.5
+    g2 = c4 / (c2 * c2) - 3.0
+    skew = g1 * math.sqrt(n * (n - 1)) / (n - 2)
+    kurt = ((n + 1) * g2 + 6.0) * (n - 1) / ((n - 2) * (n - 3))
+    return Moments(n_i, mean, std, skew, kurt)
 
 
 def sarle_coefficient(skewness: float, excess_kurtosis: float, n: int) -> float | None:
@@ -191,8 +240,8 @@ def _moments_sql(table: str, where: str) -> str:
     return f"""
 SELECT role, hour_s, node, source, device, "index",
        GROUPING(role, hour_s, node, source, device, "index") AS gid,
-       count(*) AS rows, count(sm_active_pct) AS n, avg(sm_active_pct) AS mean_sm_pct, stddev_samp(sm_active_pct) AS std_sm_pct,
-       skewness(sm_active_pct) AS skewness, kurtosis(sm_active_pct) AS excess_kurtosis,
+       count(*) AS rows, sum(sm_n) AS n, sum(sm_s1) AS s1, sum(sm_s2) AS s2, sum(sm_s3) AS s3,
+       sum(sm_s4) AS s4,
        count(*) FILTER (WHERE sm_source = 'gpu_util') AS sm_fallback_intervals,
        sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
        sum(gpu_util_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
@@ -219,20 +268,48 @@ def _gid_scope() -> dict[int, str]:
     return out
 
 
-def _points_sql(table: str, where: str, max_points: int) -> str:
-    """Up to ``max_points`` SM activity values per GPU and per pool × hour, uniformly by a hash of
-    the interval; each row says how many intervals its GPU has (``n_gpu``) so pooled groups can
-    be drawn in proportion."""
-    return f"""
-WITH v AS (
-    SELECT coalesce(role, 'unknown') AS role, hour_s, node, source, device, "index", sm_active_pct AS x,
-           hash(node, source, device, "index", t1_s) AS h
-    FROM {table} WHERE {where} AND sm_active_pct IS NOT NULL
-),
-c AS (SELECT *, count(*) OVER (PARTITION BY node, source, device, "index") AS n_gpu FROM v)
-SELECT role, hour_s, node, source, device, "index", x, n_gpu
-FROM c WHERE (h % 1000003) < 1000003.0 * {max_points} / n_gpu
+# the SQL spelling of attribution.gpu_key
+_GKEY_SQL = (
+    """{t}.node || '|' || {t}.source || '|' || {t}.device || '|' || coalesce({t}."index"::VARCHAR, '')"""
+)
+
+
+def _points_sql(iv: IntervalTable, where: str, max_points: int) -> tuple[str, list[Any]]:
+    """Up to ``max_points`` SM activity values per GPU (utilization % where a sample has none), drawn
+    uniformly by a hash of the sample; each with its GPU's count of values (``n_gpu``), so that pooled
+    groups can be drawn in proportion. On buckets the values are the raw samples' (a bucket's mean
+    would blur the modes), with the role, hour and busy share of their bucket."""
+    key = 'node, source, device, "index"'
+    if iv.exact:
+        sql = f"""
+WITH v AS (SELECT * FROM {iv.name} WHERE {where} AND sm_active_pct IS NOT NULL),
+ng AS (SELECT {key}, count(*) AS n_gpu FROM v GROUP BY ALL)
+SELECT coalesce(v.role, 'unknown') AS role, v.hour_s, v.node, v.source, v.device, v."index",
+       v.sm_active_pct AS x, ng.n_gpu, {_GKEY_SQL.format(t="v")} AS gkey
+FROM v JOIN ng ON v.node = ng.node AND v.source = ng.source AND v.device = ng.device
+ AND v."index" IS NOT DISTINCT FROM ng."index"
+WHERE (hash(v.node, v.source, v.device, v."index", v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
 """
+        return sql, []
+    pred, par = iv.window.node_sql("s.node")
+    d = repr(iv.bucket_s)
+    sql = f"""
+WITH b AS (SELECT {key}, k, coalesce(role, 'unknown') AS role, hour_s FROM {iv.name} WHERE {where}),
+ng AS (SELECT {key}, sum(sm_n) AS n_gpu FROM {iv.name} WHERE {where} GROUP BY ALL HAVING sum(sm_n) > 0),
+v AS (
+    SELECT s.node, s.source, s.device, s."index", floor(s.ts_s / {d})::BIGINT AS k,
+           coalesce(s.sm_active_pct, s.gpu_util_pct) AS x, ng.n_gpu
+    FROM gpu_samples s JOIN ng ON s.node = ng.node AND s.source = ng.source AND s.device = ng.device
+     AND s."index" IS NOT DISTINCT FROM ng."index"
+    WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
+      AND (hash(s.node, s.source, s.device, s."index", s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
+)
+SELECT b.role, b.hour_s, v.node, v.source, v.device, v."index", v.x, v.n_gpu,
+       {_GKEY_SQL.format(t="v")} AS gkey
+FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
+ AND v."index" IS NOT DISTINCT FROM b."index" AND v.k = b.k
+"""
+    return sql, [*par, iv.window.start_s, iv.window.end_s]
 
 
 def _phase_activity(rec: dict[str, Any], y: str) -> tuple[float | None, float | None]:
@@ -262,6 +339,7 @@ def bimodality(
     *,
     min_busy_frac: float = 0.0,
     max_points: int = 20_000,
+    bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
 ) -> Bimodality:
     """Bimodality of SM activity per fleet, pool, pool × hour and GPU over ``window``'s sample
@@ -273,14 +351,17 @@ def bimodality(
     if max_points < _MIN_POINTS:
         raise ValueError(f"max_points must be at least {_MIN_POINTS}, got {max_points}")
     if intervals is not None:
-        return _bimodality_from(con, window, intervals.name, min_busy_frac, max_points)
-    with IntervalTable(con, window) as t:
-        return _bimodality_from(con, window, t.name, min_busy_frac, max_points)
+        if intervals.window != window:
+            raise ValueError("the interval table given is of another window than the one asked for")
+        return _bimodality_from(con, window, intervals, min_busy_frac, max_points)
+    with IntervalTable(con, window, bucket_s) as t:
+        return _bimodality_from(con, window, t, min_busy_frac, max_points)
 
 
 def _bimodality_from(
-    con: duckdb.DuckDBPyConnection, window: Window, table: str, min_busy_frac: float, max_points: int
+    con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable, min_busy_frac: float, max_points: int
 ) -> Bimodality:
+    table = iv.name
     trust = Trust()
     missing: list[str] = []
     where = "TRUE"
@@ -299,14 +380,11 @@ def _bimodality_from(
     for (label,) in labels:
         trust.add(label)
     mom = con.execute(_moments_sql(table, where)).df()
-    pts = con.execute(_points_sql(table, where, max_points)).df()
+    psql, ppar = _points_sql(iv, where, max_points)
+    pts = con.execute(psql, ppar).df()
     scope_of = _gid_scope()
     rows = []
     rng = np.random.default_rng(0)
-    pts["gkey"] = [
-        gpu_key(n, s, d, i)
-        for n, s, d, i in zip(pts["node"], pts["source"], pts["device"], pts["index"], strict=True)
-    ]
     per_gpu_n = pts.groupby("gkey")["n_gpu"].first() if not pts.empty else pd.Series(dtype=float)
     for rec in mom.to_dict(orient="records"):
         scope = scope_of.get(int(rec["gid"]))
@@ -324,14 +402,17 @@ def _bimodality_from(
             row["gpu"] = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
             sel &= pts["gkey"] == row["gpu"]
         x = _draw(pts[sel], per_gpu_n, max_points, rng)
-        n = int(rec["n"] or 0)
+        mo = moments_from_sums(
+            *(_num(rec[c]) or 0.0 for c in ("n", "s1", "s2", "s3", "s4")), shift=SM_SHIFT_PCT
+        )
+        n = mo.n
         row.update(
             n=n,
-            mean_sm_pct=_num(rec["mean_sm_pct"]),
-            std_sm_pct=_num(rec["std_sm_pct"]),
-            skewness=_num(rec["skewness"]),
-            excess_kurtosis=_num(rec["excess_kurtosis"]),
-            sarle=sarle_coefficient(_num(rec["skewness"]), _num(rec["excess_kurtosis"]), n),
+            mean_sm_pct=mo.mean,
+            std_sm_pct=mo.std,
+            skewness=mo.skewness,
+            excess_kurtosis=mo.excess_kurtosis,
+            sarle=sarle_coefficient(mo.skewness, mo.excess_kurtosis, n),
             dip_n=len(x),
         )
         row.update(_dip_and_mixture(x))
@@ -425,7 +506,9 @@ def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
     if len(x) < _MIN_POINTS or float(np.ptp(x)) == 0.0:
         return out
     dip, p = diptest.diptest(np.sort(x))
-    m = gaussian_mixture_2(x)
+    bins = np.floor(x / MIXTURE_BIN_PCT)
+    keys, counts = np.unique(bins, return_counts=True)
+    m = gaussian_mixture_2((keys + 0.5) * MIXTURE_BIN_PCT, counts)
     out.update(
         dip=float(dip),
         dip_p_value=float(p),
@@ -504,13 +587,14 @@ def idle_split(
     window: Window,
     *,
     breakdown: PhaseBreakdown | None = None,
+    bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
 ) -> IdleSplit:
     """GPU time and energy of ``window`` per category, per GPU, pool and hour. ``breakdown``: a
     :func:`~analytics.attribution.phase_breakdown` of the same window to derive it from without
     querying again (its ``raw`` sums carry the categories)."""
     if breakdown is None:
-        breakdown = phase_breakdown(con, window, intervals=intervals)
+        breakdown = phase_breakdown(con, window, bucket_s=bucket_s, intervals=intervals)
     elif breakdown.window != window:
         raise ValueError("the breakdown given is of another window than the one asked for")
     trust = Trust().merge([breakdown.trust])

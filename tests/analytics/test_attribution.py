@@ -13,6 +13,7 @@ import pytest
 from analytics.attribution import (
     MODEL_TERMS,
     STATES,
+    gpu_buckets,
     gpu_intervals,
     gpu_key,
     nnls_gram,
@@ -139,8 +140,10 @@ def hand(tmp_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     con.close()
 
 
-def test_interval_states_are_the_hand_computed_seconds(hand):
-    df = gpu_intervals(hand, WINDOW)
+@pytest.mark.parametrize("rows", ["intervals", "buckets"])
+def test_interval_states_are_the_hand_computed_seconds(hand, rows):
+    # 1 s buckets over 1 s samples: the same rows as the sample intervals
+    df = gpu_intervals(hand, WINDOW) if rows == "intervals" else gpu_buckets(hand, WINDOW, 1.0)
     assert list(df["t0_s"]) == [100.0, 101.0, 102.0, 103.0]  # the first sample only opens
     assert list(df["interval_s"]) == [1.0, 1.0, 1.0, 1.0]
     for state, expected in HAND_STATES.items():
@@ -152,8 +155,9 @@ def test_interval_states_are_the_hand_computed_seconds(hand):
     assert set(df["trust"]) == {MEASURED} and not df["host_bound"].any()
 
 
-def test_power_model_recovers_the_watts_and_apportions_exactly(hand):
-    pb = phase_breakdown(hand, WINDOW)
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0])
+def test_power_model_recovers_the_watts_and_apportions_exactly(hand, bucket_s):
+    pb = phase_breakdown(hand, WINDOW, bucket_s=bucket_s)
     fit = pb.fits[KEY]
     for term in MODEL_TERMS:
         assert fit.coef_w[term] == pytest.approx(TRUE_W[term], rel=1e-6)
@@ -181,7 +185,8 @@ def test_power_model_recovers_the_watts_and_apportions_exactly(hand):
     assert d["fits"][KEY]["coef_w"]["decode"] == pytest.approx(250.0)
 
 
-def test_attributed_energy_equals_the_counter_delta_even_when_the_model_does_not_fit(tmp_path):
+@pytest.mark.parametrize("bucket_s", [None, 0.0, 1.0, 2.0])
+def test_attributed_energy_equals_the_counter_delta_even_when_the_model_does_not_fit(tmp_path, bucket_s):
     # energies that no non-negative model reproduces (noise): apportionment still sums to them
     rng = np.random.default_rng(3)
     noisy = [e * f for e, f in zip(hand_energy_j(), rng.uniform(0.5, 1.6, 4), strict=True)]
@@ -193,9 +198,11 @@ def test_attributed_energy_equals_the_counter_delta_even_when_the_model_does_not
             "requests": HAND_REQUESTS,
         },
     )
-    pb = phase_breakdown(con, WINDOW)
+    pb = phase_breakdown(con, WINDOW, bucket_s=bucket_s)
     g = pb.per_gpu.iloc[0]
     attributed = sum(g[f"energy_{s[:-2]}_j"] for s in STATES)
+    assert sum(g[f"frac_{s[:-2]}"] for s in STATES) == pytest.approx(1.0)
+    assert g["attributed_s"] == pytest.approx(4.0)
     delta_j = (counter_mj(noisy)[-1] - counter_mj(noisy)[0]) / 1000.0
     assert attributed == pytest.approx(delta_j, rel=0.01)
     assert g["energy_j"] == pytest.approx(delta_j, rel=1e-9)
@@ -247,9 +254,20 @@ def test_counter_reset_and_missing_counter_fall_back_to_integrated_power_flagged
         "integrated-no-counter",
     ]
     np.testing.assert_allclose(df["energy_j"], [300.0, 250.0, 200.0, 100.0])  # trapezoid rule
-    pb = phase_breakdown(con, WINDOW)
+    pb = phase_breakdown(con, WINDOW, bucket_s=0)
     assert ESTIMATED in pb.trust.labels
     assert pb.per_gpu.iloc[0]["energy_estimated_j"] == pytest.approx(550.0)
+    assert any("reset/wrap" in m for m in pb.missing) and any("no energy counter" in m for m in pb.missing)
+    # on 1 s buckets: the same intervals flagged (the bucket's mean power times its length)
+    b = gpu_buckets(con, WINDOW, 1.0)
+    assert list(b["energy_source"]) == [
+        "counter",
+        "integrated-reset",
+        "integrated-no-counter",
+        "integrated-no-counter",
+    ]
+    pb = phase_breakdown(con, WINDOW, bucket_s=1.0)
+    assert ESTIMATED in pb.trust.labels
     assert any("reset/wrap" in m for m in pb.missing) and any("no energy counter" in m for m in pb.missing)
 
 
@@ -259,7 +277,7 @@ def test_no_counter_and_no_power_leave_energy_unknown_not_zero(tmp_path):
     df = gpu_intervals(con, WINDOW)
     assert df["energy_j"].isna().all()
     pb = phase_breakdown(con, WINDOW)
-    assert any("neither energy counter nor power on 2 intervals" in m for m in pb.missing)
+    assert any("neither energy counter nor power on" in m for m in pb.missing)
     assert pb.fits[KEY].coef_w["idle"] is None and pb.fits[KEY].intervals == 0
 
 
@@ -272,8 +290,13 @@ def test_overlapping_iterations_count_each_gpu_second_once(tmp_path):
     df = gpu_intervals(con, WINDOW)
     assert df.iloc[0]["decode_s"] == pytest.approx(0.8) and df.iloc[0]["prefill_s"] == pytest.approx(0.2)
     assert df.iloc[0][list(STATES)].sum() == pytest.approx(1.0)
-    pb = phase_breakdown(con, WINDOW)
+    pb = phase_breakdown(con, WINDOW, bucket_s=0)
     assert any("1 iterations overlap" in m for m in pb.missing)
+    b = gpu_buckets(con, WINDOW, 1.0).iloc[0]  # buckets scale the excess away instead
+    assert b[list(STATES)].sum() == pytest.approx(1.0) and b["excess_s"] == pytest.approx(0.3)
+    assert b["decode_s"] == pytest.approx(0.8 / 1.3)
+    pb = phase_breakdown(con, WINDOW)
+    assert any("0.300 s of iteration time beyond their bucket" in m for m in pb.missing)
 
 
 def test_clock_skew_iterations_outside_the_samples_are_reported(tmp_path):
@@ -285,8 +308,10 @@ def test_clock_skew_iterations_outside_the_samples_are_reported(tmp_path):
     w = Window(100.0, 4000.0)
     df = gpu_intervals(con, w)
     assert df["idle_s"].sum() == pytest.approx(2.0)  # nothing ran while it was sampled
-    pb = phase_breakdown(con, w)
-    assert any("outside their GPU's samples" in m for m in pb.missing)
+    assert gpu_buckets(con, w, 1.0)["idle_s"].sum() == pytest.approx(2.0)
+    for bucket_s in (0.0, None):
+        pb = phase_breakdown(con, w, bucket_s=bucket_s)
+        assert any("outside their GPU's samples" in m for m in pb.missing)
 
 
 def test_a_gpu_without_serving_telemetry_is_unattributed_not_idle(tmp_path):
@@ -316,6 +341,7 @@ def test_host_bound_emulated_windows_are_labelled(tmp_path):
     con = make_store(tmp_path / "emu.duckdb", {"gpu_samples": rows, "iterations": lagged})
     df = gpu_intervals(con, WINDOW)
     assert df["host_bound"].all() and set(df["trust"]) == {"emulated"}
+    assert gpu_buckets(con, WINDOW)["host_bound"].all()
     # the step's wall time beyond the modeled GPU time is host time with the GPU idle
     assert df.iloc[0]["decode_s"] == pytest.approx(0.2) and df.iloc[0]["host_s"] == pytest.approx(0.3)
     pb = phase_breakdown(con, WINDOW)
@@ -346,6 +372,9 @@ def test_mig_energy_is_counted_once_per_physical_gpu(tmp_path):
     assert by_dev["cuda:0"] == pytest.approx(600.0) and np.isnan(by_dev["cuda:0/gi1"])
     assert set(df.loc[df["device"] == "cuda:0/gi1", "energy_source"]) == {"mig-parent"}
     assert set(df.loc[df["device"] == "cuda:0/gi1", "sm_active_pct"]) == {30.0}
+    assert gpu_buckets(con, WINDOW, 1.0).groupby("device")["energy_j"].sum(min_count=1)[
+        "cuda:0"
+    ] == pytest.approx(600.0)
     pb = phase_breakdown(con, WINDOW)
     assert pb.per_gpu["energy_j"].sum() == pytest.approx(600.0)
     assert any("MIG instance" in m for m in pb.missing)
@@ -359,7 +388,7 @@ def test_disaggregated_request_spans_make_gaps_only_where_the_worker_had_work(tm
         tmp_path / "disagg.duckdb",
         {"gpu_samples": rows, "iterations": [iteration(100.1, 100.4, "prefill")], "requests": [req]},
     )
-    r = gpu_intervals(con, WINDOW).iloc[0]
-    assert r["prefill_s"] == pytest.approx(0.3)
-    assert r["gap_s"] == pytest.approx(0.2)  # in flight 100.0–100.5, minus 0.3 s of iteration
-    assert r["idle_s"] == pytest.approx(0.5)
+    for r in (gpu_intervals(con, WINDOW).iloc[0], gpu_buckets(con, WINDOW, 1.0).iloc[0]):
+        assert r["prefill_s"] == pytest.approx(0.3)
+        assert r["gap_s"] == pytest.approx(0.2)  # in flight 100.0–100.5, minus 0.3 s of iteration
+        assert r["idle_s"] == pytest.approx(0.5)

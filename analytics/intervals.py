@@ -1,0 +1,481 @@
+"""The rows phase attribution aggregates: GPU sample intervals, or grid buckets of them.
+
+Two tables with the same columns (see :func:`analytics.attribution.gpu_intervals`):
+
+* **sample intervals** (``bucket_s=0``): ``(previous ts_s, ts_s]`` of two consecutive samples of a
+  GPU, the first sample of the window only opening the first; the state seconds are differences of
+  cumulative state-time functions read at both ends by ``ASOF`` joins. Exact, but its window
+  functions sort every sample and every iteration: for inspection and small windows.
+* **grid buckets** (``bucket_s`` > 0, the default for the breakdowns): one row per GPU and
+  ``[kΔ, (k+1)Δ)`` cell holding samples; a bucket reaches from its cell's start to the next bucket's
+  (so buckets tile the GPU's sampled time, gaps included); the energy counter is read at bucket
+  boundaries by linear interpolation between the two samples around them (exact at the first and
+  last sample); iterations and request spans are cut at cell boundaries by arithmetic. Every step is
+  a hash aggregate or a join against the small bucket table: fast on a fleet's worth of samples.
+
+The rules shared by both (what part of an iteration is GPU-busy, when a request is on a worker)
+are written once, below. Formulas and sources: docs/analytics/attribution.md.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid as uuidlib
+from typing import Any
+
+import duckdb
+
+from analytics.window import Window
+
+#: Bucket widths the automatic choice rounds up to (s).
+NICE_BUCKETS_S: tuple[float, ...] = (
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+    1800.0,
+    3600.0,
+)
+
+
+#: SM activity is shifted by this before its power sums are taken (less cancellation in moments).
+SM_SHIFT_PCT = 50.0
+
+
+def _power_sums(x: str, *, aggregate: bool) -> str:
+    """``sm_n`` and ``sm_s1``..``sm_s4``: the count and the sums of the 1st–4th powers of
+    ``x − SM_SHIFT_PCT`` (over a bucket's samples, or of one sample), from which the moments of SM
+    activity over any group of rows follow exactly."""
+    v = f"(({x}) - {SM_SHIFT_PCT})"
+    if aggregate:
+        return f"count({x}) AS sm_n, " + ", ".join(f"sum(pow({v}, {p})) AS sm_s{p}" for p in range(1, 5))
+    return f"CASE WHEN ({x}) IS NULL THEN 0 ELSE 1 END AS sm_n, " + ", ".join(
+        f"pow({v}, {p}) AS sm_s{p}" for p in range(1, 5)
+    )
+
+
+def iteration_rows_sql(pred: str) -> str:
+    """The window's iterations (parameters: ``pred``'s, then start_s, end_s) with ``uuid`` (the GPU),
+    ``busy_len_s`` (GPU-busy seconds, at the end of the iteration) and ``pshare`` (prefill share of a
+    mixed iteration's work). GPU-busy seconds: the simulator's ``compute_s`` (its ``modeled_s −
+    compute_s`` is engine host time with the GPU idle, at the start); else the emulated device's
+    ``modeled_s`` (the step's wall time beyond it is host time); else the whole step (a measured
+    engine: its host time inside a step is not visible)."""
+    return f"""
+    SELECT node, gpu_uuid AS uuid, worker, start_s, end_s, phase, lag_s,
+           least(end_s - start_s, greatest(0.0,
+               CASE WHEN trust_label(node, source) = 'simulated' AND compute_s IS NOT NULL THEN compute_s
+                    WHEN modeled_s IS NOT NULL THEN modeled_s
+                    ELSE end_s - start_s END)) AS busy_len_s,
+           CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
+                ELSE coalesce(prefill_tokens::DOUBLE
+                              / nullif(coalesce(prefill_tokens, 0) + coalesce(decode_seqs, 0), 0), 0.5)
+           END AS pshare
+    FROM iterations
+    WHERE {pred} AND gpu_uuid IS NOT NULL AND end_s > start_s AND end_s > ? AND start_s < ?"""
+
+
+def request_spans_sql(pred: str) -> str:
+    """``(node, worker, a_s, b_s)``: when a request was on a worker (parameters: ``pred``'s twice).
+    On its prefill (or only) worker from arrival until it finished, or, handed off to a decode
+    worker, until its KV transfer started; on that decode worker from the transfer's end (else its
+    first token) until it finished. A request that never finished counts until the last time known
+    of it (first token, prefill end, else arrival)."""
+    return f"""
+    SELECT node, prefill_worker AS worker, arrival_s AS a_s,
+           CASE WHEN decode_worker IS NULL OR decode_worker = prefill_worker
+                THEN coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)
+                ELSE coalesce(kv_transfer_start_s, prefill_end_s, first_token_s, finish_s, arrival_s) END AS b_s
+    FROM requests WHERE {pred} AND prefill_worker IS NOT NULL
+    UNION ALL
+    SELECT node, decode_worker, coalesce(kv_transfer_end_s, first_token_s, prefill_end_s, arrival_s),
+           coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)
+    FROM requests WHERE {pred} AND decode_worker IS NOT NULL
+      AND decode_worker IS DISTINCT FROM prefill_worker"""
+
+
+def intervals_sql(window: Window) -> tuple[str, list[Any]]:
+    """SQL (and its parameters) yielding one row per sample interval of the window's GPUs."""
+    s_pred, s_par = window.node_sql("s.node")
+    i_pred, i_par = window.node_sql("node")
+    r_pred, r_par = window.node_sql("node")
+    w = [window.start_s, window.end_s]
+    sql = f"""
+WITH
+samp AS (  -- the window's samples with the device attributes (owner worker/role) in effect then
+    SELECT s.node, s.source, s.device, s."index", s.ts_s, s.emulated,
+           s.sm_active_pct, s.gpu_util_pct, s.dram_active_pct, s.power_w, s.energy_mj, s.host_bound_pct,
+           d.uuid, d.parent_uuid, d.mig_instance_id, d.name, d.worker, d.role
+    FROM gpu_samples s ASOF LEFT JOIN devices d
+      ON s.node = d.node AND s.source = d.source AND s.device = d.device
+     AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s
+    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ?
+),
+it AS (  -- iterations of the window with their GPU-busy seconds
+    SELECT *, max(end_s) OVER (PARTITION BY node, uuid ORDER BY start_s, end_s
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_s
+    FROM ({iteration_rows_sql(i_pred)})
+),
+seg AS (  -- iterations clipped so that they do not overlap: [a_s, end_s], host part first
+    SELECT *, greatest(0.0, h_end_s - a_s) AS hl_s, greatest(0.0, end_s - greatest(a_s, h_end_s)) AS bl_s
+    FROM (SELECT *, greatest(start_s, coalesce(prev_end_s, start_s)) AS a_s,
+                 end_s - busy_len_s AS h_end_s
+          FROM it)
+    WHERE a_s < end_s
+),
+segc AS (  -- cumulative state seconds before each segment, per GPU uuid
+    SELECT node, uuid, a_s, hl_s, bl_s,
+           CASE phase WHEN 'prefill' THEN 1.0 ELSE 0.0 END AS f_p,
+           CASE phase WHEN 'decode' THEN 1.0 ELSE 0.0 END AS f_d,
+           CASE WHEN phase NOT IN ('prefill', 'decode') THEN pshare ELSE 0.0 END AS f_mp,
+           CASE WHEN phase NOT IN ('prefill', 'decode') THEN 1.0 - pshare ELSE 0.0 END AS f_md,
+           coalesce(sum(hl_s) OVER c, 0.0) AS c_host,
+           coalesce(sum(CASE phase WHEN 'prefill' THEN bl_s ELSE 0.0 END) OVER c, 0.0) AS c_p,
+           coalesce(sum(CASE phase WHEN 'decode' THEN bl_s ELSE 0.0 END) OVER c, 0.0) AS c_d,
+           coalesce(sum(CASE WHEN phase NOT IN ('prefill', 'decode') THEN pshare * bl_s ELSE 0.0 END)
+                    OVER c, 0.0) AS c_mp,
+           coalesce(sum(CASE WHEN phase NOT IN ('prefill', 'decode') THEN (1.0 - pshare) * bl_s ELSE 0.0 END)
+                    OVER c, 0.0) AS c_md
+    FROM seg
+    WINDOW c AS (PARTITION BY node, uuid ORDER BY a_s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+),
+rspan AS ({request_spans_sql(r_pred)}),
+rs AS (
+    SELECT *, max(b_s) OVER (PARTITION BY node, worker ORDER BY a_s, b_s
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b_s
+    FROM rspan WHERE b_s > a_s AND b_s > ? AND a_s < ?
+),
+isl AS (  -- islands of "some request in flight" per worker (union of the spans)
+    SELECT node, worker, min(a_s) AS a_s, max(b_s) AS b_s
+    FROM (SELECT *, sum(CASE WHEN prev_b_s IS NULL OR a_s > prev_b_s THEN 1 ELSE 0 END)
+                        OVER (PARTITION BY node, worker ORDER BY a_s, b_s) AS island FROM rs)
+    GROUP BY node, worker, island
+),
+islc AS (
+    SELECT node, worker, a_s, b_s - a_s AS len_s,
+           coalesce(sum(b_s - a_s) OVER (PARTITION BY node, worker ORDER BY a_s
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0.0) AS c_in
+    FROM isl
+),
+owner_worker AS (  -- a GPU without a devices worker: the worker whose iterations carry its uuid
+    SELECT node, gpu_uuid AS uuid, min(worker) AS worker
+    FROM iterations WHERE {i_pred} AND gpu_uuid IS NOT NULL AND end_s > ? AND start_s < ?
+    GROUP BY ALL
+),
+ordered AS (
+    SELECT s.* EXCLUDE (worker), coalesce(s.worker, ow.worker) AS worker,
+           lag(s.ts_s) OVER g AS t0_s, lag(s.energy_mj) OVER g AS e0_mj, lag(s.power_w) OVER g AS p0_w,
+           lag(s.uuid) OVER g AS uuid0, lag(coalesce(s.worker, ow.worker)) OVER g AS worker0
+    FROM samp s LEFT JOIN owner_worker ow ON s.node = ow.node AND s.uuid = ow.uuid
+    WINDOW g AS (PARTITION BY s.node, s.source, s.device, s."index" ORDER BY s.ts_s)
+),
+pts AS (  -- where the cumulative functions are read: each sample's ts_s, and the interval's start
+          -- again under the new uuid/worker where the owner changed between the two samples
+    SELECT node, source, device, "index", ts_s AS t_s, 0 AS extra, uuid, worker FROM ordered
+    UNION ALL
+    SELECT node, source, device, "index", t0_s, 1, uuid, worker FROM ordered
+    WHERE t0_s IS NOT NULL AND (uuid IS DISTINCT FROM uuid0 OR worker IS DISTINCT FROM worker0)
+),
+ptc AS (
+    SELECT p.*,
+           c.c_host + least(greatest(p.t_s - c.a_s, 0.0), c.hl_s) AS host_c,
+           least(greatest(p.t_s - c.a_s - c.hl_s, 0.0), c.bl_s) AS busy_part,
+           c.c_p, c.c_d, c.c_mp, c.c_md, c.f_p, c.f_d, c.f_mp, c.f_md
+    FROM pts p ASOF LEFT JOIN segc c ON p.node = c.node AND p.uuid = c.uuid AND p.t_s >= c.a_s
+),
+ptv AS (
+    SELECT p.node, p.source, p.device, p."index", p.t_s, p.extra,
+           coalesce(p.host_c, 0.0) AS host_c,
+           coalesce(p.c_p + p.f_p * p.busy_part, 0.0) AS p_c,
+           coalesce(p.c_d + p.f_d * p.busy_part, 0.0) AS d_c,
+           coalesce(p.c_mp + p.f_mp * p.busy_part, 0.0) AS mp_c,
+           coalesce(p.c_md + p.f_md * p.busy_part, 0.0) AS md_c,
+           coalesce(i.c_in + least(greatest(p.t_s - i.a_s, 0.0), i.len_s), 0.0) AS in_c
+    FROM ptc p ASOF LEFT JOIN islc i ON p.node = i.node AND p.worker = i.worker AND p.t_s >= i.a_s
+),
+deltas AS (
+    SELECT *, lag(host_c) OVER g AS host_0, lag(p_c) OVER g AS p_0, lag(d_c) OVER g AS d_0,
+           lag(mp_c) OVER g AS mp_0, lag(md_c) OVER g AS md_0, lag(in_c) OVER g AS in_0
+    FROM ptv
+    WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY t_s, extra DESC)
+),
+attributed AS (  -- GPUs whose state is known: an owner worker, or iterations carrying their uuid
+    SELECT DISTINCT node, source, device, "index" FROM ordered WHERE worker IS NOT NULL
+)
+SELECT o.node, o.source, o.device, o."index", o.uuid, o.parent_uuid, o.mig_instance_id, o.name,
+       o.worker, o.role, o.t0_s, o.ts_s AS t1_s, o.ts_s - o.t0_s AS interval_s,
+       floor(o.ts_s / 3600.0) * 3600.0 AS hour_s,
+       a.node IS NOT NULL AS attributed,
+       CASE WHEN a.node IS NOT NULL THEN d.p_c - d.p_0 END AS prefill_s,
+       CASE WHEN a.node IS NOT NULL THEN d.d_c - d.d_0 END AS decode_s,
+       CASE WHEN a.node IS NOT NULL THEN d.mp_c - d.mp_0 END AS mixed_prefill_s,
+       CASE WHEN a.node IS NOT NULL THEN d.md_c - d.md_0 END AS mixed_decode_s,
+       CASE WHEN a.node IS NOT NULL THEN d.host_c - d.host_0 END AS host_s,
+       CASE WHEN a.node IS NOT NULL THEN least(greatest(d.in_c - d.in_0 - busy, 0.0),
+                                              greatest(o.ts_s - o.t0_s - busy, 0.0)) END AS gap_s,
+       CASE WHEN a.node IS NOT NULL THEN greatest(o.ts_s - o.t0_s - busy, 0.0)
+                 - least(greatest(d.in_c - d.in_0 - busy, 0.0), greatest(o.ts_s - o.t0_s - busy, 0.0))
+       END AS idle_s,
+       coalesce(o.sm_active_pct, o.gpu_util_pct) AS sm_active_pct,
+       CASE WHEN o.sm_active_pct IS NOT NULL THEN 'sm_active'
+            WHEN o.gpu_util_pct IS NOT NULL THEN 'gpu_util' END AS sm_source,
+       o.gpu_util_pct, o.dram_active_pct, o.power_w,
+       CASE WHEN o.parent_uuid IS NOT NULL THEN NULL
+            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj
+                THEN (o.energy_mj - o.e0_mj) / 1000.0
+            WHEN o.power_w IS NOT NULL
+                THEN (o.power_w + coalesce(o.p0_w, o.power_w)) / 2.0 * (o.ts_s - o.t0_s) END AS energy_j,
+       CASE WHEN o.parent_uuid IS NOT NULL THEN 'mig-parent'
+            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj THEN 'counter'
+            WHEN o.power_w IS NOT NULL AND o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL
+                THEN 'integrated-reset'
+            WHEN o.power_w IS NOT NULL THEN 'integrated-no-counter' END AS energy_source,
+       trust_label(o.node, o.source, o.emulated) AS trust,
+       coalesce(o.host_bound_pct > 0, false) AS host_bound, 1 AS samples, 0.0 AS excess_s,
+       NULL::BIGINT AS k, {_power_sums("coalesce(o.sm_active_pct, o.gpu_util_pct)", aggregate=False)}
+FROM ordered o
+JOIN (SELECT *, (p_c - p_0) + (d_c - d_0) + (mp_c - mp_0) + (md_c - md_0) + (host_c - host_0) AS busy
+      FROM deltas WHERE extra = 0) d
+  ON o.node = d.node AND o.source = d.source AND o.device = d.device
+ AND o."index" IS NOT DISTINCT FROM d."index" AND o.ts_s = d.t_s
+LEFT JOIN attributed a
+  ON o.node = a.node AND o.source = a.source AND o.device = a.device AND o."index" IS NOT DISTINCT FROM a."index"
+WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
+"""
+    params = [*s_par, *w, *i_par, *w, *r_par, *r_par, *w, *i_par, *w]
+    return sql, params
+
+
+def buckets_sql(window: Window, bucket_s: float) -> tuple[str, list[Any]]:
+    """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
+    the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
+    the bucket's time, scaled away — overlapping iterations or clock skew)."""
+    if not (math.isfinite(bucket_s) and bucket_s > 0):
+        raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
+    D = repr(float(bucket_s))
+    s_pred, s_par = window.node_sql("node")
+    i_pred, i_par = window.node_sql("node")
+    r_pred, r_par = window.node_sql("node")
+    d_pred, d_par = window.node_sql("node")
+    w = [window.start_s, window.end_s]
+    mixed = "phase NOT IN ('prefill', 'decode')"
+    sql = f"""
+WITH
+sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
+    SELECT node, source, device, "index", floor(ts_s / {D})::BIGINT AS k,
+           count(*) AS samples, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
+           arg_min(energy_mj, ts_s) AS f_e, arg_max(energy_mj, ts_s) AS l_e,
+           max(energy_mj) - min(energy_mj) AS e_range, count(energy_mj) AS n_e,
+           avg(power_w) AS power_w,
+           avg(coalesce(sm_active_pct, gpu_util_pct)) AS sm_active_pct,
+           count(sm_active_pct) AS n_sm, count(coalesce(sm_active_pct, gpu_util_pct)) AS n_sm_any,
+           avg(gpu_util_pct) AS gpu_util_pct, avg(dram_active_pct) AS dram_active_pct,
+           bool_or(emulated) AS emulated, coalesce(max(host_bound_pct) > 0, false) AS host_bound,
+           {_power_sums("coalesce(sm_active_pct, gpu_util_pct)", aggregate=True)}
+    FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?
+    GROUP BY node, source, device, "index", k
+),
+dv AS (  -- devices rows with the time they hold until (the GPU's next row)
+    SELECT *, lead(since_s, 1, 'infinity'::DOUBLE)
+                  OVER (PARTITION BY node, source, device, "index" ORDER BY since_s) AS until_s
+    FROM devices WHERE {d_pred}
+),
+sbd AS (  -- the device attributes (owner worker/role) in effect at the bucket's first sample
+    SELECT b.*, d.uuid, d.parent_uuid, d.mig_instance_id, d.name, d.worker AS dev_worker, d.role
+    FROM sb b LEFT JOIN dv d
+      ON b.node = d.node AND b.source = d.source AND b.device = d.device
+     AND b."index" IS NOT DISTINCT FROM d."index" AND b.f_ts >= d.since_s AND b.f_ts < d.until_s
+),
+nb AS (
+    SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
+           lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
+           lead(n_e = samples) OVER g AS n_ok
+    FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)
+),
+cov AS (  -- a bucket reaches from its cell's start (the first sample, for the first bucket) to the next bucket's
+    SELECT *, CASE WHEN pl_ts IS NULL THEN f_ts ELSE k * {D} END AS t0_s,
+              CASE WHEN nk IS NULL THEN l_ts ELSE nk * {D} END AS t1_s
+    FROM nb
+),
+en AS (  -- the counter at the bucket's two ends, interpolated between the samples around them
+    SELECT *,
+           n_e = samples AND coalesce(p_ok, true) AND coalesce(n_ok, true) AS has_counter,
+           CASE WHEN pl_ts IS NULL THEN f_e::DOUBLE
+                WHEN f_e >= pl_e THEN pl_e + (f_e - pl_e) * (t0_s - pl_ts) / (f_ts - pl_ts) END AS e0,
+           CASE WHEN nk IS NULL THEN l_e::DOUBLE
+                WHEN nf_e >= l_e THEN l_e + (nf_e - l_e) * (t1_s - l_ts) / (nf_ts - l_ts) END AS e1
+    FROM cov
+),
+it AS ({iteration_rows_sql(i_pred)}),
+span AS (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL),
+itc AS (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
+    SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+           least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
+    FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
+    WHERE it.end_s > sp.s0 AND it.start_s < sp.s1
+),
+itp AS (  -- cut at cell boundaries
+    SELECT node, uuid, worker, phase, pshare, floor(a_s / {D})::BIGINT AS j,
+           b_s - a_s AS len_s, greatest(0.0, least(h_s, b_s) - a_s) AS host_len_s
+    FROM itc WHERE floor(a_s / {D}) = floor(b_s / {D})
+    UNION ALL
+    SELECT node, uuid, worker, phase, pshare, j,
+           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
+           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
+    FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j
+          FROM itc WHERE floor(a_s / {D}) < floor(b_s / {D}))
+),
+itagg AS (
+    SELECT node, uuid, j, min(worker) AS worker,
+           sum(CASE WHEN phase = 'prefill' THEN len_s - host_len_s ELSE 0.0 END) AS p_s,
+           sum(CASE WHEN phase = 'decode' THEN len_s - host_len_s ELSE 0.0 END) AS d_s,
+           sum(CASE WHEN {mixed} THEN pshare * (len_s - host_len_s) ELSE 0.0 END) AS mp_s,
+           sum(CASE WHEN {mixed} THEN (1.0 - pshare) * (len_s - host_len_s) ELSE 0.0 END) AS md_s,
+           sum(host_len_s) AS h_s
+    FROM itp GROUP BY node, uuid, j
+),
+ow AS (SELECT node, uuid, min(worker) AS worker FROM itagg GROUP BY node, uuid),
+bk AS (
+    SELECT e.*, coalesce(e.dev_worker, ow.worker) AS worker
+    FROM en e LEFT JOIN ow ON e.node = ow.node AND e.uuid = ow.uuid
+),
+bku AS (SELECT node, uuid, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE uuid IS NOT NULL),
+itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a bucket absorbs empty cells)
+    SELECT ia.*, b.k FROM itagg ia JOIN bku b ON ia.node = b.node AND ia.uuid = b.uuid AND ia.j = b.k
+    UNION ALL
+    SELECT ia.*, b.k
+    FROM (SELECT * FROM itagg ia WHERE NOT EXISTS
+              (SELECT 1 FROM bku b WHERE ia.node = b.node AND ia.uuid = b.uuid AND ia.j = b.k)) ia
+    ASOF JOIN bku b ON ia.node = b.node AND ia.uuid = b.uuid AND ia.j >= b.k
+    WHERE ia.j < b.k_end  -- after the GPU's last sample: in no bucket
+),
+itb AS (
+    SELECT node, uuid, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s,
+           sum(h_s) AS h_s
+    FROM itj GROUP BY node, uuid, k
+),
+rsp AS ({request_spans_sql(r_pred)}),
+rs AS (
+    SELECT *, max(b_s) OVER (PARTITION BY node, worker ORDER BY a_s, b_s
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b_s
+    FROM rsp WHERE b_s > a_s AND b_s > ? AND a_s < ?
+),
+isl AS (  -- islands of "some request in flight" per worker (union of the spans)
+    SELECT node, worker, min(a_s) AS a_s, max(b_s) AS b_s
+    FROM (SELECT *, sum(CASE WHEN prev_b_s IS NULL OR a_s > prev_b_s THEN 1 ELSE 0 END)
+                        OVER (PARTITION BY node, worker ORDER BY a_s, b_s) AS island FROM rs)
+    GROUP BY node, worker, island
+),
+inagg AS (
+    SELECT node, worker, j, sum(greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))) AS in_s
+    FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
+    GROUP BY node, worker, j
+),
+wk AS (SELECT DISTINCT node, worker, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE worker IS NOT NULL),
+inb AS (
+    SELECT node, worker, k, sum(in_s) AS in_s FROM (
+        SELECT ia.*, w.k FROM inagg ia JOIN wk w ON ia.node = w.node AND ia.worker = w.worker AND ia.j = w.k
+        UNION ALL
+        SELECT ia.*, w.k
+        FROM (SELECT * FROM inagg ia WHERE NOT EXISTS
+                  (SELECT 1 FROM wk w WHERE ia.node = w.node AND ia.worker = w.worker AND ia.j = w.k)) ia
+        ASOF JOIN wk w ON ia.node = w.node AND ia.worker = w.worker AND ia.j >= w.k
+        WHERE ia.j < w.k_end)
+    GROUP BY node, worker, k
+),
+attributed AS (SELECT DISTINCT node, source, device, "index" FROM bk WHERE worker IS NOT NULL),
+st AS (
+    SELECT b.*, a.node IS NOT NULL AS attributed, b.t1_s - b.t0_s AS interval_s,
+           coalesce(i.p_s, 0.0) AS p_s, coalesce(i.d_s, 0.0) AS d_s, coalesce(i.mp_s, 0.0) AS mp_s,
+           coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s, coalesce(r.in_s, 0.0) AS in_s,
+           coalesce(i.p_s + i.d_s + i.mp_s + i.md_s + i.h_s, 0.0) AS raw_cov_s
+    FROM bk b
+    LEFT JOIN itb i ON b.node = i.node AND b.uuid = i.uuid AND b.k = i.k
+    LEFT JOIN inb r ON b.node = r.node AND b.worker = r.worker AND b.k = r.k
+    LEFT JOIN attributed a
+      ON b.node = a.node AND b.source = a.source AND b.device = a.device
+     AND b."index" IS NOT DISTINCT FROM a."index"
+    WHERE b.t1_s > b.t0_s
+),
+sc AS (
+    SELECT *, CASE WHEN raw_cov_s > interval_s THEN interval_s / raw_cov_s ELSE 1.0 END AS f,
+              least(raw_cov_s, interval_s) AS cov_s
+    FROM st
+)
+SELECT node, source, device, "index", uuid, parent_uuid, mig_instance_id, name, worker, role,
+       t0_s, t1_s, interval_s, floor(k * {D} / 3600.0) * 3600.0 AS hour_s, attributed,
+       CASE WHEN attributed THEN f * p_s END AS prefill_s,
+       CASE WHEN attributed THEN f * d_s END AS decode_s,
+       CASE WHEN attributed THEN f * mp_s END AS mixed_prefill_s,
+       CASE WHEN attributed THEN f * md_s END AS mixed_decode_s,
+       CASE WHEN attributed THEN f * h_s END AS host_s,
+       CASE WHEN attributed THEN least(greatest(in_s - cov_s, 0.0), interval_s - cov_s) END AS gap_s,
+       CASE WHEN attributed THEN interval_s - cov_s - least(greatest(in_s - cov_s, 0.0), interval_s - cov_s)
+       END AS idle_s,
+       sm_active_pct,
+       CASE WHEN n_sm = samples THEN 'sm_active' WHEN n_sm_any > 0 THEN 'gpu_util' END AS sm_source,
+       gpu_util_pct, dram_active_pct, power_w,
+       CASE WHEN parent_uuid IS NOT NULL THEN NULL
+            WHEN has_counter AND e_range = l_e - f_e AND e0 IS NOT NULL AND e1 IS NOT NULL
+                THEN (e1 - e0) / 1000.0
+            WHEN power_w IS NOT NULL THEN power_w * interval_s END AS energy_j,
+       CASE WHEN parent_uuid IS NOT NULL THEN 'mig-parent'
+            WHEN has_counter AND e_range = l_e - f_e AND e0 IS NOT NULL AND e1 IS NOT NULL THEN 'counter'
+            WHEN power_w IS NOT NULL AND has_counter THEN 'integrated-reset'
+            WHEN power_w IS NOT NULL THEN 'integrated-no-counter' END AS energy_source,
+       trust_label(node, source, emulated) AS trust, host_bound, samples,
+       CASE WHEN attributed THEN greatest(raw_cov_s - interval_s, 0.0) ELSE 0.0 END AS excess_s,
+       k, sm_n, sm_s1, sm_s2, sm_s3, sm_s4
+FROM sc"""
+    params = [*s_par, *w, *d_par, *i_par, *w, *r_par, *r_par, *w]
+    return sql, params
+
+
+def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
+    """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s and
+    twice the median sampling period of its GPUs (so that most cells hold a sample)."""
+    pred, par = window.node_sql("node")
+    row = con.execute(
+        f"""SELECT median(p) FROM (
+                SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p FROM gpu_samples
+                WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY node, source, device, "index"
+                HAVING count(*) > 1)""",
+        [*par, window.start_s, window.end_s],
+    ).fetchone()
+    period = float(row[0]) if row and row[0] is not None else 1.0
+    want = max(1.0, 2.0 * period)
+    return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
+
+
+class IntervalTable:
+    """The window's intervals (``bucket_s=0``) or grid buckets (``bucket_s`` > 0; None: chosen by
+    :func:`choose_bucket_s`) materialised once in a connection-local TEMP table — never in the
+    store — for the analyses that read them; use as a context manager."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, window: Window, bucket_s: float | None = None) -> None:
+        self.con = con
+        self.window = window
+        self.bucket_s = choose_bucket_s(con, window) if bucket_s is None else float(bucket_s)
+        if not math.isfinite(self.bucket_s) or self.bucket_s < 0:
+            raise ValueError(f"bucket_s must be 0 (sample intervals) or a positive width, got {bucket_s!r}")
+        self.name = f"pl_intervals_{uuidlib.uuid4().hex[:12]}"
+
+    @property
+    def exact(self) -> bool:
+        """True for sample intervals, False for grid buckets."""
+        return self.bucket_s == 0
+
+    def __enter__(self) -> IntervalTable:
+        sql, params = intervals_sql(self.window) if self.exact else buckets_sql(self.window, self.bucket_s)
+        self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.con.execute(f"DROP TABLE IF EXISTS {self.name}")
