@@ -99,7 +99,8 @@ class ExternalAttribution:
     (``prefill``, ``decode``, ``other_busy``, ``idle``) ``<state>_s``, ``<state>_share``,
     ``<state>_energy_j``, ``<state>_energy_share``; ``energy_j`` total.
     ``per_pool``: the same sums and shares per pool. ``engines``: per engine endpoint, its GPUs,
-    role, fitted work model (``c_iter_s``, ``c_prompt_token_s``, ``c_gen_token_s``, ``fit_r2``) and
+    role, fitted work model (``c_iter_s``, ``c_prompt_token_s``, ``c_gen_token_s``, ``fit_r2``,
+    ``fit_rel_rmse``, ``fit_intervals``), its work in the window and
     the histogram-derived concurrencies. ``intervals``: every sample interval's state seconds and
     energy. ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
     """
@@ -122,9 +123,7 @@ class ExternalAttribution:
 
     def to_dict(self) -> dict[str, Any]:
         def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-            return [
-                {k: _json_value(v) for k, v in row.items()} for row in df.to_dict("records")
-            ]
+            return [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict("records")]
 
         return {
             "window": self.window.describe(),
@@ -150,14 +149,31 @@ def _json_value(v: Any) -> Any:
 
 # --- the store reads (SQL) ----------------------------------------------------------------------------
 
+# A MIG instance's row is stored only when its values change (dcgm-exporter repeats them every
+# scrape; the collector keeps a row per change), so an instance is sampled on its physical GPU's
+# sample times, each taking the instance's last stored values (ASOF), from up to an hour before.
 _INTERVALS_SQL = """
-WITH s AS (
+WITH x AS (
     SELECT node, source, device, "index", ts_s, uuid, parent_uuid, mig_instance_id, mig_profile,
            k8s_pod, k8s_namespace, {role} AS role,
            gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj,
            trust_label(node, source, emulated) AS trust
     FROM gpu_samples_full
-    WHERE {nodes} AND ts_s >= ? AND ts_s < ?
+    WHERE {nodes} AND ts_s >= ? - 3600.0 AND ts_s < ?
+), whole AS (
+    SELECT * FROM x WHERE parent_uuid IS NULL AND ts_s >= ?
+), inst AS (
+    SELECT DISTINCT node, source, device, "index", parent_uuid FROM x WHERE parent_uuid IS NOT NULL
+), grid AS (
+    SELECT i.node, i.source, i.device, i."index", w.ts_s
+    FROM inst i JOIN whole w ON w.node = i.node AND w.source = i.source AND w.uuid = i.parent_uuid
+), filled AS (
+    SELECT g.ts_s, v.* EXCLUDE (ts_s)
+    FROM grid g ASOF JOIN (SELECT * FROM x WHERE parent_uuid IS NOT NULL) v
+      ON g.node = v.node AND g.source = v.source AND g.device = v.device
+     AND g."index" IS NOT DISTINCT FROM v."index" AND g.ts_s >= v.ts_s
+), s AS (
+    SELECT * FROM whole UNION ALL BY NAME SELECT * FROM filled
 ), d AS (
     SELECT *,
            ts_s - lag(ts_s) OVER w AS dt_s,
@@ -217,7 +233,7 @@ def _intervals(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFrame:
     nodes, params = window.node_sql("node")
     role = "role" if _has_column(con, "gpu_samples_full", "role") else "NULL::VARCHAR"
     sql = _INTERVALS_SQL.format(nodes=nodes, role=role)
-    return con.execute(sql, [*params, window.start_s, window.end_s]).df()
+    return con.execute(sql, [*params, window.start_s, window.end_s, window.start_s]).df()
 
 
 def _engine_rows(con: duckdb.DuckDBPyConnection, window: Window) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -239,20 +255,26 @@ def _engine_rows(con: duckdb.DuckDBPyConnection, window: Window) -> tuple[pd.Dat
 # --- identity, engines and roles ------------------------------------------------------------------------
 
 
+def _text(v: Any) -> str | None:
+    """A label value, or None for NULL / NaN / empty."""
+    return str(v) if isinstance(v, str) and v else None
+
+
 def _gpu_key(row: Mapping[str, Any]) -> str:
-    if row.get("uuid"):
+    if _text(row.get("uuid")):
         return str(row["uuid"])
-    if row.get("parent_uuid"):
-        return f"{row['parent_uuid']}/gi{row.get('mig_instance_id')}"
+    if _text(row.get("parent_uuid")):
+        gi = row.get("mig_instance_id")
+        return f"{row['parent_uuid']}/gi{int(gi) if pd.notna(gi) else '?'}"
     return f"{row['node']}/{row['device']}"
 
 
 def _identifiers(g: Mapping[str, Any]) -> set[str]:
     ids = {g["gpu"], f"{g['node']}/{g['device']}"}
     for k in ("uuid", "k8s_pod"):
-        if g.get(k):
+        if _text(g.get(k)):
             ids.add(str(g[k]))
-    if g.get("k8s_pod") and g.get("k8s_namespace"):
+    if _text(g.get("k8s_pod")) and _text(g.get("k8s_namespace")):
         ids.add(f"{g['k8s_namespace']}/{g['k8s_pod']}")
     return ids
 
@@ -272,9 +294,13 @@ def _dynamo_roles(labels: pd.DataFrame) -> dict[str, str]:
     if comps.empty:
         return out
     with_prefill = {
-        ns for ns, c in zip(comps["dynamo_namespace"], comps["dynamo_component"], strict=True) if "prefill" in c.lower()
+        ns
+        for ns, c in zip(comps["dynamo_namespace"], comps["dynamo_component"], strict=True)
+        if "prefill" in c.lower()
     }
-    for ep, comp, ns in zip(comps["endpoint"], comps["dynamo_component"], comps["dynamo_namespace"], strict=True):
+    for ep, comp, ns in zip(
+        comps["endpoint"], comps["dynamo_component"], comps["dynamo_namespace"], strict=True
+    ):
         c = comp.lower()
         if "prefill" in c:
             out[ep] = PREFILL
@@ -327,7 +353,7 @@ def _assign_engines(
         k = g["gpu"]
         if k in out:
             continue
-        pod, ns = g.get("k8s_pod"), g.get("k8s_namespace")
+        pod, ns = _text(g.get("k8s_pod")), _text(g.get("k8s_namespace"))
         ep = by_pod.get(f"{ns}/{pod}") if pod and ns else None
         ep = ep or (by_pod.get(pod) if pod else None)
         if ep:
@@ -371,6 +397,13 @@ def _r2(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
         return float("nan")
     ss = float(np.sum((y - y.mean()) ** 2))
     return 1.0 - float(np.sum((y - x @ coef) ** 2)) / ss if ss > 0 else float("nan")
+
+
+def _rel_rmse(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
+    """Root-mean-square residual over the mean of ``y`` (the fit's error per interval)."""
+    if not len(y) or y.mean() <= 0:
+        return float("nan")
+    return float(np.sqrt(np.mean((y - x @ coef) ** 2)) / y.mean())
 
 
 def _cumulative(ts: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -448,7 +481,9 @@ def _mig_energy(iv: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
         energy_at = dict(zip(w["ts_s"], w["energy_j"], strict=True))
         src_at = dict(zip(w["ts_s"], w["energy_source"], strict=True))
         sub = iv.loc[mine]
-        slices = sub["mig_profile"].map(lambda p: float(m.group(1)) if isinstance(p, str) and (m := _SLICES.match(p)) else 1.0)
+        slices = sub["mig_profile"].map(
+            lambda p: float(m.group(1)) if isinstance(p, str) and (m := _SLICES.match(p)) else 1.0
+        )
         frac = (sub["busy_s"] / sub["dt_s"]).fillna(0.0)
         for ts, grp in sub.groupby("ts_s"):
             e = energy_at.get(ts)
@@ -500,11 +535,16 @@ def external_attribution(
     for label in sorted(set(iv["trust"])):
         if label in LABELS:
             trust.add(label)
-    iv["gpu"] = [_gpu_key(r) for r in iv[["uuid", "parent_uuid", "mig_instance_id", "node", "device"]].to_dict("records")]
+    iv["gpu"] = [
+        _gpu_key(r)
+        for r in iv[["uuid", "parent_uuid", "mig_instance_id", "node", "device"]].to_dict("records")
+    ]
     # energy per interval: the counter's rise, else integrated power (flagged)
     iv["energy_j"] = iv["counter_energy_j"].where(iv["counter_energy_j"].notna(), iv["integrated_energy_j"])
     iv["energy_source"] = np.where(
-        iv["counter_energy_j"].notna(), "counter", np.where(iv["integrated_energy_j"].notna(), "integrated power", None)
+        iv["counter_energy_j"].notna(),
+        "counter",
+        np.where(iv["integrated_energy_j"].notna(), "integrated power", None),
     )
     resets = int(iv["counter_reset"].fillna(False).sum())
     if resets:
@@ -548,7 +588,11 @@ def external_attribution(
         elif ep:
             role_of[k], role_why[k] = MIXED, "aggregated engine"
     if roles:
-        unknown = set(given) - {i for g in gpus.to_dict("records") for i in _identifiers(g)} - set(gpu_engine.values())
+        unknown = (
+            set(given)
+            - {i for g in gpus.to_dict("records") for i in _identifiers(g)}
+            - set(gpu_engine.values())
+        )
         if unknown:
             raise ExternalAttributionError(
                 f"roles name {', '.join(sorted(unknown))}, which match no GPU, pod or engine endpoint in the window"
@@ -583,7 +627,9 @@ def external_attribution(
             "engine": e.engine if e else None,
             "gpus": ",".join(sorted(iv.loc[mine, "gpu"].unique())),
             "role": role,
-            "role_from": ", ".join(sorted({role_why[k] for k in iv.loc[mine, "gpu"].unique() if k in role_why})),
+            "role_from": ", ".join(
+                sorted({role_why[k] for k in iv.loc[mine, "gpu"].unique() if k in role_why})
+            ),
         }
         engine_rows.append(row)
         if e is None:
@@ -600,11 +646,14 @@ def external_attribution(
             "prompt_tokens": e.increase("prompt_tokens_total", a, b),
             "generation_tokens": e.increase("generation_tokens_total", a, b),
         }
-        whole = {k: e.increase(m, *e.span(m, *span)) for k, m in (
-            ("iterations", "iteration_tokens_total_count"),
-            ("prompt_tokens", "prompt_tokens_total"),
-            ("generation_tokens", "generation_tokens_total"),
-        )}
+        whole = {
+            k: e.increase(m, *e.span(m, *span))
+            for k, m in (
+                ("iterations", "iteration_tokens_total_count"),
+                ("prompt_tokens", "prompt_tokens_total"),
+                ("generation_tokens", "generation_tokens_total"),
+            )
+        }
         dur = window.duration_s
         row.update(
             iterations=_first(whole["iterations"]),
@@ -624,19 +673,26 @@ def external_attribution(
             continue
         x = np.column_stack([w if w is not None else np.zeros(len(mine)) for w in work.values()])
         if work["iterations"] is None:
-            trust.add(ESTIMATED, f"engine {ep}: no iteration_tokens_total: the work model has no per-step term")
+            trust.add(
+                ESTIMATED, f"engine {ep}: no iteration_tokens_total: the work model has no per-step term"
+            )
         ok = np.all(np.isfinite(x), axis=1)
         if not ok.all():
             missing.append(f"engine {ep}: {int((~ok).sum())} GPU intervals outside its scrapes: not split")
         y = iv.loc[mine, "busy_s"].to_numpy()
         coef = nnls(x[ok], y[ok]) if ok.sum() >= 2 else np.zeros(3)
         row.update(
-            c_iter_s=coef[0], c_prompt_token_s=coef[1], c_gen_token_s=coef[2],
+            c_iter_s=coef[0],
+            c_prompt_token_s=coef[1],
+            c_gen_token_s=coef[2],
             fit_r2=_r2(x[ok], y[ok], coef) if ok.sum() >= 2 else float("nan"),
             fit_intervals=int(ok.sum()),
+            fit_rel_rmse=_rel_rmse(x[ok], y[ok], coef),
         )
         if coef[1] == 0:
-            trust.add(ESTIMATED, f"engine {ep}: the fit gave prompt tokens no cost; its busy time is all decode")
+            trust.add(
+                ESTIMATED, f"engine {ep}: the fit gave prompt tokens no cost; its busy time is all decode"
+            )
         pre = np.where(ok, coef[1] * np.nan_to_num(x[:, 1]), 0.0)
         dec = np.where(ok, coef[0] * np.nan_to_num(x[:, 0]) + coef[2] * np.nan_to_num(x[:, 2]), 0.0)
         tot = pre + dec
@@ -657,7 +713,7 @@ def external_attribution(
     _apportion_energy(iv, missing)
     per_gpu = _summarise(iv, ["gpu"], gpus)
     per_gpu["role_from"] = per_gpu["gpu"].map(role_why)
-    per_pool = _summarise(iv.assign(pool=iv["pool"].fillna("unknown")), ["pool"], None)
+    per_pool = _summarise(iv.assign(pool=iv["pool"].astype(object).fillna("unknown")), ["pool"], None)
     for n in notes:
         trust.notes.append(n) if n not in trust.notes else None
     engines_df = pd.DataFrame(engine_rows)
@@ -697,7 +753,9 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
         mix = np.divide(t, busy[:, None], out=np.zeros_like(t), where=busy[:, None] > 0)
         util = grp["gpu_util_pct"].to_numpy(dtype=float) / 100.0
         power = grp["power_w"].to_numpy(dtype=float)
-        pts = np.isfinite(util) & np.isfinite(power) & (busy > 0) | (np.isfinite(util) & np.isfinite(power) & (util == 0))
+        pts = np.isfinite(util) & np.isfinite(power) & (busy > 0) | (
+            np.isfinite(util) & np.isfinite(power) & (util == 0)
+        )
         if pts.any() and int(ok.sum()) < MIN_FIT_INTERVALS:
             xp = np.column_stack([np.ones(int(pts.sum())), util[pts, None] * mix[pts]])
             x = np.vstack([x, xp])
@@ -717,8 +775,20 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
 
 
 _GPU_COLUMNS = [
-    "gpu", "node", "uuid", "parent_uuid", "mig_profile", "k8s_pod", "pool", "endpoint", "method",
-    "busy_measure", "energy_source", "intervals", "span_s", "energy_j",
+    "gpu",
+    "node",
+    "uuid",
+    "parent_uuid",
+    "mig_profile",
+    "k8s_pod",
+    "pool",
+    "endpoint",
+    "method",
+    "busy_measure",
+    "energy_source",
+    "intervals",
+    "span_s",
+    "energy_j",
     *[f"{s}_{m}" for s in STATES for m in ("s", "share", "energy_j", "energy_share")],
 ]
 
@@ -755,9 +825,9 @@ def _summarise(iv: pd.DataFrame, by: list[str], gpus: pd.DataFrame | None) -> pd
 
 __all__ = [
     "ENGINE_COUNTERS",
+    "STATES",
     "ExternalAttribution",
     "ExternalAttributionError",
-    "STATES",
     "external_attribution",
     "nnls",
 ]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.external import ExternalAttribution, external_attribution
-from analytics.window import Window
+from analytics.window import SIM_PREFIX, Window
 from collector.sources.dcgm import DcgmSource
 from collector.sources.prometheus import EngineScrapeSource
 from collector.store import Store
@@ -60,13 +60,56 @@ from serving.sim.simulator import Replica, SimResult, Simulation
 from serving.trace import TraceRequest, load_azure_trace
 
 #: vLLM's bucket bounds (vllm/v1/metrics/loggers.py).
-REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                        120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_TIME_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ENERGY_OFFSET_MJ = 3_600_000_000  # the counter counts since driver load, not since the run
-NODE = "gpu-node-1"
+NODE = "gpu-node-1"  # the exporter's Hostname label
 NAMESPACE = "llm"
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -82,7 +125,9 @@ class _Hist:
         self.buckets = tuple(buckets)
         self.cum_sum = np.concatenate(([0.0], np.cumsum(v)))
         le = np.asarray(self.buckets, dtype=float)
-        self.cum_le = np.vstack([np.zeros(len(le), dtype=np.int64), np.cumsum(v[:, None] <= le[None, :], axis=0)])
+        self.cum_le = np.vstack(
+            [np.zeros(len(le), dtype=np.int64), np.cumsum(v[:, None] <= le[None, :], axis=0)]
+        )
 
     def lines(self, name: str, labels: str, ts: float) -> list[str]:
         n = int(np.searchsorted(self.t, ts, side="right"))
@@ -188,13 +233,14 @@ def _events(result: SimResult) -> tuple[dict[str, list[dict[str, Any]]], list[di
     return iters, reqs
 
 
-def _engine_view(replica: Replica, iters: list[dict[str, Any]], reqs: list[dict[str, Any]], disagg: bool) -> _EngineView:
+def _engine_view(
+    replica: Replica, iters: list[dict[str, Any]], reqs: list[dict[str, Any]], disagg: bool
+) -> _EngineView:
     role = replica.role
     pod = f"vllm-{role}-{replica.id.split('-')[-1]}"
     prompt_t, prompt_v, gen, fin, run_s, run_e, wait_s, wait_e = [], [], [], [], [], [], [], []
     obs: dict[str, tuple[list[float], list[float]]] = {
-        k: ([], [])
-        for k in ("prefill", "decode", "queue", "ttft", "e2e")
+        k: ([], []) for k in ("prefill", "decode", "queue", "ttft", "e2e")
     }
 
     def observe(kind: str, at: float, value: float) -> None:
@@ -241,7 +287,10 @@ def _engine_view(replica: Replica, iters: list[dict[str, Any]], reqs: list[dict[
     # per engine step: prompt tokens counted in it + tokens generated in it (vLLM's IterationStats)
     step_tokens = np.zeros(len(ends))
     if len(ends):
-        for times, weights in ((np.asarray(prompt_t), np.asarray(prompt_v, dtype=float)), (np.asarray(gen), None)):
+        for times, weights in (
+            (np.asarray(prompt_t), np.asarray(prompt_v, dtype=float)),
+            (np.asarray(gen), None),
+        ):
             if not len(times):
                 continue
             idx = np.clip(np.searchsorted(ends, times - 1e-7), 0, len(ends) - 1)
@@ -295,17 +344,17 @@ def _dcgm_page(gpus: Sequence[_GpuView], k: int, period: int, model: str) -> str
             f'container="vllm",namespace="{NAMESPACE}",pod="{g.pod}"'
         )
 
-        def mean(col: str) -> float:
+        def mean(col: str, c: dict[str, np.ndarray] = c) -> float:
             return float(np.mean(c[col][lo : k + 1]))
 
         values = {
             "DCGM_FI_DEV_SM_CLOCK": f"{int(c['sm_clock_mhz'][k])}",
             "DCGM_FI_DEV_MEM_CLOCK": f"{int(c['mem_clock_mhz'][k])}",
-            "DCGM_FI_DEV_GPU_TEMP": f"{int(round(float(c['temperature_c'][k])))}",
+            "DCGM_FI_DEV_GPU_TEMP": f"{round(float(c['temperature_c'][k]))}",
             "DCGM_FI_DEV_POWER_USAGE": f"{float(c['power_w'][k]):.6f}",
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": f"{int(c['energy_mj'][k]) + ENERGY_OFFSET_MJ}",
-            "DCGM_FI_DEV_GPU_UTIL": f"{int(round(float(c['gpu_util_pct'][k])))}",
-            "DCGM_FI_DEV_MEM_COPY_UTIL": f"{int(round(float(c['mem_util_pct'][k])))}",
+            "DCGM_FI_DEV_GPU_UTIL": f"{round(float(c['gpu_util_pct'][k]))}",
+            "DCGM_FI_DEV_MEM_COPY_UTIL": f"{round(float(c['mem_util_pct'][k]))}",
             "DCGM_FI_DEV_FB_USED": f"{int(c['mem_used_bytes'][k]) // 2**20}",
             "DCGM_FI_DEV_FB_FREE": f"{(int(c['mem_total_bytes'][k]) - int(c['mem_used_bytes'][k])) // 2**20}",
             "DCGM_FI_DEV_POWER_MGMT_LIMIT": f"{float(c['power_limit_w'][k]):.6f}",
@@ -325,7 +374,7 @@ def _dcgm_page(gpus: Sequence[_GpuView], k: int, period: int, model: str) -> str
 
 
 class _Page:
-    """What a mock endpoint serves now (swapped before each poll)."""
+    """What the mock endpoints serve now (swapped before each poll)."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -333,6 +382,55 @@ class _Page:
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text=self.text, headers={"content-type": "text/plain; version=0.0.4"})
+
+
+def _check(result: Any, what: str) -> None:
+    """A page written here must parse whole: any ingest problem but 'unmapped' is a bug."""
+    bad = [e for e in result.errors if e.kind != "unmapped"]
+    if not result.ok or bad:
+        raise RuntimeError(f"{what}: {[(e.kind, e.message) for e in bad or result.errors]}")
+
+
+def store_scrapes(
+    store_path: Path,
+    times_s: Sequence[float],
+    dcgm_page: Callable[[int], str],
+    engine_pages: Mapping[str, Callable[[int], str]],
+    *,
+    node: str,
+    dcgm_url: str = "http://dcgm-exporter:9400/metrics",
+) -> dict[str, int]:
+    """Scrape the pages at each of ``times_s`` (``dcgm_page(i)``, ``engine_pages[url](i)``) with the
+    collector's own ``DcgmSource`` and ``EngineScrapeSource`` (HTTP answered in memory), and append
+    what they produce to the store at ``store_path``. Returns the rows stored per table."""
+    page = _Page()
+    client = httpx.Client(transport=httpx.MockTransport(page.handler))
+    dcgm = DcgmSource(dcgm_url, node=node, client=client, clock=lambda: page.now_s)
+    scrapers = {
+        url: EngineScrapeSource(url, engine="auto", node=node, client=client, clock=lambda: page.now_s)
+        for url in engine_pages
+    }
+    rows: dict[str, list[dict[str, Any]]] = {"gpu_samples": [], "engine_metrics": []}
+    try:
+        for i, ts in enumerate(times_s):
+            page.now_s = float(ts)
+            page.text = dcgm_page(i)
+            res = dcgm.poll(force=True)
+            _check(res, f"dcgm scrape at {ts}")
+            rows["gpu_samples"] += res.rows.get("gpu_samples", [])
+            for url, src in scrapers.items():
+                page.text = engine_pages[url](i)
+                res = src.poll(force=True)
+                _check(res, f"engine scrape {url} at {ts}")
+                rows["engine_metrics"] += res.rows.get("engine_metrics", [])
+    finally:
+        client.close()
+    with Store.open(store_path) as store:
+        for table, r in rows.items():
+            if r:
+                store.append(table, r)
+        store.flush()
+    return {t: len(r) for t, r in rows.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,23 +445,23 @@ class Scraped:
     rows: dict[str, int]
 
 
-def _check(result: Any, what: str) -> None:
-    """A page the exporter wrote must parse whole: any ingest problem but 'unmapped' is a bug here."""
-    bad = [e for e in result.errors if e.kind != "unmapped"]
-    if not result.ok or bad:
-        raise RuntimeError(f"{what}: {[(e.kind, e.message) for e in bad or result.errors]}")
-
-
 def scrape_simulation(
-    result: SimResult, store_path: Path, *, period_s: int, pod_labels: bool | None = None
+    result: SimResult,
+    store_path: Path,
+    *,
+    period_s: int,
+    pod_labels: bool | None = None,
+    dataset: str | None = None,
 ) -> Scraped:
     """Expose ``result`` as dcgm-exporter + vLLM (+ Dynamo) pages every ``period_s`` (whole
-    seconds) and store what the collector's sources make of them."""
+    seconds) and store what the collector's sources make of them, as node ``sim:<dataset>`` (the
+    rows are simulated, and say so)."""
     if period_s < 1 or int(period_s) != period_s:
         raise ValueError(f"period_s must be a whole number of seconds >= 1, got {period_s!r}")
     period_s = int(period_s)
     disagg = result.layout.mode == "disaggregated"
     pod_labels = disagg if pod_labels is None else pod_labels
+    dataset = dataset or f"external-{result.layout.mode}-{period_s}s"
     iters, reqs = _events(result)
     engines = [_engine_view(r, iters.get(r.id, []), reqs, disagg) for r in result.replicas]
     gpus: list[_GpuView] = []
@@ -372,39 +470,17 @@ def scrape_simulation(
             gpus.append(_GpuView(s.index, s.uuid, view.pod, {k: np.asarray(v) for k, v in s.columns.items()}))
     n = len(gpus[0].cols["ts_s"])
     model = gpu_spec(result.layout.gpu).name
-    page = _Page()
-    client = httpx.Client(transport=httpx.MockTransport(page.handler))
-    dcgm = DcgmSource("http://dcgm-exporter:9400/metrics", node=NODE, client=client, clock=lambda: page.now_s)
-    scrapers = [
-        (v, EngineScrapeSource(v.url, engine="auto", client=client, clock=lambda: page.now_s)) for v in engines
-    ]
-    gpu_rows: list[dict[str, Any]] = []
-    engine_rows: list[dict[str, Any]] = []
     ks = list(range(period_s - 1, n, period_s))
-    for k in ks:
-        ts = float(gpus[0].cols["ts_s"][k])
-        page.now_s = ts
-        page.text = _dcgm_page(gpus, k, period_s, model)
-        res = dcgm.poll(force=True)
-        _check(res, f"dcgm scrape at {ts}")
-        gpu_rows += res.rows.get("gpu_samples", [])
-        for view, src in scrapers:
-            page.text = view.page(ts, pod_label=pod_labels)
-            res = src.poll(force=True)
-            _check(res, f"engine scrape {view.url} at {ts}")
-            engine_rows += res.rows.get("engine_metrics", [])
-    client.close()
-    with Store.open(store_path) as store:
-        store.append("gpu_samples", gpu_rows)
-        store.append("engine_metrics", engine_rows)
-        store.flush()
-    first = float(gpus[0].cols["ts_s"][ks[0]])
-    last = float(gpus[0].cols["ts_s"][ks[-1]])
-    mapping = {v.url: [g.uuid for g in v.replica.gpus] for v in engines}
-    return Scraped(
-        result, store_path, period_s, Window(first, last + 1e-6), mapping,
-        {"gpu_samples": len(gpu_rows), "engine_metrics": len(engine_rows)},
+    times = [float(gpus[0].cols["ts_s"][k]) for k in ks]
+    rows = store_scrapes(
+        store_path,
+        times,
+        lambda i: _dcgm_page(gpus, ks[i], period_s, model),
+        {v.url: (lambda i, v=v: v.page(times[i], pod_label=pod_labels)) for v in engines},
+        node=SIM_PREFIX + dataset,
     )
+    mapping = {v.url: [g.uuid for g in v.replica.gpus] for v in engines}
+    return Scraped(result, store_path, period_s, Window(times[0], times[-1] + 1e-6, dataset), mapping, rows)
 
 
 def sim_truth(result: SimResult, start_s: float, end_s: float) -> pd.DataFrame:
@@ -423,14 +499,19 @@ def sim_truth(result: SimResult, start_s: float, end_s: float) -> pd.DataFrame:
         frac_p = np.divide(p, p + d, out=np.zeros_like(p), where=(p + d) > 0)
         overlap = np.clip(np.minimum(e, end_s) - np.maximum(s, start_s), 0.0, None)
         power = np.asarray(iv.power_w, dtype=float)
-        for g, cols in zip(r.gpus, replica_samples(result, r, 1.0, weight_bytes(result.shape, r.pool.tp)), strict=True):
+        for g, cols in zip(
+            r.gpus, replica_samples(result, r, 1.0, weight_bytes(result.shape, r.pool.tp)), strict=True
+        ):
             ts = np.asarray(cols.columns["ts_s"], dtype=float)
             mj = np.asarray(cols.columns["energy_mj"], dtype=float)
             total_j = (np.interp(end_s, ts, mj) - np.interp(start_s, ts, mj)) / 1000.0
             span = end_s - start_s
             busy = float(overlap.sum())
             row = {
-                "gpu": g.uuid, "worker": r.id, "pool": r.role, "span_s": span,
+                "gpu": g.uuid,
+                "worker": r.id,
+                "pool": r.role,
+                "span_s": span,
                 "prefill_s": float((overlap * frac_p).sum()),
                 "decode_s": float((overlap * (1 - frac_p)).sum()),
                 "idle_s": span - busy,
@@ -446,8 +527,14 @@ def sim_truth(result: SimResult, start_s: float, end_s: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-COMPARED = ("prefill_share", "decode_share", "idle_share", "prefill_energy_share", "decode_energy_share",
-            "idle_energy_share")
+COMPARED = (
+    "prefill_share",
+    "decode_share",
+    "idle_share",
+    "prefill_energy_share",
+    "decode_energy_share",
+    "idle_energy_share",
+)
 
 
 def compare(estimate: ExternalAttribution, truth: pd.DataFrame) -> pd.DataFrame:
@@ -507,9 +594,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the validation table (markdown) for the layouts and scrape periods asked."""
-    p = argparse.ArgumentParser(prog="python -m analytics.external_validation", description=__doc__.split("\n")[0])
-    p.add_argument("--layout", action="append", help="simulator layout (repeatable); default agg:1xh100-sxm and 1p1d:h100-sxm")
-    p.add_argument("--period", type=int, action="append", help="scrape period in s (repeatable); default 1 and 30")
+    p = argparse.ArgumentParser(
+        prog="python -m analytics.external_validation", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--layout",
+        action="append",
+        help="simulator layout (repeatable); default agg:1xh100-sxm and 1p1d:h100-sxm",
+    )
+    p.add_argument(
+        "--period", type=int, action="append", help="scrape period in s (repeatable); default 1 and 30"
+    )
     p.add_argument("--trace", default="/work/shared/data/azure_llm_inference_2023_conv.csv")
     p.add_argument("--duration", type=float, default=600.0, help="seconds of trace")
     p.add_argument("--model", default="llama-3.1-8b")
@@ -518,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for layout in args.layout or ["agg:1xh100-sxm", "1p1d:h100-sxm"]:
         for period in args.period or [1, 30]:
-            cmp, est, scraped = validate(layout, requests, period_s=period, shape=preset(args.model))
+            cmp, est, _ = validate(layout, requests, period_s=period, shape=preset(args.model))
             for r in cmp.to_dict("records"):
                 r.update(layout=layout, period_s=period, gpu_label=r["gpu"].rsplit("-", 1)[-1])
                 rows.append(r)
