@@ -322,7 +322,8 @@ def test_estimate_within_15_points_of_the_simulators_truth(
     for row in cmp.to_dict("records"):
         for c in COMPARED:
             assert abs(row[f"{c}_err_pts"]) <= 15.0, (layout, period_s, row["gpu"], c, row)
-        assert row["prefill_share_true"] > 0.02  # a case with real prefill work, not a trivial one
+    assert cmp["prefill_share_true"].max() > 0.05  # a case with real prefill work, not a trivial one
+    assert cmp["idle_share_true"].min() > 0.05
     # reconciliation: the attributed energy is the measured energy; the time fractions sum to 1
     per_gpu = est.per_gpu
     parts = sum(per_gpu[f"{s}_energy_j"] for s in ("prefill", "decode", "other_busy", "idle"))
