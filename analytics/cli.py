@@ -21,7 +21,11 @@ def add_analyze_command(sub: Any) -> None:
             "emulated, simulated, host-bound, estimated)."
         ),
     )
-    p.add_argument("--since", default="1h", help="the window: the last SPAN (90s, 30m, 1h, 2d; default 1h)")
+    p.add_argument(
+        "--since",
+        default=None,
+        help="the window: the last SPAN (90s, 30m, 1h, 2d; default 1h live, a scenario's whole span)",
+    )
     p.add_argument(
         "--start-s", type=float, default=None, help="window start, UTC epoch s (instead of --since)"
     )
@@ -40,6 +44,7 @@ def add_analyze_command(sub: Any) -> None:
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO (default 100)")
     p.add_argument("--fleet-gpus", type=int, default=None, help="annualise the cost for a fleet of N GPUs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--detail", action="store_true", help="also print every table of every part")
     p.set_defaults(func=cmd_analyze)
 
 
@@ -188,5 +193,5 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                 summary = run_summary(con, params, prices_path=args.prices)
     except (AnalyticsError, ValueError) as e:
         return _error(str(e))
-    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary, detail=args.detail))
     return 0

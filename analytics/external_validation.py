@@ -417,12 +417,12 @@ def store_scrapes(
             page.text = dcgm_page(i)
             res = dcgm.poll(force=True)
             _check(res, f"dcgm scrape at {ts}")
-            rows["gpu_samples"] += res.rows.get("gpu_samples", [])
+            rows["gpu_samples"] += res.table_rows("gpu_samples")
             for url, src in scrapers.items():
                 page.text = engine_pages[url](i)
                 res = src.poll(force=True)
                 _check(res, f"engine scrape {url} at {ts}")
-                rows["engine_metrics"] += res.rows.get("engine_metrics", [])
+                rows["engine_metrics"] += res.table_rows("engine_metrics")
     finally:
         client.close()
     with Store.open(store_path) as store:

@@ -65,27 +65,6 @@ def _as_dict(result: Any) -> dict[str, Any]:
     raise TypeError(f"an analysis returned {type(result).__name__}, not a dict or an object with to_dict()")
 
 
-def _parts(prices: Any, slo: Any, fleet_gpus: int | None) -> list[tuple[str, Callable[..., Any]]]:
-    """The analyses of a summary, in order: (name, function of (con, window))."""
-    from analytics import attribution, bimodal, cost, latency
-
-    def cost_part(con: duckdb.DuckDBPyConnection, window: Window) -> Any:
-        return cost.cost_breakdown(
-            con, window, prices if prices is not None else cost.load_prices(), fleet_gpus=fleet_gpus
-        )
-
-    def latency_part(con: duckdb.DuckDBPyConnection, window: Window) -> Any:
-        return latency.latency_summary(con, window, slo if slo is not None else latency.SloSpec())
-
-    return [
-        ("phases", attribution.phase_breakdown),
-        ("idle", attribution.idle_split),
-        ("bimodal", bimodal.bimodality),
-        ("cost", cost_part),
-        ("latency", latency_part),
-    ]
-
-
 def summarize(
     con: duckdb.DuckDBPyConnection,
     window: Window,
@@ -94,25 +73,73 @@ def summarize(
     slo: Any = None,
     fleet_gpus: int | None = None,
 ) -> Summary:
-    """Run every analysis of the summary on ``window``; a part that fails is named in ``missing``."""
+    """Run every analysis of the summary on ``window``; a part that fails is named in ``missing``.
+
+    The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
+    breakdown and the bimodality; idle split and cost reuse the phase breakdown.
+    """
+    from analytics.attribution import phase_breakdown
+    from analytics.bimodal import bimodality, idle_split
+    from analytics.cost import cost_breakdown, load_prices
+    from analytics.intervals import IntervalTable
+    from analytics.latency import latency_summary
+
     out = Summary(window)
-    for name, fn in _parts(prices, slo, fleet_gpus):
+    try:  # a terminal progress bar on long queries would garble the CLI's output
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.Error:
+        pass
+
+    def run(name: str, fn: Callable[[], Any]) -> Any:
         t = time.perf_counter()
         try:
-            result = fn(con, window)
-        except (ValueError, duckdb.Error, ZeroDivisionError) as e:
+            result = fn()
+        except (ValueError, duckdb.Error, ZeroDivisionError, KeyError) as e:
             out.missing[name] = f"{type(e).__name__}: {e}"
-            continue
+            return None
         finally:
             out.seconds[name] = time.perf_counter() - t
-        part = _as_dict(result)
-        out.parts[name] = part
-        trust = part.get("trust")
-        if isinstance(trust, dict):
-            out.trust.merge([Trust(set(trust.get("labels", [])), list(trust.get("notes", [])))])
-        for what, why in (part.get("missing") or {}).items() if isinstance(part.get("missing"), dict) else []:
-            out.missing.setdefault(f"{name}.{what}", why)
+        _add(out, name, result)
+        return result
+
+    try:
+        intervals = IntervalTable(con, window).__enter__()
+    except (ValueError, duckdb.Error) as e:
+        intervals = None
+        out.missing["intervals"] = f"{type(e).__name__}: {e}"
+    try:
+        pb = run("phases", lambda: phase_breakdown(con, window, intervals=intervals)) if intervals else None
+        if pb is not None:
+            run("idle", lambda: idle_split(con, window, breakdown=pb))
+            run("bimodal", lambda: bimodality(con, window, intervals=intervals))
+    finally:
+        if intervals is not None:
+            intervals.__exit__(None, None, None)
+    price_table = prices if prices is not None else load_prices()
+    cost = (
+        run("cost", lambda: cost_breakdown(con, window, price_table, breakdown=pb))
+        if pb is not None
+        else None
+    )
+    if cost is not None and fleet_gpus:
+        run("annual", lambda: cost.annualised(fleet_gpus))
+    run("latency", lambda: latency_summary(con, window, slo))
     return out
+
+
+def _add(out: Summary, name: str, result: Any) -> None:
+    part = _as_dict(result)
+    out.parts[name] = part
+    trust = part.get("trust")
+    if isinstance(trust, dict):
+        out.trust.merge([Trust(set(trust.get("labels", [])), list(trust.get("notes", [])))])
+    missing = part.get("missing")
+    if isinstance(missing, dict):
+        for what, why in missing.items():
+            out.missing.setdefault(f"{name}.{what}", str(why))
+    elif isinstance(missing, list):
+        for i, why in enumerate(missing):
+            out.missing.setdefault(f"{name}.{i}", str(why))
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -174,20 +201,241 @@ def _render(obj: Any, indent: str = "") -> list[str]:
     return lines
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """The summary's JSON form as readable text: the window and its trust labels first, then each part."""
+def _pct(x: Any) -> str:
+    return "—" if x is None or x != x else f"{100 * x:.1f} %"
+
+
+def _ms(x: Any) -> str:
+    return "—" if x is None or x != x else f"{1000 * x:,.1f}" if x < 1 else f"{1000 * x:,.0f}"
+
+
+def _usd(x: Any) -> str:
+    if x is None or x != x:
+        return "—"
+    return f"${x:,.4f}" if abs(x) < 1 else f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+
+
+def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    out = ["", title]
+    out.append(
+        "  "
+        + "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    )
+    out += [
+        "  "
+        + "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return out
+
+
+def _phase_lines(parts: dict[str, Any]) -> list[str]:
+    pools = (parts.get("phases") or {}).get("per_pool") or []
+    rows = []
+    for p in pools:
+        mixed = (p.get("frac_mixed_prefill") or 0) + (p.get("frac_mixed_decode") or 0)
+        rows.append(
+            [
+                str(p.get("role") or "—"),
+                str(p.get("gpus", "—")),
+                f"{(p.get('interval_s') or 0) / 3600:,.2f}",
+                _pct(p.get("frac_prefill")),
+                _pct(p.get("frac_decode")),
+                _pct(mixed),
+                _pct((p.get("frac_host") or 0) + (p.get("frac_gap") or 0)),
+                _pct(p.get("frac_idle")),
+                f"{(p.get('energy_j') or 0) / 3.6e6:,.3g}",
+            ]
+        )
+    return _rows(
+        "GPU time by phase (per pool)",
+        ["pool", "GPUs", "GPU-h", "prefill", "decode", "mixed", "host-bound", "idle", "energy kWh"],
+        rows,
+    )
+
+
+def _idle_lines(parts: dict[str, Any]) -> list[str]:
+    pools = (parts.get("idle") or {}).get("per_pool") or []
+    rows = [
+        [
+            str(p.get("role") or "—"),
+            _pct(p.get("frac_productive_prefill")),
+            _pct(p.get("frac_stranded_bandwidth")),
+            _pct(p.get("frac_productive_decode")),
+            _pct(p.get("frac_stranded_compute")),
+            _pct(p.get("frac_host_bound")),
+            _pct(p.get("frac_idle")),
+            _cell(p.get("util_pct")),
+            _cell(p.get("sm_active_pct")),
+        ]
+        for p in pools
+    ]
+    return _rows(
+        "Where the GPU time goes (per pool; stranded = busy with the compute or bandwidth idle)",
+        [
+            "pool",
+            "prefill",
+            "stranded bw",
+            "decode",
+            "stranded compute",
+            "host-bound",
+            "idle",
+            "util %",
+            "SM active %",
+        ],
+        rows,
+    )
+
+
+def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
+    table = (parts.get("bimodal") or {}).get("table") or []
+    rows = []
+    for r in table:
+        if r.get("scope") not in ("pool", "gpu"):
+            continue
+        where = (
+            str(r.get("role") or "—")
+            if r.get("scope") == "pool"
+            else f"  GPU {str(r.get('gpu', '')).rsplit('|', 1)[-1]}"
+        )
+        modes = (
+            f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
+            f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
+        )
+        rows.append(
+            [
+                where,
+                f"{r.get('n', 0):,}",
+                _cell(r.get("sm_prefill_pct")),
+                _cell(r.get("sm_decode_pct")),
+                _cell(r.get("util_pct")),
+                _cell(r.get("dip")),
+                _cell(r.get("dip_p_value")),
+                _cell(r.get("sarle")),
+                "yes" if r.get("bimodal") else "no",
+                modes,
+            ]
+        )
+    return _rows(
+        "SM activity: bimodal? (dip test p < 0.05; Sarle's b > 0.555; mixture modes and weights)",
+        [
+            "pool / GPU",
+            "intervals",
+            "SM % prefill",
+            "SM % decode",
+            "util %",
+            "dip",
+            "p",
+            "Sarle b",
+            "bimodal",
+            "modes",
+        ],
+        rows,
+    )
+
+
+def _cost_lines(parts: dict[str, Any]) -> list[str]:
+    t = (parts.get("cost") or {}).get("total") or {}
+    if not t:
+        return []
+    out = ["", "Cost per token (GPU-hours at list price + energy × electricity × PUE)"]
+    out.append(
+        f"  $/1M input tokens  {_usd(t.get('usd_per_1m_input'))}  = prefill {_usd(t.get('usd_per_1m_input_prefill'))}"
+        f" + stranded {_usd(t.get('usd_per_1m_input_stranded'))} + host-bound {_usd(t.get('usd_per_1m_input_host_bound'))}"
+        f" + idle {_usd(t.get('usd_per_1m_input_idle'))}"
+    )
+    out.append(
+        f"  $/1M output tokens {_usd(t.get('usd_per_1m_output'))}  = decode {_usd(t.get('usd_per_1m_output_decode'))}"
+        f" + stranded {_usd(t.get('usd_per_1m_output_stranded'))} + host-bound {_usd(t.get('usd_per_1m_output_host_bound'))}"
+        f" + idle {_usd(t.get('usd_per_1m_output_idle'))}"
+    )
+    out.append(
+        f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
+        f" at {_cell(t.get('output_tokens_per_s_per_gpu'))} output tokens/s per GPU"
+    )
+    out.append(
+        f"  energy: {_cell(t.get('j_per_input_token'))} J per input token, {_cell(t.get('j_per_output_token'))} J per output"
+        f" token ({_cell(t.get('output_tokens_per_j'))} output tokens/J); window cost {_usd(t.get('cost_usd'))} for"
+        f" {_cell(t.get('gpu_hours'))} GPU-h"
+    )
+    annual = parts.get("annual") or {}
+    if annual.get("sentence"):
+        out.append(f"  {annual['sentence']}")
+    elif annual:
+        out.append(
+            f"  annualised for {annual.get('fleet_gpus')} GPUs: {_usd(annual.get('total_usd_per_year'))} a year"
+        )
+    return out
+
+
+def _latency_lines(parts: dict[str, Any]) -> list[str]:
+    lat = parts.get("latency") or {}
+    pct = lat.get("percentiles") or {}
+    rows = []
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "end-to-end")):
+        p = pct.get(key)
+        if not p:
+            continue
+        how = p.get("method") or ""
+        rows.append(
+            [label, f"{p.get('n', 0):,}", _ms(p.get("p50_s")), _ms(p.get("p90_s")), _ms(p.get("p99_s")), how]
+        )
+    out = _rows("Latency (ms)", ["", "n", "p50", "p90", "p99", "method"], rows)
+    att = lat.get("attainment") or {}
+    slo = lat.get("slo") or {}
+    if att:
+        out.append(
+            f"  SLO attainment (TTFT ≤ {_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_ms(slo.get('tpot_s'))} ms):"
+            f" {_pct(att.get('both'))} of {lat.get('requests', 0):,} requests ({lat.get('failed', 0):,} failed)"
+        )
+    return out
+
+
+def _fit_lines(parts: dict[str, Any]) -> list[str]:
+    fits = (parts.get("phases") or {}).get("fits") or {}
+    rows = []
+    for gpu, f in fits.items():
+        coef = f.get("coef_w") or {}
+        rows.append(
+            [gpu.rsplit("|", 1)[-1] if "|" in gpu else gpu]
+            + [_cell(coef.get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
+            + [_cell(f.get("r2"))]
+        )
+    return _rows(
+        "Power model per GPU (W while in each state; apportions each interval's measured energy)",
+        ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"],
+        sorted(rows),
+    )
+
+
+def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
+    """The summary's JSON form as readable tables: the window and its trust labels, GPU time by
+    phase, where it goes, bimodality, cost per token, latency, the power fits, what is missing.
+    ``detail`` appends every table of every part (the same as ``--json``, as text)."""
     w = summary["window"]
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(w["start_s"]))
     end = time.strftime("%H:%M:%S", time.gmtime(w["end_s"]))
     trust = summary.get("trust", {})
+    parts = summary.get("parts", {})
     lines = [
         f"phaselens analysis — data set {w['dataset']}, {start} – {end} UTC ({w['duration_s']:,.0f} s)",
         f"trust: {', '.join(trust.get('labels', [])) or 'no data'}",
     ]
     lines += [f"  note: {n}" for n in trust.get("notes", [])]
-    for name, part in summary.get("parts", {}).items():
-        lines += ["", f"== {name} ==", *_render(part)]
+    for section in (_phase_lines, _idle_lines, _bimodal_lines, _cost_lines, _latency_lines, _fit_lines):
+        lines += section(parts)
     if summary.get("missing"):
-        lines += ["", "== missing =="]
-        lines += [f"{k}: {v}" for k, v in summary["missing"].items()]
+        lines += ["", "Missing or not computed:"]
+        lines += [f"  {k}: {v}" for k, v in summary["missing"].items()]
+    if detail:
+        for name, part in parts.items():
+            lines += ["", f"== {name} (detail) ==", *_render(part)]
     return "\n".join(lines)

@@ -116,7 +116,7 @@ def resolve_window(
         if nodes:
             raise AnalyticsError("nodes narrow a live window; a scenario is one node of its own")
         s0, s1 = float(row[0]), float(row[1])
-        end = s1 if end_s is None else end_s
+        end = s1 + 1e-6 if end_s is None else end_s  # the last sample and token lie at end_s itself
         start = start_s if start_s is not None else (end - since_s if since_s is not None else s0)
         return Window(start, end if end > start else start + 1e-9, dataset)
     now = time.time() if now_s is None else now_s
