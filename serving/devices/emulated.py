@@ -372,10 +372,7 @@ class EmulatedDevice(Device):
             # (est.host_s), not extra: an iteration the engine started within host_s of the modeled
             # GPU's previous end begins at that end; one started later (the engine sat idle or the
             # host was slow) begins when the engine started it.
-            if host_start < self._gpu_free_at + est.host_s:
-                modeled_start = self._gpu_free_at
-            else:
-                modeled_start = host_start
+            modeled_start = self._gpu_free_at if host_start < self._gpu_free_at + est.host_s else host_start
             modeled_end = modeled_start + est.time_s
             self._gpu_free_at = modeled_end
             start = max(modeled_start, self._cursor, self._timeline_end)
