@@ -102,11 +102,13 @@ def summarize(
         _add(out, name, result)
         return result
 
+    t = time.perf_counter()
     try:
         intervals = IntervalTable(con, window).__enter__()
     except (ValueError, duckdb.Error) as e:
         intervals = None
         out.missing["intervals"] = f"{type(e).__name__}: {e}"
+    out.seconds["intervals"] = time.perf_counter() - t
     try:
         pb = run("phases", lambda: phase_breakdown(con, window, intervals=intervals)) if intervals else None
         if pb is not None:

@@ -286,10 +286,15 @@ def test_role_change_and_scaling_without_dropping_requests() -> None:
 
         async def scenario() -> tuple[list[dict], httpx.Response, httpx.Response]:
             load = asyncio.create_task(stream_many(server.url, 6, 300))
-            await asyncio.sleep(1.0)  # requests are in flight on both decode workers
             headers = {"Authorization": "Bearer test-token"}
             async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as c:
-                before = (await c.get("/control/layout")).json()["workers"]
+                # wait (a loaded host prefills slowly) until requests are in flight on worker-2
+                deadline = time.monotonic() + 60
+                while True:
+                    before = (await c.get("/control/layout")).json()["workers"]
+                    if before[2]["inflight"] > 0 or time.monotonic() > deadline or load.done():
+                        break
+                    await asyncio.sleep(0.1)
                 assert before[2]["inflight"] > 0, "the drained worker had requests in flight"
                 role = await c.post("/control/workers/worker-2/role", json={"role": "prefill"})
                 added = await c.post("/control/workers", json={"role": "decode"})
