@@ -209,11 +209,14 @@ def service_errors() -> Iterator[None]:
             f"**The phaselens service is not reachable** at `{e.url}`.\n\n"
             f"Start it with `phaselens collect --db phaselens.duckdb`, or point the dashboard at a "
             f"running one with `PHASELENS_API_URL=http://host:8900`.\n\n_Detail: {e.reason}_",
-            icon="🔌",
+            icon=":material/power_off:",
         )
         st.stop()
     except ApiError as e:
-        st.error(f"**The phaselens service refused a request**: {e.message}\n\n_`GET {e.path}` → {e.status}_")
+        st.error(
+            f"**The phaselens service refused a request**: {e.message}\n\n_`GET {e.path}` → {e.status}_",
+            icon=":material/error:",
+        )
         st.stop()
 
 
@@ -224,7 +227,7 @@ def empty_window(what: str, sel: Selection) -> None:
         if not sel.simulated
         else "Widen the time range within the scenario, or pick another data set."
     )
-    st.info(f"**No {what} in this window** ({describe_window(sel)}). {hint}", icon="🕳️")
+    st.info(f"**No {what} in this window** ({describe_window(sel)}). {hint}", icon=":material/search_off:")
 
 
 def describe_window(sel: Selection) -> str:
@@ -307,6 +310,17 @@ def _scenario_label(s: dict[str, Any]) -> str:
     return f"simulated · {name}" + (f" · {model}" if model else "") + f" ({s['scenario_id']})"
 
 
+def _default_dataset(options: list[str]) -> str:
+    """The data set a session opens on: the link's ``?dataset=``, else live when the collector has
+    live GPUs, else the newest scenario (a fresh demo store holds only simulated data at first)."""
+    asked = st.query_params.get("dataset")
+    if asked in options:
+        return asked
+    if len(options) == 1 or _gpus(None, None):
+        return LIVE
+    return options[1]
+
+
 def sidebar() -> Selection:
     """Render the sidebar and return what it selects."""
     with st.sidebar:
@@ -314,6 +328,10 @@ def sidebar() -> Selection:
         scenarios = {s["scenario_id"]: s for s in _scenarios(api_url())}
         options = [LIVE, *scenarios]
         labels = {LIVE: "live (measured / emulated)"} | {k: _scenario_label(s) for k, s in scenarios.items()}
+        if "dataset" not in st.session_state:
+            st.session_state["dataset"] = _default_dataset(options)
+        elif st.session_state["dataset"] not in options:  # a scenario deleted meanwhile
+            st.session_state["dataset"] = LIVE
         dataset = st.selectbox(
             "Data set",
             options,
@@ -321,6 +339,7 @@ def sidebar() -> Selection:
             key="dataset",
             help="Live rows of the collector's own nodes, or one simulated scenario (never mixed).",
         )
+        st.query_params["dataset"] = dataset
         span_s = start_s = end_s = None
         if dataset == LIVE:
             choice = st.selectbox("Time range", list(LIVE_RANGES_S), index=2, key="live_range")

@@ -18,7 +18,7 @@ from dashboard.timeline import IDLE_BELOW, downsample, iterations_of_gpu, phase_
 MAX_SAMPLE_ROWS = 300_000
 MAX_ITERATION_ROWS = 300_000
 MAX_CHARTS = 16
-PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#c8c8c8"}
+PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
 BAND_OPACITY = 0.28
 LINE_COLOURS = {
     "sm_active_pct": "#1f2a44",
@@ -64,6 +64,8 @@ def _figure(title: str, points: pd.DataFrame, bands: list, labels: set[str], sim
     line("sm_clock_mhz", "SM clock", 3, "MHz")
     top = fig.layout.yaxis.domain[1]
     for b in bands:
+        if b.phase == "idle":  # idle: the plain background
+            continue
         fig.add_shape(
             type="rect",
             xref="x",
@@ -84,7 +86,13 @@ def _figure(title: str, points: pd.DataFrame, bands: list, labels: set[str], sim
                 y=[None],
                 mode="markers",
                 name=f"{phase} phase",
-                marker={"symbol": "square", "size": 13, "color": PHASE_COLOURS[phase], "opacity": 0.6},
+                marker={
+                    "symbol": "square",
+                    "size": 13,
+                    "color": PHASE_COLOURS[phase],
+                    "opacity": 0.6,
+                    "line": {"width": 1, "color": "#999999"},
+                },
                 hoverinfo="skip",
             ),
             row=1,
@@ -96,9 +104,9 @@ def _figure(title: str, points: pd.DataFrame, bands: list, labels: set[str], sim
     fig.update_xaxes(title_text="virtual time, UTC (simulated)" if simulated else "time, UTC", row=3, col=1)
     fig.update_layout(
         title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
-        height=560,
-        margin={"l": 60, "r": 20, "t": 90, "b": 50},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.07, "x": 0, "font": {"size": 12}},
+        height=600,
+        margin={"l": 60, "r": 20, "t": 60, "b": 40},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.1, "x": 0, "font": {"size": 12}},
         hovermode="x unified",
         plot_bgcolor="white",
     )
@@ -112,7 +120,7 @@ def _overview(per_gpu: list[dict]) -> None:
     st.dataframe(
         table,
         hide_index=True,
-        use_container_width=True,
+        width="stretch",
         column_config={
             "GPU": st.column_config.TextColumn("GPU"),
             "pool": st.column_config.TextColumn("Pool"),
@@ -121,7 +129,7 @@ def _overview(per_gpu: list[dict]) -> None:
             "power": st.column_config.NumberColumn("Mean power", format="%.0f W"),
             "limit": st.column_config.NumberColumn("Power limit", format="%.0f W"),
             "busy": st.column_config.NumberColumn("Busy (not idle)", format="%.0f %%"),
-            "trust": st.column_config.TextColumn("Data"),
+            "trust": st.column_config.TextColumn("Data is"),
         },
     )
 
@@ -148,14 +156,14 @@ def render(sel: common.Selection) -> None:
         st.warning(
             f"This window holds more than {MAX_SAMPLE_ROWS:,} samples: the charts stop at {shown_to} UTC. "
             "Narrow the time range to see the rest.",
-            icon="✂️",
+            icon=":material/content_cut:",
         )
     iterations = iters_read.rows
     if iters_read.truncated:
         st.warning(
             f"More than {MAX_ITERATION_ROWS:,} engine iterations in this window: phase bands stop "
             "where the read did. Narrow the time range for complete bands.",
-            icon="✂️",
+            icon=":material/content_cut:",
         )
     labels = common.row_trust(samples)
     common.trust_badges(labels)
@@ -200,7 +208,7 @@ def render(sel: common.Selection) -> None:
         )
     for key, title, points, bands, gpu_labels in charts[:MAX_CHARTS]:
         fig = _figure(title, points, bands, gpu_labels, sel.simulated)
-        st.plotly_chart(fig, use_container_width=True, key=f"gpu_{key}", config={"displaylogo": False})
+        st.plotly_chart(fig, width="stretch", key=f"gpu_{key}", config={"displaylogo": False})
     if len(charts) > MAX_CHARTS:
         st.info(f"{len(charts) - MAX_CHARTS} more GPUs: pick a pool or GPUs in the sidebar to chart them.")
 

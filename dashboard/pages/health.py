@@ -44,7 +44,7 @@ def _sources_table(sources: list[dict[str, Any]], now: float) -> None:
         st.info(
             "**No sources configured.** Start the collector with `--serving URL`, `--dcgm URL`, `--engine URL` "
             "or `--prometheus URL` (and NVML finds this host's GPUs by itself).",
-            icon="🔌",
+            icon=":material/sensors_off:",
         )
         return
     rows = []
@@ -67,7 +67,7 @@ def _sources_table(sources: list[dict[str, Any]], now: float) -> None:
     st.dataframe(
         pd.DataFrame(rows),
         hide_index=True,
-        use_container_width=True,
+        width="stretch",
         column_config={
             "Lag": st.column_config.NumberColumn(
                 "Lag", format="%.1f s", help="time since the last successful poll"
@@ -108,13 +108,13 @@ def _writer(health: dict[str, Any], now: float) -> None:
             sorted(written.items(), key=lambda kv: -kv[1]), columns=["Table", "Rows written"]
         )
         with st.expander("Rows written per table"):
-            st.dataframe(per_table, hide_index=True, use_container_width=True)
+            st.dataframe(per_table, hide_index=True, width="stretch")
 
 
 def _ingest_errors(errors: pd.DataFrame) -> None:
     st.subheader("Ingest errors (last 24 h)")
     if errors.empty:
-        st.success("No ingest errors recorded in the last 24 hours.", icon="✅")
+        st.success("No ingest errors recorded in the last 24 hours.", icon=":material/check_circle:")
         return
     errors = errors.assign(count=pd.to_numeric(errors.get("count", 1), errors="coerce").fillna(1))
     grouped = (
@@ -127,7 +127,7 @@ def _ingest_errors(errors: pd.DataFrame) -> None:
     st.dataframe(
         grouped[["node", "source", "kind", "count", "last", "message"]],
         hide_index=True,
-        use_container_width=True,
+        width="stretch",
         column_config={
             "node": "Node",
             "source": "Source",
@@ -152,7 +152,7 @@ def _gaps(gaps: pd.DataFrame) -> None:
     st.dataframe(
         view,
         hide_index=True,
-        use_container_width=True,
+        width="stretch",
         column_config={
             "node": "Node",
             "source": "Source",
@@ -179,7 +179,7 @@ def render() -> None:
     sources = health.get("sources", [])
     down = [s["name"] for s in sources if s.get("status") in ("down", "degraded")]
     if down:
-        st.warning(f"**{len(down)} source(s) need attention:** {', '.join(down)}", icon="⚠️")
+        st.warning(f"**{len(down)} source(s) need attention:** {', '.join(down)}", icon=":material/warning:")
     st.subheader("Sources")
     _sources_table(sources, now)
     st.subheader("Store writer")
