@@ -34,9 +34,8 @@ def _figure(title: str, points: pd.DataFrame, bands: list, labels: set[str], sim
         rows=3,
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.07,
+        vertical_spacing=0.05,
         row_heights=[0.4, 0.32, 0.28],
-        subplot_titles=("SM activity and utilization", "Power", "SM clock"),
     )
     t = pd.to_datetime(points["time_s"], unit="s")
 
@@ -98,15 +97,15 @@ def _figure(title: str, points: pd.DataFrame, bands: list, labels: set[str], sim
             row=1,
             col=1,
         )
-    fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=1)
-    fig.update_yaxes(title_text="W", rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title_text="MHz", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title_text="activity, %", range=[0, 105], row=1, col=1)
+    fig.update_yaxes(title_text="power, W", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title_text="SM clock, MHz", rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title_text="virtual time, UTC (simulated)" if simulated else "time, UTC", row=3, col=1)
     fig.update_layout(
         title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
         height=600,
-        margin={"l": 60, "r": 20, "t": 60, "b": 40},
-        legend={"orientation": "h", "yanchor": "top", "y": -0.1, "x": 0, "font": {"size": 12}},
+        margin={"l": 70, "r": 20, "t": 50, "b": 110},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0, "font": {"size": 12}},
         hovermode="x unified",
         plot_bgcolor="white",
     )
@@ -122,14 +121,14 @@ def _overview(per_gpu: list[dict]) -> None:
         hide_index=True,
         width="stretch",
         column_config={
-            "GPU": st.column_config.TextColumn("GPU"),
+            "GPU": st.column_config.TextColumn("GPU", width="medium"),
             "pool": st.column_config.TextColumn("Pool"),
             "sm": st.column_config.NumberColumn("Mean SM activity", format="%.1f %%"),
             "util": st.column_config.NumberColumn("Mean utilization", format="%.1f %%"),
             "power": st.column_config.NumberColumn("Mean power", format="%.0f W"),
             "limit": st.column_config.NumberColumn("Power limit", format="%.0f W"),
             "busy": st.column_config.NumberColumn("Busy (not idle)", format="%.0f %%"),
-            "trust": st.column_config.TextColumn("Data is"),
+            "trust": st.column_config.TextColumn("Data"),
         },
     )
 

@@ -57,7 +57,7 @@ def test_gpus_page_charts_each_gpu_of_a_scenario_over_its_phases(dashboard_env: 
         assert fig["layout"]["shapes"], "phase bands drawn"
         assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])  # trust label in the chart
         units = {fig["layout"][k]["title"]["text"] for k in ("yaxis", "yaxis2", "yaxis3")}
-        assert units == {"%", "W", "MHz"}
+        assert units == {"activity, %", "power, W", "SM clock, MHz"}
         assert "simulated" in fig["layout"]["xaxis3"]["title"]["text"]
         power = next(t for t in fig["data"] if t["name"] == "power")
         assert 50 < max(_values(power["y"])) <= 700  # an H100's watts, under its limit
