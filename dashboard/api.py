@@ -80,26 +80,38 @@ class CollectorApi:
     def close(self) -> None:
         self._client.close()
 
-    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        """GET ``path`` → its JSON; ServiceUnavailable / ApiError as documented above."""
+    def _request(
+        self, method: str, path: str, params: dict[str, Any] | None, body: Any = None
+    ) -> httpx.Response:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            r = self._client.get(path, params=clean)
+            r = self._client.request(method, path, params=clean, json=body)
         except httpx.TimeoutException as e:
-            raise ServiceUnavailable(self.base_url, f"no answer to GET {path} in time ({e})") from e
+            raise ServiceUnavailable(self.base_url, f"no answer to {method} {path} in time ({e})") from e
         except httpx.HTTPError as e:
             raise ServiceUnavailable(self.base_url, f"{type(e).__name__}: {e}") from e
-        try:
-            body = r.json()
-        except ValueError:
-            body = None
         if r.status_code != 200:
-            err = body.get("error") if isinstance(body, dict) else None
+            try:
+                err = r.json().get("error")
+            except (ValueError, AttributeError):
+                err = None
             message = err.get("message") if isinstance(err, dict) else r.text[:300]
             raise ApiError(path, r.status_code, str(message))
-        if body is None:
-            raise ApiError(path, r.status_code, f"not JSON: {r.text[:200]!r}")
-        return body
+        return r
+
+    def _json(self, r: httpx.Response, path: str) -> Any:
+        try:
+            return r.json()
+        except ValueError:
+            raise ApiError(path, r.status_code, f"not JSON: {r.text[:200]!r}") from None
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """GET ``path`` → its JSON; ServiceUnavailable / ApiError as documented above."""
+        return self._json(self._request("GET", path, params), path)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST a JSON body to ``path`` → the JSON answer."""
+        return self._json(self._request("POST", path, None, body), path)
 
     # -- endpoints -------------------------------------------------------------------------------
 
@@ -114,6 +126,22 @@ class CollectorApi:
     def summary(self, **params: Any) -> dict[str, Any]:
         """``GET /api/v1/analytics/summary`` with its query parameters (dataset, since, start_s, ...)."""
         return self.get("/api/v1/analytics/summary", params)
+
+    def reports(self, *, limit: int = 200, kind: str | None = None) -> list[dict[str, Any]]:
+        """``GET /api/v1/reports``: stored reports, newest first, without their pages."""
+        return self.get("/api/v1/reports", {"limit": limit, "kind": kind})["reports"]
+
+    def report_page(self, report_id: str) -> str:
+        """The self-contained HTML page of a report (Plotly inlined)."""
+        return self._request("GET", f"/api/v1/reports/{report_id}", {"format": "html"}).text
+
+    def report_json(self, report_id: str) -> dict[str, Any]:
+        """A report's fields and summary JSON (no page)."""
+        return self.get(f"/api/v1/reports/{report_id}", {"format": "json"})
+
+    def make_report(self, **params: Any) -> dict[str, Any]:
+        """``POST /api/v1/reports``: have the service make (and store) a report now."""
+        return self.post("/api/v1/reports", {k: v for k, v in params.items() if v is not None})
 
     def table(
         self,

@@ -24,6 +24,7 @@ _HERE = Path(__file__).resolve().parent
 # (file under pages/, title, icon)
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("gpus.py", "GPUs", ":material/memory:"),
+    ("reports.py", "Reports", ":material/description:"),
     ("health.py", "Health", ":material/monitor_heart:"),
 )
 

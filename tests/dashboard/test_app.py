@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
+import httpx
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -134,3 +135,20 @@ def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
         at.switch_page(page).run()
     assert not at.exception
     assert "service is not reachable" in at.error[0].value and "phaselens collect" in at.error[0].value
+
+
+def test_reports_page_lists_opens_and_makes_reports(dashboard_env: Fleet):
+    made = httpx.post(f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]})
+    assert made.status_code == 200, made.text
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("pages/reports.py").run()
+    assert not at.exception
+    before = len(at.dataframe[0].value)
+    assert before >= 1 and at.selectbox(key="report_pick").value == made.json()["report_id"]  # newest first
+    assert [b.label for b in at.get("download_button")] == ["Download HTML", "Download JSON"]
+    frame = at.get("iframe")[0].proto
+    assert "<h1>Efficiency report" in frame.srcdoc and "simulated scenario" in frame.srcdoc
+    at.button(key="make_report").click().run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == before + 1
+    assert at.dataframe[0].value["Kind"].iloc[0] == "manual"

@@ -74,6 +74,8 @@ def dashboard_url(fleet: Fleet) -> Iterator[str]:
 def test_every_page_renders_in_chromium(chromium: str, dashboard_url: str, fleet: Fleet):
     from playwright.sync_api import sync_playwright
 
+    made = httpx.post(f"{fleet.url}/api/v1/reports", json={"dataset": fleet.scenarios["agg:2xh100-sxm"]})
+    assert made.status_code == 200, made.text  # for the Reports page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
@@ -87,6 +89,14 @@ def test_every_page_renders_in_chromium(chromium: str, dashboard_url: str, fleet
             page.wait_for_timeout(500)  # let the last chart settle before the picture
             page.screenshot(path=str(ARTIFACTS / "gpus.png"), full_page=True)
 
+            page.get_by_role("link", name="Reports").click()
+            page.get_by_text("Download HTML").wait_for(timeout=30_000)
+            report = page.frame_locator("iframe").first
+            report.get_by_text("Efficiency report").first.wait_for(timeout=30_000)
+            assert page.get_by_text("Traceback").count() == 0
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(ARTIFACTS / "reports.png"), full_page=True)
+
             page.get_by_role("link", name="Health").click()
             page.get_by_text("Store writer").wait_for(timeout=30_000)
             page.get_by_text("Rows written", exact=True).wait_for(timeout=30_000)
@@ -96,3 +106,30 @@ def test_every_page_renders_in_chromium(chromium: str, dashboard_url: str, fleet
         finally:
             browser.close()
     assert (ARTIFACTS / "gpus.png").stat().st_size > 10_000
+
+
+def test_a_report_opens_offline_in_chromium(chromium: str, fleet: Fleet, tmp_path):
+    """A report's page, saved to a file and opened with the network cut: it renders whole."""
+    from playwright.sync_api import sync_playwright
+
+    made = httpx.post(
+        f"{fleet.url}/api/v1/reports", json={"dataset": fleet.scenarios["1p1d:h100-sxm"]}
+    ).json()
+    page_file = tmp_path / "report.html"
+    page_file.write_text(httpx.get(f"{fleet.url}{made['url']}").text, encoding="utf-8")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 1600})
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_file.as_uri())
+            page.get_by_role("heading", name=made["title"]).wait_for(timeout=30_000)
+            if page.locator(".js-plotly-plot").count():  # charts of shares, when the summary has them
+                page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()
