@@ -51,6 +51,24 @@ _UNITS = {
     "_bytes": "bytes",
 }
 _SHARE_SUFFIXES = ("_share", "_fraction", "_frac", "_pct")
+_SHARE_PREFIXES = ("frac_", "share_")
+_ID_COLUMNS = ("pool", "role", "scope", "worker", "gpu", "model", "metric", "name")
+_TIME_COLUMNS = ("hour_s", "hour_start_s", "bucket_start_s", "start_s")
+_WIDE_COLUMNS = 10  # a table wider than this, with at most _SIDEWAYS_ROWS rows, is shown on its side
+_SIDEWAYS_ROWS = 12
+_MAX_TABLE_ROWS = 200
+_FOLD_FIELDS = 16
+# colours of the shares that name a phase or state (the dashboard's phase colours)
+_STATE_COLOURS = {
+    "idle": "#c8c8c8",
+    "prefill": "#f5a623",
+    "decode": "#4caf50",
+    "mixed": "#ab7ddb",
+    "host": "#d62728",
+    "stranded": "#8c564b",
+    "gap": "#e0e0e0",
+}
+_PALETTE = ("#f5a623", "#4caf50", "#ab7ddb", "#e377c2", "#1f77b4", "#d62728", "#8c564b", "#bcbd22", "#c8c8c8")
 
 
 class ReportError(ValueError):
@@ -306,6 +324,7 @@ font-weight:600;color:#fff}
 .host-bound{background:#c62828}.estimated{background:#1565c0}
 .error{background:#fdecea;border:1px solid #f5c2c0;padding:.6rem 1rem;border-radius:.3rem}
 pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
+.wide{overflow-x:auto}ul.meta{margin-top:0}
 """
 
 
@@ -367,22 +386,38 @@ def _esc(text: str) -> str:
 
 
 def _humanize(key: str) -> str:
-    """``energy_per_token_j`` → ``energy per token, J``."""
+    """``energy_per_token_j`` → ``Energy per token, J``; ``frac_idle`` → ``Idle, share``."""
     text = str(key)
     unit = ""
-    for suffix, u in _UNITS.items():
-        if text.endswith(suffix) and len(text) > len(suffix):
-            text, unit = text[: -len(suffix)], u
-            break
+    if text.startswith(_SHARE_PREFIXES):
+        text, unit = text.split("_", 1)[1], "share"
+    else:
+        for suffix, u in _UNITS.items():
+            if text.endswith(suffix) and len(text) > len(suffix):
+                text, unit = text[: -len(suffix)], u
+                break
     text = text.replace("_", " ").strip()
     text = text[:1].upper() + text[1:]
     return f"{text}, {unit}" if unit else text
 
 
-def _fmt(v: Any) -> tuple[str, bool]:
+def _is_time(key: str, v: Any) -> bool:
+    """An epoch-seconds field (``start_s``, ``hour_s``, ``bucket_start_s``, ...)."""
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and key.endswith("_s")
+        and (key[:-2].endswith(("start", "end", "hour", "ts", "time")) or key in ("hour_s", "ts_s"))
+        and 1e9 < v < 1e11
+    )
+
+
+def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
     """A cell's text and whether it is a number."""
     if isinstance(v, bool) or v is None:
         return ("—" if v is None else str(v).lower()), False
+    if _is_time(key, v):
+        return _utc(float(v), "%Y-%m-%d %H:%M:%S"), False
     if isinstance(v, int):
         return f"{v:,}", True
     if isinstance(v, float):
@@ -392,60 +427,114 @@ def _fmt(v: Any) -> tuple[str, bool]:
         text = f"{v:,.0f}" if a >= 1000 else f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
         return text, True
     if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
-        return ", ".join(_fmt(x)[0] for x in v), False
+        return ", ".join(_fmt(x)[0] for x in v) or "—", False
     if isinstance(v, dict | list):
         return json.dumps(v, default=str)[:300], False
     return str(v), False
 
 
-def _cell(v: Any) -> str:
-    text, num = _fmt(v)
+def _cell(v: Any, key: str = "") -> str:
+    text, num = _fmt(v, key)
     return f'<td class="num">{_esc(text)}</td>' if num else f"<td>{_esc(text)}</td>"
 
 
-def _value(value: Any, charts: list[str], name: str, depth: int) -> str:
+def _value(value: Any, charts: list[str], name: str, depth: int, window: Any = None) -> str:
     if isinstance(value, dict):
-        scalars = {k: v for k, v in value.items() if not isinstance(v, dict) and not _is_table(v)}
         out = []
+        trust = value.get("trust")
+        if isinstance(trust, dict) and "labels" in trust:
+            out.append(_trust_line(trust))
+        skip = {"trust"} | ({"window"} if window is not None and value.get("window") == window else set())
+        scalars = {
+            k: v for k, v in value.items() if k not in skip and not isinstance(v, dict) and not _is_table(v)
+        }
+        notes = {k: v for k, v in scalars.items() if isinstance(v, list) and k in ("notes", "missing")}
+        scalars = {k: v for k, v in scalars.items() if k not in notes}
         if scalars:
-            rows = "".join(f"<tr><th>{_esc(_humanize(k))}</th>{_cell(v)}</tr>" for k, v in scalars.items())
+            rows = "".join(f"<tr><th>{_esc(_humanize(k))}</th>{_cell(v, k)}</tr>" for k, v in scalars.items())
             out.append(f"<table>{rows}</table>")
             out.append(_share_chart(scalars, charts, name))
+        for k, items in notes.items():
+            if items:
+                lis = "".join(f"<li>{_esc(str(x))}</li>" for x in items)
+                out.append(f'<p class="meta">{_esc(_humanize(k))}:</p><ul class="meta">{lis}</ul>')
         for k, v in value.items():
-            if k in scalars:
+            if k in scalars or k in notes or k in skip:
                 continue
             tag = f"h{min(depth, 6)}"
-            out.append(f"<{tag}>{_esc(_humanize(k))}</{tag}>{_value(v, charts, f'{name}.{k}', depth + 1)}")
+            out.append(
+                f"<{tag}>{_esc(_humanize(k))}</{tag}>{_value(v, charts, f'{name}.{k}', depth + 1, window)}"
+            )
         return "".join(out)
     if _is_table(value):
-        cols: list[str] = []
-        for row in value:
-            cols += [k for k in row if k not in cols]
-        head = "".join(f"<th>{_esc(_humanize(c))}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(_cell(row.get(c)) for c in cols) + "</tr>" for row in value)
-        return f"<table><tr>{head}</tr>{body}</table>"
+        return _stack_chart(value, charts, name) + _table(value)
     text, _ = _fmt(value)
     return f"<p>{_esc(text)}</p>"
+
+
+def _trust_line(trust: dict[str, Any]) -> str:
+    labels = trust.get("labels") or []
+    badges = "".join(f'<span class="badge {_esc(lb)}">{_esc(lb)}</span>' for lb in labels)
+    return f"<p>{badges}</p>" if badges else ""
+
+
+def _row_label(row: dict[str, Any], i: int) -> str:
+    parts = [
+        str(row[c])
+        for c in _ID_COLUMNS
+        if isinstance(row.get(c), str | int) and not isinstance(row.get(c), bool)
+    ]
+    for c in _TIME_COLUMNS:
+        if _is_time(c, row.get(c)):
+            parts.append(_utc(float(row[c]), "%H:%M"))
+    return " · ".join(parts[:2]) or f"#{i + 1}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """A list of dicts as a table; a wide one with few rows turned on its side (a column per row)."""
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    if len(cols) > _WIDE_COLUMNS and len(rows) <= _SIDEWAYS_ROWS:
+        head = "<th></th>" + "".join(f"<th>{_esc(_row_label(r, i))}</th>" for i, r in enumerate(rows))
+        body = "".join(
+            f"<tr><th>{_esc(_humanize(c))}</th>" + "".join(_cell(r.get(c), c) for r in rows) + "</tr>"
+            for c in cols
+        )
+        table = f"<table><tr>{head}</tr>{body}</table>"
+        if len(cols) > _FOLD_FIELDS:  # a long list of fields: folded, the charts above give the gist
+            return f"<details><summary>{len(cols)} fields of {len(rows)} row(s)</summary>{table}</details>"
+        return table
+    shown = rows[:_MAX_TABLE_ROWS]
+    head = "".join(f"<th>{_esc(_humanize(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_cell(row.get(c), c) for c in cols) + "</tr>" for row in shown)
+    more = (
+        f'<p class="meta">{len(rows) - len(shown):,} more rows in the JSON below.</p>'
+        if len(rows) > len(shown)
+        else ""
+    )
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>{more}'
 
 
 def _is_table(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 
-def _share_chart(scalars: dict[str, Any], charts: list[str], name: str) -> str:
-    """A bar chart of a dict's shares (keys ending _share, _fraction, _frac or _pct), when it has two or more."""
-    shares = {
-        k: float(v)
-        for k, v in scalars.items()
-        if k.endswith(_SHARE_SUFFIXES)
+def _is_share(key: str, v: Any) -> bool:
+    return (
+        (key.endswith(_SHARE_SUFFIXES) or key.startswith(_SHARE_PREFIXES))
         and isinstance(v, int | float)
         and not isinstance(v, bool)
         and math.isfinite(v)
-    }
+    )
+
+
+def _share_chart(scalars: dict[str, Any], charts: list[str], name: str) -> str:
+    """A bar chart of a dict's shares (keys ``frac_*``, ``*_share``, ``*_fraction``, ``*_frac``, ``*_pct``), when it has two or more."""
+    shares = {k: float(v) for k, v in scalars.items() if _is_share(k, v)}
     if len(shares) < 2:
         return ""
     import plotly.graph_objects as go
-    import plotly.io as pio
 
     pct = all(k.endswith("_pct") for k in shares)
     labels = [_humanize(k).split(",")[0] for k in shares]
@@ -453,14 +542,70 @@ def _share_chart(scalars: dict[str, Any], charts: list[str], name: str) -> str:
     fig = go.Figure(
         go.Bar(x=values, y=labels, orientation="h", marker_color="#4c78a8", texttemplate="%{x:.1f} %")
     )
+    fig.update_layout(height=60 + 32 * len(shares), yaxis={"autorange": "reversed", "automargin": True})
+    return _chart(fig, charts, name)
+
+
+def _stack_chart(rows: list[dict[str, Any]], charts: list[str], name: str) -> str:
+    """Per row of a table, its shares (``frac_*`` columns) stacked to 100 %, when it has two or more."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [
+            k for k, v in r.items() if k.startswith(_SHARE_PREFIXES) and _is_share(k, v) and k not in keys
+        ]
+    if len(keys) < 2 or len(rows) > 48:
+        return ""
+    keys = [
+        k for k in keys if any(float(r.get(k) or 0) > 0 for r in rows)
+    ]  # drop shares that are 0 everywhere
+    if not keys:
+        return ""
+    import plotly.graph_objects as go
+
+    labels = [_row_label(r, i) for i, r in enumerate(rows)]
+    fig = go.Figure()
+    for i, k in enumerate(keys):
+        fig.add_bar(
+            y=labels,
+            x=[100.0 * float(r.get(k) or 0) for r in rows],
+            name=_humanize(k).split(",")[0],
+            orientation="h",
+            marker_color=_colour(k, i),
+        )
     fig.update_layout(
-        height=60 + 32 * len(shares),
+        barmode="stack",
+        legend_traceorder="normal",
+        height=110 + 34 * len(rows),
+        yaxis={"autorange": "reversed", "automargin": True},
+        legend={"orientation": "h", "y": -0.25 if len(rows) < 4 else -0.1, "yanchor": "top"},
+    )
+    return _chart(fig, charts, name)
+
+
+def _colour(key: str, i: int) -> str:
+    words = key.split("_")
+    for state, colour in _STATE_COLOURS.items():
+        if state in words[1:2] or (state in words and i >= 0 and words[-1] == state):
+            return colour
+    return _PALETTE[i % len(_PALETTE)]
+
+
+def _chart(fig: Any, charts: list[str], name: str) -> str:
+    import plotly.io as pio
+
+    fig.update_layout(
         margin={"l": 10, "r": 30, "t": 10, "b": 40},
         xaxis={"title": "share, %", "rangemode": "tozero"},
-        yaxis={"autorange": "reversed", "automargin": True},
         plot_bgcolor="white",
+        font={"size": 12},
     )
-    div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"chart-{len(charts)}")
+    div = pio.to_html(
+        fig,
+        include_plotlyjs=False,
+        full_html=False,
+        div_id=f"chart-{len(charts)}",
+        config={"displaylogo": False},
+    )
     charts.append(name)
     return div
 
