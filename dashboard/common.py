@@ -19,7 +19,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard.api import ApiError, CollectorApi, ServiceUnavailable, TableRead, api_url
+from dashboard.api import TIME_COLUMNS, ApiError, CollectorApi, ServiceUnavailable, TableRead, api_url
+
+__all__ = ["TableRead"]  # pages name the read type through here
 
 LIVE = "live"
 SIM_PREFIX = "sim:"
@@ -107,11 +109,36 @@ def client() -> CollectorApi:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=64)
 def _read_live(url: str, table: str, start_s: float | None, end_s: float | None, max_rows: int) -> TableRead:
-    read = _client(url).table(table, start_s, end_s, max_rows=max_rows)
-    rows = read.rows
-    if not rows.empty and "node" in rows:
-        rows = rows[~rows["node"].astype(str).str.startswith(SIM_PREFIX)].reset_index(drop=True)
-    return TableRead(rows, read.truncated)
+    """Live rows: read node by node (the live nodes that have devices), so that a scenario's rows
+    in the same span of time never take up the read's row budget; every node when none is known."""
+    nodes = _live_nodes(url) if table != "devices" else ()
+    if not nodes:
+        read = _client(url).table(table, start_s, end_s, max_rows=max_rows)
+        return TableRead(_drop_simulated(read.rows), read.truncated)
+    reads = [_client(url).table(table, start_s, end_s, node=n, max_rows=max_rows) for n in nodes]
+    frames = [r.rows for r in reads if not r.rows.empty]
+    if not frames:
+        return TableRead(reads[0].rows, False)
+    rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    time_col = TIME_COLUMNS.get(table)
+    if len(frames) > 1 and time_col in rows:
+        rows = rows.sort_values(time_col, kind="stable", ignore_index=True)
+    return TableRead(rows, any(r.truncated for r in reads))
+
+
+def _drop_simulated(rows: pd.DataFrame) -> pd.DataFrame:
+    if rows.empty or "node" not in rows:
+        return rows
+    return rows[~rows["node"].astype(str).str.startswith(SIM_PREFIX)].reset_index(drop=True)
+
+
+@st.cache_data(ttl=10.0, show_spinner=False)
+def _live_nodes(url: str) -> tuple[str, ...]:
+    """The nodes with live (not simulated) GPUs, from the devices table."""
+    rows = _client(url).table("devices", None, None, max_rows=20_000).rows
+    if rows.empty:
+        return ()
+    return tuple(sorted({str(n) for n in rows["node"] if not str(n).startswith(SIM_PREFIX)}))
 
 
 @st.cache_data(ttl=SCENARIO_TTL_S, show_spinner=False, max_entries=64)

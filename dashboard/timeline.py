@@ -106,3 +106,34 @@ def iterations_of_gpu(
         if not mine.empty:
             return mine
     return on_node[on_node["worker"].isin(workers)]
+
+
+def bands_from_samples(
+    samples: pd.DataFrame, role: str | None, start_s: float, end_s: float, slices: int = 240
+) -> list[Band]:
+    """Phase bands of a window too long to read every iteration: busy where the GPU's mean
+    utilization in the slice is at least :data:`IDLE_BELOW`, coloured by the GPU's role (a
+    prefill or decode pool; mixed otherwise), idle elsewhere."""
+    if end_s <= start_s or samples.empty:
+        return []
+    width = (end_s - start_s) / slices
+    col = (
+        "gpu_util_pct"
+        if "gpu_util_pct" in samples and samples["gpu_util_pct"].notna().any()
+        else "sm_active_pct"
+    )
+    ts = samples["ts_s"].to_numpy(dtype=float)
+    idx = np.clip(np.floor((ts - start_s) / width).astype(np.int64), 0, slices - 1)
+    util = pd.to_numeric(samples[col], errors="coerce").fillna(0.0).to_numpy() / 100.0
+    total = np.bincount(idx, weights=util, minlength=slices)
+    count = np.bincount(idx, minlength=slices)
+    mean = np.divide(total, count, out=np.zeros(slices), where=count > 0)
+    busy_phase = role if role in ("prefill", "decode") else "mixed"
+    labels = np.where((count > 0) & (mean >= IDLE_BELOW), busy_phase, IDLE)
+    bands: list[Band] = []
+    run_start = 0
+    for i in range(1, slices + 1):
+        if i == slices or labels[i] != labels[run_start]:
+            bands.append(Band(start_s + run_start * width, start_s + i * width, str(labels[run_start])))
+            run_start = i
+    return bands

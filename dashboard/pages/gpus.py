@@ -13,10 +13,11 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from dashboard import common
-from dashboard.timeline import IDLE_BELOW, downsample, iterations_of_gpu, phase_bands
+from dashboard.timeline import IDLE_BELOW, bands_from_samples, downsample, iterations_of_gpu, phase_bands
 
 MAX_SAMPLE_ROWS = 300_000
-MAX_ITERATION_ROWS = 300_000
+MAX_ITERATION_ROWS = 100_000  # beyond this, bands come from utilization and the GPU's role
+PROBE_ITERATIONS = 2_000  # iterations read at the window's start to judge whether the rest fits
 MAX_CHARTS = 16
 PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
 BAND_OPACITY = 0.28
@@ -133,12 +134,26 @@ def _overview(per_gpu: list[dict]) -> None:
     )
 
 
+def _iterations(sel: common.Selection, start: float, end: float) -> common.TableRead | None:
+    """The window's iterations, or None when there are more than MAX_ITERATION_ROWS (judged from
+    the density of a first small read, so a long window costs one short request)."""
+    probe = common.read_table(sel, "iterations", start, end, max_rows=PROBE_ITERATIONS)
+    rows = probe.rows
+    if not probe.truncated:
+        return probe
+    covered = float(rows["start_s"].iloc[-1]) - start if not rows.empty else 0.0
+    if covered <= 0 or len(rows) * (end - start) / covered > MAX_ITERATION_ROWS:
+        return None
+    full = common.read_table(sel, "iterations", start, end, max_rows=MAX_ITERATION_ROWS)
+    return None if full.truncated else full
+
+
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     start, end = sel.window()
     with common.service_errors():
         samples_read = common.read_table(sel, "gpu_samples", start, end, max_rows=MAX_SAMPLE_ROWS)
-        iters_read = common.read_table(sel, "iterations", start, end, max_rows=MAX_ITERATION_ROWS)
+        iters_read = _iterations(sel, start, end)
     samples = samples_read.rows
     if samples.empty:
         common.empty_window("GPU samples", sel)
@@ -157,13 +172,7 @@ def render(sel: common.Selection) -> None:
             "Narrow the time range to see the rest.",
             icon=":material/content_cut:",
         )
-    iterations = iters_read.rows
-    if iters_read.truncated:
-        st.warning(
-            f"More than {MAX_ITERATION_ROWS:,} engine iterations in this window: phase bands stop "
-            "where the read did. Narrow the time range for complete bands.",
-            icon=":material/content_cut:",
-        )
+    iterations = iters_read.rows if iters_read is not None else pd.DataFrame()
     labels = common.row_trust(samples)
     common.trust_badges(labels)
     groups = list(samples.groupby("_key", sort=False))
@@ -175,10 +184,13 @@ def render(sel: common.Selection) -> None:
         label = common.gpu_label(first, with_node=samples["node"].nunique() > 1)
         workers = {w for w in rows.get("worker", pd.Series(dtype=object)).dropna().astype(str)}
         uuid = first.get("uuid") if isinstance(first.get("uuid"), str) else None
-        mine = iterations_of_gpu(iterations, uuid, str(first["node"]), workers)
-        bands = phase_bands(mine, start, end) if not mine.empty else []
-        idle_s = sum(b.end_s - b.start_s for b in bands if b.phase == "idle")
         pool = first.get("role") if isinstance(first.get("role"), str) else None
+        if iters_read is None:  # too many iterations to read: bands from utilization and role
+            bands = bands_from_samples(rows, pool, start, end)
+        else:
+            mine = iterations_of_gpu(iterations, uuid, str(first["node"]), workers)
+            bands = phase_bands(mine, start, end) if not mine.empty else []
+        idle_s = sum(b.end_s - b.start_s for b in bands if b.phase == "idle")
         gpu_labels = common.row_trust(rows)
         summary.append(
             {
@@ -195,7 +207,13 @@ def render(sel: common.Selection) -> None:
         title = f"{label}" + (f" — {pool} pool" if pool else "")
         charts.append((key, title, downsample(rows, start, end), bands, gpu_labels))
     _overview(summary)
-    if iterations.empty:
+    if iters_read is None:
+        st.caption(
+            f"This window holds more than {MAX_ITERATION_ROWS:,} engine iterations: bands show where each GPU "
+            f"was busy (utilization at least {IDLE_BELOW:.0%} in the slice), coloured by its pool. "
+            "Narrow the time range for bands from the iterations themselves."
+        )
+    elif iterations.empty:
         st.caption(
             "No engine iterations in this window: no phase bands (the GPUs' engine telemetry is not collected)."
         )

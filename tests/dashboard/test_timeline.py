@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dashboard.timeline import downsample, iterations_of_gpu, phase_bands
+from dashboard.timeline import bands_from_samples, downsample, iterations_of_gpu, phase_bands
 
 
 def _iters(
@@ -66,3 +66,14 @@ def test_iterations_of_a_gpu_by_uuid_else_by_its_workers():
     # a tensor-parallel peer of G2 (no iteration names it): its worker's iterations
     assert iterations_of_gpu(it, "G3", "n", {"w1"})["phase"].tolist() == ["prefill"]
     assert iterations_of_gpu(it, "G0", "other-node", {"w0"}).empty
+
+
+def test_bands_from_samples_mark_busy_slices_with_the_gpus_pool():
+    samples = pd.DataFrame({"ts_s": [0.5, 1.5, 2.5, 3.5], "gpu_util_pct": [0.0, 80.0, 90.0, 1.0]})
+    bands = bands_from_samples(samples, "decode", 0.0, 4.0, slices=4)
+    assert [(b.start_s, b.end_s, b.phase) for b in bands] == [
+        (0.0, 1.0, "idle"),
+        (1.0, 3.0, "decode"),
+        (3.0, 4.0, "idle"),
+    ]
+    assert {b.phase for b in bands_from_samples(samples, None, 0.0, 4.0, slices=4)} == {"idle", "mixed"}
