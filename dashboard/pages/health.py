@@ -111,6 +111,31 @@ def _writer(health: dict[str, Any], now: float) -> None:
             st.dataframe(per_table, hide_index=True, width="stretch")
 
 
+def _reports(reports: dict[str, Any] | None, now: float) -> None:
+    if not reports:
+        return
+    st.subheader("Scheduled reports")
+    schedules = reports.get("schedules") or {}
+    if not schedules:
+        st.caption("No scheduled reports (`phaselens collect --report-schedule NAME=CRON` adds one).")
+    else:
+        nxt = reports.get("next_run_s") or {}
+        rows = [
+            {"Report": name, "Schedule (cron, UTC)": cron, "Next run (UTC)": _utc(nxt.get(name))}
+            for name, cron in schedules.items()
+        ]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        st.caption(f"{reports.get('runs', 0):,} reports made since the service started")
+    if reports.get("last_error"):
+        st.error(f"Last report failure: {reports['last_error']}", icon=":material/error:")
+
+
+def _utc(ts_s: float | None) -> str:
+    if ts_s is None or pd.isna(ts_s):
+        return "—"
+    return pd.Timestamp(float(ts_s), unit="s").strftime("%Y-%m-%d %H:%M")
+
+
 def _ingest_errors(errors: pd.DataFrame) -> None:
     st.subheader("Ingest errors (last 24 h)")
     if errors.empty:
@@ -184,6 +209,7 @@ def render() -> None:
     _sources_table(sources, now)
     st.subheader("Store writer")
     _writer(health, now)
+    _reports(health.get("reports"), now)
     _ingest_errors(errors)
     _gaps(gaps)
 

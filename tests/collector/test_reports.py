@@ -28,6 +28,19 @@ SUMMARY = {  # the shape of analytics' Summary.to_dict()
     "trust": {"labels": ["emulated", "host-bound"], "notes": ["3 % of iterations lagged the model"]},
     "parts": {
         "idle": {"idle_share": 0.25, "stranded_share": 0.4, "host_bound_share": 0.05, "gpus": 8},
+        "phases": {
+            "per_gpu": [
+                {
+                    "worker": f"worker-{i}",
+                    "role": r,
+                    "frac_prefill": p,
+                    "frac_decode": d,
+                    "frac_idle": 1 - p - d,
+                }
+                | {f"field_{k}_s": float(k) for k in range(20)}
+                for i, (r, p, d) in enumerate([("prefill", 0.3, 0.0), ("decode", 0.0, 0.7)])
+            ]
+        },
         "cost": {
             "per_pool": [
                 {"pool": "decode", "usd_per_1m_output": 0.42},
@@ -83,6 +96,10 @@ def test_the_page_renders_every_part_and_embeds_plotly_and_the_json():
     assert "<h2>Idle</h2>" in page and "Idle share" in page and "Usd per 1m output" in page
     assert "Not in this report" in page and "no requests in the window" in page
     assert 'class="badge emulated"' in page and 'class="badge host-bound"' in page
+    # a wide table of two GPUs: on its side (a column per GPU), folded, under a stacked chart of its shares
+    assert "<th>prefill · worker-0</th><th>decode · worker-1</th>" in page
+    assert "<details><summary>25 fields of 2 row(s)</summary>" in page
+    assert page.count('<div id="chart-') == 2  # the idle shares and the per-GPU phase shares
     full = standalone_html(page)
     assert PLOTLY_MARKER not in full and len(full) > 3_000_000  # plotly.js inlined: readable offline
     assert (
