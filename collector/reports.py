@@ -823,7 +823,10 @@ def add_report_command(sub: Any) -> None:
 
     p = sub.add_parser("report", help="make an efficiency report now (HTML + JSON), stored with the others")
     p.add_argument(
-        "--since", default="24h", help="the window before now (or before a scenario's end): 1h, 24h, 7d"
+        "--since",
+        default=None,
+        help="the window before now, e.g. 1h, 24h (the default on live data), 7d; on a scenario: before its end "
+        "(default: the whole scenario)",
     )
     p.add_argument("--dataset", default="live", help="live, a scenario id, or latest (the newest scenario)")
     p.add_argument(

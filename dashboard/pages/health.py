@@ -125,7 +125,8 @@ def _reports(reports: dict[str, Any] | None, now: float) -> None:
             for name, cron in schedules.items()
         ]
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-        st.caption(f"{reports.get('runs', 0):,} reports made since the service started")
+        runs = int(reports.get("runs", 0))
+        st.caption(f"{runs:,} report{'' if runs == 1 else 's'} made since the service started")
     if reports.get("last_error"):
         st.error(f"Last report failure: {reports['last_error']}", icon=":material/error:")
 

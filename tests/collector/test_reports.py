@@ -173,3 +173,22 @@ def test_reports_are_made_listed_and_served(collector_url, tmp_path, capsys):
 def test_collect_refuses_a_bad_schedule(tmp_path, capsys):
     assert main(["collect", "--db", str(tmp_path / "x.duckdb"), "--report-schedule", "h=* * *"]) == 2
     assert "--report-schedule" in capsys.readouterr().err
+
+
+def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
+    db = tmp_path / "s.duckdb"
+    assert (
+        main(["simulate", "--no-progress", "--layout", "agg:1xh100-sxm", "--limit", "20", "--db", str(db)])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["report", "--dataset", "latest", "--db", str(db), "--out", str(tmp_path / "r.html")]) == 0
+    assert "stored in" in capsys.readouterr().out
+    with Store.open(db, read_only=True) as store:
+        (row,) = store.query(
+            "SELECT r.start_s, r.end_s, s.start_s, s.end_s FROM reports r, scenarios s"
+        ).values
+    assert row[0] == pytest.approx(row[2]) and row[1] == pytest.approx(row[3])  # the scenario's span
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["report", "--dataset", "nope", "--db", str(db)]) == 2
+    assert "unknown data set" in capsys.readouterr().err
