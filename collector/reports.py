@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import Request  # resolved by FastAPI from this module's names (the routes below)
-
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULES = ("hourly=0 * * * *", "daily=0 6 * * *")
@@ -749,6 +747,7 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
     when the collector has one). ``error(status, message, param)`` makes the API's JSON errors."""
     import asyncio
 
+    from fastapi import Request
     from fastapi.responses import HTMLResponse
 
     @app.get("/api/v1/reports")
@@ -773,7 +772,6 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
             standalone_html(item["body"] or ""), headers={"Content-Disposition": f'inline; filename="{name}"'}
         )
 
-    @app.post("/api/v1/reports")
     async def make_report(request: Request) -> Any:
         token = collector.settings.control_token
         if token:
@@ -811,6 +809,11 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
             "error": made.error,
             "url": f"/api/v1/reports/{made.report_id}",
         }
+
+    # this module's annotations are strings (postponed) and fastapi is imported here only, so that
+    # the `phaselens` command does not pay for it: hand FastAPI the class itself
+    make_report.__annotations__["request"] = Request
+    app.post("/api/v1/reports")(make_report)
 
 
 # -- `phaselens report` -----------------------------------------------------------------------------------
