@@ -24,6 +24,7 @@ import pandas as pd
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from collector.reports import add_report_routes
 from collector.service import Collector, CollectorNotRunning
 from collector.store import ExportFormatError, ImportResult, StoreError, list_scenarios
 from collector.store.tables import TABLES
@@ -214,6 +215,8 @@ def create_collector_app(collector: Collector) -> FastAPI:
             return _error(400, str(e))
         except StoreError as e:
             return _error(500, f"the analysis failed on the store: {e}")
+
+    add_report_routes(app, collector, _error)
 
     @app.post("/api/v1/import")
     async def import_export(request: Request) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from analytics.cli import add_analyze_command
 from analytics.goodput import add_goodput_command
+from collector.reports import add_report_command
 from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
 
@@ -56,10 +57,19 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         help="bearer token of the control endpoints (POST /api/v1/import; default: $PHASELENS_CONTROL_TOKEN; "
         "without one they answer 403)",
     )
+    p.add_argument(
+        "--report-schedule",
+        action="append",
+        default=None,
+        metavar="NAME=CRON",
+        help="a scheduled efficiency report, cron syntax in UTC (repeatable; default: 'hourly=0 * * * *' "
+        "and 'daily=0 6 * * *'; 'off': none). Misfire policy: docs in collector/reports.py",
+    )
 
 
 def collect_settings(args: argparse.Namespace) -> CollectorSettings:
     """The collector's settings from `phaselens collect` arguments; ValueError naming a bad one."""
+    from collector.reports import DEFAULT_SCHEDULES, ReportError, parse_schedules
     from collector.service import CollectorSettings
     from collector.store import RetentionPolicy, StoreError
     from collector.store.scenarios import is_simulated_node
@@ -68,6 +78,11 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         retention = RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days)
     except StoreError as e:
         raise ValueError(str(e)) from e
+    schedules = tuple(args.report_schedule) if args.report_schedule else DEFAULT_SCHEDULES
+    try:
+        parse_schedules(list(schedules))
+    except ReportError as e:
+        raise ValueError(f"--report-schedule: {e}") from e
     settings = CollectorSettings(
         db_path=args.db,
         host=args.host,
@@ -83,6 +98,7 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         retention=retention,
         retention_interval_s=args.retention_interval_s,
         control_token=args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN") or None,
+        report_schedules=() if [x.strip().lower() for x in schedules] == ["off"] else schedules,
     )
     if args.node:
         settings.node = args.node
@@ -185,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_command(sub)
     add_analyze_command(sub)
     add_goodput_command(sub)
+    add_report_command(sub)
     return parser
 
 

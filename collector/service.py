@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from collector.reports import DEFAULT_SCHEDULES, ReportScheduler, parse_schedules
 from collector.sources.base import Source, SourceResult
 from collector.sources.dcgm import DcgmSource
 from collector.sources.local_gpus import LocalGpuSource
@@ -70,6 +71,8 @@ class CollectorSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
+    # scheduled reports, NAME=CRON (UTC; collector/reports.py); () for none
+    report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
@@ -128,6 +131,8 @@ class Collector:
         self._jobs_lock = threading.Lock()
         self._jobs_open = False
         self._wake = threading.Event()
+        schedules = parse_schedules(list(settings.report_schedules))
+        self.reports = ReportScheduler(schedules, store, settings.node, self._submit)
 
     def start(self) -> None:
         """Resume telemetry cursors from the store, then start the pollers and the writer."""
@@ -141,11 +146,13 @@ class Collector:
         self._threads.append(writer)
         with self._jobs_lock:
             self._jobs_open = not self._stop.is_set()
+        self.reports.start()
 
     def stop(self) -> None:
         """Stop polling, write everything still queued, checkpoint; safe to call twice."""
         if self._stop.is_set():
             return
+        self.reports.stop()
         self._stop.set()
         self._wake.set()
         for t in self._threads:
@@ -424,4 +431,5 @@ class Collector:
                 "last_import_s": self.stats.last_import_s,
             },
             "sources": sources,
+            "reports": self.reports.health(),
         }

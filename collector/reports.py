@@ -1,0 +1,938 @@
+"""Efficiency reports: the analytics summary of a window as a self-contained HTML page (Plotly's
+JavaScript inlined, readable offline, no CDN) plus its JSON, stored in the ``reports`` table.
+
+Scheduled reports run inside ``phaselens collect`` (APScheduler 3.x ``BackgroundScheduler``):
+``hourly`` (``0 * * * *``) and ``daily`` (``0 6 * * *``) by default, cron syntax in UTC, set with
+``--report-schedule NAME=CRON`` (repeatable; ``--report-schedule off``: none). A run covers the
+period before it (from the schedule's previous fire time to this one) of the live data.
+
+Misfire policy: ``coalesce=True`` (runs missed in a row become one run) and
+``misfire_grace_time`` = a quarter of the schedule's period (15 min for hourly, 6 h for daily): a
+run later than that is skipped and the next one runs on time. A run missed while the service was
+down counts the same way: at start, a schedule that has stored a report before and whose latest
+fire time since then lies within the grace time runs once, at once, for that fire time's period;
+an older one is skipped (logged). A schedule that never ran has nothing to catch up.
+
+The stored body is the page without Plotly's 3.6 MB of JavaScript (a marker in its place), so an
+hourly report costs kilobytes in the store; :func:`standalone_html` puts the script back when the
+page is served or downloaded (``GET /api/v1/reports/{id}``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULES = ("hourly=0 * * * *", "daily=0 6 * * *")
+PLOTLY_MARKER = "<!--phaselens:plotly.js-->"
+MANUAL = "manual"
+WRITE_TIMEOUT_S = 120.0
+_UNITS = {
+    "_pct": "%",
+    "_s": "s",
+    "_ms": "ms",
+    "_w": "W",
+    "_j": "J",
+    "_kwh": "kWh",
+    "_usd": "$",
+    "_mhz": "MHz",
+    "_bytes": "bytes",
+}
+_SHARE_SUFFIXES = ("_share", "_fraction", "_frac", "_pct")
+_SHARE_PREFIXES = ("frac_", "share_")
+_ID_COLUMNS = ("pool", "role", "scope", "worker", "gpu", "model", "metric", "name")
+_TIME_COLUMNS = ("hour_s", "hour_start_s", "bucket_start_s", "start_s")
+_WIDE_COLUMNS = 10  # a table wider than this, with at most _SIDEWAYS_ROWS rows, is shown on its side
+_SIDEWAYS_ROWS = 12
+_MAX_TABLE_ROWS = 200
+_FOLD_FIELDS = 16
+# colours of the shares that name a phase or state (the dashboard's phase colours)
+_STATE_COLOURS = {
+    "idle": "#c8c8c8",
+    "prefill": "#f5a623",
+    "decode": "#4caf50",
+    "mixed": "#ab7ddb",
+    "host": "#d62728",
+    "stranded": "#8c564b",
+    "gap": "#e0e0e0",
+}
+_PALETTE = ("#f5a623", "#4caf50", "#ab7ddb", "#e377c2", "#1f77b4", "#d62728", "#8c564b", "#bcbd22", "#c8c8c8")
+
+
+class ReportError(ValueError):
+    """A report cannot be made or found as asked (bad schedule, unknown id, ...)."""
+
+
+# -- schedules ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSchedule:
+    """A named cron schedule (UTC) of reports over the live data."""
+
+    name: str
+    cron: str
+
+    def trigger(self) -> Any:
+        from apscheduler.triggers.cron import CronTrigger
+
+        return CronTrigger.from_crontab(self.cron, timezone=UTC)
+
+    def period_s(self, at_s: float) -> float:
+        """The schedule's period around ``at_s``: from its fire time at or after ``at_s`` to the next."""
+        trig = self.trigger()
+        now = datetime.fromtimestamp(at_s, UTC)
+        first = trig.get_next_fire_time(None, now)
+        second = trig.get_next_fire_time(first, first + timedelta(seconds=1))
+        return (second - first).total_seconds()
+
+    def grace_s(self) -> float:
+        """The misfire grace time: a quarter of the period (at least a minute)."""
+        return max(60.0, self.period_s(time.time()) / 4)
+
+    def fire_times_s(self, after_s: float, until_s: float) -> list[float]:
+        """Fire times in ``(after_s, until_s]``, oldest first."""
+        trig = self.trigger()
+        out: list[float] = []
+        prev = None
+        now = datetime.fromtimestamp(after_s + 1e-3, UTC)
+        while True:
+            nxt = trig.get_next_fire_time(prev, now)
+            if nxt is None or nxt.timestamp() > until_s:
+                return out
+            out.append(nxt.timestamp())
+            prev, now = nxt, nxt
+
+
+def parse_schedule(text: str) -> ReportSchedule:
+    """``NAME=CRON`` (five fields, UTC) → a schedule; ReportError naming the problem."""
+    name, sep, cron = text.partition("=")
+    name, cron = name.strip(), cron.strip()
+    if not sep or not name or not cron:
+        raise ReportError(
+            f"report schedule {text!r}: expected NAME=CRON, e.g. 'hourly=0 * * * *' or 'daily=0 6 * * *'"
+        )
+    if not name.replace("-", "").replace("_", "").isalnum() or name == MANUAL:
+        raise ReportError(f"report schedule name {name!r}: letters, digits, - and _ only, and not {MANUAL!r}")
+    schedule = ReportSchedule(name, cron)
+    try:
+        schedule.trigger()
+    except ValueError as e:
+        raise ReportError(f"report schedule {name!r}: {cron!r} is not a 5-field cron expression: {e}") from e
+    return schedule
+
+
+def parse_schedules(texts: list[str]) -> list[ReportSchedule]:
+    """The schedules of ``--report-schedule`` values (``off`` alone: none); names must differ."""
+    if [t.strip().lower() for t in texts] == ["off"]:
+        return []
+    schedules = [parse_schedule(t) for t in texts]
+    names = [s.name for s in schedules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ReportError(f"report schedule name(s) given twice: {', '.join(dupes)}")
+    return schedules
+
+
+# -- one report --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One report: its row in ``reports`` (the HTML without Plotly's script, the summary JSON)."""
+
+    report_id: str
+    kind: str
+    title: str
+    ts_s: float
+    start_s: float | None
+    end_s: float | None
+    body: str
+    summary: dict[str, Any] | None
+    error: str | None
+    params: dict[str, Any]
+
+    def row(self, node: str) -> dict[str, Any]:
+        details = {"summary": self.summary, "error": self.error, "params": self.params}
+        return {
+            "report_id": self.report_id,
+            "node": node,
+            "ts_s": self.ts_s,
+            "kind": self.kind,
+            "title": self.title,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "format": "html",
+            "body": self.body,
+            "details": details,
+        }
+
+
+def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title: str | None = None) -> Report:
+    """Run the analytics summary of ``params`` (``analytics.cli.run_summary``'s: dataset, since,
+    start_s, end_s, ...) on ``con`` and render it. A summary that fails is a report too, saying
+    why (a scheduled run must leave a trace); bad parameters raise ReportError."""
+    from analytics.cli import run_summary
+    from analytics.window import AnalyticsError, parse_span_s, resolve_window, scenarios
+
+    params = {k: v for k, v in params.items() if v is not None}
+    if params.get("dataset") == "latest":
+        found = scenarios(con)
+        if not found:
+            raise ReportError("dataset latest: no simulated scenario is stored")
+        params["dataset"] = found[0]["scenario_id"]
+    try:  # the window first: a report names its window even when the analysis fails
+        since = params.get("since")
+        nodes = params.get("node")
+        window = resolve_window(
+            con,
+            dataset=str(params.get("dataset") or "live"),
+            since_s=parse_span_s(str(since)) if since is not None else None,
+            start_s=_num(params.get("start_s")),
+            end_s=_num(params.get("end_s")),
+            nodes=[nodes] if isinstance(nodes, str) else nodes,
+        )
+    except (AnalyticsError, ValueError) as e:
+        raise ReportError(str(e)) from e
+    start_s, end_s = window.start_s, window.end_s
+    fixed = {k: v for k, v in params.items() if k != "since"} | {"start_s": start_s, "end_s": end_s}
+    summary: dict[str, Any] | None = None
+    error = None
+    try:
+        summary = run_summary(con, fixed)
+    except AnalyticsError as e:
+        raise ReportError(str(e)) from e
+    except Exception as e:  # the analysis failed on this data: recorded in the report
+        log.exception("report %s: the analytics summary failed", kind)
+        error = f"the analytics summary failed: {type(e).__name__}: {e}"
+    title = title or _title(kind, params, start_s, end_s)
+    body = render_html(summary, title=title, error=error, start_s=start_s, end_s=end_s)
+    return Report(uuid.uuid4().hex, kind, title, time.time(), start_s, end_s, body, summary, error, fixed)
+
+
+def _num(*values: Any) -> float | None:
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            return f
+    return None
+
+
+def _utc(ts_s: float | None, fmt: str = "%Y-%m-%d %H:%M") -> str:
+    return "?" if ts_s is None else datetime.fromtimestamp(ts_s, UTC).strftime(fmt)
+
+
+def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: float | None) -> str:
+    dataset = params.get("dataset") or "live"
+    what = "Efficiency report" if kind == MANUAL else f"{kind.capitalize()} efficiency report"
+    scope = "" if dataset == "live" else f" · simulated scenario {dataset}"
+    same_day = start_s is not None and end_s is not None and _utc(start_s, "%Y%m%d") == _utc(end_s, "%Y%m%d")
+    return f"{what}{scope} · {_utc(start_s)} – {_utc(end_s, '%H:%M' if same_day else '%Y-%m-%d %H:%M')} UTC"
+
+
+def save_report(store: Any, report: Report, node: str) -> str:
+    """Append the report's row and commit it (on the store's writer: the collector's writer
+    thread, or a process holding the file). Returns its id."""
+    store.append("reports", [report.row(node)])
+    store.flush()
+    return report.report_id
+
+
+# -- reading -----------------------------------------------------------------------------------------
+
+_LIST_SQL = """
+SELECT report_id, node, ts_s, kind, title, start_s, end_s, format,
+       details->>'error' AS error, details->'params'->>'dataset' AS dataset,
+       details->'summary'->'trust'->'labels' AS trust
+FROM reports {where} ORDER BY ts_s DESC LIMIT ?
+"""
+
+
+def list_reports(store: Any, *, limit: int = 100, kind: str | None = None) -> list[dict[str, Any]]:
+    """Stored reports, newest first, without their bodies: id, kind, title, window, trust labels."""
+    where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
+    with store.reader() as cur:
+        rows = cur.execute(_LIST_SQL.format(where=where), [*params, limit]).fetchall()
+        names = [d[0] for d in cur.description]
+    out = []
+    for r in rows:
+        item = dict(zip(names, r, strict=True))
+        item["trust"] = json.loads(item["trust"]) if isinstance(item["trust"], str) else []
+        item["dataset"] = item["dataset"] or "live"
+        out.append(item)
+    return out
+
+
+def get_report(store: Any, report_id: str) -> dict[str, Any]:
+    """One stored report: its list fields, ``body`` (the stored HTML) and ``summary``; ReportError
+    when there is none of that id."""
+    with store.reader() as cur:
+        row = cur.execute(
+            "SELECT report_id, node, ts_s, kind, title, start_s, end_s, format, body, details "
+            "FROM reports WHERE report_id = ?",
+            [report_id],
+        ).fetchone()
+        names = [d[0] for d in cur.description]
+    if row is None:
+        raise ReportError(f"no report {report_id!r} (GET /api/v1/reports lists them)")
+    item = dict(zip(names, row, strict=True))
+    details = json.loads(item.pop("details") or "{}")
+    item["summary"] = details.get("summary")
+    item["error"] = details.get("error")
+    item["params"] = details.get("params") or {}
+    return item
+
+
+def standalone_html(body: str) -> str:
+    """The stored page with Plotly's JavaScript inlined where the marker is: one file, offline."""
+    if PLOTLY_MARKER not in body:
+        return body
+    from plotly.offline import get_plotlyjs
+
+    script = get_plotlyjs().replace("</script", "<\\/script")
+    return body.replace(PLOTLY_MARKER, f"<script>{script}</script>", 1)
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:2rem auto;max-width:1100px;
+color:#222;padding:0 1rem;line-height:1.45}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
+h3{margin-bottom:.3rem}.meta{color:#666}
+table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.92rem}
+th,td{border:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
+th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;border-radius:.6rem;padding:0 .55rem;margin-right:.3rem;font-size:.85rem;
+font-weight:600;color:#fff}
+.measured{background:#2e7d32}.emulated{background:#e65100}.simulated{background:#6a1b9a}
+.host-bound{background:#c62828}.estimated{background:#1565c0}
+.error{background:#fdecea;border:1px solid #f5c2c0;padding:.6rem 1rem;border-radius:.3rem}
+pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
+.wide{overflow-x:auto}ul.meta{margin-top:0}
+"""
+
+
+def render_html(
+    summary: dict[str, Any] | None,
+    *,
+    title: str,
+    error: str | None = None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+) -> str:
+    """The report page of a summary (``Summary.to_dict()``): header, trust labels, what is
+    missing and why, then a section per part rendered from its dicts (tables; bar charts of
+    shares), and the summary JSON itself. Plotly's script is the :data:`PLOTLY_MARKER`."""
+    charts: list[str] = []
+    parts_html: list[str] = []
+    summary = summary or {}
+    for name, part in (summary.get("parts") or {}).items():
+        parts_html.append(
+            f"<section><h2>{_esc(_humanize(name))}</h2>{_value(part, charts, name, 3)}</section>"
+        )
+    trust = (summary.get("trust") or {}).get("labels") or []
+    notes = (summary.get("trust") or {}).get("notes") or []
+    badges = "".join(f'<span class="badge {_esc(lb)}">{_esc(lb)}</span>' for lb in trust)
+    head = [
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">Window {_esc(_utc(start_s, "%Y-%m-%d %H:%M:%S"))} – '
+        f"{_esc(_utc(end_s, '%Y-%m-%d %H:%M:%S'))} UTC · data set "
+        f"{_esc(str((summary.get('window') or {}).get('dataset', 'live')))} · generated "
+        f"{_esc(_utc(time.time(), '%Y-%m-%d %H:%M:%S'))} UTC by phaselens</p>",
+        f"<p>{badges}</p>" if badges else "",
+        "".join(f'<p class="meta">{_esc(n)}</p>' for n in notes),
+    ]
+    if error:
+        head.append(f'<p class="error"><b>No summary:</b> {_esc(error)}</p>')
+    missing = summary.get("missing") or {}
+    if missing:
+        items = "".join(f"<li><b>{_esc(_humanize(k))}</b>: {_esc(str(v))}</li>" for k, v in missing.items())
+        head.append(f"<section><h2>Not in this report</h2><ul>{items}</ul></section>")
+    if summary and not parts_html and not error:
+        head.append("<p>No analysis had data in this window.</p>")
+    data = json.dumps(summary, indent=1, sort_keys=True, default=str)
+    embedded = data.replace("</", "<\\/")  # JSON in a script element: no closing tag inside
+    tail = (
+        "<section><h2>Summary (JSON)</h2><details><summary>show</summary>"
+        f"<pre>{_esc(data)}</pre></details></section>"
+        f'<script type="application/json" id="phaselens-summary">{embedded}</script>'
+    )
+    script = PLOTLY_MARKER if charts else ""
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_esc(title)}</title>'
+        f"<style>{_CSS}</style>{script}</head><body>{''.join(head)}{''.join(parts_html)}{tail}</body></html>"
+    )
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _humanize(key: str) -> str:
+    """``energy_per_token_j`` → ``Energy per token, J``; ``frac_idle`` → ``Idle, share``."""
+    text = str(key)
+    unit = ""
+    if text.startswith(_SHARE_PREFIXES):
+        text, unit = text.split("_", 1)[1], "share"
+    else:
+        for suffix, u in _UNITS.items():
+            if text.endswith(suffix) and len(text) > len(suffix):
+                text, unit = text[: -len(suffix)], u
+                break
+    text = text.replace("_", " ").strip()
+    text = text[:1].upper() + text[1:]
+    return f"{text}, {unit}" if unit else text
+
+
+def _is_time(key: str, v: Any) -> bool:
+    """An epoch-seconds field (``start_s``, ``hour_s``, ``bucket_start_s``, ...)."""
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and key.endswith("_s")
+        and (key[:-2].endswith(("start", "end", "hour", "ts", "time")) or key in ("hour_s", "ts_s"))
+        and 1e9 < v < 1e11
+    )
+
+
+def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
+    """A cell's text and whether it is a number."""
+    if isinstance(v, bool) or v is None:
+        return ("—" if v is None else str(v).lower()), False
+    if _is_time(key, v):
+        return _utc(float(v), "%Y-%m-%d %H:%M:%S"), False
+    if isinstance(v, int):
+        return f"{v:,}", True
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "—", False
+        a = abs(v)
+        text = f"{v:,.0f}" if a >= 1000 else f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
+        return text, True
+    if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
+        return ", ".join(_fmt(x)[0] for x in v) or "—", False
+    if isinstance(v, dict | list):
+        return json.dumps(v, default=str)[:300], False
+    return str(v), False
+
+
+def _cell(v: Any, key: str = "") -> str:
+    text, num = _fmt(v, key)
+    return f'<td class="num">{_esc(text)}</td>' if num else f"<td>{_esc(text)}</td>"
+
+
+def _value(value: Any, charts: list[str], name: str, depth: int, window: Any = None) -> str:
+    if isinstance(value, dict):
+        out = []
+        trust = value.get("trust")
+        if isinstance(trust, dict) and "labels" in trust:
+            out.append(_trust_line(trust))
+        skip = {"trust"} | ({"window"} if window is not None and value.get("window") == window else set())
+        scalars = {
+            k: v for k, v in value.items() if k not in skip and not isinstance(v, dict) and not _is_table(v)
+        }
+        notes = {k: v for k, v in scalars.items() if isinstance(v, list) and k in ("notes", "missing")}
+        scalars = {k: v for k, v in scalars.items() if k not in notes}
+        if scalars:
+            rows = "".join(f"<tr><th>{_esc(_humanize(k))}</th>{_cell(v, k)}</tr>" for k, v in scalars.items())
+            out.append(f"<table>{rows}</table>")
+            out.append(_share_chart(scalars, charts, name))
+        for k, items in notes.items():
+            if items:
+                lis = "".join(f"<li>{_esc(str(x))}</li>" for x in items)
+                out.append(f'<p class="meta">{_esc(_humanize(k))}:</p><ul class="meta">{lis}</ul>')
+        for k, v in value.items():
+            if k in scalars or k in notes or k in skip:
+                continue
+            tag = f"h{min(depth, 6)}"
+            out.append(
+                f"<{tag}>{_esc(_humanize(k))}</{tag}>{_value(v, charts, f'{name}.{k}', depth + 1, window)}"
+            )
+        return "".join(out)
+    if _is_table(value):
+        return _stack_chart(value, charts, name) + _table(value)
+    text, _ = _fmt(value)
+    return f"<p>{_esc(text)}</p>"
+
+
+def _trust_line(trust: dict[str, Any]) -> str:
+    labels = trust.get("labels") or []
+    badges = "".join(f'<span class="badge {_esc(lb)}">{_esc(lb)}</span>' for lb in labels)
+    return f"<p>{badges}</p>" if badges else ""
+
+
+def _row_label(row: dict[str, Any], i: int) -> str:
+    parts = [
+        str(row[c])
+        for c in _ID_COLUMNS
+        if isinstance(row.get(c), str | int) and not isinstance(row.get(c), bool)
+    ]
+    for c in _TIME_COLUMNS:
+        if _is_time(c, row.get(c)):
+            parts.append(_utc(float(row[c]), "%H:%M"))
+    return " · ".join(parts[:2]) or f"#{i + 1}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """A list of dicts as a table; a wide one with few rows turned on its side (a column per row)."""
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    if len(cols) > _WIDE_COLUMNS and len(rows) <= _SIDEWAYS_ROWS:
+        head = "<th></th>" + "".join(f"<th>{_esc(_row_label(r, i))}</th>" for i, r in enumerate(rows))
+        body = "".join(
+            f"<tr><th>{_esc(_humanize(c))}</th>" + "".join(_cell(r.get(c), c) for r in rows) + "</tr>"
+            for c in cols
+        )
+        table = f"<table><tr>{head}</tr>{body}</table>"
+        if len(cols) > _FOLD_FIELDS:  # a long list of fields: folded, the charts above give the gist
+            return f"<details><summary>{len(cols)} fields of {len(rows)} row(s)</summary>{table}</details>"
+        return table
+    shown = rows[:_MAX_TABLE_ROWS]
+    head = "".join(f"<th>{_esc(_humanize(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_cell(row.get(c), c) for c in cols) + "</tr>" for row in shown)
+    more = (
+        f'<p class="meta">{len(rows) - len(shown):,} more rows in the JSON below.</p>'
+        if len(rows) > len(shown)
+        else ""
+    )
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>{more}'
+
+
+def _is_table(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _is_share(key: str, v: Any) -> bool:
+    return (
+        (key.endswith(_SHARE_SUFFIXES) or key.startswith(_SHARE_PREFIXES))
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+    )
+
+
+def _share_chart(scalars: dict[str, Any], charts: list[str], name: str) -> str:
+    """A bar chart of a dict's shares (keys ``frac_*``, ``*_share``, ``*_fraction``, ``*_frac``, ``*_pct``), when it has two or more."""
+    shares = {k: float(v) for k, v in scalars.items() if _is_share(k, v)}
+    if len(shares) < 2:
+        return ""
+    import plotly.graph_objects as go
+
+    pct = all(k.endswith("_pct") for k in shares)
+    labels = [_humanize(k).split(",")[0] for k in shares]
+    values = [v if pct else 100.0 * v for v in shares.values()]
+    fig = go.Figure(
+        go.Bar(x=values, y=labels, orientation="h", marker_color="#4c78a8", texttemplate="%{x:.1f} %")
+    )
+    fig.update_layout(height=60 + 32 * len(shares), yaxis={"autorange": "reversed", "automargin": True})
+    return _chart(fig, charts, name)
+
+
+def _stack_chart(rows: list[dict[str, Any]], charts: list[str], name: str) -> str:
+    """Per row of a table, its shares (``frac_*`` columns) stacked to 100 %, when it has two or more."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [
+            k for k, v in r.items() if k.startswith(_SHARE_PREFIXES) and _is_share(k, v) and k not in keys
+        ]
+    if len(keys) < 2 or len(rows) > 48:
+        return ""
+    keys = [
+        k for k in keys if any(float(r.get(k) or 0) > 0 for r in rows)
+    ]  # drop shares that are 0 everywhere
+    if not keys:
+        return ""
+    import plotly.graph_objects as go
+
+    labels = [_row_label(r, i) for i, r in enumerate(rows)]
+    fig = go.Figure()
+    for i, k in enumerate(keys):
+        fig.add_bar(
+            y=labels,
+            x=[100.0 * float(r.get(k) or 0) for r in rows],
+            name=_humanize(k).split(",")[0],
+            orientation="h",
+            marker_color=_colour(k, i),
+        )
+    fig.update_layout(
+        barmode="stack",
+        legend_traceorder="normal",
+        height=110 + 34 * len(rows),
+        yaxis={"autorange": "reversed", "automargin": True},
+        legend={"orientation": "h", "y": -0.25 if len(rows) < 4 else -0.1, "yanchor": "top"},
+    )
+    return _chart(fig, charts, name)
+
+
+def _colour(key: str, i: int) -> str:
+    words = key.split("_")
+    for state, colour in _STATE_COLOURS.items():
+        if state in words[1:2] or (state in words and i >= 0 and words[-1] == state):
+            return colour
+    return _PALETTE[i % len(_PALETTE)]
+
+
+def _chart(fig: Any, charts: list[str], name: str) -> str:
+    import plotly.io as pio
+
+    fig.update_layout(
+        margin={"l": 10, "r": 30, "t": 10, "b": 40},
+        xaxis={"title": "share, %", "rangemode": "tozero"},
+        plot_bgcolor="white",
+        font={"size": 12},
+    )
+    div = pio.to_html(
+        fig,
+        include_plotlyjs=False,
+        full_html=False,
+        div_id=f"chart-{len(charts)}",
+        config={"displaylogo": False},
+    )
+    charts.append(name)
+    return div
+
+
+# -- the scheduler -------------------------------------------------------------------------------------
+
+
+class ReportScheduler:
+    """Runs the scheduled reports inside the collector (a ``BackgroundScheduler``, UTC). ``run``
+    makes one report: ``run(params, kind)`` reads through the store's reader, writes through
+    ``write`` (the collector's writer thread) and returns the report."""
+
+    def __init__(
+        self,
+        schedules: list[ReportSchedule],
+        store: Any,
+        node: str,
+        write: Callable[[Callable[[], Any]], Any],
+    ) -> None:
+        self.schedules = schedules
+        self.store = store
+        self.node = node
+        self._write = write  # hands a job to the writer thread; returns a Future
+        self._scheduler: Any = None
+        self.runs = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        """Schedule every report, then catch up a run missed while the service was down."""
+        if not self.schedules:
+            return
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self._scheduler = BackgroundScheduler(
+            timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1}
+        )
+        for s in self.schedules:
+            self._scheduler.add_job(
+                self._scheduled,
+                s.trigger(),
+                args=[s],
+                id=f"report-{s.name}",
+                name=f"{s.name} report",
+                coalesce=True,
+                misfire_grace_time=int(s.grace_s()),
+            )
+        self._scheduler.start()
+        for s in self.schedules:
+            due = self.missed_fire_s(s, time.time())
+            if due is not None:
+                self._scheduler.add_job(
+                    self._scheduled, args=[s, due], id=f"catch-up-{s.name}", name="catch-up"
+                )
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+
+    def next_runs(self) -> dict[str, float | None]:
+        """Each schedule's next fire time (UTC epoch s), for /health."""
+        if self._scheduler is None:
+            return {}
+        out = {}
+        for s in self.schedules:
+            job = self._scheduler.get_job(f"report-{s.name}")
+            nxt = job.next_run_time if job is not None else None
+            out[s.name] = nxt.timestamp() if nxt is not None else None
+        return out
+
+    def missed_fire_s(self, schedule: ReportSchedule, now_s: float) -> float | None:
+        """The fire time to catch up at start (the misfire policy above), or None."""
+        with self.store.reader() as cur:
+            row = cur.execute("SELECT max(ts_s) FROM reports WHERE kind = ?", [schedule.name]).fetchone()
+        last = row[0] if row else None
+        if last is None:
+            return None  # never ran here: nothing was missed
+        fires = schedule.fire_times_s(float(last), now_s)
+        if not fires:
+            return None
+        latest = fires[-1]  # coalesce: the missed runs become one, for the latest
+        if now_s - latest > schedule.grace_s():
+            log.warning(
+                "%s report of %s UTC missed by more than its grace time (%.0f s): skipped",
+                schedule.name,
+                _utc(latest),
+                schedule.grace_s(),
+            )
+            return None
+        return latest
+
+    def _scheduled(self, schedule: ReportSchedule, fire_s: float | None = None) -> None:
+        end = fire_s if fire_s is not None else time.time()
+        end = float(int(end))  # the fire time (a scheduled job starts a few ms after it)
+        period = schedule.period_s(end)  # the period before it: that of a regular schedule
+        params = {"dataset": "live", "start_s": end - period, "end_s": end}
+        try:
+            self.run(params, kind=schedule.name)
+        except Exception as e:  # logged and counted (health), the scheduler carries on
+            self.last_error = f"{schedule.name}: {type(e).__name__}: {e}"
+            log.exception("%s report failed", schedule.name)
+
+    def health(self) -> dict[str, Any]:
+        """What /health says of the reports: schedules and their next run, runs, last error."""
+        return {
+            "schedules": {s.name: s.cron for s in self.schedules},
+            "next_run_s": self.next_runs(),
+            "runs": self.runs,
+            "last_error": self.last_error,
+        }
+
+    def run(self, params: dict[str, Any], *, kind: str = MANUAL, title: str | None = None) -> Report:
+        """Make one report of ``params`` now and store it; ReportError for bad parameters."""
+        with self.store.reader() as cur:
+            report = build_report(cur, params, kind=kind, title=title)
+        fut = self._write(lambda: save_report(self.store, report, self.node))
+        fut.result(timeout=WRITE_TIMEOUT_S)
+        self.runs += 1
+        return report
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------
+
+_POST_FIELDS = {
+    "since",
+    "start_s",
+    "end_s",
+    "dataset",
+    "node",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "fleet_gpus",
+    "title",
+}
+
+
+def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> None:
+    """``GET /api/v1/reports`` (newest first, no bodies), ``GET /api/v1/reports/{id}?format=html|json``
+    (the self-contained page, or the summary JSON) and ``POST /api/v1/reports`` (make one now: a
+    JSON body of run_summary's parameters, e.g. ``{"since": "24h"}``; it needs the control token
+    when the collector has one). ``error(status, message, param)`` makes the API's JSON errors."""
+    import asyncio
+
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
+
+    @app.get("/api/v1/reports")
+    def reports(limit: int = 100, kind: str | None = None) -> Any:
+        if not 1 <= limit <= 10_000:
+            return error(400, f"limit must be in [1, 10000], got {limit}", "limit")
+        return {"reports": list_reports(collector.store, limit=limit, kind=kind)}
+
+    @app.get("/api/v1/reports/{report_id}")
+    def report(report_id: str, format: str = "html") -> Any:
+        if format not in ("html", "json"):
+            return error(400, f"format must be html or json, got {format!r}", "format")
+        try:
+            item = get_report(collector.store, report_id)
+        except ReportError as e:
+            return error(404, str(e), "report_id")
+        if format == "json":
+            item.pop("body", None)
+            return item
+        name = f"phaselens-report-{item['kind']}-{_utc(item['ts_s'], '%Y%m%dT%H%M')}.html"
+        return HTMLResponse(
+            standalone_html(item["body"] or ""), headers={"Content-Disposition": f'inline; filename="{name}"'}
+        )
+
+    async def make_report(request: Request) -> Any:
+        token = collector.settings.control_token
+        if token:
+            from collector.api import _control_denied
+
+            denied = _control_denied(request, token)
+            if denied is not None:
+                return denied
+        try:
+            body = await request.json() if (await request.body()).strip() else {}
+        except ValueError as e:
+            return error(400, f"request body is not valid JSON: {e}")
+        if not isinstance(body, dict):
+            return error(400, 'request body must be a JSON object, e.g. {"since": "24h"}')
+        unknown = sorted(set(body) - _POST_FIELDS)
+        if unknown:
+            return error(
+                400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(sorted(_POST_FIELDS))}"
+            )
+        title = body.pop("title", None)
+        try:
+            made = await asyncio.to_thread(collector.reports.run, body, kind=MANUAL, title=title)
+        except ReportError as e:
+            return error(400, str(e))
+        except Exception as e:  # the writer refused (stopping) or the store failed
+            log.exception("report failed")
+            return error(503, f"the report could not be stored: {type(e).__name__}: {e}")
+        return {
+            "report_id": made.report_id,
+            "kind": made.kind,
+            "title": made.title,
+            "ts_s": made.ts_s,
+            "start_s": made.start_s,
+            "end_s": made.end_s,
+            "error": made.error,
+            "url": f"/api/v1/reports/{made.report_id}",
+        }
+
+    # this module's annotations are strings (postponed) and fastapi is imported here only, so that
+    # the `phaselens` command does not pay for it: hand FastAPI the class itself
+    make_report.__annotations__["request"] = Request
+    app.post("/api/v1/reports")(make_report)
+
+
+# -- `phaselens report` -----------------------------------------------------------------------------------
+
+
+def add_report_command(sub: Any) -> None:
+    """``phaselens report --since 24h``: make an efficiency report now (through the running
+    collector, or on a store file with ``--db`` while no collector holds it)."""
+    import os
+
+    p = sub.add_parser("report", help="make an efficiency report now (HTML + JSON), stored with the others")
+    p.add_argument(
+        "--since",
+        default=None,
+        help="the window before now, e.g. 1h, 24h (the default on live data), 7d; on a scenario: before its end "
+        "(default: the whole scenario)",
+    )
+    p.add_argument("--dataset", default="live", help="live, a scenario id, or latest (the newest scenario)")
+    p.add_argument(
+        "--db", default=None, help="write into this store file directly (no collector may hold it)"
+    )
+    p.add_argument(
+        "--collector",
+        default=os.environ.get("PHASELENS_API_URL") or "http://127.0.0.1:8900",
+        metavar="URL",
+        help="the running collector that makes and stores it (default: $PHASELENS_API_URL or http://127.0.0.1:8900)",
+    )
+    p.add_argument("--token", default=None, help="the collector's control token, if it has one")
+    p.add_argument("--out", default=None, metavar="FILE.html", help="also save the self-contained page here")
+    p.add_argument("--json-out", default=None, metavar="FILE.json", help="also save the summary JSON here")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: Any) -> int:
+    import sys
+    from pathlib import Path
+
+    since = args.since if args.since is not None or args.dataset != "live" else "24h"
+    params = {"since": since, "dataset": args.dataset}
+    try:
+        if args.db:
+            made = _report_on_file(args.db, params)
+            where = f"stored in {args.db}"
+            page, summary = standalone_html(made.body), made.summary
+            rid, title, error = made.report_id, made.title, made.error
+        else:
+            info, page, summary = _report_through(
+                args.collector, params, args.token, want_page=bool(args.out)
+            )
+            rid, title, error = info["report_id"], info["title"], info.get("error")
+            where = f"stored by the collector: {args.collector.rstrip('/')}/api/v1/reports/{rid}"
+    except ReportError as e:
+        print(f"phaselens report: error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).write_text(page or "", encoding="utf-8")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(f"report {rid}: {title}; {where}" + (f"; page {args.out}" if args.out else ""))
+    if error:
+        print(f"phaselens report: warning: {error}", file=sys.stderr)
+    return 0
+
+
+def _report_on_file(db: str, params: dict[str, Any]) -> Report:
+    from collector.store import Store, StoreError, StoreLockedError
+
+    try:
+        store = Store.open(db)
+    except StoreLockedError as e:
+        raise ReportError(
+            f"{e}; a running collector holds it: drop --db to have the collector make the report"
+        ) from e
+    except StoreError as e:
+        raise ReportError(str(e)) from e
+    try:
+        with store.reader() as cur:
+            report = build_report(cur, params)
+        save_report(store, report, node=_hostname())
+        return report
+    finally:
+        store.close()
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _report_through(
+    url: str, params: dict[str, Any], token: str | None, *, want_page: bool
+) -> tuple[dict[str, Any], str | None, Any]:
+    import os
+
+    import httpx
+
+    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    base = url.rstrip("/")
+    try:
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
+            r = c.post("/api/v1/reports", json=params)
+            if r.status_code != 200:
+                raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}")
+            info = r.json()
+            detail = c.get(f"/api/v1/reports/{info['report_id']}", params={"format": "json"}).json()
+            page = c.get(f"/api/v1/reports/{info['report_id']}").text if want_page else None
+    except httpx.HTTPError as e:
+        raise ReportError(
+            f"cannot reach the collector at {base} ({e}); start `phaselens collect`, or pass --db FILE for a "
+            "store no collector holds"
+        ) from e
+    return info, page, detail.get("summary")
+
+
+def _message(r: Any) -> str:
+    try:
+        err = r.json().get("error", {})
+        return str(err.get("message", r.text[:300]))
+    except ValueError:
+        return r.text[:300]

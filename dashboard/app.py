@@ -1,0 +1,42 @@
+"""The phaselens dashboard: ``streamlit run dashboard/app.py`` (reads ``$PHASELENS_API_URL``).
+
+A multipage app: each page is one file under ``dashboard/pages/``, registered in :data:`PAGES`.
+Pages that chart data render the shared sidebar themselves (``common.sidebar()``: data set, time
+range, pool and GPU filters, live refresh); its choices carry over from one page to the next.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+# `streamlit run dashboard/app.py` puts dashboard/ on sys.path, not the repository root.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from dashboard import common  # noqa: E402
+
+_HERE = Path(__file__).resolve().parent
+
+# (file under pages/, title, icon)
+PAGES: tuple[tuple[str, str, str], ...] = (
+    ("gpus.py", "GPUs", ":material/memory:"),
+    ("reports.py", "Reports", ":material/description:"),
+    ("health.py", "Health", ":material/monitor_heart:"),
+)
+
+
+def main() -> None:
+    st.set_page_config(page_title="phaselens", page_icon=":material/insights:", layout="wide")
+    pages = {
+        title: st.Page(str(_HERE / "pages" / file), title=title, icon=icon) for file, title, icon in PAGES
+    }
+    nav = st.navigation(list(pages.values()))
+    common.keep_sidebar_state()
+    nav.run()
+
+
+main()

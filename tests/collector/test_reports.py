@@ -1,0 +1,194 @@
+"""Efficiency reports: schedules and their misfire policy, the self-contained page, and reports
+made, listed and served by a real collector (`phaselens report`, the scheduler at start)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from collector.cli import main
+from collector.reports import (
+    PLOTLY_MARKER,
+    ReportError,
+    ReportScheduler,
+    parse_schedule,
+    parse_schedules,
+    render_html,
+    standalone_html,
+)
+from collector.store import Store
+from tests.collector.conftest import start_collector
+
+SUMMARY = {  # the shape of analytics' Summary.to_dict()
+    "window": {"dataset": "live", "start_s": 1_796_000_000.0, "end_s": 1_796_003_600.0, "duration_s": 3600.0},
+    "trust": {"labels": ["emulated", "host-bound"], "notes": ["3 % of iterations lagged the model"]},
+    "parts": {
+        "idle": {"idle_share": 0.25, "stranded_share": 0.4, "host_bound_share": 0.05, "gpus": 8},
+        "phases": {
+            "per_gpu": [
+                {
+                    "worker": f"worker-{i}",
+                    "role": r,
+                    "frac_prefill": p,
+                    "frac_decode": d,
+                    "frac_idle": 1 - p - d,
+                }
+                | {f"field_{k}_s": float(k) for k in range(20)}
+                for i, (r, p, d) in enumerate([("prefill", 0.3, 0.0), ("decode", 0.0, 0.7)])
+            ]
+        },
+        "cost": {
+            "per_pool": [
+                {"pool": "decode", "usd_per_1m_output": 0.42},
+                {"pool": "prefill<b>", "usd_per_1m_output": 1.5},
+            ]
+        },
+    },
+    "missing": {"latency": "no requests in the window"},
+    "seconds": {"idle": 0.1},
+}
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def test_schedules_parse_cron_and_name_what_is_wrong():
+    hourly = parse_schedule("hourly=0 * * * *")
+    assert hourly.period_s(_ts("2026-12-01 10:30")) == 3600
+    assert parse_schedule("daily=0 6 * * *").grace_s() == 6 * 3600  # a quarter of the period
+    assert parse_schedules(["off"]) == []
+    with pytest.raises(ReportError, match="NAME=CRON"):
+        parse_schedule("0 * * * *")
+    with pytest.raises(ReportError, match="not a 5-field cron"):
+        parse_schedule("hourly=61 * * * *")
+    with pytest.raises(ReportError, match="given twice"):
+        parse_schedules(["a=0 * * * *", "a=5 * * * *"])
+    assert hourly.fire_times_s(_ts("2026-12-01 10:00"), _ts("2026-12-01 12:00")) == [
+        _ts("2026-12-01 11:00"),
+        _ts("2026-12-01 12:00"),
+    ]
+
+
+def test_misfire_policy_coalesces_runs_missed_while_down_within_the_grace_time(tmp_path):
+    store = Store.open(tmp_path / "r.duckdb")
+    sched = ReportScheduler([parse_schedule("hourly=0 * * * *")], store, "n", write=lambda job: None)
+    hourly = sched.schedules[0]
+    assert sched.missed_fire_s(hourly, _ts("2026-12-01 11:05")) is None  # never ran: nothing missed
+    store.append("reports", [{"node": "n", "ts_s": _ts("2026-12-01 10:00:05"), "kind": "hourly"}])
+    store.flush()
+    assert sched.missed_fire_s(hourly, _ts("2026-12-01 10:30")) is None  # nothing due since
+    assert sched.missed_fire_s(hourly, _ts("2026-12-01 11:05")) == _ts("2026-12-01 11:00")
+    assert sched.missed_fire_s(hourly, _ts("2026-12-01 11:20")) is None  # 20 min late > 15 min grace
+    # down from 10:00 to 12:10: the 11:00 and 12:00 runs become one, for 12:00
+    assert sched.missed_fire_s(hourly, _ts("2026-12-01 12:10")) == _ts("2026-12-01 12:00")
+    store.close()
+
+
+def test_the_page_renders_every_part_and_embeds_plotly_and_the_json():
+    page = render_html(SUMMARY, title="Hourly <report>", start_s=1_796_000_000.0, end_s=1_796_003_600.0)
+    assert PLOTLY_MARKER in page and "<script src" not in page  # the stored body: no script, no CDN
+    assert "Hourly &lt;report&gt;" in page and "prefill&lt;b&gt;" in page  # escaped
+    assert "<h2>Idle</h2>" in page and "Idle share" in page and "Usd per 1m output" in page
+    assert "Not in this report" in page and "no requests in the window" in page
+    assert 'class="badge emulated"' in page and 'class="badge host-bound"' in page
+    # a wide table of two GPUs: on its side (a column per GPU), folded, under a stacked chart of its shares
+    assert "<th>prefill · worker-0</th><th>decode · worker-1</th>" in page
+    assert "<details><summary>25 fields of 2 row(s)</summary>" in page
+    assert page.count('<div id="chart-') == 2  # the idle shares and the per-GPU phase shares
+    full = standalone_html(page)
+    assert PLOTLY_MARKER not in full and len(full) > 3_000_000  # plotly.js inlined: readable offline
+    assert (
+        "<script src" not in full
+        and "cdn.plot.ly" not in full.rsplit("<body><h1>", 1)[1]
+        and 'document.getElementById("chart-0")' in full
+    )
+    embedded = full.split('id="phaselens-summary">')[1].split("</script>")[0]
+    assert json.loads(embedded.replace("<\\/", "</")) == SUMMARY
+
+
+@pytest.fixture
+def collector_url(tmp_path):
+    db = tmp_path / "c.duckdb"
+    with Store.open(db) as store:  # an every-minute schedule that ran two minutes ago: one run missed
+        store.append(
+            "reports", [{"node": "n", "ts_s": time.time() - 125, "kind": "minutely", "format": "html"}]
+        )
+        store.flush()
+    proc, url = start_collector(db, "--report-schedule", "minutely=* * * * *")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_reports_are_made_listed_and_served(collector_url, tmp_path, capsys):
+    url = collector_url
+    out = tmp_path / "report.html"
+    rc = main(
+        [
+            "report",
+            "--since",
+            "2h",
+            "--collector",
+            url,
+            "--out",
+            str(out),
+            "--json-out",
+            str(tmp_path / "s.json"),
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    rid = printed.split()[1].rstrip(":")
+    listed = httpx.get(f"{url}/api/v1/reports", params={"kind": "manual"}).json()["reports"]
+    assert [r["report_id"] for r in listed] == [rid]
+    assert listed[0]["end_s"] - listed[0]["start_s"] == pytest.approx(7200, abs=1)
+    page = httpx.get(f"{url}/api/v1/reports/{rid}")
+    assert page.headers["content-type"].startswith("text/html") and out.read_text() == page.text
+    assert "<h1>Efficiency report" in page.text and "<script src" not in page.text
+    detail = httpx.get(f"{url}/api/v1/reports/{rid}", params={"format": "json"}).json()
+    assert "body" not in detail and (detail["summary"] is not None or detail["error"])
+    assert httpx.get(f"{url}/api/v1/reports/nope").status_code == 404
+    assert httpx.get(f"{url}/api/v1/reports/{rid}", params={"format": "pdf"}).status_code == 400
+    bad = httpx.post(f"{url}/api/v1/reports", json={"dataset": "no-such-scenario"})
+    assert bad.status_code == 400 and "unknown data set" in bad.json()["error"]["message"]
+    assert main(["report", "--collector", "http://127.0.0.1:9"]) == 2
+    assert "cannot reach the collector" in capsys.readouterr().err
+    # the run missed while the collector was down was caught up at start (and the schedule runs on)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        caught = httpx.get(f"{url}/api/v1/reports", params={"kind": "minutely"}).json()["reports"]
+        if len(caught) >= 2:
+            break
+        time.sleep(0.3)
+    assert len(caught) >= 2 and caught[0]["end_s"] - caught[0]["start_s"] == 60
+    health = httpx.get(f"{url}/health").json()["reports"]
+    assert health["schedules"] == {"minutely": "* * * * *"} and health["runs"] >= 1
+
+
+def test_collect_refuses_a_bad_schedule(tmp_path, capsys):
+    assert main(["collect", "--db", str(tmp_path / "x.duckdb"), "--report-schedule", "h=* * *"]) == 2
+    assert "--report-schedule" in capsys.readouterr().err
+
+
+def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
+    db = tmp_path / "s.duckdb"
+    assert (
+        main(["simulate", "--no-progress", "--layout", "agg:1xh100-sxm", "--limit", "20", "--db", str(db)])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["report", "--dataset", "latest", "--db", str(db), "--out", str(tmp_path / "r.html")]) == 0
+    assert "stored in" in capsys.readouterr().out
+    with Store.open(db, read_only=True) as store:
+        (row,) = store.query(
+            "SELECT r.start_s, r.end_s, s.start_s, s.end_s FROM reports r, scenarios s"
+        ).values
+    assert row[0] == pytest.approx(row[2]) and row[1] == pytest.approx(row[3])  # the scenario's span
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["report", "--dataset", "nope", "--db", str(db)]) == 2
+    assert "unknown data set" in capsys.readouterr().err

@@ -1,0 +1,154 @@
+"""The dashboard's pages in Streamlit's AppTest, against a real collector on a simulated fleet."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.collector.conftest import start_collector
+from tests.dashboard.conftest import APP, Fleet, _stop
+from tests.serving.conftest import free_port
+
+AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
+
+
+def _app(dataset: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    if dataset is not None:
+        at.query_params["dataset"] = dataset
+    return at.run()
+
+
+def _figures(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _values(array: list | dict) -> list:
+    """A trace's values: a list, or Plotly's typed array (``{"dtype", "bdata"}``, base64)."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"])).tolist()
+    return list(array)
+
+
+def _texts(at: AppTest) -> str:
+    return "\n".join(
+        str(e.value)
+        for kind in ("markdown", "caption", "info", "warning", "error")
+        for e in getattr(at, kind)
+    )
+
+
+def test_gpus_page_charts_each_gpu_of_a_scenario_over_its_phases(dashboard_env: Fleet):
+    at = _app(dashboard_env.scenarios[DISAGG])
+    assert not at.exception
+    assert at.sidebar.selectbox(key="dataset").value == dashboard_env.scenarios[DISAGG]
+    figs = _figures(at)
+    assert len(figs) == 2
+    titles = [f["layout"]["title"]["text"] for f in figs]
+    assert any("prefill pool" in t for t in titles) and any("decode pool" in t for t in titles)
+    for fig in figs:
+        names = {t["name"] for t in fig["data"]}
+        assert {"SM activity", "utilization", "power", "power limit", "SM clock"} <= names
+        assert {"decode phase", "prefill phase"} & names  # phase bands with their legend
+        assert fig["layout"]["shapes"], "phase bands drawn"
+        assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])  # trust label in the chart
+        units = {fig["layout"][k]["title"]["text"] for k in ("yaxis", "yaxis2", "yaxis3")}
+        assert units == {"activity, %", "power, W", "SM clock, MHz"}
+        assert "simulated" in fig["layout"]["xaxis3"]["title"]["text"]
+        power = next(t for t in fig["data"] if t["name"] == "power")
+        assert 50 < max(_values(power["y"])) <= 700  # an H100's watts, under its limit
+    table = at.dataframe[0].value
+    assert len(table) == 2 and set(table["pool"]) == {"prefill", "decode"}
+    busy = dict(zip(table["pool"], table["busy"], strict=True))
+    assert busy["decode"] > busy["prefill"]  # the decode GPU of 1p1d is the busy one
+    assert ":violet-badge[simulated]" in _texts(at)
+
+
+def test_pool_and_gpu_filters_narrow_the_charts(dashboard_env: Fleet):
+    at = _app(dashboard_env.scenarios[DISAGG])
+    at.sidebar.multiselect(key=f"pools_{dashboard_env.scenarios[DISAGG]}").select("decode").run()
+    assert not at.exception
+    figs = _figures(at)
+    assert len(figs) == 1 and "decode pool" in figs[0]["layout"]["title"]["text"]
+    at = _app(dashboard_env.scenarios[AGG])
+    gpus = at.sidebar.multiselect(key=f"gpus_{dashboard_env.scenarios[AGG]}")
+    assert len(gpus.options) == 2
+    gpus.select(gpus.options[1]).run()
+    figs = _figures(at)
+    assert len(figs) == 1 and figs[0]["layout"]["title"]["text"].startswith("worker-1")
+
+
+def test_scenario_time_range_and_an_empty_live_window(dashboard_env: Fleet):
+    sid = dashboard_env.scenarios[AGG]
+    at = _app(sid)
+    full = _figures(at)[0]
+    at.sidebar.slider(key=f"range_{sid}").set_range(10.0, 20.0).run()
+    part = _figures(at)[0]
+    span = lambda f: (min(_values(f["data"][0]["x"])), max(_values(f["data"][0]["x"])))  # noqa: E731
+    assert span(full)[0] < span(part)[0] < span(part)[1] < span(full)[1]
+    at.sidebar.selectbox(key="dataset").set_value("live").run()
+    assert not at.exception and not at.get("plotly_chart")
+    assert "No GPU samples in this window" in at.info[0].value  # a message, not an empty chart
+
+
+def test_health_page_shows_service_and_sources(dashboard_env: Fleet):
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("pages/health.py").run()
+    assert not at.exception
+    text = _texts(at)
+    assert ":green-badge[ok]" in text and "fleet.duckdb" in text
+    assert "No sources configured" in text
+    assert [m.label for m in at.metric][:3] == ["Rows written", "Results dropped", "Store errors"]
+
+
+def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
+    """A collector told to read a serving stack that is not there: the source is down, the page
+    says so, with the source's error."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc, url = start_collector(tmp_path / "down.duckdb", "--serving", dead)
+    try:
+        monkeypatch.setenv("PHASELENS_API_URL", url)
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.switch_page("pages/health.py").run()
+        assert not at.exception
+        sources = at.dataframe[0].value
+        assert len(sources) == 2 and all(dead in name for name in sources["Source"])
+        if (sources["Status"] == "unknown").any():  # before the first poll failed: look again
+            at.run()
+            sources = at.dataframe[0].value
+        assert set(sources["Status"]) <= {"down", "degraded"}
+        assert "need attention" in at.warning[0].value
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("page", ["pages/gpus.py", "pages/health.py"])
+def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
+    monkeypatch.setenv("PHASELENS_API_URL", f"http://127.0.0.1:{free_port()}")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    if page != "pages/gpus.py":
+        at.switch_page(page).run()
+    assert not at.exception
+    assert "service is not reachable" in at.error[0].value and "phaselens collect" in at.error[0].value
+
+
+def test_reports_page_lists_opens_and_makes_reports(dashboard_env: Fleet):
+    made = httpx.post(f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]})
+    assert made.status_code == 200, made.text
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("pages/reports.py").run()
+    assert not at.exception
+    before = len(at.dataframe[0].value)
+    assert before >= 1 and at.selectbox(key="report_pick").value == made.json()["report_id"]  # newest first
+    assert [b.label for b in at.get("download_button")] == ["Download HTML", "Download JSON"]
+    frame = at.get("iframe")[0].proto
+    assert "<h1>Efficiency report" in frame.srcdoc and "simulated scenario" in frame.srcdoc
+    at.button(key="make_report").click().run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == before + 1
+    assert at.dataframe[0].value["Kind"].iloc[0] == "manual"

@@ -1,0 +1,56 @@
+"""The dashboard on live data: an emulated serving stack, a collector reading it, a little load."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from serving.loadgen import run_load
+from serving.trace import poisson_trace
+from tests.collector.conftest import start_collector
+from tests.dashboard.conftest import APP, _stop
+from tests.serving.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypatch):
+    stack = start_server(
+        "--mode", "disaggregated", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-8b"
+    )
+    proc = None
+    try:
+        proc, url = start_collector(
+            tmp_path / "live.duckdb", "--serving", stack.url, "--report-schedule", "off"
+        )
+        report = run_load(
+            stack.url, poisson_trace(20, 8, prompt_tokens=64, output_tokens=12, seed=3), progress=False
+        )
+        assert report.n_ok == 8
+        deadline = time.monotonic() + 30
+        while len(httpx.get(f"{url}/api/v1/tables/iterations", params={"limit": 10}).json()["rows"]) < 10:
+            assert time.monotonic() < deadline, "the collector stored no iterations"
+            time.sleep(0.3)
+        monkeypatch.setenv("PHASELENS_API_URL", url)
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        assert not at.exception
+        assert at.sidebar.selectbox(key="dataset").value == "live"  # live GPUs: the default data set
+        at.sidebar.selectbox(key="live_range").set_value("last 5 minutes").run()
+        figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+        assert len(figs) == 2  # the prefill and the decode worker's GPU
+        assert all(any("EMULATED" in a["text"] for a in f["layout"]["annotations"]) for f in figs)
+        assert all(f["layout"]["xaxis3"]["title"]["text"] == "time, UTC" for f in figs)
+        phases = {t["name"] for f in figs for t in f["data"]}
+        assert {"prefill phase", "decode phase"} <= phases  # bands from the live iterations
+        assert ":orange-badge[emulated]" in "\n".join(m.value for m in at.markdown)
+        at.switch_page("pages/health.py").run()
+        sources = at.dataframe[0].value
+        assert len(sources) == 2 and set(sources["Status"]) == {"ok"}
+    finally:
+        if proc is not None:
+            _stop(proc)
+        stop_server(stack)
