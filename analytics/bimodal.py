@@ -338,7 +338,7 @@ def bimodality(
     window: Window,
     *,
     min_busy_frac: float = 0.0,
-    max_points: int = 20_000,
+    max_points: int = 5_000,
     bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
 ) -> Bimodality:

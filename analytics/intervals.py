@@ -313,9 +313,9 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
                 WHEN nf_e >= l_e THEN l_e + (nf_e - l_e) * (t1_s - l_ts) / (nf_ts - l_ts) END AS e1
     FROM cov
 ),
-it AS ({iteration_rows_sql(i_pred)}),
+it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
 span AS (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL),
-itc AS (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
+itc AS NOT MATERIALIZED (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
     SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
            least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
     FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
