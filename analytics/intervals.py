@@ -438,19 +438,25 @@ FROM sc"""
     return sql, params
 
 
+#: The automatic bucket width keeps the bucket table near this many rows (GPU × bucket).
+TARGET_BUCKETS = 250_000
+
+
 def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
-    """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s and
-    twice the median sampling period of its GPUs (so that most cells hold a sample)."""
+    """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s,
+    twice the median sampling period of its GPUs (so that most cells hold a sample), and the sampled
+    GPU-seconds / ``TARGET_BUCKETS`` (so that a fleet's hour stays a few hundred thousand rows)."""
     pred, par = window.node_sql("node")
     row = con.execute(
-        f"""SELECT median(p) FROM (
-                SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p FROM gpu_samples
-                WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY node, source, device, "index"
-                HAVING count(*) > 1)""",
+        f"""SELECT median(p), sum(span) FROM (
+                SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p, max(ts_s) - min(ts_s) AS span
+                FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ?
+                GROUP BY node, source, device, "index" HAVING count(*) > 1)""",
         [*par, window.start_s, window.end_s],
     ).fetchone()
     period = float(row[0]) if row and row[0] is not None else 1.0
-    want = max(1.0, 2.0 * period)
+    gpu_s = float(row[1]) if row and row[1] is not None else 0.0
+    want = max(1.0, 2.0 * period, gpu_s / TARGET_BUCKETS)
     return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
 
 
