@@ -206,11 +206,22 @@ class PhaseBreakdown:
         }
 
 
+def _json_value(v: Any) -> Any:
+    """A table cell as a JSON value: numpy scalars as Python ones, NaN / NA as None."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if v is None or v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_json_value(x) for x in v]
+    return v
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for rec in df.to_dict(orient="records"):
-        out.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
-    return out
+    """A result table as JSON-ready records."""
+    return [{k: _json_value(v) for k, v in rec.items()} for rec in df.to_dict(orient="records")]
 
 
 def gpu_key(node: str, source: str, device: str, index: int | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,9 @@ def test_power_model_recovers_the_watts_and_apportions_exactly(hand, bucket_s):
     assert pb.missing == []
     assert pb.per_pool.iloc[0]["role"] == "mixed" and pb.per_pool.iloc[0]["gpus"] == 1
     assert len(pb.per_hour) == 1 and pb.per_hour.iloc[0]["energy_j"] == pytest.approx(g["energy_j"])
-    d = pb.to_dict()
+    d = json.loads(json.dumps(pb.to_dict()))  # JSON as it is
     assert d["fits"][KEY]["coef_w"]["decode"] == pytest.approx(250.0)
+    assert d["per_gpu"][0]["index"] == 0 and d["per_gpu"][0]["energy_j"] == pytest.approx(g["energy_j"])
 
 
 @pytest.mark.parametrize("bucket_s", [None, 0.0, 1.0, 2.0])

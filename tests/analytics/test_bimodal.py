@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,6 +222,9 @@ def test_simulated_reconciliation(sim, layout, bucket_s):
         ).fetchone()[0]
         fit_r2 = [f.r2 for f in pb.fits.values()]
     sp = idle_split(con, w, breakdown=pb)
+    bm = bimodality(con, w)
+    for result in (pb, sp, bm):
+        json.dumps(result.to_dict())
     assert pb.missing == [] and pb.trust.labels == {SIMULATED}
     for _, g in pb.per_gpu.iterrows():
         assert sum(g[f"frac_{s[:-2]}"] for s in STATES) == pytest.approx(1.0, abs=1e-9)
