@@ -378,7 +378,10 @@ inagg AS (
     FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
     GROUP BY node, worker, j
 ),
-wk AS (SELECT DISTINCT node, worker, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE worker IS NOT NULL),
+wk AS (  -- the buckets of a worker (all of a TP replica's GPUs share them)
+    SELECT node, worker, k, max(coalesce(nk, k + 1)) AS k_end FROM bk WHERE worker IS NOT NULL
+    GROUP BY node, worker, k
+),
 inb AS (
     SELECT node, worker, k, sum(in_s) AS in_s FROM (
         SELECT ia.*, w.k FROM inagg ia JOIN wk w ON ia.node = w.node AND ia.worker = w.worker AND ia.j = w.k

@@ -394,3 +394,22 @@ def test_disaggregated_request_spans_make_gaps_only_where_the_worker_had_work(tm
         assert r["prefill_s"] == pytest.approx(0.3)
         assert r["gap_s"] == pytest.approx(0.2)  # in flight 100.0–100.5, minus 0.3 s of iteration
         assert r["idle_s"] == pytest.approx(0.5)
+
+
+def test_a_tensor_parallel_replica_gives_both_gpus_its_iterations_and_gaps(tmp_path):
+    rows = samples([100.0, 101.0], [0, 100_000]) + [
+        {**r, "device": "cuda:1", "index": 1, "uuid": "GPU-b"} for r in samples([100.0, 101.0], [0, 100_000])
+    ]
+    its = [
+        iteration(100.2, 100.6, "decode"),
+        iteration(100.2, 100.6, "decode", gpu_uuid="GPU-b", gpu_index=1),
+    ]
+    con = make_store(
+        tmp_path / "tp.duckdb",
+        {"gpu_samples": rows, "iterations": its, "requests": [request("r1", 100.0, 101.0)]},
+    )
+    for df in (gpu_intervals(con, WINDOW), gpu_buckets(con, WINDOW, 1.0)):
+        assert len(df) == 2
+        np.testing.assert_allclose(df["decode_s"], [0.4, 0.4])
+        np.testing.assert_allclose(df["gap_s"], [0.6, 0.6])
+        np.testing.assert_allclose(df["idle_s"], [0.0, 0.0], atol=1e-12)
