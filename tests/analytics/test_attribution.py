@@ -413,3 +413,24 @@ def test_a_tensor_parallel_replica_gives_both_gpus_its_iterations_and_gaps(tmp_p
         np.testing.assert_allclose(df["decode_s"], [0.4, 0.4])
         np.testing.assert_allclose(df["gap_s"], [0.6, 0.6])
         np.testing.assert_allclose(df["idle_s"], [0.0, 0.0], atol=1e-12)
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0])
+def test_a_role_change_and_an_hour_boundary_split_the_tables(tmp_path, bucket_s):
+    # the GPU decodes until 3600 s, then serves as a mixed worker; samples straddle the hour
+    ts = [3597.0, 3598.0, 3599.0, 3600.0, 3601.0, 3602.0]
+    rows = samples(ts, counter_mj([100.0] * 5))
+    for r in rows:
+        r["role"] = "decode" if r["ts_s"] < 3600.0 else "mixed"
+    con = make_store(
+        tmp_path / "role.duckdb", {"gpu_samples": rows, "iterations": [iteration(3597.5, 3601.5, "decode")]}
+    )
+    w = Window(3597.0, 3603.0)
+    pb = phase_breakdown(con, w, bucket_s=bucket_s)
+    pools = pb.per_pool.set_index("role")
+    assert set(pools.index) == {"decode", "mixed"}
+    assert pools["interval_s"].sum() == pytest.approx(5.0) and pools["energy_j"].sum() == pytest.approx(500.0)
+    assert pools["decode_s"].sum() == pytest.approx(4.0)
+    hours = pb.per_hour.groupby("hour_s")["interval_s"].sum()
+    assert list(hours.index) == [0.0, 3600.0]
+    assert sum(pb.per_gpu["interval_s"]) == pytest.approx(5.0) and len(pb.per_gpu) == 2  # one row per role
