@@ -48,15 +48,18 @@ STATES: tuple[str, ...] = (
     "gap_s",
     "idle_s",
 )
-# The power model's regressors: each fine state maps to one coefficient (W).
-MODEL_TERMS: tuple[str, ...] = ("prefill", "decode", "host_bound", "idle")
+# The power model's regressors: each fine state maps to one coefficient (W). Host-bound time (the GPU
+# runs no kernel while the host works) shares the idle coefficient: it co-occurs with decode in a
+# nearly fixed proportion (host time per iteration), so a separate term would be unidentifiable and
+# would trade watts with decode from one bucket width to the next.
+MODEL_TERMS: tuple[str, ...] = ("prefill", "decode", "idle")
 _TERM_OF: dict[str, str] = {
     "prefill_s": "prefill",
     "mixed_prefill_s": "prefill",
     "decode_s": "decode",
     "mixed_decode_s": "decode",
-    "host_s": "host_bound",
-    "gap_s": "host_bound",
+    "host_s": "idle",
+    "gap_s": "idle",
     "idle_s": "idle",
 }
 _GPU_KEY = ("node", "source", "device", "index")
@@ -235,8 +238,7 @@ def _fit_stats_sql(table: str) -> str:
     xs = [
         "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
-        "coalesce(host_s, 0) + coalesce(gap_s, 0)",
-        "coalesce(idle_s, 0)",
+        "coalesce(host_s, 0) + coalesce(gap_s, 0) + coalesce(idle_s, 0)",
     ]
     ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL)"
     parts = []

@@ -29,7 +29,7 @@ GPU = {"node": NODE, "source": "nvml", "device": "cuda:0", "index": 0}
 KEY = gpu_key(NODE, "nvml", "cuda:0", 0)
 WINDOW = Window(100.0, 105.0, "live")
 # true power per model term, W: the hand case's energies are generated from them
-TRUE_W = {"prefill": 500.0, "decode": 250.0, "host_bound": 120.0, "idle": 100.0}
+TRUE_W = {"prefill": 500.0, "decode": 250.0, "idle": 100.0}  # host-bound time draws idle power
 
 
 def samples(ts: list[float], energy_mj: list[int | None], **cols: Any) -> list[dict[str, Any]]:
@@ -104,8 +104,8 @@ def hand_energy_j() -> list[float]:
         "mixed_prefill_s": "prefill",
         "decode_s": "decode",
         "mixed_decode_s": "decode",
-        "host_s": "host_bound",
-        "gap_s": "host_bound",
+        "host_s": "idle",
+        "gap_s": "idle",
         "idle_s": "idle",
     }
     return [sum(TRUE_W[term[s]] * HAND_STATES[s][i] for s in STATES) for i in range(4)]
@@ -169,8 +169,8 @@ def test_power_model_recovers_the_watts_and_apportions_exactly(hand, bucket_s):
         "mixed_prefill": 0.75 * 500,
         "decode": 0.7 * 250,
         "mixed_decode": 0.25 * 250,
-        "host": 0.1 * 120,
-        "gap": 0.6 * 120,
+        "host": 0.1 * 100,
+        "gap": 0.6 * 100,
         "idle": 1.1 * 100,
     }
     for state, joules in expected_j.items():
