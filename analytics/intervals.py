@@ -269,17 +269,19 @@ def buckets_sql(window: Window, bucket_s: float) -> tuple[str, list[Any]]:
     sql = f"""
 WITH
 sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
-    SELECT node, source, device, "index", floor(ts_s / {D})::BIGINT AS k,
+    SELECT node, source, device, "index", k,
            count(*) AS samples, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
            arg_min(energy_mj, ts_s) AS f_e, arg_max(energy_mj, ts_s) AS l_e,
            max(energy_mj) - min(energy_mj) AS e_range, count(energy_mj) AS n_e,
            avg(power_w) AS power_w,
-           avg(coalesce(sm_active_pct, gpu_util_pct)) AS sm_active_pct,
-           count(sm_active_pct) AS n_sm, count(coalesce(sm_active_pct, gpu_util_pct)) AS n_sm_any,
+           avg(sm_any) AS sm_active_pct, count(sm_active_pct) AS n_sm, count(sm_any) AS n_sm_any,
            avg(gpu_util_pct) AS gpu_util_pct, avg(dram_active_pct) AS dram_active_pct,
            bool_or(emulated) AS emulated, coalesce(max(host_bound_pct) > 0, false) AS host_bound,
-           {_power_sums("coalesce(sm_active_pct, gpu_util_pct)", aggregate=True)}
-    FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?
+           count(v) AS sm_n, sum(v) AS sm_s1, sum(v * v) AS sm_s2, sum(v * v * v) AS sm_s3,
+           sum((v * v) * (v * v)) AS sm_s4
+    FROM (SELECT *, floor(ts_s / {D})::BIGINT AS k, coalesce(sm_active_pct, gpu_util_pct) AS sm_any,
+                 coalesce(sm_active_pct, gpu_util_pct) - {SM_SHIFT_PCT} AS v
+          FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?)
     GROUP BY node, source, device, "index", k
 ),
 dv AS (  -- devices rows with the time they hold until (the GPU's next row)
