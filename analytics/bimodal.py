@@ -514,7 +514,8 @@ def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
     dip, p = diptest.diptest(np.sort(x))
     bins = np.floor(x / MIXTURE_BIN_PCT)
     keys, counts = np.unique(bins, return_counts=True)
-    m = gaussian_mixture_2((keys + 0.5) * MIXTURE_BIN_PCT, counts)
+    # on the histogram (fast at any size); on the values themselves where they share one bin
+    m = gaussian_mixture_2((keys + 0.5) * MIXTURE_BIN_PCT, counts) if len(keys) > 1 else gaussian_mixture_2(x)
     out.update(
         dip=float(dip),
         dip_p_value=float(p),

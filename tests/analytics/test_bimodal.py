@@ -44,6 +44,13 @@ def test_mixture_recovers_two_known_components():
     assert m.weight_low == pytest.approx(0.7, abs=0.02) and m.weight_low + m.weight_high == pytest.approx(1.0)
 
 
+def test_values_within_one_histogram_bin_still_get_a_mixture():
+    from analytics.bimodal import _dip_and_mixture
+
+    out = _dip_and_mixture(np.array([20.0, 20.1, 20.05, 20.2, 20.15]))
+    assert out["mode_low_pct"] == pytest.approx(20.1, abs=0.1) and out["dip"] is not None
+
+
 def test_sarle_coefficient_by_hand():
     # n = 10, g = 0, κ = -1.5: (0 + 1) / (-1.5 + 3·81/(8·7)) = 1 / 2.839285...
     assert sarle_coefficient(0.0, -1.5, 10) == pytest.approx(1.0 / (-1.5 + 243.0 / 56.0))
