@@ -434,3 +434,11 @@ def test_a_role_change_and_an_hour_boundary_split_the_tables(tmp_path, bucket_s)
     hours = pb.per_hour.groupby("hour_s")["interval_s"].sum()
     assert list(hours.index) == [0.0, 3600.0]
     assert sum(pb.per_gpu["interval_s"]) == pytest.approx(5.0) and len(pb.per_gpu) == 2  # one row per role
+
+
+def test_a_window_narrowed_to_nodes_sees_only_them(hand):
+    for nodes, expect in ((("n1",), 4.0), (("elsewhere",), 0.0)):
+        w = Window(100.0, 105.0, "live", nodes)
+        for bucket_s in (0.0, 1.0):
+            pb = phase_breakdown(hand, w, bucket_s=bucket_s)
+            assert float(pb.per_gpu["interval_s"].sum()) == pytest.approx(expect)
