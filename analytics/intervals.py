@@ -116,7 +116,7 @@ samp AS (  -- the window's samples with the device attributes (owner worker/role
     FROM gpu_samples s ASOF LEFT JOIN devices d
       ON s.node = d.node AND s.source = d.source AND s.device = d.device
      AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s
-    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ?
+    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ? AND d.kind IS DISTINCT FROM 'cpu'  -- a CPU is no GPU
 ),
 it AS (  -- iterations of the window with their GPU-busy seconds
     SELECT *, max(end_s) OVER (PARTITION BY node, uuid ORDER BY start_s, end_s
@@ -294,6 +294,7 @@ sbd AS (  -- the device attributes (owner worker/role) in effect at the bucket's
     FROM sb b LEFT JOIN dv d
       ON b.node = d.node AND b.source = d.source AND b.device = d.device
      AND b."index" IS NOT DISTINCT FROM d."index" AND b.f_ts >= d.since_s AND b.f_ts < d.until_s
+    WHERE d.kind IS DISTINCT FROM 'cpu'  -- a CPU device is no GPU
 ),
 nb AS (
     SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,

@@ -442,3 +442,13 @@ def test_a_window_narrowed_to_nodes_sees_only_them(hand):
         for bucket_s in (0.0, 1.0):
             pb = phase_breakdown(hand, w, bucket_s=bucket_s)
             assert float(pb.per_gpu["interval_s"].sum()) == pytest.approx(expect)
+
+
+def test_a_cpu_device_is_not_a_gpu(tmp_path):
+    cpu = [
+        {**r, "device": "cpu", "index": None, "kind": "cpu", "uuid": None}
+        for r in samples([100.0, 101.0], [None, None])
+    ]
+    con = make_store(tmp_path / "cpu.duckdb", {"gpu_samples": samples([100.0, 101.0], [0, 100_000]) + cpu})
+    assert set(gpu_intervals(con, WINDOW)["device"]) == {"cuda:0"}
+    assert set(gpu_buckets(con, WINDOW)["device"]) == {"cuda:0"}
