@@ -48,15 +48,18 @@ STATES: tuple[str, ...] = (
     "gap_s",
     "idle_s",
 )
-# The power model's regressors: each fine state maps to one coefficient (W).
-MODEL_TERMS: tuple[str, ...] = ("prefill", "decode", "host_bound", "idle")
+# The power model's regressors: each fine state maps to one coefficient (W). Host-bound time (the GPU
+# runs no kernel while the host works) shares the idle coefficient: it co-occurs with decode in a
+# nearly fixed proportion (host time per iteration), so a separate term would be unidentifiable and
+# would trade watts with decode from one bucket width to the next.
+MODEL_TERMS: tuple[str, ...] = ("prefill", "decode", "idle")
 _TERM_OF: dict[str, str] = {
     "prefill_s": "prefill",
     "mixed_prefill_s": "prefill",
     "decode_s": "decode",
     "mixed_decode_s": "decode",
-    "host_s": "host_bound",
-    "gap_s": "host_bound",
+    "host_s": "idle",
+    "gap_s": "idle",
     "idle_s": "idle",
 }
 _GPU_KEY = ("node", "source", "device", "index")
@@ -206,11 +209,22 @@ class PhaseBreakdown:
         }
 
 
+def _json_value(v: Any) -> Any:
+    """A table cell as a JSON value: numpy scalars as Python ones, NaN / NA as None."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if v is None or v is pd.NA or v is pd.NaT:
+        return None
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_json_value(x) for x in v]
+    return v
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for rec in df.to_dict(orient="records"):
-        out.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
-    return out
+    """A result table as JSON-ready records."""
+    return [{k: _json_value(v) for k, v in rec.items()} for rec in df.to_dict(orient="records")]
 
 
 def gpu_key(node: str, source: str, device: str, index: int | None) -> str:
@@ -224,8 +238,7 @@ def _fit_stats_sql(table: str) -> str:
     xs = [
         "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
-        "coalesce(host_s, 0) + coalesce(gap_s, 0)",
-        "coalesce(idle_s, 0)",
+        "coalesce(host_s, 0) + coalesce(gap_s, 0) + coalesce(idle_s, 0)",
     ]
     ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL)"
     parts = []

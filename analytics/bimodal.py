@@ -72,8 +72,8 @@ def gaussian_mixture_2(
     x: np.ndarray,
     weights: np.ndarray | None = None,
     *,
-    max_iter: int = 500,
-    tol: float = 1e-9,
+    max_iter: int = 300,
+    tol: float = 1e-7,
     min_std: float = 0.5,
 ) -> Mixture2:
     """Maximum-likelihood two-component Gaussian mixture of ``x`` (each value counted ``weights``
@@ -209,18 +209,20 @@ class Bimodality:
         }
 
 
-_SCOPES = {
-    # scope -> (GROUPING SETS member, key columns kept)
-    "fleet": ("()", ()),
-    "pool": ("(role)", ("role",)),
-    "pool_hour": ("(role, hour_s)", ("role", "hour_s")),
-    "gpu": ('(role, node, source, device, "index")', ("role", "node", "source", "device", "index")),
+_SCOPES: dict[str, tuple[str, ...]] = {  # scope -> the key columns of its groups
+    "fleet": (),
+    "pool": ("role", "rh"),
+    "pool_hour": ("role", "rh", "hour_s"),
+    "gpu": ("role", "rh", "node", "source", "device", "index", "gh"),
 }
+# integer keys of a row's GPU and role, the same in the moments and the points queries
+_GH_SQL = 'hash(node, source, device, "index")'
+_RH_SQL = "hash(coalesce(role, 'unknown'))"
 
 
 def _moments_sql(table: str, where: str) -> str:
-    """Per group (grouping sets over the scopes): moments of SM activity and the Gram sums of the
-    per-phase activity regressions."""
+    """Per GPU × role × hour: the power sums of SM activity and the Gram sums of the per-phase
+    activity regressions — all additive, so every scope's figures are sums of these rows."""
     xs = {
         "p": "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "d": "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
@@ -236,11 +238,8 @@ def _moments_sql(table: str, where: str) -> str:
                 parts.append(f"sum(({xs[a]}) * ({xs[b]})) FILTER (WHERE {col} IS NOT NULL) AS g_{y}_{a}{b}")
         for y, col in ys.items():
             parts.append(f"sum(({xs[a]}) * {col} * interval_s) AS r_{y}_{a}")
-    sets = ", ".join(v[0] for v in _SCOPES.values())
     return f"""
-SELECT role, hour_s, node, source, device, "index",
-       GROUPING(role, hour_s, node, source, device, "index") AS gid,
-       count(*) AS rows, sum(sm_n) AS n, sum(sm_s1) AS s1, sum(sm_s2) AS s2, sum(sm_s3) AS s3,
+SELECT role, hour_s, node, source, device, "index", {_GH_SQL} AS gh, {_RH_SQL} AS rh, count(*) AS rows, sum(sm_n) AS n, sum(sm_s1) AS s1, sum(sm_s2) AS s2, sum(sm_s3) AS s3,
        sum(sm_s4) AS s4,
        count(*) FILTER (WHERE sm_source = 'gpu_util') AS sm_fallback_intervals,
        sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
@@ -248,53 +247,52 @@ SELECT role, hour_s, node, source, device, "index",
            AS util_pct_s,
        sum(sm_active_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
            AS sm_pct_s,
-       bool_and(attributed) AS attributed,
        {", ".join(parts)}
 FROM (SELECT * REPLACE (coalesce(role, 'unknown') AS role) FROM {table}) WHERE {where}
-GROUP BY GROUPING SETS ({sets})
+GROUP BY ALL
 """
 
 
-def _gid_scope() -> dict[int, str]:
-    """GROUPING() bit patterns (role, hour_s, node, source, device, index; 1 = not grouped) → scope."""
-    cols = ("role", "hour_s", "node", "source", "device", "index")
-    out = {}
-    for scope, (_, kept) in _SCOPES.items():
-        bits = 0
-        for i, c in enumerate(cols):
-            if c not in kept:
-                bits |= 1 << (len(cols) - 1 - i)
-        out[bits] = scope
+def _scope_records(base: pd.DataFrame) -> list[dict[str, Any]]:
+    """The per GPU × role × hour sums added up for every scope (fleet, pool, pool × hour, GPU)."""
+    if base.empty:
+        return []
+    key_cols = ["role", "hour_s", "node", "source", "device", "index", "gh", "rh"]
+    sums = [c for c in base.columns if c not in key_cols]
+    out: list[dict[str, Any]] = []
+    for scope, kept in _SCOPES.items():
+        if kept:
+            g = base.groupby(list(kept), dropna=False)[sums].sum(min_count=1).reset_index()
+        else:
+            g = base[sums].sum(min_count=1).to_frame().T
+        for rec in g.to_dict(orient="records"):
+            rec["scope"] = scope
+            out.append(rec)
     return out
-
-
-# the SQL spelling of attribution.gpu_key
-_GKEY_SQL = (
-    """{t}.node || '|' || {t}.source || '|' || {t}.device || '|' || coalesce({t}."index"::VARCHAR, '')"""
-)
 
 
 def _points_sql(iv: IntervalTable, where: str, max_points: int) -> tuple[str, list[Any]]:
     """Up to ``max_points`` SM activity values per GPU (utilization % where a sample has none), drawn
-    uniformly by a hash of the sample; each with its GPU's count of values (``n_gpu``), so that pooled
-    groups can be drawn in proportion. On buckets the values are the raw samples' (a bucket's mean
-    would blur the modes), with the role, hour and busy share of their bucket."""
+    uniformly by a hash of the sample time; each with its GPU (``gh``), role (``rh``), hour and its
+    GPU's count of values (``n_gpu``), so that pooled groups can be drawn in proportion. On buckets
+    the values are the raw samples' (a bucket's mean would blur the modes), with the role, hour and
+    busy share of their bucket."""
     key = 'node, source, device, "index"'
     if iv.exact:
         sql = f"""
 WITH v AS (SELECT * FROM {iv.name} WHERE {where} AND sm_active_pct IS NOT NULL),
 ng AS (SELECT {key}, count(*) AS n_gpu FROM v GROUP BY ALL)
-SELECT coalesce(v.role, 'unknown') AS role, v.hour_s, v.node, v.source, v.device, v."index",
-       v.sm_active_pct AS x, ng.n_gpu, {_GKEY_SQL.format(t="v")} AS gkey
+SELECT hash(v.node, v.source, v.device, v."index") AS gh,
+       hash(coalesce(v.role, 'unknown')) AS rh, v.hour_s, v.sm_active_pct AS x, ng.n_gpu
 FROM v JOIN ng ON v.node = ng.node AND v.source = ng.source AND v.device = ng.device
  AND v."index" IS NOT DISTINCT FROM ng."index"
-WHERE (hash(v.node, v.source, v.device, v."index", v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
+WHERE (hash(v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
 """
         return sql, []
     pred, par = iv.window.node_sql("s.node")
     d = repr(iv.bucket_s)
     sql = f"""
-WITH b AS (SELECT {key}, k, coalesce(role, 'unknown') AS role, hour_s FROM {iv.name} WHERE {where}),
+WITH b AS (SELECT {key}, k, {_GH_SQL} AS gh, {_RH_SQL} AS rh, hour_s FROM {iv.name} WHERE {where}),
 ng AS (SELECT {key}, sum(sm_n) AS n_gpu FROM {iv.name} WHERE {where} GROUP BY ALL HAVING sum(sm_n) > 0),
 v AS (
     SELECT s.node, s.source, s.device, s."index", floor(s.ts_s / {d})::BIGINT AS k,
@@ -302,10 +300,9 @@ v AS (
     FROM gpu_samples s JOIN ng ON s.node = ng.node AND s.source = ng.source AND s.device = ng.device
      AND s."index" IS NOT DISTINCT FROM ng."index"
     WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
-      AND (hash(s.node, s.source, s.device, s."index", s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
+      AND (hash(s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
 )
-SELECT b.role, b.hour_s, v.node, v.source, v.device, v."index", v.x, v.n_gpu,
-       {_GKEY_SQL.format(t="v")} AS gkey
+SELECT b.gh, b.rh, b.hour_s, v.x, v.n_gpu
 FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
  AND v."index" IS NOT DISTINCT FROM b."index" AND v.k = b.k
 """
@@ -338,7 +335,7 @@ def bimodality(
     window: Window,
     *,
     min_busy_frac: float = 0.0,
-    max_points: int = 20_000,
+    max_points: int = 5_000,
     bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
 ) -> Bimodality:
@@ -379,29 +376,38 @@ def _bimodality_from(
     labels = con.execute(f"SELECT DISTINCT trust FROM {table}").fetchall()
     for (label,) in labels:
         trust.add(label)
-    mom = con.execute(_moments_sql(table, where)).df()
+    mom = _scope_records(con.execute(_moments_sql(table, where)).df())
     psql, ppar = _points_sql(iv, where, max_points)
     pts = con.execute(psql, ppar).df()
-    scope_of = _gid_scope()
+    # the drawn values per (GPU, role, hour), and each GPU's count of values
+    cells: dict[tuple[int, int, float], np.ndarray] = {}
+    per_gpu_n: dict[int, float] = {}
+    if not pts.empty:
+        for (gh, rh, hour), sub in pts.groupby(["gh", "rh", "hour_s"], sort=False):
+            cells[(int(gh), int(rh), float(hour))] = sub["x"].to_numpy(dtype=float)
+            per_gpu_n[int(gh)] = float(sub["n_gpu"].iloc[0])
     rows = []
     rng = np.random.default_rng(0)
-    per_gpu_n = pts.groupby("gkey")["n_gpu"].first() if not pts.empty else pd.Series(dtype=float)
-    for rec in mom.to_dict(orient="records"):
-        scope = scope_of.get(int(rec["gid"]))
-        if scope is None or not rec["rows"]:  # the empty grouping set of an empty window
-            continue
-        sel = pd.Series(True, index=pts.index)
+    for rec in mom:
+        scope = rec["scope"]
         row: dict[str, Any] = {"scope": scope, "role": None, "hour_s": None, "gpu": None}
+        want_rh = want_gh = want_hour = None
         if scope in ("pool", "pool_hour", "gpu"):
-            row["role"] = rec["role"]
-            sel &= pts["role"] == rec["role"]
+            row["role"], want_rh = rec["role"], int(rec["rh"])
         if scope == "pool_hour":
-            row["hour_s"] = rec["hour_s"]
-            sel &= pts["hour_s"] == rec["hour_s"]
+            row["hour_s"] = want_hour = float(rec["hour_s"])
         if scope == "gpu":
             row["gpu"] = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
-            sel &= pts["gkey"] == row["gpu"]
-        x = _draw(pts[sel], per_gpu_n, max_points, rng)
+            want_gh = int(rec["gh"])
+        by_gpu: dict[int, list[np.ndarray]] = {}
+        for (gh, rh, hour), vals in cells.items():
+            if (
+                (want_rh is None or rh == want_rh)
+                and (want_gh is None or gh == want_gh)
+                and (want_hour is None or hour == want_hour)
+            ):
+                by_gpu.setdefault(gh, []).append(vals)
+        x = _draw({g: np.concatenate(v) for g, v in by_gpu.items()}, per_gpu_n, max_points, rng)
         mo = moments_from_sums(
             *(_num(rec[c]) or 0.0 for c in ("n", "s1", "s2", "s3", "s4")), shift=SM_SHIFT_PCT
         )
@@ -473,19 +479,19 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def _draw(sel: pd.DataFrame, per_gpu_n: pd.Series, max_points: int, rng: np.random.Generator) -> np.ndarray:
-    """A group's values: each GPU's drawn values, thinned so that GPUs weigh as their interval counts."""
-    if sel.empty:
+def _draw(
+    groups: dict[int, np.ndarray], per_gpu_n: dict[int, float], max_points: int, rng: np.random.Generator
+) -> np.ndarray:
+    """A group's values from each GPU's drawn ones, thinned so that GPUs weigh as their counts."""
+    if not groups:
         return np.array([])
-    groups = dict(list(sel.groupby("gkey")["x"]))
     if len(groups) == 1:
-        return next(iter(groups.values())).to_numpy(dtype=float)
+        return next(iter(groups.values()))
     total = float(sum(per_gpu_n[k] for k in groups))
-    budget = min(max_points, len(sel))
+    budget = min(max_points, sum(len(v) for v in groups.values()))
     out = []
-    for k, vals in groups.items():
-        want = min(len(vals), max(1, round(budget * per_gpu_n[k] / total)))
-        v = vals.to_numpy(dtype=float)
+    for k, v in groups.items():
+        want = min(len(v), max(1, round(budget * per_gpu_n[k] / total)))
         out.append(v if want >= len(v) else rng.choice(v, size=want, replace=False))
     return np.concatenate(out)
 
@@ -508,7 +514,8 @@ def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
     dip, p = diptest.diptest(np.sort(x))
     bins = np.floor(x / MIXTURE_BIN_PCT)
     keys, counts = np.unique(bins, return_counts=True)
-    m = gaussian_mixture_2((keys + 0.5) * MIXTURE_BIN_PCT, counts)
+    # on the histogram (fast at any size); on the values themselves where they share one bin
+    m = gaussian_mixture_2((keys + 0.5) * MIXTURE_BIN_PCT, counts) if len(keys) > 1 else gaussian_mixture_2(x)
     out.update(
         dip=float(dip),
         dip_p_value=float(p),

@@ -116,7 +116,7 @@ samp AS (  -- the window's samples with the device attributes (owner worker/role
     FROM gpu_samples s ASOF LEFT JOIN devices d
       ON s.node = d.node AND s.source = d.source AND s.device = d.device
      AND s."index" IS NOT DISTINCT FROM d."index" AND s.ts_s >= d.since_s
-    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ?
+    WHERE {s_pred} AND s.ts_s >= ? AND s.ts_s < ? AND d.kind IS DISTINCT FROM 'cpu'  -- a CPU is no GPU
 ),
 it AS (  -- iterations of the window with their GPU-busy seconds
     SELECT *, max(end_s) OVER (PARTITION BY node, uuid ORDER BY start_s, end_s
@@ -269,17 +269,19 @@ def buckets_sql(window: Window, bucket_s: float) -> tuple[str, list[Any]]:
     sql = f"""
 WITH
 sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
-    SELECT node, source, device, "index", floor(ts_s / {D})::BIGINT AS k,
+    SELECT node, source, device, "index", k,
            count(*) AS samples, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
            arg_min(energy_mj, ts_s) AS f_e, arg_max(energy_mj, ts_s) AS l_e,
            max(energy_mj) - min(energy_mj) AS e_range, count(energy_mj) AS n_e,
            avg(power_w) AS power_w,
-           avg(coalesce(sm_active_pct, gpu_util_pct)) AS sm_active_pct,
-           count(sm_active_pct) AS n_sm, count(coalesce(sm_active_pct, gpu_util_pct)) AS n_sm_any,
+           avg(sm_any) AS sm_active_pct, count(sm_active_pct) AS n_sm, count(sm_any) AS n_sm_any,
            avg(gpu_util_pct) AS gpu_util_pct, avg(dram_active_pct) AS dram_active_pct,
            bool_or(emulated) AS emulated, coalesce(max(host_bound_pct) > 0, false) AS host_bound,
-           {_power_sums("coalesce(sm_active_pct, gpu_util_pct)", aggregate=True)}
-    FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?
+           count(v) AS sm_n, sum(v) AS sm_s1, sum(v * v) AS sm_s2, sum(v * v * v) AS sm_s3,
+           sum((v * v) * (v * v)) AS sm_s4
+    FROM (SELECT *, floor(ts_s / {D})::BIGINT AS k, coalesce(sm_active_pct, gpu_util_pct) AS sm_any,
+                 coalesce(sm_active_pct, gpu_util_pct) - {SM_SHIFT_PCT} AS v
+          FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?)
     GROUP BY node, source, device, "index", k
 ),
 dv AS (  -- devices rows with the time they hold until (the GPU's next row)
@@ -292,6 +294,7 @@ sbd AS (  -- the device attributes (owner worker/role) in effect at the bucket's
     FROM sb b LEFT JOIN dv d
       ON b.node = d.node AND b.source = d.source AND b.device = d.device
      AND b."index" IS NOT DISTINCT FROM d."index" AND b.f_ts >= d.since_s AND b.f_ts < d.until_s
+    WHERE d.kind IS DISTINCT FROM 'cpu'  -- a CPU device is no GPU
 ),
 nb AS (
     SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
@@ -313,9 +316,9 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
                 WHEN nf_e >= l_e THEN l_e + (nf_e - l_e) * (t1_s - l_ts) / (nf_ts - l_ts) END AS e1
     FROM cov
 ),
-it AS ({iteration_rows_sql(i_pred)}),
+it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
 span AS (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL),
-itc AS (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
+itc AS NOT MATERIALIZED (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
     SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
            least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
     FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
@@ -378,7 +381,10 @@ inagg AS (
     FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
     GROUP BY node, worker, j
 ),
-wk AS (SELECT DISTINCT node, worker, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE worker IS NOT NULL),
+wk AS (  -- the buckets of a worker (all of a TP replica's GPUs share them)
+    SELECT node, worker, k, max(coalesce(nk, k + 1)) AS k_end FROM bk WHERE worker IS NOT NULL
+    GROUP BY node, worker, k
+),
 inb AS (
     SELECT node, worker, k, sum(in_s) AS in_s FROM (
         SELECT ia.*, w.k FROM inagg ia JOIN wk w ON ia.node = w.node AND ia.worker = w.worker AND ia.j = w.k
@@ -438,19 +444,25 @@ FROM sc"""
     return sql, params
 
 
+#: The automatic bucket width keeps the bucket table near this many rows (GPU × bucket).
+TARGET_BUCKETS = 250_000
+
+
 def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
-    """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s and
-    twice the median sampling period of its GPUs (so that most cells hold a sample)."""
+    """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s,
+    twice the median sampling period of its GPUs (so that most cells hold a sample), and the sampled
+    GPU-seconds / ``TARGET_BUCKETS`` (so that a fleet's hour stays a few hundred thousand rows)."""
     pred, par = window.node_sql("node")
     row = con.execute(
-        f"""SELECT median(p) FROM (
-                SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p FROM gpu_samples
-                WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY node, source, device, "index"
-                HAVING count(*) > 1)""",
+        f"""SELECT median(p), sum(span) FROM (
+                SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p, max(ts_s) - min(ts_s) AS span
+                FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ?
+                GROUP BY node, source, device, "index" HAVING count(*) > 1)""",
         [*par, window.start_s, window.end_s],
     ).fetchone()
     period = float(row[0]) if row and row[0] is not None else 1.0
-    want = max(1.0, 2.0 * period)
+    gpu_s = float(row[1]) if row and row[1] is not None else 0.0
+    want = max(1.0, 2.0 * period, gpu_s / TARGET_BUCKETS)
     return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
 
 

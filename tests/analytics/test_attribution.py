@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ GPU = {"node": NODE, "source": "nvml", "device": "cuda:0", "index": 0}
 KEY = gpu_key(NODE, "nvml", "cuda:0", 0)
 WINDOW = Window(100.0, 105.0, "live")
 # true power per model term, W: the hand case's energies are generated from them
-TRUE_W = {"prefill": 500.0, "decode": 250.0, "host_bound": 120.0, "idle": 100.0}
+TRUE_W = {"prefill": 500.0, "decode": 250.0, "idle": 100.0}  # host-bound time draws idle power
 
 
 def samples(ts: list[float], energy_mj: list[int | None], **cols: Any) -> list[dict[str, Any]]:
@@ -103,8 +104,8 @@ def hand_energy_j() -> list[float]:
         "mixed_prefill_s": "prefill",
         "decode_s": "decode",
         "mixed_decode_s": "decode",
-        "host_s": "host_bound",
-        "gap_s": "host_bound",
+        "host_s": "idle",
+        "gap_s": "idle",
         "idle_s": "idle",
     }
     return [sum(TRUE_W[term[s]] * HAND_STATES[s][i] for s in STATES) for i in range(4)]
@@ -168,8 +169,8 @@ def test_power_model_recovers_the_watts_and_apportions_exactly(hand, bucket_s):
         "mixed_prefill": 0.75 * 500,
         "decode": 0.7 * 250,
         "mixed_decode": 0.25 * 250,
-        "host": 0.1 * 120,
-        "gap": 0.6 * 120,
+        "host": 0.1 * 100,
+        "gap": 0.6 * 100,
         "idle": 1.1 * 100,
     }
     for state, joules in expected_j.items():
@@ -181,8 +182,9 @@ def test_power_model_recovers_the_watts_and_apportions_exactly(hand, bucket_s):
     assert pb.missing == []
     assert pb.per_pool.iloc[0]["role"] == "mixed" and pb.per_pool.iloc[0]["gpus"] == 1
     assert len(pb.per_hour) == 1 and pb.per_hour.iloc[0]["energy_j"] == pytest.approx(g["energy_j"])
-    d = pb.to_dict()
+    d = json.loads(json.dumps(pb.to_dict()))  # JSON as it is
     assert d["fits"][KEY]["coef_w"]["decode"] == pytest.approx(250.0)
+    assert d["per_gpu"][0]["index"] == 0 and d["per_gpu"][0]["energy_j"] == pytest.approx(g["energy_j"])
 
 
 @pytest.mark.parametrize("bucket_s", [None, 0.0, 1.0, 2.0])
@@ -392,3 +394,61 @@ def test_disaggregated_request_spans_make_gaps_only_where_the_worker_had_work(tm
         assert r["prefill_s"] == pytest.approx(0.3)
         assert r["gap_s"] == pytest.approx(0.2)  # in flight 100.0–100.5, minus 0.3 s of iteration
         assert r["idle_s"] == pytest.approx(0.5)
+
+
+def test_a_tensor_parallel_replica_gives_both_gpus_its_iterations_and_gaps(tmp_path):
+    rows = samples([100.0, 101.0], [0, 100_000]) + [
+        {**r, "device": "cuda:1", "index": 1, "uuid": "GPU-b"} for r in samples([100.0, 101.0], [0, 100_000])
+    ]
+    its = [
+        iteration(100.2, 100.6, "decode"),
+        iteration(100.2, 100.6, "decode", gpu_uuid="GPU-b", gpu_index=1),
+    ]
+    con = make_store(
+        tmp_path / "tp.duckdb",
+        {"gpu_samples": rows, "iterations": its, "requests": [request("r1", 100.0, 101.0)]},
+    )
+    for df in (gpu_intervals(con, WINDOW), gpu_buckets(con, WINDOW, 1.0)):
+        assert len(df) == 2
+        np.testing.assert_allclose(df["decode_s"], [0.4, 0.4])
+        np.testing.assert_allclose(df["gap_s"], [0.6, 0.6])
+        np.testing.assert_allclose(df["idle_s"], [0.0, 0.0], atol=1e-12)
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0])
+def test_a_role_change_and_an_hour_boundary_split_the_tables(tmp_path, bucket_s):
+    # the GPU decodes until 3600 s, then serves as a mixed worker; samples straddle the hour
+    ts = [3597.0, 3598.0, 3599.0, 3600.0, 3601.0, 3602.0]
+    rows = samples(ts, counter_mj([100.0] * 5))
+    for r in rows:
+        r["role"] = "decode" if r["ts_s"] < 3600.0 else "mixed"
+    con = make_store(
+        tmp_path / "role.duckdb", {"gpu_samples": rows, "iterations": [iteration(3597.5, 3601.5, "decode")]}
+    )
+    w = Window(3597.0, 3603.0)
+    pb = phase_breakdown(con, w, bucket_s=bucket_s)
+    pools = pb.per_pool.set_index("role")
+    assert set(pools.index) == {"decode", "mixed"}
+    assert pools["interval_s"].sum() == pytest.approx(5.0) and pools["energy_j"].sum() == pytest.approx(500.0)
+    assert pools["decode_s"].sum() == pytest.approx(4.0)
+    hours = pb.per_hour.groupby("hour_s")["interval_s"].sum()
+    assert list(hours.index) == [0.0, 3600.0]
+    assert sum(pb.per_gpu["interval_s"]) == pytest.approx(5.0) and len(pb.per_gpu) == 2  # one row per role
+
+
+def test_a_window_narrowed_to_nodes_sees_only_them(hand):
+    for nodes, expect in ((("n1",), 4.0), (("elsewhere",), 0.0)):
+        w = Window(100.0, 105.0, "live", nodes)
+        for bucket_s in (0.0, 1.0):
+            pb = phase_breakdown(hand, w, bucket_s=bucket_s)
+            assert float(pb.per_gpu["interval_s"].sum()) == pytest.approx(expect)
+
+
+def test_a_cpu_device_is_not_a_gpu(tmp_path):
+    cpu = [
+        {**r, "device": "cpu", "index": None, "kind": "cpu", "uuid": None}
+        for r in samples([100.0, 101.0], [None, None])
+    ]
+    con = make_store(tmp_path / "cpu.duckdb", {"gpu_samples": samples([100.0, 101.0], [0, 100_000]) + cpu})
+    assert set(gpu_intervals(con, WINDOW)["device"]) == {"cuda:0"}
+    assert set(gpu_buckets(con, WINDOW)["device"]) == {"cuda:0"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,13 @@ def test_mixture_recovers_two_known_components():
     assert m.mean_low == pytest.approx(20.0, abs=0.3) and m.mean_high == pytest.approx(70.0, abs=0.5)
     assert m.std_low == pytest.approx(3.0, abs=0.2) and m.std_high == pytest.approx(5.0, abs=0.3)
     assert m.weight_low == pytest.approx(0.7, abs=0.02) and m.weight_low + m.weight_high == pytest.approx(1.0)
+
+
+def test_values_within_one_histogram_bin_still_get_a_mixture():
+    from analytics.bimodal import _dip_and_mixture
+
+    out = _dip_and_mixture(np.array([20.0, 20.1, 20.05, 20.2, 20.15]))
+    assert out["mode_low_pct"] == pytest.approx(20.1, abs=0.1) and out["dip"] is not None
 
 
 def test_sarle_coefficient_by_hand():
@@ -221,6 +229,9 @@ def test_simulated_reconciliation(sim, layout, bucket_s):
         ).fetchone()[0]
         fit_r2 = [f.r2 for f in pb.fits.values()]
     sp = idle_split(con, w, breakdown=pb)
+    bm = bimodality(con, w)
+    for result in (pb, sp, bm):
+        json.dumps(result.to_dict())
     assert pb.missing == [] and pb.trust.labels == {SIMULATED}
     for _, g in pb.per_gpu.iterrows():
         assert sum(g[f"frac_{s[:-2]}"] for s in STATES) == pytest.approx(1.0, abs=1e-9)
