@@ -320,21 +320,6 @@ def add_simulate_command(sub: Any) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(text: str) -> float:
-    """``1h``, ``30m``, ``90s``, ``2d`` or seconds → seconds; ValueError naming the format."""
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
-    except ValueError:
-        raise ValueError(f"--from-store {text!r}: expected a span such as 1h, 30m, 90s or 2d") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"--from-store {text!r}: the span must be > 0")
-    return value
-
-
 def _error(message: str) -> int:
     print(f"phaselens simulate: error: {message}", file=sys.stderr)
     return 2
@@ -342,6 +327,7 @@ def _error(message: str) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run ``phaselens simulate``; 2 on bad input (said before anything runs), else 0."""
+    from analytics.window import AnalyticsError, parse_span_s
     from serving.config import ConfigError, model_config_for
     from serving.loadgen import build_trace, trace_option_error
     from serving.sim.layout import parse_layout
@@ -360,7 +346,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
             raise ValueError("--slo-ttft-ms and --slo-tpot-ms must be > 0")
         if args.from_store:
-            span = parse_since(args.from_store)
+            try:
+                span = parse_span_s(args.from_store)
+            except AnalyticsError as e:
+                raise ValueError(f"--from-store: {e}") from None
             now = time.time()
             requests = load_stored_requests(
                 db=args.db if not args.collector else None,

@@ -62,7 +62,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys):
         (["--layout", "agg:3xh100-sxm:tp3"], "tp"),
         (["--layout", "agg:2xtpu-v5"], "unknown GPU 'tpu-v5'"),
         (["--layout", "agg:1xh100-sxm", "--duration", "0.000001", "--start", "3000"], "no requests"),
-        (["--layout", "agg:1xh100-sxm", "--from-store", "soon"], "expected a span such as 1h"),
+        (["--layout", "agg:1xh100-sxm", "--from-store", "soon"], "is not a time span; use e.g. 90s"),
         (["--layout", "agg:1xh100-sxm", "--sample-period-s", "0"], "--sample-period-s must be in"),
     ]
     for args, says in cases:
