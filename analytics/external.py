@@ -156,7 +156,7 @@ _INTERVALS_SQL = """
 WITH x AS (
     SELECT node, source, device, "index", ts_s, uuid, parent_uuid, mig_instance_id, mig_profile,
            k8s_pod, k8s_namespace, {role} AS role,
-           gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj,
+           gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj, power_limit_w,
            trust_label(node, source, emulated) AS trust
     FROM gpu_samples_full
     WHERE {nodes} AND ts_s >= ? - 3600.0 AND ts_s < ?
@@ -710,7 +710,7 @@ def external_attribution(
     iv.loc[busy_only, "other_busy_s"] = iv.loc[busy_only, "busy_s"]
     for k in sorted(set(iv.loc[busy_only, "gpu"])):
         missing.append(f"GPU {k}: no engine or role known, its busy time is other_busy (not split by phase)")
-    _apportion_energy(iv, missing)
+    _apportion_energy(iv, missing, trust)
     per_gpu = _summarise(iv, ["gpu"], gpus)
     per_gpu["role_from"] = per_gpu["gpu"].map(role_why)
     per_pool = _summarise(iv.assign(pool=iv["pool"].astype(object).fillna("unknown")), ["pool"], None)
@@ -724,7 +724,7 @@ def _first(a: np.ndarray | None) -> float:
     return float(a[0]) if a is not None and len(a) else float("nan")
 
 
-def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
+def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> None:
     """Per GPU, fit watts per state and split each interval's measured energy by them.
 
     The model, in watts: ``energy_j / dt_s = w_idle + Σ_state x_state × busy_state_s / dt_s`` with
@@ -736,6 +736,7 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
     than :data:`MIN_FIT_INTERVALS`).
     """
     busy_states = [s for s in STATES if s != "idle"]
+    fallbacks: list[str] = []
     for s in STATES:
         iv[f"{s}_energy_j"] = np.nan
     iv["power_model"] = None
@@ -756,11 +757,38 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
         pts = np.isfinite(util) & np.isfinite(power) & (busy > 0) | (
             np.isfinite(util) & np.isfinite(power) & (util == 0)
         )
-        if pts.any() and int(ok.sum()) < MIN_FIT_INTERVALS:
+        few = int(ok.sum()) < MIN_FIT_INTERVALS
+        if pts.any() and few:
             xp = np.column_stack([np.ones(int(pts.sum())), util[pts, None] * mix[pts]])
             x = np.vstack([x, xp])
             y = np.concatenate([y, power[pts]])
         coef = nnls(x, y)
+        # A fit is physical when every busy state that takes >= 1 % of the time draws at most 1.5 x
+        # the power limit (else 2 x the highest reading; at least idle by construction); otherwise
+        # (or with fewer than 3 intervals, or fewer than MIN_FIT_INTERVALS and several busy states)
+        # fall back to idle + one busy wattage, busy energy split by time (flagged).
+        limit = grp["power_limit_w"].max() if "power_limit_w" in grp else np.nan
+        cap = (
+            1.5 * float(limit)
+            if np.isfinite(limit)
+            else (2.0 * float(np.nanmax(power)) if np.isfinite(power).any() else np.inf)
+        )
+        active = t[ok].sum(axis=0) >= 0.01 * dt[ok].sum()
+        excess = coef[1:]
+        bad = (
+            int(ok.sum()) < 3
+            or (few and int(active.sum()) > 1)  # phase watts not identifiable from a few intervals
+            or bool(np.any(active & (coef[0] + excess > cap)))
+        )
+        if bad:
+            x1 = np.column_stack([np.ones(int(ok.sum())), (busy / dt)[ok]])
+            y1 = (e / dt)[ok]
+            if pts.any():
+                x1 = np.vstack([x1, np.column_stack([np.ones(int(pts.sum())), util[pts]])])
+                y1 = np.concatenate([y1, power[pts]])
+            c1 = nnls(x1, y1)
+            coef = np.concatenate([[c1[0]], np.full(len(busy_states), c1[1])])
+            fallbacks.append(str(k))
         watts = {"idle": coef[0], **{s: coef[0] + c for s, c in zip(busy_states, coef[1:], strict=True)}}
         w = np.array([watts[s] for s in STATES])
         parts = grp[[f"{s}_s" for s in STATES]].to_numpy(dtype=float) * w
@@ -772,6 +800,12 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
         for j, s in enumerate(STATES):
             iv.loc[grp.index, f"{s}_energy_j"] = np.where(ok, e * share[:, j], np.nan)
         iv.loc[grp.index, "power_model"] = json.dumps({s: round(float(v), 1) for s, v in watts.items()})
+    if fallbacks:
+        trust.add(
+            ESTIMATED,
+            f"GPUs {', '.join(fallbacks)}: too few or too alike intervals to fit watts per phase; "
+            "their busy energy is split by busy time (one busy wattage)",
+        )
 
 
 _GPU_COLUMNS = [
