@@ -737,6 +737,7 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
     """
     busy_states = [s for s in STATES if s != "idle"]
     fallbacks: list[str] = []
+    zero_idle: list[str] = []
     for s in STATES:
         iv[f"{s}_energy_j"] = np.nan
     iv["power_model"] = None
@@ -758,7 +759,8 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
             np.isfinite(util) & np.isfinite(power) & (util == 0)
         )
         few = int(ok.sum()) < MIN_FIT_INTERVALS
-        if pts.any() and few:
+        active = t[ok].sum(axis=0) >= 0.01 * dt[ok].sum()
+        if pts.any() and (few or int(active.sum()) <= 1):  # one busy state: the mix is exact
             xp = np.column_stack([np.ones(int(pts.sum())), util[pts, None] * mix[pts]])
             x = np.vstack([x, xp])
             y = np.concatenate([y, power[pts]])
@@ -773,7 +775,6 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
             if np.isfinite(limit)
             else (2.0 * float(np.nanmax(power)) if np.isfinite(power).any() else np.inf)
         )
-        active = t[ok].sum(axis=0) >= 0.01 * dt[ok].sum()
         excess = coef[1:]
         bad = (
             int(ok.sum()) < 3
@@ -789,6 +790,8 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
             c1 = nnls(x1, y1)
             coef = np.concatenate([[c1[0]], np.full(len(busy_states), c1[1])])
             fallbacks.append(str(k))
+        if coef[0] <= 0 and (dt[ok].sum() - busy[ok].sum()) >= 0.01 * dt[ok].sum():
+            zero_idle.append(str(k))
         watts = {"idle": coef[0], **{s: coef[0] + c for s, c in zip(busy_states, coef[1:], strict=True)}}
         w = np.array([watts[s] for s in STATES])
         parts = grp[[f"{s}_s" for s in STATES]].to_numpy(dtype=float) * w
@@ -800,6 +803,12 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
         for j, s in enumerate(STATES):
             iv.loc[grp.index, f"{s}_energy_j"] = np.where(ok, e * share[:, j], np.nan)
         iv.loc[grp.index, "power_model"] = json.dumps({s: round(float(v), 1) for s, v in watts.items()})
+    if zero_idle:
+        trust.add(
+            ESTIMATED,
+            f"GPUs {', '.join(zero_idle)}: idle watts not identifiable (busy about equally in every "
+            "interval); the fit gives idle 0 W, so their idle energy is understated",
+        )
     if fallbacks:
         trust.add(
             ESTIMATED,

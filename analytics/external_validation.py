@@ -617,13 +617,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in cmp.to_dict("records"):
                 r.update(layout=layout, period_s=period, gpu_label=r["gpu"].rsplit("-", 1)[-1])
                 rows.append(r)
+            for g in est.per_gpu.to_dict("records"):
+                print(
+                    f"# {layout} @ {period} s: {g['gpu']} ({g['pool']}): power model {g['power_model_w']} W"
+                )
             fits = est.engines.get("c_iter_s")
             if fits is not None:
                 for e in est.engines.dropna(subset=["c_iter_s"]).to_dict("records"):
                     print(
                         f"# {layout} @ {period} s: {e['endpoint']}: c_iter {1e3 * e['c_iter_s']:.3f} ms, "
                         f"c_prompt {1e6 * e['c_prompt_token_s']:.2f} µs/token, c_gen {1e6 * e['c_gen_token_s']:.2f} "
-                        f"µs/token, R² {e['fit_r2']:.3f} over {e['fit_intervals']} intervals; prefill "
+                        f"µs/token, rel. RMSE {e['fit_rel_rmse']:.3f} over {e['fit_intervals']} intervals; prefill "
                         f"concurrency {e['prefill_concurrency']:.2f}, decode concurrency "
                         f"{e['decode_concurrency']:.2f}, decode batch {e['decode_batch_mean']:.1f}"
                     )
