@@ -77,10 +77,9 @@ ENGINE_COUNTERS = (
     "decode_seconds_sum",
 )
 ENGINE_GAUGES = ("requests_running", "requests_waiting")
-#: Below this many intervals per GPU the power model also takes each sample's own power reading
-#: against its own utilization (short windows); above it those readings add more noise (the last
-#: second's phase mix is not the interval's) than they help.
-MIN_FIT_INTERVALS = 12
+#: With fewer intervals than this, a GPU with several busy states gets one busy wattage: watts per
+#: phase are not identifiable from so few (long) intervals.
+MIN_PHASE_FIT_INTERVALS = 6
 WORK_TERMS = ("iterations", "prompt_tokens", "generation_tokens")
 
 
@@ -729,11 +728,12 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
 
     The model, in watts: ``energy_j / dt_s = w_idle + Σ_state x_state × busy_state_s / dt_s`` with
     ``w_idle ≥ 0`` and every excess ``x_state ≥ 0`` (a busy GPU draws at least its idle power), so a
-    state's watts are ``w_idle + x_state``. Rows: every interval, plus every sample's own power
-    reading against its own utilization (``POWER_USAGE`` and ``GPU_UTIL`` describe the last second
-    or so before the sample, with the interval's phase mix): the short windows give the spread of
-    busy fractions that separates idle from busy watts when there are few long intervals (fewer
-    than :data:`MIN_FIT_INTERVALS`).
+    state's watts are ``w_idle + x_state``. Rows: every interval; for a GPU with one busy state (a
+    pool) also every sample's own power reading against its own utilization (``POWER_USAGE`` and
+    ``GPU_UTIL`` describe the last second or so), whose spread of busy fractions separates idle
+    from busy watts when scrapes are long. For a GPU with several busy states those readings add
+    more noise (the last second's phase mix is not the interval's) than they help, and they are
+    left out.
     """
     busy_states = [s for s in STATES if s != "idle"]
     fallbacks: list[str] = []
@@ -758,16 +758,16 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> Non
         pts = np.isfinite(util) & np.isfinite(power) & (busy > 0) | (
             np.isfinite(util) & np.isfinite(power) & (util == 0)
         )
-        few = int(ok.sum()) < MIN_FIT_INTERVALS
+        few = int(ok.sum()) < MIN_PHASE_FIT_INTERVALS
         active = t[ok].sum(axis=0) >= 0.01 * dt[ok].sum()
-        if pts.any() and (few or int(active.sum()) <= 1):  # one busy state: the mix is exact
+        if pts.any() and int(active.sum()) <= 1:  # one busy state: the readings' mix is exact
             xp = np.column_stack([np.ones(int(pts.sum())), util[pts, None] * mix[pts]])
             x = np.vstack([x, xp])
             y = np.concatenate([y, power[pts]])
         coef = nnls(x, y)
         # A fit is physical when every busy state that takes >= 1 % of the time draws at most 1.5 x
         # the power limit (else 2 x the highest reading; at least idle by construction); otherwise
-        # (or with fewer than 3 intervals, or fewer than MIN_FIT_INTERVALS and several busy states)
+        # (or with fewer than 3 intervals, or fewer than MIN_PHASE_FIT_INTERVALS and several busy states)
         # fall back to idle + one busy wattage, busy energy split by time (flagged).
         limit = grp["power_limit_w"].max() if "power_limit_w" in grp else np.nan
         cap = (
