@@ -713,8 +713,7 @@ def external_attribution(
     per_gpu = _summarise(iv, ["gpu"], gpus)
     per_gpu["role_from"] = per_gpu["gpu"].map(role_why)
     per_pool = _summarise(iv.assign(pool=iv["pool"].astype(object).fillna("unknown")), ["pool"], None)
-    for n in notes:
-        trust.notes.append(n) if n not in trust.notes else None
+    trust.notes += [n for n in dict.fromkeys(notes) if n not in trust.notes]
     engines_df = pd.DataFrame(engine_rows)
     return ExternalAttribution(window, per_gpu, per_pool, engines_df, iv, trust, missing)
 

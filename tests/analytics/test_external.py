@@ -174,6 +174,41 @@ def test_few_intervals_do_not_fit_watts_per_phase_and_say_so(fleet) -> None:
     assert any("too few or too alike intervals" in n for n in res.trust.notes)
 
 
+def test_sglang_without_a_step_counter_fits_tokens_only(fleet) -> None:
+    # SGLang exports prompt/generation token counters but no per-step histogram; busy here is
+    # 1 ms per prompt token + 2 ms per generated token: (2000, 500) -> 3 s, (1000, 1000) -> 3 s,
+    # (0, 200) -> 0.4 s, four times over: prefill 12 s, decode 13.6 s of 120 s.
+    times, cum, _, mj = agg_series(4)
+    busy = [0.0] + [(w[1] * 0.001 + w[2] * 0.002) / 10.0 for w in (PATTERN[i % 3][0] for i in range(12))]
+
+    def dcgm(i: int) -> str:
+        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": busy[i], "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": mj[i]}
+        return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
+
+    def sglang(i: int) -> str:
+        _, prompt, generated = cum[i]
+        return (
+            "# TYPE sglang:prompt_tokens_total counter\n"
+            f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+            "# TYPE sglang:generation_tokens_total counter\n"
+            f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f'sglang:num_running_reqs{{model_name="m"}} 3\n'
+        )
+
+    con = fleet(times, dcgm, {"http://sglang-0:30000/metrics": sglang})
+    res = external_attribution(con, window(times), engine_gpus={"http://sglang-0:30000/metrics": [UUID_A]})
+    g = res.gpu(UUID_A)
+    assert (g["method"], g["prefill_s"], g["decode_s"]) == (
+        "engine-metrics",
+        pytest.approx(12.0),
+        pytest.approx(13.6),
+    )
+    e = res.engines.iloc[0]
+    assert (e["engine"], e["c_iter_s"], e["requests_running_mean"]) == ("sglang", 0.0, 3.0)
+    assert any("no iteration_tokens_total" in n for n in res.trust.notes)
+
+
 def test_engine_found_by_the_only_endpoint_on_the_gpus_node(fleet) -> None:
     con = fleet(AGG_TIMES, agg_dcgm, {f"http://{NODE}:8000/metrics": agg_engine})
     res = external_attribution(con, window(AGG_TIMES))
