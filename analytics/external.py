@@ -77,10 +77,9 @@ ENGINE_COUNTERS = (
     "decode_seconds_sum",
 )
 ENGINE_GAUGES = ("requests_running", "requests_waiting")
-#: Below this many intervals per GPU the power model also takes each sample's own power reading
-#: against its own utilization (short windows); above it those readings add more noise (the last
-#: second's phase mix is not the interval's) than they help.
-MIN_FIT_INTERVALS = 12
+#: With fewer intervals than this, a GPU with several busy states gets one busy wattage: watts per
+#: phase are not identifiable from so few (long) intervals.
+MIN_PHASE_FIT_INTERVALS = 6
 WORK_TERMS = ("iterations", "prompt_tokens", "generation_tokens")
 
 
@@ -156,7 +155,7 @@ _INTERVALS_SQL = """
 WITH x AS (
     SELECT node, source, device, "index", ts_s, uuid, parent_uuid, mig_instance_id, mig_profile,
            k8s_pod, k8s_namespace, {role} AS role,
-           gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj,
+           gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj, power_limit_w,
            trust_label(node, source, emulated) AS trust
     FROM gpu_samples_full
     WHERE {nodes} AND ts_s >= ? - 3600.0 AND ts_s < ?
@@ -710,12 +709,11 @@ def external_attribution(
     iv.loc[busy_only, "other_busy_s"] = iv.loc[busy_only, "busy_s"]
     for k in sorted(set(iv.loc[busy_only, "gpu"])):
         missing.append(f"GPU {k}: no engine or role known, its busy time is other_busy (not split by phase)")
-    _apportion_energy(iv, missing)
+    _apportion_energy(iv, missing, trust)
     per_gpu = _summarise(iv, ["gpu"], gpus)
     per_gpu["role_from"] = per_gpu["gpu"].map(role_why)
     per_pool = _summarise(iv.assign(pool=iv["pool"].astype(object).fillna("unknown")), ["pool"], None)
-    for n in notes:
-        trust.notes.append(n) if n not in trust.notes else None
+    trust.notes += [n for n in dict.fromkeys(notes) if n not in trust.notes]
     engines_df = pd.DataFrame(engine_rows)
     return ExternalAttribution(window, per_gpu, per_pool, engines_df, iv, trust, missing)
 
@@ -724,18 +722,21 @@ def _first(a: np.ndarray | None) -> float:
     return float(a[0]) if a is not None and len(a) else float("nan")
 
 
-def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
+def _apportion_energy(iv: pd.DataFrame, missing: list[str], trust: Trust) -> None:
     """Per GPU, fit watts per state and split each interval's measured energy by them.
 
     The model, in watts: ``energy_j / dt_s = w_idle + Σ_state x_state × busy_state_s / dt_s`` with
     ``w_idle ≥ 0`` and every excess ``x_state ≥ 0`` (a busy GPU draws at least its idle power), so a
-    state's watts are ``w_idle + x_state``. Rows: every interval, plus every sample's own power
-    reading against its own utilization (``POWER_USAGE`` and ``GPU_UTIL`` describe the last second
-    or so before the sample, with the interval's phase mix): the short windows give the spread of
-    busy fractions that separates idle from busy watts when there are few long intervals (fewer
-    than :data:`MIN_FIT_INTERVALS`).
+    state's watts are ``w_idle + x_state``. Rows: every interval; for a GPU with one busy state (a
+    pool) also every sample's own power reading against its own utilization (``POWER_USAGE`` and
+    ``GPU_UTIL`` describe the last second or so), whose spread of busy fractions separates idle
+    from busy watts when scrapes are long. For a GPU with several busy states those readings add
+    more noise (the last second's phase mix is not the interval's) than they help, and they are
+    left out.
     """
     busy_states = [s for s in STATES if s != "idle"]
+    fallbacks: list[str] = []
+    zero_idle: list[str] = []
     for s in STATES:
         iv[f"{s}_energy_j"] = np.nan
     iv["power_model"] = None
@@ -756,11 +757,40 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
         pts = np.isfinite(util) & np.isfinite(power) & (busy > 0) | (
             np.isfinite(util) & np.isfinite(power) & (util == 0)
         )
-        if pts.any() and int(ok.sum()) < MIN_FIT_INTERVALS:
+        few = int(ok.sum()) < MIN_PHASE_FIT_INTERVALS
+        active = t[ok].sum(axis=0) >= 0.01 * dt[ok].sum()
+        if pts.any() and int(active.sum()) <= 1:  # one busy state: the readings' mix is exact
             xp = np.column_stack([np.ones(int(pts.sum())), util[pts, None] * mix[pts]])
             x = np.vstack([x, xp])
             y = np.concatenate([y, power[pts]])
         coef = nnls(x, y)
+        # A fit is physical when every busy state that takes >= 1 % of the time draws at most 1.5 x
+        # the power limit (else 2 x the highest reading; at least idle by construction); otherwise
+        # (or with fewer than 3 intervals, or fewer than MIN_PHASE_FIT_INTERVALS and several busy states)
+        # fall back to idle + one busy wattage, busy energy split by time (flagged).
+        limit = grp["power_limit_w"].max() if "power_limit_w" in grp else np.nan
+        cap = (
+            1.5 * float(limit)
+            if np.isfinite(limit)
+            else (2.0 * float(np.nanmax(power)) if np.isfinite(power).any() else np.inf)
+        )
+        excess = coef[1:]
+        bad = (
+            int(ok.sum()) < 3
+            or (few and int(active.sum()) > 1)  # phase watts not identifiable from a few intervals
+            or bool(np.any(active & (coef[0] + excess > cap)))
+        )
+        if bad:
+            x1 = np.column_stack([np.ones(int(ok.sum())), (busy / dt)[ok]])
+            y1 = (e / dt)[ok]
+            if pts.any():
+                x1 = np.vstack([x1, np.column_stack([np.ones(int(pts.sum())), util[pts]])])
+                y1 = np.concatenate([y1, power[pts]])
+            c1 = nnls(x1, y1)
+            coef = np.concatenate([[c1[0]], np.full(len(busy_states), c1[1])])
+            fallbacks.append(str(k))
+        if coef[0] <= 0 and (dt[ok].sum() - busy[ok].sum()) >= 0.01 * dt[ok].sum():
+            zero_idle.append(str(k))
         watts = {"idle": coef[0], **{s: coef[0] + c for s, c in zip(busy_states, coef[1:], strict=True)}}
         w = np.array([watts[s] for s in STATES])
         parts = grp[[f"{s}_s" for s in STATES]].to_numpy(dtype=float) * w
@@ -772,6 +802,18 @@ def _apportion_energy(iv: pd.DataFrame, missing: list[str]) -> None:
         for j, s in enumerate(STATES):
             iv.loc[grp.index, f"{s}_energy_j"] = np.where(ok, e * share[:, j], np.nan)
         iv.loc[grp.index, "power_model"] = json.dumps({s: round(float(v), 1) for s, v in watts.items()})
+    if zero_idle:
+        trust.add(
+            ESTIMATED,
+            f"GPUs {', '.join(zero_idle)}: idle watts not identifiable (busy about equally in every "
+            "interval); the fit gives idle 0 W, so their idle energy is understated",
+        )
+    if fallbacks:
+        trust.add(
+            ESTIMATED,
+            f"GPUs {', '.join(fallbacks)}: too few or too alike intervals to fit watts per phase; "
+            "their busy energy is split by busy time (one busy wattage)",
+        )
 
 
 _GPU_COLUMNS = [

@@ -57,7 +57,7 @@ from serving.devices.gpu_specs import gpu_spec
 from serving.sim.layout import parse_layout
 from serving.sim.samples import replica_samples
 from serving.sim.simulator import Replica, SimResult, Simulation
-from serving.trace import TraceRequest, load_azure_trace
+from serving.trace import TraceRequest, load_azure_trace, vendored_trace_path
 
 #: vLLM's bucket bounds (vllm/v1/metrics/loggers.py).
 REQUEST_TIME_BUCKETS = (
@@ -110,6 +110,7 @@ TTFT_BUCKETS = (
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ENERGY_OFFSET_MJ = 3_600_000_000  # the counter counts since driver load, not since the run
 NODE = "gpu-node-1"  # the exporter's Hostname label
+SHARED_TRACE = "/work/shared/data/azure_llm_inference_2023_conv.csv"  # the full conversation trace
 NAMESPACE = "llm"
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -605,11 +606,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--period", type=int, action="append", help="scrape period in s (repeatable); default 1 and 30"
     )
-    p.add_argument("--trace", default="/work/shared/data/azure_llm_inference_2023_conv.csv")
+    p.add_argument(
+        "--trace",
+        default=None,
+        help=f"Azure trace CSV (default {SHARED_TRACE} when present, else the vendored 2,000-request slice)",
+    )
     p.add_argument("--duration", type=float, default=600.0, help="seconds of trace")
     p.add_argument("--model", default="llama-3.1-8b")
     args = p.parse_args(argv)
-    requests = load_azure_trace(args.trace, duration_s=args.duration)
+    trace = args.trace or (SHARED_TRACE if Path(SHARED_TRACE).exists() else vendored_trace_path())
+    requests = load_azure_trace(trace, duration_s=args.duration)
     rows = []
     for layout in args.layout or ["agg:1xh100-sxm", "1p1d:h100-sxm"]:
         for period in args.period or [1, 30]:
@@ -617,13 +623,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in cmp.to_dict("records"):
                 r.update(layout=layout, period_s=period, gpu_label=r["gpu"].rsplit("-", 1)[-1])
                 rows.append(r)
+            for g in est.per_gpu.to_dict("records"):
+                print(
+                    f"# {layout} @ {period} s: {g['gpu']} ({g['pool']}): power model {g['power_model_w']} W"
+                )
             fits = est.engines.get("c_iter_s")
             if fits is not None:
                 for e in est.engines.dropna(subset=["c_iter_s"]).to_dict("records"):
                     print(
                         f"# {layout} @ {period} s: {e['endpoint']}: c_iter {1e3 * e['c_iter_s']:.3f} ms, "
                         f"c_prompt {1e6 * e['c_prompt_token_s']:.2f} µs/token, c_gen {1e6 * e['c_gen_token_s']:.2f} "
-                        f"µs/token, R² {e['fit_r2']:.3f} over {e['fit_intervals']} intervals; prefill "
+                        f"µs/token, rel. RMSE {e['fit_rel_rmse']:.3f} over {e['fit_intervals']} intervals; prefill "
                         f"concurrency {e['prefill_concurrency']:.2f}, decode concurrency "
                         f"{e['decode_concurrency']:.2f}, decode batch {e['decode_batch_mean']:.1f}"
                     )

@@ -4,6 +4,7 @@ against its own truth (the 15-point target of issue 10, item 6)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -13,11 +14,10 @@ import pytest
 from analytics.external import ExternalAttributionError, external_attribution, nnls
 from analytics.external_validation import COMPARED, store_scrapes, validate
 from analytics.window import Window
-from serving.trace import load_azure_trace
+from serving.trace import load_azure_trace, vendored_trace_path
 
 NODE = "node-a"
 T0 = 1_800_000_000.0
-TRACE = "/work/shared/data/azure_llm_inference_2023_conv.csv"
 
 
 def gpu_lines(
@@ -78,30 +78,44 @@ def window(times: Sequence[float]) -> Window:
 
 # --- the work model and the power model, by hand ----------------------------------------------------------
 
-# c_iter 10 ms, c_prompt 1 ms/token, c_gen 2 ms/token over three 10 s intervals:
+# c_iter 10 ms, c_prompt 1 ms/token, c_gen 2 ms/token over 10 s intervals, a pattern of three:
 #   interval 1: 100 iterations, 2000 prompt, 500 generated -> busy 1 + 2 + 1 = 4 s (prefill 2 s)
 #   interval 2: 200 iterations, 1000 prompt, 1000 generated -> busy 2 + 1 + 2 = 5 s (prefill 1 s)
 #   interval 3: 100 iterations, 0 prompt, 200 generated -> busy 1 + 0 + 0.4 = 1.4 s (prefill 0)
-# prefill 3 s, decode 7.4 s, idle 19.6 s of 30 s. Power: idle 50 W, prefill 300 W, decode 200 W:
-#   energy 1300, 1350, 710 J; prefill 900 J, decode 1480 J, idle 980 J of 3360 J.
-AGG_TIMES = [T0, T0 + 10, T0 + 20, T0 + 30]
-AGG_CUM = [(0, 0, 0), (100, 2000, 500), (300, 3000, 1500), (400, 3000, 1700)]
-AGG_GR = [0.0, 0.4, 0.5, 0.14]
-AGG_ENERGY_MJ = [5_000_000, 6_300_000, 7_650_000, 8_360_000]
+# per pattern: prefill 3 s, decode 7.4 s, idle 19.6 s of 30 s. Power: idle 50 W, prefill 300 W,
+# decode 200 W: energy 1300, 1350, 710 J; prefill 900 J, decode 1480 J, idle 980 J of 3360 J.
+PATTERN = [((100, 2000, 500), 0.4, 1300.0), ((200, 1000, 1000), 0.5, 1350.0), ((100, 0, 200), 0.14, 710.0)]
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 URL_A = "http://vllm-a:8000/metrics"
 
 
-def agg_dcgm(i: int) -> str:
-    fields = {
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": AGG_GR[i],
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": AGG_ENERGY_MJ[i],
-    }
-    return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
+def agg_series(repeats: int) -> tuple[list[float], list[tuple[float, ...]], list[float], list[int]]:
+    """Sample times, cumulative engine counters, GR-engine activity and energy counter (mJ)."""
+    times, cum, gr, mj = [T0], [(0.0, 0.0, 0.0)], [0.0], [5_000_000]
+    for i in range(3 * repeats):
+        work, busy, joules = PATTERN[i % 3]
+        times.append(times[-1] + 10.0)
+        cum.append(tuple(c + w for c, w in zip(cum[-1], work, strict=True)))
+        gr.append(busy)
+        mj.append(mj[-1] + round(joules * 1000))
+    return times, cum, gr, mj
 
 
-def agg_engine(i: int) -> str:
-    return vllm_page(*AGG_CUM[i])
+def agg_pages(repeats: int, power_w: Sequence[float] | None = None, energy: bool = True):
+    times, cum, gr, mj = agg_series(repeats)
+
+    def dcgm(i: int) -> str:
+        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": gr[i]}
+        if energy:
+            fields["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = mj[i]
+        if power_w is not None:
+            fields["DCGM_FI_DEV_POWER_USAGE"] = power_w[i]
+        return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
+
+    return times, dcgm, (lambda i: vllm_page(*cum[i]))
+
+
+AGG_TIMES, agg_dcgm, agg_engine = agg_pages(1)
 
 
 def test_nnls_keeps_coefficients_non_negative() -> None:
@@ -112,8 +126,9 @@ def test_nnls_keeps_coefficients_non_negative() -> None:
 
 
 def test_aggregated_engine_split_by_the_fitted_work_model(fleet) -> None:
-    con = fleet(AGG_TIMES, agg_dcgm, {URL_A: agg_engine})
-    res = external_attribution(con, window(AGG_TIMES), engine_gpus={URL_A: [UUID_A]})
+    times, dcgm, engine = agg_pages(4)  # 12 intervals: enough to fit watts per phase
+    con = fleet(times, dcgm, {URL_A: engine})
+    res = external_attribution(con, window(times), engine_gpus={URL_A: [UUID_A]})
     g = res.gpu(UUID_A)
     assert (g["pool"], g["method"], g["busy_measure"], g["energy_source"]) == (
         "mixed",
@@ -122,22 +137,75 @@ def test_aggregated_engine_split_by_the_fitted_work_model(fleet) -> None:
         "counter",
     )
     assert (g["prefill_s"], g["decode_s"], g["idle_s"], g["other_busy_s"]) == pytest.approx(
-        (3.0, 7.4, 19.6, 0.0)
+        (12.0, 29.6, 78.4, 0.0)
     )
     assert g["prefill_share"] + g["decode_share"] + g["idle_share"] + g["other_busy_share"] == pytest.approx(
         1.0
     )
     e = res.engines.set_index("endpoint").loc[URL_A]
     assert (e["c_iter_s"], e["c_prompt_token_s"], e["c_gen_token_s"]) == pytest.approx((0.01, 0.001, 0.002))
-    assert (e["iterations"], e["prompt_tokens"], e["generation_tokens"]) == (400, 3000, 1700)
+    assert (e["iterations"], e["prompt_tokens"], e["generation_tokens"]) == (1600, 12000, 6800)
+    assert e["decode_batch_mean"] == pytest.approx(6800 / 1600)
     # energy: the counter's rise, apportioned by the fitted watts, sums to what was measured
-    assert g["energy_j"] == pytest.approx(3360.0)
+    assert g["energy_j"] == pytest.approx(13440.0)
     assert (g["prefill_energy_j"], g["decode_energy_j"], g["idle_energy_j"]) == pytest.approx(
-        (900.0, 1480.0, 980.0)
+        (3600.0, 5920.0, 3920.0)
     )
+    assert g["power_model_w"] == '{"idle": 50.0, "prefill": 300.0, "decode": 200.0, "other_busy": 50.0}'
     assert "estimated" in res.trust.labels and "measured" in res.trust.labels
     assert res.missing == []
     assert res.to_dict()["per_gpu"][0]["gpu"] == UUID_A
+
+
+def test_few_intervals_do_not_fit_watts_per_phase_and_say_so(fleet) -> None:
+    con = fleet(AGG_TIMES, agg_dcgm, {URL_A: agg_engine})  # 3 intervals
+    res = external_attribution(con, window(AGG_TIMES), engine_gpus={URL_A: [UUID_A]})
+    g = res.gpu(UUID_A)
+    assert (g["prefill_s"], g["decode_s"], g["idle_s"]) == pytest.approx((3.0, 7.4, 19.6))  # time still fits
+    watts = json.loads(g["power_model_w"])
+    assert watts["prefill"] == watts["decode"] > watts["idle"]  # one busy wattage
+    iv = res.intervals  # within each interval, busy energy follows busy time
+    assert (iv["prefill_energy_j"] * iv["decode_s"]).to_numpy() == pytest.approx(
+        (iv["decode_energy_j"] * iv["prefill_s"]).to_numpy()
+    )
+    parts = sum(g[f"{s}_energy_j"] for s in ("prefill", "decode", "other_busy", "idle"))
+    assert parts == pytest.approx(3360.0)
+    assert any("too few or too alike intervals" in n for n in res.trust.notes)
+
+
+def test_sglang_without_a_step_counter_fits_tokens_only(fleet) -> None:
+    # SGLang exports prompt/generation token counters but no per-step histogram; busy here is
+    # 1 ms per prompt token + 2 ms per generated token: (2000, 500) -> 3 s, (1000, 1000) -> 3 s,
+    # (0, 200) -> 0.4 s, four times over: prefill 12 s, decode 13.6 s of 120 s.
+    times, cum, _, mj = agg_series(4)
+    busy = [0.0] + [(w[1] * 0.001 + w[2] * 0.002) / 10.0 for w in (PATTERN[i % 3][0] for i in range(12))]
+
+    def dcgm(i: int) -> str:
+        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": busy[i], "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": mj[i]}
+        return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
+
+    def sglang(i: int) -> str:
+        _, prompt, generated = cum[i]
+        return (
+            "# TYPE sglang:prompt_tokens_total counter\n"
+            f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+            "# TYPE sglang:generation_tokens_total counter\n"
+            f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f'sglang:num_running_reqs{{model_name="m"}} 3\n'
+        )
+
+    con = fleet(times, dcgm, {"http://sglang-0:30000/metrics": sglang})
+    res = external_attribution(con, window(times), engine_gpus={"http://sglang-0:30000/metrics": [UUID_A]})
+    g = res.gpu(UUID_A)
+    assert (g["method"], g["prefill_s"], g["decode_s"]) == (
+        "engine-metrics",
+        pytest.approx(12.0),
+        pytest.approx(13.6),
+    )
+    e = res.engines.iloc[0]
+    assert (e["engine"], e["c_iter_s"], e["requests_running_mean"]) == ("sglang", 0.0, 3.0)
+    assert any("no iteration_tokens_total" in n for n in res.trust.notes)
 
 
 def test_engine_found_by_the_only_endpoint_on_the_gpus_node(fleet) -> None:
@@ -148,13 +216,8 @@ def test_engine_found_by_the_only_endpoint_on_the_gpus_node(fleet) -> None:
 
 
 def test_energy_integrated_from_power_without_a_counter_and_flagged(fleet) -> None:
-    power = [100.0, 200.0, 100.0, 300.0]
-
-    def dcgm(i: int) -> str:
-        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": AGG_GR[i], "DCGM_FI_DEV_POWER_USAGE": power[i]}
-        return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
-
-    con = fleet(AGG_TIMES, dcgm, {URL_A: agg_engine})
+    times, dcgm, engine = agg_pages(1, power_w=[100.0, 200.0, 100.0, 300.0], energy=False)
+    con = fleet(times, dcgm, {URL_A: engine})
     res = external_attribution(con, window(AGG_TIMES), engine_gpus={URL_A: [UUID_A]})
     g = res.gpu(UUID_A)
     assert g["energy_source"] == "integrated power"
@@ -165,18 +228,19 @@ def test_energy_integrated_from_power_without_a_counter_and_flagged(fleet) -> No
 
 
 def test_counter_reset_falls_back_to_power_for_that_interval(fleet) -> None:
+    times, _, gr, _ = agg_series(1)
     energy = [5_000_000, 6_300_000, 100_000, 810_000]  # the driver reloaded before the third scrape
 
     def dcgm(i: int) -> str:
         fields = {
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": AGG_GR[i],
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": gr[i],
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": energy[i],
             "DCGM_FI_DEV_POWER_USAGE": 120.0,
         }
         return "\n".join(gpu_lines(0, UUID_A, None, fields)) + "\n"
 
-    con = fleet(AGG_TIMES, dcgm, {URL_A: agg_engine})
-    res = external_attribution(con, window(AGG_TIMES), engine_gpus={URL_A: [UUID_A]})
+    con = fleet(times, dcgm, {URL_A: agg_engine})
+    res = external_attribution(con, window(times), engine_gpus={URL_A: [UUID_A]})
     g = res.gpu(UUID_A)
     assert g["energy_j"] == pytest.approx(1300.0 + 1200.0 + 710.0)
     assert g["energy_source"] == "counter,integrated power"
@@ -306,14 +370,14 @@ def test_mig_instances_have_their_own_time_and_share_the_gpu_energy_once(fleet) 
     [
         ("agg:1xh100-sxm", 1, 120.0),
         ("1p1d:h100-sxm", 1, 120.0),
-        ("agg:1xh100-sxm", 30, 600.0),
-        ("1p1d:h100-sxm", 30, 600.0),
+        ("agg:1xh100-sxm", 30, None),  # the vendored slice's 424 s: 14 scrape intervals
+        ("1p1d:h100-sxm", 30, None),
     ],
 )
 def test_estimate_within_15_points_of_the_simulators_truth(
-    layout: str, period_s: int, duration_s: float
+    layout: str, period_s: int, duration_s: float | None
 ) -> None:
-    requests = load_azure_trace(TRACE, duration_s=duration_s)
+    requests = load_azure_trace(vendored_trace_path(), duration_s=duration_s)  # Azure 2023 conversation
     cmp, est, scraped = validate(layout, requests, period_s=period_s)
     assert len(cmp) == (1 if layout.startswith("agg") else 2)
     assert "simulated" in est.trust.labels and "estimated" in est.trust.labels
