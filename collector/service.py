@@ -317,8 +317,8 @@ class Collector:
             if now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s:
                 self.store.checkpoint()
                 self._last_checkpoint_s = now
-            else:
-                self.store.flush()
+            else:  # committed on the store's flush thread while this one goes on (or sleeps)
+                self.store.flush(wait=False)
             self.stats.flushes += 1
             self.stats.last_flush_s = now
         except FlushError as e:

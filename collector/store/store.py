@@ -27,8 +27,8 @@ thread of its own, which writes it on a second DuckDB connection (``con.cursor()
 transaction while the writer converts the next rows (DuckDB releases the GIL while it inserts).
 One flush is in flight at a time: the next due buffer first waits for it, so at most two buffers
 are held. ``flush()``, ``checkpoint()``, ``close()``, ``transaction()``, ``telemetry_cursors()``
-and every read wait for it; telemetry batches in flight still count as stored for the duplicate
-check. A background flush that fails is rolled back (nothing of it written, the devices registry
+and every read wait for it, and so does the duplicate check of a telemetry batch that is in it
+(whether that batch is stored depends on how the flush ends). A background flush that fails is rolled back (nothing of it written, the devices registry
 re-read) and its :class:`~collector.store.errors.FlushError` is raised by the next call that
 reports it: ``flush()``, ``checkpoint()``, ``close()`` (after doing their own work) or the next
 append that finds the buffer due (which then takes nothing of its own rows: call it again).
@@ -463,15 +463,26 @@ class Store:
         row = {"node": node, "source": source, "ts_s": time.time(), "kind": kind, "message": message}
         self.append("ingest_errors", [{**row, "count": count}])
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Write buffered rows now, in one transaction; a no-op when nothing is pending.
 
         If DuckDB refuses the write (disk full, ...) the buffered rows are discarded and
         StoreError says how many; they are not retried. A background flush that failed since the
         last report raises its FlushError here, after the rows buffered since have been written.
+
+        ``wait=False`` (with a write buffer): hand the buffered rows to a background flush, once
+        the one in flight has ended, and return; the next ``flush()``, ``checkpoint()``,
+        ``close()`` or read waits for it, and the next call that reports raises its failure (this
+        call raises an earlier one's, after handing its rows on). Without a buffer: ``flush()``.
         """
         with self._lock:
-            self._flush_reporting()
+            if wait or not self._buffer_rows:
+                self._flush_reporting()
+                return
+            self._writer()
+            self._settle()
+            self._start_flight()
+            self._raise_deferred()
 
     def checkpoint(self) -> None:
         """Flush, then fold DuckDB's write-ahead log into the database file."""
@@ -493,8 +504,8 @@ class Store:
 
         Yields the writer connection; commits on success, rolls back (and raises StoreError for
         DuckDB errors) otherwise. A background flush in flight is waited for (its failure, if
-        any, is left for the next ``flush()`` to report). Used by ``collector.store.retention``. The writer's copy of
-        ``devices`` is reloaded after a commit (the SQL may have changed that table).
+        any, is left for the next ``flush()`` to report). Used by ``collector.store.retention``.
+        The writer's copy of ``devices`` is reloaded after a commit (the SQL may have changed it).
         """
         with self._lock:
             self._flush_locked()

@@ -194,3 +194,22 @@ def test_reads_and_checkpoint_wait_for_the_flush_in_flight(store_path: Path) -> 
         _gpus(store, 10.0, 8)
         store.checkpoint()
         assert _count(store, "gpu_samples") == 16
+
+
+def test_flush_without_waiting_hands_the_buffer_on_and_the_next_flush_reports_its_failure(
+    store_path: Path,
+) -> None:
+    with Store.open(store_path, buffer_rows=100) as store:
+        _unique_messages(store)
+        with _flush_held(store):
+            _gpus(store, 0.0, 5)
+            store.flush(wait=False)  # returns while the flush is held before its commit
+            assert _hosts(store, 0.0, 2) == 2
+        assert _count(store, "gpu_samples") == 5  # the read waits for it
+        store.record_ingest_error("n1", "src", "kind", "twice")
+        store.record_ingest_error("n1", "src", "kind", "twice")
+        store.flush(wait=False)  # the 2 host rows and the 2 refused ones: fails in the background
+        _hosts(store, 10.0, 1)
+        with pytest.raises(FlushError, match="background flush of 4 rows to host_samples, ingest_errors"):
+            store.flush()
+        assert (_count(store, "host_samples"), _count(store, "ingest_errors")) == (1, 0)
