@@ -6,7 +6,10 @@ to a real :class:`~collector.service.Collector` exactly as its poller threads do
 bounded queue) and written by the writer thread's own ``_drain`` (one append per source and table
 per drain, into a store opened as ``phaselens collect`` opens it: ``WRITER_BUFFER_ROWS``), at most a
 full queue (``max_queue`` results) per drain, drains back to back (a writer catching up: it
-commits once per flush interval, the store writes its buffer when full); ends with CHECKPOINT.
+commits once per flush interval, the store writes its buffer when full, on its background flush
+thread while the writer converts the next drain); ends with CHECKPOINT. ``--stages`` adds, for the
+8-GPU polls as columns, where the writer's time went (building Arrow columns, waiting for the
+flush in flight, the rest) and how long the background flushes took.
 Cases:
 
 * ``gpu_samples`` from ``GET /v1/devices``: ``add_device_columns`` (what ``ServingDevicesSource``
@@ -40,9 +43,11 @@ import gc
 import os
 import resource
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 import duckdb
 import httpx
@@ -308,12 +313,48 @@ def _envelope(source: str, seq: int, events: list[dict]) -> dict:
 DATA_TABLES = ("gpu_samples", "telemetry_batches", "iterations", "requests", "tokens", "control_events")
 
 
-def bench_collector(path: Path, results: list[SourceResult], rounds: int) -> tuple[float, dict[str, int]]:
+class StagedStore(Store):
+    """The store with stage timers (``--stages``): seconds the writer spent building Arrow columns
+    and waiting for the background flush in flight, and the flushes' own seconds (background and
+    on the writer's thread). Timing hooks only: the store's code runs unchanged."""
+
+    stages: ClassVar[dict[str, float]] = {}
+
+    def _columns_table(self, *args: Any, **kwargs: Any) -> pa.Table:
+        t = time.perf_counter()
+        try:
+            return super()._columns_table(*args, **kwargs)
+        finally:
+            self._add("writer: build Arrow columns", t)
+
+    def _settle(self) -> None:
+        waiting = self._flight is not None
+        t = time.perf_counter()
+        super()._settle()
+        if waiting:
+            self._add("writer: wait for the flush in flight", t)
+
+    def _write_pending(self, *args: Any) -> None:
+        t = time.perf_counter()
+        try:
+            super()._write_pending(*args)
+        finally:
+            on_writer = threading.current_thread() is threading.main_thread()
+            self._add("flush on the writer's thread" if on_writer else "background flushes", t)
+
+    @classmethod
+    def _add(cls, stage: str, t: float) -> None:
+        cls.stages[stage] = cls.stages.get(stage, 0.0) + time.perf_counter() - t
+
+
+def bench_collector(
+    path: Path, results: list[SourceResult], rounds: int, store_cls: type[Store] = Store
+) -> tuple[float, dict[str, int]]:
     """Rows/s of ``results`` (fed ``rounds`` times) through a real Collector's queue and writer
     drain into a store opened as ``phaselens collect`` opens it; CHECKPOINT included. The rows are
     those stored (counted in the file afterwards), per table."""
     settings = CollectorSettings(db_path=str(path), node="node-a", nvml=False)
-    with Store.open(path, buffer_rows=WRITER_BUFFER_ROWS) as store:
+    with store_cls.open(path, buffer_rows=WRITER_BUFFER_ROWS) as store:
         collector = Collector(settings, store, sources=[])
         t = time.perf_counter()
         queued = 0
@@ -463,6 +504,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-rows", type=int, default=2_000, help="rows for the row-by-row baseline")
     ap.add_argument("--no-reference", action="store_true", help="skip the DuckDB-only reference runs")
     ap.add_argument("--no-dcgm", action="store_true", help="skip the dcgm-exporter cases (slow to prepare)")
+    ap.add_argument(
+        "--stages", action="store_true", help="time the stages of the 8-GPU polls as columns (one more run)"
+    )
     args = ap.parse_args(argv)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
@@ -515,6 +559,13 @@ def main(argv: list[str] | None = None) -> None:
             n,
             collector_case("cols", cols, rounds),
         )
+        if args.stages:
+            StagedStore.stages.clear()
+            t = time.perf_counter()
+            bench_collector(tmp_path / "stages.duckdb", cols, rounds, StagedStore)
+            wall = time.perf_counter() - t
+            stages = ", ".join(f"{k} {v:.2f} s" for k, v in StagedStore.stages.items())
+            print(f"    stages of one more such run ({wall:.2f} s in all): {stages}")
         run(
             "  gpu_samples: the same 8-GPU polls as lists of dicts (the source before)",
             n,

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from collector.reports import DEFAULT_SCHEDULES, ReportScheduler, parse_schedules
 from collector.sources.base import Source, SourceResult
@@ -31,6 +31,7 @@ from collector.sources.serving_stack import (
     ServingTelemetrySource,
 )
 from collector.store import (
+    FlushError,
     ImportResult,
     RetentionPolicy,
     Store,
@@ -42,6 +43,7 @@ from collector.store import (
 from collector.store.columns import ColumnBlock
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class CollectorNotRunning(Exception):
@@ -97,6 +99,8 @@ class WriterStats:
     duplicates: dict[str, int] = field(default_factory=dict)
     results_dropped: int = 0  # poll results dropped because the writer fell behind
     store_errors: int = 0
+    # rows counted in rows_written that a background flush of the store then failed to write
+    rows_lost: int = 0
     flushes: int = 0
     retention_runs: int = 0
     raw_rows_rolled_up: int = 0
@@ -159,7 +163,10 @@ class Collector:
             t.join(timeout=10)
         self._close_jobs()
         self._drain()
-        self.store.checkpoint()
+        try:
+            self.store.checkpoint()
+        except FlushError as e:  # an earlier background flush failed: counted; the rest is written
+            self._flush_failed(e)
         for src in self.sources:
             src.close()
 
@@ -317,10 +324,12 @@ class Collector:
             if now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s:
                 self.store.checkpoint()
                 self._last_checkpoint_s = now
-            else:
-                self.store.flush()
+            else:  # committed on the store's flush thread while this one goes on (or sleeps)
+                self.store.flush(wait=False)
             self.stats.flushes += 1
             self.stats.last_flush_s = now
+        except FlushError as e:
+            self._flush_failed(e)
         except StoreError as e:
             self.stats.store_errors += 1
             self.stats.last_error = str(e)
@@ -344,7 +353,7 @@ class Collector:
                     columns[table] = list(blocks)
         for table, blocks in columns.items():
             try:
-                written = self.store.append_columns(table, blocks)
+                written = self._taking(partial(self.store.append_columns, table, blocks))
                 self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
             except StoreError as e:
                 self._rejected(source, e, sum(b.n for b in blocks))
@@ -359,7 +368,7 @@ class Collector:
                         self.stats.duplicates[table] = self.stats.duplicates.get(table, 0) + duplicates
                     written = len(ingests) - duplicates
                 else:
-                    written = self.store.append(table, rows)
+                    written = self._taking(partial(self.store.append, table, rows))
                 self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
             except StoreError as e:  # bad rows from a source: counted, the service carries on
                 self._rejected(source, e, len(rows))
@@ -372,18 +381,35 @@ class Collector:
         """All of a source's telemetry batches of this flush in one append; when the store refuses
         them, batch by batch, so that only a bad batch is lost (counted as store_rejected)."""
         node, endpoint = self.settings.node, self._endpoints.get(source)
+        append = partial(self.store.append_telemetry_batches, node=node, endpoint=endpoint)
         try:
-            return self.store.append_telemetry_batches(batches, node, endpoint=endpoint)
+            return self._taking(partial(append, batches))
         except StoreError:
             if len(batches) == 1:
                 raise
         ingests: list[TelemetryIngest] = []
         for batch in batches:
             try:
-                ingests += self.store.append_telemetry_batches([batch], node, endpoint=endpoint)
+                ingests += self._taking(partial(append, [batch]))
             except StoreError as e:
                 self._rejected(source, e, 1)
         return ingests
+
+    def _taking(self, append: Callable[[], T]) -> T:
+        """``append()``; when it reports that an earlier background flush failed (a store error,
+        not this source's: the append took nothing of its rows), count that and append again."""
+        try:
+            return append()
+        except FlushError as e:
+            self._flush_failed(e)
+        return append()
+
+    def _flush_failed(self, error: FlushError) -> None:
+        """A background flush of the store failed: its rows, already counted as written, are lost."""
+        self.stats.store_errors += 1
+        self.stats.rows_lost += error.rows
+        self.stats.last_error = str(error)
+        log.error("store flush failed, %d rows lost: %s", error.rows, error)
 
     def _rejected(self, source: str, error: StoreError, n: int) -> None:
         """Rows of ``source`` the store refused: counted in ingest_errors and as the source's own
@@ -397,7 +423,11 @@ class Collector:
 
     def _record(self, source: str, kind: str, message: str, count: int) -> None:
         try:
-            self.store.record_ingest_error(self.settings.node, source, kind, message[:2000], count)
+            self._taking(
+                partial(
+                    self.store.record_ingest_error, self.settings.node, source, kind, message[:2000], count
+                )
+            )
         except StoreError as e:
             log.error("could not record an ingest error: %s", e)
 
@@ -421,6 +451,7 @@ class Collector:
                 "duplicates": self.stats.duplicates,
                 "results_dropped": self.stats.results_dropped,
                 "store_errors": self.stats.store_errors,
+                "rows_lost": self.stats.rows_lost,
                 "flushes": self.stats.flushes,
                 "retention_runs": self.stats.retention_runs,
                 "raw_rows_rolled_up": self.stats.raw_rows_rolled_up,

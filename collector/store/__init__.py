@@ -1,11 +1,11 @@
 """The collector's DuckDB store (single writer): schema migrations, batched appends, retention.
 
-Public API: :class:`Store` (``Store.open``), :class:`StoreError`, :class:`StoreLockedError`,
+Public API: :class:`Store` (``Store.open``), :class:`StoreError`, :class:`StoreLockedError`, :class:`FlushError`,
 :class:`TelemetryIngest`, the functions in :mod:`collector.store.retention` and, for simulated
 scenarios, :mod:`collector.store.scenarios`.
 """
 
-from collector.store.errors import ExportFormatError, StoreError, StoreLockedError
+from collector.store.errors import ExportFormatError, FlushError, StoreError, StoreLockedError
 from collector.store.retention import (
     EXPORT_MANIFEST,
     ExportResult,
@@ -32,6 +32,7 @@ __all__ = [
     "Column",
     "ExportFormatError",
     "ExportResult",
+    "FlushError",
     "ImportResult",
     "Migration",
     "RetentionPolicy",

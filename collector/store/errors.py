@@ -13,3 +13,16 @@ class StoreLockedError(StoreError):
 
 class ExportFormatError(StoreError):
     """A directory given to import is not a Parquet export this store can take (nothing imported)."""
+
+
+class FlushError(StoreError):
+    """A background flush of the write buffer failed: its rows (``rows``, in ``tables``) were rolled
+    back, none of them written. Raised by the next call that waits for that flush (``flush``,
+    ``checkpoint``, ``close``, or an append that finds the buffer due); an append that raises it
+    took nothing of its own rows (call it again), ``flush``/``checkpoint``/``close`` raise it after
+    doing their own work."""
+
+    def __init__(self, message: str, *, tables: tuple[str, ...], rows: int) -> None:
+        super().__init__(message)
+        self.tables = tables
+        self.rows = rows

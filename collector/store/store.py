@@ -5,7 +5,8 @@ thread, which drains its queues and appends whatever has accumulated). Every wri
 an internal lock, so a stray call from another thread is serialised rather than corrupting state.
 Read methods (``query``, ``range``, ``latest_per_device``) run on their own DuckDB cursor and may
 be called from any thread concurrently with the writer; they see committed data only (not rows
-still in the write buffer -- call ``flush()`` from the writer first where that matters).
+still in the write buffer -- call ``flush()`` from the writer first where that matters), and
+wait for a background flush in flight (below) before they start.
 
 Device attributes: ``gpu_samples`` input may be "wide" (``kind``, ``uuid``, ``name``, ``k8s_*`` on
 every row, as ``DeviceSample`` and the sources produce it); the store writes the samples without
@@ -20,6 +21,20 @@ pending (or ``flush()``/``checkpoint()``/``close()``): a crash loses at most tho
 so a buffering writer should also call ``flush()`` on a timer (e.g. every second). Batches of at
 least DuckDB's row-group size (122,880 rows) are written straight into the file, which makes the
 buffer worth having at high sample rates.
+
+Background flush (``buffer_rows > 0``): a buffer that becomes due in an append is handed to a
+thread of its own, which writes it on a second DuckDB connection (``con.cursor()``) in its own
+transaction while the writer converts the next rows (DuckDB releases the GIL while it inserts).
+One flush is in flight at a time: the next due buffer first waits for it, so at most two buffers
+are held. ``flush()``, ``checkpoint()``, ``close()``, ``transaction()``, ``telemetry_cursors()``
+and every read wait for it, and so does the duplicate check of a telemetry batch that is in it
+(whether that batch is stored depends on how the flush ends). A background flush that fails is rolled back (nothing of it written, the devices registry
+re-read) and its :class:`~collector.store.errors.FlushError` is raised by the next call that
+reports it: ``flush()``, ``checkpoint()``, ``close()`` (after doing their own work) or the next
+append that finds the buffer due (which then takes nothing of its own rows: call it again).
+Until a ``flush()`` returns, its rows may be in the buffer or in flight: a kill -9 loses at most
+what was appended since the last ``flush()`` returned, as without it. With ``buffer_rows = 0``
+every append is written, synchronously, before it returns.
 """
 
 from __future__ import annotations
@@ -47,7 +62,7 @@ import pyarrow.compute as pc
 
 from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
-from collector.store.errors import StoreError, StoreLockedError
+from collector.store.errors import FlushError, StoreError, StoreLockedError
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
 from collector.store.tables import TABLES, table_spec
 from collector.store.telemetry_rows import BatchKey, TelemetryColumns, check_envelope
@@ -118,7 +133,12 @@ class Store:
         "_buffer_rows",
         "_columns",
         "_con",
+        "_deferred",
         "_devices",
+        "_devices_lock",
+        "_flight",
+        "_flight_con",
+        "_inflight_batches",
         "_lock",
         "_pending",
         "_pending_batches",
@@ -141,7 +161,12 @@ class Store:
         self._pending: dict[str, list[pa.Table]] = {}
         self._pending_rows = 0
         self._pending_wide: list[pa.Table] = []  # gpu_samples input whose devices rows are due at flush
-        self._pending_batches: set[tuple[str, str, int, float]] = set()  # telemetry batches in the buffer
+        self._pending_batches: set[BatchKey] = set()  # telemetry batches in the buffer
+        self._flight: _Flight | None = None  # the background flush being written, if any
+        self._flight_con: duckdb.DuckDBPyConnection | None = None  # its cursor (made on first use)
+        self._inflight_batches: set[BatchKey] = set()  # telemetry batches of that flush
+        self._deferred: FlushError | None = None  # a failed background flush not yet reported
+        self._devices_lock = threading.Lock()  # the registry: the writer's notes, a flight's changes
         self._columns = _load_columns(con)
         # what a wide gpu_samples input may carry: the table's columns + the device attributes
         self._wide_samples = {
@@ -199,8 +224,12 @@ class Store:
                 return
             try:
                 if not self.read_only:
-                    self._flush_locked()
+                    self._flush_reporting()
             finally:
+                self._settle()  # a flush still in flight (e.g. interrupted wait) ends first
+                if self._flight_con is not None:
+                    self._flight_con.close()
+                    self._flight_con = None
                 self._con.close()
                 self._con = None
 
@@ -247,7 +276,8 @@ class Store:
         with self._lock:
             self._writer()
             if table == "devices":
-                self._devices.note(data)
+                with self._devices_lock:
+                    self._devices.note(data)
             self._enqueue({table: data})
         return data.num_rows
 
@@ -268,7 +298,8 @@ class Store:
         with self._lock:
             self._writer()
             if table == "devices":
-                self._devices.note(data)
+                with self._devices_lock:
+                    self._devices.note(data)
             self._enqueue({table: data})
         return data.num_rows
 
@@ -395,9 +426,7 @@ class Store:
                 ]
                 parts["ingest_errors"] = self._to_arrow("ingest_errors", rows)
             if parts:
-                self._enqueue(parts)
-                if self._pending:
-                    self._pending_batches.update(keys)
+                self._enqueue(parts, keys=keys)
         return results
 
     def telemetry_cursors(self, node: str, endpoint: str) -> dict[str, tuple[int, float]]:
@@ -405,7 +434,7 @@ class Store:
         batch stored (by arrival; rows stored before version 8 have no endpoint and count too).
         A collector resumes its cursors from these after a restart."""
         with self._lock:
-            self._flush_locked()
+            self._flush_locked()  # waits for a flush in flight; its failure stays for flush()
         rows = self.query(
             "SELECT source, seq, sent_s FROM telemetry_batches "
             "WHERE node = ? AND (endpoint = ? OR endpoint IS NULL) "
@@ -434,31 +463,49 @@ class Store:
         row = {"node": node, "source": source, "ts_s": time.time(), "kind": kind, "message": message}
         self.append("ingest_errors", [{**row, "count": count}])
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Write buffered rows now, in one transaction; a no-op when nothing is pending.
 
         If DuckDB refuses the write (disk full, ...) the buffered rows are discarded and
-        StoreError says how many; they are not retried.
+        StoreError says how many; they are not retried. A background flush that failed since the
+        last report raises its FlushError here, after the rows buffered since have been written.
+
+        ``wait=False`` (with a write buffer): hand the buffered rows to a background flush, once
+        the one in flight has ended, and return; the next ``flush()``, ``checkpoint()``,
+        ``close()`` or read waits for it, and the next call that reports raises its failure (this
+        call raises an earlier one's, after handing its rows on). Without a buffer: ``flush()``.
         """
         with self._lock:
-            self._flush_locked()
+            if wait or not self._buffer_rows:
+                self._flush_reporting()
+                return
+            self._writer()
+            self._settle()
+            self._start_flight()
+            self._raise_deferred()
 
     def checkpoint(self) -> None:
         """Flush, then fold DuckDB's write-ahead log into the database file."""
         with self._lock:
-            self._flush_locked()
             try:
-                self._conn().execute("CHECKPOINT")
-            except duckdb.Error as e:
-                raise StoreError(f"checkpoint of {self.path} failed: {e}") from e
+                self._flush_locked()
+                try:
+                    self._conn().execute("CHECKPOINT")
+                except duckdb.Error as e:
+                    raise StoreError(f"checkpoint of {self.path} failed: {e}") from e
+            except StoreError as e:
+                self._raise_deferred(also=e)
+                raise
+            self._raise_deferred()
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """Flush, then hold the writer lock and one transaction for multi-statement SQL.
 
         Yields the writer connection; commits on success, rolls back (and raises StoreError for
-        DuckDB errors) otherwise. Used by ``collector.store.retention``. The writer's copy of
-        ``devices`` is reloaded after a commit (the SQL may have changed that table).
+        DuckDB errors) otherwise. A background flush in flight is waited for (its failure, if
+        any, is left for the next ``flush()`` to report). Used by ``collector.store.retention``.
+        The writer's copy of ``devices`` is reloaded after a commit (the SQL may have changed it).
         """
         with self._lock:
             self._flush_locked()
@@ -481,9 +528,12 @@ class Store:
     def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A fresh DuckDB cursor for reading, usable from any thread; closed afterwards.
 
-        DuckDB errors raised inside the block become StoreError.
+        DuckDB errors raised inside the block become StoreError. A background flush in flight is
+        waited for first (its failure is left for the writer's next ``flush()``), so a read sees
+        every flush begun before it, as when flushes ran on the writer's own thread.
         """
         with self._lock:
+            self._settle()
             cur = self._conn().cursor()
         try:
             yield cur
@@ -613,30 +663,123 @@ class Store:
         """The devices rows that pending wide batches add, in append order (recorded as written)."""
         return [row for batch in batches for row in self._devices.changes(batch)]
 
+    def _device_changes_locked(self, batches: list[pa.Table]) -> list[dict[str, Any]]:
+        with self._devices_lock:
+            return self._device_changes(batches)
+
     def _reload_devices(self) -> None:
         """Re-read ``devices`` after a write that failed or SQL that may have changed it."""
-        try:
-            self._devices.load(self._writer())
-        except duckdb.Error:
-            self._devices.clear()  # every GPU's next sample writes its attributes again
+        with self._devices_lock:
+            try:
+                self._devices.load(self._writer())
+            except duckdb.Error:
+                self._devices.clear()  # every GPU's next sample writes its attributes again
 
-    def _enqueue(self, parts: Mapping[str, pa.Table], wide: pa.Table | None = None) -> None:
-        """Add converted tables (and the device attributes of wide gpu_samples input) to the buffer
-        (atomically) and write when due."""
+    def _enqueue(
+        self, parts: Mapping[str, pa.Table], wide: pa.Table | None = None, keys: Iterable[BatchKey] = ()
+    ) -> None:
+        """Add converted tables (the device attributes of wide gpu_samples input, the keys of the
+        telemetry batches they hold) to the buffer, atomically, and write when due: at once with
+        no buffer, else on a background flush once the previous one has ended. A previous one that
+        failed raises its FlushError here, before anything of this call is taken."""
         with self._lock:
             self._writer()
+            rows = sum(data.num_rows for data in parts.values())
+            due = self._pending_rows + rows >= self._buffer_rows
+            if due and self._buffer_rows:
+                self._settle()  # double buffering: one flush in flight at most
+                self._raise_deferred()
             if wide is not None and wide.num_rows:
                 self._pending_wide.append(wide)
             for name, data in parts.items():
                 if data.num_rows:
                     self._pending.setdefault(name, []).append(data)
                     self._pending_rows += data.num_rows
-            if self._pending_rows >= self._buffer_rows:
+            self._pending_batches.update(keys)
+            if not due:
+                return
+            if self._buffer_rows:
+                self._start_flight()
+            else:
                 self._flush_locked()
 
+    def _take_pending(self) -> tuple[dict[str, list[pa.Table]], int, list[pa.Table]]:
+        pending, rows, wide = self._pending, self._pending_rows, self._pending_wide
+        self._pending, self._pending_rows, self._pending_wide = {}, 0, []
+        return pending, rows, wide
+
+    def _start_flight(self) -> None:
+        """Hand the buffer to a background flush (caller holds the lock; none is in flight)."""
+        if not self._pending:
+            return
+        pending, rows, wide = self._take_pending()
+        self._inflight_batches, self._pending_batches = self._pending_batches, set()
+        if self._flight_con is None:
+            self._flight_con = self._writer().cursor()  # a connection of its own: one per thread
+        job = _Job(self._write_pending, self._flight_con, pending, rows, wide, background=True)
+        self._flight = _Flight(job, tuple(pending), rows)
+
+    def _settle(self) -> None:
+        """Wait for the background flush in flight, if any (caller holds the lock). A failure
+        re-reads the devices registry and is kept for the next call that reports it."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return
+        try:
+            flight.job.result()
+        except BaseException as e:
+            self._reload_devices()  # devices rows of the discarded flush were not written
+            detail = e.__cause__ if isinstance(e, StoreError) and e.__cause__ is not None else e
+            if self._flight_con is not None:  # the next flush gets a fresh connection
+                try:
+                    self._flight_con.close()
+                except duckdb.Error:
+                    pass
+                self._flight_con = None
+            err = FlushError(
+                f"background flush of {flight.rows} rows to {', '.join(flight.tables)} failed and "
+                f"was rolled back (nothing of it written): {detail}",
+                tables=flight.tables,
+                rows=flight.rows,
+            )
+            err.__cause__ = e
+            earlier = self._deferred
+            if earlier is not None:
+                err = FlushError(
+                    f"{earlier}; then {err}",
+                    tables=tuple(dict.fromkeys((*earlier.tables, *err.tables))),
+                    rows=earlier.rows + err.rows,
+                )
+            self._deferred = err
+        finally:
+            self._inflight_batches = set()  # written (the store finds them) or not at all
+
+    def _raise_deferred(self, also: StoreError | None = None) -> None:
+        """Raise the failure of a background flush not yet reported (with ``also``, an error of
+        the caller's own work, in its message)."""
+        err, self._deferred = self._deferred, None
+        if err is None:
+            return
+        if also is not None:
+            raise FlushError(f"{err}; then: {also}", tables=err.tables, rows=err.rows) from also
+        raise err
+
+    def _flush_reporting(self) -> None:
+        """Write the buffer now, then raise a background flush's unreported failure."""
+        try:
+            self._flush_locked()
+        except StoreError as e:
+            self._raise_deferred(also=e)
+            raise
+        self._raise_deferred()
+
     def _seen_batches(self, keys: Sequence[BatchKey]) -> set[BatchKey]:
-        """Those of ``keys`` already stored or buffered (caller holds the lock): one query for all."""
-        seen = {k for k in keys if k in self._pending_batches}
+        """Those of ``keys`` already stored or buffered (caller holds the lock): one query for all.
+        A key of the flush in flight waits for it: whether that batch is stored depends on how
+        the flush ends (a failed one wrote nothing, so the batch read again is stored)."""
+        if any(k in self._inflight_batches for k in keys):
+            self._settle()
+        seen = {k for k in keys if k in self._pending_batches or k in self._inflight_batches}
         rest = [k for k in keys if k not in seen]
         if not rest:
             return seen
@@ -667,14 +810,29 @@ class Store:
         return seen | {(n, s, int(q), float(t)) for n, s, q, t in found}
 
     def _flush_locked(self) -> None:
+        """Wait for a flush in flight, then write the buffer on the writer's connection."""
+        self._settle()
         if not self._pending:
             return
-        pending, rows, wide = self._pending, self._pending_rows, self._pending_wide
-        self._pending, self._pending_rows, self._pending_wide = {}, 0, []
+        pending, rows, wide = self._take_pending()
         self._pending_batches.clear()
-        con = self._writer()
+        try:
+            self._write_pending(self._writer(), pending, rows, wide)
+        except BaseException:
+            self._reload_devices()  # devices rows of the discarded batch were not written
+            raise
+
+    def _write_pending(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        pending: Mapping[str, list[pa.Table]],
+        rows: int,
+        wide: list[pa.Table],
+    ) -> None:
+        """Write buffered tables, and the devices rows their wide samples add, in one transaction
+        on ``con``; on failure roll back (the caller restores the devices registry)."""
         background = sum(w.num_rows for w in wide) >= _BACKGROUND_DEVICE_ROWS
-        devices = _Job(self._device_changes, wide, background=background)
+        devices = _Job(self._device_changes_locked, wide, background=background)
         con.begin()
         try:
             try:
@@ -687,8 +845,10 @@ class Store:
                 _insert(con, "devices", [self._to_arrow("devices", changed)])
             con.commit()
         except BaseException as e:
-            con.rollback()
-            self._reload_devices()  # devices rows of the discarded batch were not written
+            try:
+                con.rollback()
+            except duckdb.Error:
+                pass  # a connection that broke keeps nothing of its transaction either
             if isinstance(e, duckdb.Error):
                 raise StoreError(
                     f"writing {rows} rows to {', '.join(pending)} failed (nothing written): {e}"
@@ -696,11 +856,20 @@ class Store:
             raise
 
 
-class _Job:
-    """``fn(arg)``, on a thread of its own when ``background`` (else when the result is asked for)."""
+@dataclass(frozen=True, slots=True)
+class _Flight:
+    """A background flush: its job and what it writes (for the error that names them)."""
 
-    def __init__(self, fn: Callable[[Any], Any], arg: Any, *, background: bool) -> None:
-        self._fn, self._arg = fn, arg
+    job: _Job
+    tables: tuple[str, ...]
+    rows: int
+
+
+class _Job:
+    """``fn(*args)``, on a thread of its own when ``background`` (else when the result is asked for)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, background: bool) -> None:
+        self._fn, self._args = fn, args
         self._value: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True) if background else None
@@ -709,7 +878,7 @@ class _Job:
 
     def _run(self) -> None:
         try:
-            self._value = self._fn(self._arg)
+            self._value = self._fn(*self._args)
         except BaseException as e:  # handed to the caller by result()
             self._error = e
 
@@ -719,7 +888,7 @@ class _Job:
 
     def result(self) -> Any:
         if self._thread is None:
-            return self._fn(self._arg)
+            return self._fn(*self._args)
         self.join()
         if self._error is not None:
             raise self._error

@@ -184,3 +184,26 @@ def test_drains_commit_once_per_flush_interval_and_stop_writes_the_rest(tmp_path
             collector._drain()  # due every time: committed at once
             assert stored(store) == k + 1
         assert collector.stats.flushes == 3
+
+
+def test_a_failed_background_flush_is_a_store_error_not_a_rejection_of_the_source_appending(
+    tmp_path: Path,
+) -> None:
+    with Store.open(tmp_path / "f.duckdb", buffer_rows=3) as store:
+        with store.transaction() as con:  # a write DuckDB refuses: two samples with the same ts_s
+            con.execute("CREATE UNIQUE INDEX one_ts ON gpu_samples(ts_s)")
+        collector = Collector(CollectorSettings(nvml=False, flush_interval_s=3600.0), store, sources=[])
+        for k in (0, 0, 1):
+            collector._put(_gpu_poll(k))
+        collector._drain()  # 3 rows: due, handed to a background flush, which fails
+        for k in (2, 3, 4):
+            collector._put(_gpu_poll(k))
+        collector._drain()  # due again: the append reports the failed flush, then is taken
+        collector.stop()
+        assert (collector.stats.store_errors, collector.stats.rows_lost) == (1, 3)
+        assert "background flush of 3 rows to gpu_samples" in collector.stats.last_error
+        assert collector.stats.rows_written == {"gpu_samples": 6}
+        assert collector.health()["writer"]["rows_lost"] == 3
+        stored = store.query("SELECT ts_s FROM gpu_samples ORDER BY 1")["ts_s"].tolist()
+        assert stored == [2.0, 3.0, 4.0]
+        assert store.query("SELECT count(*) AS n FROM ingest_errors")["n"][0] == 0  # no source's rejection
