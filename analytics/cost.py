@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from analytics.jsonable import json_safe
 from analytics.prices import (
     DEFAULT_SOURCES,
     PriceError,
@@ -125,7 +126,7 @@ class AnnualProjection:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_safe(asdict(self)) | {"sentence": self.sentence()}
+        return json_safe(asdict(self)) | {"sentence": self.sentence()}
 
 
 @dataclass(slots=True)
@@ -176,16 +177,16 @@ class CostBreakdown:
 
     def to_dict(self) -> dict[str, Any]:
         def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-            return _json_safe(df.to_dict("records"))
+            return json_safe(df.to_dict("records"))
 
         return {
-            "total": _json_safe(self.headline()),
+            "total": json_safe(self.headline()),
             "by_model": records(self.by_model),
             "by_pool": records(self.by_pool),
             "by_gpu": records(self.by_gpu),
             "by_hour": records(self.by_hour),
             "prices": self.prices.to_dict(),
-            "tokens": _json_safe(self.tokens),
+            "tokens": json_safe(self.tokens),
             "trust": self.trust.to_dict(),
         }
 
@@ -600,15 +601,3 @@ def _money(x: float) -> str:
     if abs(x) >= 1e3:
         return f"{x:,.0f}"
     return f"{x:,.2f}"
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj

@@ -29,6 +29,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from analytics.jsonable import json_safe
 from analytics.trust import EMULATED, ESTIMATED, HOST_BOUND, MEASURED, SIMULATED, Trust
 from analytics.window import AnalyticsError, Window
 from serving.sim.summary import SloSpec
@@ -71,7 +72,7 @@ class Percentiles:
     bounds_s: dict[str, tuple[float, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self), inf_as_text=True)
 
 
 @dataclass(slots=True)
@@ -102,9 +103,9 @@ class LatencySummary:
             "by_status": dict(self.by_status),
             "by_trust": dict(self.by_trust),
             "percentiles": {k: v.to_dict() for k, v in self.percentiles.items()},
-            "attainment": _json_safe(self.attainment),
+            "attainment": json_safe(self.attainment, inf_as_text=True),
             "bucket_s": self.bucket_s,
-            "over_time": _json_safe(self.over_time.to_dict("records")),
+            "over_time": json_safe(self.over_time.to_dict("records"), inf_as_text=True),
             "estimated": {k: v.to_dict() for k, v in self.estimated.items()},
             "trust": self.trust.to_dict(),
         }
@@ -465,15 +466,3 @@ def histogram_percentiles(con: duckdb.DuckDBPyConnection, window: Window) -> dic
             bounds_s={k: v[1] for k, v in estimates.items()},
         )
     return out
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None if math.isnan(obj) else ("+Inf" if obj > 0 else "-Inf")
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj

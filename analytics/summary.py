@@ -10,7 +10,6 @@ itself or asked the service.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import duckdb
 
+from analytics.jsonable import json_safe
 from analytics.trust import Trust
 from analytics.window import Window
 
@@ -34,7 +34,7 @@ class Summary:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_safe(
+        return json_safe(
             {
                 "window": self.window.describe(),
                 "trust": self.trust.to_dict(),
@@ -43,18 +43,6 @@ class Summary:
                 "seconds": self.seconds,
             }
         )
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set):
-        return [_json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _json_safe(obj.item())
-    return obj
 
 
 def _as_dict(result: Any) -> dict[str, Any]:
@@ -166,16 +154,24 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _grid(header: list[str], rows: list[list[str]], *, rule: bool = False) -> list[str]:
+    """Aligned text columns: the first left-aligned, the others right-aligned; ``rule`` under the header."""
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+
+    return [line(header)] + (["  ".join("-" * w for w in widths)] if rule else []) + [line(r) for r in rows]
+
+
 def _table(rows: list[dict[str, Any]], limit: int = 40) -> list[str]:
     cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], dict | list)))
     if not cols:
         return []
-    shown = rows[:limit]
-    cells = [cols] + [[_cell(r.get(c)) for c in cols] for r in shown]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells[1:]]
+    lines = _grid(cols, [[_cell(r.get(c)) for c in cols] for r in rows[:limit]], rule=True)
     if len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows (--json for all)")
     return lines
@@ -220,23 +216,7 @@ def _usd(x: Any) -> str:
 def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
     if not rows:
         return []
-    cells = [header, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    out = ["", title]
-    out.append(
-        "  "
-        + "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
-        )
-    )
-    out += [
-        "  "
-        + "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]
-    return out
+    return ["", title, *("  " + line for line in _grid(header, rows))]
 
 
 def _phase_lines(parts: dict[str, Any]) -> list[str]:

@@ -55,7 +55,7 @@ from serving.sim.device_model import (  # noqa: E402
     measured_dispatch_delay_s,
 )
 from serving.sim.layout import parse_layout  # noqa: E402
-from serving.sim.samples import _Cumulative  # noqa: E402
+from serving.sim.samples import CumulativeCounters  # noqa: E402
 from serving.sim.simulator import SimResult, Simulation  # noqa: E402
 from serving.telemetry import TelemetryReader  # noqa: E402
 from serving.trace import TraceRequest, poisson_trace  # noqa: E402
@@ -221,7 +221,7 @@ def sim_energy_j(result: SimResult, t_from_s: float, t_to_s: float) -> float:
     energy = 0.0
     for replica in result.replicas:
         locked = replica.pool.sm_clock_mhz
-        cum = _Cumulative(replica.intervals, spec, locked[1] if locked else None)
+        cum = CumulativeCounters(replica.intervals, spec, locked[1] if locked else None)
         hi = float(cum.at(np.asarray([max(0.0, t_to_s)]))["energy"][0])
         lo = float(cum.at(np.asarray([max(0.0, t_from_s)]))["energy"][0])
         idle_before = spec.idle_w * max(0.0, -t_from_s)

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -881,6 +882,8 @@ def cmd_report(args: Any) -> int:
 def _report_on_file(db: str, params: dict[str, Any]) -> Report:
     from collector.store import Store, StoreError, StoreLockedError
 
+    if not Path(db).is_file():  # a report on a store that does not exist would create an empty one
+        raise ReportError(f"--db {db}: no such store file")
     try:
         store = Store.open(db)
     except StoreLockedError as e:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -26,13 +25,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from collector.store.scenarios import SIMULATED, scenario_node
 from serving.trace import TraceRequest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def new_scenario_id() -> str:
@@ -49,6 +47,8 @@ class ScenarioWriter:
     def __init__(self, store: Any, scenario_id: str, *, batches_per_write: int = 32) -> None:
         self.store = store
         self.scenario_id = scenario_id
+        from collector.store.scenarios import scenario_node  # the store loads only when a run is stored
+
         self.node = scenario_node(scenario_id)
         self.counts: dict[str, int] = {"iterations": 0, "requests": 0, "tokens": 0, "control_events": 0}
         self.seconds = 0.0
@@ -89,6 +89,8 @@ class ScenarioWriter:
     ) -> dict[str, int]:
         """Write what is left: pending batches, each GPU's devices row and samples, the scenario.
         Returns the rows written per table."""
+        from analytics.jsonable import json_safe
+        from collector.store.scenarios import SIMULATED
         from serving.devices.gpu_model import weight_bytes
         from serving.sim.samples import replica_samples
 
@@ -137,7 +139,7 @@ class ScenarioWriter:
             "start_s": result.start_s,
             "end_s": result.end_s,
             "wall_s": result.wall_s,
-            "summary": _json_safe(summary or {}),
+            "summary": json_safe(summary or {}),
         }
         counts["scenarios"] = store.append("scenarios", [row])
         store.flush()
@@ -164,6 +166,11 @@ def store_simulation(
 
 
 def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
+    import numpy as np
+    import pyarrow as pa
+
+    from collector.store.scenarios import SIMULATED
+
     n = cols.n
     data: dict[str, Any] = {}
     for key, values in cols.columns.items():
@@ -182,16 +189,6 @@ def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Tabl
         role=pa.array([cols.role] * n, pa.string()),
     )
     return pa.table(data)
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 # -- stored traffic as a trace ----------------------------------------------------------------------
@@ -397,7 +394,7 @@ def _run(
         for layout in layouts:
             sid = new_scenario_id()
             writer = ScenarioWriter(sink.store, sid) if sink is not None else None
-            bar = _progress(layout.name, not args.no_progress)
+            bar = _Bar(layout.name, not args.no_progress)
             result = Simulation(
                 layout,
                 shape,
@@ -435,7 +432,9 @@ def _run(
             f"as node sim:{sid}, labelled simulated"
         )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps([_json_safe(s.to_dict()) for s in summaries], indent=1))
+        from analytics.jsonable import json_safe
+
+        Path(args.json_out).write_text(json.dumps([json_safe(s.to_dict()) for s in summaries], indent=1))
     return 0
 
 
@@ -463,10 +462,6 @@ class _Bar:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-
-
-def _progress(label: str, enabled: bool) -> _Bar:
-    return _Bar(label, enabled)
 
 
 class _Sink:

@@ -30,6 +30,12 @@ class ScheduledSeq:
         return self.context_len == self.seq.num_tokens
 
 
+def _phase(prefill_tokens: int, decode_seqs: int) -> str:
+    if prefill_tokens and decode_seqs:
+        return "mixed"
+    return "prefill" if prefill_tokens else "decode" if decode_seqs else "idle"
+
+
 class IterationTally(NamedTuple):
     """What an iteration computes, in the field order of ``serving.devices.IterationWork``."""
 
@@ -57,8 +63,7 @@ class SchedulerOutput:
 
     @property
     def phase(self) -> str:
-        p, d = self.prefill_tokens, self.decode_seqs
-        return "mixed" if p and d else "prefill" if p else "decode" if d else "idle"
+        return _phase(self.prefill_tokens, self.decode_seqs)
 
     def tally(self) -> IterationTally:
         """The iteration's work in one pass (what a device model needs to time it)."""
@@ -74,8 +79,9 @@ class SchedulerOutput:
                 prefill += n
             else:
                 decode += 1
-        phase = "mixed" if prefill and decode else "prefill" if prefill else "decode" if decode else "idle"
-        return IterationTally(phase, prefill, decode, context, len(self.items), pairs, sampled)
+        return IterationTally(
+            _phase(prefill, decode), prefill, decode, context, len(self.items), pairs, sampled
+        )
 
 
 class Scheduler:

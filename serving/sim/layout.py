@@ -19,7 +19,7 @@ unknown GPU or link, or knobs outside the GPU's bounds.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from serving.config import ConfigError, ModelConfig
@@ -74,7 +74,6 @@ class Layout:
     profile: str | None = None  # None: the GPU model's default engine profile
     gpu_memory_utilization: float = 0.9
     name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def mode(self) -> str:
@@ -259,7 +258,3 @@ def check_layout(layout: Layout, shape: ModelConfig) -> dict[str, int]:
                 )
         capacity[pool.role] = tokens  # every TP rank holds its heads' share of the same tokens
     return capacity
-
-
-def with_name(layout: Layout, name: str) -> Layout:
-    return replace(layout, name=name)

@@ -19,7 +19,7 @@ import numpy as np
 
 from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
 from serving.devices.gpu_model import CONTEXT_BYTES, gap_energy_j, gap_sm_clock_mhz
-from serving.devices.gpu_specs import GpuSpec
+from serving.devices.gpu_specs import GpuSpec, gpu_spec
 from serving.sim.simulator import Busy, Replica, SimResult
 
 
@@ -38,7 +38,7 @@ class SampleColumns:
         return len(self.columns["ts_s"])
 
 
-class _Cumulative:
+class CumulativeCounters:
     """Cumulative integrals of one replica's busy intervals and gaps, evaluated at any times."""
 
     def __init__(self, busy: Busy, spec: GpuSpec, held_mhz: float | None = None) -> None:
@@ -123,11 +123,11 @@ def replica_samples(
     result: SimResult, replica: Replica, period_s: float, weight_bytes_per_gpu: int
 ) -> Iterator[SampleColumns]:
     """The samples of every GPU of ``replica`` (its ranks share the iteration timeline)."""
-    spec: GpuSpec = _spec(result)
+    spec = gpu_spec(result.layout.gpu)
     t = sample_times(result, period_s)
     pool = replica.pool
     locked = pool.sm_clock_mhz
-    cum = _Cumulative(replica.intervals, spec, locked[1] if locked else None)
+    cum = CumulativeCounters(replica.intervals, spec, locked[1] if locked else None)
     now = cum.at(t)
     before = cum.at(np.concatenate(([0.0], t[:-1])))
     dt = np.diff(np.concatenate(([0.0], t)))
@@ -188,7 +188,12 @@ def _temperature(spec: GpuSpec, power_w: np.ndarray, dt: np.ndarray) -> np.ndarr
     return out
 
 
-def _spec(result: SimResult) -> GpuSpec:
-    from serving.devices.gpu_specs import gpu_spec
-
-    return gpu_spec(result.layout.gpu)
+def energy_j(result: SimResult) -> float:
+    """Every GPU's modeled energy over the run (its counters at the end), in joules."""
+    spec = gpu_spec(result.layout.gpu)
+    total = 0.0
+    for replica in result.replicas:
+        locked = replica.pool.sm_clock_mhz
+        cum = CumulativeCounters(replica.intervals, spec, locked[1] if locked else None)
+        total += float(cum.at(np.asarray([result.duration_s]))["energy"][0]) * len(replica.gpus)
+    return total

@@ -76,8 +76,9 @@ class Busy:
 
 @dataclass(slots=True)
 class RequestStats:
-    """Per finished request, compact columns for the run's summary (epoch seconds), and every
-    inter-token gap; filled whether or not the telemetry batches are kept."""
+    """Per request that finished ok, compact columns for the run's summary (epoch seconds), and
+    every inter-token gap; filled whether or not the telemetry batches are kept (failed requests
+    are counted in ``SimResult.failed``)."""
 
     arrival_s: array = field(default_factory=_doubles)
     first_token_s: array = field(default_factory=_doubles)
@@ -85,7 +86,6 @@ class RequestStats:
     prompt_tokens: array = field(default_factory=lambda: array("q"))
     output_tokens: array = field(default_factory=lambda: array("q"))
     itl_s: array = field(default_factory=_doubles)
-    failed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,7 +559,6 @@ class Simulation:
 
     def _fail(self, req: _Request, message: str, now: float) -> None:
         self._failed += 1
-        self._stats.failed += 1
         self._emit_request(req, now, "error", "error", message)
 
     def _emit_request(self, req: _Request, now: float, status: str, reason: str, error: str | None) -> None:

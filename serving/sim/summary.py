@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from serving.sim.samples import _Cumulative
+from serving.sim.samples import energy_j
 from serving.sim.simulator import SimResult
 
 
@@ -76,7 +76,7 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     )
     out_a = np.frombuffer(st.output_tokens, dtype=np.int64)
     n_in = np.frombuffer(st.prompt_tokens, dtype=np.int64)
-    failed = st.failed
+    failed = result.failed
     ttft = first_a - arrival_a
     multi = out_a > 1
     tpot = (finish_a[multi] - first_a[multi]) / (out_a[multi] - 1)
@@ -84,11 +84,7 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     tpot_all[multi] = tpot
     meets = (ttft <= slo.ttft_s) & (tpot_all <= slo.tpot_s)
     itl = np.frombuffer(st.itl_s, dtype=np.float64)
-    energy = 0.0
-    for replica in result.replicas:
-        locked = replica.pool.sm_clock_mhz
-        cum = _Cumulative(replica.intervals, _spec(result), locked[1] if locked else None)
-        energy += float(cum.at(np.asarray([result.duration_s]))["energy"][0]) * len(replica.gpus)
+    energy = energy_j(result)
     gpus = result.layout.gpus
     duration = max(result.duration_s, 1e-9)
     out_tokens = int(out_a.sum())
@@ -124,12 +120,6 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
         iterations=result.iterations,
         wall_s=result.wall_s,
     )
-
-
-def _spec(result: SimResult):
-    from serving.devices.gpu_specs import gpu_spec
-
-    return gpu_spec(result.layout.gpu)
 
 
 def _ms(x: float) -> str:

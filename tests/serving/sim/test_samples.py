@@ -6,7 +6,7 @@ import pytest
 from serving.config import preset
 from serving.devices import EmulatedDevice, IterationWork
 from serving.sim.layout import parse_layout
-from serving.sim.samples import _Cumulative, replica_samples, sample_times
+from serving.sim.samples import CumulativeCounters, replica_samples, sample_times
 from serving.sim.simulator import Simulation
 from serving.trace import poisson_trace
 
@@ -57,7 +57,7 @@ def test_counters_and_samples_equal_an_emulated_gpu_fed_the_same_iterations(layo
         dev.on_iteration(IterationWork(*tally), started_s=start, elapsed_s=0.0)
     clock[0] = result.end_s - T0
     snap = dev.snapshot()
-    cum = _Cumulative(replica.intervals, dev.gpu, pool.sm_clock_mhz[1] if pool.sm_clock_mhz else None)
+    cum = CumulativeCounters(replica.intervals, dev.gpu, pool.sm_clock_mhz[1] if pool.sm_clock_mhz else None)
     end = cum.at(np.asarray([result.duration_s]))
     assert end["energy"][0] * 1000 == pytest.approx(snap.energy_mj, rel=1e-3)
     assert end["busy"][0] == pytest.approx(snap.busy_s_total, rel=1e-6)
