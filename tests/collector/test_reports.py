@@ -192,3 +192,12 @@ def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert main(["report", "--dataset", "nope", "--db", str(db)]) == 2
     assert "unknown data set" in capsys.readouterr().err
+
+
+def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path, capsys):
+    from collector.cli import main
+
+    db = tmp_path / "absent" / "x.duckdb"
+    assert main(["report", "--since", "24h", "--db", str(db)]) == 2
+    assert "no such store file" in capsys.readouterr().err
+    assert not db.parent.exists()
