@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -81,13 +82,9 @@ def summary_params(
     return params
 
 
-def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = None) -> dict[str, Any]:
-    """Resolve the window of ``params`` on ``con`` and return the summary's JSON form.
-
-    AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
-    collector's API endpoint on a cursor of its writer's connection.
-    """
-    from analytics.summary import summarize
+def window_of(con: Any, params: dict[str, Any]) -> Any:
+    """The :class:`~analytics.window.Window` that ``params`` (``dataset``, ``since``, ``start_s``,
+    ``end_s``, ``node``) name on ``con``; AnalyticsError names a bad parameter."""
     from analytics.window import resolve_window, scenarios
 
     dataset = str(params.get("dataset") or LIVE)
@@ -99,7 +96,7 @@ def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = N
     since = params.get("since")
     since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
     nodes = params.get("node")
-    window = resolve_window(
+    return resolve_window(
         con,
         dataset=dataset,
         since_s=since_s,
@@ -107,7 +104,74 @@ def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = N
         end_s=_float(params, "end_s"),
         nodes=[nodes] if isinstance(nodes, str) else nodes,
     )
-    slo = prices = None
+
+
+#: price query parameters of the summary: name -> (lowest, highest, unit)
+PRICE_PARAMS: dict[str, tuple[float, float, str]] = {
+    "gpu_usd_per_hour": (0.0, 1000.0, "US $ per GPU-hour, for every GPU of the window"),
+    "electricity_usd_per_kwh": (0.0, 10.0, "US $ per kWh"),
+    "pue": (1.0, 5.0, "facility energy / IT energy"),
+}
+
+
+def price_overrides(params: dict[str, Any]) -> dict[str, float]:
+    """The price parameters given in ``params``, checked against :data:`PRICE_PARAMS`'s ranges;
+    AnalyticsError naming the parameter and its allowed range otherwise."""
+    out: dict[str, float] = {}
+    for name, (lo, hi, unit) in PRICE_PARAMS.items():
+        raw = params.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise AnalyticsError(f"{name} must be a number in [{lo:g}, {hi:g}] ({unit}), got {raw!r}")
+        out[name] = value
+    return out
+
+
+def _price_table(con: Any, window: Any, prices_path: str | None, given: dict[str, float]) -> Any:
+    """The price table of a request: the defaults (or ``prices_path``), then the request's own
+    prices; a request's GPU price applies to every GPU name of the window's devices."""
+    from dataclasses import replace
+
+    from analytics.cost import load_prices
+
+    if not given and not prices_path:
+        return None
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if k != "gpu_usd_per_hour"}
+    if "gpu_usd_per_hour" in given:
+        pred, par = window.node_sql("node")
+        names = [
+            str(r[0])
+            for r in con.execute(
+                f"SELECT DISTINCT name FROM devices WHERE {pred} AND name IS NOT NULL", par
+            ).fetchall()
+        ]
+        overrides["gpu_usd_per_hour"] = {n: given["gpu_usd_per_hour"] for n in names}
+    table = load_prices(prices_path, **overrides)
+    sources = dict(table.sources)
+    for key, value in given.items():
+        names = overrides.get(key, {}) if key == "gpu_usd_per_hour" else {key: value}
+        for name in names:
+            sources[name] = f"set in the request ({key}={value:g})"
+    return replace(table, sources=sources)
+
+
+def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = None) -> dict[str, Any]:
+    """Resolve the window of ``params`` on ``con`` and return the summary's JSON form.
+
+    AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
+    collector's API endpoint on a cursor of its writer's connection. Prices: ``prices_path`` (a
+    file), then the :data:`PRICE_PARAMS` given in ``params``.
+    """
+    from analytics.summary import summarize
+
+    given_prices = price_overrides(params)
+    window = window_of(con, params)
+    slo = None
     if params.get("slo_ttft_ms") is not None or params.get("slo_tpot_ms") is not None:
         from analytics.latency import SloSpec
 
@@ -121,10 +185,7 @@ def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = N
             ttft_s=ttft / 1000 if ttft is not None else default.ttft_s,
             tpot_s=tpot / 1000 if tpot is not None else default.tpot_s,
         )
-    if prices_path:
-        from analytics.cost import load_prices
-
-        prices = load_prices(prices_path)
+    prices = _price_table(con, window, prices_path, given_prices)
     fleet = params.get("fleet_gpus")
     if fleet is not None:
         try:
@@ -134,6 +195,15 @@ def run_summary(con: Any, params: dict[str, Any], *, prices_path: str | None = N
         if fleet < 1:
             raise AnalyticsError(f"fleet_gpus must be >= 1, got {fleet}")
     return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet).to_dict()
+
+
+def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The binned SM activity and utilization % per pool of the window of ``params`` (the summary's
+    window parameters plus ``bin_pct``): :func:`analytics.histogram.activity_histogram`'s JSON."""
+    from analytics.histogram import DEFAULT_BIN_PCT, activity_histogram, check_bin_pct
+
+    bin_pct = check_bin_pct(params.get("bin_pct", DEFAULT_BIN_PCT))
+    return activity_histogram(con, window_of(con, params), bin_pct=bin_pct).to_dict()
 
 
 def _float(params: dict[str, Any], key: str) -> float | None:

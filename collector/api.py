@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 100_000
 IMPORT_TIMEOUT_S = 600.0  # how long POST /api/v1/import waits for the writer to merge an export
 _IMPORT_FIELDS = ("path",)
-_SUMMARY_PARAMS = {"dataset", "since", "start_s", "end_s", "node", "slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
+_WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
+_PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
+_SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
+_HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
 
 
@@ -189,32 +192,54 @@ def create_collector_app(collector: Collector) -> FastAPI:
         json_cols = [c.name for c in collector.store.columns("scenarios") if c.is_json]
         return {"scenarios": _decode_json(_records(df), json_cols), "truncated": len(df) == limit}
 
-    @app.get("/api/v1/analytics/summary")
-    def analytics_summary(request: Request) -> Any:
-        """The analytics summary of a window (``phaselens analyze``'s JSON): query parameters
-        ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
-        ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``."""
-        from analytics.cli import run_summary
-        from analytics.window import AnalyticsError
-
+    def analytics_params(request: Request, allowed: set[str]) -> dict[str, Any] | JSONResponse:
+        """The query parameters of an analytics read (``node`` repeatable), or the 400 naming an
+        unknown one."""
         q = request.query_params
         params: dict[str, Any] = {k: q.get(k) for k in q if k != "node"}
         if q.getlist("node"):
             params["node"] = q.getlist("node")
-        unknown = set(params) - _SUMMARY_PARAMS
+        unknown = set(params) - allowed
         if unknown:
             return _error(
                 400,
-                f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_SUMMARY_PARAMS))}",
+                f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}",
                 sorted(unknown)[0],
             )
+        return params
+
+    def analytics_read(request: Request, allowed: set[str], run: Any) -> Any:
+        from analytics.window import AnalyticsError
+
+        params = analytics_params(request, allowed)
+        if isinstance(params, JSONResponse):
+            return params
         try:
             with collector.store.reader() as cur:
-                return run_summary(cur, params)
+                return run(cur, params)
         except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e))
+            param = next((p for p in sorted(allowed) if str(e).startswith(p)), None)
+            return _error(400, str(e), param)
         except StoreError as e:
             return _error(500, f"the analysis failed on the store: {e}")
+
+    @app.get("/api/v1/analytics/summary")
+    def analytics_summary(request: Request) -> Any:
+        """The analytics summary of a window (``phaselens analyze``'s JSON): query parameters
+        ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
+        ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``, and the prices
+        ``gpu_usd_per_hour`` (every GPU of the window), ``electricity_usd_per_kwh``, ``pue``."""
+        from analytics.cli import run_summary
+
+        return analytics_read(request, _SUMMARY_PARAMS, run_summary)
+
+    @app.get("/api/v1/analytics/histogram")
+    def analytics_histogram(request: Request) -> Any:
+        """SM activity and utilization % of the window's GPU samples, binned per pool (counts only,
+        never the samples): the summary's window parameters plus ``bin_pct`` (1, 2, 2.5, 5 or 10)."""
+        from analytics.cli import run_histogram
+
+        return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
     add_report_routes(app, collector, _error)
 

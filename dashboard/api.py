@@ -127,6 +127,11 @@ class CollectorApi:
         """``GET /api/v1/analytics/summary`` with its query parameters (dataset, since, start_s, ...)."""
         return self.get("/api/v1/analytics/summary", params)
 
+    def histogram(self, **params: Any) -> dict[str, Any]:
+        """``GET /api/v1/analytics/histogram``: binned SM activity and utilization % per pool (the
+        summary's window parameters plus ``bin_pct``)."""
+        return self.get("/api/v1/analytics/histogram", params)
+
     def reports(self, *, limit: int = 200, kind: str | None = None) -> list[dict[str, Any]]:
         """``GET /api/v1/reports``: stored reports, newest first, without their pages."""
         return self.get("/api/v1/reports", {"limit": limit, "kind": kind})["reports"]

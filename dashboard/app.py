@@ -24,6 +24,9 @@ _HERE = Path(__file__).resolve().parent
 # (file under pages/, title, icon)
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("gpus.py", "GPUs", ":material/memory:"),
+    ("bimodal.py", "Bimodal", ":material/bar_chart:"),
+    ("cost.py", "Cost", ":material/payments:"),
+    ("latency.py", "Latency", ":material/timer:"),
     ("reports.py", "Reports", ":material/description:"),
     ("health.py", "Health", ":material/monitor_heart:"),
 )

@@ -16,12 +16,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard.api import TIME_COLUMNS, ApiError, CollectorApi, ServiceUnavailable, TableRead, api_url
+from dashboard.figures import TRUST_COLOURS, TRUST_ORDER, label_figure, ordered_labels
 
-__all__ = ["TableRead"]  # pages name the read type through here
+# pages name these through here
+__all__ = ["TRUST_COLOURS", "TRUST_ORDER", "TableRead", "label_figure", "ordered_labels"]
 
 LIVE = "live"
 SIM_PREFIX = "sim:"
@@ -36,15 +37,6 @@ REFRESH_S = 5.0  # live refresh period of a page's fragment
 LIVE_TTL_S = 2.0  # how long a live read is reused (reruns within it, several charts of one page)
 SCENARIO_TTL_S = 3600.0  # a scenario's rows never change once stored
 
-# Trust labels (analytics/trust.py, docs/STORE.md) → badge colour (Streamlit's palette) and hex.
-TRUST_COLOURS = {
-    "measured": ("green", "#2e7d32"),
-    "emulated": ("orange", "#e65100"),
-    "simulated": ("violet", "#6a1b9a"),
-    "host-bound": ("red", "#c62828"),
-    "estimated": ("blue", "#1565c0"),
-}
-TRUST_ORDER = tuple(TRUST_COLOURS)
 SIDEBAR_KEYS = ("dataset", "live_range", "live_refresh", "range_", "pools_", "gpus_")
 
 
@@ -161,6 +153,44 @@ def read_table(
     return _read_live(api_url(), table, s, e, max_rows)
 
 
+def window_params(sel: Selection) -> dict[str, Any]:
+    """The analytics endpoints' window parameters of the selection (live bounds to the second, so
+    that the reads of one rerun share one answer)."""
+    start, end = sel.window()
+    if not sel.simulated:
+        start, end = float(int(start)), float(int(end) + 1)
+    return {"dataset": sel.dataset, "start_s": start, "end_s": end}
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=64)
+def _analytics_live(url: str, what: str, params: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return getattr(_client(url), what)(**dict(params))
+
+
+@st.cache_data(ttl=SCENARIO_TTL_S, show_spinner=False, max_entries=64)
+def _analytics_scenario(url: str, what: str, params: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return getattr(_client(url), what)(**dict(params))
+
+
+def analytics(sel: Selection, what: str = "summary", **extra: Any) -> dict[str, Any]:
+    """``GET /api/v1/analytics/<what>`` (``summary`` or ``histogram``) of the selection's window,
+    with ``extra`` query parameters (SLOs, prices, fleet size); answers are reused (live for a
+    couple of seconds, a scenario's for an hour)."""
+    if what not in ("summary", "histogram"):
+        raise ValueError(f"unknown analytics read {what!r}; reads: summary, histogram")
+    params = window_params(sel) | {k: v for k, v in extra.items() if v is not None}
+    read = _analytics_scenario if sel.simulated else _analytics_live
+    return read(api_url(), what, tuple(sorted(params.items())))
+
+
+def pool_filter(sel: Selection) -> set[str] | None:
+    """The pools the sidebar narrowed to (None: all): the pools of the selected GPUs when GPUs or
+    pools were picked."""
+    if set(sel.gpus) == set(sel.all_gpus):
+        return None
+    return {g.pool or "unknown" for g in sel.gpus}
+
+
 @st.cache_data(ttl=10.0, show_spinner=False)
 def _scenarios(url: str) -> list[dict[str, Any]]:
     return _client(url).scenarios()
@@ -268,11 +298,6 @@ def describe_window(sel: Selection) -> str:
 # -- trust labels ------------------------------------------------------------------------------------
 
 
-def ordered_labels(labels: Iterable[str]) -> list[str]:
-    given = set(labels)
-    return [label for label in TRUST_ORDER if label in given] + sorted(given - set(TRUST_ORDER))
-
-
 def trust_badges(labels: Iterable[str]) -> None:
     """Badges naming where a figure's data comes from (measured, emulated, simulated, host-bound,
     estimated), shown above every chart."""
@@ -280,30 +305,6 @@ def trust_badges(labels: Iterable[str]) -> None:
     if not labels:
         return
     st.markdown(" ".join(f":{TRUST_COLOURS.get(lb, ('gray', ''))[0]}-badge[{lb}]" for lb in labels))
-
-
-def label_figure(fig: go.Figure, labels: Iterable[str]) -> go.Figure:
-    """Write the trust labels into the chart itself (top right), so that a screenshot or an
-    exported image still says how far the numbers can be trusted."""
-    labels = ordered_labels(labels)
-    if not labels:
-        return fig
-    text = " · ".join(
-        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>" for lb in labels
-    )
-    fig.add_annotation(
-        text=f"<b>{text}</b>",
-        xref="paper",
-        yref="paper",
-        x=1.0,
-        y=1.0,
-        yshift=8,
-        xanchor="right",
-        yanchor="bottom",
-        showarrow=False,
-        font={"size": 12},
-    )
-    return fig
 
 
 def row_trust(df: pd.DataFrame) -> set[str]:

@@ -13,13 +13,13 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from dashboard import common
+from dashboard.figures import PHASE_COLOURS
 from dashboard.timeline import IDLE_BELOW, bands_from_samples, downsample, iterations_of_gpu, phase_bands
 
 MAX_SAMPLE_ROWS = 300_000
 MAX_ITERATION_ROWS = 100_000  # beyond this, bands come from utilization and the GPU's role
 PROBE_ITERATIONS = 2_000  # iterations read at the window's start to judge whether the rest fits
 MAX_CHARTS = 16
-PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
 BAND_OPACITY = 0.28
 LINE_COLOURS = {
     "sm_active_pct": "#1f2a44",

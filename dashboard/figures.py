@@ -1,0 +1,468 @@
+"""Plotly figures of the analytics summary: pure functions, a part of the summary's JSON in, a
+``go.Figure`` out, no Streamlit — so the dashboard pages and the HTML reports draw the same charts.
+
+Colours mean one thing everywhere: :data:`PHASE_COLOURS` (the GPUs page's phase bands), one colour
+per cost category (:data:`COST_COLOURS`, productive ones in their phase's colour, stranded ones a
+pale shade of it), and the trust labels' (:data:`TRUST_COLOURS`) written into every chart by
+:func:`label_figure`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
+# Trust labels (analytics/trust.py, docs/STORE.md) -> badge colour (Streamlit's palette) and hex.
+TRUST_COLOURS = {
+    "measured": ("green", "#2e7d32"),
+    "emulated": ("orange", "#e65100"),
+    "simulated": ("violet", "#6a1b9a"),
+    "host-bound": ("red", "#c62828"),
+    "estimated": ("blue", "#1565c0"),
+}
+TRUST_ORDER = tuple(TRUST_COLOURS)
+
+#: the cost categories of analytics/cost.py, in stacking order, with what to call them
+COST_CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
+COST_LABELS = {
+    "prefill": "productive prefill",
+    "decode": "productive decode",
+    "stranded_prefill": "stranded prefill bandwidth",
+    "stranded_decode": "stranded decode compute",
+    "host_bound": "host-bound",
+    "idle": "idle",
+}
+COST_COLOURS = {
+    "prefill": PHASE_COLOURS["prefill"],
+    "decode": PHASE_COLOURS["decode"],
+    "stranded_prefill": "#fbd99f",
+    "stranded_decode": "#b5dfb7",
+    "host_bound": "#78909c",
+    "idle": "#d0d0d0",
+}
+SM_COLOUR = "#1f2a44"  # SM activity, as on the GPUs page
+UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
+TTFT_COLOUR = PHASE_COLOURS["prefill"]  # the first token waits on prefill
+ITL_COLOUR = "#2e7d32"  # token gaps are decode steps (a darker decode green, readable as a line)
+PERCENTILE_DASH = {50: "solid", 90: "dash", 99: "dot"}
+DIP_ALPHA = 0.05  # analytics.bimodal.DIP_ALPHA: below it the distribution is called bimodal
+_GRID = "#eeeeee"
+
+
+# -- trust labels -------------------------------------------------------------------------------------
+
+
+def ordered_labels(labels: Iterable[str]) -> list[str]:
+    """Trust labels in the fixed order measured, emulated, simulated, host-bound, estimated."""
+    given = set(labels)
+    return [label for label in TRUST_ORDER if label in given] + sorted(given - set(TRUST_ORDER))
+
+
+def label_figure(fig: go.Figure, labels: Iterable[str]) -> go.Figure:
+    """Write the trust labels into the chart itself (top right), so that a screenshot or an
+    exported image still says how far the numbers can be trusted."""
+    labels = ordered_labels(labels)
+    if not labels:
+        return fig
+    text = " · ".join(
+        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>" for lb in labels
+    )
+    fig.add_annotation(
+        text=f"<b>{text}</b>",
+        xref="paper",
+        yref="paper",
+        x=1.0,
+        y=1.0,
+        yshift=8,
+        xanchor="right",
+        yanchor="bottom",
+        showarrow=False,
+        font={"size": 12},
+    )
+    return fig
+
+
+def part_labels(part: Mapping[str, Any] | None) -> list[str]:
+    """The trust labels of a summary part (``part["trust"]["labels"]``)."""
+    trust = (part or {}).get("trust") or {}
+    return list(trust.get("labels") or [])
+
+
+def _layout(fig: go.Figure, title: str, *, height: int = 380, legend_y: float = -0.22) -> None:
+    fig.update_layout(
+        title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
+        height=height,
+        margin={"l": 70, "r": 20, "t": 56, "b": 40},
+        legend={"orientation": "h", "yanchor": "top", "y": legend_y, "x": 0, "font": {"size": 12}},
+        plot_bgcolor="white",
+    )
+    fig.update_xaxes(showgrid=True, gridcolor=_GRID)
+    fig.update_yaxes(showgrid=True, gridcolor=_GRID)
+
+
+def usd_text(v: Any) -> str:
+    """Dollars to read: ``$1.14M``, ``$1,234``, ``$12.34``, ``$0.0521`` (three significant digits
+    below a dollar), ``—`` when undefined."""
+    x = _num(v)
+    if x != x:
+        return "—"
+    if abs(x) >= 1e6:
+        return f"${x / 1e6:,.2f}M"
+    if abs(x) >= 1000:
+        return f"${x:,.0f}"
+    if abs(x) >= 1 or x == 0:
+        return f"${x:,.2f}"
+    return f"${x:.3g}"
+
+
+def time_axis_title(simulated: bool) -> str:
+    return "virtual time, UTC (simulated)" if simulated else "time, UTC"
+
+
+def _num(v: Any) -> float:
+    """A JSON number as a float (None / NaN / text → NaN)."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float):
+        return float(v)
+    return math.nan
+
+
+# -- bimodal ------------------------------------------------------------------------------------------
+
+
+def dip_verdict(row: Mapping[str, Any] | None) -> str:
+    """The dip test's result in words: ``bimodal, dip p < 0.001``, ``unimodal, dip p = 0.42``, or
+    why the test did not run."""
+    p = _num((row or {}).get("dip_p_value"))
+    if p != p:
+        return "dip test not run (too few or constant values)"
+    kind = "bimodal" if p < DIP_ALPHA else "unimodal"
+    if p < 0.001:
+        return f"{kind}, dip p < 0.001"
+    return f"{kind}, dip p = {p:.3f}" if p < 0.1 else f"{kind}, dip p = {p:.2f}"
+
+
+def _shares_pct(part: Mapping[str, Any]) -> list[float]:
+    counts = [float(c) for c in part.get("counts") or []]
+    n = sum(counts)
+    return [100.0 * c / n for c in counts] if n else [0.0] * len(counts)
+
+
+def activity_histogram_figure(
+    group: Mapping[str, Any],
+    edges_pct: Sequence[float],
+    bimodal_row: Mapping[str, Any] | None,
+    *,
+    title: str,
+    labels: Iterable[str],
+) -> go.Figure:
+    """SM activity and utilization % of one pool as overlaid histograms (share of samples per
+    bin), the mixture's two centres (``mode_low_pct`` / ``mode_high_pct`` of the pool's bimodality
+    row) marked, the dip test's result in the title."""
+    edges = [float(e) for e in edges_pct]
+    mids = [(a + b) / 2 for a, b in pairwise(edges)]
+    width = edges[1] - edges[0] if len(edges) > 1 else 1.0
+    fig = go.Figure()
+    for key, name, colour, opacity in (
+        ("sm_active", "SM activity", SM_COLOUR, 0.75),
+        ("gpu_util", "utilization", UTIL_COLOUR, 0.45),
+    ):
+        part = group.get(key) or {}
+        if not part.get("n"):
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=mids,
+                y=_shares_pct(part),
+                width=width,
+                name=f"{name} (mean {_num(part.get('mean_pct')):.0f} %)",
+                marker={"color": colour, "line": {"width": 0}},
+                opacity=opacity,
+                hovertemplate=f"{name} %{{x:.0f}} %: %{{y:.1f}} % of samples<extra></extra>",
+            )
+        )
+    row = bimodal_row or {}
+    modes = [
+        ("low", _num(row.get("mode_low_pct")), _num(row.get("weight_low")), PHASE_COLOURS["decode"]),
+        ("high", _num(row.get("mode_high_pct")), _num(row.get("weight_high")), PHASE_COLOURS["prefill"]),
+    ]
+    for which, centre, weight, colour in modes:
+        if centre != centre:
+            continue
+        fig.add_vline(x=centre, line={"color": colour, "width": 2.5, "dash": "dash"})
+        fig.add_annotation(
+            x=centre,
+            y=1.0,
+            yref="paper",
+            text=f"{which} mode {centre:.0f} %" + (f" ({weight:.0%})" if weight == weight else ""),
+            showarrow=False,
+            yanchor="bottom",
+            xanchor="left" if which == "high" else "right",
+            font={"size": 11, "color": "#333333"},
+            bgcolor="rgba(255,255,255,0.8)",
+        )
+        # a legend entry naming the marker
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="lines",
+                name=f"mixture centre ({which})",
+                line={"color": colour, "width": 2.5, "dash": "dash"},
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(barmode="overlay", bargap=0)
+    fig.update_xaxes(title_text=f"SM activity or utilization, % ({width:g} % bins)", range=[0, 100])
+    fig.update_yaxes(title_text="share of samples, %", rangemode="tozero")
+    _layout(fig, f"{title} — {dip_verdict(row)}", height=400, legend_y=-0.25)
+    fig.update_layout(margin={"t": 80, "b": 40})
+    return label_figure(fig, labels)
+
+
+# -- cost ---------------------------------------------------------------------------------------------
+
+
+def cost_stack(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Per cost category the dollars of each row (``cost_usd_<category>``; NaN stays NaN)."""
+    return {c: [_num(r.get(f"cost_usd_{c}")) for r in rows] for c in COST_CATEGORIES}
+
+
+def _stack_bars(fig: go.Figure, x: Sequence[Any], rows: Sequence[Mapping[str, Any]], unit: str) -> None:
+    stack = cost_stack(rows)
+    for c in COST_CATEGORIES:
+        if all(v == 0 or v != v for v in stack[c]):
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=list(x),
+                y=stack[c],
+                name=COST_LABELS[c],
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                hovertemplate=f"{COST_LABELS[c]}: $%{{y:,.4~f}}{unit}<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack")
+
+
+def pool_name(pool: Any) -> str:
+    return f"{pool} pool" if isinstance(pool, str) and pool else "no pool"
+
+
+def cost_by_pool_figure(by_pool: Sequence[Mapping[str, Any]], *, labels: Iterable[str]) -> go.Figure:
+    """The window's cost per pool, stacked by category, with each pool's total above its bar."""
+    x = [pool_name(r.get("pool")) for r in by_pool]
+    fig = go.Figure()
+    _stack_bars(fig, x, by_pool, "")
+    totals = [_num(r.get("cost_usd")) for r in by_pool]
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=totals,
+            mode="text",
+            text=[usd_text(t) if t == t else "unpriced" for t in totals],
+            textposition="top center",
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
+    top = max((t for t in totals if t == t), default=0.0)
+    fig.update_yaxes(title_text="cost in the window, US $", tickprefix="$", range=[0, top * 1.18 or 1])
+    fig.update_xaxes(title_text="pool")
+    _layout(fig, "Where the money goes, by pool", height=420, legend_y=-0.2)
+    return label_figure(fig, labels)
+
+
+def cost_over_time_figure(
+    by_hour: Sequence[Mapping[str, Any]], *, labels: Iterable[str], simulated: bool
+) -> go.Figure:
+    """Cost per clock hour of the window (UTC), stacked by category."""
+    rows = sorted(by_hour, key=lambda r: _num(r.get("hour_start_s")))
+    x = [pd.Timestamp(_num(r.get("hour_start_s")), unit="s") for r in rows]
+    fig = go.Figure()
+    _stack_bars(fig, x, rows, " in this hour")
+    fig.update_yaxes(title_text="cost per hour of the window, US $", tickprefix="$", rangemode="tozero")
+    fig.update_xaxes(title_text=f"hour, {time_axis_title(simulated)}", type="date")
+    _layout(fig, "Cost over time, by category (per clock hour)", height=380, legend_y=-0.28)
+    fig.update_layout(xaxis={"dtick": 3_600_000})
+    return label_figure(fig, labels)
+
+
+def annual_figure(annual: Mapping[str, Any], *, labels: Iterable[str]) -> go.Figure:
+    """The annualised cost of ``annual["fleet_gpus"]`` GPUs at the observed profile, one bar stacked
+    by category."""
+    per = annual.get("usd_per_year") or {}
+    fig = go.Figure()
+    for c in COST_CATEGORIES:
+        v = _num(per.get(c))
+        if v == 0 or v != v:
+            continue
+        fig.add_trace(
+            go.Bar(
+                y=[f"{int(annual.get('fleet_gpus') or 0)} GPUs"],
+                x=[v],
+                orientation="h",
+                name=COST_LABELS[c],
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                hovertemplate=f"{COST_LABELS[c]}: $%{{x:,.0f}} a year<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="US $ per year", tickprefix="$", rangemode="tozero")
+    total = _num(annual.get("total_usd_per_year"))
+    _layout(fig, f"Annualised: ${total:,.0f} a year", height=230, legend_y=-0.5)
+    fig.update_layout(margin={"l": 80, "r": 20, "t": 56, "b": 20})
+    return label_figure(fig, labels)
+
+
+# -- latency ------------------------------------------------------------------------------------------
+
+
+def _times(rows: Sequence[Mapping[str, Any]], key: str = "bucket_start_s") -> list[pd.Timestamp]:
+    return [pd.Timestamp(_num(r.get(key)), unit="s") for r in rows]
+
+
+def latency_over_time_figure(
+    over_time: Sequence[Mapping[str, Any]],
+    *,
+    labels: Iterable[str],
+    simulated: bool,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+    bucket_s: float | None = None,
+) -> go.Figure:
+    """TTFT (top) and inter-token latency (bottom) p50 / p90 / p99 per time bucket, in ms, with the
+    SLOs as dashed lines (the TPOT SLO bounds the mean gap, drawn against ITL for scale)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1)
+    x = _times(over_time)
+    for row, metric, name, colour, slo in (
+        (1, "ttft", "TTFT", TTFT_COLOUR, slo_ttft_s),
+        (2, "itl", "ITL", ITL_COLOUR, slo_tpot_s),
+    ):
+        for p, dash in PERCENTILE_DASH.items():
+            y = [_num(r.get(f"{metric}_p{p}_s")) * 1000 for r in over_time]
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines+markers" if len(x) < 30 else "lines",
+                    name=f"{name} p{p}",
+                    line={"color": colour, "width": 2 if p == 50 else 1.5, "dash": dash},
+                    marker={"size": 4},
+                    connectgaps=False,
+                    hovertemplate=f"{name} p{p}: %{{y:,.1f}} ms<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
+        if slo:
+            what = "TTFT SLO" if metric == "ttft" else "TPOT SLO"
+            fig.add_hline(
+                y=slo * 1000,
+                line={"color": "#555555", "dash": "dash", "width": 1},
+                annotation_text=f"{what} {slo * 1000:g} ms",
+                annotation_position="top left",
+                annotation_font={"size": 11},
+                row=row,
+                col=1,
+            )
+    fig.update_yaxes(title_text="TTFT, ms", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="inter-token latency, ms", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text=time_axis_title(simulated), row=2, col=1)
+    per = f" (per {bucket_s:g} s of arrivals)" if bucket_s else ""
+    _layout(fig, f"Latency percentiles over time{per}", height=560, legend_y=-0.14)
+    fig.update_layout(hovermode="x unified")
+    return label_figure(fig, labels)
+
+
+def attainment_over_time_figure(
+    over_time: Sequence[Mapping[str, Any]],
+    *,
+    labels: Iterable[str],
+    simulated: bool,
+    target: float = 0.9,
+    slo_text: str = "",
+) -> go.Figure:
+    """The share of requests meeting both SLOs per time bucket (bars, green at or above the target,
+    red below), the target as a dashed line."""
+    x = _times(over_time)
+    shares = [_num(r.get("attainment")) * 100 for r in over_time]
+    colours = [
+        PHASE_COLOURS["decode"] if s == s and s >= target * 100 else UTIL_COLOUR if s == s else "#cccccc"
+        for s in shares
+    ]
+    counts = [[int(_num(r.get("met")) or 0), int(_num(r.get("requests")) or 0)] for r in over_time]
+    fig = go.Figure(
+        go.Bar(
+            x=x,
+            y=shares,
+            marker={"color": colours},
+            customdata=counts,
+            name="requests meeting both SLOs",
+            hovertemplate="%{y:.0f} % (%{customdata[0]} of %{customdata[1]} requests)<extra></extra>",
+        )
+    )
+    fig.add_hline(
+        y=target * 100,
+        line={"color": "#555555", "dash": "dash", "width": 1},
+        annotation_text=f"target {target:.0%}",
+        annotation_position="bottom left",
+        annotation_font={"size": 11},
+    )
+    fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 105])
+    fig.update_xaxes(title_text=time_axis_title(simulated))
+    _layout(fig, "SLO attainment over time" + (f" ({slo_text})" if slo_text else ""), height=340)
+    fig.update_layout(showlegend=False)
+    return label_figure(fig, labels)
+
+
+def goodput_sweep_figure(result: Mapping[str, Any]) -> go.Figure:
+    """A goodput sweep (``phaselens goodput --json``): attainment per offered rate, the target and the
+    goodput found."""
+    sweep = sorted(result.get("sweep") or [], key=lambda m: _num(m.get("rate_rps")))
+    target = _num(result.get("target"))
+    rates = [_num(m.get("rate_rps")) for m in sweep]
+    shares = [_num(m.get("attainment")) * 100 for m in sweep]
+    met = [s == s and s >= target * 100 for s in shares]
+    fig = go.Figure(
+        go.Scatter(
+            x=rates,
+            y=shares,
+            mode="lines+markers",
+            line={"color": "#888888", "width": 1},
+            marker={"size": 9, "color": [PHASE_COLOURS["decode"] if m else UTIL_COLOUR for m in met]},
+            name="runs of the sweep",
+            hovertemplate="%{x:.3g} req/s: %{y:.1f} % meet both SLOs<extra></extra>",
+        )
+    )
+    if target == target:
+        fig.add_hline(
+            y=target * 100,
+            line={"color": "#555555", "dash": "dash", "width": 1},
+            annotation_text=f"target {target:.0%}",
+            annotation_position="bottom left",
+        )
+    good = _num(result.get("goodput_rps"))
+    if good == good and good > 0:
+        bound = "" if result.get("bounded", True) else "≥ "
+        fig.add_vline(
+            x=good,
+            line={"color": PHASE_COLOURS["decode"], "width": 2},
+            annotation_text=f"goodput {bound}{good:.3g} req/s",
+            annotation_position="top right",
+        )
+    fig.update_xaxes(title_text="offered request rate, req/s (log)", type="log")
+    fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 105])
+    gpus = int(_num(result.get("gpus")) or 1)
+    per_gpu = _num(result.get("goodput_rps_per_gpu"))
+    _layout(fig, f"Goodput sweep: {per_gpu:.3g} req/s per GPU ({gpus} GPUs)", height=360)
+    fig.update_layout(showlegend=False)
+    return label_figure(fig, part_labels(result))

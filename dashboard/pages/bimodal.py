@@ -1,0 +1,164 @@
+"""Bimodal: per pool, how SM activity is distributed (two modes on a GPU that does both phases),
+the dip test's verdict, the mixture's two centres, and utilization % beside it, so the gap between
+"a kernel was running" and "the SMs were busy" shows.
+
+Reads ``GET /api/v1/analytics/histogram`` (binned counts per pool, never the samples) and the
+``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, mixture).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import common, figures
+
+SARLE_THRESHOLD = 5.0 / 9.0  # analytics.bimodal.SARLE_THRESHOLD
+
+
+def _pool_rows(bimodal: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The bimodality rows of the fleet and of each pool, by pool (``fleet`` for all GPUs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in bimodal.get("table") or []:
+        if row.get("scope") == "fleet":
+            out["fleet"] = row
+        elif row.get("scope") == "pool":
+            out[str(row.get("role") or "unknown")] = row
+    return out
+
+
+def _pct(v: Any, digits: int = 0) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f} %"
+
+
+def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
+    """The figures beside a pool's histogram: utilization % against SM activity, the test results."""
+    row = row or {}
+    util = (group.get("gpu_util") or {}).get("mean_pct")
+    sm = (group.get("sm_active") or {}).get("mean_pct")
+    gap = row.get("util_sm_gap_pct")
+    st.metric("Mean utilization", _pct(util), help="share of time a kernel was running (NVML utilization %)")
+    st.metric(
+        "Mean SM activity",
+        _pct(sm),
+        delta=None if gap is None else f"{-float(gap):.0f} points below utilization",
+        delta_color="off",
+        help="share of the SMs doing work (DCGM/GPM SM activity); the gap is busy time with idle compute",
+    )
+    verdict = figures.dip_verdict(row)
+    st.markdown(f"**Dip test:** {verdict}")
+    sarle = row.get("sarle")
+    if isinstance(sarle, int | float):
+        side = "above" if sarle > SARLE_THRESHOLD else "below"
+        st.markdown(f"**Sarle's coefficient:** {sarle:.2f} ({side} {SARLE_THRESHOLD:.3f}, a uniform's)")
+    lo, hi = row.get("mode_low_pct"), row.get("mode_high_pct")
+    if isinstance(lo, int | float) and isinstance(hi, int | float):
+        st.markdown(
+            f"**Mixture centres:** {lo:.0f} % ({float(row.get('weight_low') or 0):.0%} of samples) and "
+            f"{hi:.0f} % ({float(row.get('weight_high') or 0):.0%})"
+        )
+    sp, sd = row.get("sm_prefill_pct"), row.get("sm_decode_pct")
+    if isinstance(sp, int | float) or isinstance(sd, int | float):
+        st.markdown(f"**SM activity in prefill / decode:** {_pct(sp)} / {_pct(sd)}")
+    st.caption(f"{group.get('gpus', 0)} GPUs · {int(group.get('samples') or 0):,} samples")
+
+
+def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
+    rows = [r for r in bimodal.get("table") or [] if r.get("scope") == "gpu"]
+    if not rows:
+        return
+    labels = {g.key: g.label for g in sel.all_gpus}
+    wanted = {g.key for g in sel.gpus}
+    shown = []
+    for r in rows:
+        key = str(r.get("gpu"))
+        if wanted and key not in wanted and labels:
+            continue
+        shown.append(
+            {
+                "GPU": labels.get(key, key),
+                "Pool": r.get("role") or "—",
+                "Verdict": figures.dip_verdict(r),
+                "Low mode": r.get("mode_low_pct"),
+                "High mode": r.get("mode_high_pct"),
+                "SM activity": r.get("mean_sm_pct"),
+                "Utilization": r.get("util_pct"),
+                "Sarle": r.get("sarle"),
+            }
+        )
+    if not shown:
+        return
+    st.subheader("Per GPU")
+    st.dataframe(
+        pd.DataFrame(shown),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "Low mode": st.column_config.NumberColumn("Low mode", format="%.0f %%"),
+            "High mode": st.column_config.NumberColumn("High mode", format="%.0f %%"),
+            "SM activity": st.column_config.NumberColumn("Mean SM activity", format="%.1f %%"),
+            "Utilization": st.column_config.NumberColumn("Mean utilization", format="%.1f %%"),
+            "Sarle": st.column_config.NumberColumn("Sarle's coefficient", format="%.2f"),
+        },
+    )
+
+
+def render(sel: common.Selection) -> None:
+    """The page body (re-run every few seconds for live data with refresh on)."""
+    with common.service_errors():
+        hist = common.analytics(sel, "histogram")
+        summary = common.analytics(sel)
+    groups = [g for g in hist.get("groups") or [] if g.get("samples")]
+    if not groups:
+        common.empty_window("GPU samples", sel)
+        return
+    bimodal = (summary.get("parts") or {}).get("bimodal") or {}
+    rows = _pool_rows(bimodal)
+    labels = set(figures.part_labels(hist)) | set(figures.part_labels(bimodal))
+    common.trust_badges(labels)
+    pools = common.pool_filter(sel)
+    pool_groups = [g for g in groups if g["pool"] != "fleet" and (pools is None or g["pool"] in pools)]
+    if not pool_groups:
+        common.empty_window("samples of the selected pools", sel)
+        return
+    fleet = next((g for g in groups if g["pool"] == "fleet"), None)
+    if fleet is not None and len(pool_groups) > 1 and pools is None:
+        pool_groups.insert(0, fleet)
+    if "bimodal" in (summary.get("missing") or {}):
+        st.warning(f"The dip test could not run: {summary['missing']['bimodal']}", icon=":material/warning:")
+    for g in pool_groups:
+        name = "All GPUs" if g["pool"] == "fleet" else f"{g['pool'].capitalize()} pool"
+        left, right = st.columns([3, 1], vertical_alignment="center")
+        with left:
+            fig = figures.activity_histogram_figure(
+                g, hist["edges_pct"], rows.get(g["pool"]), title=name, labels=labels
+            )
+            st.plotly_chart(fig, width="stretch", key=f"hist_{g['pool']}", config={"displaylogo": False})
+        with right:
+            _facts(g, rows.get(g["pool"]))
+    st.caption(
+        "Bars: share of the window's samples in each bin (SM activity dark, utilization % red). Dashed lines: "
+        "the centres of a two-component Gaussian mixture fitted to SM activity. Dip test: Hartigan's; p < 0.05 "
+        "reads bimodal. A GPU serving both phases shows two modes — decode's low SM activity and prefill's high "
+        "one — while its utilization % reads busy throughout."
+    )
+    if sel.gpus != sel.all_gpus:
+        st.caption("Histograms are per pool: the GPU filter narrows the pools shown and the per-GPU table.")
+    _gpu_table(bimodal, sel)
+
+
+with common.service_errors():
+    sel = common.sidebar()
+st.title("Bimodal")
+st.caption(f"{common.describe_window(sel)} · SM activity against utilization %, per pool")
+
+
+@st.fragment(run_every=sel.refresh_every_s)
+def _live() -> None:
+    render(sel)
+
+
+_live()

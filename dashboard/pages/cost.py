@@ -1,0 +1,243 @@
+"""Cost: where the money of the window goes — productive prefill and decode, stranded compute and
+bandwidth, host-bound gaps and idle time — by pool and over time, the $/1M tokens, and the
+annualised figure for a fleet size and prices the user sets.
+
+Reads the ``cost`` and ``annual`` parts of ``GET /api/v1/analytics/summary`` (with ``fleet_gpus``
+and the price parameters ``gpu_usd_per_hour``, ``electricity_usd_per_kwh``, ``pue``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import common, figures
+
+DEFAULT_FLEET_GPUS = 64
+GPU_USD_RANGE = (0.0, 1000.0)  # analytics.cli.PRICE_PARAMS
+KWH_USD_RANGE = (0.0, 10.0)
+PUE_RANGE = (1.0, 5.0)
+
+
+MODELED_SUFFIXES = (" (emulated)", " (simulated)")  # analytics.prices.MODELED_SUFFIXES
+
+
+def gpu_prices(cost: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """Each GPU name of the window → (the price table's key that priced it, $/GPU-hour): its own
+    entry, else the GPU an emulated or simulated one models (as analytics.prices.PriceTable does)."""
+    table = (cost.get("prices") or {}).get("gpu_usd_per_hour") or {}
+    out: dict[str, tuple[str, float]] = {}
+    for name in {str(r.get("gpu_name")) for r in cost.get("by_gpu") or [] if r.get("gpu_name")}:
+        keys = [name] + [name.removesuffix(s) for s in MODELED_SUFFIXES if name.endswith(s)]
+        key = next((k for k in keys if k in table), None)
+        if key is not None:
+            out[name] = (key, float(table[key]))
+    return out
+
+
+def _window_gpu_price(summary: dict[str, Any]) -> float | None:
+    """The $/GPU-hour the window's GPUs were priced at (one value when they share one)."""
+    cost = (summary.get("parts") or {}).get("cost") or {}
+    prices = {p for _, p in gpu_prices(cost).values()}
+    return prices.pop() if len(prices) == 1 else None
+
+
+def _price_controls(defaults: dict[str, Any]) -> dict[str, Any]:
+    """Fleet size and prices (each starts at the service's price table)."""
+    st.subheader("Fleet and prices")
+    c1, c2, c3, c4 = st.columns(4)
+    fleet = c1.number_input(
+        "Fleet size, GPUs",
+        min_value=1,
+        max_value=1_000_000,
+        value=DEFAULT_FLEET_GPUS,
+        step=8,
+        key="cost_fleet",
+    )
+    gpu_default = defaults.get("gpu")
+    gpu = c2.number_input(
+        "GPU price, $ per GPU-hour",
+        min_value=GPU_USD_RANGE[0],
+        max_value=GPU_USD_RANGE[1],
+        value=float(gpu_default) if gpu_default is not None else 2.0,
+        step=0.1,
+        format="%.2f",
+        key="cost_gpu_usd",
+        help="applied to every GPU of the window (the service's table prices each GPU model)",
+    )
+    kwh = c3.number_input(
+        "Electricity, $ per kWh",
+        min_value=KWH_USD_RANGE[0],
+        max_value=KWH_USD_RANGE[1],
+        value=float(defaults.get("kwh", 0.13)),
+        step=0.01,
+        format="%.3f",
+        key="cost_kwh_usd",
+    )
+    pue = c4.number_input(
+        "PUE (facility / IT energy)",
+        min_value=PUE_RANGE[0],
+        max_value=PUE_RANGE[1],
+        value=float(defaults.get("pue", 1.56)),
+        step=0.05,
+        format="%.2f",
+        key="cost_pue",
+    )
+    params: dict[str, Any] = {"fleet_gpus": int(fleet)}
+    if gpu_default is None or not math.isclose(gpu, gpu_default):
+        params["gpu_usd_per_hour"] = gpu
+    if not math.isclose(kwh, float(defaults.get("kwh", kwh))):
+        params["electricity_usd_per_kwh"] = kwh
+    if not math.isclose(pue, float(defaults.get("pue", pue))):
+        params["pue"] = pue
+    return params
+
+
+def _headline(total: dict[str, Any]) -> None:
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric(
+        "Cost of the window", figures.usd_text(total.get("cost_usd")), help="GPU time plus energy × PUE"
+    )
+    c2.metric("Per 1M input tokens", figures.usd_text(total.get("usd_per_1m_input")))
+    c3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")))
+    c4.metric(
+        "Industry figure, per 1M output tokens",
+        figures.usd_text(total.get("industry_usd_per_1m_output")),
+        help="GPU $/h ÷ (output tokens/s × 3600) × 10⁶: GPU time only, no energy, no split",
+    )
+
+
+def _category_table(total: dict[str, Any]) -> None:
+    cost = float(total.get("cost_usd") or 0.0)
+    rows = []
+    for c in figures.COST_CATEGORIES:
+        usd = total.get(f"cost_usd_{c}")
+        rows.append(
+            {
+                "Category": figures.COST_LABELS[c],
+                "GPU time": (total.get(f"{c}_s") or 0.0) / 3600.0,
+                "Energy": (total.get(f"energy_j_{c}") or 0.0) / 3.6e6,
+                "Cost": usd,
+                "Share": 100.0 * usd / cost if isinstance(usd, int | float) and cost > 0 else None,
+            }
+        )
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "GPU time": st.column_config.NumberColumn("GPU time, GPU-hours", format="%.4f"),
+            "Energy": st.column_config.NumberColumn("Energy at the GPU, kWh", format="%.4f"),
+            "Cost": st.column_config.NumberColumn("Cost, US $", format="$%.4f"),
+            "Share": st.column_config.NumberColumn("Share of cost", format="%.1f %%"),
+        },
+    )
+
+
+def _sources(cost: dict[str, Any]) -> None:
+    """Where each price in use comes from (a default's citation, a file, this page's inputs)."""
+    prices = cost.get("prices") or {}
+    sources = prices.get("sources") or {}
+    lines = [
+        f"- **{key.removeprefix('NVIDIA ')}**: ${price:g} per GPU-hour — {sources.get(key, 'no source given')}"
+        for key, price in sorted(set(gpu_prices(cost).values()))
+    ]
+    if isinstance(prices.get("electricity_usd_per_kwh"), int | float):
+        lines.append(
+            f"- **Electricity**: ${prices['electricity_usd_per_kwh']:g} per kWh — "
+            f"{sources.get('electricity_usd_per_kwh', 'no source given')}"
+        )
+    if isinstance(prices.get("pue"), int | float):
+        lines.append(f"- **PUE**: {prices['pue']:g} — {sources.get('pue', 'no source given')}")
+    if lines:
+        st.markdown("**Prices used**\n\n" + "\n".join(lines))
+
+
+def render(sel: common.Selection, params: dict[str, Any]) -> None:
+    """The page body for the chosen fleet size and prices."""
+    with common.service_errors():
+        summary = common.analytics(sel, **params)
+    parts = summary.get("parts") or {}
+    cost = parts.get("cost")
+    if not cost or not cost.get("by_pool"):
+        why = (summary.get("missing") or {}).get("cost")
+        common.empty_window("GPU time to price", sel)
+        if why:
+            st.caption(f"Cost not computed: {why}")
+        return
+    labels = figures.part_labels(cost)
+    common.trust_badges(labels)
+    pools = common.pool_filter(sel)
+    by_pool = [r for r in cost["by_pool"] if pools is None or (r.get("pool") or "unknown") in pools]
+    total = cost.get("total") or {}
+    _headline(total)
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(
+            figures.cost_by_pool_figure(by_pool, labels=labels),
+            width="stretch",
+            key="cost_pool",
+            config={"displaylogo": False},
+        )
+    with right:
+        st.plotly_chart(
+            figures.cost_over_time_figure(cost.get("by_hour") or [], labels=labels, simulated=sel.simulated),
+            width="stretch",
+            key="cost_hour",
+            config={"displaylogo": False},
+        )
+    if pools is not None:
+        st.caption(
+            "The pool chart shows the selected pools; totals, hours and the projection cover every GPU."
+        )
+    _category_table(total)
+    annual = parts.get("annual")
+    if annual:
+        st.subheader("Annualised")
+        st.markdown(f"**{annual.get('sentence', '')}.**")
+        st.plotly_chart(
+            figures.annual_figure(annual, labels=labels),
+            width="stretch",
+            key="annual",
+            config={"displaylogo": False},
+        )
+        st.caption(
+            f"The window's cost per GPU-second ({annual.get('observed_gpu_hours', 0):.3f} GPU-hours observed) × "
+            f"{annual.get('fleet_gpus')} GPUs × 8,760 h. Input side "
+            f"{figures.usd_text(annual.get('input_usd_per_year'))} a year, output side {figures.usd_text(annual.get('output_usd_per_year'))}."
+        )
+    elif "annual" in (summary.get("missing") or {}):
+        st.warning(f"No annual projection: {summary['missing']['annual']}")
+    notes = (cost.get("trust") or {}).get("notes") or []
+    if notes:
+        with st.expander("How these figures were made"):
+            st.markdown("\n".join(f"- {n}" for n in notes))
+    _sources(cost)
+
+
+with common.service_errors():
+    sel = common.sidebar()
+st.title("Cost")
+st.caption(f"{common.describe_window(sel)} · where the GPU-hours' money goes, and what it comes to in a year")
+with common.service_errors():
+    base = common.analytics(sel)
+base_cost = (base.get("parts") or {}).get("cost") or {}
+base_prices = base_cost.get("prices") or {}
+chosen = _price_controls(
+    {
+        "gpu": _window_gpu_price(base),
+        "kwh": base_prices.get("electricity_usd_per_kwh", 0.13),
+        "pue": base_prices.get("pue", 1.56),
+    }
+)
+
+
+@st.fragment(run_every=sel.refresh_every_s)
+def _live() -> None:
+    render(sel, chosen)
+
+
+_live()
