@@ -100,7 +100,14 @@ def _layout(fig: go.Figure, title: str, *, height: int = 380, legend_y: float = 
         title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
         height=height,
         margin={"l": 70, "r": 20, "t": 56, "b": 40},
-        legend={"orientation": "h", "yanchor": "top", "y": legend_y, "x": 0, "font": {"size": 12}},
+        legend={
+            "orientation": "h",
+            "yanchor": "top",
+            "y": legend_y,
+            "x": 0,
+            "font": {"size": 12},
+            "traceorder": "normal",
+        },
         plot_bgcolor="white",
     )
     fig.update_xaxes(showgrid=True, gridcolor=_GRID)
@@ -194,20 +201,23 @@ def activity_histogram_figure(
         ("low", _num(row.get("mode_low_pct")), _num(row.get("weight_low")), PHASE_COLOURS["decode"]),
         ("high", _num(row.get("mode_high_pct")), _num(row.get("weight_high")), PHASE_COLOURS["prefill"]),
     ]
-    for which, centre, weight, colour in modes:
+    for i, (which, centre, weight, colour) in enumerate(modes):
         if centre != centre:
             continue
         fig.add_vline(x=centre, line={"color": colour, "width": 2.5, "dash": "dash"})
+        # text on the side away from the other mode, inside the plot near its edges
+        right_side = centre < 12 or (which == "high" and centre <= 88)
         fig.add_annotation(
             x=centre,
-            y=1.0,
+            y=1.0 - 0.09 * i,
             yref="paper",
-            text=f"{which} mode {centre:.0f} %" + (f" ({weight:.0%})" if weight == weight else ""),
+            text=f"{which} mode {centre:.0f} %" + (f" ({weight:.0%} of samples)" if weight == weight else ""),
             showarrow=False,
-            yanchor="bottom",
-            xanchor="left" if which == "high" else "right",
+            yanchor="top",
+            xanchor="left" if right_side else "right",
+            xshift=4 if right_side else -4,
             font={"size": 11, "color": "#333333"},
-            bgcolor="rgba(255,255,255,0.8)",
+            bgcolor="rgba(255,255,255,0.85)",
         )
         # a legend entry naming the marker
         fig.add_trace(
@@ -223,8 +233,7 @@ def activity_histogram_figure(
     fig.update_layout(barmode="overlay", bargap=0)
     fig.update_xaxes(title_text=f"SM activity or utilization, % ({width:g} % bins)", range=[0, 100])
     fig.update_yaxes(title_text="share of samples, %", rangemode="tozero")
-    _layout(fig, f"{title} — {dip_verdict(row)}", height=400, legend_y=-0.25)
-    fig.update_layout(margin={"t": 80, "b": 40})
+    _layout(fig, f"{title} — {dip_verdict(row)}", height=400, legend_y=-0.2)
     return label_figure(fig, labels)
 
 
@@ -291,7 +300,7 @@ def cost_over_time_figure(
     _stack_bars(fig, x, rows, " in this hour")
     fig.update_yaxes(title_text="cost per hour of the window, US $", tickprefix="$", rangemode="tozero")
     fig.update_xaxes(title_text=f"hour, {time_axis_title(simulated)}", type="date")
-    _layout(fig, "Cost over time, by category (per clock hour)", height=380, legend_y=-0.28)
+    _layout(fig, "Cost over time, by category (per clock hour)", height=420, legend_y=-0.3)
     fig.update_layout(xaxis={"dtick": 3_600_000})
     return label_figure(fig, labels)
 
@@ -326,6 +335,11 @@ def annual_figure(annual: Mapping[str, Any], *, labels: Iterable[str]) -> go.Fig
 # -- latency ------------------------------------------------------------------------------------------
 
 
+def _positive(x: float) -> float:
+    """A value for a log axis: NaN (a gap) unless > 0."""
+    return x if x > 0 else math.nan
+
+
 def _times(rows: Sequence[Mapping[str, Any]], key: str = "bucket_start_s") -> list[pd.Timestamp]:
     return [pd.Timestamp(_num(r.get(key)), unit="s") for r in rows]
 
@@ -348,7 +362,7 @@ def latency_over_time_figure(
         (2, "itl", "ITL", ITL_COLOUR, slo_tpot_s),
     ):
         for p, dash in PERCENTILE_DASH.items():
-            y = [_num(r.get(f"{metric}_p{p}_s")) * 1000 for r in over_time]
+            y = [_positive(_num(r.get(f"{metric}_p{p}_s")) * 1000) for r in over_time]
             fig.add_trace(
                 go.Scatter(
                     x=x,
@@ -363,19 +377,24 @@ def latency_over_time_figure(
                 row=row,
                 col=1,
             )
-        if slo:
+        if slo and x:
             what = "TTFT SLO" if metric == "ttft" else "TPOT SLO"
-            fig.add_hline(
-                y=slo * 1000,
-                line={"color": "#555555", "dash": "dash", "width": 1},
-                annotation_text=f"{what} {slo * 1000:g} ms",
-                annotation_position="top left",
-                annotation_font={"size": 11},
+            # a trace, not a shape: a shape's y on a log axis is in log units
+            fig.add_trace(
+                go.Scatter(
+                    x=[min(x), max(x)],
+                    y=[slo * 1000, slo * 1000],
+                    mode="lines",
+                    name=f"{what} {slo * 1000:g} ms",
+                    line={"color": "#555555", "dash": "dash", "width": 1},
+                    hovertemplate=f"{what}: %{{y:,.0f}} ms<extra></extra>",
+                ),
                 row=row,
                 col=1,
             )
-    fig.update_yaxes(title_text="TTFT, ms", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="inter-token latency, ms", rangemode="tozero", row=2, col=1)
+    # log scale: the SLO and the percentiles (often 10-100x apart) both stay readable
+    fig.update_yaxes(title_text="TTFT, ms (log)", type="log", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="inter-token latency, ms (log)", type="log", dtick=1, row=2, col=1)
     fig.update_xaxes(title_text=time_axis_title(simulated), row=2, col=1)
     per = f" (per {bucket_s:g} s of arrivals)" if bucket_s else ""
     _layout(fig, f"Latency percentiles over time{per}", height=560, legend_y=-0.14)
@@ -414,10 +433,11 @@ def attainment_over_time_figure(
         y=target * 100,
         line={"color": "#555555", "dash": "dash", "width": 1},
         annotation_text=f"target {target:.0%}",
-        annotation_position="bottom left",
+        annotation_position="top right",
         annotation_font={"size": 11},
+        annotation_bgcolor="rgba(255,255,255,0.85)",
     )
-    fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 105])
+    fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 112])
     fig.update_xaxes(title_text=time_axis_title(simulated))
     _layout(fig, "SLO attainment over time" + (f" ({slo_text})" if slo_text else ""), height=340)
     fig.update_layout(showlegend=False)

@@ -40,20 +40,21 @@ def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
     util = (group.get("gpu_util") or {}).get("mean_pct")
     sm = (group.get("sm_active") or {}).get("mean_pct")
     gap = row.get("util_sm_gap_pct")
-    st.metric("Mean utilization", _pct(util), help="share of time a kernel was running (NVML utilization %)")
-    st.metric(
+    c1, c2 = st.columns(2)
+    c1.metric("Mean utilization", _pct(util), help="share of time a kernel was running (NVML utilization %)")
+    c2.metric(
         "Mean SM activity",
         _pct(sm),
-        delta=None if gap is None else f"{-float(gap):.0f} points below utilization",
-        delta_color="off",
         help="share of the SMs doing work (DCGM/GPM SM activity); the gap is busy time with idle compute",
     )
+    if isinstance(gap, int | float):
+        st.markdown(f"**Busy but compute-idle:** {gap:.0f} points (utilization − SM activity)")
     verdict = figures.dip_verdict(row)
     st.markdown(f"**Dip test:** {verdict}")
     sarle = row.get("sarle")
     if isinstance(sarle, int | float):
-        side = "above" if sarle > SARLE_THRESHOLD else "below"
-        st.markdown(f"**Sarle's coefficient:** {sarle:.2f} ({side} {SARLE_THRESHOLD:.3f}, a uniform's)")
+        hint = "suggests bimodal" if sarle > SARLE_THRESHOLD else "no sign of bimodality"
+        st.markdown(f"**Sarle's coefficient:** {sarle:.2f} ({hint}; threshold {SARLE_THRESHOLD:.3f})")
     lo, hi = row.get("mode_low_pct"), row.get("mode_high_pct")
     if isinstance(lo, int | float) and isinstance(hi, int | float):
         st.markdown(
@@ -131,7 +132,7 @@ def render(sel: common.Selection) -> None:
         st.warning(f"The dip test could not run: {summary['missing']['bimodal']}", icon=":material/warning:")
     for g in pool_groups:
         name = "All GPUs" if g["pool"] == "fleet" else f"{g['pool'].capitalize()} pool"
-        left, right = st.columns([3, 1], vertical_alignment="center")
+        left, right = st.columns([5, 2], vertical_alignment="center")
         with left:
             fig = figures.activity_histogram_figure(
                 g, hist["edges_pct"], rows.get(g["pool"]), title=name, labels=labels
@@ -142,8 +143,8 @@ def render(sel: common.Selection) -> None:
     st.caption(
         "Bars: share of the window's samples in each bin (SM activity dark, utilization % red). Dashed lines: "
         "the centres of a two-component Gaussian mixture fitted to SM activity. Dip test: Hartigan's; p < 0.05 "
-        "reads bimodal. A GPU serving both phases shows two modes — decode's low SM activity and prefill's high "
-        "one — while its utilization % reads busy throughout."
+        "reads bimodal. Two separate modes mean the GPUs spend their time in two distinct states (idle or "
+        "memory-bound decode low, compute-bound prefill high), while utilization % reads busy whenever a kernel runs."
     )
     if sel.gpus != sel.all_gpus:
         st.caption("Histograms are per pool: the GPU filter narrows the pools shown and the per-GPU table.")

@@ -104,7 +104,7 @@ def _headline(total: dict[str, Any]) -> None:
     c2.metric("Per 1M input tokens", figures.usd_text(total.get("usd_per_1m_input")))
     c3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")))
     c4.metric(
-        "Industry figure, per 1M output tokens",
+        "Industry $ per 1M output",
         figures.usd_text(total.get("industry_usd_per_1m_output")),
         help="GPU $/h ÷ (output tokens/s × 3600) × 10⁶: GPU time only, no energy, no split",
     )

@@ -46,10 +46,10 @@ def _slo_controls() -> tuple[int, int]:
     )
     tpot = c2.slider(
         "TPOT SLO, ms per output token",
-        min_value=5,
+        min_value=1,
         max_value=500,
         value=DEFAULT_TPOT_MS,
-        step=5,
+        step=1,
         key="slo_tpot_ms",
         help="mean time per output token after the first",
     )
