@@ -1,0 +1,91 @@
+"""The collector's analytics reads: GET /api/v1/analytics/histogram, and the summary's price
+parameters — real HTTP against a collector on a simulated fleet (the dashboard tests' fixture)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import Fleet, fleet  # noqa: F401  (the shared session fixture)
+
+AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
+CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
+
+
+def _get(fleet: Fleet, path: str, **params) -> httpx.Response:  # noqa: F811
+    return httpx.get(f"{fleet.url}/api/v1/analytics/{path}", params=params, timeout=120)
+
+
+def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):  # noqa: F811
+    r = _get(fleet, "histogram", dataset=fleet.scenarios[DISAGG], bin_pct=5)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["bin_pct"] == 5 and body["edges_pct"][0] == 0 and body["edges_pct"][-1] == 100
+    groups = {g["pool"]: g for g in body["groups"]}
+    assert set(groups) == {"fleet", "prefill", "decode"}
+    for g in groups.values():
+        assert len(g["sm_active"]["counts"]) == 20
+        assert (
+            sum(g["sm_active"]["counts"]) == g["sm_active"]["n"] == g["samples"]
+        )  # the simulator has SM activity
+    fleet_counts = groups["fleet"]["gpu_util"]["counts"]
+    pooled = [
+        a + b
+        for a, b in zip(
+            groups["prefill"]["gpu_util"]["counts"], groups["decode"]["gpu_util"]["counts"], strict=True
+        )
+    ]
+    assert fleet_counts == pooled
+    # the decode GPU of 1p1d is the busy one: it reads high utilization at low SM activity
+    dec = groups["decode"]
+    assert dec["gpu_util"]["mean_pct"] > 50 > dec["sm_active"]["mean_pct"]
+    assert body["trust"]["labels"] == ["simulated"]
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "param", "says"),
+    [
+        ("histogram", {"bin_pct": "3"}, "bin_pct", "bin_pct must be one of 1, 2, 2.5, 5, 10"),
+        ("histogram", {"fleet_gpus": "4"}, "fleet_gpus", "unknown parameter(s) fleet_gpus"),
+        (
+            "summary",
+            {"gpu_usd_per_hour": "-1"},
+            "gpu_usd_per_hour",
+            "gpu_usd_per_hour must be a number in [0, 1000]",
+        ),
+        ("summary", {"gpu_usd_per_hour": "abc"}, "gpu_usd_per_hour", "got 'abc'"),
+        (
+            "summary",
+            {"electricity_usd_per_kwh": "11"},
+            "electricity_usd_per_kwh",
+            "in [0, 10] (US $ per kWh)",
+        ),
+        ("summary", {"pue": "0.9"}, "pue", "pue must be a number in [1, 5]"),
+        ("summary", {"pue": "inf"}, "pue", "pue must be a number in [1, 5]"),
+    ],
+)
+def test_bad_parameters_are_a_400_naming_them(fleet: Fleet, path, params, param, says):  # noqa: F811
+    r = _get(fleet, path, dataset=fleet.scenarios[AGG], **params)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert says in err["message"] and err["param"] == param
+
+
+def test_prices_in_the_request_reprice_the_window(fleet: Fleet):  # noqa: F811
+    sid = fleet.scenarios[AGG]
+    base = _get(fleet, "summary", dataset=sid).json()["parts"]["cost"]
+    mine = _get(
+        fleet, "summary", dataset=sid, gpu_usd_per_hour=4.0, electricity_usd_per_kwh=0.26, pue=1.56
+    ).json()
+    cost = mine["parts"]["cost"]
+    # GPU-time dollars scale with the GPU price ($2.00 → $4.00), energy dollars with $/kWh (0.13 → 0.26)
+    assert cost["total"]["gpu_cost_usd"] == pytest.approx(2 * base["total"]["gpu_cost_usd"])
+    assert cost["total"]["energy_cost_usd"] == pytest.approx(2 * base["total"]["energy_cost_usd"])
+    assert cost["total"]["energy_j"] == pytest.approx(base["total"]["energy_j"])
+    for row in cost["by_pool"]:
+        assert sum(row[f"cost_usd_{c}"] for c in CATEGORIES) == pytest.approx(row["cost_usd"])
+    sources = cost["prices"]["sources"]
+    assert sources["electricity_usd_per_kwh"] == "set in the request (electricity_usd_per_kwh=0.26)"
+    simulated = [k for k in cost["prices"]["gpu_usd_per_hour"] if k.endswith("(simulated)")]
+    assert simulated and all(sources[k] == "set in the request (gpu_usd_per_hour=4)" for k in simulated)
+    assert "DESIGN.md" in base["prices"]["sources"]["NVIDIA H100 80GB HBM3"]  # defaults keep their citation
