@@ -1,0 +1,185 @@
+"""The figure builders of dashboard/figures.py on hand-made summary parts: traces, values, labels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dashboard import figures
+
+
+def _trace(fig, name: str):
+    return next(t for t in fig.data if t.name == name)
+
+
+def _annotations(fig) -> str:
+    return " | ".join(a.text for a in fig.layout.annotations)
+
+
+@pytest.mark.parametrize(
+    ("p", "words"),
+    [
+        (0.0, "bimodal, dip p < 0.001"),
+        (0.0004, "bimodal, dip p < 0.001"),
+        (0.012, "bimodal, dip p = 0.012"),
+        (0.07, "unimodal, dip p = 0.070"),
+        (0.66, "unimodal, dip p = 0.66"),
+        (None, "dip test not run (too few or constant values)"),
+        (float("nan"), "dip test not run (too few or constant values)"),
+    ],
+)
+def test_dip_verdict_in_words(p, words):
+    assert figures.dip_verdict({"dip_p_value": p}) == words
+
+
+def test_histogram_shares_modes_and_labels():
+    group = {
+        "pool": "mixed",
+        "sm_active": {"counts": [6, 0, 0, 2], "n": 8, "mean_pct": 30.0},
+        "gpu_util": {"counts": [0, 0, 0, 4], "n": 4, "mean_pct": 90.0},
+    }
+    row = {
+        "dip_p_value": 0.0,
+        "mode_low_pct": 10.0,
+        "mode_high_pct": 80.0,
+        "weight_low": 0.75,
+        "weight_high": 0.25,
+    }
+    fig = figures.activity_histogram_figure(
+        group, [0, 25, 50, 75, 100], row, title="Mixed pool", labels=["simulated"]
+    )
+    sm = _trace(fig, "SM activity (mean 30 %)")
+    assert list(sm.x) == [12.5, 37.5, 62.5, 87.5] and list(sm.y) == [75.0, 0.0, 0.0, 25.0]  # % of samples
+    assert list(_trace(fig, "utilization (mean 90 %)").y) == [0.0, 0.0, 0.0, 100.0]
+    assert [s.x0 for s in fig.layout.shapes] == [10.0, 80.0]  # the two mixture centres
+    text = _annotations(fig)
+    assert "low mode 10 % (75% of samples)" in text and "high mode 80 % (25% of samples)" in text
+    assert "SIMULATED" in text
+    assert fig.layout.title.text == "Mixed pool — bimodal, dip p < 0.001"
+    assert fig.layout.xaxis.title.text == "SM activity or utilization, % (25 % bins)"
+    assert fig.layout.yaxis.title.text == "share of samples, %"
+
+
+def test_histogram_without_a_mixture_draws_no_centres():
+    group = {
+        "sm_active": {"counts": [1, 1], "n": 2, "mean_pct": 40.0},
+        "gpu_util": {"counts": [0, 0], "n": 0},
+    }
+    fig = figures.activity_histogram_figure(group, [0, 50, 100], None, title="Decode pool", labels=[])
+    assert not fig.layout.shapes and len(fig.data) == 1  # no utilization values: no empty trace
+    assert "dip test not run" in fig.layout.title.text
+
+
+def _pool(pool: str, **usd: float) -> dict:
+    row = {"pool": pool} | {f"cost_usd_{c}": usd.get(c, 0.0) for c in figures.COST_CATEGORIES}
+    row["cost_usd"] = sum(usd.values())
+    return row
+
+
+def test_cost_by_pool_stacks_to_the_total_in_category_colours():
+    rows = [
+        _pool("prefill", prefill=3.0, idle=1.0),
+        _pool("decode", decode=2.0, stranded_decode=4.0, idle=0.5),
+    ]
+    fig = figures.cost_by_pool_figure(rows, labels=["measured"])
+    assert fig.layout.barmode == "stack"
+    bars = [t for t in fig.data if t.type == "bar"]
+    # categories with no dollars in any pool are left out of the legend
+    assert [t.name for t in bars] == [
+        "productive prefill",
+        "productive decode",
+        "stranded decode compute",
+        "idle",
+    ]
+    for i, total in enumerate((4.0, 6.5)):
+        assert sum(t.y[i] for t in bars) == pytest.approx(total)
+    assert _trace(fig, "idle").marker.color == figures.COST_COLOURS["idle"]
+    assert _trace(fig, "productive decode").marker.color == figures.PHASE_COLOURS["decode"]
+    text = next(t for t in fig.data if t.type == "scatter")
+    assert list(text.text) == ["$4.00", "$6.50"] and list(text.x) == ["prefill pool", "decode pool"]
+    assert fig.layout.yaxis.title.text == "cost in the window, US $" and "MEASURED" in _annotations(fig)
+
+
+def test_cost_over_time_and_annual():
+    hours = [
+        _pool("x", decode=1.0) | {"hour_start_s": 7200.0},
+        _pool("x", idle=2.0) | {"hour_start_s": 3600.0},
+    ]
+    fig = figures.cost_over_time_figure(hours, labels=["simulated"], simulated=True)
+    decode = _trace(fig, "productive decode")
+    assert [str(x) for x in decode.x] == ["1970-01-01 01:00:00", "1970-01-01 02:00:00"]  # sorted by hour
+    assert list(decode.y) == [0.0, 1.0]
+    assert "simulated" in fig.layout.xaxis.title.text
+    annual = {
+        "fleet_gpus": 64,
+        "usd_per_year": {"decode": 100.0, "stranded_decode": 300.0, "idle": 50.0},
+        "total_usd_per_year": 450.0,
+    }
+    fig = figures.annual_figure(annual, labels=["simulated"])
+    assert sum(t.x[0] for t in fig.data) == pytest.approx(450.0)
+    assert fig.layout.title.text == "Annualised: $450 a year" and list(fig.data[0].y) == ["64 GPUs"]
+
+
+@pytest.mark.parametrize(
+    ("usd", "text"),
+    [
+        (1.14e6, "$1.14M"),
+        (1234.4, "$1,234"),
+        (12.345, "$12.35"),
+        (0.05191, "$0.0519"),
+        (0, "$0.00"),
+        (None, "—"),
+    ],
+)
+def test_usd_text(usd, text):
+    assert figures.usd_text(usd) == text
+
+
+OVER_TIME = [
+    {"bucket_start_s": 0.0, "requests": 4, "met": 4, "attainment": 1.0, "ttft_p50_s": 0.01, "ttft_p90_s": 0.05, "ttft_p99_s": 0.1, "itl_p50_s": 0.008, "itl_p90_s": 0.009, "itl_p99_s": 0.02},
+    {"bucket_start_s": 1.0, "requests": 5, "met": 2, "attainment": 0.4, "ttft_p50_s": 0.02, "ttft_p90_s": None, "ttft_p99_s": 0.3, "itl_p50_s": 0.0, "itl_p90_s": 0.01, "itl_p99_s": 0.03},
+]  # fmt: skip
+
+
+def test_latency_over_time_in_ms_with_the_slos():
+    fig = figures.latency_over_time_figure(
+        OVER_TIME, labels=["emulated"], simulated=False, slo_ttft_s=2.0, slo_tpot_s=0.1
+    )
+    assert list(_trace(fig, "TTFT p50").y) == pytest.approx([10.0, 20.0])
+    p90 = list(_trace(fig, "TTFT p90").y)
+    assert p90[0] == pytest.approx(50.0) and math.isnan(p90[1])  # a missing percentile is a gap, not 0
+    itl = list(_trace(fig, "ITL p50").y)
+    assert itl[0] == pytest.approx(8.0) and math.isnan(itl[1])  # 0 ms cannot sit on a log axis: a gap
+    assert list(_trace(fig, "TTFT SLO 2000 ms").y) == [2000.0, 2000.0]
+    assert list(_trace(fig, "TPOT SLO 100 ms").y) == [100.0, 100.0]
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.title.text == "TTFT, ms (log)"
+    assert fig.layout.xaxis2.title.text == "time, UTC" and "EMULATED" in _annotations(fig)
+
+
+def test_attainment_over_time_colours_the_buckets_below_target():
+    fig = figures.attainment_over_time_figure(OVER_TIME, labels=["measured"], simulated=False, target=0.9)
+    bar = fig.data[0]
+    assert list(bar.y) == pytest.approx([100.0, 40.0])
+    assert list(bar.marker.color) == [figures.PHASE_COLOURS["decode"], figures.UTIL_COLOUR]
+    assert [list(c) for c in bar.customdata] == [[4, 4], [2, 5]]
+    assert fig.layout.shapes[0].y0 == 90.0 and "target 90%" in _annotations(fig)
+
+
+def test_goodput_sweep():
+    result = {
+        "goodput_rps": 3.0,
+        "goodput_rps_per_gpu": 1.5,
+        "gpus": 2,
+        "target": 0.9,
+        "bounded": True,
+        "sweep": [{"rate_rps": 4.0, "attainment": 0.5}, {"rate_rps": 2.0, "attainment": 1.0}, {"rate_rps": 3.0, "attainment": 0.92}],
+        "trust": {"labels": ["simulated"], "notes": []},
+    }  # fmt: skip
+    fig = figures.goodput_sweep_figure(result)
+    assert list(fig.data[0].x) == [2.0, 3.0, 4.0] and list(fig.data[0].y) == pytest.approx(
+        [100.0, 92.0, 50.0]
+    )
+    assert list(fig.data[0].marker.color) == [figures.PHASE_COLOURS["decode"]] * 2 + [figures.UTIL_COLOUR]
+    assert "goodput 3 req/s" in _annotations(fig) and "SIMULATED" in _annotations(fig)
+    assert fig.layout.title.text == "Goodput sweep: 1.5 req/s per GPU (2 GPUs)"
