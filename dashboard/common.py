@@ -48,6 +48,7 @@ class Gpu:
     label: str
     node: str
     pool: str | None
+    analytics_key: str | None = None  # the analytics' key of the GPU: node|source|device|index
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,11 @@ def _gpus(sel_node: str | None, end_s: float | None) -> tuple[Gpu, ...]:
     nodes = df["node"].nunique()
     out = []
     for _, r in df.sort_values(["node", "index"], na_position="last").iterrows():
-        out.append(Gpu(r["_key"], gpu_label(r, with_node=nodes > 1), str(r["node"]), _pool(r.get("role"))))
+        idx = r.get("index")
+        akey = f"{r['node']}|{r.get('source')}|{r.get('device')}|{'' if idx is None or pd.isna(idx) else int(idx)}"
+        out.append(
+            Gpu(r["_key"], gpu_label(r, with_node=nodes > 1), str(r["node"]), _pool(r.get("role")), akey)
+        )
     return tuple(out)
 
 

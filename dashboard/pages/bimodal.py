@@ -71,12 +71,12 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
     rows = [r for r in bimodal.get("table") or [] if r.get("scope") == "gpu"]
     if not rows:
         return
-    labels = {g.key: g.label for g in sel.all_gpus}
-    wanted = {g.key for g in sel.gpus}
+    labels = {g.analytics_key: g.label for g in sel.all_gpus}
+    wanted = {g.analytics_key for g in sel.gpus}
     shown = []
     for r in rows:
         key = str(r.get("gpu"))
-        if wanted and key not in wanted and labels:
+        if labels and key not in wanted:
             continue
         shown.append(
             {

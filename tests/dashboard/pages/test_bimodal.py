@@ -1,0 +1,65 @@
+"""The Bimodal page in AppTest, against a real collector on a simulated fleet."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import Fleet
+from tests.dashboard.pages.conftest import AGG, DISAGG, figures_of, open_page, texts
+from tests.dashboard.test_app import _values
+
+
+def _bimodal_rows(fleet: Fleet, sid: str) -> dict:
+    body = httpx.get(f"{fleet.url}/api/v1/analytics/summary", params={"dataset": sid}, timeout=120).json()
+    return {r["role"]: r for r in body["parts"]["bimodal"]["table"] if r["scope"] == "pool"}
+
+
+def _peaks(y: list[float]) -> list[int]:
+    """Bins higher than both neighbours, holding at least 5 % of the samples."""
+    padded = [0.0, *y, 0.0]
+    return [
+        i
+        for i in range(len(y))
+        if padded[i + 1] >= 5 and padded[i + 1] > padded[i] and padded[i + 1] > padded[i + 2]
+    ]
+
+
+def test_an_aggregated_run_shows_two_modes_and_the_utilization_gap(dashboard_env: Fleet):
+    sid = dashboard_env.scenarios[AGG]
+    at = open_page("bimodal", sid)
+    assert not at.exception
+    (fig,) = figures_of(at)  # one pool: mixed
+    assert fig["layout"]["title"]["text"] == "Mixed pool — bimodal, dip p < 0.001"
+    sm = next(t for t in fig["data"] if t["name"].startswith("SM activity"))
+    shares = _values(sm["y"])
+    assert sum(shares) == pytest.approx(100.0)
+    low, high = _peaks(shares)[0], _peaks(shares)[-1]
+    assert high - low >= 5  # two modes at least 10 points of SM activity apart ...
+    assert min(shares[low + 1 : high]) < 0.1 * min(shares[low], shares[high])  # ... with a valley between
+    row = _bimodal_rows(dashboard_env, sid)["mixed"]
+    assert sorted(s["x0"] for s in fig["layout"]["shapes"]) == pytest.approx(
+        [row["mode_low_pct"], row["mode_high_pct"]]
+    )
+    assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])
+    assert fig["layout"]["xaxis"]["title"]["text"].startswith("SM activity or utilization, %")
+    util, smact = (float(m.value.removesuffix(" %")) for m in at.metric[:2])
+    assert [m.label for m in at.metric[:2]] == ["Mean utilization", "Mean SM activity"]
+    assert util > smact + 20  # busy by utilization, compute mostly idle
+    text = texts(at)
+    assert "**Dip test:** bimodal, dip p < 0.001" in text and "Busy but compute-idle" in text
+    assert ":violet-badge[simulated]" in text
+
+
+def test_a_disaggregated_run_per_pool_and_the_pool_filter(dashboard_env: Fleet):
+    sid = dashboard_env.scenarios[DISAGG]
+    at = open_page("bimodal", sid)
+    assert not at.exception
+    titles = [f["layout"]["title"]["text"] for f in figures_of(at)]
+    assert [t.split(" — ")[0] for t in titles] == ["All GPUs", "Prefill pool", "Decode pool"]
+    table = at.dataframe[0].value
+    assert len(table) == 2 and set(table["Pool"]) == {"prefill", "decode"}
+    at.sidebar.multiselect(key=f"pools_{sid}").select("decode").run()
+    assert not at.exception
+    titles = [f["layout"]["title"]["text"] for f in figures_of(at)]
+    assert len(titles) == 1 and titles[0].startswith("Decode pool")
