@@ -44,6 +44,14 @@ def add_analyze_command(sub: Any) -> None:
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO (default 2000)")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO (default 100)")
     p.add_argument("--fleet-gpus", type=int, default=None, help="annualise the cost for a fleet of N GPUs")
+    p.add_argument(
+        "--gpu-usd-per-hour",
+        type=float,
+        default=None,
+        help="price every GPU of the window at $X per GPU-hour",
+    )
+    p.add_argument("--electricity-usd-per-kwh", type=float, default=None, help="electricity price, $/kWh")
+    p.add_argument("--pue", type=float, default=None, help="power usage effectiveness, 1..5")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--detail", action="store_true", help="also print every table of every part")
     p.set_defaults(func=cmd_analyze)
@@ -230,6 +238,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         slo_tpot_ms=args.slo_tpot_ms,
         fleet_gpus=args.fleet_gpus,
     )
+    for name in PRICE_PARAMS:  # the same parameters, checked the same way, for a file or a collector
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
     try:
         if args.collector:
             import httpx
