@@ -222,8 +222,8 @@ with common.service_errors():
     sel = common.sidebar()
 st.title("Cost")
 st.caption(f"{common.describe_window(sel)} · where the GPU-hours' money goes, and what it comes to in a year")
-with common.service_errors():
-    base = common.analytics(sel)
+with common.service_errors():  # the same read as the page's at default prices: answered once
+    base = common.analytics(sel, fleet_gpus=int(st.session_state.get("cost_fleet", DEFAULT_FLEET_GPUS)))
 base_cost = (base.get("parts") or {}).get("cost") or {}
 base_prices = base_cost.get("prices") or {}
 chosen = _price_controls(
