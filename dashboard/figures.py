@@ -340,8 +340,17 @@ def _positive(x: float) -> float:
     return x if x > 0 else math.nan
 
 
-def _times(rows: Sequence[Mapping[str, Any]], key: str = "bucket_start_s") -> list[pd.Timestamp]:
-    return [pd.Timestamp(_num(r.get(key)), unit="s") for r in rows]
+def _times(
+    rows: Sequence[Mapping[str, Any]], key: str = "bucket_start_s", *, shift_s: float = 0.0
+) -> list[pd.Timestamp]:
+    return [pd.Timestamp(_num(r.get(key)) + shift_s, unit="s") for r in rows]
+
+
+def _span(x: Sequence[pd.Timestamp], window_s: tuple[float, float] | None) -> tuple[Any, Any] | None:
+    """The x range of a time chart: the window when given, else the data's."""
+    if window_s is not None:
+        return pd.Timestamp(window_s[0], unit="s"), pd.Timestamp(window_s[1], unit="s")
+    return (min(x), max(x)) if x else None
 
 
 def latency_over_time_figure(
@@ -352,17 +361,22 @@ def latency_over_time_figure(
     slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
     bucket_s: float | None = None,
+    window_s: tuple[float, float] | None = None,
 ) -> go.Figure:
-    """TTFT (top) and inter-token latency (bottom) p50 / p90 / p99 per time bucket, in ms, with the
-    SLOs as dashed lines (the TPOT SLO bounds the mean gap, drawn against ITL for scale)."""
+    """TTFT (top) and inter-token latency (bottom) p50 / p90 / p99 per time bucket (at the bucket's
+    middle), in ms, over ``window_s`` (log axes where a row spans a decade), with the SLOs as dashed lines (the TPOT SLO bounds
+    the mean gap, drawn against ITL for scale)."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1)
-    x = _times(over_time)
+    x = _times(over_time, shift_s=(bucket_s or 0.0) / 2)
+    span = _span(x, window_s)
+    values: dict[int, list[float]] = {1: [], 2: []}
     for row, metric, name, colour, slo in (
         (1, "ttft", "TTFT", TTFT_COLOUR, slo_ttft_s),
         (2, "itl", "ITL", ITL_COLOUR, slo_tpot_s),
     ):
         for p, dash in PERCENTILE_DASH.items():
             y = [_positive(_num(r.get(f"{metric}_p{p}_s")) * 1000) for r in over_time]
+            values[row] += [v for v in y if v == v]
             fig.add_trace(
                 go.Scatter(
                     x=x,
@@ -377,12 +391,13 @@ def latency_over_time_figure(
                 row=row,
                 col=1,
             )
-        if slo and x:
+        if slo and span:
+            values[row].append(slo * 1000)
             what = "TTFT SLO" if metric == "ttft" else "TPOT SLO"
             # a trace, not a shape: a shape's y on a log axis is in log units
             fig.add_trace(
                 go.Scatter(
-                    x=[min(x), max(x)],
+                    x=list(span),
                     y=[slo * 1000, slo * 1000],
                     mode="lines",
                     name=f"{what} {slo * 1000:g} ms",
@@ -392,9 +407,15 @@ def latency_over_time_figure(
                 row=row,
                 col=1,
             )
-    # log scale: the SLO and the percentiles (often 10-100x apart) both stay readable
-    fig.update_yaxes(title_text="TTFT, ms (log)", type="log", dtick=1, row=1, col=1)
-    fig.update_yaxes(title_text="inter-token latency, ms (log)", type="log", dtick=1, row=2, col=1)
+    # a log axis (powers of ten) when the row's values and SLO span more than a decade, else linear
+    for row, name in ((1, "TTFT, ms"), (2, "inter-token latency, ms")):
+        v = values[row]
+        if v and max(v) >= 10 * min(v):
+            fig.update_yaxes(title_text=f"{name} (log)", type="log", dtick=1, row=row, col=1)
+        else:
+            fig.update_yaxes(title_text=name, rangemode="tozero", row=row, col=1)
+    if span:
+        fig.update_xaxes(range=list(span))
     fig.update_xaxes(title_text=time_axis_title(simulated), row=2, col=1)
     per = f" (per {bucket_s:g} s of arrivals)" if bucket_s else ""
     _layout(fig, f"Latency percentiles over time{per}", height=560, legend_y=-0.14)
@@ -409,10 +430,13 @@ def attainment_over_time_figure(
     simulated: bool,
     target: float = 0.9,
     slo_text: str = "",
+    bucket_s: float | None = None,
+    window_s: tuple[float, float] | None = None,
 ) -> go.Figure:
-    """The share of requests meeting both SLOs per time bucket (bars, green at or above the target,
-    red below), the target as a dashed line."""
-    x = _times(over_time)
+    """The share of requests meeting both SLOs per time bucket (bars a bucket wide, green at or above
+    the target, red below) over ``window_s``, the target as a dashed line."""
+    x = _times(over_time, shift_s=(bucket_s or 0.0) / 2)
+    span = _span(x, window_s)
     shares = [_num(r.get("attainment")) * 100 for r in over_time]
     colours = [
         PHASE_COLOURS["decode"] if s == s and s >= target * 100 else UTIL_COLOUR if s == s else "#cccccc"
@@ -425,6 +449,7 @@ def attainment_over_time_figure(
             y=shares,
             marker={"color": colours},
             customdata=counts,
+            width=bucket_s * 1000 * 0.9 if bucket_s else None,  # ms on a date axis
             name="requests meeting both SLOs",
             hovertemplate="%{y:.0f} % (%{customdata[0]} of %{customdata[1]} requests)<extra></extra>",
         )
@@ -438,7 +463,7 @@ def attainment_over_time_figure(
         annotation_bgcolor="rgba(255,255,255,0.85)",
     )
     fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 112])
-    fig.update_xaxes(title_text=time_axis_title(simulated))
+    fig.update_xaxes(title_text=time_axis_title(simulated), range=list(span) if span else None)
     _layout(fig, "SLO attainment over time" + (f" ({slo_text})" if slo_text else ""), height=340)
     fig.update_layout(showlegend=False)
     return label_figure(fig, labels)

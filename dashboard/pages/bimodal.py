@@ -48,7 +48,8 @@ def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
         help="share of the SMs doing work (DCGM/GPM SM activity); the gap is busy time with idle compute",
     )
     if isinstance(gap, int | float):
-        st.markdown(f"**Busy but compute-idle:** {gap:.0f} points (utilization − SM activity)")
+        points = "point" if round(gap) in (1, -1) else "points"
+        st.markdown(f"**Busy but compute-idle:** {gap:.0f} {points} (utilization − SM activity)")
     verdict = figures.dip_verdict(row)
     st.markdown(f"**Dip test:** {verdict}")
     sarle = row.get("sarle")

@@ -197,7 +197,10 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
     annual = parts.get("annual")
     if annual:
         st.subheader("Annualised")
-        st.markdown(f"**{annual.get('sentence', '')}.**")
+        sentence = str(annual.get("sentence") or "")
+        st.markdown(
+            f"**{sentence[:1].upper() + sentence[1:] if sentence.startswith('this') else sentence}.**"
+        )
         st.plotly_chart(
             figures.annual_figure(annual, labels=labels),
             width="stretch",

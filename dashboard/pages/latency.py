@@ -138,6 +138,8 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
     _headline(lat)
     over = lat.get("over_time") or []
     slo = lat.get("slo") or {}
+    win = summary.get("window") or {}
+    window_s = (float(win["start_s"]), float(win["end_s"])) if "start_s" in win and "end_s" in win else None
     st.plotly_chart(
         figures.latency_over_time_figure(
             over,
@@ -146,6 +148,7 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             slo_ttft_s=slo.get("ttft_s"),
             slo_tpot_s=slo.get("tpot_s"),
             bucket_s=lat.get("bucket_s"),
+            window_s=window_s,
         ),
         width="stretch",
         key="latency_time",
@@ -158,6 +161,8 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             simulated=sel.simulated,
             target=TARGET,
             slo_text=f"TTFT ≤ {ttft_ms:g} ms, TPOT ≤ {tpot_ms:g} ms",
+            bucket_s=lat.get("bucket_s"),
+            window_s=window_s,
         ),
         width="stretch",
         key="attainment_time",

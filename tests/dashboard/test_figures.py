@@ -183,3 +183,27 @@ def test_goodput_sweep():
     assert list(fig.data[0].marker.color) == [figures.PHASE_COLOURS["decode"]] * 2 + [figures.UTIL_COLOUR]
     assert "goodput 3 req/s" in _annotations(fig) and "SIMULATED" in _annotations(fig)
     assert fig.layout.title.text == "Goodput sweep: 1.5 req/s per GPU (2 GPUs)"
+
+
+def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
+    rows = [
+        {"bucket_start_s": 60.0, "ttft_p50_s": 3.0, "ttft_p90_s": 5.0, "ttft_p99_s": 7.0, "itl_p50_s": 0.07}
+    ]
+    fig = figures.latency_over_time_figure(
+        rows, labels=[], simulated=False, slo_ttft_s=2.0, slo_tpot_s=0.1, bucket_s=60.0, window_s=(0.0, 600.0)
+    )
+    assert fig.layout.yaxis.type != "log" and fig.layout.yaxis.title.text == "TTFT, ms"  # 2000-7000 ms
+    assert [str(t) for t in _trace(fig, "TTFT p50").x] == ["1970-01-01 00:01:30"]  # the bucket's middle
+    assert [str(t) for t in fig.layout.xaxis.range] == ["1970-01-01 00:00:00", "1970-01-01 00:10:00"]
+    assert [str(t) for t in _trace(fig, "TTFT SLO 2000 ms").x] == [
+        "1970-01-01 00:00:00",
+        "1970-01-01 00:10:00",
+    ]
+    att = figures.attainment_over_time_figure(
+        [{"bucket_start_s": 60.0, "attainment": 0.5, "met": 1, "requests": 2}],
+        labels=[],
+        simulated=False,
+        bucket_s=60.0,
+        window_s=(0.0, 600.0),
+    )
+    assert att.data[0].width == pytest.approx(54_000)  # 90 % of a 60 s bucket, in ms on a date axis
