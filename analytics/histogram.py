@@ -1,7 +1,7 @@
 """Binned SM activity and utilization % per pool: the histogram behind the dashboard's Bimodal page.
 
-:func:`activity_histogram` counts a window's GPU samples (``gpu_samples`` with the device attributes
-in effect at each sample, ``gpu_samples_full``) in bins of ``bin_pct`` percent, per pool (the GPU's
+:func:`activity_histogram` counts a window's GPU samples (``gpu_samples`` with the role of the device
+row in effect at each sample) in bins of ``bin_pct`` percent, per pool (the GPU's
 role: prefill, decode, mixed, unknown) and for the whole fleet, in DuckDB: only the counts leave the
 store, never the samples. A value of exactly 100 % falls in the last bin; values outside [0, 100] are
 clipped into the end bins. Each sample counts once (the collector samples at a fixed period, so
@@ -26,33 +26,40 @@ BIN_PCTS = (1.0, 2.0, 2.5, 5.0, 10.0)
 METRICS = {"sm_active": "sm_active_pct", "gpu_util": "gpu_util_pct"}
 FLEET = "fleet"
 
+# One scan: the samples with the role of the device row in effect at each (a range join on the few
+# devices rows, cheaper than the gpu_samples_full view's ASOF join), counted per grouping set.
 _SQL = """
-WITH s AS (
-    SELECT coalesce(role, 'unknown') AS pool, node, source, device, "index",
-           sm_active_pct, gpu_util_pct, host_bound_pct,
-           trust_label(node, source, emulated) AS trust
-    FROM gpu_samples_full
-    WHERE {pred} AND ts_s >= ? AND ts_s < ?
+WITH d AS (
+    SELECT node, source, device, "index", since_s, role,
+           lead(since_s) OVER (PARTITION BY node, source, device, "index" ORDER BY since_s) AS until_s
+    FROM devices WHERE {dpred}
 ),
-v AS (
-    SELECT pool, 'sm_active' AS metric, sm_active_pct AS x FROM s WHERE isfinite(sm_active_pct)
-    UNION ALL
-    SELECT pool, 'gpu_util', gpu_util_pct FROM s WHERE isfinite(gpu_util_pct)
+s AS (
+    SELECT coalesce(d.role, 'unknown') AS pool, hash(g.node, g.source, g.device, g."index") AS gpu,
+           CASE WHEN isfinite(g.sm_active_pct) THEN g.sm_active_pct END AS sm,
+           CASE WHEN isfinite(g.gpu_util_pct) THEN g.gpu_util_pct END AS util,
+           g.host_bound_pct, trust_label(g.node, g.source, g.emulated) AS trust
+    FROM gpu_samples g LEFT JOIN d
+      ON g.node = d.node AND g.source = d.source AND g.device = d.device
+     AND g."index" IS NOT DISTINCT FROM d."index"
+     AND g.ts_s >= d.since_s AND (d.until_s IS NULL OR g.ts_s < d.until_s)
+    WHERE {gpred} AND g.ts_s >= $start AND g.ts_s < $end
+),
+b AS (
+    -- greatest/least skip NULLs: a sample without the metric stays out of its bins explicitly
+    SELECT *, CASE WHEN sm IS NOT NULL THEN least(greatest(floor(sm / $bin), 0), $bins - 1)::INTEGER END AS sm_bin,
+           CASE WHEN util IS NOT NULL THEN least(greatest(floor(util / $bin), 0), $bins - 1)::INTEGER END AS util_bin
+    FROM s
 )
-SELECT pool, metric, least(greatest(floor(x / ?), 0), ? - 1)::INTEGER AS bin, count(*) AS n, sum(x) AS total
-FROM v GROUP BY GROUPING SETS ((pool, metric, bin), (metric, bin))
-"""
-
-_META_SQL = """
-SELECT coalesce(role, 'unknown') AS pool,
-       count(DISTINCT (node, source, device, "index")) AS gpus,
-       count(*) AS samples,
-       list(DISTINCT trust_label(node, source, emulated)) AS trust,
+SELECT pool, sm_bin, util_bin, GROUPING(pool, sm_bin, util_bin) AS gid,
+       count(*) AS n, sum(sm) AS sm_total, sum(util) AS util_total,
+       count(DISTINCT gpu) AS gpus, list(DISTINCT trust) AS trust,
        count(*) FILTER (WHERE host_bound_pct > 0) AS host_bound_samples
-FROM gpu_samples_full
-WHERE {pred} AND ts_s >= ? AND ts_s < ?
-GROUP BY GROUPING SETS ((pool), ())
+FROM b
+GROUP BY GROUPING SETS ((pool, sm_bin), (pool, util_bin), (sm_bin), (util_bin), (pool), ())
 """
+# GROUPING(pool, sm_bin, util_bin): a bit set for each column left out (4 pool, 2 sm_bin, 1 util_bin)
+_BY_POOL_SM, _BY_POOL_UTIL, _BY_SM, _BY_UTIL, _BY_POOL, _ALL = 1, 2, 5, 6, 3, 7
 
 
 @dataclass(slots=True)
@@ -110,33 +117,49 @@ def activity_histogram(
     (``trust_label``), plus host-bound when an emulated sample's window lagged."""
     bin_pct = check_bin_pct(bin_pct)
     bins = round(100.0 / bin_pct)
-    pred, params = window.node_sql("node")
-    bounds = [window.start_s, window.end_s]
-    rows = con.execute(_SQL.format(pred=pred), [*params, *bounds, bin_pct, bins]).fetchall()
-    meta = con.execute(_META_SQL.format(pred=pred), [*params, *bounds]).fetchall()
+    preds: dict[str, str] = {}
+    named: dict[str, Any] = {"start": window.start_s, "end": window.end_s, "bin": bin_pct, "bins": bins}
+    for prefix, column in (("d", "node"), ("g", "g.node")):  # the node predicates' ? as named ones
+        pred, params = window.node_sql(column)
+        for i, v in enumerate(params):
+            pred = pred.replace("?", f"${prefix}node{i}", 1)
+            named[f"{prefix}node{i}"] = v
+        preds[f"{prefix}pred"] = pred
+    rows = con.execute(_SQL.format(**preds), named).fetchall()
     trust = Trust()
     missing: list[str] = []
     groups: dict[str, dict[str, Any]] = {}
-    for pool, gpus, samples, labels, host_bound in meta:
-        key = FLEET if pool is None else str(pool)
-        groups[key] = {"pool": key, "gpus": int(gpus), "samples": int(samples)}
-        for metric in METRICS:
-            groups[key][metric] = {"counts": [0] * bins, "n": 0, "mean_pct": math.nan}
-        if pool is None:
-            for label in labels or []:
-                trust.add(str(label))
-            if host_bound:
-                trust.add(
-                    HOST_BOUND,
-                    f"{int(host_bound)} samples from emulated windows the host could not keep pace with",
-                )
+
+    def group(key: str) -> dict[str, Any]:
+        if key not in groups:
+            groups[key] = {"pool": key, "gpus": 0, "samples": 0}
+            for metric in METRICS:
+                groups[key][metric] = {"counts": [0] * bins, "n": 0, "mean_pct": math.nan}
+        return groups[key]
+
     totals: dict[tuple[str, str], float] = {}
-    for pool, metric, b, n, total in rows:
-        key = FLEET if pool is None else str(pool)
-        part = groups[key][metric]
+    for pool, sm_bin, util_bin, gid, n, sm_total, util_total, gpus, labels, host_bound in rows:
+        key = FLEET if gid in (_BY_SM, _BY_UTIL, _ALL) else str(pool)
+        if gid in (_BY_POOL, _ALL):
+            g = group(key)
+            g["gpus"], g["samples"] = int(gpus), int(n)
+            if gid == _ALL:
+                for label in labels or []:
+                    trust.add(str(label))
+                if host_bound:
+                    trust.add(
+                        HOST_BOUND,
+                        f"{int(host_bound)} samples from emulated windows the host could not keep pace with",
+                    )
+            continue
+        by_sm = gid in (_BY_POOL_SM, _BY_SM)
+        metric, b, total = ("sm_active", sm_bin, sm_total) if by_sm else ("gpu_util", util_bin, util_total)
+        if b is None:  # the samples without this metric
+            continue
+        part = group(key)[metric]
         part["counts"][int(b)] = int(n)
         part["n"] += int(n)
-        totals[key, metric] = totals.get((key, metric), 0.0) + float(total)
+        totals[key, metric] = totals.get((key, metric), 0.0) + float(total or 0.0)
     for (key, metric), total in totals.items():
         part = groups[key][metric]
         part["mean_pct"] = total / part["n"] if part["n"] else math.nan
