@@ -83,29 +83,18 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
             {
                 "GPU": labels.get(key, key),
                 "Pool": r.get("role") or "—",
-                "Verdict": figures.dip_verdict(r),
-                "Low mode": r.get("mode_low_pct"),
-                "High mode": r.get("mode_high_pct"),
-                "SM activity": r.get("mean_sm_pct"),
-                "Utilization": r.get("util_pct"),
-                "Sarle": r.get("sarle"),
+                "Dip test": figures.dip_verdict(r),
+                "Low mode": _pct(r.get("mode_low_pct")),
+                "High mode": _pct(r.get("mode_high_pct")),
+                "Mean SM activity": _pct(r.get("mean_sm_pct"), 1),
+                "Mean utilization": _pct(r.get("util_pct"), 1),
+                "Sarle's coefficient": "—" if r.get("sarle") is None else f"{float(r['sarle']):.2f}",
             }
         )
     if not shown:
         return
     st.subheader("Per GPU")
-    st.dataframe(
-        pd.DataFrame(shown),
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "Low mode": st.column_config.NumberColumn("Low mode", format="%.0f %%"),
-            "High mode": st.column_config.NumberColumn("High mode", format="%.0f %%"),
-            "SM activity": st.column_config.NumberColumn("Mean SM activity", format="%.1f %%"),
-            "Utilization": st.column_config.NumberColumn("Mean utilization", format="%.1f %%"),
-            "Sarle": st.column_config.NumberColumn("Sarle's coefficient", format="%.2f"),
-        },
-    )
+    st.dataframe(pd.DataFrame(shown), hide_index=True, width="stretch")
 
 
 def render(sel: common.Selection) -> None:

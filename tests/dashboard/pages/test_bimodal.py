@@ -59,6 +59,7 @@ def test_a_disaggregated_run_per_pool_and_the_pool_filter(dashboard_env: Fleet):
     assert [t.split(" — ")[0] for t in titles] == ["All GPUs", "Prefill pool", "Decode pool"]
     table = at.dataframe[0].value
     assert len(table) == 2 and set(table["Pool"]) == {"prefill", "decode"}
+    assert all(v.startswith(("bimodal", "unimodal", "dip test not run")) for v in table["Dip test"])
     at.sidebar.multiselect(key=f"pools_{sid}").select("decode").run()
     assert not at.exception
     titles = [f["layout"]["title"]["text"] for f in figures_of(at)]
