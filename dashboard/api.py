@@ -127,6 +127,11 @@ class CollectorApi:
         """``GET /api/v1/analytics/summary`` with its query parameters (dataset, since, start_s, ...)."""
         return self.get("/api/v1/analytics/summary", params)
 
+    def overview(self, **params: Any) -> dict[str, Any]:
+        """``GET /api/v1/analytics/overview``: headline figures of a window and of the period
+        before it (the summary's query parameters)."""
+        return self.get("/api/v1/analytics/overview", params)
+
     def reports(self, *, limit: int = 200, kind: str | None = None) -> list[dict[str, Any]]:
         """``GET /api/v1/reports``: stored reports, newest first, without their pages."""
         return self.get("/api/v1/reports", {"limit": limit, "kind": kind})["reports"]
