@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
@@ -69,6 +69,7 @@ class Snapshot:
 
     samples: list[Sample] = field(default_factory=list)
     window_s: float = 0.0
+    window: tuple[float, float] | None = None  # [start_s, end_s) the samples cover
     last_success_s: float | None = None
     last_compute_s: float | None = None
     ok_total: int = 0
@@ -158,6 +159,13 @@ def derived_samples(summary: dict[str, Any], overview: dict[str, Any]) -> list[S
         for slo, v in (latency.get("attainment") or {}).items():
             if slo in ("both", "ttft", "tpot"):
                 add("phaselens_slo_attainment_ratio", v, scope="fleet", slo=slo, trust=ltrust)
+    gpu_time = overview.get("gpu_time") or {}
+    gtrust = _trust(gpu_time.get("trust") or [])
+    rows = [("fleet", "", gpu_time.get("shares") or {})]
+    rows += [("pool", pool, shares) for pool, shares in (gpu_time.get("per_pool") or {}).items()]
+    for scope, pool, shares in rows:
+        for category, v in shares.items():
+            add("phaselens_gpu_time_ratio", v, scope=scope, pool=pool, category=category, trust=gtrust)
     figures = overview.get("figures") or {}
     tps = figures.get("output_tokens_per_s") or {}
     add(
@@ -179,6 +187,8 @@ DERIVED_HELP = {
     "phaselens_cost_per_million_tokens_dollars": "All-in cost per 1M tokens, USD (GPU-hours at list price + "
     "energy x electricity x PUE), kind=input|output.",
     "phaselens_slo_attainment_ratio": "Share of finished requests meeting the SLO (slo=both|ttft|tpot).",
+    "phaselens_gpu_time_ratio": "Where the GPU-time goes (category=productive_prefill, productive_decode, "
+    "stranded, host_bound, idle; they sum to 1), for the fleet and per pool.",
     "phaselens_output_tokens_per_second": "Output tokens generated per second over the export window, all GPUs.",
 }
 
@@ -233,6 +243,8 @@ class MetricsExporter(PromCollector):
         with self._lock:
             s = self.snapshot
             s.samples = samples
+            w = got.current.get("window") or {}
+            s.window = (float(w.get("start_s", params["start_s"])), float(w.get("end_s", end)))
             s.ok_total += 1
             s.last_success_s = time.time()
             s.last_compute_s = time.perf_counter() - t
@@ -266,6 +278,7 @@ class MetricsExporter(PromCollector):
             s = self.snapshot
             samples = list(s.samples)
             state = (s.up, s.ok_total, s.error_total, s.last_success_s, s.last_compute_s)
+            window = s.window
         families: dict[str, GaugeMetricFamily] = {}
         for sample in samples:
             fam = families.get(sample.name)
@@ -295,6 +308,17 @@ class MetricsExporter(PromCollector):
             "Length of the live window the derived figures cover, s.",
             value=self.window_s,
         )
+        if window is not None:
+            yield GaugeMetricFamily(
+                "phaselens_derived_window_start_timestamp_seconds",
+                "Start of the window the exported derived figures cover, UTC epoch s.",
+                value=window[0],
+            )
+            yield GaugeMetricFamily(
+                "phaselens_derived_window_end_timestamp_seconds",
+                "End of the window the exported derived figures cover, UTC epoch s.",
+                value=window[1],
+            )
         if last_s is not None:
             yield GaugeMetricFamily(
                 "phaselens_derived_last_success_timestamp_seconds",
@@ -382,4 +406,4 @@ def add_metrics_route(app: Any, exporter: MetricsExporter) -> None:
     @app.get("/metrics")
     def metrics() -> Response:
         """The derived figures and the collector's health, Prometheus text format 0.0.4."""
-        return Response(exporter.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(exporter.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
