@@ -35,9 +35,7 @@ def role_of(g: str) -> str:
     return f"CASE WHEN {g} < 32 THEN 'mixed' WHEN {g} < 48 THEN 'prefill' ELSE 'decode' END"
 
 
-def build(
-    path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: float = T0
-) -> dict[str, int]:
+def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: float = T0) -> dict[str, int]:
     """Create the store at ``path`` (replacing it) and return the rows per table: ``samples`` GPU
     samples over the 64 GPUs, ``requests`` requests, starting at ``t0`` (UTC epoch s)."""
     for p in (path, Path(str(path) + ".wal")):
