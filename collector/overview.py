@@ -10,6 +10,7 @@ its result kept :data:`LIVE_TTL_S`; a scenario's result is kept until the store 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -21,9 +22,13 @@ from typing import Any
 
 from fastapi import Request
 
+log = logging.getLogger(__name__)
+
 LIVE_ROUND_S = 2.0  # a live window's end, rounded down to this step (the cache key moves with it)
-LIVE_TTL_S = 5.0  # how long a live result is reused
+LIVE_TTL_S = 5.0  # how long a live result is reused as it is
+LIVE_STALE_S = 30.0  # how long a live window's newest result is answered while a newer one is computed
 MAX_ENTRIES = 64
+SKIP_PARTS = frozenset({"bimodal"})  # summary parts neither the overview nor /metrics read
 PREVIOUS_SLACK_S = 0.01  # a scenario's previous period may start this much before the scenario
 SUMMARY_PARAMS = frozenset(
     {"dataset", "since", "start_s", "end_s", "node", "slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
@@ -106,7 +111,7 @@ def compute_overview(con: Any, params: dict[str, Any]) -> OverviewResult:
     from analytics.window import LIVE
 
     t = time.perf_counter()
-    current = run_summary(con, params)
+    current = run_summary(con, params, skip=SKIP_PARTS)
     w = current["window"]
     start_s, duration_s = float(w["start_s"]), float(w["duration_s"])
     prev_params = _clean({**params, "since": None, "dataset": w["dataset"]})
@@ -118,7 +123,7 @@ def compute_overview(con: Any, params: dict[str, Any]) -> OverviewResult:
             "no data: the previous period would start before the scenario does (pick a later, shorter range)"
         )
     else:
-        previous = run_summary(con, prev_params)
+        previous = run_summary(con, prev_params, skip=SKIP_PARTS)
     fleet = params.get("fleet_gpus")
     result = overview(
         current, previous, fleet_gpus=int(fleet) if fleet is not None else None, previous_missing=why
@@ -141,23 +146,81 @@ def cache_key(params: dict[str, Any], imports: int, now_s: float) -> tuple[tuple
     return (frozen, None if live else imports), ttl, params
 
 
+def rolling_key(params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The key of a live window that ends now ('the last hour'), whatever the time; else None."""
+    params = _clean(dict(params))
+    if str(params.get("dataset") or "live") != "live" or params.get("end_s") is not None:
+        return None
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
 class OverviewService:
     """The collector's overviews: ``get(params)`` answers from the cache or computes on a store
-    reader cursor. ``imports`` is a callable giving the store's import count (scenario freshness)."""
+    reader cursor. ``imports`` is a callable giving the store's import count (scenario freshness).
+
+    A live window that ends now is answered with the newest result of the same span while it is
+    younger than :data:`LIVE_STALE_S`; once it is older than :data:`LIVE_TTL_S` one recomputation
+    starts in the background. So refreshing pages and many users never queue computations, and the
+    answer (its ``window``, ``computed_at_s``) says which window it covers."""
 
     def __init__(self, store: Any, imports: Callable[[], int]) -> None:
         self.store = store
         self._imports = imports
         self.cache = OverviewCache()
+        self._latest: dict[tuple[Any, ...], OverviewResult] = {}
+        self._refreshing: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
 
     def get(self, params: dict[str, Any]) -> OverviewResult:
-        key, ttl, params = cache_key(params, self._imports(), time.time())
+        now = time.time()
+        rolling = rolling_key(params)
+        key, ttl, fixed = cache_key(params, self._imports(), now)
 
         def compute() -> OverviewResult:
             with self.store.reader() as cur:
-                return compute_overview(cur, params)
+                return compute_overview(cur, fixed)
 
-        return self.cache.get(key, ttl, compute)
+        if rolling is None:
+            return self.cache.get(key, ttl, compute)
+        with self._lock:
+            latest = self._latest.get(rolling)
+        if latest is not None and now - latest.computed_at_s < LIVE_STALE_S:
+            if now - latest.computed_at_s >= LIVE_TTL_S:
+                self._refresh(rolling, key, ttl, compute)
+            return latest
+        result = self.cache.get(key, ttl, compute)
+        self._remember(rolling, result)
+        return result
+
+    def _remember(self, rolling: tuple[Any, ...], result: OverviewResult) -> None:
+        with self._lock:
+            old = self._latest.get(rolling)
+            if old is None or result.computed_at_s >= old.computed_at_s:
+                self._latest[rolling] = result
+            while len(self._latest) > MAX_ENTRIES:
+                self._latest.pop(next(iter(self._latest)))
+
+    def _refresh(
+        self, rolling: tuple[Any, ...], key: Any, ttl: float, compute: Callable[[], OverviewResult]
+    ) -> None:
+        """Recompute ``rolling`` on a thread of its own (one at a time per window)."""
+        with self._lock:
+            if rolling in self._refreshing:
+                return
+            self._refreshing.add(rolling)
+
+        def run() -> None:
+            try:
+                self._remember(rolling, self.cache.get(key, ttl, compute))
+            except Exception as e:  # the next request computes in the foreground and reports it
+                log.warning("overview refresh failed: %s", e)
+                with self._lock:
+                    self._latest.pop(rolling, None)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(rolling)
+
+        threading.Thread(target=run, daemon=True, name="overview-refresh").start()
 
 
 def add_overview_routes(app: Any, overviews: OverviewService, error: Callable[..., Any]) -> None:

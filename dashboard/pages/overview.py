@@ -9,6 +9,7 @@ summaries: ``analytics/overview.py``).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import plotly.graph_objects as go
@@ -45,6 +46,10 @@ def _params(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
         if nodes:
             params["node"] = nodes
     return params
+
+
+def _utc(ts_s: float) -> str:
+    return datetime.fromtimestamp(float(ts_s), UTC).strftime("%H:%M:%S")
 
 
 def fmt_value(key: str, value: float | None) -> str:
@@ -147,6 +152,11 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         common.empty_window("GPU time, tokens or requests", sel)
         return
     figures = body["figures"]
+    w = body.get("window") or {}
+    if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
+        st.caption(
+            f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+        )
     money = body.get("money") or {}
     if money.get("sentence"):
         st.markdown(f"#### {money['sentence']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,3 +153,27 @@ def test_cache_keys_round_live_windows_and_follow_imports():
     s2, _, _ = cache_key({"dataset": "abc"}, imports=1, now_s=9000.0)
     s3, _, _ = cache_key({"dataset": "abc"}, imports=2, now_s=1000.0)
     assert s1 == s2 and s1 != s3 and sttl == float("inf")  # a scenario: until the store takes an import
+
+
+def test_a_rolling_live_window_answers_its_newest_result_while_recomputing(tmp_path, monkeypatch):
+    import collector.overview as ov
+    from collector.store import Store
+
+    with Store.open(tmp_path / "empty.duckdb") as store:
+        service = ov.OverviewService(store, lambda: 0)
+        first = service.get({"dataset": "live", "since": "1h"})
+        assert service.get({"dataset": "live", "since": "1h"}) is first  # young: as it is
+        fixed = {"dataset": "live", "start_s": 1.0, "end_s": 2.0}  # a fixed window: the plain cache
+        assert service.get(fixed) is service.get(fixed)
+        monkeypatch.setattr(ov, "LIVE_TTL_S", 0.0)  # every answer is now due for a recomputation
+        monkeypatch.setattr(ov, "LIVE_ROUND_S", 0.001)
+        assert service.get({"dataset": "live", "since": "1h"}) is first  # answered at once ...
+        deadline = time.monotonic() + 30
+        while (newer := service.get({"dataset": "live", "since": "1h"})) is first:  # ... then replaced
+            assert time.monotonic() < deadline, "no background recomputation"
+            time.sleep(0.05)
+        assert newer.computed_at_s > first.computed_at_s
+        assert newer.overview["window"]["end_s"] > first.overview["window"]["end_s"]
+        monkeypatch.setattr(ov, "LIVE_STALE_S", 0.0)  # too old to answer: computed in the foreground
+        fresh = service.get({"dataset": "live", "since": "1h"})
+        assert fresh.computed_at_s >= newer.computed_at_s
