@@ -177,10 +177,13 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
         fig = gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
         st.plotly_chart(fig, width="stretch", key="gpu_time", config={"displaylogo": False})
+        nodes = params.get("node")
+        scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
         st.caption(
             "Stranded: busy, but with the compute (decode) or the memory bandwidth (prefill) idle. "
-            "Host-bound: the GPU waits on the host between iterations. Tiles cover the whole data set"
-            + (" (the bar: the pools chosen)." if chosen else ".")
+            f"Host-bound: the GPU waits on the host between iterations. The tiles cover {scope}"
+            + (", the bar the pools chosen" if chosen else "")
+            + " (the summary behind them is not split by GPU: the GPUs page charts each one)."
         )
     notes = body.get("notes") or []
     if notes:

@@ -258,3 +258,33 @@ def test_real_prometheus_scrapes_and_every_grafana_query_returns_data(live: Live
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+def test_label_values_are_escaped_and_read_back_whole(tmp_path: Path):
+    """A pool name with a quote, a backslash and a newline survives the text format."""
+    from collector.metrics_export import derived_samples
+
+    odd = 'de"co\\de\npool'
+    summary = {
+        "parts": {
+            "phases": {
+                "per_pool": [{"role": odd, "frac_decode": 0.75, "frac_prefill": 0.25}],
+                "trust": {"labels": ["measured", "estimated"]},
+            }
+        }
+    }
+    samples = derived_samples(summary, {})
+    assert {s.labels["phase"] for s in samples} == {"decode", "prefill"}  # no made-up zeros for the rest
+    with Store.open(tmp_path / "s.duckdb") as store:
+        collector = Collector(CollectorSettings(db_path=str(tmp_path / "s.duckdb")), store, sources=[])
+        exporter = MetricsExporter(collector, OverviewService(store, lambda: 0))
+        exporter.snapshot.samples = samples  # rendered as a scrape renders the last computation
+        text = exporter.render().decode()
+    lines = [line for line in text.splitlines() if line.startswith("phaselens_phase_time_ratio{")]
+    assert len(lines) == 2 and all('\\"' in ln and "\\n" in ln and "\\\\" in ln for ln in lines)
+    fams = _families(text)
+    got = {
+        s.labels["phase"]: (s.labels["pool"], s.labels["trust"], s.value)
+        for s in fams["phaselens_phase_time_ratio"].samples
+    }
+    assert got == {"decode": (odd, "measured,estimated", 0.75), "prefill": (odd, "measured,estimated", 0.25)}
