@@ -288,3 +288,17 @@ def test_label_values_are_escaped_and_read_back_whole(tmp_path: Path):
         for s in fams["phaselens_phase_time_ratio"].samples
     }
     assert got == {"decode": (odd, "measured,estimated", 0.75), "prefill": (odd, "measured,estimated", 0.25)}
+
+
+def test_export_window_and_interval_flags_and_bad_values_are_named():
+    from collector.cli import build_parser, collect_settings
+
+    parse = build_parser().parse_args
+    s = collect_settings(parse(["collect"]))
+    assert (s.metrics_window_s, s.metrics_interval_s) == (300.0, 15.0)
+    s = collect_settings(parse(["collect", "--metrics-window-s", "900", "--metrics-interval-s", "30"]))
+    assert (s.metrics_window_s, s.metrics_interval_s) == (900.0, 30.0)
+    with pytest.raises(ValueError, match=r"--metrics-window-s must be in \[10, 86400\] s, got 5"):
+        collect_settings(parse(["collect", "--metrics-window-s", "5"]))
+    with pytest.raises(ValueError, match=r"--metrics-interval-s must be in \[1, 3600\] s, got 0"):
+        collect_settings(parse(["collect", "--metrics-interval-s", "0"]))
