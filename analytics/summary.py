@@ -60,8 +60,10 @@ def summarize(
     prices: Any = None,
     slo: Any = None,
     fleet_gpus: int | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> Summary:
-    """Run every analysis of the summary on ``window``; a part that fails is named in ``missing``.
+    """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
+    ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown.
@@ -101,7 +103,8 @@ def summarize(
         pb = run("phases", lambda: phase_breakdown(con, window, intervals=intervals)) if intervals else None
         if pb is not None:
             run("idle", lambda: idle_split(con, window, breakdown=pb))
-            run("bimodal", lambda: bimodality(con, window, intervals=intervals))
+            if "bimodal" not in skip:
+                run("bimodal", lambda: bimodality(con, window, intervals=intervals))
     finally:
         if intervals is not None:
             intervals.__exit__(None, None, None)

@@ -35,17 +35,18 @@ def role_of(g: str) -> str:
     return f"CASE WHEN {g} < 32 THEN 'mixed' WHEN {g} < 48 THEN 'prefill' ELSE 'decode' END"
 
 
-def build(path: Path) -> dict[str, int]:
-    """Create the store at ``path`` (replacing it) and return the rows per table."""
+def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: float = T0) -> dict[str, int]:
+    """Create the store at ``path`` (replacing it) and return the rows per table: ``samples`` GPU
+    samples over the 64 GPUs, ``requests`` requests, starting at ``t0`` (UTC epoch s)."""
     for p in (path, Path(str(path) + ".wal")):
         p.unlink(missing_ok=True)
-    per_gpu = SAMPLES // GPUS
+    per_gpu = samples // GPUS
     span_s = per_gpu * PERIOD_S
     with Store.open(path) as store, store.transaction() as con:
         con.execute(
             f"""
             INSERT INTO devices (node, source, device, "index", since_s, kind, uuid, name, emulated, worker, role)
-            SELECT 'bench', 'emulated', 'emulated:h100-sxm', g, {T0}, 'emulated', 'GPU-bench-' || g,
+            SELECT 'bench', 'emulated', 'emulated:h100-sxm', g, {t0}, 'emulated', 'GPU-bench-' || g,
                    'NVIDIA H100 80GB HBM3 (emulated)', TRUE, 'worker-' || g, {role_of("g")}
             FROM range({GPUS}) t(g)
             """
@@ -59,7 +60,7 @@ def build(path: Path) -> dict[str, int]:
                 power_w, energy_mj, power_limit_w, sm_clock_mhz, mem_clock_mhz, temperature_c,
                 mem_used_bytes, mem_total_bytes, clock_event_reasons, lost)
             WITH s AS (
-                SELECT g, k, {T0} + (k + 1) * {PERIOD_S} AS ts_s,
+                SELECT g, k, {t0} + (k + 1) * {PERIOD_S} AS ts_s,
                        CASE WHEN g < 32 THEN (k // 10) % 2 = 0 WHEN g < 48 THEN hash(g, k) % 10 < 6
                             ELSE FALSE END AS pre,
                        CASE WHEN g < 32 THEN 0.95 WHEN g < 48 THEN 0.6 ELSE 0.9 END AS busy
@@ -83,7 +84,7 @@ def build(path: Path) -> dict[str, int]:
                 batch_size, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used, kv_blocks_total,
                 preempted, compute_s, pacing_s, gpu_uuid, gpu_index, lag_s, modeled_s)
             WITH i AS (
-                SELECT g, j, {T0} + j * {ITER_S} AS start_s,
+                SELECT g, j, {t0} + j * {ITER_S} AS start_s,
                        CASE WHEN g < 32 THEN CASE WHEN (j // 20) % 2 = 0 THEN 'prefill' ELSE 'decode' END
                             WHEN g < 48 THEN 'prefill' ELSE 'decode' END AS phase
                 FROM range({GPUS}) a(g), range({n_iter}) b(j)
@@ -103,9 +104,9 @@ def build(path: Path) -> dict[str, int]:
                 prefill_start_s, prefill_end_s, first_token_s, finish_s, prompt_tokens, output_tokens,
                 prefill_worker, decode_worker, status, finish_reason, attempts, preemptions)
             WITH r AS (
-                SELECT n, {T0} + n * ({span_s} / {REQUESTS}) AS arrival_s, 1 + n % 39 AS out_tokens,
+                SELECT n, {t0} + n * ({span_s} / {requests}) AS arrival_s, 1 + n % 39 AS out_tokens,
                        n % 48 AS pw
-                FROM range({REQUESTS}) t(n)
+                FROM range({requests}) t(n)
             )
             SELECT 'bench', 'router', 0, 'req-' || n, arrival_s, arrival_s + 0.01, arrival_s + 0.01,
                    arrival_s + 0.2, arrival_s + 0.2, arrival_s + 0.2 + 0.03 * (out_tokens - 1),
@@ -147,10 +148,21 @@ def ensure(path: Path) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", type=Path)
+    ap.add_argument("--samples", type=int, default=SAMPLES, help=f"GPU samples (default {SAMPLES:,})")
+    ap.add_argument("--requests", type=int, default=REQUESTS, help=f"requests (default {REQUESTS:,})")
+    ap.add_argument(
+        "--end-now",
+        action="store_true",
+        help="place the data so that it ends now (a live window of the last hour sees it)",
+    )
     args = ap.parse_args()
+    if args.samples < GPUS or args.requests < 1:
+        ap.error(f"--samples must be >= {GPUS} (one per GPU) and --requests >= 1")
+    t0 = time.time() - (args.samples // GPUS) * PERIOD_S - 1.0 if args.end_now else T0
     t = time.perf_counter()
-    counts = build(args.path)
-    Path(str(args.path) + f".v{VERSION}").touch()
+    counts = build(args.path, samples=args.samples, requests=args.requests, t0=t0)
+    if (args.samples, args.requests, args.end_now) == (SAMPLES, REQUESTS, False):
+        Path(str(args.path) + f".v{VERSION}").touch()
     print(f"built {args.path} in {time.perf_counter() - t:.1f} s: {counts}")
     return 0
 

@@ -24,6 +24,8 @@ import pandas as pd
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from collector.metrics_export import MetricsExporter, add_metrics_route
+from collector.overview import OverviewService, add_overview_routes
 from collector.reports import add_report_routes
 from collector.service import Collector, CollectorNotRunning
 from collector.store import ExportFormatError, ImportResult, StoreError, list_scenarios
@@ -132,12 +134,17 @@ def _decode_json(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[st
 def create_collector_app(collector: Collector) -> FastAPI:
     """The app; the collector's threads run for the app's lifetime and are flushed at shutdown."""
 
+    overviews = OverviewService(collector.store, lambda: collector.stats.imports)
+    exporter = MetricsExporter(collector, overviews)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collector.start()
+        exporter.start()
         try:
             yield
         finally:
+            exporter.stop()
             collector.stop()
             collector.store.close()
 
@@ -242,6 +249,8 @@ def create_collector_app(collector: Collector) -> FastAPI:
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
     add_report_routes(app, collector, _error)
+    add_overview_routes(app, overviews, _error)
+    add_metrics_route(app, exporter)
 
     @app.post("/api/v1/import")
     async def import_export(request: Request) -> Any:

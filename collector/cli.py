@@ -58,6 +58,18 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "without one they answer 403)",
     )
     p.add_argument(
+        "--metrics-window-s",
+        type=float,
+        default=300.0,
+        help="GET /metrics exports derived figures over this many s of recent live data (default 300)",
+    )
+    p.add_argument(
+        "--metrics-interval-s",
+        type=float,
+        default=15.0,
+        help="recompute the derived figures of GET /metrics every this many s (default 15)",
+    )
+    p.add_argument(
         "--report-schedule",
         action="append",
         default=None,
@@ -98,6 +110,8 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         retention=retention,
         retention_interval_s=args.retention_interval_s,
         control_token=args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN") or None,
+        metrics_window_s=args.metrics_window_s,
+        metrics_interval_s=args.metrics_interval_s,
         report_schedules=() if [x.strip().lower() for x in schedules] == ["off"] else schedules,
     )
     if args.node:
@@ -107,6 +121,10 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
             f"--node {settings.node!r}: node names starting with 'sim:' mark simulated scenarios' rows; "
             "a collector stores measured rows, so give it another name"
         )
+    if not 10 <= settings.metrics_window_s <= 86_400:
+        raise ValueError(f"--metrics-window-s must be in [10, 86400] s, got {settings.metrics_window_s:g}")
+    if not 1 <= settings.metrics_interval_s <= 3600:
+        raise ValueError(f"--metrics-interval-s must be in [1, 3600] s, got {settings.metrics_interval_s:g}")
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
         raise ValueError("--gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s")
     if not 1.0 <= settings.retention_interval_s <= 7 * 86_400:

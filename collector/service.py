@@ -75,6 +75,10 @@ class CollectorSettings:
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
     # scheduled reports, NAME=CRON (UTC; collector/reports.py); () for none
     report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    # GET /metrics: derived figures over the last metrics_window_s of live data, recomputed every
+    # metrics_interval_s (collector/metrics_export.py)
+    metrics_window_s: float = 300.0
+    metrics_interval_s: float = 15.0
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []

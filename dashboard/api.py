@@ -132,6 +132,11 @@ class CollectorApi:
         summary's window parameters plus ``bin_pct``)."""
         return self.get("/api/v1/analytics/histogram", params)
 
+    def overview(self, **params: Any) -> dict[str, Any]:
+        """``GET /api/v1/analytics/overview``: headline figures of a window and of the period
+        before it (the summary's query parameters)."""
+        return self.get("/api/v1/analytics/overview", params)
+
     def reports(self, *, limit: int = 200, kind: str | None = None) -> list[dict[str, Any]]:
         """``GET /api/v1/reports``: stored reports, newest first, without their pages."""
         return self.get("/api/v1/reports", {"limit": limit, "kind": kind})["reports"]

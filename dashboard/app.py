@@ -23,6 +23,7 @@ _HERE = Path(__file__).resolve().parent
 
 # (file under pages/, title, icon)
 PAGES: tuple[tuple[str, str, str], ...] = (
+    ("overview.py", "Overview", ":material/dashboard:"),
     ("gpus.py", "GPUs", ":material/memory:"),
     ("bimodal.py", "Bimodal", ":material/bar_chart:"),
     ("cost.py", "Cost", ":material/payments:"),

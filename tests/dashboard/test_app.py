@@ -17,10 +17,11 @@ from tests.serving.conftest import free_port
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 
 
-def _app(dataset: str | None = None) -> AppTest:
+def _app(dataset: str | None = None, page: str = "pages/gpus.py") -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
     if dataset is not None:
         at.query_params["dataset"] = dataset
+    at.switch_page(page)  # the default page is the Overview (tests/dashboard/test_overview.py)
     return at.run()
 
 
@@ -127,11 +128,11 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
         _stop(proc)
 
 
-@pytest.mark.parametrize("page", ["pages/gpus.py", "pages/health.py"])
+@pytest.mark.parametrize("page", ["pages/overview.py", "pages/gpus.py", "pages/health.py"])
 def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
     monkeypatch.setenv("PHASELENS_API_URL", f"http://127.0.0.1:{free_port()}")
     at = AppTest.from_file(APP, default_timeout=60).run()
-    if page != "pages/gpus.py":
+    if page != "pages/overview.py":
         at.switch_page(page).run()
     assert not at.exception
     assert "service is not reachable" in at.error[0].value and "phaselens collect" in at.error[0].value

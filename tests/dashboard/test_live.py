@@ -36,7 +36,9 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
             assert time.monotonic() < deadline, "the collector stored no iterations"
             time.sleep(0.3)
         monkeypatch.setenv("PHASELENS_API_URL", url)
-        at = AppTest.from_file(APP, default_timeout=60).run()
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.switch_page("pages/gpus.py")  # the default page is the Overview
+        at.run()
         assert not at.exception
         assert at.sidebar.selectbox(key="dataset").value == "live"  # live GPUs: the default data set
         at.sidebar.selectbox(key="live_range").set_value("last 5 minutes").run()

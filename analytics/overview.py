@@ -1,0 +1,310 @@
+"""The overview's headline figures: two analytics summaries (a window and the period of the same
+length before it) turned into the figures a person reads in ten seconds, each with its trend,
+its unit and its trust labels, plus where the GPU time goes and one sentence saying where the money
+goes ("38 % of decode GPU-time is stranded compute: $41k/yr at this fleet size").
+
+Pure: :func:`overview` takes the JSON form of two summaries (``analytics.summary.Summary.to_dict``,
+what ``GET /api/v1/analytics/summary`` answers) and returns JSON. A figure that cannot be computed
+(an empty window, no requests, no previous period) is ``None`` with the reason in ``no_data`` —
+never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
+
+* ``output_tokens_per_s``: output tokens generated in the window ÷ the window's length;
+* ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
+* ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
+* ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
+  bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window;
+* ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ requests finished.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from analytics.cost import HOURS_PER_YEAR
+
+# GPU-time shown in the overview's bar: (key, readable name, the cost part's second columns)
+GPU_TIME = (
+    ("productive_prefill", "productive prefill", ("prefill_s",)),
+    ("productive_decode", "productive decode", ("decode_s",)),
+    ("stranded", "stranded (busy, compute or bandwidth idle)", ("stranded_prefill_s", "stranded_decode_s")),
+    ("host_bound", "host-bound", ("host_bound_s",)),
+    ("idle", "idle", ("idle_s",)),
+)
+_SECONDS = ("prefill_s", "decode_s", "stranded_prefill_s", "stranded_decode_s", "host_bound_s", "idle_s")
+
+
+@dataclass(frozen=True, slots=True)
+class FigureSpec:
+    """One headline figure: its key, label (with unit), unit, and which way is better."""
+
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    part: str  # the summary part its trust labels come from
+
+
+FIGURES = (
+    FigureSpec("output_tokens_per_s", "Output tokens/s", "tokens/s", True, "cost"),
+    FigureSpec("usd_per_1m_input", "$ per 1M input tokens", "$/1M tokens", False, "cost"),
+    FigureSpec("usd_per_1m_output", "$ per 1M output tokens", "$/1M tokens", False, "cost"),
+    FigureSpec("j_per_output_token", "Energy per output token, J", "J/token", False, "cost"),
+    FigureSpec("stranded_share", "Stranded GPU-time, %", "ratio", False, "cost"),
+    FigureSpec("host_bound_share", "Host-bound GPU-time, %", "ratio", False, "cost"),
+    FigureSpec("idle_share", "Idle GPU-time, %", "ratio", False, "cost"),
+    FigureSpec("slo_attainment", "SLO attainment, %", "ratio", True, "latency"),
+)
+
+
+def _num(x: Any) -> float | None:
+    """A finite float, else None (the summary writes NaN and infinities as null)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def _why_missing(summary: dict[str, Any], *parts: str) -> str:
+    """The summary's own reason a part is missing, else a plain 'no data' naming the part."""
+    missing = summary.get("missing") or {}
+    for p in (*parts, "phases", "idle", "intervals"):
+        for key, why in missing.items():
+            if key == p or key.startswith(p + "."):
+                return f"no data: {why}"
+    return "no data: no GPU time in the window"
+
+
+def _cost_total(summary: dict[str, Any]) -> dict[str, Any] | None:
+    total = ((summary.get("parts") or {}).get("cost") or {}).get("total") or {}
+    seconds = _num(total.get("gpu_seconds"))
+    return total if seconds is not None and seconds > 0 else None
+
+
+def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, str | None]]:
+    """Each of :data:`FIGURES` of one summary: ``(value, None)``, or ``(None, reason)``."""
+    if summary is None:
+        return {f.key: (None, "no data: no summary") for f in FIGURES}
+    out: dict[str, tuple[float | None, str | None]] = {}
+    total = _cost_total(summary)
+    duration_s = _num((summary.get("window") or {}).get("duration_s"))
+    if total is None:
+        why = _why_missing(summary, "cost")
+        for f in FIGURES:
+            if f.part == "cost":
+                out[f.key] = (None, why)
+    else:
+        seconds = float(total["gpu_seconds"])
+        out_tokens = _num(total.get("output_tokens"))
+        out["output_tokens_per_s"] = (
+            (out_tokens / duration_s, None)
+            if out_tokens is not None and duration_s
+            else (None, "no data: output tokens unknown")
+        )
+        for key, why in (
+            ("usd_per_1m_input", "no input tokens in the window (or a GPU without a price)"),
+            ("usd_per_1m_output", "no output tokens in the window (or a GPU without a price)"),
+            ("j_per_output_token", "no output tokens in the window"),
+        ):
+            value = _num(total.get(key))
+            out[key] = (value, None) if value is not None else (None, f"no data: {why}")
+
+        def share(*cols: str) -> tuple[float | None, str | None]:
+            vals = [_num(total.get(c)) for c in cols]
+            if any(v is None for v in vals):
+                return None, "no data: GPU-time split unknown"
+            return sum(vals) / seconds, None  # type: ignore[arg-type]
+
+        out["stranded_share"] = share("stranded_prefill_s", "stranded_decode_s")
+        out["host_bound_share"] = share("host_bound_s")
+        out["idle_share"] = share("idle_s")
+    latency = (summary.get("parts") or {}).get("latency") or {}
+    both = _num((latency.get("attainment") or {}).get("both"))
+    if not latency:
+        out["slo_attainment"] = (None, _why_missing(summary, "latency"))
+    elif both is None or not latency.get("requests"):
+        out["slo_attainment"] = (None, "no data: no requests finished in the window")
+    else:
+        out["slo_attainment"] = (both, None)
+    return out
+
+
+def _labels(summary: dict[str, Any] | None, part: str) -> list[str]:
+    if summary is None:
+        return []
+    p = (summary.get("parts") or {}).get(part) or {}
+    return list((p.get("trust") or {}).get("labels") or [])
+
+
+def gpu_time(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """Where the GPU time of a summary goes: each of :data:`GPU_TIME` as a share of all
+    GPU-seconds (they sum to 1), the GPU-seconds, and the trust labels; ``no_data`` when empty."""
+    total = _cost_total(summary) if summary is not None else None
+    if total is None:
+        why = _why_missing(summary, "cost") if summary is not None else "no data: no summary"
+        return {"shares": None, "gpu_seconds": None, "trust": [], "no_data": why}
+    per_pool = {}
+    for row in ((summary.get("parts") or {}).get("cost") or {}).get("by_pool") or []:  # type: ignore[union-attr]
+        shares = _shares(row)
+        if shares is not None:
+            per_pool[str(row.get("pool") or "unassigned")] = shares
+    return {
+        "shares": _shares(total),
+        "per_pool": per_pool,
+        "names": {key: name for key, name, _cols in GPU_TIME},
+        "gpu_seconds": float(total["gpu_seconds"]),
+        "trust": _labels(summary, "cost"),
+        "no_data": None,
+    }
+
+
+def _shares(row: dict[str, Any]) -> dict[str, float] | None:
+    seconds = _num(row.get("gpu_seconds"))
+    if seconds is None or seconds <= 0:
+        return None
+    return {key: sum(_num(row.get(c)) or 0.0 for c in cols) / seconds for key, _name, cols in GPU_TIME}
+
+
+def observed_gpus(summary: dict[str, Any]) -> int | None:
+    """GPUs of the window: the phase breakdown's per-pool GPU counts summed."""
+    pools = ((summary.get("parts") or {}).get("phases") or {}).get("per_pool") or []
+    n = sum(int(p.get("gpus") or 0) for p in pools)
+    return n or None
+
+
+def _annual(summary: dict[str, Any], total: dict[str, Any], fleet_gpus: int) -> dict[str, float | None]:
+    """$ a year per cost category for ``fleet_gpus`` GPUs: the summary's ``annual`` part when it is
+    for that fleet, else the same projection (``CostBreakdown.annualised``) from the total row."""
+    annual = (summary.get("parts") or {}).get("annual") or {}
+    if annual.get("fleet_gpus") == fleet_gpus and isinstance(annual.get("usd_per_year"), dict):
+        return {k: _num(v) for k, v in annual["usd_per_year"].items()}
+    scale = fleet_gpus * 3600.0 * HOURS_PER_YEAR / float(total["gpu_seconds"])
+    cats = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
+    out: dict[str, float | None] = {}
+    for c in cats:
+        usd = _num(total.get(f"cost_usd_{c}"))
+        out[c] = None if usd is None else usd * scale
+    return out
+
+
+def _money(usd: float) -> str:
+    """$41k, $1.2M, $530 (a sentence's round figure)."""
+    a = abs(usd)
+    if a >= 1e6:
+        return f"${usd / 1e6:,.1f}M"
+    if a >= 1e4:
+        return f"${usd / 1e3:,.0f}k"
+    if a >= 1e3:
+        return f"${usd / 1e3:,.1f}k"
+    return f"${usd:,.0f}"
+
+
+# (cost category, share numerator column(s), share denominator column(s), "of what", "is what")
+_WASTE = (
+    (
+        "stranded_decode",
+        ("stranded_decode_s",),
+        ("decode_s", "stranded_decode_s"),
+        "decode GPU-time",
+        "stranded compute",
+    ),
+    (
+        "stranded_prefill",
+        ("stranded_prefill_s",),
+        ("prefill_s", "stranded_prefill_s"),
+        "prefill GPU-time",
+        "stranded memory bandwidth",
+    ),
+    ("host_bound", ("host_bound_s",), _SECONDS, "GPU-time", "host-bound (the GPU waits on the host)"),
+    ("idle", ("idle_s",), _SECONDS, "GPU-time", "idle"),
+)
+
+
+def money_sentence(summary: dict[str, Any] | None, fleet_gpus: int | None = None) -> dict[str, Any]:
+    """Where the money goes: the waste category (stranded decode compute, stranded prefill
+    bandwidth, host-bound, idle) that costs most a year at ``fleet_gpus`` GPUs (default: the GPUs
+    observed), its share of the GPU-time it belongs to, and one sentence saying so."""
+    total = _cost_total(summary) if summary is not None else None
+    if total is None:
+        why = _why_missing(summary, "cost") if summary is not None else "no data: no summary"
+        return {"sentence": None, "no_data": why}
+    observed = observed_gpus(summary)  # type: ignore[arg-type]
+    fleet = fleet_gpus or observed
+    if not fleet:
+        return {"sentence": None, "no_data": "no data: no GPU observed in the window"}
+    per_year = _annual(summary, total, fleet)  # type: ignore[arg-type]
+    scale_note = "at this fleet size" if fleet_gpus else "at the observed fleet size"
+    best: tuple[float, tuple[str, ...], float] | None = None
+    for cat, num, den, of, what in _WASTE:
+        usd = per_year.get(cat)
+        d = sum(_num(total.get(c)) or 0.0 for c in den)
+        if d <= 0:
+            continue
+        share = sum(_num(total.get(c)) or 0.0 for c in num) / d
+        rank = usd if usd is not None else -1.0
+        if share > 0 and (best is None or rank > best[0]):
+            best = (rank, (cat, of, what), share)
+    base = {"fleet_gpus": fleet, "observed_gpus": observed, "usd_per_year": per_year, "no_data": None}
+    if best is None:
+        sentence = "No GPU-time in this window is stranded, host-bound or idle."
+        return base | {"category": None, "share": 0.0, "of": None, "usd": None, "sentence": sentence}
+    rank, (cat, of, what), share = best
+    usd = per_year.get(cat)
+    cost = f"{_money(usd)}/yr {scale_note} ({fleet:,} GPUs)" if usd is not None else "no price for this GPU"
+    sentence = f"{100 * share:.0f} % of {of} is {what}: {cost}."
+    return base | {"category": cat, "share": share, "of": of, "usd": usd, "sentence": sentence}
+
+
+def _delta(value: float | None, previous: float | None) -> tuple[float | None, float | None]:
+    if value is None or previous is None:
+        return None, None
+    d = value - previous
+    return d, (d / abs(previous) if previous else None)
+
+
+def overview(
+    current: dict[str, Any] | None,
+    previous: dict[str, Any] | None,
+    *,
+    fleet_gpus: int | None = None,
+    previous_missing: str | None = None,
+) -> dict[str, Any]:
+    """The overview of ``current`` against ``previous`` (a summary of the period of the same
+    length before it, or None with ``previous_missing`` saying why). JSON: ``figures`` (each of
+    :data:`FIGURES`: value, previous, delta, delta_ratio, unit, label, higher_is_better, trust,
+    no_data, previous_no_data), ``gpu_time`` (:func:`gpu_time`), ``money``
+    (:func:`money_sentence`), ``trust`` (of the whole window) and ``empty``."""
+    now = headline(current)
+    before = headline(previous)
+    prev_why = previous_missing or "no data: no previous period"
+    figures = {}
+    for f in FIGURES:
+        value, why = now[f.key]
+        prev, pwhy = before[f.key] if previous is not None else (None, prev_why)
+        delta, ratio = _delta(value, prev)
+        figures[f.key] = {
+            "label": f.label,
+            "unit": f.unit,
+            "higher_is_better": f.higher_is_better,
+            "value": value,
+            "previous": prev,
+            "delta": delta,
+            "delta_ratio": ratio,
+            "trust": _labels(current, f.part) if value is not None else [],
+            "no_data": why,
+            "previous_no_data": pwhy,
+        }
+    total = _cost_total(current) if current is not None else None
+    j_in = _num(total.get("j_per_input_token")) if total else None
+    figures["j_per_output_token"]["j_per_input_token"] = j_in
+    trust = list(((current or {}).get("trust") or {}).get("labels") or [])
+    return {
+        "window": (current or {}).get("window"),
+        "previous_window": (previous or {}).get("window"),
+        "figures": figures,
+        "gpu_time": gpu_time(current),
+        "money": money_sentence(current, fleet_gpus),
+        "trust": trust,
+        "notes": list(((current or {}).get("trust") or {}).get("notes") or []),
+        "empty": all(fig["value"] is None for fig in figures.values()),
+    }

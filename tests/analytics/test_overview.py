@@ -1,0 +1,198 @@
+"""analytics.overview: headline figures of two summaries, by hand-computed examples."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from analytics.overview import FIGURES, gpu_time, headline, money_sentence, overview
+
+COST_TRUST = {"labels": ["simulated"], "notes": []}
+
+
+def _summary(
+    *,
+    duration_s: float = 100.0,
+    seconds: dict[str, float] | None = None,
+    usd: dict[str, float | None] | None = None,
+    output_tokens: float = 5000.0,
+    requests: int = 100,
+    both: float | None = 0.9,
+    gpus: int = 2,
+) -> dict:
+    """A summary's JSON form with only the fields the overview reads (2 GPUs × 100 s by default)."""
+    seconds = seconds or {
+        "prefill_s": 40.0,
+        "decode_s": 60.0,
+        "stranded_prefill_s": 10.0,
+        "stranded_decode_s": 40.0,
+        "host_bound_s": 30.0,
+        "idle_s": 20.0,
+    }
+    usd = usd or {
+        "prefill": 0.02,
+        "decode": 0.03,
+        "stranded_prefill": 0.005,
+        "stranded_decode": 0.02,
+        "host_bound": 0.015,
+        "idle": 0.01,
+    }
+    total = {
+        "gpu_seconds": sum(seconds.values()),
+        **seconds,
+        **{f"cost_usd_{k}": v for k, v in usd.items()},
+        "output_tokens": output_tokens,
+        "input_tokens": 20_000.0,
+        "usd_per_1m_input": 0.5,
+        "usd_per_1m_output": 2.0,
+        "j_per_output_token": 0.4,
+        "j_per_input_token": 0.05,
+    }
+    return {
+        "window": {
+            "dataset": "live",
+            "start_s": 1000.0,
+            "end_s": 1000.0 + duration_s,
+            "duration_s": duration_s,
+        },
+        "trust": {"labels": ["simulated"], "notes": ["a note"]},
+        "parts": {
+            "phases": {"per_pool": [{"role": "mixed", "gpus": gpus}]},
+            "cost": {
+                "total": total,
+                "by_pool": [{"pool": "mixed", **total}],
+                "trust": COST_TRUST,
+            },
+            "latency": {
+                "requests": requests,
+                "attainment": {"both": both},
+                "trust": {"labels": ["simulated"], "notes": []},
+            },
+        },
+        "missing": {},
+    }
+
+
+def test_headline_figures_by_hand():
+    h = headline(_summary())
+    assert h["output_tokens_per_s"] == (50.0, None)  # 5000 tokens / 100 s
+    assert h["usd_per_1m_input"] == (0.5, None)
+    assert h["usd_per_1m_output"] == (2.0, None)
+    assert h["j_per_output_token"] == (0.4, None)
+    assert h["stranded_share"][0] == pytest.approx(50 / 200)  # (10 + 40) of 200 GPU-seconds
+    assert h["host_bound_share"][0] == pytest.approx(30 / 200)
+    assert h["idle_share"][0] == pytest.approx(20 / 200)
+    assert h["slo_attainment"] == (0.9, None)
+    assert set(h) == {f.key for f in FIGURES}
+
+
+def test_trend_against_the_previous_period():
+    prev = _summary(output_tokens=4000.0, both=0.75)
+    prev["parts"]["cost"]["total"]["usd_per_1m_output"] = 2.5
+    out = overview(_summary(), prev)
+    tps = out["figures"]["output_tokens_per_s"]
+    assert (tps["value"], tps["previous"], tps["delta"]) == (50.0, 40.0, 10.0)
+    assert tps["delta_ratio"] == pytest.approx(0.25)
+    assert tps["trust"] == ["simulated"] and tps["higher_is_better"] is True
+    usd = out["figures"]["usd_per_1m_output"]
+    assert usd["delta"] == pytest.approx(-0.5) and usd["delta_ratio"] == pytest.approx(-0.2)
+    assert usd["higher_is_better"] is False
+    slo = out["figures"]["slo_attainment"]
+    assert slo["delta"] == pytest.approx(0.15)
+    assert out["figures"]["j_per_output_token"]["j_per_input_token"] == 0.05
+    assert out["empty"] is False and out["trust"] == ["simulated"]
+
+
+def test_gpu_time_shares_sum_to_one():
+    g = gpu_time(_summary())
+    assert g["shares"] == pytest.approx(
+        {
+            "productive_prefill": 0.20,
+            "productive_decode": 0.30,
+            "stranded": 0.25,
+            "host_bound": 0.15,
+            "idle": 0.10,
+        }
+    )
+    assert sum(g["shares"].values()) == pytest.approx(1.0)
+    assert g["per_pool"]["mixed"] == pytest.approx(g["shares"])
+    assert g["gpu_seconds"] == 200.0 and g["trust"] == ["simulated"]
+
+
+def test_money_sentence_at_a_fleet_size():
+    m = money_sentence(_summary(), fleet_gpus=10)
+    # scale = 10 GPUs × 3600 × 8760 / 200 GPU-s = 1,576,800; stranded decode $0.02 → $31,536 a year
+    assert m["category"] == "stranded_decode"
+    assert m["usd"] == pytest.approx(31_536.0)
+    assert m["share"] == pytest.approx(0.40)  # 40 of 100 decode GPU-seconds
+    assert (
+        m["sentence"] == "40 % of decode GPU-time is stranded compute: $32k/yr at this fleet size (10 GPUs)."
+    )
+    observed = money_sentence(_summary())  # the 2 GPUs observed: $6,307
+    assert observed["fleet_gpus"] == 2 and observed["usd"] == pytest.approx(6307.2)
+    assert observed["sentence"].endswith("$6.3k/yr at the observed fleet size (2 GPUs).")
+
+
+def test_money_sentence_uses_the_annual_part_of_that_fleet():
+    s = _summary()
+    s["parts"]["annual"] = {
+        "fleet_gpus": 64,
+        "usd_per_year": {"stranded_decode": 1.0, "stranded_prefill": 2.0, "host_bound": 3.0e6, "idle": 4.0},
+    }
+    m = money_sentence(s, fleet_gpus=64)
+    assert m["category"] == "host_bound" and m["usd"] == 3.0e6
+    assert m["sentence"] == (
+        "15 % of GPU-time is host-bound (the GPU waits on the host): $3.0M/yr at this fleet size (64 GPUs)."
+    )
+
+
+def test_unpriced_gpu_says_so_instead_of_a_dollar_figure():
+    usd = {"prefill": None, "decode": None, "stranded_prefill": None, "stranded_decode": None}
+    m = money_sentence(_summary(usd=usd | {"host_bound": None, "idle": None}), fleet_gpus=4)
+    assert m["usd"] is None
+    assert m["sentence"] == "40 % of decode GPU-time is stranded compute: no price for this GPU."
+
+
+def test_empty_window_is_no_data_never_zero():
+    empty = copy.deepcopy(_summary())
+    empty["parts"] = {"latency": {"requests": 0, "attainment": {"both": None}, "trust": {"labels": []}}}
+    empty["missing"] = {"intervals": "AnalyticsError: no GPU samples in the window"}
+    out = overview(empty, None, previous_missing="no data: before the scenario")
+    for key, fig in out["figures"].items():
+        assert fig["value"] is None, key
+        assert fig["no_data"].startswith("no data"), key
+        assert fig["delta"] is None and fig["previous_no_data"] == "no data: before the scenario"
+        assert fig["trust"] == []
+    assert "no GPU samples in the window" in out["figures"]["usd_per_1m_input"]["no_data"]
+    assert out["figures"]["slo_attainment"]["no_data"] == "no data: no requests finished in the window"
+    assert out["empty"] is True
+    assert out["gpu_time"]["shares"] is None and out["gpu_time"]["no_data"]
+    assert out["money"]["sentence"] is None
+
+
+def test_missing_previous_period_keeps_the_figures():
+    out = overview(_summary(), None)
+    tps = out["figures"]["output_tokens_per_s"]
+    assert tps["value"] == 50.0 and tps["previous"] is None and tps["delta"] is None
+    assert tps["previous_no_data"] == "no data: no previous period"
+
+
+def test_previous_period_without_data_has_no_delta():
+    prev = _summary()
+    prev["parts"] = {}
+    prev["missing"] = {"phases": "ValueError: no GPU samples"}
+    fig = overview(_summary(), prev)["figures"]["stranded_share"]
+    assert fig["value"] == pytest.approx(0.25)
+    assert fig["previous"] is None and fig["delta"] is None
+    assert "no GPU samples" in fig["previous_no_data"]
+
+
+def test_no_output_tokens_leaves_per_output_figures_without_data():
+    s = _summary(output_tokens=0.0)
+    s["parts"]["cost"]["total"]["usd_per_1m_output"] = None
+    s["parts"]["cost"]["total"]["j_per_output_token"] = None
+    h = headline(s)
+    assert h["output_tokens_per_s"] == (0.0, None)  # a measured zero: GPU time, no tokens
+    assert h["usd_per_1m_output"][0] is None and "no output tokens" in h["usd_per_1m_output"][1]
+    assert h["j_per_output_token"][0] is None

@@ -1,0 +1,118 @@
+"""The Overview page (the dashboard's default) in AppTest, against a real collector: a simulated
+fleet, an empty store, and (tests/dashboard/test_app.py) a service that is down."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.collector.conftest import start_collector
+from tests.dashboard.conftest import APP, Fleet, _stop
+
+AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
+LABELS = [
+    "Output tokens/s",
+    "$ per 1M input tokens",
+    "$ per 1M output tokens",
+    "Energy per output token, J",
+    "Stranded GPU-time, %",
+    "Host-bound GPU-time, %",
+    "Idle GPU-time, %",
+    "SLO attainment, %",
+]
+
+
+def _app(dataset: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    if dataset is not None:
+        at.query_params["dataset"] = dataset
+    return at.run()
+
+
+def _texts(at: AppTest) -> str:
+    return "\n".join(
+        str(e.value)
+        for kind in ("markdown", "caption", "info", "warning", "error")
+        for e in getattr(at, kind)
+    )
+
+
+def _bar(at: AppTest) -> dict:
+    charts = at.get("plotly_chart")
+    assert len(charts) == 1
+    return json.loads(charts[0].proto.spec)
+
+
+def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_env: Fleet):
+    at = _app(dashboard_env.scenarios[DISAGG])
+    assert not at.exception
+    assert at.title[0].value == "Overview"
+    metrics = {m.label: m.value for m in at.metric}
+    assert list(metrics) == LABELS
+    assert all(v != "no data" for v in metrics.values()), metrics
+    assert metrics["Output tokens/s"].endswith("tokens/s")
+    assert metrics["$ per 1M output tokens"].startswith("$")
+    assert metrics["Energy per output token, J"].endswith(" J")
+    assert metrics["SLO attainment, %"].endswith(" %")
+    text = _texts(at)
+    assert text.count(":violet-badge[simulated]") >= len(LABELS)  # a trust label on every tile
+    sentence = at.markdown[0].value
+    assert sentence.startswith("#### ") and "/yr at this fleet size (2 GPUs)" in sentence
+    # the whole scenario is on screen: there is no previous period, and the page says so once
+    assert "No trend: no data: the previous period would start before the scenario" in text
+    assert all(not m.delta for m in at.metric)
+    fig = _bar(at)
+    names = [t["name"] for t in fig["data"]]
+    assert names[:2] == ["productive prefill", "productive decode"] and "host-bound" in names
+    total = sum(t["x"][0] for t in fig["data"])
+    assert total == pytest.approx(100.0, abs=0.01)  # the shares of GPU-time sum to 100 %
+    assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])
+    assert fig["layout"]["xaxis"]["title"]["text"] == "share of GPU-time, %"
+
+
+def test_a_later_range_is_compared_with_the_period_before_it(dashboard_env: Fleet):
+    sid = dashboard_env.scenarios[AGG]
+    at = _app(sid)
+    slider = at.sidebar.slider(key=f"range_{sid}")
+    top = slider.max
+    slider.set_range(top / 2, top).run()
+    assert not at.exception
+    deltas = {m.label: m.delta for m in at.metric}
+    assert deltas["Output tokens/s"] and "vs previous period" in deltas["Output tokens/s"]
+    assert deltas["Idle GPU-time, %"].endswith("pp vs previous period")
+    assert "No trend" not in _texts(at)
+
+
+def test_fleet_size_and_pool_filter(dashboard_env: Fleet):
+    sid = dashboard_env.scenarios[DISAGG]
+    at = _app(sid)
+    at.number_input(key=f"fleet_gpus_{sid}").set_value(64).run()
+    assert not at.exception
+    assert "/yr at this fleet size (64 GPUs)" in at.markdown[0].value
+    at.sidebar.multiselect(key=f"pools_{sid}").select("decode").run()
+    fig = _bar(at)
+    assert fig["data"][0]["y"] == ["decode pool"]
+    decode = {t["name"]: t["x"][0] for t in fig["data"]}
+    assert decode["productive prefill"] == 0.0 and decode["productive decode"] > 0  # a decode-only pool
+
+
+def test_empty_live_window_is_a_message(dashboard_env: Fleet):
+    at = _app("live")
+    assert not at.exception
+    assert not at.metric and not at.get("plotly_chart")
+    assert "No GPU time, tokens or requests in this window" in at.info[0].value
+
+
+def test_empty_store_is_a_message(tmp_path, monkeypatch):
+    proc, url = start_collector(tmp_path / "empty.duckdb")
+    try:
+        monkeypatch.setenv("PHASELENS_API_URL", url)
+        at = _app()
+        assert not at.exception
+        assert at.sidebar.selectbox(key="dataset").value == "live"
+        assert not at.metric
+        assert "No GPU time, tokens or requests in this window" in at.info[0].value
+    finally:
+        _stop(proc)
