@@ -1,0 +1,109 @@
+"""`phaselens demo`, the README's first command, run as a user runs it (the real CLI as a subprocess on
+free ports and a temporary store): every part comes up, the store fills, the simulated scenario is
+merged, Ctrl-C stops every process, and a second run reuses the store."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import ROOT, DemoRun, _free_port
+
+pytestmark = pytest.mark.slow
+DEMO = [sys.executable, "-m", "collector.cli", "demo"]
+
+
+def _grows(demo: DemoRun, table: str, start_s: float, at_least: int, timeout_s: float = 90.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (n := demo.count(table, start=start_s)) < at_least:
+        assert time.monotonic() < deadline, (
+            f"{table}: {n} rows since the start, wanted {at_least}\n{demo.output}"
+        )
+        time.sleep(1.0)
+    return n
+
+
+def test_every_part_comes_up_and_says_where(demo: DemoRun):
+    demo.ensure_up()
+    out = demo.output
+    for part in ("serving is up", "collector is up", "dashboard is up"):
+        assert part in out
+    assert f"dashboard      {demo.dashboard_url}" in out
+    assert f"collector API  {demo.collector_url}" in out
+    assert f"serving API    {demo.serve_url}/v1" in out
+    assert "emulated H100s" in out  # no GPU here: said, not hidden
+    assert httpx.get(f"{demo.dashboard_url}/_stcore/health", timeout=10).status_code == 200
+    page = httpx.get(demo.dashboard_url, timeout=10)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    health = httpx.get(f"{demo.collector_url}/health", timeout=10).json()
+    assert health["db_path"] == str(demo.db)
+    assert httpx.get(f"{demo.serve_url}/health", timeout=10).json()["serving"]
+
+
+def test_the_store_fills_with_live_rows_and_the_simulated_scenario(demo: DemoRun):
+    demo.ensure_up()
+    t0 = time.time()
+    first = _grows(demo, "gpu_samples", t0, 20)
+    _grows(demo, "gpu_samples", t0, first + 20)  # the emulated GPUs keep being sampled
+    _grows(demo, "requests", t0, 3)  # the replay's requests, stored from the stack's telemetry
+    scenario = demo.wait_for_scenario()
+    assert scenario["label"] == "simulated"
+    assert scenario["model"] == "llama-3.1-70b" and scenario["name"] == "agg:8xh100-sxm:tp2"
+    assert scenario["trace"]["requests"] == 200
+    demo.wait_for("simulated scenario stored", 60)
+    assert f"?dataset={scenario['scenario_id']}" in demo.output
+    assert demo.count("gpu_samples", node=f"sim:{scenario['scenario_id']}") > 0
+
+
+def test_ctrl_c_stops_every_process_and_a_second_run_reuses_the_store(demo: DemoRun):
+    demo.ensure_up()
+    scenario = demo.wait_for_scenario()
+    _grows(demo, "requests", 0, 1)
+    supervisor = psutil.Process(demo.proc.pid)
+    children = supervisor.children(recursive=True)
+    # serving (router + 2 workers), collector, dashboard, the replay pass
+    assert len(children) >= 6, [c.cmdline() for c in children]
+    stopped_s = time.time()
+    assert demo.stop(signal.SIGINT) == 0, demo.output
+    assert "SIGINT received; stopping" in demo.output
+    assert "did not stop within" not in demo.output  # each child stopped on its signal, none killed
+    assert "Traceback" not in demo.output
+    left = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [(p.pid, p.cmdline()) for p in left]
+
+    demo.start()  # the same command again: the same store
+    out = demo.output
+    assert "reusing the store" in out
+    assert f"simulated scenario {scenario['scenario_id']}" in out and "not simulated again" in out
+    assert [s["scenario_id"] for s in demo.scenarios()] == [scenario["scenario_id"]]
+    assert demo.count("requests", end=stopped_s) >= 1  # the first run's rows are still there
+    assert demo.count("gpu_samples", end=stopped_s) > 0
+
+
+def test_a_port_in_use_is_refused_naming_the_port_and_the_flag(tmp_path):
+    free = ["--serve-port", str(_free_port()), "--dashboard-port", str(_free_port())]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [*DEMO, "--db", str(tmp_path / "d.duckdb"), *free, "--collector-port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert (
+        f"port {port} (collector API) on 127.0.0.1 is in use; choose another with --collector-port"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "d.duckdb").exists()  # refused before anything started
