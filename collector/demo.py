@@ -400,12 +400,17 @@ class Supervisor:
         self.say(f"{reuse} the store {plan.db}; logs in {plan.log_dir}/")
         self.say(f"starting the serving stack (1 prefill + 1 decode worker on {plan.device_note})")
         self.children["serving"].start()
-        self.say("starting the collector (report scheduler on)")
-        self.children["collector"].start()
         if "dashboard" in self.children:
             self.say("starting the dashboard")
             self.children["dashboard"].start()
-        self._wait_healthy([c for c in self.children.values() if c.kind == "service"])
+        # the collector after the stack is up: started earlier, it would record its first polls of a
+        # stack not yet listening as ingest errors
+        self._wait_healthy([self.children["serving"]])
+        if self.stopping.is_set():
+            return
+        self.say("starting the collector (report scheduler on)")
+        self.children["collector"].start()
+        self._wait_healthy([c for c in self.children.values() if c.kind == "service" and not c.healthy])
         if self.stopping.is_set():
             return
         if "simulation" in self.children:

@@ -53,6 +53,14 @@ class DemoRun:
         """The current (last) run's output."""
         return "\n".join(self.runs[-1]) if self.runs else ""
 
+    @property
+    def token(self) -> str:
+        """The current run's control token, as the demo prints it."""
+        for line in reversed(self.runs[-1] if self.runs else []):
+            if "control token" in line:
+                return line.split("control token", 1)[1].split()[0]
+        raise AssertionError(f"the demo printed no control token:\n{self.output}")
+
     def command(self) -> list[str]:
         return [
             sys.executable,
