@@ -503,6 +503,9 @@ class Supervisor:
             return
         code = child.returncode()
         if code is None:
+            if child.kind == "service" and not child.healthy and child.is_healthy():
+                child.healthy = True
+                self.say(f"{child.name} is up again (restart {child.restarts})")
             return
         if child.kind == "once":
             self._simulation_done(child, code)
@@ -517,6 +520,8 @@ class Supervisor:
             child.next_start_s = now
             return
         child.deaths += 1
+        child.healthy = False
+        _reap_group(child.proc.pid, grace_s=2.0)  # what it left behind (a dead router's workers)
         what = "pass failed" if child.kind == "loop" else "died"
         self.say(
             f"{child.name} {what} (exit code {code}; {child.deaths} so far); starting it again in "

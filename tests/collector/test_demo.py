@@ -62,9 +62,20 @@ def test_the_store_fills_with_live_rows_and_the_simulated_scenario(demo: DemoRun
     assert demo.count("gpu_samples", node=f"sim:{scenario['scenario_id']}") > 0
 
 
+def test_a_part_that_dies_is_restarted_and_counted(demo: DemoRun):
+    demo.ensure_up()
+    supervisor = psutil.Process(demo.proc.pid)
+    (dashboard,) = [p for p in supervisor.children() if "streamlit" in " ".join(p.cmdline())]
+    dashboard.kill()
+    demo.wait_for("dashboard died (exit code -9; 1 so far); starting it again in 1 s", 30)
+    demo.wait_for("dashboard is up again (restart 1)", 120)
+    assert httpx.get(f"{demo.dashboard_url}/_stcore/health", timeout=10).status_code == 200
+
+
 def test_ctrl_c_stops_every_process_and_a_second_run_reuses_the_store(demo: DemoRun):
     demo.ensure_up()
     scenario = demo.wait_for_scenario()
+    demo.wait_for("simulated scenario stored", 60)  # the simulation's process has ended
     _grows(demo, "requests", 0, 1)
     supervisor = psutil.Process(demo.proc.pid)
     children = supervisor.children(recursive=True)
@@ -72,7 +83,8 @@ def test_ctrl_c_stops_every_process_and_a_second_run_reuses_the_store(demo: Demo
     assert len(children) >= 6, [c.cmdline() for c in children]
     stopped_s = time.time()
     assert demo.stop(signal.SIGINT) == 0, demo.output
-    assert "SIGINT received; stopping" in demo.output
+    assert "SIGINT received; stopping replay, dashboard, collector, serving" in demo.output
+    assert "stopped (restarts: dashboard 1)" in demo.output
     assert "did not stop within" not in demo.output  # each child stopped on its signal, none killed
     assert "Traceback" not in demo.output
     left = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
