@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,20 @@ CHARTS_DRAWN = """([n, length]) => {
 # the script has finished its run (Streamlit shows its status widget while a run is in progress)
 SETTLED = """() => document.querySelector('[data-testid="stMain"] [data-testid="stVerticalBlock"]') !== null
   && document.querySelector('[data-testid="stStatusWidget"]') === null"""
+
+
+def _wait(page, script: str, what: str, arg: object = None, timeout_s: float = 180.0) -> None:
+    """Wait until ``script`` holds on the page; else fail saying ``what`` (and keep a screenshot)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(script, arg=arg, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "timeout.png"), full_page=True)
+        raise AssertionError(
+            f"{what}: not within {timeout_s:g} s (test-artifacts/dashboard/timeout.png)"
+        ) from None
 
 
 def dashboard_pages() -> list[tuple[str, str]]:
@@ -65,25 +80,44 @@ def _python_errors(page) -> list[str]:
     return [text for texts in shown for text in texts]
 
 
-def _report(demo: DemoRun, dataset: str, out_html) -> str:
-    """`phaselens report` through the demo's collector; the report's title line."""
+@dataclass(frozen=True)
+class Report:
+    """A report of the demo's simulated scenario made with `phaselens report --out FILE`."""
+
+    path: Path
+    said: str
+
+
+@pytest.fixture(scope="module")
+def report(demo: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Report:
+    demo.ensure_up()
+    scenario = demo.wait_for_scenario()
+    out = tmp_path_factory.mktemp("report") / "report.html"
     done = subprocess.run(
-        [*REPORT, demo.collector_url, "--token", demo.token, "--dataset", dataset, "--out", str(out_html)],
+        [
+            *REPORT,
+            demo.collector_url,
+            "--token",
+            demo.token,
+            "--dataset",
+            scenario["scenario_id"],
+            "--out",
+            str(out),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return Report(out, done.stdout)
 
 
-def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, tmp_path):
+def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Report):
+    """(``report`` is for the Reports page.)"""
     from playwright.sync_api import sync_playwright
 
-    demo.ensure_up()
     scenario = demo.wait_for_scenario()
-    _report(demo, scenario["scenario_id"], tmp_path / "listed.html")  # for the Reports page
     pages = dashboard_pages()
     assert {"gpus.py", "reports.py", "health.py"} <= {file for file, _title in pages}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -93,7 +127,7 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             # live data first: the emulated prefill and decode GPUs, charted as they are sampled
             page.goto(demo.dashboard_url)
-            page.wait_for_function(CHARTS_DRAWN, arg=[2, 60], timeout=90_000)
+            _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
             assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
             assert not _python_errors(page)
             page.wait_for_timeout(500)
@@ -101,15 +135,15 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, tmp_path):
 
             # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
             page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
-            page.wait_for_function(CHARTS_DRAWN, arg=[8, 1000], timeout=120_000)
+            _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
             assert page.get_by_text("SIMULATED").count() >= 8
-            for file, title in pages:
-                page.locator('[data-testid="stSidebarNav"]').get_by_role(
-                    "link", name=title, exact=True
-                ).click()
-                page.wait_for_function(SETTLED, timeout=60_000)
+            for i, (file, title) in enumerate(pages):
+                if i:  # the first page is the one open
+                    nav = page.locator('[data-testid="stSidebarNav"]')
+                    nav.get_by_role("link", name=title, exact=True).click()
+                _wait(page, SETTLED, f"page {title}: its script run finished")
                 page.wait_for_timeout(1500)  # charts and iframes draw after the run
-                page.wait_for_function(SETTLED, timeout=60_000)
+                _wait(page, SETTLED, f"page {title}: its script run finished")
                 errors = _python_errors(page)
                 page.screenshot(path=str(ARTIFACTS / f"{file.removesuffix('.py')}.png"), full_page=True)
                 assert not errors, f"page {title} ({file}) shows a Python exception: {errors}"
@@ -119,16 +153,13 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, tmp_path):
         assert (ARTIFACTS / f"{file.removesuffix('.py')}.png").stat().st_size > 10_000
 
 
-def test_a_report_renders_offline_in_chromium(chromium: str, demo: DemoRun, tmp_path):
+def test_a_report_renders_offline_in_chromium(chromium: str, report: Report):
     """`phaselens report --out FILE` opened with the network cut and every request watched: the page
     asks for nothing outside itself, and its Plotly charts draw."""
     from playwright.sync_api import sync_playwright
 
-    demo.ensure_up()
-    scenario = demo.wait_for_scenario()
-    page_file = tmp_path / "report.html"
-    said = _report(demo, scenario["scenario_id"], page_file)
-    assert f"page {page_file}" in said
+    page_file = report.path
+    assert f"page {page_file}" in report.said
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
