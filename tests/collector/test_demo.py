@@ -119,3 +119,55 @@ def test_a_port_in_use_is_refused_naming_the_port_and_the_flag(tmp_path):
     )
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "d.duckdb").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sim-requests", "0"], "--sim-requests must be in [1, 2000]"),
+        (["--replay-time-scale", "0"], "--replay-time-scale must be in [0.1, 1000], got 0"),
+        (["--exit-after", "-1"], "--exit-after must be in (0, 604800] s, got -1"),
+        (["--serve-port", "70000"], "--serve-port must be in [1, 65535], got 70000"),
+        (["--serve-port", "9", "--collector-port", "9"], "both ask for port 9; change --collector-port"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys, args, message):
+    from collector.cli import main
+
+    assert main(["demo", "--db", str(tmp_path / "d.duckdb"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no store, no logs
+
+
+def test_the_replay_walks_the_trace_window_by_window_and_wraps():
+    from collector.demo import REPLAY_WINDOW_S, TRACE_SPAN_S, DemoPlan, replay_argv
+
+    plan = DemoPlan(
+        db=ROOT / "x.duckdb",
+        log_dir=ROOT / "x-logs",
+        serve_port=1,
+        collector_port=2,
+        dashboard_port=3,
+        device="emulated:h100-sxm",
+        device_note="",
+        token="t",
+        sim=False,
+        dashboard=False,
+        replay=True,
+        replay_time_scale=4.0,
+        sim_requests=1,
+        exit_after_s=None,
+    )
+    windows = int(TRACE_SPAN_S // REPLAY_WINDOW_S)
+
+    def start_of(n: int) -> float:
+        argv = replay_argv(plan, n)
+        return float(argv[argv.index("--start") + 1])
+
+    assert [start_of(n) for n in range(windows + 1)] == [
+        *(k * REPLAY_WINDOW_S for k in range(windows)),
+        0.0,
+    ]
+    argv = replay_argv(plan, 0)
+    assert argv[argv.index("--time-scale") + 1] == "4"
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:1"
