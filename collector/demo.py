@@ -93,6 +93,7 @@ class Child:
     next_start_s: float | None = None
     delay_s: float = RESTART_DELAY_S
     pids: set[int] = field(default_factory=set)
+    log_offset: int = 0  # where this start's lines begin in the log
     _log: TextIO | None = None
 
     def start(self) -> None:
@@ -101,6 +102,7 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - kept open while it runs
         argv = self.argv(self.passes)
+        self.log_offset = self._log.tell()
         self._log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n")
         self._log.flush()
         self.proc = subprocess.Popen(
@@ -124,9 +126,11 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, lines: int = 15) -> str:
-        """The last lines of the child's log."""
+        """The last lines the child wrote to its log since its latest start."""
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                text = f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
         return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
