@@ -400,8 +400,8 @@ class Supervisor:
 
     def _start(self) -> None:
         plan = self.plan
-        reuse = "reusing" if plan.db.exists() else "creating"
-        self.say(f"{reuse} the store {plan.db}; logs in {plan.log_dir}/")
+        state = "reused: its rows stay" if plan.db.exists() else "new"
+        self.say(f"store {plan.db} ({state}); logs in {plan.log_dir}/")
         self.say(f"starting the serving stack (1 prefill + 1 decode worker on {plan.device_note})")
         self.children["serving"].start()
         if "dashboard" in self.children:
@@ -565,7 +565,8 @@ class Supervisor:
             child.stop()
         counts = [f"{c.name} {c.restarts}" for c in self.children.values() if c.restarts]
         note = f" (restarts: {', '.join(counts)})" if counts else ""
-        self.say(f"stopped{note}; the store {self.plan.db} is kept for the next run")
+        kept = f"; the store {self.plan.db} is kept for the next run" if self.plan.db.exists() else ""
+        self.say(f"stopped{note}{kept}")
 
 
 # -- the command ------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_ctrl_c_stops_every_process_and_a_second_run_reuses_the_store(demo: Demo
 
     demo.start()  # the same command again: the same store
     out = demo.output
-    assert "reusing the store" in out
+    assert f"store {demo.db} (reused: its rows stay)" in out
     assert f"simulated scenario {scenario['scenario_id']}" in out and "not simulated again" in out
     assert [s["scenario_id"] for s in demo.scenarios()] == [scenario["scenario_id"]]
     assert demo.count("requests", end=stopped_s) >= 1  # the first run's rows are still there
@@ -119,6 +119,31 @@ def test_a_port_in_use_is_refused_naming_the_port_and_the_flag(tmp_path):
     )
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "d.duckdb").exists()  # refused before anything started
+
+
+def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
+    ports = ["--serve-port", str(_free_port()), "--collector-port", str(_free_port())]
+    only_serving = ["--no-sim", "--no-dashboard", "--no-replay"]
+    done = subprocess.run(
+        [
+            *DEMO,
+            "--db",
+            str(tmp_path / "d.duckdb"),
+            *ports,
+            "--device",
+            "emulated:no-such-gpu",
+            *only_serving,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "error: serving exited with code 2 before it came up; the end of " in done.stderr
+    assert "bad device spec 'emulated:no-such-gpu'" in done.stderr  # the child's own reason
+    assert "stopping serving" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "d.duckdb").exists()
 
 
 @pytest.mark.parametrize(
