@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from analytics.cli import add_analyze_command
 from analytics.goodput import add_goodput_command
+from collector.demo import add_demo_command
 from collector.reports import add_report_command
 from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
@@ -220,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_command(sub)
     add_goodput_command(sub)
     add_report_command(sub)
+    add_demo_command(sub)
     return parser
 
 

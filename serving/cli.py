@@ -1,11 +1,10 @@
-"""`phaselens` command: serve, load, demo."""
+"""`phaselens` command: serve, load (``phaselens demo`` is in ``collector.demo``)."""
 
 from __future__ import annotations
 
 import argparse
 import errno
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -216,82 +215,14 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float 
     raise TimeoutError(f"{url} was not ready after {timeout_s} s")
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Start the serving stack (1 prefill + 1 decode worker) and replay a slice of the Azure trace."""
-    port = str(args.port)
-    serve = [
-        sys.executable,
-        "-m",
-        "serving.cli",
-        "serve",
-        "--mode",
-        args.mode,
-        "--port",
-        port,
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-    ]
-    proc = subprocess.Popen(serve)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-        print(
-            f"phaselens demo: stack ready at {url}; replaying {args.requests} trace requests", file=sys.stderr
-        )
-        parser = argparse.ArgumentParser(prog="phaselens load")
-        add_load_arguments(parser)
-        load = parser.parse_args(
-            [
-                "--url",
-                url,
-                "--limit",
-                str(args.requests),
-                "--time-scale",
-                str(args.time_scale),
-                "--max-prompt-tokens",
-                "1024",
-                "--max-output-tokens",
-                "64",
-            ]
-        )
-        rc = main_load(load)
-        print(f"phaselens demo: metrics at {url}/metrics, telemetry at {url}/v1/telemetry", file=sys.stderr)
-        if args.keep_running:
-            print("phaselens demo: serving until Ctrl-C", file=sys.stderr)
-            proc.wait()
-        return rc
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `serve`, `load` and `demo` on a `phaselens` subcommand parser."""
+    """Register `serve` and `load` on a `phaselens` subcommand parser."""
     serve = sub.add_parser("serve", help="run the serving stack (router + worker processes)")
     _add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     load = sub.add_parser("load", help="replay a trace or Poisson load against a server")
     add_load_arguments(load)
     load.set_defaults(func=main_load)
-    demo = sub.add_parser("demo", help="serving stack + a short trace replay")
-    demo.add_argument("--port", type=int, default=8000)
-    demo.add_argument("--mode", default="disaggregated", choices=MODES)
-    demo.add_argument("--model", default="tiny")
-    demo.add_argument("--device", default="cpu")
-    demo.add_argument("--requests", type=int, default=60)
-    demo.add_argument(
-        "--time-scale", type=float, default=0.05, help="trace time compression (0.05 = 20x faster)"
-    )
-    demo.add_argument("--keep-running", action="store_true")
-    demo.set_defaults(func=cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

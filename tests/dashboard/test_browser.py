@@ -1,26 +1,59 @@
-"""The dashboard in headless Chromium (Debian's, driven by Playwright through its executable path;
-``scripts/browser.sh`` installs it when missing): every page renders its charts with data, and a
-screenshot of each lands in ``test-artifacts/dashboard/``."""
+"""The demo's dashboard in headless Chromium (Debian's, driven by Playwright through its executable path;
+``scripts/browser.sh`` installs it when missing): the charts draw with live and simulated data, every
+page of ``dashboard/app.py``'s ``PAGES`` renders without a Python exception (a screenshot of each lands
+in ``test-artifacts/dashboard/``), and a report made with ``phaselens report`` renders offline."""
 
 from __future__ import annotations
 
-import os
+import ast
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.dashboard.conftest import APP, ARTIFACTS, ROOT, Fleet, _stop
-from tests.serving.conftest import free_port
+from tests.conftest import DemoRun
+from tests.dashboard.conftest import APP, ARTIFACTS, ROOT
 
-CHARTS_DRAWN = """n => {
-  const plots = [...document.querySelectorAll('.js-plotly-plot')];
-  return plots.length >= n && plots.every(p => [...p.querySelectorAll('.scatterlayer path.js-line')]
-      .some(l => (l.getAttribute('d') || '').length > 200));
-}"""
+pytestmark = pytest.mark.slow
+
+REPORT = [sys.executable, "-m", "collector.cli", "report", "--collector"]
+# at least n Plotly charts with a line of more than `length` path characters (a few points); on a
+# second run the live window also holds the first run's emulated GPUs (new UUIDs), their lines short
+CHARTS_DRAWN = """([n, length]) => [...document.querySelectorAll('.js-plotly-plot')].filter(
+  p => [...p.querySelectorAll('.scatterlayer path.js-line')].some(l => (l.getAttribute('d') || '').length > length)
+).length >= n"""
+# the script has finished its run (Streamlit shows its status widget while a run is in progress)
+SETTLED = """() => document.querySelector('[data-testid="stMain"] [data-testid="stVerticalBlock"]') !== null
+  && document.querySelector('[data-testid="stStatusWidget"]') === null"""
+
+
+def _wait(page, script: str, what: str, arg: object = None, timeout_s: float = 180.0) -> None:
+    """Wait until ``script`` holds on the page; else fail saying ``what`` (and keep a screenshot)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(script, arg=arg, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "timeout.png"), full_page=True)
+        raise AssertionError(
+            f"{what}: not within {timeout_s:g} s (test-artifacts/dashboard/timeout.png)"
+        ) from None
+
+
+def dashboard_pages() -> list[tuple[str, str]]:
+    """(file, title) of every page registered in dashboard/app.py's PAGES, read from its source (importing
+    the app would run it), so pages added later are covered too."""
+    tree = ast.parse(Path(APP).read_text(encoding="utf-8"))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "PAGES":
+            return [(file, title) for file, title, _icon in ast.literal_eval(node.value)]
+    raise AssertionError("dashboard/app.py defines no PAGES")
 
 
 @pytest.fixture(scope="module")
@@ -38,98 +71,122 @@ def chromium() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def _python_errors(page) -> list[str]:
+    """What the page shows of a Python exception (Streamlit's exception box, a traceback)."""
+    shown = [page.locator('[data-testid="stException"]').all_inner_texts()]
+    if page.get_by_text("Traceback (most recent call last)").count():
+        shown.append(["a traceback"])
+    return [text for texts in shown for text in texts]
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report of the demo's simulated scenario made with `phaselens report --out FILE`."""
+
+    path: Path
+    said: str
+
+
 @pytest.fixture(scope="module")
-def dashboard_url(fleet: Fleet) -> Iterator[str]:
-    """`streamlit run dashboard/app.py` reading the fleet's collector."""
-    port = free_port()
-    env = {**os.environ, "PHASELENS_API_URL": fleet.url, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "streamlit", "run", APP, "--server.headless=true", f"--server.port={port}"]
-    cmd += [
-        "--browser.gatherUsageStats=false",
-        "--client.toolbarMode=viewer",
-        "--server.fileWatcherType=none",
-    ]
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+def report(demo: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Report:
+    demo.ensure_up()
+    scenario = demo.wait_for_scenario()
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    done = subprocess.run(
+        [
+            *REPORT,
+            demo.collector_url,
+            "--token",
+            demo.token,
+            "--dataset",
+            scenario["scenario_id"],
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited: {proc.stderr.read()}")
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the dashboard did not start within 60 s")
-            time.sleep(0.3)
-        yield url
-    finally:
-        _stop(proc)
+    assert done.returncode == 0, done.stderr
+    return Report(out, done.stdout)
 
 
-def test_every_page_renders_in_chromium(chromium: str, dashboard_url: str, fleet: Fleet):
+def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Report):
+    """(``report`` is for the Reports page.)"""
     from playwright.sync_api import sync_playwright
 
-    made = httpx.post(f"{fleet.url}/api/v1/reports", json={"dataset": fleet.scenarios["agg:2xh100-sxm"]})
-    assert made.status_code == 200, made.text  # for the Reports page
+    scenario = demo.wait_for_scenario()
+    pages = dashboard_pages()
+    assert {"gpus.py", "reports.py", "health.py"} <= {file for file, _title in pages}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
-            page.goto(f"{dashboard_url}/?dataset={fleet.scenarios['1p1d:h100-sxm']}")
-            page.wait_for_function(CHARTS_DRAWN, arg=2, timeout=60_000)
-            assert page.locator(".js-plotly-plot .layer-below .shapelayer path").count() > 0  # phase bands
-            assert page.get_by_text("SIMULATED").count() >= 2  # the trust label in each chart
-            assert page.get_by_text("Traceback").count() == 0
-            page.wait_for_timeout(500)  # let the last chart settle before the picture
-            page.screenshot(path=str(ARTIFACTS / "gpus.png"), full_page=True)
-
-            page.get_by_role("link", name="Reports").click()
-            page.get_by_text("Download HTML").wait_for(timeout=30_000)
-            report = page.frame_locator("iframe").first
-            report.get_by_text("Efficiency report").first.wait_for(timeout=30_000)
-            assert page.get_by_text("Traceback").count() == 0
+            # live data first: the emulated prefill and decode GPUs, charted as they are sampled
+            page.goto(demo.dashboard_url)
+            _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
+            assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
+            assert not _python_errors(page)
             page.wait_for_timeout(500)
-            page.screenshot(path=str(ARTIFACTS / "reports.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / "live-gpus.png"), full_page=True)
 
-            page.get_by_role("link", name="Health").click()
-            page.get_by_text("Store writer").wait_for(timeout=30_000)
-            page.get_by_text("Rows written", exact=True).wait_for(timeout=30_000)
-            assert page.get_by_text("Traceback").count() == 0
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(ARTIFACTS / "health.png"), full_page=True)
+            # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
+            page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
+            _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
+            assert page.get_by_text("SIMULATED").count() >= 8
+            for i, (file, title) in enumerate(pages):
+                if i:  # the first page is the one open
+                    nav = page.locator('[data-testid="stSidebarNav"]')
+                    nav.get_by_role("link", name=title, exact=True).click()
+                _wait(page, SETTLED, f"page {title}: its script run finished")
+                page.wait_for_timeout(1500)  # charts and iframes draw after the run
+                _wait(page, SETTLED, f"page {title}: its script run finished")
+                errors = _python_errors(page)
+                page.screenshot(path=str(ARTIFACTS / f"{file.removesuffix('.py')}.png"), full_page=True)
+                assert not errors, f"page {title} ({file}) shows a Python exception: {errors}"
         finally:
             browser.close()
-    assert (ARTIFACTS / "gpus.png").stat().st_size > 10_000
+    for file, _title in pages:
+        assert (ARTIFACTS / f"{file.removesuffix('.py')}.png").stat().st_size > 10_000
 
 
-def test_a_report_opens_offline_in_chromium(chromium: str, fleet: Fleet, tmp_path):
-    """A report's page, saved to a file and opened with the network cut: it renders whole."""
+def test_a_report_renders_offline_in_chromium(chromium: str, report: Report):
+    """`phaselens report --out FILE` opened with the network cut and every request watched: the page
+    asks for nothing outside itself, and its Plotly charts draw."""
     from playwright.sync_api import sync_playwright
 
-    made = httpx.post(
-        f"{fleet.url}/api/v1/reports", json={"dataset": fleet.scenarios["1p1d:h100-sxm"]}
-    ).json()
-    page_file = tmp_path / "report.html"
-    page_file.write_text(httpx.get(f"{fleet.url}{made['url']}").text, encoding="utf-8")
+    page_file = report.path
+    assert f"page {page_file}" in report.said
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
         try:
             context = browser.new_context(offline=True, viewport={"width": 1200, "height": 1600})
+            outside: list[str] = []
+
+            def block(route) -> None:
+                url = route.request.url
+                if url.startswith(("file:", "data:", "blob:", "about:")):
+                    route.continue_()
+                else:
+                    outside.append(url)
+                    route.abort()
+
+            context.route("**/*", block)
             page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(page_file.as_uri())
-            page.get_by_role("heading", name=made["title"]).wait_for(timeout=30_000)
-            if page.locator(".js-plotly-plot").count():  # charts of shares, when the summary has them
-                page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.get_by_text("Efficiency report").first.wait_for(timeout=30_000)
+            assert page.locator(".js-plotly-plot").count() > 0, "the report has no Plotly chart"
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))",
+                timeout=30_000,
+            )
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
             assert not errors, errors
+            assert not outside, f"the report asked for external URLs: {outside}"
         finally:
             browser.close()

@@ -1,0 +1,171 @@
+"""Fixtures shared across packages: one ``phaselens demo`` (the real CLI as a subprocess) for the demo
+tests (tests/collector/test_demo.py) and the browser tests (tests/dashboard/test_browser.py)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM_REQUESTS = 200  # the demo's simulated scenario, kept short for the tests
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DemoRun:
+    """`phaselens demo` on free ports and a temporary store; started again on the same store (and
+    ports) after a stop, as a user's second run would be."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.db = workdir / "demo.duckdb"
+        self.serve_port, self.collector_port, self.dashboard_port = (_free_port() for _ in range(3))
+        self.proc: subprocess.Popen | None = None
+        self.runs: list[list[str]] = []  # each run's output lines
+        self._reader: threading.Thread | None = None
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_port}"
+
+    @property
+    def collector_url(self) -> str:
+        return f"http://127.0.0.1:{self.collector_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def output(self) -> str:
+        """The current (last) run's output."""
+        return "\n".join(self.runs[-1]) if self.runs else ""
+
+    @property
+    def token(self) -> str:
+        """The current run's control token, as the demo prints it."""
+        for line in reversed(self.runs[-1] if self.runs else []):
+            if "control token" in line:
+                return line.split("control token", 1)[1].split()[0]
+        raise AssertionError(f"the demo printed no control token:\n{self.output}")
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "collector.cli",
+            "demo",
+            "--db",
+            str(self.db),
+            "--serve-port",
+            str(self.serve_port),
+            "--collector-port",
+            str(self.collector_port),
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--sim-requests",
+            str(SIM_REQUESTS),
+            "--replay-time-scale",
+            "2",
+        ]
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Start a run and wait until it says it is up (every part answered its health check)."""
+        lines: list[str] = []
+        self.runs.append(lines)
+        self.proc = subprocess.Popen(
+            self.command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        proc = self.proc
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        self.wait_for("phaselens demo: running until Ctrl-C", timeout_s)
+
+    def ensure_up(self) -> DemoRun:
+        if not self.running():
+            self.start()
+        return self
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        """Wait until the current run prints ``text``; fail with its output when it exits first."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            if self.proc is not None and self.proc.poll() is not None:
+                time.sleep(0.5)  # the last lines
+                raise AssertionError(
+                    f"the demo exited ({self.proc.returncode}) before {text!r}:\n{self.output}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} within {timeout_s:g} s:\n{self.output}")
+            time.sleep(0.2)
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 150.0) -> int:
+        """Send ``sig`` and wait for the demo to exit; its exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        return self.proc.returncode
+
+    def count(self, table: str, **params: float | str) -> int:
+        """Rows of ``table`` through the collector's API (up to 100,000)."""
+        r = httpx.get(
+            f"{self.collector_url}/api/v1/tables/{table}", params={"limit": 100_000, **params}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        return len(r.json()["rows"])
+
+    def scenarios(self) -> list[dict]:
+        r = httpx.get(f"{self.collector_url}/api/v1/scenarios", timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["scenarios"]
+
+    def wait_for_scenario(self, timeout_s: float = 180.0) -> dict:
+        """The demo's simulated scenario, once the collector has merged it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.scenarios()
+            if found:
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no simulated scenario within {timeout_s:g} s:\n{self.output}")
+            time.sleep(1.0)
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
+    """One demo for the session (started on first use; a test that stops it starts it again)."""
+    run = DemoRun(tmp_path_factory.mktemp("demo"))
+    try:
+        yield run
+    finally:
+        if run.running():
+            run.stop(signal.SIGTERM)
