@@ -360,10 +360,6 @@ _SW_SHORT = (
     "with TP); the model's fixed prefill cost is fitted at TP 2 and its kernel-latency floor shrinks "
     "with the shard"
 )
-_SW_A100_TP2 = (
-    "the all-reduce efficiency fitted on H100 TP 8 over-prices A100 TP 2 prefill; the A100 rows of "
-    "this stack imply a cheaper collective or faster GEMMs there (no A100 row is calibrated)"
-)
 KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
     ("splitwise", "h100-sxm", 4, "ttft", 128, 1): _SW_SHORT,
     ("splitwise", "h100-sxm", 8, "ttft", 128, 1): _SW_SHORT,
@@ -372,14 +368,9 @@ KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
     ("splitwise", "h100-sxm", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
     ("splitwise", "h100-sxm", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "h100-sxm", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 8, "ttft", 4096, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 2048, 1): _SW_A100_TP2,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 4096, 1): _SW_A100_TP2,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 8192, 1): _SW_A100_TP2,
     ("splitwise", "a100-sxm-80gb", 2, "tpot", 512, 1): (
         "A100 TP 2 batch 1 token time +17.5 %: the cycles-based kernel latency fitted on H100 over-prices "
         "this stack's A100 decode at batch 1 (batch 8 and 32 are within 9 %)"
@@ -390,7 +381,8 @@ KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
 # -- the fit ---------------------------------------------------------------------------------------------
 
 # Free parameters per profile: (EngineProfile field, start, low, high). gemm_h100 / gemm_a100 are the
-# factors in gemm_efficiency_by_gpu.
+# factors in the profile's gemm_efficiency_by_gpu; gpu.gemm_a100 is the A100's own GEMM efficiency in
+# the GPU model (EmulationConstants.gemm_efficiency_by_gpu), which every engine on an A100 uses.
 FITS: dict[str, list[tuple[str, float, float, float]]] = {
     "vllm": [("step_s", 1e-3, 1e-5, 1e-2), ("allreduce_overhead_s", 5e-6, 1e-7, 1e-4)],
     "splitwise-2023": [
@@ -402,17 +394,20 @@ FITS: dict[str, list[tuple[str, float, float, float]]] = {
     ],
     "trtllm-0.5": [
         ("per_prefill_seq_s", 5e-3, 1e-5, 5e-2),
-        ("gemm_a100", 1.0, 0.5, 1.4),
+        ("gpu.gemm_a100", 0.7, 0.3, 0.95),
         ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
     ],
 }
 
 
 def with_params(profile: EngineProfile, names: Sequence[str], values: Sequence[float]) -> EngineProfile:
-    """``profile`` with the named parameters set (``gemm_<gpu>`` entries set gemm_efficiency_by_gpu)."""
+    """``profile`` with the named parameters set (``gemm_<gpu>`` entries set gemm_efficiency_by_gpu;
+    ``gpu.*`` entries are GPU-model constants, see :func:`constants_with_params`)."""
     fields: dict[str, Any] = {}
     gemm = dict(profile.gemm_efficiency_by_gpu)
     for name, value in zip(names, values, strict=True):
+        if name.startswith("gpu."):
+            continue
         if name == "gemm_h100":
             gemm["h100-sxm"] = value
         elif name == "gemm_a100":
@@ -420,6 +415,18 @@ def with_params(profile: EngineProfile, names: Sequence[str], values: Sequence[f
         else:
             fields[name] = value
     return replace(profile, gemm_efficiency_by_gpu=tuple(sorted(gemm.items())), **fields)
+
+
+def constants_with_params(
+    constants: EmulationConstants, names: Sequence[str], values: Sequence[float]
+) -> EmulationConstants:
+    """``constants`` with the ``gpu.*`` parameters among ``names`` set (``gpu.gemm_a100``: the A100's
+    GEMM efficiency)."""
+    gemm = dict(constants.gemm_efficiency_by_gpu)
+    for name, value in zip(names, values, strict=True):
+        if name == "gpu.gemm_a100":
+            gemm["a100-sxm-80gb"] = value
+    return replace(constants, gemm_efficiency_by_gpu=tuple(sorted(gemm.items())))
 
 
 def nelder_mead(
@@ -482,8 +489,11 @@ def fit_kernel_latency_cycles() -> float:
     return math.exp(nelder_mead(loss, [math.log(DEFAULT_CONSTANTS.kernel_latency_cycles)], iters=80)[0])
 
 
-def fit_profile(name: str, constants: EmulationConstants = DEFAULT_CONSTANTS) -> EngineProfile:
-    """Refit ``name``'s free parameters (``FITS``) on its calibration rows."""
+def fit_profile(
+    name: str, constants: EmulationConstants = DEFAULT_CONSTANTS
+) -> tuple[EngineProfile, EmulationConstants]:
+    """Refit ``name``'s free parameters (``FITS``) on its calibration rows: the profile and the
+    GPU-model constants (changed only by ``gpu.*`` parameters)."""
     spec = FITS[name]
     names = [s[0] for s in spec]
     lows = [math.log(s[2]) for s in spec]
@@ -494,11 +504,13 @@ def fit_profile(name: str, constants: EmulationConstants = DEFAULT_CONSTANTS) ->
     def loss(x: list[float]) -> float:
         clipped = [min(max(v, lo), hi) for v, lo, hi in zip(x, lows, highs, strict=True)]
         penalty = sum((v - c) ** 2 for v, c in zip(x, clipped, strict=True))
-        return _loss(rows, with_params(base, names, [math.exp(v) for v in clipped]), constants) + penalty
+        values = [math.exp(v) for v in clipped]
+        prof = with_params(base, names, values)
+        return _loss(rows, prof, constants_with_params(constants, names, values)) + penalty
 
-    x = nelder_mead(loss, [math.log(s[1]) for s in spec])
+    x = nelder_mead(loss, [math.log(s[1]) for s in spec], iters=600)
     values = [math.exp(min(max(v, lo), hi)) for v, lo, hi in zip(x, lows, highs, strict=True)]
-    return with_params(base, names, values)
+    return with_params(base, names, values), constants_with_params(constants, names, values)
 
 
 # -- tables ----------------------------------------------------------------------------------------------
@@ -623,11 +635,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         fitted["kernel_latency_cycles"] = cycles
         for name, spec in FITS.items():
-            prof = fit_profile(name)
+            prof, consts = fit_profile(name)
             shipped = PROFILES[name]
             print(f"profile {name}:")
             for field, *_ in spec:
-                if field.startswith("gemm_"):
+                if field == "gpu.gemm_a100":
+                    got = consts.gemm_efficiency_for("a100-sxm-80gb")
+                    have = DEFAULT_CONSTANTS.gemm_efficiency_for("a100-sxm-80gb")
+                elif field.startswith("gemm_"):
                     key = {"gemm_h100": "h100-sxm", "gemm_a100": "a100-sxm-80gb"}[field]
                     got, have = prof.gemm_scale(key), shipped.gemm_scale(key)
                 else:

@@ -56,6 +56,9 @@ class EmulationConstants:
     """
 
     gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
+    # (gpu key, efficiency) where a GPU generation's GEMMs reach a different share of its own peak
+    # (see gemm_efficiency_for); every other GPU uses gemm_efficiency
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.75),)
     memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
     gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
     activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
@@ -86,6 +89,22 @@ class EmulationConstants:
     # memory
     activation_reserve_tokens: int = 8192  # tokens of activations reserved (vLLM max_num_batched_tokens)
 
+    def gemm_efficiency_for(self, gpu_key: str) -> float:
+        """Achieved share of ``gpu_key``'s dense tensor peak in compute-bound GEMMs and attention.
+
+        A GPU property (one per generation), so every engine on that GPU uses it; an engine whose
+        GEMMs differ scales it (``EngineProfile.gemm_efficiency_by_gpu``). Hopper (H100/H200):
+        :attr:`gemm_efficiency` (0.65 of the 989 TF/s dense peak), fitted on this project's H200
+        prefill rows. Ampere (A100): 0.75 of its 312 TF/s peak, fitted on the TensorRT-LLM v0.5 A100
+        calibration rows (bench/fidelity_table.py, ``gpu.gemm_a100``). Ampere's ``mma.sync``
+        GEMMs were mature in every 2023 library and reach a larger share of a 3.2x lower peak than
+        Hopper's, whose dense peak needs ``wgmma`` kernels kept fed at the TDP.
+        """
+        for key, eff in self.gemm_efficiency_by_gpu:
+            if key == gpu_key:
+                return eff
+        return self.gemm_efficiency
+
 
 DEFAULT_CONSTANTS = EmulationConstants()
 
@@ -103,7 +122,7 @@ class EngineProfile:
     kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
     per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
     ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
-    than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
+    than :meth:`EmulationConstants.gemm_efficiency_for` (e.g. a 2023 stack without Hopper kernels).
     """
 
     name: str
@@ -186,10 +205,9 @@ PROFILES: dict[str, EngineProfile] = {
         per_prefill_seq_s=6.3e-3,
         kernels_per_layer=5.0,
         allreduce_overhead_s=7.7e-5,
-        gemm_efficiency_by_gpu=(("a100-sxm-80gb", 1.156),),
-        description="TensorRT-LLM v0.5 (fused kernels; A100 GEMMs at 75 % of peak)",
-        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128; "
-        "bench/fidelity_table.py",
+        description="TensorRT-LLM v0.5 (fused kernels; GEMMs at the GPU's own efficiency)",
+        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128 "
+        "(with the A100 GEMM efficiency of EmulationConstants); bench/fidelity_table.py",
     ),
 }
 DEFAULT_PROFILE = "vllm"
@@ -580,7 +598,7 @@ def _coeffs(
         * shard.num_layers
         * BF16_BYTES,
         weight_bytes=total * BF16_BYTES,
-        flops_per_s=spec.peak_flops * c.gemm_efficiency * profile.gemm_scale(spec.key),
+        flops_per_s=spec.peak_flops * c.gemm_efficiency_for(spec.key) * profile.gemm_scale(spec.key),
         bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
         bandwidth_bytes_s=spec.bandwidth_bytes_s,
         kernels=kernels,
