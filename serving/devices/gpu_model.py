@@ -123,6 +123,15 @@ class EngineProfile:
     per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
     ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
     than :meth:`EmulationConstants.gemm_efficiency_for` (e.g. a 2023 stack without Hopper kernels).
+
+    ``allreduce_step_scale``: a ring all-reduce of ``N`` ranks takes ``2 (N - 1)`` steps, each paying
+    a latency before its chunk moves (the alpha-beta model of a ring collective; NCCL's own tuning
+    model, ``src/graph/tuning.cc``, prices ring latency per step). A step of a real collective costs
+    a few link latencies (the data write, a memory fence, the flag write and the peer's poll of the
+    Simple protocol), so the engine's per-step latency is ``allreduce_step_scale * LinkSpec.latency_s``:
+    the per-call cost grows linearly with the ranks, and a slower link (NVLink 3) pays more per step.
+    It is why a small-batch decode step of the 2023 stack stops shrinking with TP once the shard's
+    weight streaming is small (Splitwise: 29.7 ms at TP 4 and 29.8 ms at TP 8 on H100).
     """
 
     name: str
@@ -135,6 +144,7 @@ class EngineProfile:
     kernels_per_layer: float = 1.0  # small (latency-bound) GPU kernels per layer
     allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
     allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
     # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
     gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
@@ -190,13 +200,13 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=2.5e-4,
-        per_prefill_seq_s=1.35e-3,
-        kernels_per_layer=25.6,
-        allreduce_overhead_s=1.08e-5,
-        allreduce_bandwidth_scale=0.212,
+        per_seq_s=4.26e-4,
+        per_prefill_seq_s=7.02e-3,
+        kernels_per_layer=17.1,
+        allreduce_bandwidth_scale=0.224,
+        allreduce_step_scale=3.75,
         description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
-        "~22 % of NVLink bandwidth)",
+        "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step)",
         source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
         "4096 + token b1; bench/fidelity_table.py",
     ),
@@ -605,7 +615,8 @@ def _coeffs(
         latency_s=kernels * c.kernel_latency_cycles / (spec.max_sm_clock_mhz * 1e6),
         overhead_s=c.overhead_s,
         comm_calls=comm_calls,
-        comm_call_s=link.latency_s * 2 * (tp - 1) + profile.allreduce_overhead_s,
+        comm_call_s=link.latency_s * profile.allreduce_step_scale * 2 * (tp - 1)
+        + profile.allreduce_overhead_s,
         comm_s_per_token=(
             0.0
             if tp == 1

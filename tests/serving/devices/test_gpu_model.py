@@ -180,6 +180,37 @@ def test_power_cap_search_only_when_it_binds_and_matches_locked_clock() -> None:
 # --- tensor parallelism ---------------------------------------------------------------------------
 
 
+def test_gemm_efficiency_is_per_gpu_generation_and_engines_scale_it() -> None:
+    c = DEFAULT_CONSTANTS
+    assert c.gemm_efficiency_for("a100-sxm-80gb") == 0.75
+    assert c.gemm_efficiency_for("h100-sxm") == c.gemm_efficiency_for("h200") == c.gemm_efficiency
+    # a compute-bound prefill on A100 runs at 0.75 of its peak for every engine (here: lean, vllm)
+    for profile in ("lean", "vllm"):
+        est = predict_iteration("a100-sxm-80gb", LLAMA_8B, prefill(8192), profile=profile)
+        peak_s = est.flops / (GPU_SPECS["a100-sxm-80gb"].peak_flops * est.sm_clock_mhz / 1410)
+        assert est.compute_s == pytest.approx(peak_s / 0.75, rel=1e-6)
+    slower = replace(PROFILES["lean"], name="slow-gemm", gemm_efficiency_by_gpu=(("a100-sxm-80gb", 0.5),))
+    lock = (900, 900)  # the same clock for both (at the TDP the faster one would be power-capped)
+    lean = predict_iteration("a100-sxm-80gb", LLAMA_8B, prefill(8192), profile="lean", sm_clock_range=lock)
+    slow = predict_iteration("a100-sxm-80gb", LLAMA_8B, prefill(8192), profile=slower, sm_clock_range=lock)
+    assert slow.compute_s == pytest.approx(2 * lean.compute_s, rel=1e-6)
+
+
+def test_allreduce_step_scale_prices_each_of_the_2_tp_minus_1_ring_steps() -> None:
+    base = replace(PROFILES["lean"], name="ring1")
+    slow = replace(base, name="ring5", allreduce_step_scale=5.0)
+    for tp in (2, 4, 8):
+        a = predict_iteration("h100-sxm", LLAMA_70B, decode(1), tp=tp, profile=base)
+        b = predict_iteration("h100-sxm", LLAMA_70B, decode(1), tp=tp, profile=slow)
+        calls = 2 * LLAMA_70B.num_layers
+        extra = calls * 4.0 * LINKS["nvlink"].latency_s * 2 * (tp - 1)
+        assert b.comm_s - a.comm_s == pytest.approx(extra, rel=1e-9)
+    # a slower link pays more per step
+    a100 = predict_iteration("a100-sxm-80gb", LLAMA_70B, decode(1), tp=8, link="nvlink3", profile=slow)
+    h100 = predict_iteration("h100-sxm", LLAMA_70B, decode(1), tp=8, link="nvlink", profile=slow)
+    assert a100.comm_s > h100.comm_s
+
+
 def test_shard_shape_splits_heads_mlp_vocab_and_replicates_kv_heads() -> None:
     s = shard_shape(LLAMA_70B, 8)
     assert (s.num_heads, s.num_kv_heads, s.intermediate_size, s.vocab_size) == (8, 1, 3584, 16032)
