@@ -361,10 +361,6 @@ _SW_SHORT = (
     "(48 / 49 ms), while the A100's falls with TP (81 / 64 / 65 ms); the model's per-prompt host cost is "
     "fitted at TP 2 and a 128-token prompt's GPU work shrinks with the shard"
 )
-_SW_BATCH = (
-    "batch 32 token time at TP 4/8: the per-sequence cost is fitted on TP 2 batch 32 as host time, "
-    "which does not shrink with TP (the TP 2 batch cost is twice TP 4's: it is GPU work per query head)"
-)
 KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
     ("splitwise", "h100-sxm", 8, "ttft", 128, 1): _SW_SHORT,
     ("splitwise", "h100-sxm", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
@@ -374,8 +370,6 @@ KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
     ("splitwise", "a100-sxm-80gb", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
-    ("splitwise", "h100-sxm", 4, "tpot", 512, 32): _SW_BATCH,
-    ("splitwise", "h100-sxm", 8, "tpot", 512, 32): _SW_BATCH,
 }
 
 

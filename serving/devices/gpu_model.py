@@ -132,6 +132,14 @@ class EngineProfile:
     the per-call cost grows linearly with the ranks, and a slower link (NVLink 3) pays more per step.
     It is why a small-batch decode step of the 2023 stack stops shrinking with TP once the shard's
     weight streaming is small (Splitwise: 29.7 ms at TP 4 and 29.8 ms at TP 8 on H100).
+
+    ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
+    and streams that head's K/V from HBM itself, so under grouped-query attention each KV head is
+    read once per query head of its group (``num_heads / num_kv_heads`` times; 8x for Llama-2-70B)
+    instead of once. The 2023 decode kernels were written that way (vLLM's PagedAttention v1 and
+    FasterTransformer's masked multi-head attention launch a grid over (heads, sequences)); a
+    GQA-aware kernel (FlashInfer, FlashAttention-2 with GQA packing) reads each KV head once. It
+    makes a large decode batch cost more at low TP, where each GPU holds more query heads.
     """
 
     name: str
@@ -145,6 +153,7 @@ class EngineProfile:
     allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
     allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
     allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
+    gqa_unaware_attention: bool = False  # attention reads K/V once per query head (see above)
     # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
     gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
@@ -200,13 +209,15 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=4.26e-4,
-        per_prefill_seq_s=7.02e-3,
-        kernels_per_layer=17.1,
+        per_seq_s=1.94e-4,
+        per_prefill_seq_s=7.21e-3,
+        kernels_per_layer=17.0,
         allreduce_bandwidth_scale=0.224,
-        allreduce_step_scale=3.75,
+        allreduce_step_scale=3.81,
+        gqa_unaware_attention=True,
         description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
-        "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step)",
+        "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step, decode attention reading K/V "
+        "per query head)",
         source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
         "4096 + token b1; bench/fidelity_table.py",
     ),
@@ -563,6 +574,7 @@ class _Coeffs:
     body_params: int
     lm_head_params: int
     kv_bytes_per_token: int
+    kv_read_bytes_per_token: int  # KV bytes attention reads per context token (per query head if unaware)
     attn_flops_per_pair: int
     act_bytes_per_token: float
     weight_bytes: int
@@ -602,6 +614,8 @@ def _coeffs(
         body_params=body,
         lm_head_params=lm_head,
         kv_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES),
+        kv_read_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES)
+        * (shard.num_heads // shard.num_kv_heads if profile.gqa_unaware_attention else 1),
         attn_flops_per_pair=4 * shard.num_layers * shard.num_heads * shard.head_dim,
         act_bytes_per_token=c.activation_passes
         * (shard.hidden_size + shard.intermediate_size)
@@ -653,7 +667,9 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
         terms.append(
             (
                 float(k.attn_flops_per_pair * max(0, work.attention_pairs)),
-                float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens)),
+                float(
+                    k.kv_read_bytes_per_token * max(0, work.context_tokens) + k.kv_bytes_per_token * tokens
+                ),
             )
         )
         act_b = k.act_bytes_per_token * tokens

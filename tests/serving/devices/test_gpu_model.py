@@ -211,6 +211,26 @@ def test_allreduce_step_scale_prices_each_of_the_2_tp_minus_1_ring_steps() -> No
     assert a100.comm_s > h100.comm_s
 
 
+def test_gqa_unaware_attention_reads_kv_once_per_query_head() -> None:
+    aware = replace(PROFILES["lean"], name="gqa-aware")
+    unaware = replace(aware, name="gqa-unaware", gqa_unaware_attention=True)
+    work = decode(32, ctx=2048)
+    a = predict_iteration("h100-sxm", LLAMA_70B, work, tp=2, profile=aware)
+    u = predict_iteration("h100-sxm", LLAMA_70B, work, tp=2, profile=unaware)
+    shard = shard_shape(LLAMA_70B, 2)
+    group = shard.num_heads // shard.num_kv_heads
+    assert group == 8
+    kv_read = shard.kv_bytes_per_token(2) * work.context_tokens
+    assert u.hbm_bytes - a.hbm_bytes == pytest.approx((group - 1) * kv_read, rel=1e-9)
+    assert u.busy_s > a.busy_s
+    # without grouped-query attention (one KV head per query head) it changes nothing
+    mha = replace(LLAMA_8B, name="mha", num_kv_heads=LLAMA_8B.num_heads)
+    assert (
+        predict_iteration("h100-sxm", mha, work, profile=unaware).busy_s
+        == predict_iteration("h100-sxm", mha, work, profile=aware).busy_s
+    )
+
+
 def test_shard_shape_splits_heads_mlp_vocab_and_replicates_kv_heads() -> None:
     s = shard_shape(LLAMA_70B, 8)
     assert (s.num_heads, s.num_kv_heads, s.intermediate_size, s.vocab_size) == (8, 1, 3584, 16032)
