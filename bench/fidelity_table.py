@@ -350,9 +350,10 @@ def point_key(p: Point) -> tuple[str, str, int, str, int, int]:
 
 
 _SW_TP_PREFILL = (
-    "per (GPU, TP) Splitwise's prompt times are fixed + linear + quadratic in the prompt (within 3-14 %), "
-    "but the quadratic coefficient grows with TP (H100: 5.0 / 6.3 / 9.8 ns/token^2 at TP 2 / 4 / 8; A100 "
-    "7.3 / 15.5 / 12.5) while every quadratic cost of one rank (attention) shrinks as 1/TP; the model's "
+    "per (GPU, TP) Splitwise's prompt times are fixed + linear + quadratic in the prompt, "
+    "but the quadratic coefficient grows with TP (H100: 4.7 / 6.4 / 10.4 ns/token^2 at TP 2 / 4 / 8; A100 "
+    "5.6 / 14.4 / 12.3; prompt_curve_fits) while every quadratic cost of one rank (attention) shrinks as "
+    "1/TP; the model's "
     "ring all-reduce, linear in the prompt and fitted on TP 8 4096, stands in for it and over-prices "
     "1-2k prompts at TP 4/8"
 )
@@ -550,6 +551,32 @@ def held_out_summary(comps: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
     return out
 
 
+def prompt_curve_fits() -> list[dict[str, Any]]:
+    """Per (GPU, TP), Splitwise's five prompt times fitted by ``F + b n + c n^2`` (least squares in
+    relative error, from the measurements alone, no GPU model): how the fixed, per-token and quadratic
+    costs of that stack scale with TP (docs/FIDELITY.md, "Why the remaining Splitwise TTFT misses")."""
+    import numpy as np  # only here: the rest of the script needs no numpy
+
+    out = []
+    for (gpu, tp), d in _SW_PROMPT.items():
+        n = np.asarray(list(d), dtype=float)
+        t = np.asarray(list(d.values()))
+        basis = np.stack([np.ones_like(n), n, n * n], axis=1)
+        x = np.linalg.lstsq(basis / t[:, None], np.ones_like(n), rcond=None)[0]
+        worst = float(np.max(np.abs(basis @ x / t - 1.0)))
+        out.append(
+            {
+                "gpu": gpu,
+                "tp": tp,
+                "fixed_ms": float(x[0]),
+                "per_token_us": float(x[1] * 1e3),
+                "quadratic_ns_per_token2": float(x[2] * 1e6),
+                "max_abs_error_pct": worst * 100.0,
+            }
+        )
+    return out
+
+
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
 DECODE_CONTEXT = 1024
@@ -651,13 +678,31 @@ def main(argv: list[str] | None = None) -> None:
     grid = model_grid()
     print(grid_markdown(grid))
     print()
+    print("Splitwise prompt time per (GPU, TP) = F + b n + c n^2 (least squares, measurements only):")
+    curves = prompt_curve_fits()
+    for c in curves:
+        print(
+            f"  {GPU_LABEL[c['gpu']]} TP {c['tp']}: F {c['fixed_ms']:.1f} ms, b {c['per_token_us']:.1f} us/token, "
+            f"c {c['quadratic_ns_per_token2']:.2f} ns/token^2, max |error| {c['max_abs_error_pct']:.1f} %"
+        )
+    print()
     for key, s in held_out_summary(comps).items():
         print(
             f"held-out {key}: {s['within_15pct']}/{s['n']} within 15 %, max |error| {s['max_abs_error_pct']:.1f} %"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"fit": fitted, "comparisons": comps, "grid": grid, "sources": SOURCES}, f, indent=1)
+            json.dump(
+                {
+                    "fit": fitted,
+                    "comparisons": comps,
+                    "grid": grid,
+                    "prompt_curves": curves,
+                    "sources": SOURCES,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -97,6 +97,19 @@ def test_known_misses_are_still_misses_and_named(fidelity) -> None:
         assert abs(p.error()) > fidelity.TARGET, key
 
 
+def test_splitwise_prompt_curve_scales_unlike_one_ranks_work(fidelity) -> None:
+    """The reason the Splitwise TP 4/8 prefill misses are named: per (GPU, TP) the measured prompt times
+    are F + b n + c n^2 with b halving per TP doubling (sharded GEMMs) but c, the quadratic term, larger
+    at TP 4 and 8 than at TP 2 (attention per rank would shrink as 1/TP)."""
+    curves = {(c["gpu"], c["tp"]): c for c in fidelity.prompt_curve_fits()}
+    for gpu in ("h100-sxm", "a100-sxm-80gb"):
+        b = [curves[gpu, tp]["per_token_us"] for tp in (2, 4, 8)]
+        c = [curves[gpu, tp]["quadratic_ns_per_token2"] for tp in (2, 4, 8)]
+        assert b[0] > 1.8 * b[1] and b[1] > 1.3 * b[2] > 0
+        assert c[1] > c[0] > 0 and c[2] > c[0]
+        assert all(curves[gpu, tp]["max_abs_error_pct"] < 25 for tp in (2, 4, 8))
+
+
 def test_shipped_vllm_profile_is_the_fit_of_its_calibration_rows(fidelity) -> None:
     """The vllm profile's constants come from the fit on the calibration rows, not from a guess."""
     fitted, _ = fidelity.fit_profile("vllm")
