@@ -125,13 +125,14 @@ class EngineProfile:
     than :meth:`EmulationConstants.gemm_efficiency_for` (e.g. a 2023 stack without Hopper kernels).
 
     ``allreduce_step_scale``: a ring all-reduce of ``N`` ranks takes ``2 (N - 1)`` steps, each paying
-    a latency before its chunk moves (the alpha-beta model of a ring collective; NCCL's own tuning
-    model, ``src/graph/tuning.cc``, prices ring latency per step). A step of a real collective costs
-    a few link latencies (the data write, a memory fence, the flag write and the peer's poll of the
-    Simple protocol), so the engine's per-step latency is ``allreduce_step_scale * LinkSpec.latency_s``:
-    the per-call cost grows linearly with the ranks, and a slower link (NVLink 3) pays more per step.
-    It is why a small-batch decode step of the 2023 stack stops shrinking with TP once the shard's
-    weight streaming is small (Splitwise: 29.7 ms at TP 4 and 29.8 ms at TP 8 on H100).
+    a latency before its chunk moves (the alpha-beta model of a ring collective). NCCL's own tuning
+    model (``src/graph/tuning.cc``, ``hwLat``) prices a ring step on NVLink at 0.6 us (LL protocol),
+    1.9 us (LL128) or 3.4 us (Simple), plus a base latency per call. The engine's per-step latency is
+    ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
+    and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
+    stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
+    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.81: 5.7 us per step on NVLink 4) is
+    above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
 
     ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
     and streams that head's K/V from HBM itself, so under grouped-query attention each KV head is
