@@ -350,47 +350,35 @@ def point_key(p: Point) -> tuple[str, str, int, str, int, int]:
 
 
 _SW_TP_PREFILL = (
-    "Splitwise's stack scales prefill with TP sub-linearly and not linearly in the prompt: at TP 8 its "
-    "marginal cost per token doubles between 1-2k and 2-4k tokens (57 -> 124 us/token on H100), which "
-    "a ring all-reduce at one efficiency plus flash-style attention cannot follow; calibrated on TP 8 "
-    "4096, the model is too slow at 1-2k tokens"
+    "per (GPU, TP) Splitwise's prompt times are fixed + linear + quadratic in the prompt, "
+    "but the quadratic coefficient grows with TP (H100: 4.7 / 6.4 / 10.4 ns/token^2 at TP 2 / 4 / 8; A100 "
+    "5.6 / 14.4 / 12.3; prompt_curve_fits) while every quadratic cost of one rank (attention) shrinks as "
+    "1/TP; the model's "
+    "ring all-reduce, linear in the prompt and fitted on TP 8 4096, stands in for it and over-prices "
+    "1-2k prompts at TP 4/8"
 )
 _SW_SHORT = (
-    "Splitwise's 128-token prompt costs ~50-65 ms at every TP (a fixed per-prefill cost that grows "
-    "with TP); the model's fixed prefill cost is fitted at TP 2 and its kernel-latency floor shrinks "
-    "with the shard"
-)
-_SW_A100_TP2 = (
-    "the all-reduce efficiency fitted on H100 TP 8 over-prices A100 TP 2 prefill; the A100 rows of "
-    "this stack imply a cheaper collective or faster GEMMs there (no A100 row is calibrated)"
+    "H100 TP 8's 128-token prompt costs 58 ms, twice its decode step (29.8 ms) and more than at TP 2 / 4 "
+    "(48 / 49 ms), while the A100's falls with TP (81 / 64 / 65 ms); the model's per-prompt host cost is "
+    "fitted at TP 2 and a 128-token prompt's GPU work shrinks with the shard"
 )
 KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
-    ("splitwise", "h100-sxm", 4, "ttft", 128, 1): _SW_SHORT,
     ("splitwise", "h100-sxm", 8, "ttft", 128, 1): _SW_SHORT,
-    ("splitwise", "a100-sxm-80gb", 8, "ttft", 128, 1): _SW_SHORT,
     ("splitwise", "h100-sxm", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "h100-sxm", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
     ("splitwise", "h100-sxm", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "h100-sxm", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 4, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 4, "ttft", 2048, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 1024, 1): _SW_TP_PREFILL,
     ("splitwise", "a100-sxm-80gb", 8, "ttft", 2048, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 8, "ttft", 4096, 1): _SW_TP_PREFILL,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 2048, 1): _SW_A100_TP2,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 4096, 1): _SW_A100_TP2,
-    ("splitwise", "a100-sxm-80gb", 2, "ttft", 8192, 1): _SW_A100_TP2,
-    ("splitwise", "a100-sxm-80gb", 2, "tpot", 512, 1): (
-        "A100 TP 2 batch 1 token time +17.5 %: the cycles-based kernel latency fitted on H100 over-prices "
-        "this stack's A100 decode at batch 1 (batch 8 and 32 are within 9 %)"
-    ),
 }
 
 
 # -- the fit ---------------------------------------------------------------------------------------------
 
 # Free parameters per profile: (EngineProfile field, start, low, high). gemm_h100 / gemm_a100 are the
-# factors in gemm_efficiency_by_gpu.
+# factors in the profile's gemm_efficiency_by_gpu; gpu.gemm_a100 is the A100's own GEMM efficiency in
+# the GPU model (EmulationConstants.gemm_efficiency_by_gpu), which every engine on an A100 uses.
 FITS: dict[str, list[tuple[str, float, float, float]]] = {
     "vllm": [("step_s", 1e-3, 1e-5, 1e-2), ("allreduce_overhead_s", 5e-6, 1e-7, 1e-4)],
     "splitwise-2023": [
@@ -398,21 +386,24 @@ FITS: dict[str, list[tuple[str, float, float, float]]] = {
         ("per_seq_s", 3e-4, 1e-6, 5e-3),
         ("per_prefill_seq_s", 2e-2, 1e-4, 0.1),
         ("allreduce_bandwidth_scale", 0.5, 0.05, 1.0),
-        ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
+        ("allreduce_step_scale", 2.0, 0.5, 20.0),
     ],
     "trtllm-0.5": [
         ("per_prefill_seq_s", 5e-3, 1e-5, 5e-2),
-        ("gemm_a100", 1.0, 0.5, 1.4),
+        ("gpu.gemm_a100", 0.7, 0.3, 0.95),
         ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
     ],
 }
 
 
 def with_params(profile: EngineProfile, names: Sequence[str], values: Sequence[float]) -> EngineProfile:
-    """``profile`` with the named parameters set (``gemm_<gpu>`` entries set gemm_efficiency_by_gpu)."""
+    """``profile`` with the named parameters set (``gemm_<gpu>`` entries set gemm_efficiency_by_gpu;
+    ``gpu.*`` entries are GPU-model constants, see :func:`constants_with_params`)."""
     fields: dict[str, Any] = {}
     gemm = dict(profile.gemm_efficiency_by_gpu)
     for name, value in zip(names, values, strict=True):
+        if name.startswith("gpu."):
+            continue
         if name == "gemm_h100":
             gemm["h100-sxm"] = value
         elif name == "gemm_a100":
@@ -420,6 +411,18 @@ def with_params(profile: EngineProfile, names: Sequence[str], values: Sequence[f
         else:
             fields[name] = value
     return replace(profile, gemm_efficiency_by_gpu=tuple(sorted(gemm.items())), **fields)
+
+
+def constants_with_params(
+    constants: EmulationConstants, names: Sequence[str], values: Sequence[float]
+) -> EmulationConstants:
+    """``constants`` with the ``gpu.*`` parameters among ``names`` set (``gpu.gemm_a100``: the A100's
+    GEMM efficiency)."""
+    gemm = dict(constants.gemm_efficiency_by_gpu)
+    for name, value in zip(names, values, strict=True):
+        if name == "gpu.gemm_a100":
+            gemm["a100-sxm-80gb"] = value
+    return replace(constants, gemm_efficiency_by_gpu=tuple(sorted(gemm.items())))
 
 
 def nelder_mead(
@@ -482,8 +485,11 @@ def fit_kernel_latency_cycles() -> float:
     return math.exp(nelder_mead(loss, [math.log(DEFAULT_CONSTANTS.kernel_latency_cycles)], iters=80)[0])
 
 
-def fit_profile(name: str, constants: EmulationConstants = DEFAULT_CONSTANTS) -> EngineProfile:
-    """Refit ``name``'s free parameters (``FITS``) on its calibration rows."""
+def fit_profile(
+    name: str, constants: EmulationConstants = DEFAULT_CONSTANTS
+) -> tuple[EngineProfile, EmulationConstants]:
+    """Refit ``name``'s free parameters (``FITS``) on its calibration rows: the profile and the
+    GPU-model constants (changed only by ``gpu.*`` parameters)."""
     spec = FITS[name]
     names = [s[0] for s in spec]
     lows = [math.log(s[2]) for s in spec]
@@ -494,11 +500,13 @@ def fit_profile(name: str, constants: EmulationConstants = DEFAULT_CONSTANTS) ->
     def loss(x: list[float]) -> float:
         clipped = [min(max(v, lo), hi) for v, lo, hi in zip(x, lows, highs, strict=True)]
         penalty = sum((v - c) ** 2 for v, c in zip(x, clipped, strict=True))
-        return _loss(rows, with_params(base, names, [math.exp(v) for v in clipped]), constants) + penalty
+        values = [math.exp(v) for v in clipped]
+        prof = with_params(base, names, values)
+        return _loss(rows, prof, constants_with_params(constants, names, values)) + penalty
 
-    x = nelder_mead(loss, [math.log(s[1]) for s in spec])
+    x = nelder_mead(loss, [math.log(s[1]) for s in spec], iters=600)
     values = [math.exp(min(max(v, lo), hi)) for v, lo, hi in zip(x, lows, highs, strict=True)]
-    return with_params(base, names, values)
+    return with_params(base, names, values), constants_with_params(constants, names, values)
 
 
 # -- tables ----------------------------------------------------------------------------------------------
@@ -540,6 +548,32 @@ def held_out_summary(comps: Sequence[dict[str, Any]]) -> dict[str, dict[str, flo
         s["n"] += 1
         s["max_abs_error_pct"] = max(s["max_abs_error_pct"], abs(c["error_pct"]))
         s["within_15pct"] += abs(c["error_pct"]) <= 15.0
+    return out
+
+
+def prompt_curve_fits() -> list[dict[str, Any]]:
+    """Per (GPU, TP), Splitwise's five prompt times fitted by ``F + b n + c n^2`` (least squares in
+    relative error, from the measurements alone, no GPU model): how the fixed, per-token and quadratic
+    costs of that stack scale with TP (docs/FIDELITY.md, "Why the remaining Splitwise TTFT misses")."""
+    import numpy as np  # only here: the rest of the script needs no numpy
+
+    out = []
+    for (gpu, tp), d in _SW_PROMPT.items():
+        n = np.asarray(list(d), dtype=float)
+        t = np.asarray(list(d.values()))
+        basis = np.stack([np.ones_like(n), n, n * n], axis=1)
+        x = np.linalg.lstsq(basis / t[:, None], np.ones_like(n), rcond=None)[0]
+        worst = float(np.max(np.abs(basis @ x / t - 1.0)))
+        out.append(
+            {
+                "gpu": gpu,
+                "tp": tp,
+                "fixed_ms": float(x[0]),
+                "per_token_us": float(x[1] * 1e3),
+                "quadratic_ns_per_token2": float(x[2] * 1e6),
+                "max_abs_error_pct": worst * 100.0,
+            }
+        )
     return out
 
 
@@ -623,11 +657,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         fitted["kernel_latency_cycles"] = cycles
         for name, spec in FITS.items():
-            prof = fit_profile(name)
+            prof, consts = fit_profile(name)
             shipped = PROFILES[name]
             print(f"profile {name}:")
             for field, *_ in spec:
-                if field.startswith("gemm_"):
+                if field == "gpu.gemm_a100":
+                    got = consts.gemm_efficiency_for("a100-sxm-80gb")
+                    have = DEFAULT_CONSTANTS.gemm_efficiency_for("a100-sxm-80gb")
+                elif field.startswith("gemm_"):
                     key = {"gemm_h100": "h100-sxm", "gemm_a100": "a100-sxm-80gb"}[field]
                     got, have = prof.gemm_scale(key), shipped.gemm_scale(key)
                 else:
@@ -641,13 +678,31 @@ def main(argv: list[str] | None = None) -> None:
     grid = model_grid()
     print(grid_markdown(grid))
     print()
+    print("Splitwise prompt time per (GPU, TP) = F + b n + c n^2 (least squares, measurements only):")
+    curves = prompt_curve_fits()
+    for c in curves:
+        print(
+            f"  {GPU_LABEL[c['gpu']]} TP {c['tp']}: F {c['fixed_ms']:.1f} ms, b {c['per_token_us']:.1f} us/token, "
+            f"c {c['quadratic_ns_per_token2']:.2f} ns/token^2, max |error| {c['max_abs_error_pct']:.1f} %"
+        )
+    print()
     for key, s in held_out_summary(comps).items():
         print(
             f"held-out {key}: {s['within_15pct']}/{s['n']} within 15 %, max |error| {s['max_abs_error_pct']:.1f} %"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"fit": fitted, "comparisons": comps, "grid": grid, "sources": SOURCES}, f, indent=1)
+            json.dump(
+                {
+                    "fit": fitted,
+                    "comparisons": comps,
+                    "grid": grid,
+                    "prompt_curves": curves,
+                    "sources": SOURCES,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

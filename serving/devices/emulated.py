@@ -356,7 +356,11 @@ class EmulatedDevice(Device):
         The modeled iteration is ``est.host_s`` of engine host time (GPU idle, gap power) followed by
         ``est.busy_s`` of GPU work. Back to back (the engine started the iteration within ``host_s``
         of the previous modeled end) it begins at that end, so the engine's real host time between
-        iterations is counted once, as the modeled host time — as the simulator runs them. The counters' timeline never changes behind a reading: where that
+        iterations is counted once, as the modeled host time — as the simulator runs them. An
+        iteration with decode sequences is back to back by construction (the engine does not wait
+        while sequences run): when its real loop took longer than ``host_s``, the loop *is* the host
+        time, and the GPU work begins when the engine started it (``max(L, host_s)`` between
+        iterations, not ``L + host_s``). The counters' timeline never changes behind a reading: where that
         start lies before the time the counters were last integrated to (a snapshot taken while the
         host computed), the iteration is placed from that time on instead, so its whole modeled
         energy and busy time are counted.
@@ -370,9 +374,17 @@ class EmulatedDevice(Device):
             host_start = entry - max(0.0, since_start)
             # The engine's real host work since the previous iteration is the modeled host time
             # (est.host_s), not extra: an iteration the engine started within host_s of the modeled
-            # GPU's previous end begins at that end; one started later (the engine sat idle or the
-            # host was slow) begins when the engine started it.
-            modeled_start = self._gpu_free_at if host_start < self._gpu_free_at + est.host_s else host_start
+            # GPU's previous end begins at that end. One that carries running (decode) sequences
+            # was started back to back whatever the loop took (an engine with running sequences never
+            # waits), so its GPU work begins at the later of that end + host_s and the engine's start:
+            # a loop longer than host_s replaces the modeled host time instead of adding to it. Any
+            # other (the engine sat idle, then scheduled a prompt) begins when the engine started it.
+            if host_start < self._gpu_free_at + est.host_s:
+                modeled_start = self._gpu_free_at
+            elif work.decode_seqs > 0:
+                modeled_start = host_start - est.host_s
+            else:
+                modeled_start = host_start
             modeled_end = modeled_start + est.time_s
             self._gpu_free_at = modeled_end
             start = max(modeled_start, self._cursor, self._timeline_end)

@@ -56,6 +56,9 @@ class EmulationConstants:
     """
 
     gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
+    # (gpu key, efficiency) where a GPU generation's GEMMs reach a different share of its own peak
+    # (see gemm_efficiency_for); every other GPU uses gemm_efficiency
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.75),)
     memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
     gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
     activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
@@ -86,6 +89,22 @@ class EmulationConstants:
     # memory
     activation_reserve_tokens: int = 8192  # tokens of activations reserved (vLLM max_num_batched_tokens)
 
+    def gemm_efficiency_for(self, gpu_key: str) -> float:
+        """Achieved share of ``gpu_key``'s dense tensor peak in compute-bound GEMMs and attention.
+
+        A GPU property (one per generation), so every engine on that GPU uses it; an engine whose
+        GEMMs differ scales it (``EngineProfile.gemm_efficiency_by_gpu``). Hopper (H100/H200):
+        :attr:`gemm_efficiency` (0.65 of the 989 TF/s dense peak), fitted on this project's H200
+        prefill rows. Ampere (A100): 0.75 of its 312 TF/s peak, fitted on the TensorRT-LLM v0.5 A100
+        calibration rows (bench/fidelity_table.py, ``gpu.gemm_a100``). Ampere's ``mma.sync``
+        GEMMs were mature in every 2023 library and reach a larger share of a 3.2x lower peak than
+        Hopper's, whose dense peak needs ``wgmma`` kernels kept fed at the TDP.
+        """
+        for key, eff in self.gemm_efficiency_by_gpu:
+            if key == gpu_key:
+                return eff
+        return self.gemm_efficiency
+
 
 DEFAULT_CONSTANTS = EmulationConstants()
 
@@ -103,7 +122,25 @@ class EngineProfile:
     kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
     per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
     ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
-    than :attr:`EmulationConstants.gemm_efficiency` (e.g. a 2023 stack without Hopper kernels).
+    than :meth:`EmulationConstants.gemm_efficiency_for` (e.g. a 2023 stack without Hopper kernels).
+
+    ``allreduce_step_scale``: a ring all-reduce of ``N`` ranks takes ``2 (N - 1)`` steps, each paying
+    a latency before its chunk moves (the alpha-beta model of a ring collective). NCCL's own tuning
+    model (``src/graph/tuning.cc``, ``hwLat``) prices a ring step on NVLink at 0.6 us (LL protocol),
+    1.9 us (LL128) or 3.4 us (Simple), plus a base latency per call. The engine's per-step latency is
+    ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
+    and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
+    stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
+    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.81: 5.7 us per step on NVLink 4) is
+    above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
+
+    ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
+    and streams that head's K/V from HBM itself, so under grouped-query attention each KV head is
+    read once per query head of its group (``num_heads / num_kv_heads`` times; 8x for Llama-2-70B)
+    instead of once. The 2023 decode kernels were written that way (vLLM's PagedAttention v1 and
+    FasterTransformer's masked multi-head attention launch a grid over (heads, sequences)); a
+    GQA-aware kernel (FlashInfer, FlashAttention-2 with GQA packing) reads each KV head once. It
+    makes a large decode batch cost more at low TP, where each GPU holds more query heads.
     """
 
     name: str
@@ -116,6 +153,8 @@ class EngineProfile:
     kernels_per_layer: float = 1.0  # small (latency-bound) GPU kernels per layer
     allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
     allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
+    allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
+    gqa_unaware_attention: bool = False  # attention reads K/V once per query head (see above)
     # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
     gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
@@ -171,13 +210,15 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=2.5e-4,
-        per_prefill_seq_s=1.35e-3,
-        kernels_per_layer=25.6,
-        allreduce_overhead_s=1.08e-5,
-        allreduce_bandwidth_scale=0.212,
+        per_seq_s=1.94e-4,
+        per_prefill_seq_s=7.21e-3,
+        kernels_per_layer=17.0,
+        allreduce_bandwidth_scale=0.224,
+        allreduce_step_scale=3.81,
+        gqa_unaware_attention=True,
         description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
-        "~22 % of NVLink bandwidth)",
+        "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step, decode attention reading K/V "
+        "per query head)",
         source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
         "4096 + token b1; bench/fidelity_table.py",
     ),
@@ -186,10 +227,9 @@ PROFILES: dict[str, EngineProfile] = {
         per_prefill_seq_s=6.3e-3,
         kernels_per_layer=5.0,
         allreduce_overhead_s=7.7e-5,
-        gemm_efficiency_by_gpu=(("a100-sxm-80gb", 1.156),),
-        description="TensorRT-LLM v0.5 (fused kernels; A100 GEMMs at 75 % of peak)",
-        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128; "
-        "bench/fidelity_table.py",
+        description="TensorRT-LLM v0.5 (fused kernels; GEMMs at the GPU's own efficiency)",
+        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128 "
+        "(with the A100 GEMM efficiency of EmulationConstants); bench/fidelity_table.py",
     ),
 }
 DEFAULT_PROFILE = "vllm"
@@ -535,6 +575,7 @@ class _Coeffs:
     body_params: int
     lm_head_params: int
     kv_bytes_per_token: int
+    kv_read_bytes_per_token: int  # KV bytes attention reads per context token (per query head if unaware)
     attn_flops_per_pair: int
     act_bytes_per_token: float
     weight_bytes: int
@@ -574,20 +615,23 @@ def _coeffs(
         body_params=body,
         lm_head_params=lm_head,
         kv_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES),
+        kv_read_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES)
+        * (shard.num_heads // shard.num_kv_heads if profile.gqa_unaware_attention else 1),
         attn_flops_per_pair=4 * shard.num_layers * shard.num_heads * shard.head_dim,
         act_bytes_per_token=c.activation_passes
         * (shard.hidden_size + shard.intermediate_size)
         * shard.num_layers
         * BF16_BYTES,
         weight_bytes=total * BF16_BYTES,
-        flops_per_s=spec.peak_flops * c.gemm_efficiency * profile.gemm_scale(spec.key),
+        flops_per_s=spec.peak_flops * c.gemm_efficiency_for(spec.key) * profile.gemm_scale(spec.key),
         bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
         bandwidth_bytes_s=spec.bandwidth_bytes_s,
         kernels=kernels,
         latency_s=kernels * c.kernel_latency_cycles / (spec.max_sm_clock_mhz * 1e6),
         overhead_s=c.overhead_s,
         comm_calls=comm_calls,
-        comm_call_s=link.latency_s * 2 * (tp - 1) + profile.allreduce_overhead_s,
+        comm_call_s=link.latency_s * profile.allreduce_step_scale * 2 * (tp - 1)
+        + profile.allreduce_overhead_s,
         comm_s_per_token=(
             0.0
             if tp == 1
@@ -624,7 +668,9 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
         terms.append(
             (
                 float(k.attn_flops_per_pair * max(0, work.attention_pairs)),
-                float(k.kv_bytes_per_token * (max(0, work.context_tokens) + tokens)),
+                float(
+                    k.kv_read_bytes_per_token * max(0, work.context_tokens) + k.kv_bytes_per_token * tokens
+                ),
             )
         )
         act_b = k.act_bytes_per_token * tokens

@@ -419,11 +419,37 @@ def test_energy_counter_prices_gaps_with_the_gap_model(fake: FakeTime) -> None:
     end = dev.snapshot()
     expected_j = 72.0 * ests[0].host_s + sum(e.busy_energy_j for e in ests)  # true idle before the first
     for i in range(len(works)):  # the gap after iteration i: its pause, then the next one's host gap
-        gap_s = pauses[i % len(pauses)] + (ests[i + 1].host_s if i + 1 < len(works) else 0.0)
+        pause = pauses[i % len(pauses)]
+        if i + 1 == len(works):
+            gap_s = pause
+        elif works[i + 1].decode_seqs > 0:  # back to back: a pause longer than host_s replaces it
+            gap_s = max(pause, ests[i + 1].host_s)
+        else:
+            gap_s = pause + ests[i + 1].host_s
         expected_j += gap_energy_j("h100-sxm", gap_s)
     assert (end.energy_mj - start.energy_mj) / 1000 == pytest.approx(expected_j, rel=1e-4)
     flat_j = 72.0 * (end.uptime_s - start.uptime_s - end.busy_s_total) + sum(e.busy_energy_j for e in ests)
     assert expected_j > flat_j * 1.02  # the gaps cost more than flat idle would
+
+
+def test_a_decode_loop_longer_than_host_s_replaces_the_modeled_host_time(fake: FakeTime) -> None:
+    """Back to back (decode sequences running), the engine's real loop between iterations is the
+    modeled host time: the next token comes max(loop, host_s) + busy_s after the previous one, never
+    loop + host_s + busy_s. A prompt after the engine sat idle pays its host time after the wait."""
+    dev = device(fake)
+    run(dev, fake, decode(32))
+    est = dev.predict(decode(32))
+    assert 0.0002 < est.host_s < 0.003
+    for loop_s in (0.0002, 0.003):  # shorter, then longer than host_s
+        t_prev = fake.now  # the previous iteration's paced end (its tokens)
+        fake.advance(loop_s)
+        run(dev, fake, decode(32), host_s=0.001)
+        assert fake.now - t_prev == pytest.approx(max(loop_s, est.host_s) + est.busy_s, abs=1e-9)
+    t_prev = fake.now
+    fake.advance(0.5)
+    pre = dev.predict(prefill(512))
+    run(dev, fake, prefill(512), host_s=0.001)
+    assert fake.now - t_prev == pytest.approx(0.5 + pre.host_s + pre.busy_s, abs=1e-9)
 
 
 def test_gap_power_in_window_means_decays_to_idle(fake: FakeTime) -> None:
