@@ -19,6 +19,7 @@ The equations, the constants and their calibration against H200 measurements are
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 import uuid
@@ -150,6 +151,15 @@ class _Busy:
     held_mhz: int  # the clock the GPU holds in the gap after this interval (the allowed ceiling)
 
 
+def emulated_uuid(gpu_name: str, index: int | None) -> str:
+    """The UUID of an emulated GPU: stable for the same GPU type and index on the same host (a restarted
+    worker or a second demo run is the same GPU to the store, as a physical GPU would be), random when
+    no index is given."""
+    if index is None:
+        return f"GPU-emulated-{uuid.uuid4()}"
+    return f"GPU-emulated-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{socket.gethostname()}/{gpu_name}/{index}')}"
+
+
 class EmulatedDevice(Device):
     """A modeled GPU (spec ``emulated:<gpu>``) that paces the engine and reports NVML-like counters.
 
@@ -203,7 +213,7 @@ class EmulatedDevice(Device):
         shard = shard_shape(self._shape, tp)  # validates tp against the shape
         self._kv_bytes_per_token = shard.kv_bytes_per_token(BF16_BYTES)
         self._weight_bytes = shard.param_count() * BF16_BYTES
-        self._uuid = f"GPU-emulated-{uuid.uuid4()}"
+        self._uuid = emulated_uuid(self._gpu.name, index)
         self._lock = threading.Lock()
         # knobs
         self._limit_w = self._gpu.tdp_w

@@ -723,3 +723,17 @@ def test_estimate_terms_and_shape_scaling() -> None:
         "mixed", 256, 16, 256 + 16 * 1024, 17, attention_pairs=256 * 257 // 2 + 16 * 1024, sampled_seqs=17
     )
     assert predict_iteration("h100-sxm", LLAMA_8B, mixed).time_s > dec.time_s * 0.5
+
+
+def test_an_emulated_gpu_keeps_its_uuid_across_restarts_and_indexes_differ():
+    from serving.devices.emulated import EmulatedDevice
+
+    first = EmulatedDevice("h100-sxm", pace=False, index=0)
+    again = EmulatedDevice("h100-sxm", pace=False, index=0)  # a restarted worker, a second demo run
+    other = EmulatedDevice("h100-sxm", pace=False, index=1)
+    h200 = EmulatedDevice("h200", pace=False, index=0)
+    loose = [EmulatedDevice("h100-sxm", pace=False) for _ in range(2)]
+    assert first.snapshot().uuid == again.snapshot().uuid
+    assert len({first.snapshot().uuid, other.snapshot().uuid, h200.snapshot().uuid}) == 3
+    assert loose[0].snapshot().uuid != loose[1].snapshot().uuid
+    assert first.snapshot().uuid.startswith("GPU-emulated-")
