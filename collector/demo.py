@@ -672,7 +672,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dashboard_port=args.dashboard_port,
         device=device,
         device_note=note,
-        token=secrets.token_urlsafe(18),
+        token=secrets.token_hex(16),  # hex: never starts with "-", which argparse would take for a flag
         sim=not args.no_sim,
         dashboard=not args.no_dashboard,
         replay=not args.no_replay,

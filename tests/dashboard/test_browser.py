@@ -96,8 +96,7 @@ def report(demo: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Report:
         [
             *REPORT,
             demo.collector_url,
-            "--token",
-            demo.token,
+            f"--token={demo.token}",  # a token may start with "-"
             "--dataset",
             scenario["scenario_id"],
             "--out",
