@@ -5,7 +5,8 @@ every series; docs/grafana/phaselens.json charts them).
 Derived figures (phase time fractions, stranded / host-bound / idle shares, J/token, $/1M tokens,
 SLO attainment; per GPU, per pool and for the fleet, each with a ``trust`` label) come from a
 computation over the last ``metrics_window_s`` of live data that a thread repeats every
-``metrics_interval_s`` through the overview cache (``collector/overview.py``) — never on a scrape.
+``metrics_interval_s`` through the overview cache (``collector/overview.py``) — never on a scrape —
+while ``/metrics`` is being scraped (it idles after 10 minutes without a scrape).
 A scrape renders what the last computation left plus the collector's health, and never fails: if
 the last computation failed, the previous figures are exported with
 ``phaselens_derived_up 0`` and the failure counted.
@@ -52,6 +53,10 @@ SHARES = {
     "frac_idle": ("phaselens_idle_ratio", "Share of GPU-time with no work."),
 }
 LABELS = ("scope", "pool", "node", "gpu", "trust")
+# The refresh thread idles when nobody scrapes for this long (at least IDLE_AFTER_SCRAPES intervals),
+# so a collector that no Prometheus scrapes spends nothing on derived figures.
+IDLE_AFTER_S = 600.0
+IDLE_AFTER_SCRAPES = 3
 
 
 @dataclass(slots=True)
@@ -217,6 +222,8 @@ class MetricsExporter(PromCollector):
         self.snapshot = Snapshot(window_s=self.window_s)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._kick = threading.Event()  # a scrape wakes an idle refresh thread
+        self._last_scrape_s: float | None = None
         self._thread: threading.Thread | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -252,13 +259,24 @@ class MetricsExporter(PromCollector):
             s.up = True
         return True
 
+    def _scraped_recently(self) -> bool:
+        last = self._last_scrape_s
+        return last is not None and time.time() - last < max(
+            IDLE_AFTER_SCRAPES * self.interval_s, IDLE_AFTER_S
+        )
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.refresh()
-            self._stop.wait(self.interval_s)
+            if self._scraped_recently():
+                self.refresh()
+                self._stop.wait(self.interval_s)
+            else:  # nobody scrapes: compute nothing until the next scrape
+                self._kick.wait(1.0)
+                self._kick.clear()
 
     def start(self) -> None:
-        """Start the refresh thread (its first computation runs at once)."""
+        """Start the refresh thread: it computes every ``interval_s`` while ``/metrics`` is being
+        scraped (the first computation right after the first scrape) and idles otherwise."""
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, daemon=True, name="metrics-export")
@@ -292,7 +310,7 @@ class MetricsExporter(PromCollector):
         up, ok, err, last_s, compute_s = state
         yield GaugeMetricFamily(
             "phaselens_derived_up",
-            "1 when the last computation of the derived figures succeeded, else 0.",
+            "1 when the last computation of the derived figures succeeded, else 0 (also before the first).",
             value=int(up),
         )
         runs = CounterMetricFamily(
@@ -395,7 +413,11 @@ class MetricsExporter(PromCollector):
         yield from (up, src_rows, src_err, gaps, missing)
 
     def render(self) -> bytes:
-        """The exposition text of one scrape."""
+        """The exposition text of one scrape (which keeps the refresh thread computing)."""
+        idle = not self._scraped_recently()
+        self._last_scrape_s = time.time()
+        if idle:
+            self._kick.set()
         return generate_latest(self.registry)
 
 

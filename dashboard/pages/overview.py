@@ -136,7 +136,14 @@ def gpu_time_figure(gpu_time: dict[str, Any], pools: list[str] | None, labels: l
         margin={"l": 10, "r": 10, "t": 36, "b": 10},
         xaxis={"title": {"text": "share of GPU-time, %"}, "range": [0, 100.5], "ticksuffix": " %"},
         yaxis={"automargin": True},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "font": {"size": 12}},
+        legend={
+            "orientation": "h",
+            "traceorder": "normal",  # left to right as stacked (a stacked bar's legend reverses by default)
+            "yanchor": "bottom",
+            "y": 1.02,
+            "x": 0,
+            "font": {"size": 12},
+        },
         plot_bgcolor="white",
         uniformtext={"minsize": 10, "mode": "hide"},
     )
@@ -197,7 +204,7 @@ with common.service_errors():
 st.title("Overview")
 st.caption(f"{common.describe_window(sel)} · against the previous period of the same length")
 default_fleet = max(1, len({g.key for g in sel.all_gpus}))
-fleet = st.number_input(
+fleet = st.columns([1, 3])[0].number_input(
     "Fleet size for the yearly figure, GPUs",
     min_value=1,
     max_value=1_000_000,

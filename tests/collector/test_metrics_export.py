@@ -302,3 +302,27 @@ def test_export_window_and_interval_flags_and_bad_values_are_named():
         collect_settings(parse(["collect", "--metrics-window-s", "5"]))
     with pytest.raises(ValueError, match=r"--metrics-interval-s must be in \[1, 3600\] s, got 0"):
         collect_settings(parse(["collect", "--metrics-interval-s", "0"]))
+
+
+def test_nothing_is_computed_until_someone_scrapes(live: Live, tmp_path: Path):
+    db = tmp_path / "idle.duckdb"
+    shutil.copy(live.db_copy, db)
+    with Store.open(db) as store:
+        collector = Collector(CollectorSettings(db_path=str(db)), store, sources=[])
+        exporter = MetricsExporter(
+            collector, OverviewService(store, lambda: 0), window_s=300.0, interval_s=3600.0
+        )
+        exporter.start()
+        try:
+            time.sleep(1.5)  # the idle thread wakes every second: it found no scrape
+            assert exporter.snapshot.ok_total == 0 and exporter.snapshot.error_total == 0
+            first = _families(exporter.render().decode())  # the first scrape: nothing known yet ...
+            assert _value(first, "phaselens_derived_up") == 0.0
+            assert "phaselens_phase_time_ratio" not in first
+            deadline = time.monotonic() + 120
+            while exporter.snapshot.ok_total == 0:  # ... and it starts the computation
+                assert time.monotonic() < deadline, "a scrape did not start the computation"
+                time.sleep(0.1)
+            assert "phaselens_phase_time_ratio" in _families(exporter.render().decode())
+        finally:
+            exporter.stop()
