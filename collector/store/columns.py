@@ -195,11 +195,16 @@ def build_columns(
     column: a run's value lists are transposed at once (``zip``) and each column is joined in C
     (``chain``), then built by Arrow with its type; a run's repeats are built once and tiled. A
     column that is a constant in every block is built from its distinct values and the block
-    lengths. ``encoders[name]`` maps each value first (JSON text); ``names``, when given, is
+    lengths. Such columns (a run's repeats over several blocks, a constant) come back
+    dictionary-encoded: each row an int32 code into the few distinct values, so that the writer
+    copies nothing per row for them (``Store`` hands them to DuckDB as they are, or decodes them).
+    ``encoders[name]`` maps each value first (JSON text); ``names``, when given, is
     ``block_names(blocks)``. Raises what ``pa.array`` raises, with the column's name in ``.column``.
     """
     encoders = encoders or {}
     runs = column_runs(blocks) if runs is None else runs
+    tiles = _Tiles()
+    constants = _Constants(blocks)
     in_values = set(chain.from_iterable(chain(r.keys, r.repeats) for r in runs))
     # per column, one piece per run: ("lists", value lists) | ("tile", list, times) | ("const", blocks)
     parts: dict[str, list[tuple[str, Any, Any]]] = {name: [] for name in in_values}
@@ -219,7 +224,7 @@ def build_columns(
         try:
             if name not in in_values:
                 if encode is None:
-                    out[name] = _constant_column(name, blocks, arrow_type)
+                    out[name] = constants.column(name, arrow_type)
                     continue
                 parts[name] = [("const", blocks, None)]
             pieces = parts[name]
@@ -228,8 +233,8 @@ def build_columns(
                 if kind == "tile":  # one list, the same for every block of the run
                     values = data if encode is None else list(map(encode, data))
                     array = pa.array(values, type=arrow_type)
-                    if times > 1:
-                        array = array.take(np.tile(np.arange(len(values), dtype=np.int32), times))
+                    if times > 1:  # each block's rows point at the one list: nothing copied per row
+                        array = pa.DictionaryArray.from_arrays(tiles.get(len(values), times), array)
                     out[name] = array
                     continue
                 if len(data) == 1 and encode is None:
@@ -255,16 +260,48 @@ def _expand(name: str, piece: tuple[str, Any, Any]) -> Any:
     return chain.from_iterable(repeat(b.constants.get(name), b.n) for b in data)
 
 
-def _constant_column(name: str, blocks: Sequence[ColumnBlock], arrow_type: pa.DataType | None) -> pa.Array:
-    """A column that is one value per block (or absent: NULL): distinct values, one take."""
-    consts = [b.constants.get(name) for b in blocks]
-    distinct = list(dict.fromkeys(consts))
-    dictionary = pa.array(distinct, type=arrow_type)
-    if len(distinct) == 1:
-        codes = np.zeros(sum(b.n for b in blocks), dtype=np.int32)
-    else:
+class _Tiles:
+    """The int32 codes ``0..n-1`` repeated ``times`` times, made once per (n, times) in a build."""
+
+    __slots__ = ("_made",)
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, int], pa.Array] = {}
+
+    def get(self, n: int, times: int) -> pa.Array:
+        codes = self._made.get((n, times))
+        if codes is None:
+            codes = self._made[n, times] = pa.array(np.tile(np.arange(n, dtype=np.int32), times))
+        return codes
+
+
+class _Constants:
+    """The constant columns of a build: one value per block (or absent: NULL), dictionary-encoded.
+    The blocks' constants are looked at once for all such columns; when every block has equal
+    constants (one source's polls) each column is one value and zero codes."""
+
+    __slots__ = ("_blocks", "_codes", "_lengths", "_same")
+
+    def __init__(self, blocks: Sequence[ColumnBlock]) -> None:
+        self._blocks = blocks
+        first = blocks[0].constants if blocks else None
+        self._same = all(b.constants == first for b in blocks)
+        self._lengths: list[int] | None = None
+        self._codes: pa.Array | None = None
+
+    def column(self, name: str, arrow_type: pa.DataType | None) -> pa.Array:
+        """Column ``name`` of the blocks: its distinct values, and one code per row."""
+        blocks = self._blocks
+        if self._same:
+            if self._codes is None:
+                self._codes = pa.array(np.zeros(sum(b.n for b in blocks), dtype=np.int32))
+            dictionary = pa.array([blocks[0].constants.get(name)], type=arrow_type)
+            return pa.DictionaryArray.from_arrays(self._codes, dictionary)
+        consts = [b.constants.get(name) for b in blocks]
+        distinct = list(dict.fromkeys(consts))
+        dictionary = pa.array(distinct, type=arrow_type)
+        if self._lengths is None:
+            self._lengths = [b.n for b in blocks]
         index = {v: i for i, v in enumerate(distinct)}
-        codes = np.repeat(
-            np.fromiter((index[v] for v in consts), np.int32, len(consts)), [b.n for b in blocks]
-        )
-    return dictionary.take(pa.array(codes))
+        codes = np.repeat(np.fromiter((index[v] for v in consts), np.int32, len(consts)), self._lengths)
+        return pa.DictionaryArray.from_arrays(pa.array(codes), dictionary)

@@ -896,7 +896,11 @@ class _Job:
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -> None:
-    # one contiguous chunk: DuckDB writes whole row groups straight to the file
+    if len(parts) > 1 and any(not p.schema.equals(parts[0].schema) for p in parts):
+        # a column dictionary-encoded in one append and not in another: all plain, one schema
+        parts = [_decoded_table(p) for p in parts]
+    # one contiguous chunk: DuckDB writes whole row groups straight to the file (dictionary-encoded
+    # columns, the writer's repeated and constant ones, are read by DuckDB as they are)
     _phaselens_append = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
     # DuckDB finds the Arrow table by this local's name (a replacement scan): no catalog entry to
     # create and drop, which costs more than the INSERT itself for the writer's small batches
@@ -904,6 +908,13 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+
+
+def _decoded_table(data: pa.Table) -> pa.Table:
+    """``data`` with its dictionary-encoded columns as plain values."""
+    if not any(pa.types.is_dictionary(t) for t in data.schema.types):
+        return data
+    return pa.Table.from_arrays([_decoded(c) for c in data.columns], names=data.column_names)
 
 
 _Span = tuple[int, int, int]  # (first row, rows, rows per block when only the first block counts else 0)
@@ -946,7 +957,7 @@ def _device_input(data: pa.Table, spans: Sequence[_Span] | None) -> pa.Table:
     """The rows of wide gpu_samples ``data`` that the devices bookkeeping must see."""
     wide = data.select(_DEVICE_INPUT)
     if spans is None or not any(per_block for _, _, per_block in spans):
-        return wide
+        return _decoded_table(wide)
     ts = data.column("ts_s").to_numpy()
     rows, times = [], []
     for offset, n, per_block in spans:
@@ -956,7 +967,7 @@ def _device_input(data: pa.Table, spans: Sequence[_Span] | None) -> pa.Table:
         else:
             rows.append(np.arange(offset, offset + n))
             times.append(ts[offset : offset + n])
-    wide = wide.take(pa.array(np.concatenate(rows)))
+    wide = _decoded_table(wide.take(pa.array(np.concatenate(rows))))
     return wide.set_column(len(_DEVICE_INPUT) - 1, "ts_s", pa.array(np.concatenate(times)))
 
 
@@ -1035,7 +1046,15 @@ def _conform(table: str, data: pa.Table, cols: Mapping[str, Column]) -> pa.Table
     present = set(data.column_names)
     arrays: list[pa.Array | pa.ChunkedArray] = []
     for col in cols.values():
-        arr = _cast(table, col, data.column(col.name)) if col.name in present else pa.nulls(n, col.arrow_type)
+        if col.name in present:
+            arr = data.column(col.name)
+            if pa.types.is_dictionary(arr.type):
+                keep = not col.is_json and col.name not in spec.defaults and col.name != spec.generated_id
+                arr = _dictionary_cast(table, col, arr) if keep else _decoded(arr)
+            else:
+                arr = _cast(table, col, arr)
+        else:
+            arr = pa.nulls(n, col.arrow_type)
         if col.name in spec.defaults and arr.null_count:
             arr = arr.fill_null(pa.scalar(spec.defaults[col.name], col.arrow_type))
         if col.name == spec.generated_id and arr.null_count:
@@ -1045,6 +1064,28 @@ def _conform(table: str, data: pa.Table, cols: Mapping[str, Column]) -> pa.Table
             raise StoreError(f"{table}.{col.name} must not be NULL ({arr.null_count} of {n} rows are)")
         arrays.append(arr)
     return pa.Table.from_arrays(arrays, names=list(cols))
+
+
+def _decoded(arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A dictionary-encoded column as plain values (anything else as it is)."""
+    return arr.cast(arr.type.value_type) if pa.types.is_dictionary(arr.type) else arr
+
+
+def _dictionary_cast(table: str, col: Column, arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A dictionary-encoded column (the writer's repeated and constant columns) with its values
+    cast to the column's type, still encoded: checks and casts run over the distinct values, not
+    every row. A dictionary holding a NULL or a NaN is decoded first, so that the NULL checks and
+    the NaN-means-NULL rule count rows, as for any other column."""
+    target = pa.dictionary(arr.type.index_type, col.arrow_type)
+    chunks = []
+    for chunk in arr.chunks:
+        values = chunk.dictionary
+        if values.null_count or (pa.types.is_floating(values.type) and pc.any(pc.is_nan(values)).as_py()):
+            return _cast(table, col, _decoded(arr))
+        if values.type != col.arrow_type:
+            values = _cast(table, col, pa.chunked_array([values])).combine_chunks()
+        chunks.append(pa.DictionaryArray.from_arrays(chunk.indices, values))
+    return pa.chunked_array(chunks, type=target)
 
 
 def _cast(table: str, col: Column, arr: pa.ChunkedArray) -> pa.ChunkedArray:

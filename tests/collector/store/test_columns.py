@@ -244,3 +244,78 @@ def test_a_steady_column_is_shared_until_it_changes_then_handed_on_per_poll(stor
         got = store.query('SELECT power_limit_w FROM gpu_samples ORDER BY ts_s, "index"')
         assert got["power_limit_w"].tolist() == [x for x in limits for _ in range(2)]
         assert store.query("SELECT count(*) AS n FROM devices")["n"][0] == 2
+
+
+def _shared_polls(polls: int, start_s: float = 0.0, **identity: list) -> list[ColumnBlock]:
+    """``polls`` polls of two GPUs, one a second from ``start_s``, whose ``identity`` columns are
+    one shared repeats object."""
+    shared = RepeatedColumns().share(
+        {"device": ["cuda:0", "cuda:1"], "index": [0, 1], "emulated": [False, False], **identity}
+    )
+    return [
+        ColumnBlock.of(
+            {"ts_s": [start_s + k] * 2, "power_w": [100.0 + k, 200.0 + k]},
+            {"node": "n1", "source": "nvml"},
+            shared,
+        )
+        for k in range(polls)
+    ]
+
+
+def test_repeated_and_constant_columns_keep_their_checks_on_their_distinct_values(store: Store) -> None:
+    # stored through the dictionary-encoded path: NaN is NULL, a NULL node is refused, a value
+    # that does not fit is named, and nothing of a refused append is written
+    assert store.append_columns("gpu_samples", _shared_polls(3, power_limit_w=[float("nan"), 300])) == 6
+    got = store.query('SELECT ts_s, "index", power_limit_w, node FROM gpu_samples ORDER BY ts_s, "index"')
+    assert got["power_limit_w"].isna().tolist() == [True, False] * 3
+    assert got["power_limit_w"].dropna().tolist() == [300.0] * 3 and set(got["node"]) == {"n1"}
+    nameless = [
+        ColumnBlock.of(b.values, {"node": None, "source": "nvml"}, b.repeats) for b in _shared_polls(2)
+    ]
+    with pytest.raises(StoreError, match=r"gpu_samples\.node must not be NULL \(4 of 4 rows"):
+        store.append_columns("gpu_samples", nameless)
+    with pytest.raises(StoreError, match=r"gpu_samples\.mem_clock_mhz"):
+        store.append_columns("gpu_samples", _shared_polls(2, mem_clock_mhz=["fast", 1593]))
+    with pytest.raises(StoreError, match=r"gpu_samples\.device must not be NULL \(2 of 4 rows"):
+        store.append_columns(
+            "gpu_samples",
+            [
+                ColumnBlock.of(b.values, b.constants, {**b.repeats, "device": (None, "cuda:1")})
+                for b in _shared_polls(2)
+            ],
+        )
+    store.flush()
+    assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 6
+
+
+def test_encoded_and_plain_appends_of_one_buffer_store_what_dict_rows_store(store_path: Path) -> None:
+    plain = {
+        "node": "n2",
+        "source": "nvml",
+        "ts_s": 9.0,
+        "device": "cuda:0",
+        "emulated": True,
+        "power_w": 1.0,
+    }
+    first, second = _shared_polls(4, uuid=["GPU-a", "GPU-b"]), _shared_polls(2, 10.0, uuid=["GPU-a", "GPU-c"])
+    query = 'SELECT node, ts_s, device, "index", uuid, power_w FROM gpu_samples_full ORDER BY ALL'
+    with Store.open(store_path, buffer_rows=1_000) as store:  # one buffer: one INSERT of all three
+        store.append_columns("gpu_samples", first)
+        store.append("gpu_samples", [plain])
+        store.append_columns("gpu_samples", second)
+        store.flush()
+        encoded, devices = (
+            store.query(query),
+            store.query("SELECT * EXCLUDE (since_s) FROM devices ORDER BY ALL"),
+        )
+    with Store.open(store_path.with_name("dicts.duckdb")) as store:
+        for rows in (
+            [r for b in first for r in b.to_rows()],
+            [plain],
+            [r for b in second for r in b.to_rows()],
+        ):
+            store.append("gpu_samples", rows)
+        store.flush()
+        assert encoded.equals(store.query(query))
+        assert devices.equals(store.query("SELECT * EXCLUDE (since_s) FROM devices ORDER BY ALL"))
+    assert len(encoded) == 13 and set(devices["uuid"]) == {"GPU-a", "GPU-b", "GPU-c"}
