@@ -124,7 +124,7 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Re
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 2000})
             # live data first: the emulated prefill and decode GPUs, charted as they are sampled
-            page.goto(demo.dashboard_url)
+            page.goto(f"{demo.dashboard_url}/gpus")  # the Overview is the default page
             _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
             assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
             assert not _python_errors(page)
@@ -132,13 +132,12 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Re
             page.screenshot(path=str(ARTIFACTS / "live-gpus.png"), full_page=True)
 
             # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
-            page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
+            page.goto(f"{demo.dashboard_url}/gpus?dataset={scenario['scenario_id']}")
             _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
             assert page.get_by_text("SIMULATED").count() >= 8
-            for i, (file, title) in enumerate(pages):
-                if i:  # the first page is the one open
-                    nav = page.locator('[data-testid="stSidebarNav"]')
-                    nav.get_by_role("link", name=title, exact=True).click()
+            for file, title in pages:
+                nav = page.locator('[data-testid="stSidebarNav"]')
+                nav.get_by_role("link", name=title, exact=True).click()
                 _wait(page, SETTLED, f"page {title}: its script run finished")
                 page.wait_for_timeout(1500)  # charts and iframes draw after the run
                 _wait(page, SETTLED, f"page {title}: its script run finished")
