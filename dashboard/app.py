@@ -1,6 +1,8 @@
 """The phaselens dashboard: ``streamlit run dashboard/app.py`` (reads ``$PHASELENS_API_URL``).
 
-A multipage app: each page is one file under ``dashboard/pages/``, registered in :data:`PAGES`.
+A multipage app: each page is one file under ``dashboard/views/``, registered in :data:`PAGES`. (Not
+``pages/``: Streamlit would also list a ``pages/`` folder beside the script by file name, and a deep link
+such as ``/gpus`` opened that list instead of these titles.)
 Pages that chart data render the shared sidebar themselves (``common.sidebar()``: data set, time
 range, pool and GPU filters, live refresh); its choices carry over from one page to the next.
 """
@@ -21,7 +23,7 @@ from dashboard import common  # noqa: E402
 
 _HERE = Path(__file__).resolve().parent
 
-# (file under pages/, title, icon)
+# (file under views/, title, icon)
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("overview.py", "Overview", ":material/dashboard:"),
     ("gpus.py", "GPUs", ":material/memory:"),
@@ -36,7 +38,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
 def main() -> None:
     st.set_page_config(page_title="phaselens", page_icon=":material/insights:", layout="wide")
     pages = {
-        title: st.Page(str(_HERE / "pages" / file), title=title, icon=icon) for file, title, icon in PAGES
+        title: st.Page(str(_HERE / "views" / file), title=title, icon=icon) for file, title, icon in PAGES
     }
     nav = st.navigation(list(pages.values()))
     common.keep_sidebar_state()

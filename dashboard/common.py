@@ -2,7 +2,7 @@
 refresh), cached reads of the collector's API, trust-label badges, and the friendly messages shown
 instead of a stack trace when the service is unreachable or a window holds no data.
 
-A page is one file under ``dashboard/pages/``; it calls :func:`sidebar` for what the user chose
+A page is one file under ``dashboard/views/``; it calls :func:`sidebar` for what the user chose
 and reads through :func:`read_table` (or :func:`client`), inside :func:`service_errors`.
 """
 

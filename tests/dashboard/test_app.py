@@ -17,7 +17,7 @@ from tests.serving.conftest import free_port
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 
 
-def _app(dataset: str | None = None, page: str = "pages/gpus.py") -> AppTest:
+def _app(dataset: str | None = None, page: str = "views/gpus.py") -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60)
     if dataset is not None:
         at.query_params["dataset"] = dataset
@@ -99,7 +99,7 @@ def test_scenario_time_range_and_an_empty_live_window(dashboard_env: Fleet):
 
 def test_health_page_shows_service_and_sources(dashboard_env: Fleet):
     at = AppTest.from_file(APP, default_timeout=60).run()
-    at.switch_page("pages/health.py").run()
+    at.switch_page("views/health.py").run()
     assert not at.exception
     text = _texts(at)
     assert ":green-badge[ok]" in text and "fleet.duckdb" in text
@@ -115,7 +115,7 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
     try:
         monkeypatch.setenv("PHASELENS_API_URL", url)
         at = AppTest.from_file(APP, default_timeout=60).run()
-        at.switch_page("pages/health.py").run()
+        at.switch_page("views/health.py").run()
         assert not at.exception
         sources = at.dataframe[0].value
         assert len(sources) == 2 and all(dead in name for name in sources["Source"])
@@ -128,11 +128,11 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
         _stop(proc)
 
 
-@pytest.mark.parametrize("page", ["pages/overview.py", "pages/gpus.py", "pages/health.py"])
+@pytest.mark.parametrize("page", ["views/overview.py", "views/gpus.py", "views/health.py"])
 def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
     monkeypatch.setenv("PHASELENS_API_URL", f"http://127.0.0.1:{free_port()}")
     at = AppTest.from_file(APP, default_timeout=60).run()
-    if page != "pages/overview.py":
+    if page != "views/overview.py":
         at.switch_page(page).run()
     assert not at.exception
     assert "service is not reachable" in at.error[0].value and "phaselens collect" in at.error[0].value
@@ -142,7 +142,7 @@ def test_reports_page_lists_opens_and_makes_reports(dashboard_env: Fleet):
     made = httpx.post(f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]})
     assert made.status_code == 200, made.text
     at = AppTest.from_file(APP, default_timeout=60).run()
-    at.switch_page("pages/reports.py").run()
+    at.switch_page("views/reports.py").run()
     assert not at.exception
     before = len(at.dataframe[0].value)
     assert before >= 1 and at.selectbox(key="report_pick").value == made.json()["report_id"]  # newest first

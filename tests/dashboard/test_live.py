@@ -37,7 +37,7 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
             time.sleep(0.3)
         monkeypatch.setenv("PHASELENS_API_URL", url)
         at = AppTest.from_file(APP, default_timeout=60)
-        at.switch_page("pages/gpus.py")  # the default page is the Overview
+        at.switch_page("views/gpus.py")  # the default page is the Overview
         at.run()
         assert not at.exception
         assert at.sidebar.selectbox(key="dataset").value == "live"  # live GPUs: the default data set
@@ -52,7 +52,7 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
         # 5-minute window (a loaded host spreads them), decode always does
         assert "decode phase" in phases
         assert ":orange-badge[emulated]" in "\n".join(m.value for m in at.markdown)
-        at.switch_page("pages/health.py").run()
+        at.switch_page("views/health.py").run()
         sources = at.dataframe[0].value
         assert len(sources) == 2 and set(sources["Status"]) == {"ok"}
     finally:

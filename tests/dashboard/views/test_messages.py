@@ -6,7 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.dashboard.conftest import APP, Fleet
-from tests.dashboard.pages.conftest import figures_of, open_page
+from tests.dashboard.views.conftest import figures_of, open_page
 from tests.serving.conftest import free_port
 
 EMPTY = {"bimodal": "No GPU samples in this window", "cost": "No GPU time to price", "latency": "No requests"}
@@ -30,5 +30,5 @@ def test_an_unreachable_service_is_a_message(page, monkeypatch):
 def test_the_app_lists_the_new_pages(dashboard_env: Fleet):
     at = AppTest.from_file(APP, default_timeout=60).run()
     for page in ("bimodal", "cost", "latency"):
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         assert not at.exception

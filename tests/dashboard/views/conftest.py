@@ -9,12 +9,12 @@ from streamlit.testing.v1 import AppTest
 
 from tests.dashboard.conftest import ROOT
 
-PAGES = ROOT / "dashboard" / "pages"
+PAGES = ROOT / "dashboard" / "views"
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 
 
 def open_page(name: str, dataset: str | None = None) -> AppTest:
-    """Run ``dashboard/pages/<name>.py`` on its own (as the app's navigation runs it), on ``dataset``."""
+    """Run ``dashboard/views/<name>.py`` on its own (as the app's navigation runs it), on ``dataset``."""
     at = AppTest.from_file(str(Path(PAGES / f"{name}.py")), default_timeout=90)
     if dataset is not None:
         at.query_params["dataset"] = dataset

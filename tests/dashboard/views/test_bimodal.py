@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import Fleet
-from tests.dashboard.pages.conftest import AGG, DISAGG, figures_of, open_page, texts
 from tests.dashboard.test_app import _values
+from tests.dashboard.views.conftest import AGG, DISAGG, figures_of, open_page, texts
 
 
 def _bimodal_rows(fleet: Fleet, sid: str) -> dict:

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import Fleet
-from tests.dashboard.pages.conftest import DISAGG, figures_of, open_page, texts
 from tests.dashboard.test_app import _values
+from tests.dashboard.views.conftest import DISAGG, figures_of, open_page, texts
 
 
 def _by_title(at) -> dict[str, dict]:

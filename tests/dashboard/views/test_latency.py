@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.dashboard.conftest import Fleet
-from tests.dashboard.pages.conftest import AGG, figures_of, open_page, texts
 from tests.dashboard.test_app import _values
+from tests.dashboard.views.conftest import AGG, figures_of, open_page, texts
 
 
 def test_percentiles_over_time_and_the_slo_slider_changes_attainment(dashboard_env: Fleet):
