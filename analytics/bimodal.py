@@ -379,10 +379,12 @@ def _bimodality_from(
     mom = _scope_records(con.execute(_moments_sql(table, where)).df())
     psql, ppar = _points_sql(iv, where, max_points)
     pts = con.execute(psql, ppar).df()
-    # the drawn values per (GPU, role, hour), and each GPU's count of values
+    # the drawn values per (GPU, role, hour), and each GPU's count of values; sorted, so that the
+    # thinning of pooled groups below draws the same values whatever order the query's rows came in
     cells: dict[tuple[int, int, float], np.ndarray] = {}
     per_gpu_n: dict[int, float] = {}
     if not pts.empty:
+        pts = pts.sort_values(["gh", "rh", "hour_s", "x"], kind="stable")
         for (gh, rh, hour), sub in pts.groupby(["gh", "rh", "hour_s"], sort=False):
             cells[(int(gh), int(rh), float(hour))] = sub["x"].to_numpy(dtype=float)
             per_gpu_n[int(gh)] = float(sub["n_gpu"].iloc[0])
