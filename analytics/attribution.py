@@ -253,6 +253,7 @@ SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_
        sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)}
 FROM {table}
 GROUP BY ALL
+ORDER BY node, source, device, "index"  -- the fits (and their notes) in one order on every run
 """
 
 
