@@ -301,6 +301,8 @@ v AS (
      AND s."index" IS NOT DISTINCT FROM ng."index"
     WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
       AND (hash(s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
+      -- the same draw's loosest bound, on every sample before the join (few reach it)
+      AND (hash(s.ts_s) % 1000003) < (SELECT 1000003.0 * {max_points} / min(n_gpu) FROM ng)
 )
 SELECT b.gh, b.rh, b.hour_s, v.x, v.n_gpu
 FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
