@@ -81,7 +81,10 @@ def main() -> int:
         "(steadier than wall time on a loaded host)"
     )
     print("  parts (last run): " + ", ".join(f"{k} {v:.2f} s" for k, v in summary["seconds"].items()))
-    print(f"  missing: {summary['missing'] or 'nothing'}")
+    missing = summary["missing"]
+    print(
+        f"  missing: {len(missing)} notes" + (f" (first: {next(iter(missing.values()))})" if missing else "")
+    )
     print(f"peak RSS {rss_mb:,.0f} MB")
     return 0
 
