@@ -34,7 +34,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analytics.intervals import IntervalTable, buckets_sql, choose_bucket_s, intervals_sql
+from analytics.intervals import IntervalTable, buckets_sql, choose_bucket_s, intervals_sql, registered_islands
 from analytics.trust import ESTIMATED, HOST_BOUND, Trust
 from analytics.window import Window
 
@@ -78,8 +78,9 @@ def gpu_intervals(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFram
 
     Exact per sample, and sorted per GPU: for inspection and small windows. The breakdowns run on
     :func:`gpu_buckets` (same columns) and aggregate in SQL without pulling rows into pandas."""
-    sql, params = intervals_sql(window)
-    return con.execute(sql + ' ORDER BY o.node, o.source, o.device, o."index", o.ts_s', params).df()
+    with registered_islands(con, window) as islands:
+        sql, params = intervals_sql(window, islands)
+        return con.execute(sql + ' ORDER BY o.node, o.source, o.device, o."index", o.ts_s', params).df()
 
 
 def gpu_buckets(
@@ -90,8 +91,9 @@ def gpu_buckets(
     ``excess_s`` the iteration seconds beyond its time that were scaled away (overlapping iterations,
     clock skew). What :func:`phase_breakdown` aggregates."""
     width = choose_bucket_s(con, window) if bucket_s is None else bucket_s
-    sql, params = buckets_sql(window, width)
-    return con.execute(f'SELECT * FROM ({sql}) ORDER BY node, source, device, "index", t0_s', params).df()
+    with registered_islands(con, window) as islands:
+        sql, params = buckets_sql(window, width, islands)
+        return con.execute(f'SELECT * FROM ({sql}) ORDER BY node, source, device, "index", t0_s', params).df()
 
 
 # -- the power model ------------------------------------------------------------------------------
@@ -251,6 +253,7 @@ SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_
        sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)}
 FROM {table}
 GROUP BY ALL
+ORDER BY node, source, device, "index"  -- the fits (and their notes) in one order on every run
 """
 
 

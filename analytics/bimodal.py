@@ -301,6 +301,8 @@ v AS (
      AND s."index" IS NOT DISTINCT FROM ng."index"
     WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
       AND (hash(s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
+      -- the same draw's loosest bound, on every sample before the join (few reach it)
+      AND (hash(s.ts_s) % 1000003) < (SELECT 1000003.0 * {max_points} / min(n_gpu) FROM ng)
 )
 SELECT b.gh, b.rh, b.hour_s, v.x, v.n_gpu
 FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
@@ -379,10 +381,12 @@ def _bimodality_from(
     mom = _scope_records(con.execute(_moments_sql(table, where)).df())
     psql, ppar = _points_sql(iv, where, max_points)
     pts = con.execute(psql, ppar).df()
-    # the drawn values per (GPU, role, hour), and each GPU's count of values
+    # the drawn values per (GPU, role, hour), and each GPU's count of values; sorted, so that the
+    # thinning of pooled groups below draws the same values whatever order the query's rows came in
     cells: dict[tuple[int, int, float], np.ndarray] = {}
     per_gpu_n: dict[int, float] = {}
     if not pts.empty:
+        pts = pts.sort_values(["gh", "rh", "hour_s", "x"], kind="stable")
         for (gh, rh, hour), sub in pts.groupby(["gh", "rh", "hour_s"], sort=False):
             cells[(int(gh), int(rh), float(hour))] = sub["x"].to_numpy(dtype=float)
             per_gpu_n[int(gh)] = float(sub["n_gpu"].iloc[0])

@@ -375,11 +375,13 @@ input AS (   -- prompt tokens, at the end of their prefill, on the prefill worke
     WHERE {node} AND prefill_end_s >= ? AND prefill_end_s < ? AND prompt_tokens > 0
     GROUP BY ALL
 ),
-output AS (  -- generated tokens, when generated, on the decode worker (else the prefill worker)
-    SELECT r.node, coalesce(r.decode_worker, r.prefill_worker) AS worker,
-           floor(t.ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
-    FROM tokens t JOIN requests r ON r.node = t.node AND r.request_id = t.request_id
-    WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ?
+output AS (  -- generated tokens, when generated, on the decode worker (else the prefill worker);
+             -- counted per request and hour before the join (a twentieth of the rows to join)
+    SELECT r.node, coalesce(r.decode_worker, r.prefill_worker) AS worker, t.hour_start_s,
+           sum(t.tokens)::BIGINT AS tokens
+    FROM (SELECT node, request_id, floor(ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
+          FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ? GROUP BY ALL) t
+    JOIN requests r ON r.node = t.node AND r.request_id = t.request_id
     GROUP BY ALL
 ),
 per_worker AS (

@@ -21,9 +21,16 @@ from __future__ import annotations
 
 import math
 import uuid as uuidlib
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analytics.window import Window
 
@@ -101,11 +108,70 @@ def request_spans_sql(pred: str) -> str:
       AND decode_worker IS DISTINCT FROM prefill_worker"""
 
 
-def intervals_sql(window: Window) -> tuple[str, list[Any]]:
-    """SQL (and its parameters) yielding one row per sample interval of the window's GPUs."""
+def request_islands(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table:
+    """``(node, worker, a_s, b_s)``: the islands of "some request in flight" per worker — the union
+    of the window's request spans (:func:`request_spans_sql`; spans that touch or overlap merge),
+    one row per island. Computed in numpy on the fetched spans (a sort and a running maximum per
+    worker): the same islands as the gaps-and-islands window functions in SQL, several times cheaper
+    than two window passes over every request span. The end points are the spans' own values."""
+    pred, par = window.node_sql("node")
+    with warnings.catch_warnings():  # "an extra copy of the rows": cheap next to the query
+        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
+        spans = con.execute(
+            f"SELECT node, worker, a_s, b_s FROM ({request_spans_sql(pred)}) WHERE b_s > a_s AND b_s > ? AND a_s < ?",
+            [*par, *par, window.start_s, window.end_s],
+        ).to_arrow_table()
+    if spans.num_rows == 0:
+        return pa.table(
+            {"node": pa.array([], pa.string()), "worker": pa.array([], pa.string()),
+             "a_s": pa.array([], pa.float64()), "b_s": pa.array([], pa.float64())}
+        )  # fmt: skip
+    nodes = pc.dictionary_encode(spans["node"]).combine_chunks()
+    workers = pc.dictionary_encode(spans["worker"]).combine_chunks()
+    n_idx = nodes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    w_idx = workers.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    gid = n_idx * len(workers.dictionary) + w_idx
+    a = spans["a_s"].to_numpy()
+    b = spans["b_s"].to_numpy()
+    order = np.lexsort((b, a, gid))  # per worker, by (a_s, b_s)
+    gid, a, b = gid[order], a[order], b[order]
+    first = np.empty(len(gid), dtype=bool)
+    first[0] = True
+    np.not_equal(gid[1:], gid[:-1], out=first[1:])
+    # the latest end among the worker's earlier spans; a span starting after it opens an island
+    prev_b = pd.Series(b).groupby(gid, sort=False).cummax().to_numpy()
+    opens = first.copy()
+    opens[1:] |= a[1:] > prev_b[:-1]
+    starts = np.flatnonzero(opens)
+    keep = order[starts]
+    return pa.table(
+        {
+            "node": spans["node"].take(keep),
+            "worker": spans["worker"].take(keep),
+            "a_s": pa.array(a[starts]),
+            "b_s": pa.array(np.maximum.reduceat(b, starts)),
+        }
+    )
+
+
+@contextmanager
+def registered_islands(con: duckdb.DuckDBPyConnection, window: Window) -> Iterator[str]:
+    """:func:`request_islands` registered on ``con`` under a fresh name (yielded) for the SQL of
+    :func:`intervals_sql` / :func:`buckets_sql`; unregistered on exit."""
+    name = f"pl_islands_{uuidlib.uuid4().hex[:12]}"
+    con.register(name, request_islands(con, window))
+    try:
+        yield name
+    finally:
+        con.unregister(name)
+
+
+def intervals_sql(window: Window, islands: str) -> tuple[str, list[Any]]:
+    """SQL (and its parameters) yielding one row per sample interval of the window's GPUs;
+    ``islands``: the relation of the window's :func:`request_islands` (see
+    :func:`registered_islands`)."""
     s_pred, s_par = window.node_sql("s.node")
     i_pred, i_par = window.node_sql("node")
-    r_pred, r_par = window.node_sql("node")
     w = [window.start_s, window.end_s]
     sql = f"""
 WITH
@@ -146,18 +212,7 @@ segc AS (  -- cumulative state seconds before each segment, per GPU uuid
     FROM seg
     WINDOW c AS (PARTITION BY node, uuid ORDER BY a_s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ),
-rspan AS ({request_spans_sql(r_pred)}),
-rs AS (
-    SELECT *, max(b_s) OVER (PARTITION BY node, worker ORDER BY a_s, b_s
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b_s
-    FROM rspan WHERE b_s > a_s AND b_s > ? AND a_s < ?
-),
-isl AS (  -- islands of "some request in flight" per worker (union of the spans)
-    SELECT node, worker, min(a_s) AS a_s, max(b_s) AS b_s
-    FROM (SELECT *, sum(CASE WHEN prev_b_s IS NULL OR a_s > prev_b_s THEN 1 ELSE 0 END)
-                        OVER (PARTITION BY node, worker ORDER BY a_s, b_s) AS island FROM rs)
-    GROUP BY node, worker, island
-),
+isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
 islc AS (
     SELECT node, worker, a_s, b_s - a_s AS len_s,
            coalesce(sum(b_s - a_s) OVER (PARTITION BY node, worker ORDER BY a_s
@@ -249,23 +304,33 @@ LEFT JOIN attributed a
   ON o.node = a.node AND o.source = a.source AND o.device = a.device AND o."index" IS NOT DISTINCT FROM a."index"
 WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
 """
-    params = [*s_par, *w, *i_par, *w, *r_par, *r_par, *w, *i_par, *w]
+    params = [*s_par, *w, *i_par, *w, *i_par, *w]
     return sql, params
 
 
-def buckets_sql(window: Window, bucket_s: float) -> tuple[str, list[Any]]:
+def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
-    the bucket's time, scaled away — overlapping iterations or clock skew)."""
+    the bucket's time, scaled away — overlapping iterations or clock skew); ``islands`` as there."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
     D = repr(float(bucket_s))
     s_pred, s_par = window.node_sql("node")
     i_pred, i_par = window.node_sql("node")
-    r_pred, r_par = window.node_sql("node")
     d_pred, d_par = window.node_sql("node")
     w = [window.start_s, window.end_s]
     mixed = "phase NOT IN ('prefill', 'decode')"
+
+    def clipped(where: str) -> str:
+        # iterations clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s];
+        # j0, j1: the cells of the two ends
+        return f"""
+    SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
+        SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+               least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
+        FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
+        WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
+
     sql = f"""
 WITH
 sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
@@ -318,22 +383,21 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
 ),
 it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
 span AS (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL),
-itc AS NOT MATERIALIZED (  -- clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s]
-    SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
-           least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
-    FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
-    WHERE it.end_s > sp.s0 AND it.start_s < sp.s1
-),
-itp AS (  -- cut at cell boundaries
-    SELECT node, uuid, worker, phase, pshare, floor(a_s / {D})::BIGINT AS j,
-           b_s - a_s AS len_s, greatest(0.0, least(h_s, b_s) - a_s) AS host_len_s
-    FROM itc WHERE floor(a_s / {D}) = floor(b_s / {D})
+itc AS NOT MATERIALIZED ({clipped("TRUE")}),
+itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
+          -- cross a cell boundary, already so before clipping) their pieces in the later cells
+    SELECT node, uuid, worker, phase, pshare, j0 AS j,
+           CASE WHEN j1 = j0 THEN b_s - a_s
+                ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
+           CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
+                ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
+    FROM itc
     UNION ALL
     SELECT node, uuid, worker, phase, pshare, j,
            greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
            greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
-    FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j
-          FROM itc WHERE floor(a_s / {D}) < floor(b_s / {D}))
+    FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
+          FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
 ),
 itagg AS (
     SELECT node, uuid, j, min(worker) AS worker,
@@ -364,18 +428,7 @@ itb AS (
            sum(h_s) AS h_s
     FROM itj GROUP BY node, uuid, k
 ),
-rsp AS ({request_spans_sql(r_pred)}),
-rs AS (
-    SELECT *, max(b_s) OVER (PARTITION BY node, worker ORDER BY a_s, b_s
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_b_s
-    FROM rsp WHERE b_s > a_s AND b_s > ? AND a_s < ?
-),
-isl AS (  -- islands of "some request in flight" per worker (union of the spans)
-    SELECT node, worker, min(a_s) AS a_s, max(b_s) AS b_s
-    FROM (SELECT *, sum(CASE WHEN prev_b_s IS NULL OR a_s > prev_b_s THEN 1 ELSE 0 END)
-                        OVER (PARTITION BY node, worker ORDER BY a_s, b_s) AS island FROM rs)
-    GROUP BY node, worker, island
-),
+isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
 inagg AS (
     SELECT node, worker, j, sum(greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))) AS in_s
     FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
@@ -440,7 +493,7 @@ SELECT node, source, device, "index", uuid, parent_uuid, mig_instance_id, name, 
        CASE WHEN attributed THEN greatest(raw_cov_s - interval_s, 0.0) ELSE 0.0 END AS excess_s,
        k, sm_n, sm_s1, sm_s2, sm_s3, sm_s4
 FROM sc"""
-    params = [*s_par, *w, *d_par, *i_par, *w, *r_par, *r_par, *w]
+    params = [*s_par, *w, *d_par, *i_par, *w]
     return sql, params
 
 
@@ -485,8 +538,13 @@ class IntervalTable:
         return self.bucket_s == 0
 
     def __enter__(self) -> IntervalTable:
-        sql, params = intervals_sql(self.window) if self.exact else buckets_sql(self.window, self.bucket_s)
-        self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
+        with registered_islands(self.con, self.window) as islands:
+            sql, params = (
+                intervals_sql(self.window, islands)
+                if self.exact
+                else buckets_sql(self.window, self.bucket_s, islands)
+            )
+            self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
         return self
 
     def __exit__(self, *exc: object) -> None:
