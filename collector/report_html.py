@@ -198,8 +198,8 @@ def _header(summary: dict[str, Any], title: str, start_s: float | None, end_s: f
     )
     out = [
         f"<h1>{_esc(title)}</h1>",
-        f'<p class="meta"><b>Window</b> {_esc(utc_text(start_s, "%Y-%m-%d %H:%M:%S"))} – '
-        f"{_esc(utc_text(end_s, '%Y-%m-%d %H:%M:%S'))} UTC{_esc(f' ({duration})' if duration else '')}"
+        f'<p class="meta"><b>Window</b> {_esc(_range_text(start_s, end_s))} UTC'
+        f"{_esc(f' ({duration})' if duration else '')}"
         f" · <b>data set</b> {_esc(what)} · generated {_esc(utc_text(time.time(), '%Y-%m-%d %H:%M'))} UTC"
         " by phaselens</p>",
     ]
@@ -226,8 +226,7 @@ def _headline(ov: dict[str, Any] | None) -> str:
     if prev.get("start_s") is not None and any(f.get("previous") is not None for f in figures.values()):
         out.append(
             f'<p class="meta">Against the previous period of the same length: '
-            f"{_esc(utc_text(prev['start_s'], '%Y-%m-%d %H:%M'))} – "
-            f"{_esc(utc_text(prev.get('end_s'), '%H:%M'))} UTC.</p>"
+            f"{_esc(_range_text(prev['start_s'], prev.get('end_s')))} UTC.</p>"
         )
     else:
         why = next((f.get("previous_no_data") for f in figures.values() if f.get("previous_no_data")), None)
@@ -357,8 +356,11 @@ def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) 
             f"({util - sm:.0f} points)"
         )
     sp, sd = _num(row.get("sm_prefill_pct")), _num(row.get("sm_decode_pct"))
-    if sp is not None or sd is not None:
+    if sp is not None and sd is not None:
         items.append(f"<b>SM activity in prefill / decode:</b> {_pct_text(sp)} / {_pct_text(sd)}")
+    elif sp is not None or sd is not None:  # a pool of one phase
+        phase, value = ("prefill", sp) if sp is not None else ("decode", sd)
+        items.append(f"<b>SM activity in {phase}:</b> {_pct_text(value)}")
     if group:
         items.append(
             f"{_plural(int(group.get('gpus') or 0), 'GPU')}, {_plural(int(group.get('samples') or 0), 'sample')}"
@@ -394,7 +396,8 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
         f"plus energy × electricity × PUE). The industry figure (GPU $/h ÷ output tokens/s, GPU time only): "
         f"{usd_text(t.get('industry_usd_per_1m_output'))} per 1M output tokens.</p>"
     )
-    out.append(page.chart(cost_by_pool_figure(cost["by_pool"], labels=labels)))
+    by_pool = sorted(cost["by_pool"], key=lambda r: _POOL_ORDER.get(str(r.get("pool")), 9))
+    out.append(page.chart(cost_by_pool_figure(by_pool, labels=labels)))
     if cost.get("by_hour"):
         fig = cost_over_time_figure(cost["by_hour"], labels=labels, simulated=simulated)
         out.append(page.chart(fig))
@@ -717,6 +720,17 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v) if math.isfinite(v) else None
+
+
+def _range_text(start_s: float | None, end_s: float | None) -> str:
+    """``2026-12-01 10:00 – 11:00``, with seconds when the range is shorter than an hour, and the
+    end's date when it is another day."""
+    short = start_s is not None and end_s is not None and end_s - start_s < 3600
+    fmt = "%Y-%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M"
+    same_day = (
+        start_s is not None and end_s is not None and utc_text(start_s, "%j%Y") == utc_text(end_s, "%j%Y")
+    )
+    return f"{utc_text(start_s, fmt)} – {utc_text(end_s, fmt[9:] if same_day else fmt)}"
 
 
 def _span_s(start_s: float | None, end_s: float | None) -> float | None:
