@@ -13,6 +13,11 @@ down counts the same way: at start, a schedule that has stored a report before a
 fire time since then lies within the grace time runs once, at once, for that fire time's period;
 an older one is skipped (logged). A schedule that never ran has nothing to catch up.
 
+The page itself (headline figures against the previous period, the dashboard's charts per section,
+what is missing, the detailed tables folded) is rendered by ``collector/report_html.py``; this
+module makes the report (:func:`build_report`: the summary, plus the overview and the activity
+histogram of the same window), schedules, stores, lists and serves it.
+
 The stored body is the page without Plotly's 3.6 MB of JavaScript (a marker in its place), so an
 hourly report costs kilobytes in the store; :func:`standalone_html` puts the script back when the
 page is served or downloaded (``GET /api/v1/reports/{id}``).
