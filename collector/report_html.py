@@ -223,14 +223,16 @@ def _headline(ov: dict[str, Any] | None) -> str:
     elif money.get("no_data"):
         out.append(f'<p class="meta">Where the money goes: {_esc(money["no_data"])}</p>')
     prev = ov.get("previous_window") or {}
-    if prev.get("start_s") is not None and any(f.get("previous") is not None for f in figures.values()):
+    any_previous = any(f.get("previous") is not None for f in figures.values())
+    if prev.get("start_s") is not None and any_previous:
         out.append(
             f'<p class="meta">Against the previous period of the same length: '
             f"{_esc(_range_text(prev['start_s'], prev.get('end_s')))} UTC.</p>"
         )
     else:
         why = next((f.get("previous_no_data") for f in figures.values() if f.get("previous_no_data")), None)
-        out.append(f'<p class="meta">No trend: {_esc(str(why or "no previous period"))}.</p>')
+        why = str(why or "no previous period").removeprefix("no data: ")
+        out.append(f'<p class="meta">No trend against a previous period: {_esc(why)}.</p>')
     tiles = []
     for spec in FIGURES:
         fig = figures.get(spec.key)
@@ -245,7 +247,7 @@ def _headline(ov: dict[str, Any] | None) -> str:
         if value is None:
             lines.append(f'<div class="why">{_esc(str(fig.get("no_data") or "no data"))}</div>')
         else:
-            lines.append(_delta_line(spec.key, fig))
+            lines.append(_delta_line(spec.key, fig) if any_previous else "")
             if spec.key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
                 lines.append(
                     f'<div class="prev">per input token: {_esc(figure_text(spec.key, fig["j_per_input_token"]))}</div>'

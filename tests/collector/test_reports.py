@@ -185,7 +185,10 @@ def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
             "SELECT r.start_s, r.end_s, s.start_s, s.end_s FROM reports r, scenarios s"
         ).values
     assert row[0] == pytest.approx(row[2]) and row[1] == pytest.approx(row[3])  # the scenario's span
-    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    # the whole scenario has no period before it: the headline says so instead of a trend
+    assert "No trend against a previous period: the previous period would start before the scenario" in page
     assert main(["report", "--dataset", "nope", "--db", str(db)]) == 2
     assert "unknown data set" in capsys.readouterr().err
 
