@@ -79,6 +79,14 @@ pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}.wide{overflow
 """
 
 
+# the folded JSON is filled in from the embedded copy when opened (the page holds it once)
+_SHOW_JSON = (
+    'document.getElementById("report-json").addEventListener("toggle",function(e){'
+    'var p=e.target.querySelector("pre");if(!p.textContent){p.textContent=JSON.stringify('
+    'JSON.parse(document.getElementById("phaselens-summary").textContent),null,1);}});'
+)
+
+
 def utc_text(ts_s: float | None, fmt: str = "%Y-%m-%d %H:%M") -> str:
     """An epoch time as UTC text (``?`` when unknown)."""
     return "?" if ts_s is None else datetime.fromtimestamp(ts_s, UTC).strftime(fmt)
@@ -135,12 +143,12 @@ def render_html(
             _missing(summary),
             _appendix(summary),
         ]
-    data = json.dumps(summary, indent=1, sort_keys=True, default=str)
+    data = json.dumps(summary, sort_keys=True, default=str, separators=(",", ":"))
     embedded = data.replace("</", "<\\/")  # JSON in a script element: no closing tag inside
     out.append(
-        "<details><summary>The report's JSON</summary>"
-        f"<pre>{_esc(data)}</pre></details>"
+        '<details id="report-json"><summary>The report\'s JSON</summary><pre></pre></details>'
         f'<script type="application/json" id="phaselens-summary">{embedded}</script>'
+        f"<script>{_SHOW_JSON}</script>"
     )
     script = PLOTLY_MARKER if page.charts else ""
     return (
