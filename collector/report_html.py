@@ -237,6 +237,11 @@ def _headline(ov: dict[str, Any] | None) -> str:
             f'<p class="meta">Against the previous period of the same length: '
             f"{_esc(_range_text(prev['start_s'], prev.get('end_s')))} UTC.</p>"
         )
+    elif prev.get("start_s") is not None:  # the period before had nothing to compare with
+        out.append(
+            f'<p class="meta">No trend: the previous period of the same length, '
+            f"{_esc(_range_text(prev['start_s'], prev.get('end_s')))} UTC, has no data to compare.</p>"
+        )
     else:
         why = next((f.get("previous_no_data") for f in figures.values() if f.get("previous_no_data")), None)
         why = str(why or "no previous period").removeprefix("no data: ")
@@ -363,7 +368,7 @@ def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) 
     if util is not None and sm is not None:
         items.append(
             f"<b>Busy but compute-idle:</b> mean utilization {util:.0f} % against mean SM activity {sm:.0f} % "
-            f"({util - sm:.0f} points)"
+            f"({_plural(round(util - sm), 'point')})"
         )
     sp, sd = _num(row.get("sm_prefill_pct")), _num(row.get("sm_decode_pct"))
     if sp is not None and sd is not None:
@@ -412,18 +417,25 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
         fig = cost_over_time_figure(cost["by_hour"], labels=labels, simulated=simulated)
         out.append(page.chart(fig))
     total_usd = _num(t.get("cost_usd")) or 0.0
+    # one unit per column, the one the window's total reads best in
+    hours = (_num(t.get("gpu_seconds")) or 0.0) >= 3600
+    energy_j = sum(_num(t.get(f"energy_j_{c}")) or 0.0 for c in COST_CATEGORIES)
+    kwh = energy_j >= 3.6e6
     rows = []
     for c in COST_CATEGORIES:
         usd = _num(t.get(f"cost_usd_{c}"))
         share = f"{100 * usd / total_usd:.1f} %" if usd is not None and total_usd > 0 else "—"
+        seconds = _num(t.get(f"{c}_s")) or 0.0
+        joules = _num(t.get(f"energy_j_{c}")) or 0.0
         rows.append(
             f"<tr><td>{_esc(COST_LABELS[c])}</td>"
-            f'<td class="num">{_hours_text(t.get(f"{c}_s"))}</td>'
-            f'<td class="num">{_hours_text((_num(t.get(f"energy_j_{c}")) or 0) / 1000)}</td>'
+            f'<td class="num">{_amount(seconds / 3600 if hours else seconds)}</td>'
+            f'<td class="num">{_amount(joules / (3.6e6 if kwh else 3600))}</td>'
             f'<td class="num">{_esc(usd_text(usd))}</td><td class="num">{share}</td></tr>'
         )
     out.append(
-        "<table><tr><th>category</th><th>GPU time, GPU-hours</th><th>energy at the GPU, kWh</th>"
+        f"<table><tr><th>category</th><th>GPU time, {'GPU-hours' if hours else 'GPU-seconds'}</th>"
+        f"<th>energy at the GPU, {'kWh' if kwh else 'Wh'}</th>"
         f"<th>cost, US $</th><th>share of cost</th></tr>{''.join(rows)}</table>"
     )
     annual = _annual(parts, ov)
@@ -775,10 +787,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
-def _hours_text(seconds: Any) -> str:
-    """A table cell of hours: three significant digits below 10, one decimal above."""
-    h = (_num(seconds) or 0.0) / 3600
-    return f"{h:,.1f}" if h >= 10 else f"{h:.3g}"
+def _amount(v: float) -> str:
+    """A table cell: ``0``, ``< 0.01``, ``3.14``, ``1,234``."""
+    if v == 0:
+        return "0"
+    if abs(v) < 0.01:
+        return "< 0.01"
+    return f"{v:.2f}" if abs(v) < 100 else f"{v:,.0f}"
 
 
 def _pct_text(v: float | None) -> str:

@@ -116,7 +116,7 @@ def _layout(fig: go.Figure, title: str, *, height: int = 380, legend_y: float = 
 
 def usd_text(v: Any) -> str:
     """Dollars to read: ``$1.14M``, ``$1,234``, ``$12.34``, ``$0.0521`` (three significant digits
-    below a dollar), ``—`` when undefined."""
+    below a dollar), ``< $0.0001`` below that, ``—`` when undefined."""
     x = _num(v)
     if x != x:
         return "—"
@@ -126,6 +126,8 @@ def usd_text(v: Any) -> str:
         return f"${x:,.0f}"
     if abs(x) >= 1 or x == 0:
         return f"${x:,.2f}"
+    if abs(x) < 1e-4:  # not a figure to read to three digits (nor in e-notation)
+        return "< $0.0001" if x > 0 else "> -$0.0001"
     return f"${x:.3g}"
 
 
