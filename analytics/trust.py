@@ -19,6 +19,14 @@ SIMULATED = "simulated"
 HOST_BOUND = "host-bound"
 ESTIMATED = "estimated"
 LABELS = (MEASURED, EMULATED, SIMULATED, HOST_BOUND, ESTIMATED)
+#: what each label says of a figure, in words (the reports' legend)
+MEANINGS = {
+    MEASURED: "read from the hardware or the engine (NVML, DCGM, engine metrics)",
+    EMULATED: "from a modelled GPU paced by the real work it ran",
+    SIMULATED: "from the simulator, in virtual time: a model, not a measurement",
+    HOST_BOUND: "from emulated windows the host could not keep pace with",
+    ESTIMATED: "derived: percentiles from histogram buckets, energy integrated from power, shares inferred",
+}
 
 
 @dataclass(slots=True)

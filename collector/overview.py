@@ -102,28 +102,37 @@ def _scenario_span(con: Any, dataset: str) -> tuple[float, float] | None:
     return (float(row[0]), float(row[1])) if row else None
 
 
+def previous_summary(
+    con: Any, params: dict[str, Any], current: dict[str, Any]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The summary (without :data:`SKIP_PARTS`) of the period of ``current``'s length just before
+    it, with ``params``' other parameters; ``(None, why)`` when that period would start before the
+    scenario ``current`` belongs to."""
+    from analytics.cli import run_summary
+    from analytics.window import LIVE
+
+    w = current["window"]
+    start_s, duration_s = float(w["start_s"]), float(w["duration_s"])
+    span = _scenario_span(con, w["dataset"]) if w["dataset"] != LIVE else None
+    if span is not None and start_s - duration_s < span[0] - PREVIOUS_SLACK_S:
+        return None, (
+            "no data: the previous period would start before the scenario does (pick a later, shorter range)"
+        )
+    prev_params = _clean({**params, "since": None, "dataset": w["dataset"]})
+    prev_params |= {"start_s": start_s - duration_s, "end_s": start_s}
+    return run_summary(con, prev_params, skip=SKIP_PARTS), None
+
+
 def compute_overview(con: Any, params: dict[str, Any]) -> OverviewResult:
     """Both summaries of ``params`` (those of ``GET /api/v1/analytics/summary``) on ``con`` and the
     overview of the two. The previous period is the window's length just before its start; for a
     scenario it must lie inside the scenario's span, else it is 'no data' with the reason."""
     from analytics.cli import run_summary
     from analytics.overview import overview
-    from analytics.window import LIVE
 
     t = time.perf_counter()
     current = run_summary(con, params, skip=SKIP_PARTS)
-    w = current["window"]
-    start_s, duration_s = float(w["start_s"]), float(w["duration_s"])
-    prev_params = _clean({**params, "since": None, "dataset": w["dataset"]})
-    prev_params |= {"start_s": start_s - duration_s, "end_s": start_s}
-    previous, why = None, None
-    span = _scenario_span(con, w["dataset"]) if w["dataset"] != LIVE else None
-    if span is not None and start_s - duration_s < span[0] - PREVIOUS_SLACK_S:
-        why = (
-            "no data: the previous period would start before the scenario does (pick a later, shorter range)"
-        )
-    else:
-        previous = run_summary(con, prev_params, skip=SKIP_PARTS)
+    previous, why = previous_summary(con, params, current)
     fleet = params.get("fleet_gpus")
     result = overview(
         current, previous, fleet_gpus=int(fleet) if fleet is not None else None, previous_missing=why

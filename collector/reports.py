@@ -13,6 +13,11 @@ down counts the same way: at start, a schedule that has stored a report before a
 fire time since then lies within the grace time runs once, at once, for that fire time's period;
 an older one is skipped (logged). A schedule that never ran has nothing to catch up.
 
+The page itself (headline figures against the previous period, the dashboard's charts per section,
+what is missing, the detailed tables folded) is rendered by ``collector/report_html.py``; this
+module makes the report (:func:`build_report`: the summary, plus the overview and the activity
+histogram of the same window), schedules, stores, lists and serves it.
+
 The stored body is the page without Plotly's 3.6 MB of JavaScript (a marker in its place), so an
 hourly report costs kilobytes in the store; :func:`standalone_html` puts the script back when the
 page is served or downloaded (``GET /api/v1/reports/{id}``).
@@ -20,7 +25,6 @@ page is served or downloaded (``GET /api/v1/reports/{id}``).
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import math
@@ -32,42 +36,32 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from collector.report_html import PLOTLY_MARKER, render_html, standalone_html
+from collector.report_html import utc_text as _utc
+
+__all__ = [  # the page itself is collector/report_html.py; these names are imported from here
+    "PLOTLY_MARKER",
+    "Report",
+    "ReportError",
+    "ReportSchedule",
+    "ReportScheduler",
+    "add_report_command",
+    "add_report_routes",
+    "build_report",
+    "get_report",
+    "list_reports",
+    "parse_schedule",
+    "parse_schedules",
+    "render_html",
+    "save_report",
+    "standalone_html",
+]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULES = ("hourly=0 * * * *", "daily=0 6 * * *")
-PLOTLY_MARKER = "<!--phaselens:plotly.js-->"
 MANUAL = "manual"
 WRITE_TIMEOUT_S = 120.0
-_UNITS = {
-    "_pct": "%",
-    "_s": "s",
-    "_ms": "ms",
-    "_w": "W",
-    "_j": "J",
-    "_kwh": "kWh",
-    "_usd": "$",
-    "_mhz": "MHz",
-    "_bytes": "bytes",
-}
-_SHARE_SUFFIXES = ("_share", "_fraction", "_frac", "_pct")
-_SHARE_PREFIXES = ("frac_", "share_")
-_ID_COLUMNS = ("pool", "role", "scope", "worker", "gpu", "model", "metric", "name")
-_TIME_COLUMNS = ("hour_s", "hour_start_s", "bucket_start_s", "start_s")
-_WIDE_COLUMNS = 10  # a table wider than this, with at most _SIDEWAYS_ROWS rows, is shown on its side
-_SIDEWAYS_ROWS = 12
-_MAX_TABLE_ROWS = 200
-_FOLD_FIELDS = 16
-# colours of the shares that name a phase or state (the dashboard's phase colours)
-_STATE_COLOURS = {
-    "idle": "#c8c8c8",
-    "prefill": "#f5a623",
-    "decode": "#4caf50",
-    "mixed": "#ab7ddb",
-    "host": "#d62728",
-    "stranded": "#8c564b",
-    "gap": "#e0e0e0",
-}
-_PALETTE = ("#f5a623", "#4caf50", "#ab7ddb", "#e377c2", "#1f77b4", "#d62728", "#8c564b", "#bcbd22", "#c8c8c8")
 
 
 class ReportError(ValueError):
@@ -216,9 +210,40 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
     except Exception as e:  # the analysis failed on this data: recorded in the report
         log.exception("report %s: the analytics summary failed", kind)
         error = f"the analytics summary failed: {type(e).__name__}: {e}"
+    if summary is not None:
+        summary |= _report_extras(con, fixed, summary, window)
     title = title or _title(kind, params, start_s, end_s)
     body = render_html(summary, title=title, error=error, start_s=start_s, end_s=end_s)
     return Report(uuid.uuid4().hex, kind, title, time.time(), start_s, end_s, body, summary, error, fixed)
+
+
+def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], window: Any) -> dict[str, Any]:
+    """What the page adds to the summary: ``overview`` (the headline figures against the previous
+    period, ``analytics.overview``) and ``histogram`` (the window's binned SM activity and
+    utilization per pool, ``analytics.histogram``), each on ``con``. One that fails is left out and
+    named in the summary's ``missing`` (the rest of the report stands)."""
+    from analytics.histogram import activity_histogram
+    from analytics.overview import overview
+    from collector.overview import previous_summary
+
+    out: dict[str, Any] = {}
+    missing = summary.setdefault("missing", {})
+    try:
+        previous, why = previous_summary(con, params, summary)
+        fleet = params.get("fleet_gpus")
+        out["overview"] = overview(
+            summary, previous, fleet_gpus=int(fleet) if fleet else None, previous_missing=why
+        )
+    except Exception as e:  # the previous period's analysis failed: the headline has no trend
+        log.exception("report: the previous period's summary failed")
+        missing["previous_period"] = f"{type(e).__name__}: {e}"
+        out["overview"] = overview(summary, None, previous_missing=f"no data: {type(e).__name__}: {e}")
+    try:
+        out["histogram"] = activity_histogram(con, window).to_dict()
+    except Exception as e:
+        log.exception("report: the activity histogram failed")
+        missing["histogram"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _num(*values: Any) -> float | None:
@@ -232,16 +257,15 @@ def _num(*values: Any) -> float | None:
     return None
 
 
-def _utc(ts_s: float | None, fmt: str = "%Y-%m-%d %H:%M") -> str:
-    return "?" if ts_s is None else datetime.fromtimestamp(ts_s, UTC).strftime(fmt)
-
-
 def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: float | None) -> str:
     dataset = params.get("dataset") or "live"
     what = "Efficiency report" if kind == MANUAL else f"{kind.capitalize()} efficiency report"
     scope = "" if dataset == "live" else f" · simulated scenario {dataset}"
     same_day = start_s is not None and end_s is not None and _utc(start_s, "%Y%m%d") == _utc(end_s, "%Y%m%d")
-    return f"{what}{scope} · {_utc(start_s)} – {_utc(end_s, '%H:%M' if same_day else '%Y-%m-%d %H:%M')} UTC"
+    short = same_day and _utc(start_s) == _utc(end_s)  # within a minute (a short scenario): seconds
+    first = _utc(start_s, "%Y-%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M")
+    last = _utc(end_s, "%H:%M:%S" if short else "%H:%M" if same_day else "%Y-%m-%d %H:%M")
+    return f"{what}{scope} · {first} – {last} UTC"
 
 
 def save_report(store: Any, report: Report, node: str) -> str:
@@ -295,318 +319,6 @@ def get_report(store: Any, report_id: str) -> dict[str, Any]:
     item["error"] = details.get("error")
     item["params"] = details.get("params") or {}
     return item
-
-
-def standalone_html(body: str) -> str:
-    """The stored page with Plotly's JavaScript inlined where the marker is: one file, offline."""
-    if PLOTLY_MARKER not in body:
-        return body
-    from plotly.offline import get_plotlyjs
-
-    script = get_plotlyjs().replace("</script", "<\\/script")
-    return body.replace(PLOTLY_MARKER, f"<script>{script}</script>", 1)
-
-
-# -- rendering ---------------------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:2rem auto;max-width:1100px;
-color:#222;padding:0 1rem;line-height:1.45}
-h1{font-size:1.6rem;margin-bottom:.2rem}h2{margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
-h3{margin-bottom:.3rem}.meta{color:#666}
-table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.92rem}
-th,td{border:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
-th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.badge{display:inline-block;border-radius:.6rem;padding:0 .55rem;margin-right:.3rem;font-size:.85rem;
-font-weight:600;color:#fff}
-.measured{background:#2e7d32}.emulated{background:#e65100}.simulated{background:#6a1b9a}
-.host-bound{background:#c62828}.estimated{background:#1565c0}
-.error{background:#fdecea;border:1px solid #f5c2c0;padding:.6rem 1rem;border-radius:.3rem}
-pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}
-.wide{overflow-x:auto}ul.meta{margin-top:0}
-"""
-
-
-def render_html(
-    summary: dict[str, Any] | None,
-    *,
-    title: str,
-    error: str | None = None,
-    start_s: float | None = None,
-    end_s: float | None = None,
-) -> str:
-    """The report page of a summary (``Summary.to_dict()``): header, trust labels, what is
-    missing and why, then a section per part rendered from its dicts (tables; bar charts of
-    shares), and the summary JSON itself. Plotly's script is the :data:`PLOTLY_MARKER`."""
-    charts: list[str] = []
-    parts_html: list[str] = []
-    summary = summary or {}
-    for name, part in (summary.get("parts") or {}).items():
-        parts_html.append(
-            f"<section><h2>{_esc(_humanize(name))}</h2>{_value(part, charts, name, 3)}</section>"
-        )
-    trust = (summary.get("trust") or {}).get("labels") or []
-    notes = (summary.get("trust") or {}).get("notes") or []
-    badges = "".join(f'<span class="badge {_esc(lb)}">{_esc(lb)}</span>' for lb in trust)
-    head = [
-        f"<h1>{_esc(title)}</h1>",
-        f'<p class="meta">Window {_esc(_utc(start_s, "%Y-%m-%d %H:%M:%S"))} – '
-        f"{_esc(_utc(end_s, '%Y-%m-%d %H:%M:%S'))} UTC · data set "
-        f"{_esc(str((summary.get('window') or {}).get('dataset', 'live')))} · generated "
-        f"{_esc(_utc(time.time(), '%Y-%m-%d %H:%M:%S'))} UTC by phaselens</p>",
-        f"<p>{badges}</p>" if badges else "",
-        "".join(f'<p class="meta">{_esc(n)}</p>' for n in notes),
-    ]
-    if error:
-        head.append(f'<p class="error"><b>No summary:</b> {_esc(error)}</p>')
-    missing = summary.get("missing") or {}
-    if missing:
-        items = "".join(f"<li><b>{_esc(_humanize(k))}</b>: {_esc(str(v))}</li>" for k, v in missing.items())
-        head.append(f"<section><h2>Not in this report</h2><ul>{items}</ul></section>")
-    if summary and not parts_html and not error:
-        head.append("<p>No analysis had data in this window.</p>")
-    data = json.dumps(summary, indent=1, sort_keys=True, default=str)
-    embedded = data.replace("</", "<\\/")  # JSON in a script element: no closing tag inside
-    tail = (
-        "<section><h2>Summary (JSON)</h2><details><summary>show</summary>"
-        f"<pre>{_esc(data)}</pre></details></section>"
-        f'<script type="application/json" id="phaselens-summary">{embedded}</script>'
-    )
-    script = PLOTLY_MARKER if charts else ""
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_esc(title)}</title>'
-        f"<style>{_CSS}</style>{script}</head><body>{''.join(head)}{''.join(parts_html)}{tail}</body></html>"
-    )
-
-
-def _esc(text: str) -> str:
-    return html.escape(text, quote=True)
-
-
-def _humanize(key: str) -> str:
-    """``energy_per_token_j`` → ``Energy per token, J``; ``frac_idle`` → ``Idle, share``."""
-    text = str(key)
-    unit = ""
-    if text.startswith(_SHARE_PREFIXES):
-        text, unit = text.split("_", 1)[1], "share"
-    else:
-        for suffix, u in _UNITS.items():
-            if text.endswith(suffix) and len(text) > len(suffix):
-                text, unit = text[: -len(suffix)], u
-                break
-    text = text.replace("_", " ").strip()
-    text = text[:1].upper() + text[1:]
-    return f"{text}, {unit}" if unit else text
-
-
-def _is_time(key: str, v: Any) -> bool:
-    """An epoch-seconds field (``start_s``, ``hour_s``, ``bucket_start_s``, ...)."""
-    return (
-        isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and key.endswith("_s")
-        and (key[:-2].endswith(("start", "end", "hour", "ts", "time")) or key in ("hour_s", "ts_s"))
-        and 1e9 < v < 1e11
-    )
-
-
-def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
-    """A cell's text and whether it is a number."""
-    if isinstance(v, bool) or v is None:
-        return ("—" if v is None else str(v).lower()), False
-    if _is_time(key, v):
-        return _utc(float(v), "%Y-%m-%d %H:%M:%S"), False
-    if isinstance(v, int):
-        return f"{v:,}", True
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "—", False
-        a = abs(v)
-        text = f"{v:,.0f}" if a >= 1000 else f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
-        return text, True
-    if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
-        return ", ".join(_fmt(x)[0] for x in v) or "—", False
-    if isinstance(v, dict | list):
-        return json.dumps(v, default=str)[:300], False
-    return str(v), False
-
-
-def _cell(v: Any, key: str = "") -> str:
-    text, num = _fmt(v, key)
-    return f'<td class="num">{_esc(text)}</td>' if num else f"<td>{_esc(text)}</td>"
-
-
-def _value(value: Any, charts: list[str], name: str, depth: int, window: Any = None) -> str:
-    if isinstance(value, dict):
-        out = []
-        trust = value.get("trust")
-        if isinstance(trust, dict) and "labels" in trust:
-            out.append(_trust_line(trust))
-        skip = {"trust"} | ({"window"} if window is not None and value.get("window") == window else set())
-        scalars = {
-            k: v for k, v in value.items() if k not in skip and not isinstance(v, dict) and not _is_table(v)
-        }
-        notes = {k: v for k, v in scalars.items() if isinstance(v, list) and k in ("notes", "missing")}
-        scalars = {k: v for k, v in scalars.items() if k not in notes}
-        if scalars:
-            rows = "".join(f"<tr><th>{_esc(_humanize(k))}</th>{_cell(v, k)}</tr>" for k, v in scalars.items())
-            out.append(f"<table>{rows}</table>")
-            out.append(_share_chart(scalars, charts, name))
-        for k, items in notes.items():
-            if items:
-                lis = "".join(f"<li>{_esc(str(x))}</li>" for x in items)
-                out.append(f'<p class="meta">{_esc(_humanize(k))}:</p><ul class="meta">{lis}</ul>')
-        for k, v in value.items():
-            if k in scalars or k in notes or k in skip:
-                continue
-            tag = f"h{min(depth, 6)}"
-            out.append(
-                f"<{tag}>{_esc(_humanize(k))}</{tag}>{_value(v, charts, f'{name}.{k}', depth + 1, window)}"
-            )
-        return "".join(out)
-    if _is_table(value):
-        return _stack_chart(value, charts, name) + _table(value)
-    text, _ = _fmt(value)
-    return f"<p>{_esc(text)}</p>"
-
-
-def _trust_line(trust: dict[str, Any]) -> str:
-    labels = trust.get("labels") or []
-    badges = "".join(f'<span class="badge {_esc(lb)}">{_esc(lb)}</span>' for lb in labels)
-    return f"<p>{badges}</p>" if badges else ""
-
-
-def _row_label(row: dict[str, Any], i: int) -> str:
-    parts = [
-        str(row[c])
-        for c in _ID_COLUMNS
-        if isinstance(row.get(c), str | int) and not isinstance(row.get(c), bool)
-    ]
-    for c in _TIME_COLUMNS:
-        if _is_time(c, row.get(c)):
-            parts.append(_utc(float(row[c]), "%H:%M"))
-    return " · ".join(parts[:2]) or f"#{i + 1}"
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    """A list of dicts as a table; a wide one with few rows turned on its side (a column per row)."""
-    cols: list[str] = []
-    for row in rows:
-        cols += [k for k in row if k not in cols]
-    if len(cols) > _WIDE_COLUMNS and len(rows) <= _SIDEWAYS_ROWS:
-        head = "<th></th>" + "".join(f"<th>{_esc(_row_label(r, i))}</th>" for i, r in enumerate(rows))
-        body = "".join(
-            f"<tr><th>{_esc(_humanize(c))}</th>" + "".join(_cell(r.get(c), c) for r in rows) + "</tr>"
-            for c in cols
-        )
-        table = f"<table><tr>{head}</tr>{body}</table>"
-        if len(cols) > _FOLD_FIELDS:  # a long list of fields: folded, the charts above give the gist
-            return f"<details><summary>{len(cols)} fields of {len(rows)} row(s)</summary>{table}</details>"
-        return table
-    shown = rows[:_MAX_TABLE_ROWS]
-    head = "".join(f"<th>{_esc(_humanize(c))}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(_cell(row.get(c), c) for c in cols) + "</tr>" for row in shown)
-    more = (
-        f'<p class="meta">{len(rows) - len(shown):,} more rows in the JSON below.</p>'
-        if len(rows) > len(shown)
-        else ""
-    )
-    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>{more}'
-
-
-def _is_table(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
-
-
-def _is_share(key: str, v: Any) -> bool:
-    return (
-        (key.endswith(_SHARE_SUFFIXES) or key.startswith(_SHARE_PREFIXES))
-        and isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-    )
-
-
-def _share_chart(scalars: dict[str, Any], charts: list[str], name: str) -> str:
-    """A bar chart of a dict's shares (keys ``frac_*``, ``*_share``, ``*_fraction``, ``*_frac``, ``*_pct``), when it has two or more."""
-    shares = {k: float(v) for k, v in scalars.items() if _is_share(k, v)}
-    if len(shares) < 2:
-        return ""
-    import plotly.graph_objects as go
-
-    pct = all(k.endswith("_pct") for k in shares)
-    labels = [_humanize(k).split(",")[0] for k in shares]
-    values = [v if pct else 100.0 * v for v in shares.values()]
-    fig = go.Figure(
-        go.Bar(x=values, y=labels, orientation="h", marker_color="#4c78a8", texttemplate="%{x:.1f} %")
-    )
-    fig.update_layout(height=60 + 32 * len(shares), yaxis={"autorange": "reversed", "automargin": True})
-    return _chart(fig, charts, name)
-
-
-def _stack_chart(rows: list[dict[str, Any]], charts: list[str], name: str) -> str:
-    """Per row of a table, its shares (``frac_*`` columns) stacked to 100 %, when it has two or more."""
-    keys: list[str] = []
-    for r in rows:
-        keys += [
-            k for k, v in r.items() if k.startswith(_SHARE_PREFIXES) and _is_share(k, v) and k not in keys
-        ]
-    if len(keys) < 2 or len(rows) > 48:
-        return ""
-    keys = [
-        k for k in keys if any(float(r.get(k) or 0) > 0 for r in rows)
-    ]  # drop shares that are 0 everywhere
-    if not keys:
-        return ""
-    import plotly.graph_objects as go
-
-    labels = [_row_label(r, i) for i, r in enumerate(rows)]
-    fig = go.Figure()
-    for i, k in enumerate(keys):
-        fig.add_bar(
-            y=labels,
-            x=[100.0 * float(r.get(k) or 0) for r in rows],
-            name=_humanize(k).split(",")[0],
-            orientation="h",
-            marker_color=_colour(k, i),
-        )
-    fig.update_layout(
-        barmode="stack",
-        legend_traceorder="normal",
-        height=110 + 34 * len(rows),
-        yaxis={"autorange": "reversed", "automargin": True},
-        legend={"orientation": "h", "y": -0.25 if len(rows) < 4 else -0.1, "yanchor": "top"},
-    )
-    return _chart(fig, charts, name)
-
-
-def _colour(key: str, i: int) -> str:
-    words = key.split("_")
-    for state, colour in _STATE_COLOURS.items():
-        if state in words[1:2] or (state in words and i >= 0 and words[-1] == state):
-            return colour
-    return _PALETTE[i % len(_PALETTE)]
-
-
-def _chart(fig: Any, charts: list[str], name: str) -> str:
-    import plotly.io as pio
-
-    fig.update_layout(
-        margin={"l": 10, "r": 30, "t": 10, "b": 40},
-        xaxis={"title": "share, %", "rangemode": "tozero"},
-        plot_bgcolor="white",
-        font={"size": 12},
-    )
-    div = pio.to_html(
-        fig,
-        include_plotlyjs=False,
-        full_html=False,
-        div_id=f"chart-{len(charts)}",
-        config={"displaylogo": False},
-    )
-    charts.append(name)
-    return div
 
 
 # -- the scheduler -------------------------------------------------------------------------------------

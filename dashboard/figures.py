@@ -116,7 +116,7 @@ def _layout(fig: go.Figure, title: str, *, height: int = 380, legend_y: float = 
 
 def usd_text(v: Any) -> str:
     """Dollars to read: ``$1.14M``, ``$1,234``, ``$12.34``, ``$0.0521`` (three significant digits
-    below a dollar), ``—`` when undefined."""
+    below a dollar), ``< $0.0001`` below that, ``—`` when undefined."""
     x = _num(v)
     if x != x:
         return "—"
@@ -126,6 +126,8 @@ def usd_text(v: Any) -> str:
         return f"${x:,.0f}"
     if abs(x) >= 1 or x == 0:
         return f"${x:,.2f}"
+    if abs(x) < 1e-4:  # not a figure to read to three digits (nor in e-notation)
+        return "< $0.0001" if x > 0 else "> -$0.0001"
     return f"${x:.3g}"
 
 
@@ -155,6 +157,18 @@ def dip_verdict(row: Mapping[str, Any] | None) -> str:
     if p < 0.001:
         return f"{kind}, dip p < 0.001"
     return f"{kind}, dip p = {p:.3f}" if p < 0.1 else f"{kind}, dip p = {p:.2f}"
+
+
+def bimodal_pool_rows(bimodal: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The bimodality rows (the summary's ``bimodal`` part) of the fleet and of each pool, by pool
+    (``fleet`` for all GPUs, as the histogram's groups are keyed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in bimodal.get("table") or []:
+        if row.get("scope") == "fleet":
+            out["fleet"] = row
+        elif row.get("scope") == "pool":
+            out[str(row.get("role") or "unknown")] = row
+    return out
 
 
 def _shares_pct(part: Mapping[str, Any]) -> list[float]:
@@ -234,6 +248,99 @@ def activity_histogram_figure(
     fig.update_xaxes(title_text=f"SM activity or utilization, % ({width:g} % bins)", range=[0, 100])
     fig.update_yaxes(title_text="share of samples, %", rangemode="tozero")
     _layout(fig, f"{title} — {dip_verdict(row)}", height=400, legend_y=-0.2)
+    return label_figure(fig, labels)
+
+
+# -- headline figures (analytics/overview.py) -----------------------------------------------------------
+
+
+def figure_text(key: str, value: float | None) -> str:
+    """A headline figure with its unit, e.g. ``1,234 tokens/s``, ``$0.0421``, ``0.52 J``, ``37.5 %``."""
+    if value is None:
+        return "no data"
+    if key == "output_tokens_per_s":
+        return f"{value:,.0f} tokens/s" if value >= 100 else f"{value:,.1f} tokens/s"
+    if key.startswith("usd_"):
+        return f"${value:,.2f}" if value >= 1 else f"${value:,.4f}"
+    if key.startswith("j_per"):
+        return f"{value:.3g} J"
+    return f"{100 * value:.1f} %"
+
+
+def delta_text(fig: Mapping[str, Any]) -> str | None:
+    """A headline figure's change against the previous period: percentage points for shares,
+    relative otherwise; None without a previous period."""
+    if fig.get("delta") is None:
+        return None
+    if fig["unit"] == "ratio":
+        return f"{100 * fig['delta']:+.1f} pp vs previous period"
+    if fig.get("delta_ratio") is None:
+        return f"{fig['delta']:+.3g} vs previous period"
+    return f"{100 * fig['delta_ratio']:+.1f} % vs previous period"
+
+
+# -- where the GPU-time goes ----------------------------------------------------------------------------
+
+#: analytics.overview.GPU_TIME's keys -> colour
+GPU_TIME_COLOURS = {
+    "productive_prefill": "#f5a623",
+    "productive_decode": "#4caf50",
+    "stranded": "#c62828",
+    "host_bound": "#8e6bbf",
+    "idle": "#b0b7c3",
+}
+MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
+
+
+def gpu_time_figure(
+    gpu_time: Mapping[str, Any],
+    pools: Sequence[str] | None,
+    labels: Iterable[str],
+    *,
+    with_fleet: bool = False,
+) -> go.Figure:
+    """Where GPU-time goes (``analytics.overview.gpu_time``): a stacked horizontal bar per row — the
+    ``pools`` named (or all GPUs when none of them has data), all GPUs first with ``with_fleet``."""
+    names = gpu_time.get("names") or {}
+    rows: list[tuple[str, Mapping[str, float]]] = []
+    per_pool = gpu_time.get("per_pool") or {}
+    if pools:
+        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
+    if not rows or (with_fleet and len(rows) > 1):
+        rows.insert(0, ("all GPUs", gpu_time["shares"]))
+    fig = go.Figure()
+    for key, colour in GPU_TIME_COLOURS.items():
+        xs = [100 * shares.get(key, 0.0) for _, shares in rows]
+        fig.add_trace(
+            go.Bar(
+                y=[name for name, _ in rows],
+                x=xs,
+                name=names.get(key, key),
+                orientation="h",
+                marker_color=colour,
+                text=[f"{x:.0f} %" if x >= 100 * MIN_LABEL_SHARE else "" for x in xs],
+                textposition="inside",
+                insidetextanchor="middle",
+                hovertemplate=f"{names.get(key, key)}: %{{x:.1f}} %<extra>%{{y}}</extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=120 + 46 * len(rows),
+        margin={"l": 10, "r": 10, "t": 36, "b": 10},
+        xaxis={"title": {"text": "share of GPU-time, %"}, "range": [0, 100.5], "ticksuffix": " %"},
+        yaxis={"automargin": True, "autorange": "reversed"},
+        legend={
+            "orientation": "h",
+            "yanchor": "bottom",
+            "y": 1.02,
+            "x": 0,
+            "font": {"size": 12},
+            "traceorder": "normal",
+        },
+        plot_bgcolor="white",
+        uniformtext={"minsize": 10, "mode": "hide"},
+    )
     return label_figure(fig, labels)
 
 

@@ -19,17 +19,6 @@ from dashboard import common, figures
 SARLE_THRESHOLD = 5.0 / 9.0  # analytics.bimodal.SARLE_THRESHOLD
 
 
-def _pool_rows(bimodal: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The bimodality rows of the fleet and of each pool, by pool (``fleet`` for all GPUs)."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in bimodal.get("table") or []:
-        if row.get("scope") == "fleet":
-            out["fleet"] = row
-        elif row.get("scope") == "pool":
-            out[str(row.get("role") or "unknown")] = row
-    return out
-
-
 def _pct(v: Any, digits: int = 0) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.{digits}f} %"
 
@@ -107,7 +96,7 @@ def render(sel: common.Selection) -> None:
         common.empty_window("GPU samples", sel)
         return
     bimodal = (summary.get("parts") or {}).get("bimodal") or {}
-    rows = _pool_rows(bimodal)
+    rows = figures.bimodal_pool_rows(bimodal)
     labels = set(figures.part_labels(hist)) | set(figures.part_labels(bimodal))
     common.trust_badges(labels)
     pools = common.pool_filter(sel)

@@ -12,23 +12,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import common
+from dashboard import common, figures
 
 TILE_ROWS = (
     ("output_tokens_per_s", "usd_per_1m_input", "usd_per_1m_output", "j_per_output_token"),
     ("stranded_share", "host_bound_share", "idle_share", "slo_attainment"),
 )
-GPU_TIME_COLOURS = {
-    "productive_prefill": "#f5a623",
-    "productive_decode": "#4caf50",
-    "stranded": "#c62828",
-    "host_bound": "#8e6bbf",
-    "idle": "#b0b7c3",
-}
-MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
 
 
 @st.cache_data(ttl=common.LIVE_TTL_S, show_spinner=False, max_entries=64)
@@ -52,30 +43,6 @@ def _utc(ts_s: float) -> str:
     return datetime.fromtimestamp(float(ts_s), UTC).strftime("%H:%M:%S")
 
 
-def fmt_value(key: str, value: float | None) -> str:
-    """A figure with its unit, e.g. ``1,234 tokens/s``, ``$0.0421``, ``0.52 J``, ``37.5 %``."""
-    if value is None:
-        return "no data"
-    if key == "output_tokens_per_s":
-        return f"{value:,.0f} tokens/s" if value >= 100 else f"{value:,.1f} tokens/s"
-    if key.startswith("usd_"):
-        return f"${value:,.2f}" if value >= 1 else f"${value:,.4f}"
-    if key.startswith("j_per"):
-        return f"{value:.3g} J"
-    return f"{100 * value:.1f} %"
-
-
-def fmt_delta(key: str, fig: dict[str, Any]) -> str | None:
-    """The change against the previous period: percentage points for shares, relative otherwise."""
-    if fig.get("delta") is None:
-        return None
-    if fig["unit"] == "ratio":
-        return f"{100 * fig['delta']:+.1f} pp vs previous period"
-    if fig.get("delta_ratio") is None:
-        return f"{fig['delta']:+.3g} vs previous period"
-    return f"{100 * fig['delta_ratio']:+.1f} % vs previous period"
-
-
 def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> None:
     value = fig.get("value")
     previous = fig.get("previous")
@@ -85,14 +52,14 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
     if previous is None:
         help_lines.append(f"Previous period: {fig.get('previous_no_data') or 'no data'}")
     else:
-        help_lines.append(f"Previous period: {fmt_value(key, previous)}")
+        help_lines.append(f"Previous period: {figures.figure_text(key, previous)}")
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
-        help_lines.append(f"Per input token: {fmt_value(key, fig['j_per_input_token'])}")
+        help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
         st.metric(
             fig["label"],
-            fmt_value(key, value),
-            delta=fmt_delta(key, fig),
+            figures.figure_text(key, value),
+            delta=figures.delta_text(fig),
             delta_color="normal" if fig.get("higher_is_better") else "inverse",
             help="\n\n".join(help_lines),
             border=True,
@@ -105,51 +72,6 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 
 
-def gpu_time_figure(gpu_time: dict[str, Any], pools: list[str] | None, labels: list[str]) -> go.Figure:
-    """A stacked horizontal bar per row (the fleet, or each chosen pool) of where GPU-time goes."""
-    names = gpu_time.get("names") or {}
-    rows: list[tuple[str, dict[str, float]]] = []
-    per_pool = gpu_time.get("per_pool") or {}
-    if pools:
-        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
-    if not rows:
-        rows = [("all GPUs", gpu_time["shares"])]
-    fig = go.Figure()
-    for key, colour in GPU_TIME_COLOURS.items():
-        xs = [100 * shares.get(key, 0.0) for _, shares in rows]
-        fig.add_trace(
-            go.Bar(
-                y=[name for name, _ in rows],
-                x=xs,
-                name=names.get(key, key),
-                orientation="h",
-                marker_color=colour,
-                text=[f"{x:.0f} %" if x >= 100 * MIN_LABEL_SHARE else "" for x in xs],
-                textposition="inside",
-                insidetextanchor="middle",
-                hovertemplate=f"{names.get(key, key)}: %{{x:.1f}} %<extra>%{{y}}</extra>",
-            )
-        )
-    fig.update_layout(
-        barmode="stack",
-        height=120 + 46 * len(rows),
-        margin={"l": 10, "r": 10, "t": 36, "b": 10},
-        xaxis={"title": {"text": "share of GPU-time, %"}, "range": [0, 100.5], "ticksuffix": " %"},
-        yaxis={"automargin": True},
-        legend={
-            "orientation": "h",
-            "traceorder": "normal",  # left to right as stacked (a stacked bar's legend reverses by default)
-            "yanchor": "bottom",
-            "y": 1.02,
-            "x": 0,
-            "font": {"size": 12},
-        },
-        plot_bgcolor="white",
-        uniformtext={"minsize": 10, "mode": "hide"},
-    )
-    return common.label_figure(fig, labels)
-
-
 def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     with common.service_errors():
@@ -158,7 +80,7 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     if body.get("empty"):
         common.empty_window("GPU time, tokens or requests", sel)
         return
-    figures = body["figures"]
+    tiles = body["figures"]
     w = body.get("window") or {}
     if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
         st.caption(
@@ -168,21 +90,21 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     if money.get("sentence"):
         st.markdown(f"#### {money['sentence']}")
         common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
-    any_previous = any(f.get("previous") is not None for f in figures.values())
+    any_previous = any(f.get("previous") is not None for f in tiles.values())
     if not any_previous:
-        why = next((f.get("previous_no_data") for f in figures.values() if f.get("previous_no_data")), None)
+        why = next((f.get("previous_no_data") for f in tiles.values() if f.get("previous_no_data")), None)
         st.caption(f"No trend: {why or 'no previous period'}")
     for row in TILE_ROWS:
         cols = st.columns(len(row))
         for col, key in zip(cols, row, strict=True):
-            _tile(col, key, figures[key], any_previous=any_previous)
+            _tile(col, key, tiles[key], any_previous=any_previous)
     gpu_time = body.get("gpu_time") or {}
     st.subheader("Where the GPU-time goes")
     if gpu_time.get("shares") is None:
         st.info(f"GPU-time split: {gpu_time.get('no_data') or 'no data'}", icon=":material/search_off:")
     else:
         chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
-        fig = gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
+        fig = figures.gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
         st.plotly_chart(fig, width="stretch", key="gpu_time", config={"displaylogo": False})
         nodes = params.get("node")
         scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
