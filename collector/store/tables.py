@@ -49,7 +49,8 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("emulation_samples", "ts_s", ("node", "source", "device", "index", "ts_s")),
         TableSpec("ingest_errors", "ts_s", ("node", "source", "ts_s", "kind", "message")),
         TableSpec("telemetry_batches", "received_s", ("node", "source", "seq", "sent_s")),
-        TableSpec("iterations", "start_s", ("node", "source", "worker", "start_s")),
+        # gpu_index: a tensor-parallel worker has one row per rank (GPU) for each iteration
+        TableSpec("iterations", "start_s", ("node", "source", "worker", "start_s", "gpu_index")),
         TableSpec("requests", "arrival_s", ("node", "request_id")),
         TableSpec("tokens", "ts_s", ("node", "request_id", "idx")),
         TableSpec("control_events", "ts_s", ("node", "source", "ts_s", "action", "target")),

@@ -148,3 +148,17 @@ def test_a_parquet_export_merges_later_with_store_import(tmp_path, capsys, extra
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM requests WHERE node LIKE 'sim:%'").fetchone()[0] == 15
     assert con.execute("SELECT count(*) FROM scenarios").fetchone()[0] == 1
+
+
+def test_an_import_keeps_every_tensor_parallel_rank_of_an_iteration(tmp_path, capsys):
+    """A TP-2 replica writes one iteration row per GPU, same worker and start: the import's dedupe must
+    keep both (it once kept one, and the GPU of the other rank read as host-bound)."""
+    args = ["--layout", "agg:2xh100-sxm:tp2", "--model", "llama-3.1-70b", "--limit", "12"]
+    assert _simulate(capsys, *args, "--db", str(tmp_path / "direct.duckdb"))[0] == 0
+    assert _simulate(capsys, *args, "--out", str(tmp_path / "export"))[0] == 0
+    db = tmp_path / "imported.duckdb"
+    assert main(["store", "import", str(tmp_path / "export"), "--db", str(db)]) == 0
+    per_gpu = "SELECT gpu_index, count(*) FROM iterations WHERE node LIKE 'sim:%' GROUP BY ALL ORDER BY 1"
+    direct = duckdb.connect(str(tmp_path / "direct.duckdb"), read_only=True).execute(per_gpu).fetchall()
+    imported = duckdb.connect(str(db), read_only=True).execute(per_gpu).fetchall()
+    assert [g for g, _ in direct] == [0, 1] and imported == direct
