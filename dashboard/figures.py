@@ -42,10 +42,11 @@ COST_LABELS = {
 COST_COLOURS = {
     "prefill": PHASE_COLOURS["prefill"],
     "decode": PHASE_COLOURS["decode"],
-    "stranded_prefill": "#fbd99f",
-    "stranded_decode": "#b5dfb7",
-    "host_bound": "#78909c",
-    "idle": "#d0d0d0",
+    # the waste in red shades (decode's compute, prefill's bandwidth), as on the Overview
+    "stranded_prefill": "#ef9a9a",
+    "stranded_decode": "#c62828",
+    "host_bound": "#8e6bbf",
+    "idle": "#b0b7c3",
 }
 SM_COLOUR = "#1f2a44"  # SM activity, as on the GPUs page
 UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
@@ -282,12 +283,12 @@ def delta_text(fig: Mapping[str, Any]) -> str | None:
 # -- where the GPU-time goes ----------------------------------------------------------------------------
 
 #: analytics.overview.GPU_TIME's keys -> colour
-GPU_TIME_COLOURS = {
-    "productive_prefill": "#f5a623",
-    "productive_decode": "#4caf50",
-    "stranded": "#c62828",
-    "host_bound": "#8e6bbf",
-    "idle": "#b0b7c3",
+GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category looks the same on every page
+    "productive_prefill": COST_COLOURS["prefill"],
+    "productive_decode": COST_COLOURS["decode"],
+    "stranded": COST_COLOURS["stranded_decode"],
+    "host_bound": COST_COLOURS["host_bound"],
+    "idle": COST_COLOURS["idle"],
 }
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
 

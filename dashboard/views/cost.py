@@ -16,7 +16,6 @@ import streamlit as st
 
 from dashboard import common, figures
 
-DEFAULT_FLEET_GPUS = 64
 GPU_USD_RANGE = (0.0, 1000.0)  # analytics.cli.PRICE_PARAMS
 KWH_USD_RANGE = (0.0, 10.0)
 PUE_RANGE = (1.0, 5.0)
@@ -45,15 +44,16 @@ def _window_gpu_price(summary: dict[str, Any]) -> float | None:
     return prices.pop() if len(prices) == 1 else None
 
 
-def _price_controls(defaults: dict[str, Any]) -> dict[str, Any]:
-    """Fleet size and prices (each starts at the service's price table)."""
+def _price_controls(defaults: dict[str, Any], fleet_gpus: int) -> dict[str, Any]:
+    """Fleet size (starts at the GPUs observed, as on the Overview) and prices (each starts at the
+    service's price table)."""
     st.subheader("Fleet and prices")
     c1, c2, c3, c4 = st.columns(4)
     fleet = c1.number_input(
         "Fleet size, GPUs",
         min_value=1,
         max_value=1_000_000,
-        value=DEFAULT_FLEET_GPUS,
+        value=fleet_gpus,
         step=8,
         key="cost_fleet",
     )
@@ -226,7 +226,8 @@ with common.service_errors():
 st.title("Cost")
 st.caption(f"{common.describe_window(sel)} · where the GPU-hours' money goes, and what it comes to in a year")
 with common.service_errors():  # the same read as the page's at default prices: answered once
-    base = common.analytics(sel, fleet_gpus=int(st.session_state.get("cost_fleet", DEFAULT_FLEET_GPUS)))
+    observed_gpus = max(1, len({g.key for g in sel.all_gpus}))
+    base = common.analytics(sel, fleet_gpus=int(st.session_state.get("cost_fleet", observed_gpus)))
 base_cost = (base.get("parts") or {}).get("cost") or {}
 base_prices = base_cost.get("prices") or {}
 chosen = _price_controls(
@@ -234,7 +235,8 @@ chosen = _price_controls(
         "gpu": _window_gpu_price(base),
         "kwh": base_prices.get("electricity_usd_per_kwh", 0.13),
         "pue": base_prices.get("pue", 1.56),
-    }
+    },
+    observed_gpus,
 )
 
 

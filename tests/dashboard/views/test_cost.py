@@ -53,7 +53,8 @@ def test_the_stack_by_pool_sums_to_the_total(dashboard_env: Fleet):
     ]
     text = texts(at)
     assert "Prices used" in text and "DESIGN.md" in text and "EIA" in text  # the price sources
-    assert "on 64 H100 80GB HBM3s at this profile" in text  # the annual sentence, default fleet size
+    gpus = len({(r["node"], r["gpu"]) for r in cost["by_gpu"]})
+    assert f"on {gpus} H100 80GB HBM3s at this profile" in text  # the annual sentence: the GPUs observed
 
 
 def test_fleet_size_and_prices_are_editable(dashboard_env: Fleet):
@@ -61,7 +62,7 @@ def test_fleet_size_and_prices_are_editable(dashboard_env: Fleet):
     annual = lambda: sum(_values(t["x"])[0] for t in _by_title(at)["Annualised"]["data"])  # noqa: E731
     window = lambda: sum(_stack_sums(_by_title(at)["Where the money goes, by pool"]))  # noqa: E731
     before_year, before_window = annual(), window()
-    at.number_input(key="cost_fleet").set_value(128).run()
+    at.number_input(key="cost_fleet").set_value(2 * at.number_input(key="cost_fleet").value).run()
     assert not at.exception
     assert annual() == pytest.approx(2 * before_year)  # twice the GPUs, twice the dollars a year
     assert window() == pytest.approx(before_window)  # the window itself costs the same
