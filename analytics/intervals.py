@@ -308,27 +308,10 @@ WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
     return sql, params
 
 
-def any_cell_crossers(con: duckdb.DuckDBPyConnection, window: Window, bucket_s: float) -> bool:
-    """Whether any iteration overlapping ``window`` crosses a cell boundary of ``bucket_s`` seconds:
-    a scan of two columns, every node's rows (a superset of the window's iterations, so False means
-    none of them does and :func:`buckets_sql` may leave out the branch that cuts them)."""
-    D = repr(float(bucket_s))
-    row = con.execute(
-        f"SELECT EXISTS (SELECT 1 FROM iterations WHERE end_s > ? AND start_s < ? "
-        f"AND floor(start_s / {D}) < floor(end_s / {D}))",
-        [window.start_s, window.end_s],
-    ).fetchone()
-    return bool(row[0]) if row else True
-
-
-def buckets_sql(
-    window: Window, bucket_s: float, islands: str, *, crossers: bool = True
-) -> tuple[str, list[Any]]:
+def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
-    the bucket's time, scaled away — overlapping iterations or clock skew); ``islands`` as there.
-    ``crossers=False`` (only where :func:`any_cell_crossers` says there are none) leaves out the
-    second scan of the iterations, for their pieces in later cells; the result is the same."""
+    the bucket's time, scaled away — overlapping iterations or clock skew); ``islands`` as there."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
     D = repr(float(bucket_s))
@@ -348,17 +331,6 @@ def buckets_sql(
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
 
-    later = (
-        f"""
-    UNION ALL
-    SELECT node, uuid, worker, phase, pshare, j,
-           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
-           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
-    FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
-          FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)"""
-        if crossers
-        else ""
-    )
     sql = f"""
 WITH
 sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
@@ -419,7 +391,13 @@ itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, 
                 ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
            CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
                 ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
-    FROM itc{later}
+    FROM itc
+    UNION ALL
+    SELECT node, uuid, worker, phase, pshare, j,
+           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
+           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
+    FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
+          FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
 ),
 itagg AS (
     SELECT node, uuid, j, min(worker) AS worker,
@@ -564,12 +542,7 @@ class IntervalTable:
             sql, params = (
                 intervals_sql(self.window, islands)
                 if self.exact
-                else buckets_sql(
-                    self.window,
-                    self.bucket_s,
-                    islands,
-                    crossers=any_cell_crossers(self.con, self.window, self.bucket_s),
-                )
+                else buckets_sql(self.window, self.bucket_s, islands)
             )
             self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
         return self
