@@ -392,60 +392,76 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _lagged_iterations(con: duckdb.DuckDBPyConnection, window: Window) -> int:
-    pred, par = window.node_sql("node")
-    row = con.execute(
-        f"SELECT count(*) FROM iterations WHERE {pred} AND lag_s > 0 AND end_s > ? AND start_s < ?",
-        [*par, window.start_s, window.end_s],
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def _iteration_issues(
     con: duckdb.DuckDBPyConnection, window: Window, table: str, exact: bool
 ) -> dict[str, float]:
     """Counts of bad iteration rows: ones with no GPU uuid, ones of GPUs with no samples, ones more
     than 1 s outside their GPU's sampled time (clock skew between engine and sampler), ones ending
     before they start; overlapping ones on one GPU (counted with a sort on sample intervals, as the
-    seconds scaled away on buckets)."""
+    seconds scaled away on buckets); and ``lagged``, the iterations with ``lag_s > 0``.
+
+    One grouped scan of the window's iterations per GPU uuid gives all but two: the rows outside
+    their GPU's samples are counted row by row only for the GPUs whose earliest end or latest start
+    says some are (none, in data without clock skew), and the overlaps (sample intervals only) take
+    a sort of the iterations."""
     i_pred, i_par = window.node_sql("i.node")
     w = [window.start_s, window.end_s]
-    overlap = (
-        "max(end_s) OVER (PARTITION BY node, gpu_uuid ORDER BY start_s, end_s "
-        "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
-        if exact
-        else "NULL::DOUBLE"
-    )
+    span = f"SELECT node, uuid, min(t0_s) AS t0, max(t1_s) AS t1 FROM {table} WHERE uuid IS NOT NULL GROUP BY ALL"
     row = con.execute(
         f"""
-WITH it AS (
-    SELECT i.node, i.gpu_uuid, i.start_s, i.end_s, {overlap} AS prev_end_s
+WITH per AS (  -- per GPU uuid (NULL: the rows without one)
+    SELECT i.node, i.gpu_uuid, count(*) AS n, count(*) FILTER (WHERE i.lag_s > 0) AS lagged,
+           count(*) FILTER (WHERE i.end_s < i.start_s) AS negative,
+           min(i.end_s) AS min_end_s, max(i.start_s) AS max_start_s
     FROM iterations i WHERE {i_pred} AND i.end_s > ? AND i.start_s < ?
+    GROUP BY i.node, i.gpu_uuid
 ),
-span AS (SELECT node, uuid, min(t0_s) AS t0, max(t1_s) AS t1 FROM {table} WHERE uuid IS NOT NULL GROUP BY ALL)
-SELECT count(*) FILTER (WHERE it.prev_end_s > it.start_s + 1e-9 AND it.gpu_uuid IS NOT NULL),
-       count(*) FILTER (WHERE it.gpu_uuid IS NULL),
-       count(*) FILTER (WHERE sp.uuid IS NOT NULL AND (it.end_s < sp.t0 - 1.0 OR it.start_s > sp.t1 + 1.0)),
-       count(*) FILTER (WHERE it.end_s < it.start_s),
-       count(DISTINCT it.gpu_uuid) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
-       count(*) FILTER (WHERE sp.uuid IS NULL AND it.gpu_uuid IS NOT NULL),
+span AS ({span})
+SELECT coalesce(sum(p.n) FILTER (WHERE p.gpu_uuid IS NULL), 0),
+       coalesce(sum(p.negative), 0),
+       count(DISTINCT p.gpu_uuid) FILTER (WHERE sp.uuid IS NULL AND p.gpu_uuid IS NOT NULL),
+       coalesce(sum(p.n) FILTER (WHERE sp.uuid IS NULL AND p.gpu_uuid IS NOT NULL), 0),
+       coalesce(sum(p.lagged), 0),
+       count(*) FILTER (WHERE sp.uuid IS NOT NULL AND (p.min_end_s < sp.t0 - 1.0 OR p.max_start_s > sp.t1 + 1.0)),
        (SELECT coalesce(sum(excess_s), 0.0) FROM {table}),
        (SELECT count(*) FILTER (WHERE excess_s > 1e-9) FROM {table})
-FROM it LEFT JOIN span sp ON it.node = sp.node AND it.gpu_uuid = sp.uuid
+FROM per p LEFT JOIN span sp ON p.node = sp.node AND p.gpu_uuid = sp.uuid
 """,
         [*i_par, *w],
     ).fetchone()
-    keys = (
-        "overlapping",
-        "no_uuid",
-        "outside_samples",
-        "negative",
-        "unsampled_gpus",
-        "unsampled_iterations",
-        "excess_s",
-        "excess_buckets",
-    )
-    return dict(zip(keys, (v or 0 for v in row), strict=True)) if row else dict.fromkeys(keys, 0)
+    no_uuid, negative, unsampled_gpus, unsampled_its, lagged, suspect, excess_s, excess_n = row
+    outside = 0
+    if suspect:
+        outside = con.execute(
+            f"""
+WITH span AS ({span})
+SELECT count(*) FROM iterations i JOIN span sp ON i.node = sp.node AND i.gpu_uuid = sp.uuid
+WHERE {i_pred} AND i.end_s > ? AND i.start_s < ? AND (i.end_s < sp.t0 - 1.0 OR i.start_s > sp.t1 + 1.0)""",
+            [*i_par, *w],
+        ).fetchone()[0]
+    overlapping = 0
+    if exact:
+        overlapping = con.execute(
+            f"""
+SELECT count(*) FROM (
+    SELECT i.gpu_uuid, i.start_s,
+           max(i.end_s) OVER (PARTITION BY i.node, i.gpu_uuid ORDER BY i.start_s, i.end_s
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_s
+    FROM iterations i WHERE {i_pred} AND i.end_s > ? AND i.start_s < ?)
+WHERE prev_end_s > start_s + 1e-9 AND gpu_uuid IS NOT NULL""",
+            [*i_par, *w],
+        ).fetchone()[0]
+    return {
+        "overlapping": overlapping or 0,
+        "no_uuid": no_uuid or 0,
+        "outside_samples": outside or 0,
+        "negative": negative or 0,
+        "unsampled_gpus": unsampled_gpus or 0,
+        "unsampled_iterations": unsampled_its or 0,
+        "excess_s": excess_s or 0,
+        "excess_buckets": excess_n or 0,
+        "lagged": lagged or 0,
+    }
 
 
 def _issue_notes(issues: dict[str, int]) -> list[str]:
@@ -541,7 +557,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: Interval
     finally:
         con.unregister("pl_coef")
     issues = _iteration_issues(con, window, table, iv.exact)
-    lagged = _lagged_iterations(con, window)
+    lagged = int(issues["lagged"])
     if raw.empty:
         missing.append(
             f"no GPU sample intervals in the window ({window.dataset}, {window.start_s:.3f}–{window.end_s:.3f} s): "
