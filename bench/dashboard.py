@@ -14,7 +14,7 @@ Timed, in the same run:
   (the service computes the window's summary and the previous period's, then the overview);
 * **overview, cached**: the same request again within the service's live TTL;
 * **overview, rolling**: ``?since=3600s`` (what the page asks) — the newest result of that live
-  window while it is younger than 30 s, recomputed in the background;
+  window while it is younger than 5 min (``LIVE_STALE_S``), recomputed in the background;
 * **first render**: from ``page.goto`` until the page shows eight metric tiles with values, the
   sentence on where the money goes and the GPU-time bar drawn (:data:`OVERVIEW_DRAWN`), in a fresh
   browser context: after a quiet spell (nobody asked for :data:`QUIET_S`: the service answers its

@@ -72,24 +72,6 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 
 
-def _gpu_time(gpu_time: dict[str, Any], sel: common.Selection, nodes: list[str] | None) -> None:
-    """The GPU-time bar of the pools chosen (all GPUs when none), and what it and the tiles cover."""
-    st.subheader("Where the GPU-time goes")
-    if gpu_time.get("shares") is None:
-        st.info(f"GPU-time split: {gpu_time.get('no_data') or 'no data'}", icon=":material/search_off:")
-        return
-    chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
-    fig = figures.gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
-    st.plotly_chart(fig, width="stretch", key="gpu_time", config={"displaylogo": False})
-    scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
-    st.caption(
-        "Stranded: busy, but with the compute (decode) or the memory bandwidth (prefill) idle. "
-        f"Host-bound: the GPU waits on the host between iterations. The tiles cover {scope}"
-        + (", the bar the pools chosen" if chosen else "")
-        + " (the summary behind them is not split by GPU: the GPUs page charts each one)."
-    )
-
-
 def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     with common.service_errors():
@@ -99,31 +81,39 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         common.empty_window("GPU time, tokens or requests", sel)
         return
     tiles = body["figures"]
-    # Filled out of page order: the chart first, so that the browser starts fetching and compiling
-    # Plotly's bundle (its longest load) while it draws the tiles.
-    head, tile_rows, chart = st.container(), st.container(), st.container()
-    with chart:
-        _gpu_time(body.get("gpu_time") or {}, sel, params.get("node"))
-    with head:
-        w = body.get("window") or {}
-        if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
-            st.caption(
-                f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, "
-                f"computed {_utc(body['computed_at_s'])} UTC"
-            )
-        money = body.get("money") or {}
-        if money.get("sentence"):
-            st.markdown(f"#### {money['sentence']}")
-            common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
-        any_previous = any(f.get("previous") is not None for f in tiles.values())
-        if not any_previous:
-            why = next((f.get("previous_no_data") for f in tiles.values() if f.get("previous_no_data")), None)
-            st.caption(f"No trend: {why or 'no previous period'}")
-    with tile_rows:
-        for row in TILE_ROWS:
-            cols = st.columns(len(row))
-            for col, key in zip(cols, row, strict=True):
-                _tile(col, key, tiles[key], any_previous=any_previous)
+    w = body.get("window") or {}
+    if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
+        st.caption(
+            f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+        )
+    money = body.get("money") or {}
+    if money.get("sentence"):
+        st.markdown(f"#### {money['sentence']}")
+        common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
+    any_previous = any(f.get("previous") is not None for f in tiles.values())
+    if not any_previous:
+        why = next((f.get("previous_no_data") for f in tiles.values() if f.get("previous_no_data")), None)
+        st.caption(f"No trend: {why or 'no previous period'}")
+    for row in TILE_ROWS:
+        cols = st.columns(len(row))
+        for col, key in zip(cols, row, strict=True):
+            _tile(col, key, tiles[key], any_previous=any_previous)
+    gpu_time = body.get("gpu_time") or {}
+    st.subheader("Where the GPU-time goes")
+    if gpu_time.get("shares") is None:
+        st.info(f"GPU-time split: {gpu_time.get('no_data') or 'no data'}", icon=":material/search_off:")
+    else:
+        chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
+        fig = figures.gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
+        st.plotly_chart(fig, width="stretch", key="gpu_time", config={"displaylogo": False})
+        nodes = params.get("node")
+        scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
+        st.caption(
+            "Stranded: busy, but with the compute (decode) or the memory bandwidth (prefill) idle. "
+            f"Host-bound: the GPU waits on the host between iterations. The tiles cover {scope}"
+            + (", the bar the pools chosen" if chosen else "")
+            + " (the summary behind them is not split by GPU: the GPUs page charts each one)."
+        )
     notes = body.get("notes") or []
     if notes:
         with st.expander("How these figures were made"):
