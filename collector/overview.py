@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 
 LIVE_ROUND_S = 2.0  # a live window's end, rounded down to this step (the cache key moves with it)
 LIVE_TTL_S = 5.0  # how long a live result is reused as it is
-LIVE_STALE_S = 30.0  # how long a live window's newest result is answered while a newer one is computed
+# how long a live window's newest result is answered while a newer one is computed: a visitor after
+# a quiet spell sees the last figures at once (with their computed_at_s), the next refresh the new ones
+LIVE_STALE_S = 300.0
 MAX_ENTRIES = 64
 SKIP_PARTS = frozenset({"bimodal"})  # summary parts neither the overview nor /metrics read
 PREVIOUS_SLACK_S = 0.01  # a scenario's previous period may start this much before the scenario

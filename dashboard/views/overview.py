@@ -121,9 +121,9 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
                 st.markdown(f"- {n}")
 
 
+st.title("Overview")  # before the sidebar's reads: the first paint does not wait on them
 with common.service_errors():
     sel = common.sidebar()
-st.title("Overview")
 st.caption(f"{common.describe_window(sel)} · against the previous period of the same length")
 default_fleet = max(1, len({g.key for g in sel.all_gpus}))
 fleet = st.columns([1, 3])[0].number_input(
