@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from collector.metrics_export import MetricsExporter, add_metrics_route
-from collector.overview import OverviewService, add_overview_routes
+from collector.overview import OVERVIEW_PARAMS, OverviewService
 from collector.reports import add_report_routes
 from collector.service import Collector, CollectorNotRunning
 from collector.store import ExportFormatError, ImportResult, StoreError, list_scenarios
@@ -249,7 +249,24 @@ def create_collector_app(collector: Collector) -> FastAPI:
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
     add_report_routes(app, collector, _error)
-    add_overview_routes(app, overviews, _error)
+
+    @app.get("/api/v1/analytics/overview")
+    def analytics_overview(request: Request) -> Any:
+        """Headline figures of a window and of the period before it (the dashboard's Overview):
+        the query parameters of ``/api/v1/analytics/summary`` but the prices."""
+        from analytics.window import AnalyticsError
+
+        params = analytics_params(request, set(OVERVIEW_PARAMS))
+        if isinstance(params, JSONResponse):
+            return params
+        try:
+            got = overviews.get(params)
+        except (AnalyticsError, ValueError) as e:
+            return _error(400, str(e))
+        except StoreError as e:
+            return _error(500, f"the analysis failed on the store: {e}")
+        return got.overview | {"computed_at_s": got.computed_at_s, "compute_s": got.compute_s}
+
     add_metrics_route(app, exporter)
 
     @app.post("/api/v1/import")

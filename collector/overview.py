@@ -20,8 +20,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-
 log = logging.getLogger(__name__)
 
 LIVE_ROUND_S = 2.0  # a live window's end, rounded down to this step (the cache key moves with it)
@@ -32,7 +30,7 @@ LIVE_STALE_S = 300.0
 MAX_ENTRIES = 64
 SKIP_PARTS = frozenset({"bimodal"})  # summary parts neither the overview nor /metrics read
 PREVIOUS_SLACK_S = 0.01  # a scenario's previous period may start this much before the scenario
-SUMMARY_PARAMS = frozenset(
+OVERVIEW_PARAMS = frozenset(  # what GET /api/v1/analytics/overview takes
     {"dataset", "since", "start_s", "end_s", "node", "slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 )
 
@@ -232,35 +230,3 @@ class OverviewService:
                     self._refreshing.discard(rolling)
 
         threading.Thread(target=run, daemon=True, name="overview-refresh").start()
-
-
-def add_overview_routes(app: Any, overviews: OverviewService, error: Callable[..., Any]) -> None:
-    """``GET /api/v1/analytics/overview`` on ``app`` (errors through ``error(status, message, param)``)."""
-    from analytics.window import AnalyticsError
-    from collector.store import StoreError
-
-    @app.get("/api/v1/analytics/overview")
-    def analytics_overview(request: Request) -> Any:
-        """Headline figures of a window and of the period before it (the dashboard's Overview):
-        the query parameters of ``/api/v1/analytics/summary``."""
-        q = request.query_params
-        params: dict[str, Any] = {k: q.get(k) for k in q if k != "node"}
-        if q.getlist("node"):
-            params["node"] = q.getlist("node")
-        unknown = set(params) - SUMMARY_PARAMS
-        if unknown:
-            return error(
-                400,
-                f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(SUMMARY_PARAMS))}",
-                sorted(unknown)[0],
-            )
-        try:
-            got = overviews.get(params)
-        except (AnalyticsError, ValueError) as e:
-            return error(400, str(e))
-        except StoreError as e:
-            return error(500, f"the analysis failed on the store: {e}")
-        return got.overview | {
-            "computed_at_s": got.computed_at_s,
-            "compute_s": got.compute_s,
-        }
