@@ -326,7 +326,7 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         # j0, j1: the cells of the two ends
         return f"""
     SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
-        SELECT it.node, it.uuid, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+        SELECT sp.g, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
                least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
@@ -382,51 +382,53 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
     FROM cov
 ),
 it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
-span AS (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL),
+span AS (  -- each GPU's sampled time; g: an integer id of the GPU, the iterations side's group key
+    SELECT *, (row_number() OVER ())::INTEGER AS g
+    FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL)
+),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
 itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
           -- cross a cell boundary, already so before clipping) their pieces in the later cells
-    SELECT node, uuid, worker, phase, pshare, j0 AS j,
+    SELECT g, worker, phase, pshare, j0 AS j,
            CASE WHEN j1 = j0 THEN b_s - a_s
                 ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
            CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
                 ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
     FROM itc
     UNION ALL
-    SELECT node, uuid, worker, phase, pshare, j,
+    SELECT g, worker, phase, pshare, j,
            greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
            greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
     FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
           FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
 ),
 itagg AS (
-    SELECT node, uuid, j, min(worker) AS worker,
+    SELECT g, j, min(worker) AS worker,
            sum(CASE WHEN phase = 'prefill' THEN len_s - host_len_s ELSE 0.0 END) AS p_s,
            sum(CASE WHEN phase = 'decode' THEN len_s - host_len_s ELSE 0.0 END) AS d_s,
            sum(CASE WHEN {mixed} THEN pshare * (len_s - host_len_s) ELSE 0.0 END) AS mp_s,
            sum(CASE WHEN {mixed} THEN (1.0 - pshare) * (len_s - host_len_s) ELSE 0.0 END) AS md_s,
            sum(host_len_s) AS h_s
-    FROM itp GROUP BY node, uuid, j
+    FROM itp GROUP BY g, j
 ),
-ow AS (SELECT node, uuid, min(worker) AS worker FROM itagg GROUP BY node, uuid),
+ow AS (SELECT g, min(worker) AS worker FROM itagg GROUP BY g),
 bk AS (
-    SELECT e.*, coalesce(e.dev_worker, ow.worker) AS worker
-    FROM en e LEFT JOIN ow ON e.node = ow.node AND e.uuid = ow.uuid
+    SELECT e.*, sp.g, coalesce(e.dev_worker, ow.worker) AS worker
+    FROM en e LEFT JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid LEFT JOIN ow ON sp.g = ow.g
 ),
-bku AS (SELECT node, uuid, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE uuid IS NOT NULL),
+bku AS (SELECT g, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE g IS NOT NULL),
 itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a bucket absorbs empty cells)
-    SELECT ia.*, b.k FROM itagg ia JOIN bku b ON ia.node = b.node AND ia.uuid = b.uuid AND ia.j = b.k
+    SELECT ia.*, b.k FROM itagg ia JOIN bku b ON ia.g = b.g AND ia.j = b.k
     UNION ALL
     SELECT ia.*, b.k
     FROM (SELECT * FROM itagg ia WHERE NOT EXISTS
-              (SELECT 1 FROM bku b WHERE ia.node = b.node AND ia.uuid = b.uuid AND ia.j = b.k)) ia
-    ASOF JOIN bku b ON ia.node = b.node AND ia.uuid = b.uuid AND ia.j >= b.k
+              (SELECT 1 FROM bku b WHERE ia.g = b.g AND ia.j = b.k)) ia
+    ASOF JOIN bku b ON ia.g = b.g AND ia.j >= b.k
     WHERE ia.j < b.k_end  -- after the GPU's last sample: in no bucket
 ),
 itb AS (
-    SELECT node, uuid, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s,
-           sum(h_s) AS h_s
-    FROM itj GROUP BY node, uuid, k
+    SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s
+    FROM itj GROUP BY g, k
 ),
 isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
 inagg AS (
@@ -456,7 +458,7 @@ st AS (
            coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s, coalesce(r.in_s, 0.0) AS in_s,
            coalesce(i.p_s + i.d_s + i.mp_s + i.md_s + i.h_s, 0.0) AS raw_cov_s
     FROM bk b
-    LEFT JOIN itb i ON b.node = i.node AND b.uuid = i.uuid AND b.k = i.k
+    LEFT JOIN itb i ON b.g = i.g AND b.k = i.k
     LEFT JOIN inb r ON b.node = r.node AND b.worker = r.worker AND b.k = r.k
     LEFT JOIN attributed a
       ON b.node = a.node AND b.source = a.source AND b.device = a.device
