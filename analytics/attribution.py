@@ -33,8 +33,10 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analytics.intervals import IntervalTable, buckets_sql, choose_bucket_s, intervals_sql, registered_islands
+from analytics.iteration_groups import registered_groups
 from analytics.trust import ESTIMATED, HOST_BOUND, Trust
 from analytics.window import Window
 
@@ -393,28 +395,29 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _iteration_issues(
-    con: duckdb.DuckDBPyConnection, window: Window, table: str, exact: bool
+    con: duckdb.DuckDBPyConnection, window: Window, table: str, exact: bool, groups: pa.Table | None = None
 ) -> dict[str, float]:
     """Counts of bad iteration rows: ones with no GPU uuid, ones of GPUs with no samples, ones more
     than 1 s outside their GPU's sampled time (clock skew between engine and sampler), ones ending
     before they start; overlapping ones on one GPU (counted with a sort on sample intervals, as the
     seconds scaled away on buckets); and ``lagged``, the iterations with ``lag_s > 0``.
 
-    One grouped scan of the window's iterations per GPU uuid gives all but two: the rows outside
+    The window's :func:`~analytics.iteration_groups.iteration_groups` (``groups``, else computed
+    here: one grouped scan of its iterations), summed per GPU uuid, give all but two: the rows outside
     their GPU's samples are counted row by row only for the GPUs whose earliest end or latest start
     says some are (none, in data without clock skew), and the overlaps (sample intervals only) take
     a sort of the iterations."""
     i_pred, i_par = window.node_sql("i.node")
     w = [window.start_s, window.end_s]
     span = f"SELECT node, uuid, min(t0_s) AS t0, max(t1_s) AS t1 FROM {table} WHERE uuid IS NOT NULL GROUP BY ALL"
-    row = con.execute(
-        f"""
-WITH per AS (  -- per GPU uuid (NULL: the rows without one)
-    SELECT i.node, i.gpu_uuid, count(*) AS n, count(*) FILTER (WHERE i.lag_s > 0) AS lagged,
-           count(*) FILTER (WHERE i.end_s < i.start_s) AS negative,
-           min(i.end_s) AS min_end_s, max(i.start_s) AS max_start_s
-    FROM iterations i WHERE {i_pred} AND i.end_s > ? AND i.start_s < ?
-    GROUP BY i.node, i.gpu_uuid
+    with registered_groups(con, window, groups) as g:
+        row = con.execute(
+            f"""
+WITH per AS (  -- per GPU uuid (NULL: the rows without one) of the iterations overlapping the window
+    SELECT node, gpu_uuid, sum(n) AS n, sum(lagged) AS lagged, sum(negative) AS negative,
+           min(min_end_s) AS min_end_s, max(max_start_s) AS max_start_s
+    FROM {g} WHERE overlaps_window
+    GROUP BY node, gpu_uuid
 ),
 span AS ({span})
 SELECT coalesce(sum(p.n) FILTER (WHERE p.gpu_uuid IS NULL), 0),
@@ -426,9 +429,8 @@ SELECT coalesce(sum(p.n) FILTER (WHERE p.gpu_uuid IS NULL), 0),
        (SELECT coalesce(sum(excess_s), 0.0) FROM {table}),
        (SELECT count(*) FILTER (WHERE excess_s > 1e-9) FROM {table})
 FROM per p LEFT JOIN span sp ON p.node = sp.node AND p.gpu_uuid = sp.uuid
-""",
-        [*i_par, *w],
-    ).fetchone()
+"""
+        ).fetchall()[0]  # every row fetched: the relation is unregistered on this connection next
     no_uuid, negative, unsampled_gpus, unsampled_its, lagged, suspect, excess_s, excess_n = row
     outside = 0
     if suspect:
@@ -530,22 +532,26 @@ def phase_breakdown(
     *,
     bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
+    iteration_groups: pa.Table | None = None,
 ) -> PhaseBreakdown:
     """Time and energy of the window's GPUs by state, per GPU, per pool (role) and per hour, with
     the per-GPU power fits and the trust labels. Runs on grid buckets of ``bucket_s`` seconds
     (None: chosen from the sampling period; 0: exact sample intervals, slow on big windows)
     materialised in a TEMP table — or on ``intervals``, one already open on ``con`` for this window
     and shared by several analyses. Aggregation runs in SQL; only per GPU × role × hour sums reach
-    Python."""
+    Python. ``iteration_groups``: the window's :func:`analytics.iteration_groups.iteration_groups`
+    when already computed (else computed here)."""
     if intervals is not None:
         if intervals.window != window:
             raise ValueError("the interval table given is of another window than the one asked for")
-        return _breakdown_from(con, window, intervals)
+        return _breakdown_from(con, window, intervals, iteration_groups)
     with IntervalTable(con, window, bucket_s) as t:
-        return _breakdown_from(con, window, t)
+        return _breakdown_from(con, window, t, iteration_groups)
 
 
-def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable) -> PhaseBreakdown:
+def _breakdown_from(
+    con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable, groups: pa.Table | None
+) -> PhaseBreakdown:
     table = iv.name
     trust = Trust()
     missing: list[str] = []
@@ -556,7 +562,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: Interval
         raw = con.execute(_aggregate_sql(table)).df()
     finally:
         con.unregister("pl_coef")
-    issues = _iteration_issues(con, window, table, iv.exact)
+    issues = _iteration_issues(con, window, table, iv.exact, groups)
     lagged = int(issues["lagged"])
     if raw.empty:
         missing.append(

@@ -27,7 +27,9 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from analytics.iteration_groups import iteration_groups, registered_groups
 from analytics.jsonable import json_safe
 from analytics.prices import (
     DEFAULT_SOURCES,
@@ -362,10 +364,8 @@ def _aggregate(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 # -- from the store -----------------------------------------------------------------------------------
 
 _TOKENS_SQL = """
-WITH w AS (  -- each worker's GPUs per hour, from its iterations (a TP worker runs on several)
-    SELECT DISTINCT node, worker, gpu_uuid, floor(start_s / 3600) * 3600 AS hour_start_s
-    FROM iterations
-    WHERE {node} AND start_s >= ? AND start_s < ? AND gpu_uuid IS NOT NULL
+WITH w AS (  -- each worker's GPUs per hour, from the iterations starting in the window (a TP worker runs on several)
+    SELECT DISTINCT node, worker, gpu_uuid, hour_start_s FROM {groups} WHERE starts_in AND gpu_uuid IS NOT NULL
 ),
 wn AS (SELECT node, worker, hour_start_s, count(*) AS gpus FROM w GROUP BY ALL),
 input AS (   -- prompt tokens, at the end of their prefill, on the prefill worker
@@ -400,18 +400,23 @@ LEFT JOIN w ON w.node = p.node AND w.worker = p.worker AND w.hour_start_s = p.ho
 """
 
 
-def token_counts(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFrame:
+def token_counts(
+    con: duckdb.DuckDBPyConnection, window: Window, iteration_groups: pa.Table | None = None
+) -> pd.DataFrame:
     """Tokens served per GPU and hour: ``node, worker, hour_start_s, gpu_uuid, input_tokens,
     output_tokens``. Input tokens are a request's prompt tokens at its ``prefill_end_s`` on its
     prefill worker; output tokens are the ``tokens`` rows at their ``ts_s`` on the request's decode
     worker (its prefill worker when it has none); a worker's tokens of an hour are shared evenly by
     the GPUs its iterations ran on in that hour (``gpu_uuid`` NULL: the worker ran no iteration in
-    that hour of the window)."""
+    that hour of the window). The worker's GPUs per hour come from the window's
+    :func:`analytics.iteration_groups.iteration_groups` (``iteration_groups`` when already
+    computed)."""
     pred, params = window.node_sql("node")
     tpred, tparams = window.node_sql("t.node")
-    sql = _TOKENS_SQL.format(node=pred, tnode=tpred)
     bounds = [window.start_s, window.end_s]
-    return con.execute(sql, [*params, *bounds, *params, *bounds, *tparams, *bounds]).df()
+    with registered_groups(con, window, iteration_groups) as groups:
+        sql = _TOKENS_SQL.format(node=pred, tnode=tpred, groups=groups)
+        return con.execute(sql, [*params, *bounds, *tparams, *bounds]).df()
 
 
 def _mig_shares(con: duckdb.DuckDBPyConnection, window: Window) -> dict[tuple[Any, ...], float]:
@@ -505,21 +510,23 @@ def cost_breakdown(
     prices: PriceTable | None = None,
     *,
     breakdown: Any = None,
+    tokens: pd.DataFrame | None = None,
 ) -> CostBreakdown:
     """Cost and energy per token over ``window``: GPU-seconds and joules per category per GPU × pool
     × hour from helper A's :func:`analytics.attribution.phase_breakdown` (its ``raw`` table: the
     power model's apportioned energy, stranded time from SM / DRAM activity), tokens from
     :func:`token_counts`, priced by :func:`price_usage`. Pass ``breakdown`` (a PhaseBreakdown of the
-    same window) to reuse one already computed. Trust labels and missing-data notes are the
+    same window) to reuse one already computed, and ``tokens`` (its :func:`token_counts`) likewise. Trust labels and missing-data notes are the
     attribution's, plus the pricing's own."""
     from analytics.attribution import phase_breakdown
 
     prices = prices or load_prices()
-    pb = breakdown if breakdown is not None else phase_breakdown(con, window)
+    groups = iteration_groups(con, window) if breakdown is None and tokens is None else None
+    pb = breakdown if breakdown is not None else phase_breakdown(con, window, iteration_groups=groups)
     trust = Trust().merge([pb.trust])
     trust.notes.extend(n for n in pb.missing if n not in trust.notes)
     model = _model_name(con, window)
-    tokens = token_counts(con, window)
+    tokens = tokens if tokens is not None else token_counts(con, window, groups)
     shares = _mig_shares(con, window)
     if shares:
         trust.notes.append(

@@ -28,7 +28,9 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from analytics.iteration_groups import registered_groups
 from analytics.jsonable import json_safe
 from analytics.trust import EMULATED, ESTIMATED, HOST_BOUND, MEASURED, SIMULATED, Trust
 from analytics.window import AnalyticsError, Window
@@ -180,9 +182,7 @@ WHERE {node} AND t.ts_s >= ? AND t.ts_s < ? AND t.itl_s IS NOT NULL
 """
 
 _HOST_BOUND_SQL = """
-SELECT count(*) AS iterations, count(*) FILTER (WHERE i.lag_s > 0) AS lagged
-FROM iterations i
-WHERE {node} AND i.start_s >= ? AND i.start_s < ?
+SELECT coalesce(sum(n), 0) AS iterations, coalesce(sum(lagged), 0) AS lagged FROM {groups} WHERE starts_in
 """
 
 
@@ -213,13 +213,16 @@ def latency_summary(
     slo: SloSpec | None = None,
     *,
     bucket_s: float | None = None,
+    iteration_groups: pa.Table | None = None,
 ) -> LatencySummary:
     """TTFT/TPOT/ITL/e2e percentiles and SLO attainment over ``window`` and per ``bucket_s``
     (default: a round size giving at most 120 buckets), with trust labels per request: simulated
     (a scenario), emulated (a worker that served it ran on an emulated GPU: its ``devices`` rows),
     else measured; host-bound when the window's iterations lagged. Engine histograms in the window
     give ``estimated`` percentiles (and the headline ones when no request rows exist). All of it is
-    aggregated in DuckDB; only per-bucket rows reach Python."""
+    aggregated in DuckDB; only per-bucket rows reach Python. The lagged iterations (those starting in
+    the window) are counted from its :func:`analytics.iteration_groups.iteration_groups`
+    (``iteration_groups`` when already computed)."""
     slo = slo or SloSpec()
     if not (slo.ttft_s > 0 and slo.tpot_s > 0):
         raise AnalyticsError(f"SLOs must be > 0 seconds, got TTFT {slo.ttft_s!r}, TPOT {slo.tpot_s!r}")
@@ -311,10 +314,8 @@ def latency_summary(
     }
     over_time = _over_time([r for r in agg if r["bucket"] is not None], window, bucket, itl_by_bucket)
 
-    hpred, hparams = window.node_sql("i.node")
-    iters, lagged = con.execute(
-        _HOST_BOUND_SQL.format(node=hpred), [*hparams, window.start_s, window.end_s]
-    ).fetchone()
+    with registered_groups(con, window, iteration_groups) as groups:
+        iters, lagged = con.execute(_HOST_BOUND_SQL.format(groups=groups)).fetchall()[0]
     if lagged:
         trust.add(
             HOST_BOUND,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,53 @@ class Summary:
         )
 
 
+_PART_ERRORS = (ValueError, duckdb.Error, ZeroDivisionError, KeyError)
+
+
+class _Beside:
+    """Parts that do not read the interval table (token counts, latency), run in order on their own
+    cursor in one thread while the caller builds the interval table and runs the parts on it: DuckDB
+    then has a query to run while the caller's thread is in Python (the request islands, power fits,
+    dip tests and pricing), so both cores stay busy. Without a ``cursor`` method (not a DuckDB
+    connection) each part runs on ``con`` when its result is asked for."""
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+        self._cur = con.cursor() if hasattr(con, "cursor") else None
+        self._pool = ThreadPoolExecutor(max_workers=1) if self._cur is not None else None
+        if self._cur is not None:
+            try:
+                self._cur.execute("SET enable_progress_bar = false")
+            except duckdb.Error:
+                pass
+
+    def submit(self, fn: Callable[[Any], Any]) -> Callable[[], tuple[Any, float]]:
+        """Queue ``fn(cursor)``; returns a function that waits for it and returns (its result, its
+        own seconds), or raises its error."""
+
+        def timed(con: Any) -> tuple[Any, float]:
+            t = time.perf_counter()
+            return fn(con), time.perf_counter() - t
+
+        if self._pool is None:  # run once, when first asked for
+            done: list[tuple[Any, float]] = []
+
+            def lazy() -> tuple[Any, float]:
+                if not done:
+                    done.append(timed(self._con))
+                return done[0]
+
+            return lazy
+        fut: Future[tuple[Any, float]] = self._pool.submit(timed, self._cur)
+        return fut.result
+
+    def close(self) -> None:
+        """Wait for the queued parts and close the cursor."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._cur.close()
+
+
 def _as_dict(result: Any) -> dict[str, Any]:
     if hasattr(result, "to_dict"):
         return result.to_dict()
@@ -66,31 +114,64 @@ def summarize(
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
-    breakdown and the bimodality; idle split and cost reuse the phase breakdown.
+    breakdown and the bimodality; idle split and cost reuse the phase breakdown. The token counts
+    of the cost and the latency part run meanwhile on a second cursor (:class:`_Beside`).
     """
-    from analytics.attribution import phase_breakdown
-    from analytics.bimodal import bimodality, idle_split
-    from analytics.cost import cost_breakdown, load_prices
-    from analytics.intervals import IntervalTable
-    from analytics.latency import latency_summary
-
     out = Summary(window)
     try:  # a terminal progress bar on long queries would garble the CLI's output
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error:
         pass
 
-    def run(name: str, fn: Callable[[], Any]) -> Any:
+    def run(name: str, fn: Callable[[], Any], *, beside_s: Callable[[], float] = lambda: 0.0) -> Any:
         t = time.perf_counter()
         try:
             result = fn()
-        except (ValueError, duckdb.Error, ZeroDivisionError, KeyError) as e:
+        except _PART_ERRORS as e:
             out.missing[name] = f"{type(e).__name__}: {e}"
             return None
-        finally:
-            out.seconds[name] = time.perf_counter() - t
+        finally:  # a part run beside: its own seconds (what was waited for is in them)
+            out.seconds[name] = time.perf_counter() - t + beside_s()
         _add(out, name, result)
         return result
+
+    beside = _Beside(con)
+    try:
+        _parts(out, con, window, beside, run, prices, slo, fleet_gpus, skip)
+    finally:
+        beside.close()
+    return out
+
+
+def _parts(
+    out: Summary,
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    beside: _Beside,
+    run: Callable[..., Any],
+    prices: Any,
+    slo: Any,
+    fleet_gpus: int | None,
+    skip: frozenset[str],
+) -> None:
+    from analytics.attribution import phase_breakdown
+    from analytics.bimodal import bimodality, idle_split
+    from analytics.cost import cost_breakdown, load_prices, token_counts
+    from analytics.intervals import IntervalTable
+    from analytics.iteration_groups import iteration_groups
+    from analytics.latency import latency_summary
+
+    # on the second cursor, in this order: the iteration counts three parts read, token counts, latency
+    groups = beside.submit(lambda c: iteration_groups(c, window))
+    tokens = beside.submit(lambda c: token_counts(c, window, groups()[0]))
+    latency = beside.submit(lambda c: latency_summary(c, window, slo, iteration_groups=groups()[0]))
+    beside_s: dict[str, float] = {}  # a part's seconds on the second cursor not spent waiting for it
+
+    def wait(name: str, result: Callable[[], tuple[Any, float]]) -> Any:
+        t = time.perf_counter()
+        value, own_s = result()
+        beside_s[name] = max(0.0, own_s - (time.perf_counter() - t))
+        return value
 
     t = time.perf_counter()
     try:
@@ -100,7 +181,14 @@ def summarize(
         out.missing["intervals"] = f"{type(e).__name__}: {e}"
     out.seconds["intervals"] = time.perf_counter() - t
     try:
-        pb = run("phases", lambda: phase_breakdown(con, window, intervals=intervals)) if intervals else None
+        pb = (
+            run(
+                "phases",
+                lambda: phase_breakdown(con, window, intervals=intervals, iteration_groups=groups()[0]),
+            )
+            if intervals
+            else None
+        )
         if pb is not None:
             run("idle", lambda: idle_split(con, window, breakdown=pb))
             if "bimodal" not in skip:
@@ -110,14 +198,17 @@ def summarize(
             intervals.__exit__(None, None, None)
     price_table = prices if prices is not None else load_prices()
     cost = (
-        run("cost", lambda: cost_breakdown(con, window, price_table, breakdown=pb))
+        run(
+            "cost",
+            lambda: cost_breakdown(con, window, price_table, breakdown=pb, tokens=wait("cost", tokens)),
+            beside_s=lambda: beside_s.get("cost", 0.0),
+        )
         if pb is not None
         else None
     )
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
-    run("latency", lambda: latency_summary(con, window, slo))
-    return out
+    run("latency", lambda: wait("latency", latency), beside_s=lambda: beside_s.get("latency", 0.0))
 
 
 def _add(out: Summary, name: str, result: Any) -> None:
