@@ -13,7 +13,6 @@ maxima: the same numbers as the separate scans.
 from __future__ import annotations
 
 import uuid as uuidlib
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,9 +44,7 @@ def iteration_groups(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table
     stay those of the store when registered again)."""
     pred, params = window.node_sql("node")
     s, e = window.start_s, window.end_s
-    with warnings.catch_warnings():  # "an extra copy of the rows": a few thousand groups
-        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
-        return con.execute(_SQL.format(node=pred), [s, s, *params, e, s, s]).to_arrow_table()
+    return con.sql(_SQL.format(node=pred), params=[s, s, *params, e, s, s]).to_arrow_table()
 
 
 @contextmanager
