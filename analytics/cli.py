@@ -169,14 +169,20 @@ def _price_table(con: Any, window: Any, prices_path: str | None, given: dict[str
 
 
 def run_summary(
-    con: Any, params: dict[str, Any], *, prices_path: str | None = None, skip: frozenset[str] = frozenset()
+    con: Any,
+    params: dict[str, Any],
+    *,
+    prices_path: str | None = None,
+    skip: frozenset[str] = frozenset(),
+    beside: bool = True,
 ) -> dict[str, Any]:
     """Resolve the window of ``params`` on ``con`` and return the summary's JSON form (without the
     parts named in ``skip``).
 
     AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
     collector's API endpoint on a cursor of its writer's connection. Prices: ``prices_path`` (a
-    file), then the :data:`PRICE_PARAMS` given in ``params``.
+    file), then the :data:`PRICE_PARAMS` given in ``params``. ``beside=False``: every query on ``con``,
+    one after the other (see :func:`analytics.summary.summarize`).
     """
     from analytics.summary import summarize
 
@@ -205,7 +211,9 @@ def run_summary(
             raise AnalyticsError(f"fleet_gpus must be a whole number of GPUs, got {fleet!r}") from None
         if fleet < 1:
             raise AnalyticsError(f"fleet_gpus must be >= 1, got {fleet}")
-    return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip).to_dict()
+    return summarize(
+        con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip, beside=beside
+    ).to_dict()
 
 
 def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:

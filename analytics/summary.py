@@ -54,11 +54,11 @@ class _Beside:
     cursor in one thread while the caller builds the interval table and runs the parts on it: DuckDB
     then has a query to run while the caller's thread is in Python (the request islands, power fits,
     dip tests and pricing), so both cores stay busy. Without a ``cursor`` method (not a DuckDB
-    connection) each part runs on ``con`` when its result is asked for."""
+    connection, or ``beside=False``) each part runs on ``con`` when its result is first asked for."""
 
-    def __init__(self, con: Any) -> None:
+    def __init__(self, con: Any, beside: bool = True) -> None:
         self._con = con
-        self._cur = con.cursor() if hasattr(con, "cursor") else None
+        self._cur = con.cursor() if beside and hasattr(con, "cursor") else None
         self._pool = ThreadPoolExecutor(max_workers=1) if self._cur is not None else None
         if self._cur is not None:
             try:
@@ -109,13 +109,15 @@ def summarize(
     slo: Any = None,
     fleet_gpus: int | None = None,
     skip: frozenset[str] = frozenset(),
+    beside: bool = True,
 ) -> Summary:
     """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown. The token counts
-    of the cost and the latency part run meanwhile on a second cursor (:class:`_Beside`).
+    of the cost and the latency part run meanwhile on a second cursor (:class:`_Beside`; with
+    ``beside=False`` all of it runs on ``con``, one part after the other).
     """
     out = Summary(window)
     try:  # a terminal progress bar on long queries would garble the CLI's output
@@ -135,11 +137,11 @@ def summarize(
         _add(out, name, result)
         return result
 
-    beside = _Beside(con)
+    second = _Beside(con, beside)
     try:
-        _parts(out, con, window, beside, run, prices, slo, fleet_gpus, skip)
+        _parts(out, con, window, second, run, prices, slo, fleet_gpus, skip)
     finally:
-        beside.close()
+        second.close()
     return out
 
 
