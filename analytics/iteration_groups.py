@@ -44,6 +44,7 @@ def iteration_groups(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table
     stay those of the store when registered again)."""
     pred, params = window.node_sql("node")
     s, e = window.start_s, window.end_s
+    _finish_pending(con)  # the relation API refuses to run beside a half-fetched result
     return con.sql(_SQL.format(node=pred), params=[s, s, *params, e, s, s]).to_arrow_table()
 
 
