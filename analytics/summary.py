@@ -26,7 +26,8 @@ from analytics.window import Window
 @dataclass(slots=True)
 class Summary:
     """The parts of one window's analysis (each a JSON-able dict), what is missing, and the trust
-    labels of the whole."""
+    labels of the whole. ``seconds``: each part's own run time; token counts and latency run beside
+    the other parts (:class:`_Beside`), so the parts can add up to more than the wall time."""
 
     window: Window
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
