@@ -653,6 +653,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _error(f"--db {args.db} is a directory; give a DuckDB file path")
     if not db.parent.is_dir():
         return _error(f"--db {args.db}: the folder {db.parent} does not exist")
+    if args.device != "auto":
+        from serving.devices.errors import DeviceValueError
+        from serving.devices.registry import parse_device_spec
+
+        try:
+            for spec in args.device.split(","):
+                parse_device_spec(spec)
+        except DeviceValueError as e:
+            return _error(f"--device {args.device}: {e}; or auto")
     for what, (port, flag) in ports.items():
         message = port_error(port, what, flag)
         if message:

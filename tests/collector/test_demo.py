@@ -134,7 +134,7 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
             str(tmp_path / "d.duckdb"),
             *ports,
             "--device",
-            "emulated:no-such-gpu",
+            "cuda:99",  # a well-formed spec (a bad one is refused before anything starts) of no GPU here
             *only_serving,
         ],
         cwd=ROOT,
@@ -144,7 +144,7 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
     )
     assert done.returncode == 1
     assert "error: serving exited with code 2 before it came up; the end of " in done.stderr
-    assert "bad device spec 'emulated:no-such-gpu'" in done.stderr  # the child's own reason
+    assert "asked for cuda:99 but" in done.stderr  # the child's own reason
     assert "stopping serving" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "d.duckdb").exists()
 
@@ -157,6 +157,8 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
         (["--exit-after", "-1"], "--exit-after must be in (0, 604800] s, got -1"),
         (["--serve-port", "70000"], "--serve-port must be in [1, 65535], got 70000"),
         (["--serve-port", "9", "--collector-port", "9"], "both ask for port 9; change --collector-port"),
+        (["--device", "bogus"], "--device bogus: bad device spec 'bogus': expected 'cpu', 'cuda', 'cuda:N'"),
+        (["--device", "cpu,emulated:h1"], "--device cpu,emulated:h1: bad device spec 'emulated:h1'"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys, args, message):
