@@ -652,6 +652,12 @@ def _report_through(
     try:
         with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
             r = c.post("/api/v1/reports", json=params)
+            if r.status_code in (401, 403):
+                raise ReportError(
+                    f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}. Pass the collector's "
+                    "control token with --token TOKEN or $PHASELENS_CONTROL_TOKEN (`phaselens demo` prints "
+                    "it as its 'control token')"
+                )
             if r.status_code != 200:
                 raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}")
             info = r.json()
