@@ -302,10 +302,6 @@ def _gpu_time(page: _Page, ov: dict[str, Any] | None) -> str:
         return "".join(out)
     pools = _pools((gt.get("per_pool") or {}).keys())
     fig = gpu_time_figure(gt, pools, gt.get("trust") or [], with_fleet=True)
-    # the legend under the bars (as on the page's other charts), 40 px further down the fewer the
-    # rows: above them it shared the top line with the trust labels, which hid its last entries
-    rows = len(fig.data[0].y)
-    fig.update_layout(legend={"yanchor": "top", "y": -1.28 / (rows + 1)}, height=fig.layout.height + 40)
     out.append(page.chart(fig))
     out.append(
         f'<p class="meta">{_gpu_hours(gt.get("gpu_seconds"))} of GPU-time. Stranded: busy, but with the '
