@@ -18,7 +18,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard.api import TIME_COLUMNS, ApiError, CollectorApi, ServiceUnavailable, TableRead, api_url
+from dashboard.api import (
+    API_URL_ENV,
+    TIME_COLUMNS,
+    ApiError,
+    CollectorApi,
+    ServiceUnavailable,
+    TableRead,
+    api_url,
+)
 from dashboard.figures import TRUST_COLOURS, TRUST_ORDER, label_figure, ordered_labels
 
 # pages name these through here
@@ -267,6 +275,13 @@ def service_errors() -> Iterator[None]:
     try:
         yield
     except ServiceUnavailable as e:
+        if e.bad_url:
+            st.error(
+                f"**`{API_URL_ENV}` is not an http(s) URL**: `{e.url}`. Give the collector's URL with its "
+                f"scheme, e.g. `{API_URL_ENV}=http://127.0.0.1:8900`.",
+                icon=":material/link_off:",
+            )
+            st.stop()
         st.error(
             f"**The phaselens service is not reachable** at `{e.url}`.\n\n"
             f"Start it with `phaselens collect --db phaselens.duckdb`, or point the dashboard at a "

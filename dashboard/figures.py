@@ -327,14 +327,16 @@ def gpu_time_figure(
         )
     fig.update_layout(
         barmode="stack",
-        height=120 + 46 * len(rows),
+        height=160 + 46 * len(rows),
         margin={"l": 10, "r": 10, "t": 36, "b": 10},
         xaxis={"title": {"text": "share of GPU-time, %"}, "range": [0, 100.5], "ticksuffix": " %"},
         yaxis={"automargin": True, "autorange": "reversed"},
+        # under the bars, further down the fewer the rows (the plot is shorter): above them the
+        # legend shared the top line with the trust labels, which hid its last entries
         legend={
             "orientation": "h",
-            "yanchor": "bottom",
-            "y": 1.02,
+            "yanchor": "top",
+            "y": -1.28 / (len(rows) + 1),
             "x": 0,
             "font": {"size": 12},
             "traceorder": "normal",

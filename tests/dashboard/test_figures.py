@@ -208,3 +208,14 @@ def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
         window_s=(0.0, 600.0),
     )
     assert att.data[0].width == pytest.approx(54_000)  # 90 % of a 60 s bucket, in ms on a date axis
+
+
+@pytest.mark.parametrize("pools", [None, ["prefill", "decode"]])
+def test_gpu_time_legend_is_under_the_bars_clear_of_the_trust_labels(pools):
+    shares = dict.fromkeys(figures.GPU_TIME_COLOURS, 0.2)
+    gpu_time = {"shares": shares, "per_pool": {"prefill": shares, "decode": shares}, "names": {}}
+    fig = figures.gpu_time_figure(gpu_time, pools, ["emulated", "host-bound"], with_fleet=True)
+    (label,) = fig.layout.annotations  # the trust labels: on the line above the plot, top right
+    assert label.y == 1.0 and label.yanchor == "bottom" and "EMULATED" in label.text
+    # the legend was on that line too (y 1.02, anchored at its bottom) and the labels hid its end
+    assert fig.layout.legend.yanchor == "top" and fig.layout.legend.y < 0
