@@ -394,11 +394,25 @@ def _fit_lines(parts: dict[str, Any]) -> list[str]:
             + [_cell(coef.get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
             + [_cell(f.get("r2"))]
         )
-    return _rows(
+    out = _rows(
         "Power model per GPU (W while in each state; apportions each interval's measured energy)",
         ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"],
         sorted(rows),
     )
+    bounds = {
+        gpu: f"[0, {f['bound_w']:,.0f} W] ({f.get('bound_source')})"
+        if f.get("bound_w") is not None
+        else "none"
+        for gpu, f in fits.items()
+    }
+    if len(set(bounds.values())) == 1 and bounds:
+        out.append(f"  bound on each state's power: {next(iter(bounds.values()))}")
+    for gpu, f in sorted(fits.items()):
+        notes = [n for n in f.get("notes") or [] if " time in the window: its power is not fitted" not in n]
+        if len(set(bounds.values())) > 1:
+            notes.insert(0, f"bound on each state's power: {bounds[gpu]}")
+        out += [f"  GPU {gpu.rsplit('|', 1)[-1]}: {n}" for n in notes]
+    return out
 
 
 def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
