@@ -65,6 +65,11 @@ class Window:
             return f"{clause} AND {column} IN ({marks})", list(self.nodes)
         return clause, []
 
+    def label(self) -> str:
+        """The window for a message: its data set and UTC times (``live, 2026-12-02 04:15:46 –
+        04:30:46 UTC``); JSON keeps the epoch seconds (:meth:`describe`)."""
+        return f"{self.dataset}, {utc(self.start_s)} – {utc(self.end_s, same_day_as=self.start_s)}"
+
     def describe(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
@@ -73,6 +78,17 @@ class Window:
             "duration_s": self.duration_s,
             "nodes": list(self.nodes) if self.nodes else None,
         }
+
+
+def utc(ts_s: float, *, same_day_as: float | None = None) -> str:
+    """Epoch seconds as a UTC time for people: ``2026-12-02 04:15:46 UTC``; only ``04:30:46 UTC``
+    when ``same_day_as`` falls on the same UTC day. Times that are not finite are shown as given."""
+    if ts_s is None or not math.isfinite(ts_s):
+        return str(ts_s)
+    t = time.gmtime(ts_s)
+    if same_day_as is not None and math.isfinite(same_day_as) and time.gmtime(same_day_as)[:3] == t[:3]:
+        return time.strftime("%H:%M:%S UTC", t)
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", t)
 
 
 def parse_span_s(text: str) -> float:

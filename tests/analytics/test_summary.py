@@ -67,6 +67,21 @@ def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsy
     assert rc == 0
     summary = json.loads(out)
     assert "simulated" not in summary["trust"]["labels"]  # live never includes scenario rows
+    # ... and says what the store does hold: the scenarios to name with --dataset
+    ids = [s["scenario_id"] for s in scenarios_of(sim_db)]
+    hint = summary["missing"]["window"]
+    assert "--dataset latest" in hint and all(i in hint for i in ids) and "2 simulated scenario(s)" in hint
+    rc, out, _ = _analyze(capsys, "--db", str(sim_db), "--since", "30d")
+    assert rc == 0 and "trust: no data" in out and "--dataset latest" in out
+
+
+def scenarios_of(db):
+    import duckdb
+
+    from analytics.window import scenarios
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return scenarios(con)
 
 
 @pytest.mark.parametrize(
