@@ -117,7 +117,31 @@ def summarize(
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
     run("latency", lambda: latency_summary(con, window, slo))
+    run("serving", lambda: serving_span(con, window))
     return out
+
+
+def serving_span(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, Any]:
+    """When the window was serving: the union of its requests' spans (arrival to finish, or to the
+    last time known of an unfinished one), clipped to the window — ``span_s`` (seconds with at
+    least one request in flight), ``first_s``/``last_s``, ``requests``; ``span_s`` None where no
+    request lies in the window. What the overview's output tokens/s divides by."""
+    pred, par = window.node_sql("node")
+    end = "coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)"  # the last time known of it
+    n, first, last, span = con.execute(
+        f"""
+WITH r AS (
+    SELECT greatest(arrival_s, ?) AS a, least({end}, ?) AS f
+    FROM requests WHERE {pred} AND arrival_s < ? AND {end} > ?
+),
+m AS (  -- each span's part beyond every earlier-starting one: they sum to the union's length
+    SELECT a, f, max(f) OVER (ORDER BY a, f ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_f FROM r
+)
+SELECT count(*), min(a), max(f), sum(greatest(0.0, f - greatest(a, coalesce(prev_f, a)))) FROM m
+""",
+        [window.start_s, window.end_s, *par, window.end_s, window.start_s],
+    ).fetchone()
+    return {"requests": int(n), "first_s": first, "last_s": last, "span_s": span if n else None}
 
 
 def _add(out: Summary, name: str, result: Any) -> None:
