@@ -48,6 +48,10 @@ SARLE_THRESHOLD = 5.0 / 9.0
 #: dip-test p-value below which the distribution is called bimodal (multimodal).
 DIP_ALPHA = 0.05
 _MIN_POINTS = 4  # Sarle's coefficient needs n > 3; the dip test and the mixture need a few points
+#: SM activity with a smaller standard deviation (points of %) has no spread to hold two modes: the
+#: mixture floors each component's std at this (``gaussian_mixture_2``'s ``min_std``), so its two
+#: centres coincide, and Sarle's b only measures the skew of a few spikes off a constant.
+NO_SPREAD_STD_PCT = 0.5
 
 
 # -- two-component Gaussian mixture -----------------------------------------------------------------
@@ -426,6 +430,10 @@ def _bimodality_from(
             dip_n=len(x),
         )
         row.update(_dip_and_mixture(x))
+        std = row["std_sm_pct"]
+        row["no_spread"] = n >= _MIN_POINTS and (std is None or std < NO_SPREAD_STD_PCT)
+        if row["no_spread"]:  # bimodality is not defined: no test result, no modes, no Sarle's b
+            row.update(dict.fromkeys(_DIP_KEYS), sarle=None)
         for y in ("sm", "util", "dram"):
             p, d = _phase_activity(rec, y)
             row[f"{y}_prefill_pct"], row[f"{y}_decode_pct"] = p, d
@@ -437,8 +445,11 @@ def _bimodality_from(
         label = _label(row)
         if n < _MIN_POINTS:
             missing.append(f"{label}: {n} intervals with SM activity: too few for the dip test and mixture")
-        elif row["std_sm_pct"] in (None, 0.0):
-            missing.append(f"{label}: SM activity is constant: no distribution to test")
+        elif row["no_spread"]:
+            missing.append(
+                f"{label}: constant / no spread (SM activity std {std or 0.0:.2f} points < "
+                f"{NO_SPREAD_STD_PCT:g}): bimodality not defined"
+            )
         if row["sm_prefill_pct"] is None and scope != "pool_hour":
             missing.append(f"{label}: no prefill time: SM activity during prefill unknown")
         if row["sm_decode_pct"] is None and scope != "pool_hour":
@@ -500,19 +511,21 @@ def _draw(
     return np.concatenate(out)
 
 
+_DIP_KEYS = (
+    "dip",
+    "dip_p_value",
+    "bimodal",
+    "mode_low_pct",
+    "mode_high_pct",
+    "std_low_pct",
+    "std_high_pct",
+    "weight_low",
+    "weight_high",
+)
+
+
 def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
-    keys = (
-        "dip",
-        "dip_p_value",
-        "bimodal",
-        "mode_low_pct",
-        "mode_high_pct",
-        "std_low_pct",
-        "std_high_pct",
-        "weight_low",
-        "weight_high",
-    )
-    out: dict[str, Any] = dict.fromkeys(keys)
+    out: dict[str, Any] = dict.fromkeys(_DIP_KEYS)
     if len(x) < _MIN_POINTS or float(np.ptp(x)) == 0.0:
         return out
     dip, p = diptest.diptest(np.sort(x))

@@ -316,7 +316,11 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
             else f"  GPU {str(r.get('gpu', '')).rsplit('|', 1)[-1]}"
         )
         modes = (
-            f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
+            "constant / no spread: bimodality not defined"
+            if r.get("no_spread")
+            else "—"
+            if r.get("mode_low_pct") is None
+            else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
             f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
         )
         rows.append(
@@ -329,7 +333,7 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
                 _cell(r.get("dip")),
                 _cell(r.get("dip_p_value")),
                 _cell(r.get("sarle")),
-                "yes" if r.get("bimodal") else "no",
+                "—" if r.get("bimodal") is None else "yes" if r.get("bimodal") else "no",
                 modes,
             ]
         )
