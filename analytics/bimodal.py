@@ -450,9 +450,10 @@ def _bimodality_from(
                 f"{label}: constant / no spread (SM activity std {std or 0.0:.2f} points < "
                 f"{NO_SPREAD_STD_PCT:g}): bimodality not defined"
             )
-        if row["sm_prefill_pct"] is None and scope != "pool_hour":
+        # a disaggregated pool's GPUs run one phase: the other's activity is not missing there
+        if row["sm_prefill_pct"] is None and scope != "pool_hour" and row["role"] != "decode":
             missing.append(f"{label}: no prefill time: SM activity during prefill unknown")
-        if row["sm_decode_pct"] is None and scope != "pool_hour":
+        if row["sm_decode_pct"] is None and scope != "pool_hour" and row["role"] != "prefill":
             missing.append(f"{label}: no decode time: SM activity during decode unknown")
         if both is None or both == 0:
             missing.append(f"{label}: no interval with both utilization % and SM activity: gap unknown")

@@ -233,6 +233,10 @@ def test_simulated_1p1d_separates_the_two_modes_by_gpu(sim):
     gb = bimodality(con, w).table
     gb = gb[gb["scope"] == "gpu"].set_index("role")
     assert gb.loc["prefill", "sm_prefill_pct"] > 40 and gb.loc["decode", "sm_decode_pct"] < 30
+    # a decode pool runs no prefill (and vice versa) by design: not a missing item
+    missing = bimodality(con, w).missing
+    assert not any("no prefill time" in m and "decode" in m for m in missing), missing
+    assert not any("no decode time" in m and "prefill" in m for m in missing), missing
 
 
 @pytest.mark.parametrize("bucket_s", [0.0, None])
