@@ -723,8 +723,7 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: Interval
     lagged = int(issues["lagged"])
     if raw.empty:
         missing.append(
-            f"no GPU sample intervals in the window ({window.dataset}, {window.start_s:.3f}–{window.end_s:.3f} s): "
-            "a window needs two samples of a GPU"
+            f"no GPU sample intervals in the window ({window.label()}): a window needs two samples of a GPU"
         )
         missing += _issue_notes(issues)
         empty = pd.DataFrame(columns=[*_GPU_KEY, "role", *_SUM_COLS])

@@ -41,7 +41,7 @@ from analytics.attribution import (
 )
 from analytics.intervals import SM_SHIFT_PCT
 from analytics.trust import ESTIMATED, Trust
-from analytics.window import Window
+from analytics.window import Window, utc
 
 #: Sarle's coefficient above this (the value of a uniform distribution) suggests bimodality.
 SARLE_THRESHOLD = 5.0 / 9.0
@@ -485,7 +485,7 @@ def _label(row: dict[str, Any]) -> str:
     if row["scope"] == "pool":
         return f"pool {row['role']}"
     if row["scope"] == "pool_hour":
-        return f"pool {row['role']} hour {row['hour_s']:.0f}"
+        return f"pool {row['role']} hour from {utc(row['hour_s'])}"
     return f"GPU {row['gpu']}"
 
 

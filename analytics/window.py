@@ -45,7 +45,10 @@ class Window:
                 f"window bounds must be finite epoch seconds, got {self.start_s}, {self.end_s}"
             )
         if self.end_s <= self.start_s:
-            raise AnalyticsError(f"window end {self.end_s} is not after its start {self.start_s}")
+            raise AnalyticsError(
+                f"window end {utc(self.end_s)} ({self.end_s:.3f} s) is not after its start "
+                f"{utc(self.start_s)} ({self.start_s:.3f} s)"
+            )
 
     @property
     def duration_s(self) -> float:

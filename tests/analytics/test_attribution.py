@@ -312,6 +312,10 @@ def test_empty_window_says_so(tmp_path):
     pb = phase_breakdown(con, WINDOW)
     assert pb.per_gpu.empty and pb.fits == {}
     assert any("no GPU sample intervals" in m for m in pb.missing)
+    # the window in UTC for people, not epoch seconds (the JSON's window keeps those)
+    assert any("(live, 1970-01-01 00:01:40 UTC – 00:01:45 UTC)" in m for m in pb.missing), pb.missing
+    assert not any("100.000" in m for m in pb.missing)
+    assert pb.to_dict()["window"]["start_s"] == 100.0
     assert str(pb.trust) == "no data"
     assert gpu_intervals(con, WINDOW).empty
 
