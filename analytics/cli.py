@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from analytics.window import LIVE, AnalyticsError, parse_span_s
+from analytics.window import LIVE, AnalyticsError, check_epoch_s, parse_span_s
 
 
 def add_analyze_command(sub: Any) -> None:
@@ -275,6 +275,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
     try:
+        check_epoch_s("--start-s", args.start_s)
+        check_epoch_s("--end-s", args.end_s)
         if args.collector:
             import httpx
 

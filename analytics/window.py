@@ -102,9 +102,29 @@ def parse_span_s(text: str) -> float:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except (ValueError, KeyError):
         raise AnalyticsError(f"{text!r} is not a time span; use e.g. 90s, 30m, 1h or 2d") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise AnalyticsError(f"time span {text!r} must be finite; use e.g. 90s, 30m, 1h or 2d")
+    if value <= 0:
         raise AnalyticsError(f"time span {text!r} must be > 0")
     return value
+
+
+#: 2000-01-01 00:00:00 UTC: a window time before it is a typo (a span, a negative number), not data
+EARLIEST_S = 946_684_800.0
+
+
+def check_epoch_s(name: str, value: float | None) -> None:
+    """AnalyticsError unless ``value`` (``--start-s`` / ``--end-s`` given by a person) is None or a
+    finite UTC epoch time from 2000 on."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise AnalyticsError(f"{name} must be finite UTC epoch seconds, got {value}")
+    if value < EARLIEST_S:
+        raise AnalyticsError(
+            f"{name} {value:g} is {utc(value)}: give UTC epoch seconds from 2000 on "
+            f"(e.g. {time.time():.0f} is now), or --since SPAN for the last SPAN"
+        )
 
 
 def scenarios(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -91,6 +91,11 @@ def scenarios_of(db):
         (["--dataset", "no-such-scenario"], "unknown data set 'no-such-scenario'"),
         (["--slo-ttft-ms", "-5"], "slo_ttft_ms must be > 0"),
         (["--fleet-gpus", "0"], "fleet_gpus must be >= 1"),
+        (["--since", "inf"], "time span 'inf' must be finite"),
+        (["--since", "0"], "time span '0' must be > 0"),
+        (["--start-s", "-5"], "--start-s -5 is 1969-12-31 23:59:55 UTC: give UTC epoch seconds from 2000 on"),
+        (["--start-s", "1796185000", "--end-s", "3600"], "--end-s 3600 is 1970-01-01 01:00:00 UTC"),
+        (["--start-s", "nan"], "--start-s must be finite"),
     ],
 )
 def test_bad_arguments_are_named(sim_db, capsys, args, says):
