@@ -10,6 +10,7 @@ itself or asked the service.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -235,9 +236,27 @@ def _ms(x: Any) -> str:
 
 
 def _usd(x: Any) -> str:
+    """Money to 3 significant figures ($4.31, $0.117, $0.00160, $35.6), whole dollars from $100."""
     if x is None or x != x:
         return "—"
-    return f"${x:,.4f}" if abs(x) < 1 else f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+    if x == 0 or abs(x) >= 100:
+        return f"${x:,.0f}"
+    return f"${x:,.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def _p_value(p: Any) -> str:
+    """A dip-test p-value: ``< 0.001`` rather than a 0, else 3 decimals below 0.1, 2 above."""
+    if p is None or p != p:
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _slo_ms(x: Any) -> str:
+    """An SLO threshold in ms, every threshold the same way: ``2,000``, ``100``, ``62.5``."""
+    if x is None or x != x:
+        return "—"
+    ms = 1000 * x
+    return f"{ms:,.0f}" if abs(ms - round(ms)) < 1e-9 else f"{ms:,.1f}"
 
 
 def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
@@ -331,7 +350,7 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
                 _cell(r.get("sm_decode_pct")),
                 _cell(r.get("util_pct")),
                 _cell(r.get("dip")),
-                _cell(r.get("dip_p_value")),
+                _p_value(r.get("dip_p_value")),
                 _cell(r.get("sarle")),
                 "—" if r.get("bimodal") is None else "yes" if r.get("bimodal") else "no",
                 modes,
@@ -406,7 +425,7 @@ def _latency_lines(parts: dict[str, Any]) -> list[str]:
     slo = lat.get("slo") or {}
     if att:
         out.append(
-            f"  SLO attainment (TTFT ≤ {_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_ms(slo.get('tpot_s'))} ms):"
+            f"  SLO attainment (TTFT ≤ {_slo_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_slo_ms(slo.get('tpot_s'))} ms):"
             f" {_pct(att.get('both'))} of {lat.get('requests', 0):,} requests ({lat.get('failed', 0):,} failed)"
         )
     return out

@@ -123,3 +123,37 @@ def test_the_collector_serves_the_same_summary(sim_db, tmp_path, capsys):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_format_summary_prints_p_values_money_and_slos_one_way():
+    from analytics.summary import format_summary
+
+    summary = {
+        "window": {"dataset": "live", "start_s": 1796185700.0, "end_s": 1796186100.0, "duration_s": 400.0},
+        "trust": {"labels": ["emulated"], "notes": []},
+        "parts": {
+            "bimodal": {
+                "table": [{"scope": "pool", "role": "decode", "n": 10, "dip_p_value": 0.0, "bimodal": True}]
+            },
+            "cost": {
+                "total": {
+                    "usd_per_1m_output": 4.3149,
+                    "usd_per_1m_output_decode": 1.0712,
+                    "usd_per_1m_output_stranded": 35.591,
+                    "usd_per_1m_output_host_bound": 0.11662,
+                    "usd_per_1m_output_idle": 0.0016012,
+                    "cost_usd": 1234.4,
+                }
+            },
+            "latency": {"slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "attainment": {"both": 0.9}, "requests": 10},
+        },
+        "missing": {},
+    }
+    out = format_summary(summary)
+    decode_row = next(line for line in out.splitlines() if line.strip().startswith("decode"))
+    assert "< 0.001" in decode_row and " 0 " not in decode_row
+    assert (
+        "$/1M output tokens $4.31  = decode $1.07 + stranded $35.6 + host-bound $0.117 + idle $0.00160" in out
+    )
+    assert "window cost $1,234 for" in out
+    assert "(TTFT ≤ 2,000 ms and TPOT ≤ 100 ms)" in out
