@@ -627,6 +627,44 @@ WHERE prev_end_s > start_s + 1e-9 AND gpu_uuid IS NOT NULL""",
     }
 
 
+#: A GPU's samples further apart than this many sampling periods (and at least GAP_MIN_S) leave its
+#: time between them not sampled (a collector restart, a lost exporter).
+GAP_PERIODS = 5.0
+GAP_MIN_S = 5.0
+
+
+def sample_gaps(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, dict[str, float]]:
+    """Per GPU (``gpu_key``) with a gap in its samples: ``gaps`` (how many), ``gap_s`` (their total),
+    ``longest_s`` and ``threshold_s`` — consecutive samples further apart than ``GAP_PERIODS`` × the
+    GPU's mean sampling period in the window, and at least ``GAP_MIN_S``. Found on cells of
+    ``GAP_MIN_S / 2`` seconds (one grouped scan of the samples, then a sort of the cells): a gap
+    longer than the threshold spans a cell edge, and there the distance between the last sample of
+    one non-empty cell and the first of the next is exactly the gap."""
+    pred, par = window.node_sql("node")
+    cell = GAP_MIN_S / 2.0
+    rows = con.execute(
+        f"""
+WITH c AS (
+    SELECT node, source, device, "index", floor(ts_s / {cell!r})::BIGINT AS k,
+           min(ts_s) AS f, max(ts_s) AS l, count(*) AS n
+    FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL
+),
+g AS (
+    SELECT *, f - lag(l) OVER w AS dt,
+           greatest({GAP_MIN_S!r}, {GAP_PERIODS!r} * (max(l) OVER a - min(f) OVER a)
+                    / greatest(sum(n) OVER a - 1, 1)) AS thr
+    FROM c WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY k),
+                  a AS (PARTITION BY node, source, device, "index")
+)
+SELECT node, source, device, "index", count(*), sum(dt), max(dt), any_value(thr)
+FROM g WHERE dt > thr GROUP BY ALL ORDER BY ALL""",
+        [*par, window.start_s, window.end_s],
+    ).fetchall()
+    return {
+        gpu_key(*r[:4]): {"gaps": r[4], "gap_s": r[5], "longest_s": r[6], "threshold_s": r[7]} for r in rows
+    }
+
+
 def _issue_notes(issues: dict[str, int]) -> list[str]:
     """What the bad iteration rows counted by :func:`_iteration_issues` mean for the result."""
     notes: list[str] = []
@@ -782,6 +820,14 @@ def _breakdown_from(con: duckdb.DuckDBPyConnection, window: Window, iv: Interval
         if rec["mig"] > 0:
             missing.append(
                 f"{name}: MIG instance: energy is counted once on its physical GPU's row, not here"
+            )
+    shown = {gpu_key(*k) for k in raw[list(_GPU_KEY)].drop_duplicates().itertuples(index=False)}
+    for key, gap in sample_gaps(con, window).items():
+        if key in shown:
+            missing.append(
+                f"{key}: not sampled for {gap['gap_s']:.1f} s ({gap['gaps']} gap(s) between samples longer than "
+                f"{gap['threshold_s']:.1f} s, i.e. {GAP_PERIODS:g} sampling periods and at least {GAP_MIN_S:g} s; "
+                f"longest {gap['longest_s']:.1f} s): still counted as idle time and cost where no work is known"
             )
     for key, fit in fits.items():
         missing += [f"{key}: {m}" for m in fit.missing]

@@ -20,6 +20,7 @@ from analytics.attribution import (
     gpu_key,
     nnls_gram,
     phase_breakdown,
+    sample_gaps,
 )
 from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
 from analytics.window import Window
@@ -305,6 +306,19 @@ def test_a_thin_state_takes_the_pooled_fit_of_its_models_gpus(tmp_path):
     # the pooled fit over both GPUs: exact as well (both were made from 500 / 100 W)
     assert fit0.coef_w["prefill"] == pytest.approx(500.0, rel=1e-6)
     assert any("pooled fit of the 2 GPUs" in n for n in fit0.notes) and fit0.missing == []
+
+
+def test_a_gap_in_the_samples_is_counted_and_reported(tmp_path, hand):
+    # 1 s sampling, 100..110 and 130..140: one 20 s gap (> max(5 s, 5 × the mean period 40/21 s))
+    ts = [100.0 + i for i in range(11)] + [130.0 + i for i in range(11)]
+    con = make_store(tmp_path / "gap.duckdb", {"gpu_samples": samples(ts, counter_mj([100.0] * 21))})
+    w = Window(100.0, 141.0, "live")
+    gaps = sample_gaps(con, w)
+    assert gaps[KEY]["gaps"] == 1 and gaps[KEY]["gap_s"] == pytest.approx(20.0)
+    assert gaps[KEY]["threshold_s"] == pytest.approx(5 * 40 / 21)
+    pb = phase_breakdown(con, w)
+    assert any(m.startswith(KEY) and "not sampled for 20.0 s (1 gap(s)" in m for m in pb.missing), pb.missing
+    assert sample_gaps(hand, WINDOW) == {}  # regular 1 s samples: no gap
 
 
 def test_empty_window_says_so(tmp_path):
