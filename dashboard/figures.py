@@ -151,6 +151,8 @@ def _num(v: Any) -> float:
 def dip_verdict(row: Mapping[str, Any] | None) -> str:
     """The dip test's result in words: ``bimodal, dip p < 0.001``, ``unimodal, dip p = 0.42``, or
     why the test did not run."""
+    if (row or {}).get("no_spread"):
+        return "constant / no spread: bimodality not defined"
     p = _num((row or {}).get("dip_p_value"))
     if p != p:
         return "dip test not run (too few or constant values)"

@@ -53,6 +53,8 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         help_lines.append(f"Previous period: {fig.get('previous_no_data') or 'no data'}")
     else:
         help_lines.append(f"Previous period: {figures.figure_text(key, previous)}")
+    if fig.get("basis"):
+        help_lines.insert(0, f"Rate {fig['basis']}")
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
         help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
@@ -68,6 +70,8 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
             st.caption(str(fig.get("no_data") or "no data"))
         else:
             common.trust_badges(fig.get("trust") or [])
+            if fig.get("basis"):
+                st.caption(str(fig["basis"]))
         if value is not None and previous is None and any_previous:
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 

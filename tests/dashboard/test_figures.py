@@ -33,6 +33,11 @@ def test_dip_verdict_in_words(p, words):
     assert figures.dip_verdict({"dip_p_value": p}) == words
 
 
+def test_dip_verdict_of_a_distribution_without_spread():
+    verdict = figures.dip_verdict({"dip_p_value": None, "no_spread": True})
+    assert verdict == "constant / no spread: bimodality not defined"
+
+
 def test_histogram_shares_modes_and_labels():
     group = {
         "pool": "mixed",
