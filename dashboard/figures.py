@@ -66,15 +66,21 @@ def ordered_labels(labels: Iterable[str]) -> list[str]:
     return [label for label in TRUST_ORDER if label in given] + sorted(given - set(TRUST_ORDER))
 
 
+def trust_markup(labels: Iterable[str]) -> str:
+    """The trust labels as every chart writes them: upper case, each in its colour, in
+    :func:`ordered_labels` order (markup that both Plotly's text and HTML read); empty for none."""
+    return " · ".join(
+        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>"
+        for lb in ordered_labels(labels)
+    )
+
+
 def label_figure(fig: go.Figure, labels: Iterable[str]) -> go.Figure:
     """Write the trust labels into the chart itself (top right), so that a screenshot or an
     exported image still says how far the numbers can be trusted."""
-    labels = ordered_labels(labels)
-    if not labels:
+    text = trust_markup(labels)
+    if not text:
         return fig
-    text = " · ".join(
-        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>" for lb in labels
-    )
     fig.add_annotation(
         text=f"<b>{text}</b>",
         xref="paper",
@@ -293,6 +299,20 @@ GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category lo
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
 
 
+def gpu_time_rows(
+    gpu_time: Mapping[str, Any], pools: Sequence[str] | None, *, with_fleet: bool = False
+) -> list[tuple[str, Mapping[str, float]]]:
+    """The bars of a GPU-time chart, (name, shares by :data:`GPU_TIME_COLOURS` key): the ``pools``
+    named (or all GPUs when none of them has data), all GPUs first with ``with_fleet``."""
+    rows: list[tuple[str, Mapping[str, float]]] = []
+    per_pool = gpu_time.get("per_pool") or {}
+    if pools:
+        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
+    if not rows or (with_fleet and len(rows) > 1):
+        rows.insert(0, ("all GPUs", gpu_time["shares"]))
+    return rows
+
+
 def gpu_time_figure(
     gpu_time: Mapping[str, Any],
     pools: Sequence[str] | None,
@@ -300,15 +320,10 @@ def gpu_time_figure(
     *,
     with_fleet: bool = False,
 ) -> go.Figure:
-    """Where GPU-time goes (``analytics.overview.gpu_time``): a stacked horizontal bar per row — the
-    ``pools`` named (or all GPUs when none of them has data), all GPUs first with ``with_fleet``."""
+    """Where GPU-time goes (``analytics.overview.gpu_time``): a stacked horizontal bar per row of
+    :func:`gpu_time_rows`. (The Overview draws the same bars without Plotly: ``dashboard.share_bar``.)"""
     names = gpu_time.get("names") or {}
-    rows: list[tuple[str, Mapping[str, float]]] = []
-    per_pool = gpu_time.get("per_pool") or {}
-    if pools:
-        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
-    if not rows or (with_fleet and len(rows) > 1):
-        rows.insert(0, ("all GPUs", gpu_time["shares"]))
+    rows = gpu_time_rows(gpu_time, pools, with_fleet=with_fleet)
     fig = go.Figure()
     for key, colour in GPU_TIME_COLOURS.items():
         xs = [100 * shares.get(key, 0.0) for _, shares in rows]
