@@ -91,7 +91,9 @@ def _axis() -> str:
     ticks = []
     for t in TICKS_PCT:
         shift = "0" if t == 0 else "-100%" if t == 100 else "-50%"
-        ticks.append(f"<span style='position:absolute;left:{t}%;transform:translateX({shift})'>{t} %</span>")
+        ticks.append(
+            f"<span style='position:absolute;left:{t}%;transform:translateX({shift});white-space:nowrap'>{t} %</span>"
+        )
     return (
         "<div></div><div style='position:relative;height:18px;border-top:1px solid #9aa0a6;"
         f"font-size:12px;color:#555'>{''.join(ticks)}</div>"

@@ -84,7 +84,9 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     w = body.get("window") or {}
     if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
         st.caption(
-            f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+            common.plain_md(
+                f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+            )
         )
     money = body.get("money") or {}
     if money.get("sentence"):

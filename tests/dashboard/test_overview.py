@@ -3,9 +3,12 @@ fleet, an empty store, and (tests/dashboard/test_app.py) a service that is down.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.common import plain_md
 from dashboard.figures import GPU_TIME_COLOURS
 from tests.collector.conftest import start_collector
 from tests.dashboard.conftest import APP, Fleet, GpuTimeBar, _stop
@@ -124,3 +127,15 @@ def test_empty_store_is_a_message(tmp_path, monkeypatch):
         assert "No GPU time, tokens or requests in this window" in at.info[0].value
     finally:
         _stop(proc)
+
+
+# Streamlit's frontend loads its emoji library for a markdown text this matches (StreamlitMarkdown)
+STREAMLIT_EMOJI = re.compile(r":(?!material/|streamlit:)[\w+-][\w_+-]*:")
+
+
+def test_clock_times_and_layout_names_in_markdown_do_not_look_like_emoji_codes():
+    text = "simulated · agg:8xh100-sxm:tp2 · llama (s1), 2026-12-02 04:20:13 – 05:20:13 UTC"
+    assert STREAMLIT_EMOJI.search(text)
+    md = plain_md(text)
+    assert not STREAMLIT_EMOJI.search(md)
+    assert md.replace("\\:", ":") == text  # markdown shows an escaped colon as a colon
