@@ -18,10 +18,8 @@ from dashboard.figures import GPU_TIME_COLOURS, MIN_LABEL_SHARE, gpu_time_rows, 
 
 AXIS_TITLE = "share of GPU-time, %"
 TICKS_PCT = (0, 25, 50, 75, 100)
-_FONT = "font-family:'Source Sans Pro','Source Sans 3',sans-serif"
-
-
-DARK_TEXT = "#1f2430"
+DARK_TEXT = "#1f2430"  # segment text on light colours (white on dark ones: text_colour)
+_FONT = "font-family:'Source Sans Pro','Source Sans 3',sans-serif"  # Streamlit's own
 
 
 def _luminance(colour: str) -> float:
