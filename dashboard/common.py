@@ -8,6 +8,7 @@ and reads through :func:`read_table` (or :func:`client`), inside :func:`service_
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -308,11 +309,20 @@ def empty_window(what: str, sel: Selection) -> None:
 
 
 def describe_window(sel: Selection) -> str:
+    """The data set and window in words, for markdown (colons escaped: :func:`plain_md`)."""
     start, end = sel.window()
     fmt = "%Y-%m-%d %H:%M:%S"
     a = datetime.fromtimestamp(start, UTC).strftime(fmt)
     b = datetime.fromtimestamp(end, UTC).strftime("%H:%M:%S")
-    return f"{sel.dataset_label}, {a} – {b} UTC"
+    return plain_md(f"{sel.dataset_label}, {a} – {b} UTC")
+
+
+def plain_md(text: str) -> str:
+    """Plain ``text`` (no code spans) for Streamlit markdown with its colons escaped where a word
+    follows (``04\\:20\\:13``, ``agg\\:8xh100-sxm\\:tp2``; shown as ``04:20:13``): Streamlit's
+    frontend fetches and loads its 0.26 MB emoji library for any text with ``:word:`` in it, which
+    clock times and layout names look like."""
+    return re.sub(r":(?=[\w+-])", r"\\:", text)
 
 
 # -- trust labels ------------------------------------------------------------------------------------
