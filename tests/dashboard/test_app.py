@@ -124,6 +124,8 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
             sources = at.dataframe[0].value
         assert set(sources["Status"]) <= {"down", "degraded"}
         assert "need attention" in at.warning[0].value
+        gaps = sources[["Telemetry gaps", "Missing batches"]].astype(str).values.ravel().tolist()
+        assert "—" in gaps and all(g == "—" or g.replace(",", "").isdigit() for g in gaps), gaps
     finally:
         _stop(proc)
 
@@ -151,7 +153,9 @@ def test_an_api_url_without_its_scheme_is_named_not_called_unreachable(page, mon
 
 
 def test_reports_page_lists_opens_and_makes_reports(dashboard_env: Fleet):
-    made = httpx.post(f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]})
+    made = httpx.post(
+        f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]}, timeout=120
+    )
     assert made.status_code == 200, made.text
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.switch_page("views/reports.py").run()
