@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import product
 from typing import Any
 
 import duckdb
@@ -111,6 +111,12 @@ class PowerFit:
     intervals: int
     rmse_j: float | None
     notes: list[str] = field(default_factory=list)
+    #: the upper bound of every coefficient (W; None: none known) and where it comes from
+    bound_w: float | None = None
+    bound_source: str | None = None
+    #: states with time whose power is not fitted (too little time, none pooled): their seconds
+    #: carry no energy of their own, their intervals' energy goes to the other states
+    missing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,59 +125,142 @@ class PowerFit:
             "intervals": self.intervals,
             "rmse_j": self.rmse_j,
             "notes": list(self.notes),
+            "bound_w": self.bound_w,
+            "bound_source": self.bound_source,
+            "missing": list(self.missing),
         }
 
 
 def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares from the normal equations: the minimiser of
-    ``b'Gb − 2b'X'y`` over ``b ≥ 0``, found by trying every support (the NNLS optimum is the
-    unconstrained least-squares solution on its support, Lawson & Hanson 1974); for the handful of
-    terms here that is at most 2^k small solves."""
+    ``b'Gb − 2b'X'y`` over ``b ≥ 0`` (:func:`bounded_lsq_gram` with no upper bounds)."""
     k = len(xty)
-    best = np.zeros(k)
-    best_obj = 0.0
-    for r in range(1, k + 1):
-        for support in combinations(range(k), r):
-            idx = list(support)
-            g = gram[np.ix_(idx, idx)]
-            sol, *_ = np.linalg.lstsq(g, xty[idx], rcond=None)
-            if np.any(sol < -1e-12):
+    return bounded_lsq_gram(gram, xty, np.zeros(k), np.full(k, np.inf))
+
+
+def bounded_lsq_gram(gram: np.ndarray, xty: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Exact bounded least squares from the normal equations: the minimiser of ``b'Gb − 2b'X'y``
+    over ``lo ≤ b ≤ hi`` (``hi`` may be ``inf``; ``lo = hi`` fixes a coefficient). The optimum is
+    the unconstrained least-squares solution of its free coefficients with the others at a bound
+    (Lawson & Hanson 1974, ch. 23; Stark & Parker 1995, "Bounded-variable least-squares"), so
+    trying every assignment of each coefficient to its lower bound, its upper bound or free finds
+    it exactly: at most 3^k small solves for the handful of terms here."""
+    k = len(xty)
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    choices = [
+        (0,) if lo[i] >= hi[i] else (0, 2) if not math.isfinite(hi[i]) else (0, 1, 2) for i in range(k)
+    ]
+    best: np.ndarray | None = None
+    best_obj = math.inf
+    for assign in product(*choices):
+        b = np.where(np.array(assign) == 1, hi, lo)
+        free = [i for i in range(k) if assign[i] == 2]
+        if free:
+            fixed = [i for i in range(k) if assign[i] != 2]
+            rhs = xty[free] - gram[np.ix_(free, fixed)] @ b[fixed]
+            sol, *_ = np.linalg.lstsq(gram[np.ix_(free, free)], rhs, rcond=None)
+            tol = 1e-9 * np.maximum(1.0, np.abs(sol))
+            if np.any(sol < lo[free] - tol) or np.any(sol > hi[free] + tol):
                 continue
-            b = np.zeros(k)
-            b[idx] = np.clip(sol, 0.0, None)
-            obj = float(b @ gram @ b - 2.0 * b @ xty)
-            if obj < best_obj - 1e-12 * max(1.0, abs(best_obj)):
-                best, best_obj = b, obj
+            b[free] = np.clip(sol, lo[free], hi[free])
+        obj = float(b @ gram @ b - 2.0 * b @ xty)
+        if best is None or obj < best_obj - 1e-12 * max(1.0, abs(best_obj)):
+            best, best_obj = b, obj
     return best
 
 
-def _fit(stats: dict[str, float], terms: tuple[str, ...]) -> PowerFit:
-    """The power fit of one GPU from its SQL aggregates (sums of products of the regressors)."""
+# A term with less than this share of a GPU's fitted seconds, or in fewer rows, is not fitted on
+# that GPU: a second or two of prefill in minutes of idle lets the fit trade thousands of watts
+# for a few joules of noise (3 kW "prefill power" on a 700 W GPU).
+MIN_TERM_SHARE = 0.01
+MIN_TERM_ROWS = 3
+# Bound on a coefficient where neither the power limit nor the spec TDP is known: the highest
+# power observed (sample power, interval mean power) times this margin.
+OBSERVED_POWER_MARGIN = 1.25
+
+
+def _gram(stats: dict[str, float], k: int) -> tuple[np.ndarray, np.ndarray]:
+    gram = np.array([[stats[f"x{i}x{j}" if i <= j else f"x{j}x{i}"] for j in range(k)] for i in range(k)])
+    return gram, np.array([stats[f"x{i}y"] for i in range(k)])
+
+
+def _thin_terms(stats: dict[str, float], terms: tuple[str, ...]) -> dict[str, str]:
+    """The terms with time but too little to fit (see ``MIN_TERM_SHARE``), each with the reason."""
+    total = sum(stats.get(f"sx{i}", 0.0) for i in range(len(terms)))
+    thin: dict[str, str] = {}
+    for i, t in enumerate(terms):
+        sx, nz = stats.get(f"sx{i}", 0.0), int(stats.get(f"nz{i}", 0))
+        if sx > 0 and (sx < MIN_TERM_SHARE * total or nz < MIN_TERM_ROWS):
+            thin[t] = (
+                f"{sx:.2f} s of {t} in {nz} intervals ({sx / total:.2%} of the {total:.0f} s fitted) is too "
+                f"little to fit (< {MIN_TERM_SHARE:.0%} or < {MIN_TERM_ROWS} intervals)"
+            )
+    return thin
+
+
+def _fit(
+    stats: dict[str, float],
+    terms: tuple[str, ...],
+    bound_w: float | None = None,
+    bound_source: str | None = None,
+    pooled: dict[str, tuple[float, str]] | None = None,
+) -> PowerFit:
+    """The power fit of one GPU from its SQL aggregates (sums of products of the regressors):
+    bounded least squares, every coefficient in ``[0, bound_w]``. A term with too little time
+    (:func:`_thin_terms`) is not fitted: it takes its ``pooled`` estimate (W, and where it comes
+    from) when there is one, else it is left out (coefficient None, named in ``missing``)."""
     n = int(stats["n"])
     notes: list[str] = []
+    missing: list[str] = []
     if n == 0:
-        return PowerFit({t: None for t in terms}, None, 0, None, ["no interval with a known energy"])
+        return PowerFit(
+            {t: None for t in terms},
+            None,
+            0,
+            None,
+            ["no interval with a known energy"],
+            bound_w,
+            bound_source,
+        )
     k = len(terms)
-    gram = np.array([[stats[f"x{i}x{j}" if i <= j else f"x{j}x{i}"] for j in range(k)] for i in range(k)])
-    xty = np.array([stats[f"x{i}y"] for i in range(k)])
+    gram, xty = _gram(stats, k)
     present = [i for i in range(k) if gram[i, i] > 1e-12]
-    b = np.zeros(k)
-    if present:
-        b[present] = nnls_gram(gram[np.ix_(present, present)], xty[present])
+    thin = _thin_terms(stats, terms)
+    cap = math.inf if bound_w is None else bound_w
+    lo, hi = np.zeros(k), np.full(k, cap)
+    fitted: list[int] = []
     coef: dict[str, float | None] = {}
     for i, t in enumerate(terms):
-        if i in present:
-            coef[t] = float(b[i])
-        else:
-            coef[t] = None
+        coef[t] = None
+        if i not in present:
+            hi[i] = 0.0
             notes.append(f"no {t} time in the window: its power is not fitted")
+        elif t in thin and pooled and t in pooled:
+            lo[i] = hi[i] = min(pooled[t][0], cap)
+            notes.append(f"{thin[t]}: {t} power set to {lo[i]:.1f} W, {pooled[t][1]}")
+        elif t in thin:
+            hi[i] = 0.0
+            missing.append(
+                f"{thin[t]}, on this GPU and on every GPU of its model: {t} power not fitted; the energy "
+                f"of the intervals with {t} time goes to their other states"
+            )
+        else:
+            fitted.append(i)
+    b = bounded_lsq_gram(gram, xty, lo, hi)
+    for i, t in enumerate(terms):
+        if i in present and hi[i] > 0:
+            coef[t] = float(b[i])
+        if i in fitted and math.isfinite(cap) and b[i] >= cap * (1 - 1e-9):
+            notes.append(
+                f"{t} power at its bound {cap:.0f} W ({bound_source}): the unbounded fit exceeds what the GPU can draw"
+            )
     yy, sy = stats["yy"], stats["sy"]
     sse = max(0.0, yy - 2.0 * float(b @ xty) + float(b @ gram @ b))
     sst = yy - sy * sy / n
     r2 = 1.0 - sse / sst if sst > 1e-12 and n > 1 else None
     if r2 is None:
         notes.append("R² undefined: interval energies do not vary")
-    return PowerFit(coef, r2, n, math.sqrt(sse / n), notes)
+    return PowerFit(coef, r2, n, math.sqrt(sse / n), notes, bound_w, bound_source, missing)
 
 
 # -- the breakdown --------------------------------------------------------------------------------
@@ -250,27 +339,101 @@ def _fit_stats_sql(table: str) -> str:
         for j in range(i, len(xs)):
             parts.append(f"sum(({xs[i]}) * ({xs[j]})) {ok} AS x{i}x{j}")
         parts.append(f"sum(({xs[i]}) * energy_j) {ok} AS x{i}y")
+        parts.append(f"sum({xs[i]}) {ok} AS sx{i}")  # the term's seconds, and its rows: is it enough to fit?
+        parts.append(f"count(*) FILTER (WHERE attributed AND energy_j IS NOT NULL AND {xs[i]} > 0) AS nz{i}")
     return f"""
 SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_j) {ok} AS yy,
-       sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)}
+       sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)},
+       any_value(name) AS name, max(power_w) AS max_power_w, max(energy_j / nullif(interval_s, 0)) {ok} AS max_mean_w
 FROM {table}
 GROUP BY ALL
 ORDER BY node, source, device, "index"  -- the fits (and their notes) in one order on every run
 """
 
 
-def _fits(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, PowerFit]:
-    df = con.execute(_fit_stats_sql(table)).df()
-    fits: dict[str, PowerFit] = {}
+def _spec_tdp_w(name: Any, device: Any) -> tuple[float, str] | None:
+    """The spec TDP of a GPU model this project knows: by its NVML name (``NVIDIA H100 80GB HBM3``,
+    also with a suffix such as `` (emulated)``) or its device spec (``emulated:h100-sxm``)."""
+    from serving.devices.gpu_specs import GPU_SPECS
+
+    for spec in GPU_SPECS.values():
+        by_name = isinstance(name, str) and (name.strip().lower() + " ").startswith(spec.name.lower() + " ")
+        if by_name or str(device).rsplit(":", 1)[-1] == spec.key:
+            return spec.tdp_w, f"the {spec.name} spec TDP"
+    return None
+
+
+def _power_bounds(
+    con: duckdb.DuckDBPyConnection, window: Window, df: pd.DataFrame
+) -> dict[str, tuple[float | None, str | None]]:
+    """Per GPU (``gpu_key``): the most a power coefficient may be (W) and where it comes from — the
+    highest power limit of its samples in the window, else its spec TDP, else the highest power
+    observed (sample power, interval mean power) × ``OBSERVED_POWER_MARGIN``; (None, None) where
+    nothing is known."""
+    pred, par = window.node_sql("node")
+    limits = {
+        gpu_key(*r[:4]): r[4]
+        for r in con.execute(
+            f'SELECT node, source, device, "index", max(power_limit_w) FROM gpu_samples '
+            f"WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL",
+            [*par, window.start_s, window.end_s],
+        ).fetchall()
+    }
+    out: dict[str, tuple[float | None, str | None]] = {}
     for rec in df.to_dict(orient="records"):
-        if not rec["attributed"]:
-            continue  # no states to fit on: its energy is reported as unattributed
+        key = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
+        seen = [
+            v for v in (rec.get("max_power_w"), rec.get("max_mean_w")) if v is not None and not pd.isna(v)
+        ]
+        observed = max(seen) if seen else None
+        limit, tdp = limits.get(key), _spec_tdp_w(rec.get("name"), rec["device"])
+        if limit is not None and not pd.isna(limit) and limit > 0:
+            bound, why = float(limit), "the GPU's power limit"
+        elif tdp is not None:
+            bound, why = tdp
+        elif observed is not None and observed > 0:
+            bound, why = (
+                observed * OBSERVED_POWER_MARGIN,
+                f"the highest power observed × {OBSERVED_POWER_MARGIN:g}",
+            )
+        else:
+            bound, why = None, None
+        out[key] = (bound, why)
+    return out
+
+
+def _fits(con: duckdb.DuckDBPyConnection, table: str, window: Window) -> dict[str, PowerFit]:
+    """The bounded power fit of every attributed GPU. A term too thin to fit on one GPU takes the
+    estimate of a fit on the pooled sums of every GPU of the same model (name) where it is not thin
+    there, else is left out."""
+    df = con.execute(_fit_stats_sql(table)).df()
+    df = df[df["attributed"].fillna(False).astype(bool)]  # no states to fit on: reported as unattributed
+    bounds = _power_bounds(con, window, df)
+    skip = {*_GPU_KEY, "attributed", "name", "max_power_w", "max_mean_w"}
+    gpus = []
+    for rec in df.to_dict(orient="records"):
         stats = {
-            k: float(v) if v is not None and not pd.isna(v) else 0.0
-            for k, v in rec.items()
-            if k not in (*_GPU_KEY, "attributed")
+            k: float(v) if v is not None and not pd.isna(v) else 0.0 for k, v in rec.items() if k not in skip
         }
-        fits[gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])] = _fit(stats, MODEL_TERMS)
+        gpus.append((gpu_key(rec["node"], rec["source"], rec["device"], rec["index"]), rec["name"], stats))
+    pooled_fits: dict[Any, PowerFit] = {}
+    fits: dict[str, PowerFit] = {}
+    for key, name, stats in gpus:
+        bound_w, why = bounds[key]
+        pooled: dict[str, tuple[float, str]] = {}
+        if _thin_terms(stats, MODEL_TERMS) and stats["n"] > 0:
+            same = [s for _, n, s in gpus if n == name]
+            if len(same) > 1:
+                if name not in pooled_fits:
+                    total = {k: sum(s[k] for s in same) for k in stats}
+                    pooled_fits[name] = _fit(total, MODEL_TERMS, bound_w, why)
+                pf = pooled_fits[name]
+                pooled = {
+                    t: (w, f"from the pooled fit of the {len(same)} GPUs named {name!r}")
+                    for t, w in pf.coef_w.items()
+                    if w is not None
+                }
+        fits[key] = _fit(stats, MODEL_TERMS, bound_w, why, pooled)
     return fits
 
 
@@ -466,6 +629,44 @@ WHERE prev_end_s > start_s + 1e-9 AND gpu_uuid IS NOT NULL""",
     }
 
 
+#: A GPU's samples further apart than this many sampling periods (and at least GAP_MIN_S) leave its
+#: time between them not sampled (a collector restart, a lost exporter).
+GAP_PERIODS = 5.0
+GAP_MIN_S = 5.0
+
+
+def sample_gaps(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, dict[str, float]]:
+    """Per GPU (``gpu_key``) with a gap in its samples: ``gaps`` (how many), ``gap_s`` (their total),
+    ``longest_s`` and ``threshold_s`` — consecutive samples further apart than ``GAP_PERIODS`` × the
+    GPU's mean sampling period in the window, and at least ``GAP_MIN_S``. Found on cells of
+    ``GAP_MIN_S / 2`` seconds (one grouped scan of the samples, then a sort of the cells): a gap
+    longer than the threshold spans a cell edge, and there the distance between the last sample of
+    one non-empty cell and the first of the next is exactly the gap."""
+    pred, par = window.node_sql("node")
+    cell = GAP_MIN_S / 2.0
+    rows = con.execute(
+        f"""
+WITH c AS (
+    SELECT node, source, device, "index", floor(ts_s / {cell!r})::BIGINT AS k,
+           min(ts_s) AS f, max(ts_s) AS l, count(*) AS n
+    FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL
+),
+g AS (
+    SELECT *, f - lag(l) OVER w AS dt,
+           greatest({GAP_MIN_S!r}, {GAP_PERIODS!r} * (max(l) OVER a - min(f) OVER a)
+                    / greatest(sum(n) OVER a - 1, 1)) AS thr
+    FROM c WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY k),
+                  a AS (PARTITION BY node, source, device, "index")
+)
+SELECT node, source, device, "index", count(*), sum(dt), max(dt), any_value(thr)
+FROM g WHERE dt > thr GROUP BY ALL ORDER BY ALL""",
+        [*par, window.start_s, window.end_s],
+    ).fetchall()
+    return {
+        gpu_key(*r[:4]): {"gaps": r[4], "gap_s": r[5], "longest_s": r[6], "threshold_s": r[7]} for r in rows
+    }
+
+
 def _issue_notes(issues: dict[str, int]) -> list[str]:
     """What the bad iteration rows counted by :func:`_iteration_issues` mean for the result."""
     notes: list[str] = []
@@ -520,8 +721,8 @@ def _trust_from(df: pd.DataFrame, trust: Trust, lagged: int, bucket_note: str) -
             f"{lagged} iterations with lag_s > 0: the emulated GPU's host could not keep pace",
         )
     trust.notes.append(
-        "energy apportioned to states by a per-GPU non-negative least-squares power model; the "
-        "apportioned energy sums to the measured energy"
+        "energy apportioned to states by a per-GPU least-squares power model (each state's power in "
+        "[0, the GPU's power limit]); the apportioned energy sums to the measured energy"
     )
     trust.notes.append(bucket_note)
 
@@ -555,7 +756,7 @@ def _breakdown_from(
     table = iv.name
     trust = Trust()
     missing: list[str] = []
-    fits = _fits(con, table)
+    fits = _fits(con, table, window)
     coef = _coef_frame(fits)
     con.register("pl_coef", coef)
     try:
@@ -566,8 +767,7 @@ def _breakdown_from(
     lagged = int(issues["lagged"])
     if raw.empty:
         missing.append(
-            f"no GPU sample intervals in the window ({window.dataset}, {window.start_s:.3f}–{window.end_s:.3f} s): "
-            "a window needs two samples of a GPU"
+            f"no GPU sample intervals in the window ({window.label()}): a window needs two samples of a GPU"
         )
         missing += _issue_notes(issues)
         empty = pd.DataFrame(columns=[*_GPU_KEY, "role", *_SUM_COLS])
@@ -627,7 +827,16 @@ def _breakdown_from(
             missing.append(
                 f"{name}: MIG instance: energy is counted once on its physical GPU's row, not here"
             )
+    shown = {gpu_key(*k) for k in raw[list(_GPU_KEY)].drop_duplicates().itertuples(index=False)}
+    for key, gap in sample_gaps(con, window).items():
+        if key in shown:
+            missing.append(
+                f"{key}: not sampled for {gap['gap_s']:.1f} s ({gap['gaps']} gap(s) between samples longer than "
+                f"{gap['threshold_s']:.1f} s, i.e. {GAP_PERIODS:g} sampling periods and at least {GAP_MIN_S:g} s; "
+                f"longest {gap['longest_s']:.1f} s): still counted as idle time and cost where no work is known"
+            )
     for key, fit in fits.items():
+        missing += [f"{key}: {m}" for m in fit.missing]
         if fit.r2 is not None and fit.r2 < 0.5:
             missing.append(f"{key}: power model fits poorly (R² {fit.r2:.2f}); energy shares uncertain")
     missing += _issue_notes(issues)

@@ -41,13 +41,17 @@ from analytics.attribution import (
 )
 from analytics.intervals import SM_SHIFT_PCT
 from analytics.trust import ESTIMATED, Trust
-from analytics.window import Window
+from analytics.window import Window, utc
 
 #: Sarle's coefficient above this (the value of a uniform distribution) suggests bimodality.
 SARLE_THRESHOLD = 5.0 / 9.0
 #: dip-test p-value below which the distribution is called bimodal (multimodal).
 DIP_ALPHA = 0.05
 _MIN_POINTS = 4  # Sarle's coefficient needs n > 3; the dip test and the mixture need a few points
+#: SM activity with a smaller standard deviation (points of %) has no spread to hold two modes: the
+#: mixture floors each component's std at this (``gaussian_mixture_2``'s ``min_std``), so its two
+#: centres coincide, and Sarle's b only measures the skew of a few spikes off a constant.
+NO_SPREAD_STD_PCT = 0.5
 
 
 # -- two-component Gaussian mixture -----------------------------------------------------------------
@@ -426,6 +430,10 @@ def _bimodality_from(
             dip_n=len(x),
         )
         row.update(_dip_and_mixture(x))
+        std = row["std_sm_pct"]
+        row["no_spread"] = n >= _MIN_POINTS and (std is None or std < NO_SPREAD_STD_PCT)
+        if row["no_spread"]:  # bimodality is not defined: no test result, no modes, no Sarle's b
+            row.update(dict.fromkeys(_DIP_KEYS), sarle=None)
         for y in ("sm", "util", "dram"):
             p, d = _phase_activity(rec, y)
             row[f"{y}_prefill_pct"], row[f"{y}_decode_pct"] = p, d
@@ -437,11 +445,15 @@ def _bimodality_from(
         label = _label(row)
         if n < _MIN_POINTS:
             missing.append(f"{label}: {n} intervals with SM activity: too few for the dip test and mixture")
-        elif row["std_sm_pct"] in (None, 0.0):
-            missing.append(f"{label}: SM activity is constant: no distribution to test")
-        if row["sm_prefill_pct"] is None and scope != "pool_hour":
+        elif row["no_spread"]:
+            missing.append(
+                f"{label}: constant / no spread (SM activity std {std or 0.0:.2f} points < "
+                f"{NO_SPREAD_STD_PCT:g}): bimodality not defined"
+            )
+        # a disaggregated pool's GPUs run one phase: the other's activity is not missing there
+        if row["sm_prefill_pct"] is None and scope != "pool_hour" and row["role"] != "decode":
             missing.append(f"{label}: no prefill time: SM activity during prefill unknown")
-        if row["sm_decode_pct"] is None and scope != "pool_hour":
+        if row["sm_decode_pct"] is None and scope != "pool_hour" and row["role"] != "prefill":
             missing.append(f"{label}: no decode time: SM activity during decode unknown")
         if both is None or both == 0:
             missing.append(f"{label}: no interval with both utilization % and SM activity: gap unknown")
@@ -473,7 +485,7 @@ def _label(row: dict[str, Any]) -> str:
     if row["scope"] == "pool":
         return f"pool {row['role']}"
     if row["scope"] == "pool_hour":
-        return f"pool {row['role']} hour {row['hour_s']:.0f}"
+        return f"pool {row['role']} hour from {utc(row['hour_s'])}"
     return f"GPU {row['gpu']}"
 
 
@@ -500,19 +512,21 @@ def _draw(
     return np.concatenate(out)
 
 
+_DIP_KEYS = (
+    "dip",
+    "dip_p_value",
+    "bimodal",
+    "mode_low_pct",
+    "mode_high_pct",
+    "std_low_pct",
+    "std_high_pct",
+    "weight_low",
+    "weight_high",
+)
+
+
 def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
-    keys = (
-        "dip",
-        "dip_p_value",
-        "bimodal",
-        "mode_low_pct",
-        "mode_high_pct",
-        "std_low_pct",
-        "std_high_pct",
-        "weight_low",
-        "weight_high",
-    )
-    out: dict[str, Any] = dict.fromkeys(keys)
+    out: dict[str, Any] = dict.fromkeys(_DIP_KEYS)
     if len(x) < _MIN_POINTS or float(np.ptp(x)) == 0.0:
         return out
     dip, p = diptest.diptest(np.sort(x))

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from analytics.window import LIVE, AnalyticsError, parse_span_s
+from analytics.window import LIVE, AnalyticsError, check_epoch_s, parse_span_s
 
 
 def add_analyze_command(sub: Any) -> None:
@@ -225,6 +225,36 @@ def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:
     return activity_histogram(con, window_of(con, params), bin_pct=bin_pct).to_dict()
 
 
+def no_data_hint(con: Any, summary: dict[str, Any]) -> str | None:
+    """Where a live window found nothing (no trust label), what the store does hold: the simulated
+    scenarios to pass as ``--dataset``, and the span of its live samples (None: the window has data,
+    or is a scenario's)."""
+    from analytics.window import SIM_PREFIX, scenarios, utc
+
+    window = summary.get("window") or {}
+    if (summary.get("trust") or {}).get("labels") or window.get("dataset", LIVE) != LIVE:
+        return None
+    hints = []
+    found = scenarios(con)
+    if found:
+        ids = ", ".join(s["scenario_id"] for s in found[:5]) + (
+            f" and {len(found) - 5} more" if len(found) > 5 else ""
+        )
+        hints.append(
+            f"this store holds {len(found)} simulated scenario(s): pass --dataset latest, or --dataset one of {ids}"
+        )
+    lo, hi = con.execute(
+        f"SELECT min(ts_s), max(ts_s) FROM gpu_samples WHERE NOT starts_with(node, '{SIM_PREFIX}')"
+    ).fetchone()
+    if lo is not None:
+        hints.append(
+            f"its live samples span {utc(lo)} – {utc(hi)}: choose --since or --start-s/--end-s to cover them"
+        )
+    elif not found:
+        hints.append("this store holds no samples at all")
+    return "no live data in the window; " + "; ".join(hints)
+
+
 def _float(params: dict[str, Any], key: str) -> float | None:
     value = params.get(key)
     if value is None:
@@ -253,6 +283,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
     try:
+        check_epoch_s("--start-s", args.start_s)
+        check_epoch_s("--end-s", args.end_s)
         if args.collector:
             import httpx
 
@@ -283,6 +315,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                 return _error(str(e))
             with store, store.reader() as con:
                 summary = run_summary(con, params, prices_path=args.prices)
+                hint = no_data_hint(con, summary)
+                if hint:  # first: it explains the rest
+                    summary["missing"] = {"window": hint, **(summary.get("missing") or {})}
     except (AnalyticsError, ValueError) as e:
         return _error(str(e))
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary, detail=args.detail))

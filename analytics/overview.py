@@ -8,7 +8,9 @@ what ``GET /api/v1/analytics/summary`` answers) and returns JSON. A figure that 
 (an empty window, no requests, no previous period) is ``None`` with the reason in ``no_data`` —
 never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 
-* ``output_tokens_per_s``: output tokens generated in the window ÷ the window's length;
+* ``output_tokens_per_s``: output tokens generated in the window ÷ the seconds of it with a request
+  in flight (the rate while serving; the summary's ``serving`` part); over the window's length,
+  and said so, where the window holds no request span (``basis`` and ``span_s`` say which);
 * ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
@@ -81,13 +83,29 @@ def _cost_total(summary: dict[str, Any]) -> dict[str, Any] | None:
     return total if seconds is not None and seconds > 0 else None
 
 
+def rate_span(summary: dict[str, Any]) -> tuple[float | None, str]:
+    """The seconds output tokens/s divides by, and the words for them: the time with a request in
+    flight (the summary's ``serving`` part), else the window's length."""
+    duration_s = _num((summary.get("window") or {}).get("duration_s"))
+    span_s = _num(((summary.get("parts") or {}).get("serving") or {}).get("span_s"))
+    if span_s is not None and span_s > 0:
+        of = f" of the {_duration(duration_s)} window" if duration_s else ""
+        return span_s, f"while serving: {_duration(span_s)} with requests in flight{of}"
+    return duration_s, "averaged over the whole window (no request span in it)"
+
+
+def _duration(s: float) -> str:
+    """90 s, 2.6 min, 1.5 h."""
+    return f"{s:,.0f} s" if s < 120 else f"{s / 60:,.1f} min" if s < 7200 else f"{s / 3600:,.1f} h"
+
+
 def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, str | None]]:
     """Each of :data:`FIGURES` of one summary: ``(value, None)``, or ``(None, reason)``."""
     if summary is None:
         return {f.key: (None, "no data: no summary") for f in FIGURES}
     out: dict[str, tuple[float | None, str | None]] = {}
     total = _cost_total(summary)
-    duration_s = _num((summary.get("window") or {}).get("duration_s"))
+    span_s, _basis = rate_span(summary)
     if total is None:
         why = _why_missing(summary, "cost")
         for f in FIGURES:
@@ -97,8 +115,8 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
         seconds = float(total["gpu_seconds"])
         out_tokens = _num(total.get("output_tokens"))
         out["output_tokens_per_s"] = (
-            (out_tokens / duration_s, None)
-            if out_tokens is not None and duration_s
+            (out_tokens / span_s, None)
+            if out_tokens is not None and span_s
             else (None, "no data: output tokens unknown")
         )
         for key, why in (
@@ -297,6 +315,11 @@ def overview(
     total = _cost_total(current) if current is not None else None
     j_in = _num(total.get("j_per_input_token")) if total else None
     figures["j_per_output_token"]["j_per_input_token"] = j_in
+    if current is not None:  # the seconds output tokens/s divides by (the previous period's likewise)
+        span_s, basis = rate_span(current)
+        figures["output_tokens_per_s"] |= {"span_s": span_s, "basis": basis}
+        if previous is not None:
+            figures["output_tokens_per_s"]["previous_span_s"] = rate_span(previous)[0]
     trust = list(((current or {}).get("trust") or {}).get("labels") or [])
     return {
         "window": (current or {}).get("window"),

@@ -10,6 +10,7 @@ itself or asked the service.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -212,6 +213,30 @@ def _parts(
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
     run("latency", lambda: wait("latency", latency), beside_s=lambda: beside_s.get("latency", 0.0))
+    run("serving", lambda: serving_span(con, window))
+
+
+def serving_span(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, Any]:
+    """When the window was serving: the union of its requests' spans (arrival to finish, or to the
+    last time known of an unfinished one), clipped to the window — ``span_s`` (seconds with at
+    least one request in flight), ``first_s``/``last_s``, ``requests``; ``span_s`` None where no
+    request lies in the window. What the overview's output tokens/s divides by."""
+    pred, par = window.node_sql("node")
+    end = "coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)"  # the last time known of it
+    n, first, last, span = con.execute(
+        f"""
+WITH r AS (
+    SELECT greatest(arrival_s, ?) AS a, least({end}, ?) AS f
+    FROM requests WHERE {pred} AND arrival_s < ? AND {end} > ?
+),
+m AS (  -- each span's part beyond every earlier-starting one: they sum to the union's length
+    SELECT a, f, max(f) OVER (ORDER BY a, f ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_f FROM r
+)
+SELECT count(*), min(a), max(f), sum(greatest(0.0, f - greatest(a, coalesce(prev_f, a)))) FROM m
+""",
+        [window.start_s, window.end_s, *par, window.end_s, window.start_s],
+    ).fetchone()
+    return {"requests": int(n), "first_s": first, "last_s": last, "span_s": span if n else None}
 
 
 def _add(out: Summary, name: str, result: Any) -> None:
@@ -305,9 +330,27 @@ def _ms(x: Any) -> str:
 
 
 def _usd(x: Any) -> str:
+    """Money to 3 significant figures ($4.31, $0.117, $0.00160, $35.6), whole dollars from $100."""
     if x is None or x != x:
         return "—"
-    return f"${x:,.4f}" if abs(x) < 1 else f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+    if x == 0 or abs(x) >= 100:
+        return f"${x:,.0f}"
+    return f"${x:,.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def _p_value(p: Any) -> str:
+    """A dip-test p-value: ``< 0.001`` rather than a 0, else 3 decimals below 0.1, 2 above."""
+    if p is None or p != p:
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _slo_ms(x: Any) -> str:
+    """An SLO threshold in ms, every threshold the same way: ``2,000``, ``100``, ``62.5``."""
+    if x is None or x != x:
+        return "—"
+    ms = 1000 * x
+    return f"{ms:,.0f}" if abs(ms - round(ms)) < 1e-9 else f"{ms:,.1f}"
 
 
 def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
@@ -386,7 +429,11 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
             else f"  GPU {str(r.get('gpu', '')).rsplit('|', 1)[-1]}"
         )
         modes = (
-            f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
+            "constant / no spread: bimodality not defined"
+            if r.get("no_spread")
+            else "—"
+            if r.get("mode_low_pct") is None
+            else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
             f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
         )
         rows.append(
@@ -397,9 +444,9 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
                 _cell(r.get("sm_decode_pct")),
                 _cell(r.get("util_pct")),
                 _cell(r.get("dip")),
-                _cell(r.get("dip_p_value")),
+                _p_value(r.get("dip_p_value")),
                 _cell(r.get("sarle")),
-                "yes" if r.get("bimodal") else "no",
+                "—" if r.get("bimodal") is None else "yes" if r.get("bimodal") else "no",
                 modes,
             ]
         )
@@ -472,7 +519,7 @@ def _latency_lines(parts: dict[str, Any]) -> list[str]:
     slo = lat.get("slo") or {}
     if att:
         out.append(
-            f"  SLO attainment (TTFT ≤ {_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_ms(slo.get('tpot_s'))} ms):"
+            f"  SLO attainment (TTFT ≤ {_slo_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_slo_ms(slo.get('tpot_s'))} ms):"
             f" {_pct(att.get('both'))} of {lat.get('requests', 0):,} requests ({lat.get('failed', 0):,} failed)"
         )
     return out
@@ -488,11 +535,25 @@ def _fit_lines(parts: dict[str, Any]) -> list[str]:
             + [_cell(coef.get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
             + [_cell(f.get("r2"))]
         )
-    return _rows(
+    out = _rows(
         "Power model per GPU (W while in each state; apportions each interval's measured energy)",
         ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"],
         sorted(rows),
     )
+    bounds = {
+        gpu: f"[0, {f['bound_w']:,.0f} W] ({f.get('bound_source')})"
+        if f.get("bound_w") is not None
+        else "none"
+        for gpu, f in fits.items()
+    }
+    if len(set(bounds.values())) == 1 and bounds:
+        out.append(f"  bound on each state's power: {next(iter(bounds.values()))}")
+    for gpu, f in sorted(fits.items()):
+        notes = [n for n in f.get("notes") or [] if " time in the window: its power is not fitted" not in n]
+        if len(set(bounds.values())) > 1:
+            notes.insert(0, f"bound on each state's power: {bounds[gpu]}")
+        out += [f"  GPU {gpu.rsplit('|', 1)[-1]}: {n}" for n in notes]
+    return out
 
 
 def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:

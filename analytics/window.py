@@ -45,7 +45,10 @@ class Window:
                 f"window bounds must be finite epoch seconds, got {self.start_s}, {self.end_s}"
             )
         if self.end_s <= self.start_s:
-            raise AnalyticsError(f"window end {self.end_s} is not after its start {self.start_s}")
+            raise AnalyticsError(
+                f"window end {utc(self.end_s)} ({self.end_s:.3f} s) is not after its start "
+                f"{utc(self.start_s)} ({self.start_s:.3f} s)"
+            )
 
     @property
     def duration_s(self) -> float:
@@ -65,6 +68,11 @@ class Window:
             return f"{clause} AND {column} IN ({marks})", list(self.nodes)
         return clause, []
 
+    def label(self) -> str:
+        """The window for a message: its data set and UTC times (``live, 2026-12-02 04:15:46 –
+        04:30:46 UTC``); JSON keeps the epoch seconds (:meth:`describe`)."""
+        return f"{self.dataset}, {utc(self.start_s)} – {utc(self.end_s, same_day_as=self.start_s)}"
+
     def describe(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
@@ -75,6 +83,17 @@ class Window:
         }
 
 
+def utc(ts_s: float, *, same_day_as: float | None = None) -> str:
+    """Epoch seconds as a UTC time for people: ``2026-12-02 04:15:46 UTC``; only ``04:30:46 UTC``
+    when ``same_day_as`` falls on the same UTC day. Times that are not finite are shown as given."""
+    if ts_s is None or not math.isfinite(ts_s):
+        return str(ts_s)
+    t = time.gmtime(ts_s)
+    if same_day_as is not None and math.isfinite(same_day_as) and time.gmtime(same_day_as)[:3] == t[:3]:
+        return time.strftime("%H:%M:%S UTC", t)
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", t)
+
+
 def parse_span_s(text: str) -> float:
     """``90s``, ``30m``, ``1h``, ``2d`` or plain seconds → seconds; AnalyticsError naming the format."""
     units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -83,9 +102,29 @@ def parse_span_s(text: str) -> float:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except (ValueError, KeyError):
         raise AnalyticsError(f"{text!r} is not a time span; use e.g. 90s, 30m, 1h or 2d") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise AnalyticsError(f"time span {text!r} must be finite; use e.g. 90s, 30m, 1h or 2d")
+    if value <= 0:
         raise AnalyticsError(f"time span {text!r} must be > 0")
     return value
+
+
+#: 2000-01-01 00:00:00 UTC: a window time before it is a typo (a span, a negative number), not data
+EARLIEST_S = 946_684_800.0
+
+
+def check_epoch_s(name: str, value: float | None) -> None:
+    """AnalyticsError unless ``value`` (``--start-s`` / ``--end-s`` given by a person) is None or a
+    finite UTC epoch time from 2000 on."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise AnalyticsError(f"{name} must be finite UTC epoch seconds, got {value}")
+    if value < EARLIEST_S:
+        raise AnalyticsError(
+            f"{name} {value:g} is {utc(value)}: give UTC epoch seconds from 2000 on "
+            f"(e.g. {time.time():.0f} is now), or --since SPAN for the last SPAN"
+        )
 
 
 def scenarios(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -16,12 +16,19 @@ Timed, in the same run:
 * **overview, rolling**: ``?since=3600s`` (what the page asks) — the newest result of that live
   window while it is younger than 5 min (``LIVE_STALE_S``), recomputed in the background;
 * **first render**: from ``page.goto`` until the page shows eight metric tiles with values, the
-  sentence on where the money goes and the GPU-time bar drawn (:data:`OVERVIEW_DRAWN`), in a fresh
-  browser context: after a quiet spell (nobody asked for :data:`QUIET_S`: the service answers its
-  newest result at once and recomputes in the background) and warm (another visitor a few seconds
-  before), with when the title, the tiles and the chart appeared (where the time goes).
+  sentence on where the money goes and the GPU-time bar drawn (:data:`OVERVIEW_DRAWN`: at least three
+  of its segments laid out with a width, whether the bar is HTML or, in older trees, Plotly's), in a
+  fresh browser context: after a quiet spell (nobody asked for :data:`QUIET_S`: the service answers
+  its newest result at once and recomputes in the background) and warm (another visitor a few seconds
+  before), with when the title, the tiles and the chart appeared (where the time goes) and the
+  JavaScript the page fetched.
+
+With ``--baseline-tree DIR`` (another checkout of this repository, e.g. ``git archive <commit> | tar -x
+-C DIR``) a second dashboard runs from that tree against the same collector, and the visits alternate
+between the two (A B B A ...), so that both see the same host load.
 
     PYTHONPATH=. .venv/bin/python bench/dashboard.py [--store /tmp/phaselens-dash.duckdb] [--repeats 5]
+        [--baseline-tree /tmp/phaselens-old]
 """
 
 from __future__ import annotations
@@ -50,20 +57,30 @@ REQUESTS = 100_000
 TARGET_S = 3.0
 QUIET_S = 30.0  # the quiet spell before a "cold" visit
 # Recorded in the page every 10 ms: when (ms since navigation) each part of the Overview appeared.
-MILESTONES = """setInterval(() => {
-  const ms = window.__ms = window.__ms || {};
-  const mark = (k, c) => { if (!(k in ms) && c) ms[k] = performance.now(); };
+# the GPU-time bar is drawn: three segments with a width (the HTML bar), or Plotly's bar paths
+BAR_DRAWN = """(document.querySelectorAll('.pl-gpu-time .pl-seg').length >= 3
+    && [...document.querySelectorAll('.pl-gpu-time .pl-seg')].every(s => s.getBoundingClientRect().width > 0))
+  || document.querySelectorAll('.js-plotly-plot .barlayer .point path').length >= 3"""
+# Recorded in the page every 10 ms: when (ms since navigation) each part of the Overview appeared.
+MILESTONES = f"""setInterval(() => {{
+  const ms = window.__ms = window.__ms || {{}};
+  const mark = (k, c) => {{ if (!(k in ms) && c) ms[k] = performance.now(); }};
   mark('title', [...document.querySelectorAll('h1')].some(h => h.textContent.includes('Overview')));
   const v = [...document.querySelectorAll('[data-testid="stMetricValue"]')];
   mark('tiles', v.length >= 8 && v.every(x => x.textContent.trim()));
-  mark('chart', document.querySelectorAll('.js-plotly-plot .barlayer .point path').length >= 3);
-}, 10);"""
-OVERVIEW_DRAWN = """() => {
+  mark('chart', {BAR_DRAWN});
+}}, 10);"""
+OVERVIEW_DRAWN = f"""() => {{
   const values = [...document.querySelectorAll('[data-testid="stMetricValue"]')];
-  const bars = document.querySelectorAll('.js-plotly-plot .barlayer .point path');
   const sentence = [...document.querySelectorAll('h4')].some(h => h.textContent.includes('/yr'));
   return values.length >= 8 && values.every(v => v.textContent.trim() && !v.textContent.includes('no data'))
-      && bars.length >= 3 && sentence;
+      && sentence && ({BAR_DRAWN});
+}}"""
+# the JavaScript the page fetched: count, bytes (decoded) and whether Plotly's bundle was among them
+SCRIPTS = """() => {
+  const js = performance.getEntriesByType('resource').filter(r => r.name.split('?')[0].endsWith('.js'));
+  return [js.length, js.reduce((a, r) => a + (r.decodedBodySize || 0), 0),
+          js.some(r => r.name.includes('PlotlyChart'))];
 }"""
 
 
@@ -89,6 +106,8 @@ def _wait_http(url: str, proc: subprocess.Popen, what: str, timeout_s: float = 1
 
 def _pcts(xs: list[float]) -> str:
     xs = sorted(xs)
+    if not xs:
+        return "no runs (n=0)"
     p95 = xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
     return f"p50 {statistics.median(xs):.3f} s, p95 {p95:.3f} s (n={len(xs)})"
 
@@ -107,6 +126,11 @@ def main() -> int:
     ap.add_argument("--store", type=Path, default=Path("/tmp/phaselens-dash.duckdb"))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another checkout of this repository: its dashboard is visited alternately with this one",
+    )
     args = ap.parse_args()
 
     span_s = (SAMPLES // GPUS) * PERIOD_S
@@ -119,22 +143,12 @@ def main() -> int:
     collect = [sys.executable, "-m", "collector.cli", "collect", "--db", str(args.store), "--port", str(port)]
     collect += ["--no-nvml", "--report-schedule", "off", "--metrics-interval-s", "3600"]
     collector = subprocess.Popen(collect, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    dash_port = _free_port()
-    dash = f"http://127.0.0.1:{dash_port}"
-    env = {**os.environ, "PHASELENS_API_URL": api, "PYTHONPATH": str(ROOT)}
-    run = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(ROOT / "dashboard" / "app.py"),
-        "--server.headless=true",
-    ]
-    run += [f"--server.port={dash_port}", "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"]
-    streamlit = subprocess.Popen(run, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trees = {"new": ROOT} | ({"old": args.baseline_tree.resolve()} if args.baseline_tree else {})
+    dashboards = {name: _dashboard(tree, api) for name, tree in trees.items()}
     try:
         _wait_http(f"{api}/health", collector, "the collector")
-        _wait_http(f"{dash}/_stcore/health", streamlit, "the dashboard")
+        for name, (url, proc) in dashboards.items():
+            _wait_http(f"{url}/_stcore/health", proc, f"the dashboard ({name})")
         with httpx.Client(base_url=api, timeout=300) as client:
             deadline = time.monotonic() + 300  # the /metrics export's first computation, out of the way
             while 'result="ok"} 1.0' not in client.get("/metrics").text and time.monotonic() < deadline:
@@ -151,9 +165,11 @@ def main() -> int:
             for _ in range(args.repeats):
                 rolling.append(_timed_get(client, "/api/v1/analytics/overview", {"since": "3600s"}))
                 time.sleep(LIVE_TTL_S + 0.5)
-        cold_r, warm_r = _browser(args.chromium, dash, args.repeats)
+        renders = _browser(
+            args.chromium, {name: url for name, (url, _proc) in dashboards.items()}, args.repeats
+        )
     finally:
-        for proc in (streamlit, collector):
+        for proc in [*(p for _url, p in dashboards.values()), collector]:
             proc.terminate()
             try:
                 proc.wait(30)
@@ -169,18 +185,48 @@ def main() -> int:
     print(
         f"overview  GET /api/v1/analytics/overview?since=3600s, rolling (newest result): {_pcts(rolling[1:])}"
     )
-    print(f"first full render, cold (nobody looked for {QUIET_S:g} s): {_pcts(cold_r)}")
-    print(f"first full render, warm (another visitor a few seconds before): {_pcts(warm_r)}")
     print(f"(the service answers a live window's newest result while it is < {LIVE_STALE_S:g} s old)")
-    for name, xs in (("cold", cold_r), ("warm", warm_r)):
-        verdict = "met" if p50(xs) < TARGET_S else "NOT met"
-        print(f"target: overview < {TARGET_S:g} s, {name}: {verdict} (p50 {p50(xs):.2f} s)")
+    for tree, (cold_r, warm_r) in renders.items():
+        where = f" [{tree}: {trees[tree]}]" if len(renders) > 1 else ""
+        print(f"first full render, cold (nobody looked for {QUIET_S:g} s){where}: {_pcts(cold_r)}")
+        print(f"first full render, warm (another visitor a few seconds before){where}: {_pcts(warm_r)}")
+        for name, xs in (("cold", cold_r), ("warm", warm_r)):
+            verdict = "met" if p50(xs) < TARGET_S else "NOT met"
+            print(f"target: overview < {TARGET_S:g} s, {name}{where}: {verdict} (p50 {p50(xs):.2f} s)")
+    if "old" in renders:
+        for i, name in enumerate(("cold", "warm")):
+            ratio = p50(renders["new"][i]) / p50(renders["old"][i])
+            print(f"ratio new / old first render, {name} (p50): {ratio:.2f}")
+    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 
-def _visit(browser: object, url: str, marks: dict[str, list[float]] | None = None) -> float:
+def _dashboard(tree: Path, api: str) -> tuple[str, subprocess.Popen]:
+    """The Streamlit dashboard of the checkout at ``tree`` on a free port, reading ``api``."""
+    port = _free_port()
+    env = {**os.environ, "PHASELENS_API_URL": api, "PYTHONPATH": str(tree)}
+    run = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(tree / "dashboard" / "app.py"),
+        "--server.headless=true",
+    ]
+    run += [f"--server.port={port}", "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"]
+    proc = subprocess.Popen(run, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def _visit(
+    browser: object,
+    url: str,
+    marks: dict[str, list[float]] | None = None,
+    scripts: list[tuple[int, int, bool]] | None = None,
+) -> float:
     """Seconds from navigation until :data:`OVERVIEW_DRAWN`, in a fresh browser context; appends
-    when each of :data:`MILESTONES` appeared (s since navigation) to ``marks``."""
+    when each of :data:`MILESTONES` appeared (s since navigation) to ``marks`` and the JavaScript
+    fetched (:data:`SCRIPTS`) to ``scripts``."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 1400})  # type: ignore[attr-defined]
     try:
         ctx.add_init_script(MILESTONES)
@@ -195,38 +241,54 @@ def _visit(browser: object, url: str, marks: dict[str, list[float]] | None = Non
             page.wait_for_timeout(50)  # the marks' next tick
             for k, v in (page.evaluate("() => window.__ms || {}") or {}).items():
                 marks.setdefault(k, []).append(v / 1000.0)
+        if scripts is not None:
+            scripts.append(tuple(page.evaluate(SCRIPTS)))
         return dt
     finally:
         ctx.close()
 
 
-def _browser(chromium: str, url: str, repeats: int) -> tuple[list[float], list[float]]:
-    """First full renders: ``cold`` after nobody asked for :data:`QUIET_S` (every cache of the
-    dashboard has expired; the service answers its newest result, younger than LIVE_STALE_S, and
-    recomputes in the background), ``warm`` right after another visitor (a new session). Prints
-    when the title, the tiles and the chart appeared (p50 over the visits)."""
+def _browser(chromium: str, urls: dict[str, str], repeats: int) -> dict[str, tuple[list[float], list[float]]]:
+    """First full renders of each dashboard in ``urls`` (cold, warm): ``cold`` after nobody asked
+    for :data:`QUIET_S` (every cache of the dashboard has expired; the service answers its newest
+    result, younger than LIVE_STALE_S, and recomputes in the background), ``warm`` right after
+    another visitor (a new session). With two dashboards their visits alternate (A B B A ...).
+    Prints when the title, the tiles and the chart appeared (p50 over the visits) and the JavaScript
+    each page fetched."""
     from playwright.sync_api import sync_playwright
 
-    cold, warm = [], []
-    marks: dict[str, dict[str, list[float]]] = {"cold": {}, "warm": {}}
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in urls}
+    marks = {(name, kind): {} for name in urls for kind in ("cold", "warm")}
+    scripts: dict[str, list[tuple[int, int, bool]]] = {name: [] for name in urls}
+    order = list(urls)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
         try:
-            _visit(browser, url)  # starts Streamlit's script runner and its imports
-            for _ in range(repeats):
-                time.sleep(QUIET_S + 1.0)
-                cold.append(_visit(browser, url, marks["cold"]))
-                time.sleep(LIVE_TTL_S + 0.5)  # past the plain cache: a recomputation is due
-                warm.append(_visit(browser, url, marks["warm"]))
+            for url in urls.values():
+                _visit(browser, url)  # starts Streamlit's script runner and its imports
+            for i in range(repeats):
+                for name in order if i % 2 == 0 else order[::-1]:
+                    cold, warm = out[name]
+                    time.sleep(QUIET_S + 1.0)
+                    cold.append(_visit(browser, urls[name], marks[(name, "cold")], scripts[name]))
+                    time.sleep(LIVE_TTL_S + 0.5)  # past the plain cache: a recomputation is due
+                    warm.append(_visit(browser, urls[name], marks[(name, "warm")], scripts[name]))
         finally:
             browser.close()
-    for name, got in marks.items():
+    for (name, kind), got in marks.items():
         parts = ", ".join(
             f"{k} {statistics.median(v):.2f} s"
             for k, v in sorted(got.items(), key=lambda kv: statistics.median(kv[1]))
         )
-        print(f"first render, {name}: appeared at (p50, s since navigation): {parts}")
-    return cold, warm
+        print(f"first render [{name}], {kind}: appeared at (p50, s since navigation): {parts}")
+    for name, got in scripts.items():
+        n = statistics.median(c for c, _b, _p in got)
+        mb = statistics.median(b for _c, b, _p in got) / 1e6
+        plotly = sum(p for _c, _b, p in got)
+        print(
+            f"JavaScript fetched [{name}] (p50 per visit): {n:.0f} files, {mb:.2f} MB; Plotly bundle in {plotly} of {len(got)} visits"
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -28,9 +28,12 @@ the service) is printed apart; decoding JSON off the socket is not in either fig
 
 **References**: ``Store.append`` of pre-built Arrow tables (10,000 rows each, the collector's buffer)
 and DuckDB alone inserting the same Arrow batches -- what DuckDB takes, not what the collector
-receives; **baseline**: one parameterised ``INSERT`` per row (autocommit), on fewer rows, same run.
-The load average is printed, and beside each figure the CPU other processes used meanwhile (cores;
-Linux): the figures only compare within one run on a shared machine.
+receives -- and the same rows with one INTEGER device key in place of the three string columns
+(node, source, device; a schema change not made, measured as the lever left); **baseline**: one
+parameterised ``INSERT`` per row (autocommit), on fewer rows, same run.
+The load average is printed, and beside each figure the CPU this process used per row (user +
+system, all its threads: load-independent where wall time is not) and the CPU other processes used
+meanwhile (cores; Linux): the figures only compare within one run on a shared machine.
 
     .venv/bin/python bench/ingest.py               # 1M rows per case, 2,000 baseline rows
     .venv/bin/python bench/ingest.py --rows 300000 --baseline-rows 1000 --no-reference --no-dcgm
@@ -424,24 +427,32 @@ def bench_row_by_row(path: Path, total: int) -> float:
         con.close()
 
 
-def bench_raw_duckdb(path: Path, total: int, batch: int, columns: list[str] | None = None) -> float:
+def bench_raw_duckdb(
+    path: Path, total: int, batch: int, columns: list[str] | None = None, *, device_key: bool = False
+) -> float:
     """Reference: DuckDB alone (no Store) inserting the same Arrow batches, checkpoint included.
 
     ``columns`` narrows the table (the 11-column table of DESIGN.md's "Facts measured on these
-    machines": ts_s, device and nine metrics).
+    machines": ts_s, device and nine metrics). ``device_key``: the store's table with one INTEGER
+    ``device_key`` in place of its three string columns (node, source, device) -- what the
+    integer device key of docs/BENCHMARKS.md "## ingest" would leave DuckDB to store (not made).
     """
     data = _narrow(sample_batch(batch, 1.7e9, np.random.default_rng(3)))
     if columns is None:
         with Store.open(path) as store:  # the store's own table and types
             data = store._to_arrow("gpu_samples", data)
         table = "gpu_samples"
+        if device_key:
+            key = pa.array(np.arange(batch, dtype=np.int32) % DEVICES)
+            data = data.drop_columns(["node", "source", "device"]).append_column("device_key", key)
+            table = "keyed"
     else:
         data = data.select(columns)
         table = "reference"
     con = duckdb.connect(str(path))
     try:
         con.register("batch", data)
-        if columns is not None:
+        if table != "gpu_samples":
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM batch LIMIT 0")
         t = time.perf_counter()
         done = 0
@@ -471,15 +482,16 @@ def _busy_jiffies() -> int | None:
     return sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
 
 
-def timed_with_others(fn: Callable[[], float]) -> tuple[float, float | None]:
-    """``fn()`` and the CPU (cores) that other processes used while it ran (None off Linux)."""
+def timed_with_others(fn: Callable[[], float]) -> tuple[float, float | None, float]:
+    """``fn()``, the CPU (cores) that other processes used while it ran (None off Linux), and the
+    CPU seconds (user + system, all threads) this process used for it."""
     b0, r0, t0 = _busy_jiffies(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     value = fn()
     b1, r1, t1 = _busy_jiffies(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    own_cpu_s = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
     if b0 is None or b1 is None:
-        return value, None
-    own = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
-    return value, max(0.0, (b1 - b0) / os.sysconf("SC_CLK_TCK") - own) / (t1 - t0)
+        return value, None, own_cpu_s
+    return value, max(0.0, (b1 - b0) / os.sysconf("SC_CLK_TCK") - own_cpu_s) / (t1 - t0), own_cpu_s
 
 
 def as_dicts(results: list[SourceResult]) -> list[SourceResult]:
@@ -513,12 +525,12 @@ def main(argv: list[str] | None = None) -> None:
         f"duckdb {duckdb.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load average {load}"
     )
     rows = args.rows
-    line = "{:<78} {:>9,} rows {:>10,.0f} rows/s {:>7} {:>6} {:>12}"
+    line = "{:<78} {:>9,} rows {:>10,.0f} rows/s {:>7} {:>6}  {}"
     base = 1.0
 
     def run(label: str, n: int, fn: Callable[[], float], target: bool = True) -> float:
-        rate, others = timed_with_others(fn)
-        busy = "" if others is None else f"others {others:.2f}"
+        rate, others, cpu_s = timed_with_others(fn)
+        busy = f"cpu {cpu_s / n * 1e6:.2f} us/row" + ("" if others is None else f", others {others:.2f}")
         ratio = f"{rate / base:,.0f}x" if base != 1.0 else "1x"
         met = ("≥1M" if rate >= TARGET_ROWS_S else "<1M") if target else ""
         print(line.format(label, n, rate, ratio, met, busy))
@@ -615,6 +627,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"  DuckDB alone, same table, pre-built Arrow, {ROW_GROUP:,}/batch",
                 rows,
                 lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, ROW_GROUP),
+                target=False,
+            )
+            run(
+                f"  DuckDB alone, same rows, INTEGER device key for node/source/device, {ROW_GROUP:,}/batch",
+                rows,
+                lambda: bench_raw_duckdb(tmp_path / "keyed.duckdb", rows, ROW_GROUP, device_key=True),
                 target=False,
             )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -144,6 +144,7 @@ def create_collector_app(collector: Collector) -> FastAPI:
         try:
             yield
         finally:
+            overviews.close()
             exporter.stop()
             collector.stop()
             collector.store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -225,8 +226,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A value that starts with a dash and a digit: a negative number or span (``-5``, ``-0.5``, ``-5m``).
+_DASH_VALUE = re.compile(r"-\.?\d")
+
+
+def attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--since -5m`` → ``--since=-5m``: argparse takes a value that starts with a dash for an option
+    (``expected one argument``) unless it reads as a plain negative number, so the command's own
+    check never saw it; attached, the value reaches that check, which says what is allowed.
+
+    Only a long option of the chosen command that takes one value, followed by a token that starts
+    with a dash and a digit and is not itself one of the command's options, is attached.
+    """
+    commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    at = next((i for i, tok in enumerate(argv) if commands and tok in commands.choices), None)
+    if commands is None or at is None:
+        return list(argv)
+    options = commands.choices[argv[at]]._option_string_actions
+    out = list(argv[: at + 1])
+    i = at + 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            out += argv[i:]
+            break
+        action = options.get(tok)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if (
+            tok.startswith("--")
+            and action is not None
+            and action.nargs is None
+            and nxt is not None
+            and _DASH_VALUE.match(nxt)
+            and nxt not in options
+        ):
+            out.append(f"{tok}={nxt}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(attach_dash_values(parser, sys.argv[1:] if argv is None else argv))
     return int(args.func(args) or 0)
 
 

@@ -94,6 +94,7 @@ class Child:
     delay_s: float = RESTART_DELAY_S
     pids: set[int] = field(default_factory=set)
     log_offset: int = 0  # where this start's lines begin in the log
+    started_s: float = 0.0  # time.monotonic() of the latest start
     _log: TextIO | None = None
 
     def start(self) -> None:
@@ -115,6 +116,7 @@ class Child:
             start_new_session=True,
             preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
         )
+        self.started_s = time.monotonic()
         self.pids.add(self.proc.pid)
         self.passes += 1
         self.next_start_s = None
@@ -344,6 +346,16 @@ def replay_argv(plan: DemoPlan, n: int) -> list[str]:
     )
 
 
+def trace_span_text(requests: int) -> str:
+    """How much traffic the first ``requests`` of the vendored trace are: ``≈ 7 minutes``, ``≈ 61 s``."""
+    from serving.trace import load_azure_trace, vendored_trace_path
+
+    span_s = load_azure_trace(vendored_trace_path(), limit=requests)[-1].arrival_s
+    if span_s < 1:
+        return "under a second"
+    return f"≈ {span_s:.0f} s" if span_s < 90 else f"≈ {span_s / 60:.0f} minutes"
+
+
 def stored_scenario(collector_url: str, requests: int) -> dict[str, Any] | None:
     """The demo's scenario when the store already holds it (same layout, model and trace length)."""
     r = httpx.get(f"{collector_url}/api/v1/scenarios", timeout=30)
@@ -437,10 +449,18 @@ class Supervisor:
         self.say(f"running {until}")
 
     def _wait_healthy(self, children: list[Child]) -> None:
+        """Wait until ``children`` answer their health endpoints. Each is said up with the time since
+        its own start; another started service seen up meanwhile (the dashboard, while the stack
+        loads) is said up then, not when its own wait comes."""
         start = time.monotonic()
         next_note = start + 10.0
         waiting = list(children)
         while waiting and not self.stopping.is_set():
+            for other in self.children.values():
+                unseen = other.kind == "service" and not other.healthy and other not in waiting
+                if unseen and other.running() and other.is_healthy():
+                    other.healthy = True
+                    self.say(f"{other.name} is up ({time.monotonic() - other.started_s:.1f} s)")
             for child in list(waiting):
                 code = child.returncode()
                 if code is not None:
@@ -451,7 +471,7 @@ class Supervisor:
                 if child.is_healthy():
                     child.healthy = True
                     waiting.remove(child)
-                    self.say(f"{child.name} is up ({time.monotonic() - start:.1f} s)")
+                    self.say(f"{child.name} is up ({time.monotonic() - child.started_s:.1f} s)")
             now = time.monotonic()
             if waiting and now - start > START_TIMEOUT_S:
                 names = ", ".join(f"{c.name} ({c.health_url})" for c in waiting)
@@ -480,7 +500,8 @@ class Supervisor:
             return
         self.say(
             f"simulating {SIM_MODEL} on 8 × H100 ({SIM_LAYOUT}) for the first {plan.sim_requests:,} requests "
-            "of the trace (≈ 7 minutes of traffic) in the background; labelled simulated, about a minute"
+            f"of the trace ({trace_span_text(plan.sim_requests)} of traffic) in the background; labelled "
+            "simulated, about a minute"
         )
         self.sim_started_s = time.monotonic()
         self.children["simulation"].start()
@@ -653,6 +674,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _error(f"--db {args.db} is a directory; give a DuckDB file path")
     if not db.parent.is_dir():
         return _error(f"--db {args.db}: the folder {db.parent} does not exist")
+    if args.device != "auto":
+        from serving.devices.errors import DeviceValueError
+        from serving.devices.registry import parse_device_spec
+
+        try:
+            for spec in args.device.split(","):
+                parse_device_spec(spec)
+        except DeviceValueError as e:
+            return _error(f"--device {args.device}: {e}; or auto")
     for what, (port, flag) in ports.items():
         message = port_error(port, what, flag)
         if message:

@@ -179,6 +179,12 @@ class OverviewService:
         self._latest: dict[tuple[Any, ...], OverviewResult] = {}
         self._refreshing: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """Start no more background recomputations (the service is stopping)."""
+        with self._lock:
+            self._closed = True
 
     def get(self, params: dict[str, Any]) -> OverviewResult:
         now = time.time()
@@ -214,7 +220,7 @@ class OverviewService:
     ) -> None:
         """Recompute ``rolling`` on a thread of its own (one at a time per window)."""
         with self._lock:
-            if rolling in self._refreshing:
+            if self._closed or rolling in self._refreshing:
                 return
             self._refreshing.add(rolling)
 

@@ -172,7 +172,8 @@ class _Page:
             include_plotlyjs=False,
             full_html=False,
             div_id=f"chart-{self.charts}",
-            config={"displaylogo": False, "responsive": True},
+            # no tool bar: it floats over the chart's top right, where its trust labels are
+            config={"displaylogo": False, "responsive": True, "displayModeBar": False},
         )
         self.charts += 1
         return div

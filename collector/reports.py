@@ -566,6 +566,12 @@ def cmd_report(args: Any) -> int:
 
     since = args.since if args.since is not None or args.dataset != "live" else "24h"
     params = {"since": since, "dataset": args.dataset}
+    for flag, out in (("--out", args.out), ("--json-out", args.json_out)):
+        # refused before the report is made and stored, not with a traceback after
+        problem = _out_path_problem(out) if out else None
+        if problem:
+            print(f"phaselens report: error: {flag} {out}: {problem}", file=sys.stderr)
+            return 2
     try:
         if args.db:
             made = _report_on_file(args.db, params)
@@ -581,14 +587,28 @@ def cmd_report(args: Any) -> int:
     except ReportError as e:
         print(f"phaselens report: error: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        Path(args.out).write_text(page or "", encoding="utf-8")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    try:
+        if args.out:
+            Path(args.out).write_text(page or "", encoding="utf-8")
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    except OSError as e:
+        print(f"phaselens report: error: report {rid} is {where}, but saving it failed: {e}", file=sys.stderr)
+        return 1
     print(f"report {rid}: {title}; {where}" + (f"; page {args.out}" if args.out else ""))
     if error:
         print(f"phaselens report: warning: {error}", file=sys.stderr)
     return 0
+
+
+def _out_path_problem(path: str) -> str | None:
+    """Why a file cannot be written at ``path`` (a folder there, or no folder to hold it), else None."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a folder; give a file name, e.g. report.html"
+    if not p.resolve().parent.is_dir():
+        return f"the folder {p.resolve().parent} does not exist"
+    return None
 
 
 def _report_on_file(db: str, params: dict[str, Any]) -> Report:
@@ -632,6 +652,12 @@ def _report_through(
     try:
         with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
             r = c.post("/api/v1/reports", json=params)
+            if r.status_code in (401, 403):
+                raise ReportError(
+                    f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}. Pass the collector's "
+                    "control token with --token TOKEN or $PHASELENS_CONTROL_TOKEN (`phaselens demo` prints "
+                    "it as its 'control token')"
+                )
             if r.status_code != 200:
                 raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}")
             info = r.json()

@@ -431,6 +431,10 @@ def _run(
             f"scenario {sid}: {rows:,} rows ({counts.get('gpu_samples', 0):,} GPU samples) {sink.where} "
             f"as node sim:{sid}, labelled simulated"
         )
+    if stored and sink.analyze_from:  # `phaselens analyze` alone reads the live data, not a scenario
+        print("analyze a scenario (phaselens analyze without --dataset reads the live data, not these):")
+        for sid, _counts in stored:
+            print(f"  phaselens analyze {sink.analyze_from} --dataset {sid}")
     if args.json_out:
         from analytics.jsonable import json_safe
 
@@ -467,9 +471,17 @@ class _Bar:
 class _Sink:
     """Where scenarios are written: a store file directly, or a Parquet export (merged later or now)."""
 
-    def __init__(self, store: Any, where: str, finish: Callable[[], None], close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        where: str,
+        finish: Callable[[], None],
+        close: Callable[[], None],
+        analyze_from: str | None = None,
+    ) -> None:
         self.store, self.where = store, where
         self._finish, self._close = finish, close
+        self.analyze_from = analyze_from  # where `phaselens analyze` reads the scenarios (its options)
 
     def finish(self) -> None:
         self._finish()
@@ -506,7 +518,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
             tmp.cleanup()
 
         where = f"exported to {out_dir}" if args.out else f"merged through {args.collector}"
-        return _Sink(store, where, finish, close)
+        return _Sink(store, where, finish, close, None if args.out else f"--collector {args.collector}")
     db = args.db or "phaselens.duckdb"
     try:
         store = Store.open(db)
@@ -517,7 +529,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
         )
     except StoreError as e:
         return _error(str(e))
-    return _Sink(store, f"written to {db}", lambda: None, store.close)
+    return _Sink(store, f"written to {db}", lambda: None, store.close, f"--db {db}")
 
 
 def _post_import(url: str, token: str, out_dir: Path) -> None:

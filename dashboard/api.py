@@ -37,10 +37,11 @@ TIME_COLUMNS = {
 class ServiceUnavailable(Exception):
     """The collector's API could not be reached at ``url`` (``reason`` says why)."""
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str, reason: str, *, bad_url: bool = False) -> None:
         super().__init__(f"the phaselens collector at {url} is unreachable: {reason}")
         self.url = url
         self.reason = reason
+        self.bad_url = bad_url  # the URL itself is wrong (no http:// or https://), not the service
 
 
 class ApiError(Exception):
@@ -86,6 +87,8 @@ class CollectorApi:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             r = self._client.request(method, path, params=clean, json=body)
+        except httpx.UnsupportedProtocol as e:
+            raise ServiceUnavailable(self.base_url, str(e), bad_url=True) from e
         except httpx.TimeoutException as e:
             raise ServiceUnavailable(self.base_url, f"no answer to {method} {path} in time ({e})") from e
         except httpx.HTTPError as e:

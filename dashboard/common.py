@@ -8,6 +8,7 @@ and reads through :func:`read_table` (or :func:`client`), inside :func:`service_
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard.api import TIME_COLUMNS, ApiError, CollectorApi, ServiceUnavailable, TableRead, api_url
+from dashboard.api import (
+    API_URL_ENV,
+    TIME_COLUMNS,
+    ApiError,
+    CollectorApi,
+    ServiceUnavailable,
+    TableRead,
+    api_url,
+)
 from dashboard.figures import TRUST_COLOURS, TRUST_ORDER, label_figure, ordered_labels
 
 # pages name these through here
@@ -267,6 +276,13 @@ def service_errors() -> Iterator[None]:
     try:
         yield
     except ServiceUnavailable as e:
+        if e.bad_url:
+            st.error(
+                f"**`{API_URL_ENV}` is not an http(s) URL**: `{e.url}`. Give the collector's URL with its "
+                f"scheme, e.g. `{API_URL_ENV}=http://127.0.0.1:8900`.",
+                icon=":material/link_off:",
+            )
+            st.stop()
         st.error(
             f"**The phaselens service is not reachable** at `{e.url}`.\n\n"
             f"Start it with `phaselens collect --db phaselens.duckdb`, or point the dashboard at a "
@@ -293,11 +309,20 @@ def empty_window(what: str, sel: Selection) -> None:
 
 
 def describe_window(sel: Selection) -> str:
+    """The data set and window in words, for markdown (colons escaped: :func:`plain_md`)."""
     start, end = sel.window()
     fmt = "%Y-%m-%d %H:%M:%S"
     a = datetime.fromtimestamp(start, UTC).strftime(fmt)
     b = datetime.fromtimestamp(end, UTC).strftime("%H:%M:%S")
-    return f"{sel.dataset_label}, {a} – {b} UTC"
+    return plain_md(f"{sel.dataset_label}, {a} – {b} UTC")
+
+
+def plain_md(text: str) -> str:
+    """Plain ``text`` (no code spans) for Streamlit markdown with its colons escaped where a word
+    follows (``04\\:20\\:13``, ``agg\\:8xh100-sxm\\:tp2``; shown as ``04:20:13``): Streamlit's
+    frontend fetches and loads its 0.26 MB emoji library for any text with ``:word:`` in it, which
+    clock times and layout names look like."""
+    return re.sub(r":(?=[\w+-])", r"\\:", text)
 
 
 # -- trust labels ------------------------------------------------------------------------------------

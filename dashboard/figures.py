@@ -53,6 +53,7 @@ UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
 TTFT_COLOUR = PHASE_COLOURS["prefill"]  # the first token waits on prefill
 ITL_COLOUR = "#2e7d32"  # token gaps are decode steps (a darker decode green, readable as a line)
 PERCENTILE_DASH = {50: "solid", 90: "dash", 99: "dot"}
+MODE_LABEL_SPAN_PCT = 32.0  # about how much of a histogram's 0..100 % axis a mode's label spans
 DIP_ALPHA = 0.05  # analytics.bimodal.DIP_ALPHA: below it the distribution is called bimodal
 _GRID = "#eeeeee"
 
@@ -66,15 +67,21 @@ def ordered_labels(labels: Iterable[str]) -> list[str]:
     return [label for label in TRUST_ORDER if label in given] + sorted(given - set(TRUST_ORDER))
 
 
+def trust_markup(labels: Iterable[str]) -> str:
+    """The trust labels as every chart writes them: upper case, each in its colour, in
+    :func:`ordered_labels` order (markup that both Plotly's text and HTML read); empty for none."""
+    return " · ".join(
+        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>"
+        for lb in ordered_labels(labels)
+    )
+
+
 def label_figure(fig: go.Figure, labels: Iterable[str]) -> go.Figure:
     """Write the trust labels into the chart itself (top right), so that a screenshot or an
     exported image still says how far the numbers can be trusted."""
-    labels = ordered_labels(labels)
-    if not labels:
+    text = trust_markup(labels)
+    if not text:
         return fig
-    text = " · ".join(
-        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>" for lb in labels
-    )
     fig.add_annotation(
         text=f"<b>{text}</b>",
         xref="paper",
@@ -151,6 +158,8 @@ def _num(v: Any) -> float:
 def dip_verdict(row: Mapping[str, Any] | None) -> str:
     """The dip test's result in words: ``bimodal, dip p < 0.001``, ``unimodal, dip p = 0.42``, or
     why the test did not run."""
+    if (row or {}).get("no_spread"):
+        return "constant / no spread: bimodality not defined"
     p = _num((row or {}).get("dip_p_value"))
     if p != p:
         return "dip test not run (too few or constant values)"
@@ -220,13 +229,15 @@ def activity_histogram_figure(
         if centre != centre:
             continue
         fig.add_vline(x=centre, line={"color": colour, "width": 2.5, "dash": "dash"})
-        # text on the side away from the other mode, inside the plot near its edges
-        right_side = centre < 12 or (which == "high" and centre <= 88)
+        # text on the side away from the other mode, unless it would run off the plot there (two
+        # close modes then share a side, one line apart)
+        right_side = centre < MODE_LABEL_SPAN_PCT if which == "low" else centre <= 100 - MODE_LABEL_SPAN_PCT
         fig.add_annotation(
             x=centre,
             y=1.0 - 0.09 * i,
             yref="paper",
-            text=f"{which} mode {centre:.0f} %" + (f" ({weight:.0%} of samples)" if weight == weight else ""),
+            text=f"{which} mode {centre:.0f} %"
+            + (f" ({100 * weight:.0f} % of samples)" if weight == weight else ""),
             showarrow=False,
             yanchor="top",
             xanchor="left" if right_side else "right",
@@ -293,6 +304,20 @@ GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category lo
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
 
 
+def gpu_time_rows(
+    gpu_time: Mapping[str, Any], pools: Sequence[str] | None, *, with_fleet: bool = False
+) -> list[tuple[str, Mapping[str, float]]]:
+    """The bars of a GPU-time chart, (name, shares by :data:`GPU_TIME_COLOURS` key): the ``pools``
+    named (or all GPUs when none of them has data), all GPUs first with ``with_fleet``."""
+    rows: list[tuple[str, Mapping[str, float]]] = []
+    per_pool = gpu_time.get("per_pool") or {}
+    if pools:
+        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
+    if not rows or (with_fleet and len(rows) > 1):
+        rows.insert(0, ("all GPUs", gpu_time["shares"]))
+    return rows
+
+
 def gpu_time_figure(
     gpu_time: Mapping[str, Any],
     pools: Sequence[str] | None,
@@ -300,15 +325,10 @@ def gpu_time_figure(
     *,
     with_fleet: bool = False,
 ) -> go.Figure:
-    """Where GPU-time goes (``analytics.overview.gpu_time``): a stacked horizontal bar per row — the
-    ``pools`` named (or all GPUs when none of them has data), all GPUs first with ``with_fleet``."""
+    """Where GPU-time goes (``analytics.overview.gpu_time``): a stacked horizontal bar per row of
+    :func:`gpu_time_rows`. (The Overview draws the same bars without Plotly: ``dashboard.share_bar``.)"""
     names = gpu_time.get("names") or {}
-    rows: list[tuple[str, Mapping[str, float]]] = []
-    per_pool = gpu_time.get("per_pool") or {}
-    if pools:
-        rows = [(f"{p} pool", per_pool[p]) for p in pools if p in per_pool]
-    if not rows or (with_fleet and len(rows) > 1):
-        rows.insert(0, ("all GPUs", gpu_time["shares"]))
+    rows = gpu_time_rows(gpu_time, pools, with_fleet=with_fleet)
     fig = go.Figure()
     for key, colour in GPU_TIME_COLOURS.items():
         xs = [100 * shares.get(key, 0.0) for _, shares in rows]
@@ -325,16 +345,19 @@ def gpu_time_figure(
                 hovertemplate=f"{names.get(key, key)}: %{{x:.1f}} %<extra>%{{y}}</extra>",
             )
         )
+    # the legend under the axis (px from the plot's bottom, as a share of its height), so that it
+    # never runs into the trust label at the top right
+    plot_px = 40 + 46 * len(rows)
     fig.update_layout(
         barmode="stack",
-        height=120 + 46 * len(rows),
-        margin={"l": 10, "r": 10, "t": 36, "b": 10},
+        height=plot_px + 36 + 96,
+        margin={"l": 10, "r": 10, "t": 36, "b": 96},
         xaxis={"title": {"text": "share of GPU-time, %"}, "range": [0, 100.5], "ticksuffix": " %"},
         yaxis={"automargin": True, "autorange": "reversed"},
         legend={
             "orientation": "h",
-            "yanchor": "bottom",
-            "y": 1.02,
+            "yanchor": "top",
+            "y": -52 / plot_px,
             "x": 0,
             "font": {"size": 12},
             "traceorder": "normal",
@@ -461,6 +484,18 @@ def _span(x: Sequence[pd.Timestamp], window_s: tuple[float, float] | None) -> tu
     return (min(x), max(x)) if x else None
 
 
+def log_ticks(lo: float, hi: float, *, most: int = 10) -> list[float] | None:
+    """The 1-2-5 values (…, 10, 20, 50, 100, …) a log axis from ``lo`` to ``hi`` (> 0) labels, so
+    that a line within one decade still has values beside it; None when there would be more than
+    ``most`` (the axis then labels powers of ten only)."""
+    ticks: list[float] = []
+    decade = 10.0 ** math.floor(math.log10(lo / 2))
+    while decade <= hi * 2:
+        ticks += [m * decade for m in (1, 2, 5) if lo / 2 <= m * decade <= hi * 2]
+        decade *= 10
+    return [float(f"{t:.6g}") for t in ticks] if len(ticks) <= most else None
+
+
 def latency_over_time_figure(
     over_time: Sequence[Mapping[str, Any]],
     *,
@@ -519,7 +554,9 @@ def latency_over_time_figure(
     for row, name in ((1, "TTFT, ms"), (2, "inter-token latency, ms")):
         v = values[row]
         if v and max(v) >= 10 * min(v):
-            fig.update_yaxes(title_text=f"{name} (log)", type="log", dtick=1, row=row, col=1)
+            ticks = log_ticks(min(v), max(v))
+            log_axis = {"tickvals": ticks, "ticktext": [f"{t:,g}" for t in ticks]} if ticks else {"dtick": 1}
+            fig.update_yaxes(title_text=f"{name} (log)", type="log", **log_axis, row=row, col=1)
         else:
             fig.update_yaxes(title_text=name, rangemode="tozero", row=row, col=1)
     if span:
@@ -565,7 +602,7 @@ def attainment_over_time_figure(
     fig.add_hline(
         y=target * 100,
         line={"color": "#555555", "dash": "dash", "width": 1},
-        annotation_text=f"target {target:.0%}",
+        annotation_text=f"target {100 * target:.0f} %",
         annotation_position="top right",
         annotation_font={"size": 11},
         annotation_bgcolor="rgba(255,255,255,0.85)",
@@ -600,7 +637,7 @@ def goodput_sweep_figure(result: Mapping[str, Any]) -> go.Figure:
         fig.add_hline(
             y=target * 100,
             line={"color": "#555555", "dash": "dash", "width": 1},
-            annotation_text=f"target {target:.0%}",
+            annotation_text=f"target {100 * target:.0f} %",
             annotation_position="bottom left",
         )
     good = _num(result.get("goodput_rps"))

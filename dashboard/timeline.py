@@ -24,10 +24,17 @@ class Band:
     phase: str
 
 
-def downsample(samples: pd.DataFrame, start_s: float, end_s: float, points: int = 600) -> pd.DataFrame:
+def downsample(
+    samples: pd.DataFrame, start_s: float, end_s: float, points: int = 600, *, break_gaps: bool = False
+) -> pd.DataFrame:
     """One GPU's samples averaged per bucket of ``(end_s - start_s) / points`` (the power limit: its
     maximum); a bucket holding no sample is left out. Columns: ``time_s`` (bucket middle) and
-    :data:`SAMPLE_COLUMNS` + ``power_limit_w``, ``n`` (samples averaged)."""
+    :data:`SAMPLE_COLUMNS` + ``power_limit_w``, ``n`` (samples averaged).
+
+    ``break_gaps``: where no sample came for longer than three buckets and three sampling periods
+    (the median spacing of the samples), e.g. while the collector was stopped, a row of NaN values
+    (``n`` 0) in the middle of the hole, so that a line chart breaks there instead of drawing a
+    straight line across time nothing was sampled."""
     cols = [c for c in (*SAMPLE_COLUMNS, "power_limit_w") if c in samples]
     if samples.empty:
         return pd.DataFrame(columns=["time_s", *cols, "n"])
@@ -46,7 +53,16 @@ def downsample(samples: pd.DataFrame, start_s: float, end_s: float, points: int 
     out.insert(
         0, "time_s", np.where(out["n"].to_numpy() == 1, first_ts.reindex(out.index).to_numpy(), middle)
     )
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    if break_gaps and len(out) > 1:
+        period = float(np.median(np.diff(np.sort(ts))))
+        times = out["time_s"].to_numpy(dtype=float)
+        holes = np.flatnonzero(np.diff(times) > 3 * max(width, period))
+        if holes.size:
+            gaps = pd.DataFrame({"time_s": (times[holes] + times[holes + 1]) / 2, "n": 0})
+            out = pd.concat([out, gaps], ignore_index=True).sort_values("time_s", kind="stable")
+            out = out.reset_index(drop=True)
+    return out
 
 
 def phase_bands(iterations: pd.DataFrame, start_s: float, end_s: float, slices: int = 240) -> list[Band]:

@@ -17,9 +17,11 @@ import contextlib
 import json
 import math
 import random
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 MAX_ERRORS_SHOWN = 5
+STOP_GRACE_S = 8.0  # on SIGINT/SIGTERM, how long requests in flight may still take (the demo waits 10 s)
 _WORDS = (
     "the of and to in is was for on that with as by at from his her an which this are be it or had "
     "not have one were all they their there been has when who will more no if out so said what up its "
@@ -130,6 +133,8 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)
     # Per emulated worker, what the run's iterations did on the modeled GPU (see emulation_during).
     emulation: list[dict[str, Any]] | None = None
+    # Requests of the trace never sent because the run was stopped (SIGINT/SIGTERM): not failures.
+    not_sent: int = 0
 
     def summary_dict(self) -> dict[str, Any]:
         """The summary (everything but the per-request results) as JSON-ready data."""
@@ -173,8 +178,9 @@ def build_report(
     *,
     clipped: int = 0,
     max_concurrency: int | None = None,
+    not_sent: int = 0,
 ) -> LoadReport:
-    """Summarise per-request results into a :class:`LoadReport`."""
+    """Summarise per-request results into a :class:`LoadReport` (``results``: the requests sent)."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     prompt_total = sum(r.prompt_tokens for r in ok)
@@ -202,6 +208,7 @@ def build_report(
         clipped=clipped,
         max_concurrency=max_concurrency,
         errors=[f"#{r.index} {r.status}: {r.error}" for r in failed[:MAX_ERRORS_SHOWN]],
+        not_sent=not_sent,
     )
 
 
@@ -407,6 +414,7 @@ async def arun_load(
     progress: bool = True,
     seed: int = 0,
     clipped: int = 0,
+    stop_grace_s: float = STOP_GRACE_S,
 ) -> LoadReport:
     """Replay ``requests`` open-loop against ``base_url`` and return the report (async version).
 
@@ -415,6 +423,10 @@ async def arun_load(
     send). ``model=None`` uses the first model of ``GET /v1/models``. ``timeout_s`` bounds each
     request end to end. ``clipped`` is only copied into the report. Failed requests are counted,
     never raised; :class:`LoadGenError` is raised only when the run cannot start.
+
+    SIGINT or SIGTERM (when run on the main thread) stops the run gracefully: no further request
+    is sent, the ones in flight get up to ``stop_grace_s`` to finish (then they are cancelled and
+    count as failed), and the report counts the unsent ones as ``not_sent``, not as failures.
     """
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency!r}")
@@ -448,18 +460,33 @@ async def arun_load(
                 failed[0] += 1
                 bar.set_postfix(failed=failed[0])
 
-        try:
-            tasks = []
-            for i in order:
-                await _sleep_until(t0 + requests[i].arrival_s)
-                tasks.append(asyncio.create_task(one(i)))
-            await asyncio.gather(*tasks)
-        finally:
-            bar.close()
+        stop = asyncio.Event()
+        tasks: dict[int, asyncio.Task] = {}
+        with _stop_on_signals(stop):
+            try:
+                for i in order:
+                    if not await _sleep_until(t0 + requests[i].arrival_s, stop):
+                        break
+                    tasks[i] = asyncio.create_task(one(i))
+                await _finish(list(tasks.values()), stop, stop_grace_s)
+            finally:
+                bar.close()
+        for i, task in tasks.items():
+            if task.cancelled():
+                results[i].status, results[i].error = (
+                    "cancelled",
+                    "the run was stopped while it was in flight",
+                )
         duration = time.perf_counter() - t0
         devices_after = await fetch_emulation(client, base_url)
     report = build_report(
-        base_url, model, results, duration, clipped=clipped, max_concurrency=max_concurrency
+        base_url,
+        model,
+        [results[i] for i in sorted(tasks)],
+        duration,
+        clipped=clipped,
+        max_concurrency=max_concurrency,
+        not_sent=len(requests) - len(tasks),
     )
     report.emulation = emulation_during(devices_before, devices_after)
     return report
@@ -520,6 +547,7 @@ def run_load(
     progress: bool = True,
     seed: int = 0,
     clipped: int = 0,
+    stop_grace_s: float = STOP_GRACE_S,
 ) -> LoadReport:
     """Replay ``requests`` against ``base_url`` and return the report (runs its own event loop).
 
@@ -535,14 +563,60 @@ def run_load(
             progress=progress,
             seed=seed,
             clipped=clipped,
+            stop_grace_s=stop_grace_s,
         )
     )
 
 
-async def _sleep_until(deadline: float) -> None:
-    """Sleep until ``time.perf_counter() >= deadline`` (never wakes early)."""
+async def _sleep_until(deadline: float, stop: asyncio.Event | None = None) -> bool:
+    """Sleep until ``time.perf_counter() >= deadline`` (never wakes early); False at once when
+    ``stop`` is set before then."""
     while (delay := deadline - time.perf_counter()) > 0:
-        await asyncio.sleep(delay)
+        if stop is None:
+            await asyncio.sleep(delay)
+            continue
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except TimeoutError:
+            continue
+        return False
+    return not (stop is not None and stop.is_set())
+
+
+async def _finish(tasks: list[asyncio.Task], stop: asyncio.Event, grace_s: float) -> None:
+    """Wait for ``tasks``; once ``stop`` is set, give them ``grace_s`` more, then cancel the rest."""
+    if not tasks:
+        return
+    pending = set(tasks)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        while pending and not stop.is_set():
+            _, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        stopper.cancel()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """Set ``stop`` on SIGINT/SIGTERM while inside (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    for sig in sigs:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -554,7 +628,8 @@ def format_report(report: LoadReport) -> str:
         f"load run against {report.url} (model {report.model})",
         f"  requests    {report.n_requests} sent, {report.n_ok} ok, {report.n_failed} failed, "
         f"{report.clipped} clipped"
-        + (f", max concurrency {report.max_concurrency}" if report.max_concurrency else ""),
+        + (f", max concurrency {report.max_concurrency}" if report.max_concurrency else "")
+        + (f"; stopped early: {report.not_sent} not sent" if report.not_sent else ""),
         f"  duration    {report.duration_s:.2f} s",
         f"  throughput  {report.request_throughput_rps:.3f} req/s, "
         f"{report.output_tokens_per_s:.1f} output tok/s, {report.total_tokens_per_s:.1f} total tok/s",

@@ -240,7 +240,10 @@ def build_columns(
                 if len(data) == 1 and encode is None:
                     out[name] = pa.array(data[0], type=arrow_type)  # one block: its own list
                     continue
-            joined: Any = chain.from_iterable(_expand(name, piece) for piece in pieces)
+            if len(pieces) == 1 and pieces[0][0] == "lists":  # one run: its blocks' lists, one chain
+                joined: Any = chain.from_iterable(pieces[0][1])
+            else:
+                joined = chain.from_iterable(_expand(name, piece) for piece in pieces)
             if encode is not None:
                 joined = map(encode, joined)
             out[name] = pa.array(list(joined), type=arrow_type)

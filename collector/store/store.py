@@ -40,6 +40,7 @@ every append is written, synchronously, before it returns.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -71,6 +72,8 @@ from serving.telemetry import Gap
 
 Rows = Sequence[Mapping[str, Any]] | pa.Table | pd.DataFrame
 TimeLike = float | int | datetime
+READER_CLOSE_TIMEOUT_S = 10.0  # close() waits this long for interrupted readers to let go
+log = logging.getLogger(__name__)
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -131,6 +134,7 @@ class Store:
 
     __slots__ = (
         "_buffer_rows",
+        "_closing",
         "_columns",
         "_con",
         "_deferred",
@@ -144,6 +148,8 @@ class Store:
         "_pending_batches",
         "_pending_rows",
         "_pending_wide",
+        "_readers",
+        "_readers_done",
         "_wide_samples",
         "path",
         "read_only",
@@ -167,6 +173,9 @@ class Store:
         self._inflight_batches: set[BatchKey] = set()  # telemetry batches of that flush
         self._deferred: FlushError | None = None  # a failed background flush not yet reported
         self._devices_lock = threading.Lock()  # the registry: the writer's notes, a flight's changes
+        self._readers: set[duckdb.DuckDBPyConnection] = set()  # reader cursors open now
+        self._readers_done = threading.Condition()  # guards _readers and _closing
+        self._closing = False
         self._columns = _load_columns(con)
         # what a wide gpu_samples input may carry: the table's columns + the device attributes
         self._wide_samples = {
@@ -217,8 +226,14 @@ class Store:
             con.close()
             raise
 
-    def close(self) -> None:
-        """Flush pending rows and close the file. Safe to call more than once."""
+    def close(self, reader_timeout_s: float = READER_CLOSE_TIMEOUT_S) -> None:
+        """Flush pending rows and close the file. Safe to call more than once.
+
+        New readers are refused from the start of the call; a query still running on a reader
+        cursor (e.g. a dashboard's recomputation on its own thread) is interrupted and waited for,
+        up to ``reader_timeout_s``, so closing never fails because a reader is busy.
+        """
+        self._end_readers(reader_timeout_s)
         with self._lock:
             if self._con is None:
                 return
@@ -232,6 +247,21 @@ class Store:
                     self._flight_con = None
                 self._con.close()
                 self._con = None
+
+    def _end_readers(self, timeout_s: float) -> None:
+        """Refuse new readers, interrupt the running ones and wait for them to close."""
+        deadline = time.monotonic() + timeout_s
+        with self._readers_done:
+            self._closing = True
+            while self._readers and (left := deadline - time.monotonic()) > 0:
+                for cur in list(self._readers):  # again each round: a query may start after one
+                    try:
+                        cur.interrupt()
+                    except duckdb.Error:  # already finished or closed
+                        pass
+                self._readers_done.wait(min(left, 0.05))
+            if self._readers:
+                log.warning("closing %s with %d reader(s) still open", self.path, len(self._readers))
 
     def __enter__(self) -> Store:
         return self
@@ -534,13 +564,21 @@ class Store:
         """
         with self._lock:
             self._settle()
-            cur = self._conn().cursor()
+            with self._readers_done:
+                con = self._conn()  # "is closed" once closed
+                if self._closing:
+                    raise StoreError(f"store {self.path} is closing; no new reads")
+                cur = con.cursor()
+                self._readers.add(cur)
         try:
             yield cur
         except duckdb.Error as e:
             raise StoreError(f"query on {self.path} failed: {e}") from e
         finally:
             cur.close()
+            with self._readers_done:
+                self._readers.discard(cur)
+                self._readers_done.notify_all()
 
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL (``?`` or ``$name`` parameters) on a fresh cursor; return a DataFrame."""

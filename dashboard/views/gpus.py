@@ -205,7 +205,7 @@ def render(sel: common.Selection) -> None:
             }
         )
         title = f"{label}" + (f" — {pool} pool" if pool else "")
-        charts.append((key, title, downsample(rows, start, end), bands, gpu_labels))
+        charts.append((key, title, downsample(rows, start, end, break_gaps=True), bands, gpu_labels))
     _overview(summary)
     if iters_read is None:
         st.caption(

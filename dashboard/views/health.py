@@ -59,8 +59,9 @@ def _sources_table(sources: list[dict[str, Any]], now: float) -> None:
                 "Rows": s.get("rows_total", 0),
                 "Errors": s.get("errors_total", 0),
                 "Rows refused by the store": s.get("store_rejected_rows", 0),
-                "Telemetry gaps": s.get("telemetry_gaps"),
-                "Missing batches": s.get("telemetry_missing_batches"),
+                # sources without telemetry cursors have no gaps to count: a dash, not "None"
+                "Telemetry gaps": _count_or_dash(s.get("telemetry_gaps")),
+                "Missing batches": _count_or_dash(s.get("telemetry_missing_batches")),
                 "Last error": s.get("last_error") or "",
             }
         )
@@ -73,9 +74,14 @@ def _sources_table(sources: list[dict[str, Any]], now: float) -> None:
                 "Lag", format="%.1f s", help="time since the last successful poll"
             ),
             "Rows": st.column_config.NumberColumn("Rows", format="%d"),
-            "Last error": st.column_config.TextColumn("Last error", width="large"),
+            "Last error": st.column_config.TextColumn("Last error", width="medium"),
         },
     )
+
+
+def _count_or_dash(value: Any) -> str:
+    """A count as text, or an em dash where the source has no such count."""
+    return "—" if value is None else f"{int(value):,}"
 
 
 def _writer(health: dict[str, Any], now: float) -> None:

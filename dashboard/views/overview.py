@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import common, figures
+from dashboard import common, figures, share_bar
 
 TILE_ROWS = (
     ("output_tokens_per_s", "usd_per_1m_input", "usd_per_1m_output", "j_per_output_token"),
@@ -53,6 +53,8 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         help_lines.append(f"Previous period: {fig.get('previous_no_data') or 'no data'}")
     else:
         help_lines.append(f"Previous period: {figures.figure_text(key, previous)}")
+    if fig.get("basis"):
+        help_lines.insert(0, f"Rate {fig['basis']}")
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
         help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
@@ -68,6 +70,8 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
             st.caption(str(fig.get("no_data") or "no data"))
         else:
             common.trust_badges(fig.get("trust") or [])
+            if fig.get("basis"):
+                st.caption(str(fig["basis"]))
         if value is not None and previous is None and any_previous:
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 
@@ -84,7 +88,9 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     w = body.get("window") or {}
     if not sel.simulated and w.get("end_s") and body.get("computed_at_s"):
         st.caption(
-            f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+            common.plain_md(
+                f"Figures of {_utc(w['start_s'])} – {_utc(w['end_s'])} UTC, computed {_utc(body['computed_at_s'])} UTC"
+            )
         )
     money = body.get("money") or {}
     if money.get("sentence"):
@@ -104,8 +110,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         st.info(f"GPU-time split: {gpu_time.get('no_data') or 'no data'}", icon=":material/search_off:")
     else:
         chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
-        fig = figures.gpu_time_figure(gpu_time, chosen, gpu_time.get("trust") or [])
-        st.plotly_chart(fig, width="stretch", key="gpu_time", config={"displaylogo": False})
+        # HTML, not Plotly: the landing page never loads the 4.7 MB Plotly bundle for one bar
+        st.html(share_bar.gpu_time_html(gpu_time, chosen, gpu_time.get("trust") or []))
         nodes = params.get("node")
         scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
         st.caption(

@@ -14,11 +14,13 @@ import pytest
 from analytics.attribution import (
     MODEL_TERMS,
     STATES,
+    bounded_lsq_gram,
     gpu_buckets,
     gpu_intervals,
     gpu_key,
     nnls_gram,
     phase_breakdown,
+    sample_gaps,
 )
 from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
 from analytics.window import Window
@@ -219,11 +221,115 @@ def test_nnls_keeps_coefficients_non_negative_and_matches_unconstrained_when_fea
     assert nnls_gram(x.T @ x, x.T @ y2) == pytest.approx(np.linalg.lstsq(x, y2, rcond=None)[0])
 
 
+def test_bounded_lsq_matches_nnls_and_respects_upper_bounds():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    y = np.array([20.0, 1.0, 21.0])  # unconstrained: b = (20, 1)
+    g, r = x.T @ x, x.T @ y
+    assert bounded_lsq_gram(g, r, np.zeros(2), np.full(2, np.inf)) == pytest.approx([20.0, 1.0])
+    # b1 capped at 5: b2 = argmin (b2-1)² + (5+b2-21)² = 8.5
+    assert bounded_lsq_gram(g, r, np.zeros(2), np.array([5.0, 100.0])) == pytest.approx([5.0, 8.5])
+    # b1 fixed at 3 (lo = hi): b2 = argmin (b2-1)² + (3+b2-21)² = 9.5
+    assert bounded_lsq_gram(g, r, np.array([3.0, 0.0]), np.array([3.0, 100.0])) == pytest.approx([3.0, 9.5])
+
+
+def _one_gpu_store(
+    path: Path, joules: list[float], its: list[dict[str, Any]], **cols: Any
+) -> duckdb.DuckDBPyConnection:
+    """GPU cuda:0 sampled every 1 s from 100 s, with these interval energies and iterations."""
+    ts = [100.0 + i for i in range(len(joules) + 1)]
+    return make_store(path, {"gpu_samples": samples(ts, counter_mj(joules), **cols), "iterations": its})
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0])
+def test_a_state_with_too_little_time_is_not_fitted_and_said_so(tmp_path, bucket_s):
+    # 100 s at ~100 W (noisy) and one 0.5 s prefill in an interval with a 1.5 kJ spike: the
+    # unbounded fit made that prefill draw > 3 kW on a 700 W GPU
+    rng = np.random.default_rng(5)
+    joules = list(100.0 + rng.normal(0.0, 5.0, 100))
+    joules[50] += 1500.0
+    con = _one_gpu_store(tmp_path / "thin.duckdb", joules, [iteration(150.2, 150.7, "prefill")])
+    pb = phase_breakdown(con, Window(100.0, 201.0, "live"), bucket_s=bucket_s)
+    fit = pb.fits[KEY]
+    assert fit.coef_w["prefill"] is None and fit.coef_w["decode"] is None
+    assert 90.0 < fit.coef_w["idle"] < 130.0
+    assert fit.bound_w == 700.0 and "H100" in fit.bound_source  # the spec TDP (no power limit sampled)
+    assert any("0.50 s of prefill in 1 intervals" in m and "not fitted" in m for m in fit.missing)
+    assert any(m.startswith(KEY) and "prefill power not fitted" in m for m in pb.missing)
+    g = pb.per_gpu.iloc[0]
+    assert g["energy_prefill_j"] == 0.0  # named in missing: its interval's energy went to idle
+    assert sum(g[f"energy_{s[:-2]}_j"] for s in STATES) == pytest.approx(sum(joules), rel=1e-6)
+    assert g["energy_j"] == pytest.approx(sum(joules), rel=1e-6)
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0])
+def test_power_coefficients_stay_within_the_power_limit(tmp_path, bucket_s):
+    # 10 intervals of 0.5 s prefill drawing an impossible 2 kW (limit 700 W), 10 idle at 100 W
+    joules = [0.5 * 2000.0 + 0.5 * 100.0] * 10 + [100.0] * 10
+    its = [iteration(100.25 + i, 100.75 + i, "prefill") for i in range(10)]
+    con = _one_gpu_store(tmp_path / "bound.duckdb", joules, its, power_limit_w=700.0, power_w=650.0)
+    pb = phase_breakdown(con, Window(100.0, 121.0, "live"), bucket_s=bucket_s)
+    fit = pb.fits[KEY]
+    assert fit.coef_w["prefill"] == pytest.approx(700.0)
+    # idle given prefill at 700 W: argmin 10·(0.5·I + 350 − 1050)² + 10·(I − 100)² → I = 360
+    assert fit.coef_w["idle"] == pytest.approx(360.0)
+    assert fit.bound_source == "the GPU's power limit"
+    assert any("prefill power at its bound 700 W" in n for n in fit.notes)
+    g = pb.per_gpu.iloc[0]
+    assert sum(g[f"energy_{s[:-2]}_j"] for s in STATES) == pytest.approx(sum(joules), rel=1e-6)
+
+
+def test_a_thin_state_takes_the_pooled_fit_of_its_models_gpus(tmp_path):
+    # GPU 0: 0.5 s of prefill in 100 s (thin); GPU 1, same model: 10 × 0.5 s at 500 W
+    rows = []
+    for idx, uuid, prefill_at in (
+        (0, "GPU-a", [150.2]),
+        (1, "GPU-b", [100.2 + i for i in range(0, 100, 10)]),
+    ):
+        joules = [100.0] * 100
+        for t in prefill_at:
+            joules[int(t - 100.0)] = 0.5 * 500.0 + 0.5 * 100.0
+        ts = [100.0 + i for i in range(101)]
+        rows += [
+            {**r, "index": idx, "device": f"cuda:{idx}", "uuid": uuid, "worker": f"w{idx}"}
+            for r in samples(ts, counter_mj(joules))
+        ]
+    its = [iteration(150.2, 150.7, "prefill")] + [
+        {**iteration(100.2 + i, 100.7 + i, "prefill"), "gpu_uuid": "GPU-b", "gpu_index": 1, "worker": "w1"}
+        for i in range(0, 100, 10)
+    ]
+    con = make_store(tmp_path / "pooled.duckdb", {"gpu_samples": rows, "iterations": its})
+    pb = phase_breakdown(con, Window(100.0, 201.0, "live"), bucket_s=0.0)
+    fit0, fit1 = pb.fits[KEY], pb.fits[gpu_key(NODE, "nvml", "cuda:1", 1)]
+    assert fit1.coef_w["prefill"] == pytest.approx(500.0, rel=1e-6) and fit1.notes == [
+        "no decode time in the window: its power is not fitted"
+    ]
+    # the pooled fit over both GPUs: exact as well (both were made from 500 / 100 W)
+    assert fit0.coef_w["prefill"] == pytest.approx(500.0, rel=1e-6)
+    assert any("pooled fit of the 2 GPUs" in n for n in fit0.notes) and fit0.missing == []
+
+
+def test_a_gap_in_the_samples_is_counted_and_reported(tmp_path, hand):
+    # 1 s sampling, 100..110 and 130..140: one 20 s gap (> max(5 s, 5 × the mean period 40/21 s))
+    ts = [100.0 + i for i in range(11)] + [130.0 + i for i in range(11)]
+    con = make_store(tmp_path / "gap.duckdb", {"gpu_samples": samples(ts, counter_mj([100.0] * 21))})
+    w = Window(100.0, 141.0, "live")
+    gaps = sample_gaps(con, w)
+    assert gaps[KEY]["gaps"] == 1 and gaps[KEY]["gap_s"] == pytest.approx(20.0)
+    assert gaps[KEY]["threshold_s"] == pytest.approx(5 * 40 / 21)
+    pb = phase_breakdown(con, w)
+    assert any(m.startswith(KEY) and "not sampled for 20.0 s (1 gap(s)" in m for m in pb.missing), pb.missing
+    assert sample_gaps(hand, WINDOW) == {}  # regular 1 s samples: no gap
+
+
 def test_empty_window_says_so(tmp_path):
     con = make_store(tmp_path / "empty.duckdb", {})
     pb = phase_breakdown(con, WINDOW)
     assert pb.per_gpu.empty and pb.fits == {}
     assert any("no GPU sample intervals" in m for m in pb.missing)
+    # the window in UTC for people, not epoch seconds (the JSON's window keeps those)
+    assert any("(live, 1970-01-01 00:01:40 UTC – 00:01:45 UTC)" in m for m in pb.missing), pb.missing
+    assert not any("100.000" in m for m in pb.missing)
+    assert pb.to_dict()["window"]["start_s"] == 100.0
     assert str(pb.trust) == "no data"
     assert gpu_intervals(con, WINDOW).empty
 

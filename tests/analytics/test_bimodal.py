@@ -8,11 +8,13 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 
 from analytics.attribution import STATES, IntervalTable, phase_breakdown
 from analytics.bimodal import (
     CATEGORIES,
+    NO_SPREAD_STD_PCT,
     SARLE_THRESHOLD,
     bimodality,
     gaussian_mixture_2,
@@ -93,6 +95,23 @@ def test_dip_test_tells_a_bimodal_from_a_unimodal_gpu(tmp_path, bucket_s):
             assert gpu["weight_low"] == pytest.approx(0.6, abs=0.03)
             assert gpu["sarle"] > SARLE_THRESHOLD
         assert set(bm.table["scope"]) == {"fleet", "pool", "pool_hour", "gpu"}
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, None])
+def test_a_near_constant_gpu_has_no_bimodality_not_two_equal_modes(tmp_path, bucket_s):
+    # an idle prefill GPU: SM activity 0.1 % with a few spikes to 3 % (std ≈ 0.2 points): the dip
+    # test said unimodal (p = 1), Sarle's b 0.9 "bimodal" and the mixture two centres at 0.1 %
+    values = np.full(1000, 0.1)
+    values[::200] = 3.0
+    bm = bimodality(
+        _store_with_sm(tmp_path, values, "flat.duckdb"), type(WINDOW)(100.0, 300.0), bucket_s=bucket_s
+    )
+    gpu = bm.table[bm.table["scope"] == "gpu"].iloc[0]
+    assert gpu["std_sm_pct"] < NO_SPREAD_STD_PCT and bool(gpu["no_spread"]) is True
+    for col in ("bimodal", "dip_p_value", "sarle", "mode_low_pct", "mode_high_pct", "weight_low"):
+        assert gpu[col] is None or pd.isna(gpu[col]), col
+    assert any("constant / no spread" in m and "bimodality not defined" in m for m in bm.missing)
+    assert json.loads(json.dumps(bm.to_dict()))["table"][-1]["no_spread"] is True
 
 
 def test_per_phase_activity_and_the_utilization_gap_by_hand(hand_con):
@@ -214,6 +233,10 @@ def test_simulated_1p1d_separates_the_two_modes_by_gpu(sim):
     gb = bimodality(con, w).table
     gb = gb[gb["scope"] == "gpu"].set_index("role")
     assert gb.loc["prefill", "sm_prefill_pct"] > 40 and gb.loc["decode", "sm_decode_pct"] < 30
+    # a decode pool runs no prefill (and vice versa) by design: not a missing item
+    missing = bimodality(con, w).missing
+    assert not any("no prefill time" in m and "decode" in m for m in missing), missing
+    assert not any("no decode time" in m and "prefill" in m for m in missing), missing
 
 
 @pytest.mark.parametrize("bucket_s", [0.0, None])

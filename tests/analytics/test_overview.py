@@ -196,3 +196,44 @@ def test_no_output_tokens_leaves_per_output_figures_without_data():
     assert h["output_tokens_per_s"] == (0.0, None)  # a measured zero: GPU time, no tokens
     assert h["usd_per_1m_output"][0] is None and "no output tokens" in h["usd_per_1m_output"][1]
     assert h["j_per_output_token"][0] is None
+
+
+def test_output_tokens_per_s_is_the_rate_while_serving_and_says_so():
+    # 5000 tokens in a 1 h window that served for 2 min: 41.7 tokens/s while serving, not 1.39
+    cur = _summary(duration_s=3600.0)
+    cur["parts"]["serving"] = {"requests": 100, "span_s": 120.0}
+    prev = _summary(duration_s=3600.0, output_tokens=2400.0)
+    prev["parts"]["serving"] = {"requests": 50, "span_s": 60.0}
+    assert headline(cur)["output_tokens_per_s"] == (pytest.approx(5000 / 120), None)
+    tps = overview(cur, prev)["figures"]["output_tokens_per_s"]
+    assert tps["value"] == pytest.approx(5000 / 120) and tps["previous"] == pytest.approx(40.0)  # same rule
+    assert tps["span_s"] == 120.0 and tps["previous_span_s"] == 60.0
+    assert tps["basis"] == "while serving: 2.0 min with requests in flight of the 60.0 min window"
+    # no request span in the window: the average over it, labelled so
+    tps = overview(_summary(duration_s=100.0), None)["figures"]["output_tokens_per_s"]
+    assert tps["value"] == 50.0 and tps["basis"] == "averaged over the whole window (no request span in it)"
+
+
+def test_serving_span_is_the_union_of_the_request_spans_in_the_window(tmp_path):
+    from analytics.summary import serving_span
+    from analytics.window import Window
+    from tests.analytics.test_attribution import make_store, request
+
+    con = make_store(
+        tmp_path / "spans.duckdb",
+        {
+            "requests": [
+                request("r1", 99.0, 101.3),  # clipped to the window's start
+                request("r2", 101.4, 103.0),
+                request("r3", 102.0, 102.5),  # inside r2
+                request(
+                    "r4", 104.0, None, first_token_s=104.5, status=None
+                ),  # unfinished: to its first token
+                request("r5", 120.0, 121.0),  # after the window
+            ]
+        },
+    )
+    span = serving_span(con, Window(100.0, 110.0, "live"))
+    assert span["requests"] == 4 and span["first_s"] == 100.0 and span["last_s"] == 104.5
+    assert span["span_s"] == pytest.approx(1.3 + 1.6 + 0.5)
+    assert serving_span(con, Window(200.0, 300.0, "live"))["span_s"] is None

@@ -59,7 +59,7 @@ def test_analyze_prints_every_part_of_a_scenario_labelled_simulated(sim_db, caps
     summary = json.loads(out)
     assert summary["window"]["dataset"] != "live"
     assert "simulated" in summary["trust"]["labels"]
-    assert set(summary["parts"]) == {"phases", "idle", "bimodal", "cost", "latency"}
+    assert set(summary["parts"]) == {"phases", "idle", "bimodal", "cost", "latency", "serving"}
 
 
 def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsys):
@@ -67,6 +67,21 @@ def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsy
     assert rc == 0
     summary = json.loads(out)
     assert "simulated" not in summary["trust"]["labels"]  # live never includes scenario rows
+    # ... and says what the store does hold: the scenarios to name with --dataset
+    ids = [s["scenario_id"] for s in scenarios_of(sim_db)]
+    hint = summary["missing"]["window"]
+    assert "--dataset latest" in hint and all(i in hint for i in ids) and "2 simulated scenario(s)" in hint
+    rc, out, _ = _analyze(capsys, "--db", str(sim_db), "--since", "30d")
+    assert rc == 0 and "trust: no data" in out and "--dataset latest" in out
+
+
+def scenarios_of(db):
+    import duckdb
+
+    from analytics.window import scenarios
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return scenarios(con)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +91,11 @@ def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsy
         (["--dataset", "no-such-scenario"], "unknown data set 'no-such-scenario'"),
         (["--slo-ttft-ms", "-5"], "slo_ttft_ms must be > 0"),
         (["--fleet-gpus", "0"], "fleet_gpus must be >= 1"),
+        (["--since", "inf"], "time span 'inf' must be finite"),
+        (["--since", "0"], "time span '0' must be > 0"),
+        (["--start-s", "-5"], "--start-s -5 is 1969-12-31 23:59:55 UTC: give UTC epoch seconds from 2000 on"),
+        (["--start-s", "1796185000", "--end-s", "3600"], "--end-s 3600 is 1970-01-01 01:00:00 UTC"),
+        (["--start-s", "nan"], "--start-s must be finite"),
     ],
 )
 def test_bad_arguments_are_named(sim_db, capsys, args, says):
@@ -143,3 +163,37 @@ def _assert_close(a, b, path):
         assert a == pytest.approx(b, rel=1e-9, abs=1e-15, nan_ok=True), path
     else:
         assert a == b, path
+
+
+def test_format_summary_prints_p_values_money_and_slos_one_way():
+    from analytics.summary import format_summary
+
+    summary = {
+        "window": {"dataset": "live", "start_s": 1796185700.0, "end_s": 1796186100.0, "duration_s": 400.0},
+        "trust": {"labels": ["emulated"], "notes": []},
+        "parts": {
+            "bimodal": {
+                "table": [{"scope": "pool", "role": "decode", "n": 10, "dip_p_value": 0.0, "bimodal": True}]
+            },
+            "cost": {
+                "total": {
+                    "usd_per_1m_output": 4.3149,
+                    "usd_per_1m_output_decode": 1.0712,
+                    "usd_per_1m_output_stranded": 35.591,
+                    "usd_per_1m_output_host_bound": 0.11662,
+                    "usd_per_1m_output_idle": 0.0016012,
+                    "cost_usd": 1234.4,
+                }
+            },
+            "latency": {"slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "attainment": {"both": 0.9}, "requests": 10},
+        },
+        "missing": {},
+    }
+    out = format_summary(summary)
+    decode_row = next(line for line in out.splitlines() if line.strip().startswith("decode"))
+    assert "< 0.001" in decode_row and " 0 " not in decode_row
+    assert (
+        "$/1M output tokens $4.31  = decode $1.07 + stranded $35.6 + host-bound $0.117 + idle $0.00160" in out
+    )
+    assert "window cost $1,234 for" in out
+    assert "(TTFT ≤ 2,000 ms and TPOT ≤ 100 ms)" in out

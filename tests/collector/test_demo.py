@@ -14,7 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import ROOT, DemoRun, _free_port
+from collector.demo import Child, DemoPlan, Supervisor, trace_span_text
+from tests.conftest import ROOT, SIM_REQUESTS, DemoRun, _free_port
 
 pytestmark = pytest.mark.slow
 DEMO = [sys.executable, "-m", "collector.cli", "demo"]
@@ -39,6 +40,11 @@ def test_every_part_comes_up_and_says_where(demo: DemoRun):
     assert f"collector API  {demo.collector_url}" in out
     assert f"serving API    {demo.serve_url}/v1" in out
     assert "emulated H100s" in out  # no GPU here: said, not hidden
+    if "simulating" in out:  # the first run: the traffic it simulates is that of its requests
+        assert (
+            f"for the first {SIM_REQUESTS} requests of the trace ({trace_span_text(SIM_REQUESTS)} of" in out
+        )
+        assert "7 minutes" not in out
     assert httpx.get(f"{demo.dashboard_url}/_stcore/health", timeout=10).status_code == 200
     page = httpx.get(demo.dashboard_url, timeout=10)
     assert page.status_code == 200 and "<html" in page.text.lower()
@@ -134,7 +140,7 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
             str(tmp_path / "d.duckdb"),
             *ports,
             "--device",
-            "emulated:no-such-gpu",
+            "cuda:99",  # a well-formed spec (a bad one is refused before anything starts) of no GPU here
             *only_serving,
         ],
         cwd=ROOT,
@@ -144,7 +150,7 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
     )
     assert done.returncode == 1
     assert "error: serving exited with code 2 before it came up; the end of " in done.stderr
-    assert "bad device spec 'emulated:no-such-gpu'" in done.stderr  # the child's own reason
+    assert "asked for cuda:99 but" in done.stderr  # the child's own reason
     assert "stopping serving" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "d.duckdb").exists()
 
@@ -157,6 +163,8 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
         (["--exit-after", "-1"], "--exit-after must be in (0, 604800] s, got -1"),
         (["--serve-port", "70000"], "--serve-port must be in [1, 65535], got 70000"),
         (["--serve-port", "9", "--collector-port", "9"], "both ask for port 9; change --collector-port"),
+        (["--device", "bogus"], "--device bogus: bad device spec 'bogus': expected 'cpu', 'cuda', 'cuda:N'"),
+        (["--device", "cpu,emulated:h1"], "--device cpu,emulated:h1: bad device spec 'emulated:h1'"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys, args, message):
@@ -167,12 +175,10 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys, args, 
     assert not list(tmp_path.iterdir())  # no store, no logs
 
 
-def test_the_replay_walks_the_trace_window_by_window_and_wraps():
-    from collector.demo import REPLAY_WINDOW_S, TRACE_SPAN_S, DemoPlan, replay_argv
-
-    plan = DemoPlan(
-        db=ROOT / "x.duckdb",
-        log_dir=ROOT / "x-logs",
+def _plan(where, *, replay: bool) -> DemoPlan:
+    return DemoPlan(
+        db=where / "x.duckdb",
+        log_dir=where / "x-logs",
         serve_port=1,
         collector_port=2,
         dashboard_port=3,
@@ -181,11 +187,17 @@ def test_the_replay_walks_the_trace_window_by_window_and_wraps():
         token="t",
         sim=False,
         dashboard=False,
-        replay=True,
+        replay=replay,
         replay_time_scale=4.0,
         sim_requests=1,
         exit_after_s=None,
     )
+
+
+def test_the_replay_walks_the_trace_window_by_window_and_wraps():
+    from collector.demo import REPLAY_WINDOW_S, TRACE_SPAN_S, replay_argv
+
+    plan = _plan(ROOT, replay=True)
     windows = int(TRACE_SPAN_S // REPLAY_WINDOW_S)
 
     def start_of(n: int) -> float:
@@ -199,3 +211,34 @@ def test_the_replay_walks_the_trace_window_by_window_and_wraps():
     argv = replay_argv(plan, 0)
     assert argv[argv.index("--time-scale") + 1] == "4"
     assert argv[argv.index("--url") + 1] == "http://127.0.0.1:1"
+
+
+def test_a_part_is_said_up_with_the_time_since_its_own_start(tmp_path):
+    """The dashboard starts with the stack but was said up '(0.3 s)' after the stack and the collector:
+    the time counted from the start of the wait, not of the part."""
+    import io
+    import re
+
+    port = _free_port()
+    web = Child(
+        "web",
+        lambda _n: [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        tmp_path / "web.log",
+        health_url=f"http://127.0.0.1:{port}/",
+        stop_signal=signal.SIGTERM,
+    )
+    out = io.StringIO()
+    sup = Supervisor(_plan(tmp_path, replay=False), out=out)
+    sup.children = {"web": web}
+    web.start()
+    try:
+        began = time.monotonic()
+        while not web.is_healthy():
+            time.sleep(0.05)
+        took = time.monotonic() - began  # no more than the time since its start
+        sup._wait_healthy([web])
+    finally:
+        web.stop()
+    said = float(re.search(r"web is up \((\d+\.\d) s\)", out.getvalue()).group(1))
+    assert said >= round(took, 1), (said, took)
+    assert took >= 0.1  # http.server takes that long to answer: the check can fail

@@ -168,6 +168,27 @@ def _rounded(value: Any) -> Any:
     return value
 
 
+def test_nothing_covers_the_trust_labels_of_a_chart(made):
+    """The labels sit above each chart's top right: no legend shares that line (the GPU-time bar's did,
+    hiding its last entries) and no tool bar floats over it."""
+    report = made[0]
+    page = standalone_html(report.body)
+    charts = _charts(page)
+    assert len(charts) >= 6
+    for div, (_data, layout) in charts.items():
+        legend = layout.get("legend") or {}
+        if layout.get("showlegend") is not False and legend.get("orientation") == "h":
+            assert legend.get("y", 0) < 0 and legend.get("yanchor") == "top", (div, legend)
+    dec = json.JSONDecoder()
+    for chunk in page.split("Plotly.newPlot(")[1:]:
+        rest = chunk.lstrip()
+        for _ in range(3):  # the div, the traces, the layout; then the config
+            _obj, i = dec.raw_decode(rest)
+            rest = rest[i:].lstrip(", \n")
+        config, _ = dec.raw_decode(rest)
+        assert config.get("displayModeBar") is False, config
+
+
 def test_the_histograms_are_the_histogram_of_the_same_window_with_both_modes(made):
     report, _want, hist, _empty = made
     # stored with the summary (means to 1e-9: DuckDB sums floats in no fixed order)

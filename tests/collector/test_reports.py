@@ -166,6 +166,21 @@ def test_reports_are_made_listed_and_served(collector_url, tmp_path, capsys):
     assert health["schedules"] == {"minutely": "* * * * *"} and health["runs"] >= 1
 
 
+def test_report_through_a_collector_with_a_token_says_how_to_pass_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PHASELENS_CONTROL_TOKEN", raising=False)
+    proc, url = start_collector(tmp_path / "t.duckdb", "--control-token", "tok-1", "--report-schedule", "off")
+    try:
+        assert main(["report", "--since", "1h", "--collector", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "answered 401" in err
+        assert "Pass the collector's control token with --token TOKEN or $PHASELENS_CONTROL_TOKEN" in err
+        assert main(["report", "--since", "1h", "--collector", url, "--token", "tok-1"]) == 0
+        assert capsys.readouterr().out.startswith("report ")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def test_collect_refuses_a_bad_schedule(tmp_path, capsys):
     assert main(["collect", "--db", str(tmp_path / "x.duckdb"), "--report-schedule", "h=* * *"]) == 2
     assert "--report-schedule" in capsys.readouterr().err

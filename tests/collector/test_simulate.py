@@ -34,6 +34,9 @@ def test_two_layouts_are_compared_and_stored_as_labelled_scenarios(tmp_path, cap
         "SELECT scenario_id, node, label, model, layout->>'mode' FROM scenarios"
     ).fetchall()
     assert len(scenarios) == 2
+    # the output says how to analyze each: `phaselens analyze` alone reads the (empty) live data
+    for sid, *_ in scenarios:
+        assert f"  phaselens analyze --db {db} --dataset {sid}\n" in out
     assert {s[4] for s in scenarios} == {"aggregated", "disaggregated"}
     for sid, node, label, model, _ in scenarios:
         assert node == f"sim:{sid}" and label == "simulated" and model == "llama-3.1-8b"

@@ -186,6 +186,28 @@ def test_drains_commit_once_per_flush_interval_and_stop_writes_the_rest(tmp_path
         assert collector.stats.flushes == 3
 
 
+def test_a_full_queue_drops_its_oldest_results_and_counts_them(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "q.duckdb") as store:
+        collector = Collector(CollectorSettings(nvml=False, max_queue=3), store, sources=[])
+        for k in range(5):
+            collector._put(_gpu_poll(k))
+        assert collector.health()["queue_depth"] == 3
+        collector._drain()
+        assert collector.health()["queue_depth"] == 0
+        assert collector.stats.results_dropped == 2
+        stored = store.query("SELECT ts_s FROM gpu_samples ORDER BY 1")["ts_s"].tolist()
+        assert stored == [2.0, 3.0, 4.0]  # the newest three
+        errors = store.query("SELECT source, kind, count FROM ingest_errors").values.tolist()
+        assert errors == [["collector", "writer_behind", 2]]
+    with Store.open(tmp_path / "u.duckdb") as store:  # max_queue 0: unbounded (queue.Queue's rule)
+        collector = Collector(CollectorSettings(nvml=False, max_queue=0), store, sources=[])
+        for k in range(5):
+            collector._put(_gpu_poll(k))
+        collector._drain()
+        assert collector.stats.results_dropped == 0
+        assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 5
+
+
 def test_a_failed_background_flush_is_a_store_error_not_a_rejection_of_the_source_appending(
     tmp_path: Path,
 ) -> None:

@@ -124,6 +124,8 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
             sources = at.dataframe[0].value
         assert set(sources["Status"]) <= {"down", "degraded"}
         assert "need attention" in at.warning[0].value
+        gaps = sources[["Telemetry gaps", "Missing batches"]].astype(str).values.ravel().tolist()
+        assert "—" in gaps and all(g == "—" or g.replace(",", "").isdigit() for g in gaps), gaps
     finally:
         _stop(proc)
 
@@ -138,8 +140,22 @@ def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
     assert "service is not reachable" in at.error[0].value and "phaselens collect" in at.error[0].value
 
 
+@pytest.mark.parametrize("page", ["views/overview.py", "views/gpus.py", "views/reports.py"])
+def test_an_api_url_without_its_scheme_is_named_not_called_unreachable(page, monkeypatch):
+    monkeypatch.setenv("PHASELENS_API_URL", "127.0.0.1:8900")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    if page != "views/overview.py":
+        at.switch_page(page).run()
+    assert not at.exception
+    message = at.error[0].value
+    assert "`PHASELENS_API_URL` is not an http(s) URL**: `127.0.0.1:8900`" in message
+    assert "PHASELENS_API_URL=http://127.0.0.1:8900" in message and "not reachable" not in message
+
+
 def test_reports_page_lists_opens_and_makes_reports(dashboard_env: Fleet):
-    made = httpx.post(f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]})
+    made = httpx.post(
+        f"{dashboard_env.url}/api/v1/reports", json={"dataset": dashboard_env.scenarios[AGG]}, timeout=120
+    )
     assert made.status_code == 200, made.text
     at = AppTest.from_file(APP, default_timeout=60).run()
     at.switch_page("views/reports.py").run()

@@ -1,11 +1,13 @@
 """The demo's dashboard in headless Chromium (Debian's, driven by Playwright through its executable path;
 ``scripts/browser.sh`` installs it when missing): the charts draw with live and simulated data, every
 page of ``dashboard/app.py``'s ``PAGES`` renders without a Python exception (a screenshot of each lands
-in ``test-artifacts/dashboard/``), and a report made with ``phaselens report`` renders offline."""
+in ``test-artifacts/dashboard/``), a first visit of the Overview draws its GPU-time bar without fetching
+Plotly, and a report made with ``phaselens report`` renders offline."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -148,6 +150,51 @@ def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Re
             browser.close()
     for file, _title in pages:
         assert (ARTIFACTS / f"{file.removesuffix('.py')}.png").stat().st_size > 10_000
+
+
+# the Overview drawn: eight tiles with values and the GPU-time bar's segments laid out
+OVERVIEW_DRAWN = """() => {
+  const values = [...document.querySelectorAll('[data-testid="stMetricValue"]')];
+  const segs = [...document.querySelectorAll('.pl-gpu-time .pl-seg')];
+  return values.length >= 8 && values.every(v => v.textContent.trim())
+      && segs.length >= 3 && segs.every(s => s.getBoundingClientRect().width > 0);
+}"""
+BAR = """() => [...document.querySelectorAll('.pl-gpu-time .pl-seg')].map(
+  s => [s.dataset.key, Number(s.dataset.share), s.textContent, s.title, s.getBoundingClientRect().width])"""
+SCRIPTS = """() => performance.getEntriesByType('resource').map(r => r.name).filter(n => n.includes('.js'))"""
+
+
+def test_the_overview_draws_its_bar_without_plotly(chromium: str, demo: DemoRun):
+    """A first visit of the Overview (a fresh browser context): the GPU-time bar is HTML with its
+    segments' shares, labels and hover titles, the page never fetches Plotly's bundle (nor the emoji
+    library, which a clock time in a caption would pull in)."""
+    from playwright.sync_api import sync_playwright
+
+    scenario = demo.wait_for_scenario()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+            page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
+            _wait(page, OVERVIEW_DRAWN, "the Overview's tiles and GPU-time bar")
+            segments = page.evaluate(BAR)
+            assert sum(share for _k, share, *_ in segments) == pytest.approx(1.0, abs=1e-3)
+            widths = {key: width for key, _s, _t, _title, width in segments}
+            bar_width = page.locator(".pl-gpu-time .pl-bar").first.bounding_box()["width"]
+            for key, share, text, title, width in segments:
+                assert width == pytest.approx(share * bar_width, abs=2.0), (key, widths)
+                assert text in ("", f"{100 * share:.0f} %") and title.endswith("of GPU-time (all GPUs)")
+            assert page.locator(".pl-gpu-time [data-testid=trust]").inner_text() == "SIMULATED"
+            assert page.get_by_text("share of GPU-time, %").count() == 1
+            assert page.get_by_text(re.compile(r"\d\d:\d\d:\d\d UTC")).count() >= 1  # escaped colons show
+            assert not _python_errors(page)
+            page.wait_for_timeout(1000)  # anything else the page would fetch
+            fetched = page.evaluate(SCRIPTS)
+            assert not [n for n in fetched if "PlotlyChart" in n or "remark-emoji" in n], fetched
+            page.screenshot(path=str(ARTIFACTS / "overview-first-visit.png"), full_page=True)
+        finally:
+            browser.close()
 
 
 def test_a_report_renders_offline_in_chromium(chromium: str, report: Report):

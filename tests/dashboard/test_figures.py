@@ -33,6 +33,11 @@ def test_dip_verdict_in_words(p, words):
     assert figures.dip_verdict({"dip_p_value": p}) == words
 
 
+def test_dip_verdict_of_a_distribution_without_spread():
+    verdict = figures.dip_verdict({"dip_p_value": None, "no_spread": True})
+    assert verdict == "constant / no spread: bimodality not defined"
+
+
 def test_histogram_shares_modes_and_labels():
     group = {
         "pool": "mixed",
@@ -54,11 +59,40 @@ def test_histogram_shares_modes_and_labels():
     assert list(_trace(fig, "utilization (mean 90 %)").y) == [0.0, 0.0, 0.0, 100.0]
     assert [s.x0 for s in fig.layout.shapes] == [10.0, 80.0]  # the two mixture centres
     text = _annotations(fig)
-    assert "low mode 10 % (75% of samples)" in text and "high mode 80 % (25% of samples)" in text
+    assert "low mode 10 % (75 % of samples)" in text and "high mode 80 % (25 % of samples)" in text
     assert "SIMULATED" in text
     assert fig.layout.title.text == "Mixed pool — bimodal, dip p < 0.001"
     assert fig.layout.xaxis.title.text == "SM activity or utilization, % (25 % bins)"
     assert fig.layout.yaxis.title.text == "share of samples, %"
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "sides"),
+    [
+        (10, 80, ("left", "right")),
+        (45, 60, ("right", "left")),
+        (23, 24, ("left", "left")),
+        (80, 90, ("right", "right")),
+    ],
+)
+def test_mode_labels_stay_inside_the_plot(low, high, sides):
+    """A label reads away from its centre on the side with room for it (xanchor "left": to the right
+    of the centre), so two close modes share a side, one line apart, and none runs off the plot."""
+    group = {"sm_active": {"counts": [1, 1], "n": 2, "mean_pct": 40.0}}
+    row = {
+        "dip_p_value": 0.5,
+        "mode_low_pct": low,
+        "mode_high_pct": high,
+        "weight_low": 0.5,
+        "weight_high": 0.5,
+    }
+    fig = figures.activity_histogram_figure(group, [0, 50, 100], row, title="t", labels=[])
+    modes = [a for a in fig.layout.annotations if "mode" in a.text]
+    assert tuple(a.xanchor for a in modes) == sides
+    for a in modes:
+        room = 100 - a.x if a.xanchor == "left" else a.x
+        assert room >= figures.MODE_LABEL_SPAN_PCT
+    assert modes[0].y != modes[1].y
 
 
 def test_histogram_without_a_mixture_draws_no_centres():
@@ -155,7 +189,17 @@ def test_latency_over_time_in_ms_with_the_slos():
     assert list(_trace(fig, "TTFT SLO 2000 ms").y) == [2000.0, 2000.0]
     assert list(_trace(fig, "TPOT SLO 100 ms").y) == [100.0, 100.0]
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.title.text == "TTFT, ms (log)"
+    # 1-2-5 values labelled, so that a line inside one decade has a value beside it
+    assert list(fig.layout.yaxis2.tickvals) == [5.0, 10.0, 20.0, 50.0, 100.0, 200.0]  # ITL 8 ms .. SLO 100 ms
+    assert list(fig.layout.yaxis2.ticktext) == ["5", "10", "20", "50", "100", "200"]
+    assert fig.layout.yaxis.tickvals[-1] == 2000.0 and fig.layout.yaxis.ticktext[-2] == "1,000"
     assert fig.layout.xaxis2.title.text == "time, UTC" and "EMULATED" in _annotations(fig)
+
+
+def test_log_ticks():
+    assert figures.log_ticks(28.0, 800.0) == [20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+    assert figures.log_ticks(0.3, 4.0) == [0.2, 0.5, 1.0, 2.0, 5.0]
+    assert figures.log_ticks(1.0, 1e5) is None
 
 
 def test_attainment_over_time_colours_the_buckets_below_target():
@@ -164,7 +208,7 @@ def test_attainment_over_time_colours_the_buckets_below_target():
     assert list(bar.y) == pytest.approx([100.0, 40.0])
     assert list(bar.marker.color) == [figures.PHASE_COLOURS["decode"], figures.UTIL_COLOUR]
     assert [list(c) for c in bar.customdata] == [[4, 4], [2, 5]]
-    assert fig.layout.shapes[0].y0 == 90.0 and "target 90%" in _annotations(fig)
+    assert fig.layout.shapes[0].y0 == 90.0 and "target 90 %" in _annotations(fig)
 
 
 def test_goodput_sweep():
@@ -208,3 +252,14 @@ def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
         window_s=(0.0, 600.0),
     )
     assert att.data[0].width == pytest.approx(54_000)  # 90 % of a 60 s bucket, in ms on a date axis
+
+
+@pytest.mark.parametrize("pools", [None, ["prefill", "decode"]])
+def test_gpu_time_legend_is_under_the_bars_clear_of_the_trust_labels(pools):
+    shares = dict.fromkeys(figures.GPU_TIME_COLOURS, 0.2)
+    gpu_time = {"shares": shares, "per_pool": {"prefill": shares, "decode": shares}, "names": {}}
+    fig = figures.gpu_time_figure(gpu_time, pools, ["emulated", "host-bound"], with_fleet=True)
+    (label,) = fig.layout.annotations  # the trust labels: on the line above the plot, top right
+    assert label.y == 1.0 and label.yanchor == "bottom" and "EMULATED" in label.text
+    # the legend was on that line too (y 1.02, anchored at its bottom) and the labels hid its end
+    assert fig.layout.legend.yanchor == "top" and fig.layout.legend.y < 0

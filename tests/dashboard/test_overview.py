@@ -3,13 +3,15 @@ fleet, an empty store, and (tests/dashboard/test_app.py) a service that is down.
 
 from __future__ import annotations
 
-import json
+import re
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.common import plain_md
+from dashboard.figures import GPU_TIME_COLOURS
 from tests.collector.conftest import start_collector
-from tests.dashboard.conftest import APP, Fleet, _stop
+from tests.dashboard.conftest import APP, Fleet, GpuTimeBar, _stop
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 LABELS = [
@@ -39,10 +41,12 @@ def _texts(at: AppTest) -> str:
     )
 
 
-def _bar(at: AppTest) -> dict:
-    charts = at.get("plotly_chart")
-    assert len(charts) == 1
-    return json.loads(charts[0].proto.spec)
+def _bar(at: AppTest) -> GpuTimeBar:
+    """The Overview's one chart: the GPU-time bar in HTML (no Plotly on the landing page)."""
+    assert not at.get("plotly_chart")
+    bars = [h.proto.body for h in at.get("html") if "pl-gpu-time" in h.proto.body]
+    assert len(bars) == 1
+    return GpuTimeBar.parse(bars[0])
 
 
 def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_env: Fleet):
@@ -63,13 +67,19 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     # the whole scenario is on screen: there is no previous period, and the page says so once
     assert "No trend: no data: the previous period would start before the scenario" in text
     assert all(not m.delta for m in at.metric)
-    fig = _bar(at)
-    names = [t["name"] for t in fig["data"]]
-    assert names[:2] == ["productive prefill", "productive decode"] and "host-bound" in names
-    total = sum(t["x"][0] for t in fig["data"])
-    assert total == pytest.approx(100.0, abs=0.01)  # the shares of GPU-time sum to 100 %
-    assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])
-    assert fig["layout"]["xaxis"]["title"]["text"] == "share of GPU-time, %"
+    bar = _bar(at)
+    assert list(bar.rows) == ["all GPUs"]
+    shares = bar.rows["all GPUs"]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-4)  # the shares of GPU-time sum to 100 %
+    assert shares["productive_prefill"] > 0 and shares["productive_decode"] > 0
+    # the legend: every category in stacking order, named, with its share (one bar)
+    assert [key for key, _text in bar.legend] == list(GPU_TIME_COLOURS)
+    legend = dict(bar.legend)
+    assert legend["productive_prefill"].startswith("productive prefill ") and legend["host_bound"].startswith(
+        "host-bound "
+    )
+    assert legend["productive_decode"].endswith(f"{100 * shares['productive_decode']:.1f} %")
+    assert "SIMULATED" in bar.trust and "share of GPU-time, %" in bar.text
 
 
 def test_a_later_range_is_compared_with_the_period_before_it(dashboard_env: Fleet):
@@ -92,16 +102,17 @@ def test_fleet_size_and_pool_filter(dashboard_env: Fleet):
     assert not at.exception
     assert "/yr at this fleet size (64 GPUs)" in at.markdown[0].value
     at.sidebar.multiselect(key=f"pools_{sid}").select("decode").run()
-    fig = _bar(at)
-    assert fig["data"][0]["y"] == ["decode pool"]
-    decode = {t["name"]: t["x"][0] for t in fig["data"]}
-    assert decode["productive prefill"] == 0.0 and decode["productive decode"] > 0  # a decode-only pool
+    bar = _bar(at)
+    assert list(bar.rows) == ["decode pool"]
+    decode = bar.rows["decode pool"]
+    assert "productive_prefill" not in decode and decode["productive_decode"] > 0  # a decode-only pool
+    assert sum(decode.values()) == pytest.approx(1.0, abs=1e-4)
 
 
 def test_empty_live_window_is_a_message(dashboard_env: Fleet):
     at = _app("live")
     assert not at.exception
-    assert not at.metric and not at.get("plotly_chart")
+    assert not at.metric and not at.get("plotly_chart") and not at.get("html")
     assert "No GPU time, tokens or requests in this window" in at.info[0].value
 
 
@@ -116,3 +127,15 @@ def test_empty_store_is_a_message(tmp_path, monkeypatch):
         assert "No GPU time, tokens or requests in this window" in at.info[0].value
     finally:
         _stop(proc)
+
+
+# Streamlit's frontend loads its emoji library for a markdown text this matches (StreamlitMarkdown)
+STREAMLIT_EMOJI = re.compile(r":(?!material/|streamlit:)[\w+-][\w_+-]*:")
+
+
+def test_clock_times_and_layout_names_in_markdown_do_not_look_like_emoji_codes():
+    text = "simulated · agg:8xh100-sxm:tp2 · llama (s1), 2026-12-02 04:20:13 – 05:20:13 UTC"
+    assert STREAMLIT_EMOJI.search(text)
+    md = plain_md(text)
+    assert not STREAMLIT_EMOJI.search(md)
+    assert md.replace("\\:", ":") == text  # markdown shows an escaped colon as a colon

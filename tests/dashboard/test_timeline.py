@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -58,6 +59,19 @@ def test_downsample_averages_per_bucket_and_keeps_the_power_limit_maximum():
     assert out["sm_active_pct"].tolist() == [20.0, 90.0] and out["power_w"].tolist() == [200.0, 650.0]
     assert out["power_limit_w"].tolist() == [700.0, 650.0]
     assert out["time_s"].tolist() == [pytest.approx(0.5), 5.5]  # bucket middle; a lone sample its own time
+
+
+def test_downsample_breaks_the_line_where_nothing_was_sampled():
+    # sampled every 0.5 s, then not for 60 s (the collector was stopped), then again
+    ts = [*np.arange(0.0, 30.0, 0.5), *np.arange(90.0, 120.0, 0.5)]
+    samples = pd.DataFrame({"ts_s": ts, "power_w": 75.0})
+    out = downsample(samples, 0.0, 120.0, points=120, break_gaps=True)
+    hole = out[out["n"] == 0]
+    assert len(hole) == 1 and 30.0 < hole["time_s"].iloc[0] < 90.0 and hole["power_w"].isna().all()
+    assert out["time_s"].is_monotonic_increasing and int(out["n"].sum()) == len(ts)
+    # a source sampled every 30 s (dcgm-exporter's refresh) is sparse, not broken
+    sparse = pd.DataFrame({"ts_s": np.arange(0.0, 3600.0, 30.0), "power_w": 75.0})
+    assert (downsample(sparse, 0.0, 3600.0, break_gaps=True)["n"] > 0).all()
 
 
 def test_iterations_of_a_gpu_by_uuid_else_by_its_workers():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from tests.serving.conftest import TOKEN, Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
+FUZZ_CLIENTS = 8
 
 
 def _nested(depth: int) -> Any:
@@ -151,17 +153,19 @@ def _field_bodies() -> Iterator[tuple[str, dict]]:
 
 
 def test_openai_endpoints_survive_malformed_bodies(server: Server) -> None:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        n = 0
-        for path, body in _field_bodies():
-            _post_api(c, path, _dumps(body), f"{path} {str(body)[:200]}")
-            n += 1
-        for path in ("/v1/completions", "/v1/chat/completions"):
-            for raw in RAW_BODIES:
-                for ctype in CONTENT_TYPES:
-                    _post_api(c, path, raw, f"{path} raw {raw[:60]!r} as {ctype}", ctype)
-                    n += 1
-        assert n > 1500
+    cases = [(path, _dumps(body), f"{path} {str(body)[:200]}", None) for path, body in _field_bodies()]
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        for raw in RAW_BODIES:
+            for ctype in CONTENT_TYPES:
+                cases.append((path, raw, f"{path} raw {raw[:60]!r} as {ctype}", ctype))
+    assert len(cases) > 1500
+    limits = httpx.Limits(max_connections=FUZZ_CLIENTS, max_keepalive_connections=FUZZ_CLIENTS)
+    with (
+        httpx.Client(base_url=server.url, timeout=120, limits=limits) as c,
+        ThreadPoolExecutor(FUZZ_CLIENTS) as pool,
+    ):
+        # several clients at once, as real traffic comes: the accepted bodies share batches
+        list(pool.map(lambda case: _post_api(c, *case), cases))
 
 
 def test_get_endpoints_and_routing_errors(server: Server) -> None:

@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import signal
 import socket
 import statistics
 import threading
@@ -476,3 +478,43 @@ def test_cli_bad_trace_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,x,1\n")
     assert main_load(parse(["--trace", str(path)])) == 2
     assert "t.csv:2: ContextTokens 'x' is not an integer" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- stopping a run
+
+
+def _signal_self_after(delay_s: float, sig: int = signal.SIGTERM) -> threading.Timer:
+    timer = threading.Timer(delay_s, os.kill, args=(os.getpid(), sig))
+    timer.start()
+    return timer
+
+
+def test_sigterm_stops_sending_and_lets_requests_in_flight_finish(
+    llm: FakeLLM, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    llm.token_delay_s = 0.05  # ~1 s per request: some are in flight when the signal comes
+    argv = f"--url {url} --poisson 4 --num-requests 40 --prompt-tokens 8 --output-tokens 20 --no-progress"
+    timer = _signal_self_after(1.5)
+    try:
+        assert main_load(parse(argv.split())) == 0  # a stop is not a failure
+    finally:
+        timer.cancel()
+    out = capsys.readouterr().out
+    sent = len(llm.received)
+    assert 0 < sent < 40
+    assert f"{sent} sent, {sent} ok, 0 failed" in out
+    assert f"stopped early: {40 - sent} not sent" in out
+    assert llm.in_flight == 0  # every request sent was answered to its end, none cut off
+
+
+def test_requests_still_in_flight_after_the_grace_are_cancelled(llm: FakeLLM, url: str) -> None:
+    llm.hang = {7}
+    reqs = [TraceRequest(arrival_s=0.0, prompt_tokens=4, output_tokens=7)]
+    reqs += [TraceRequest(arrival_s=30.0 + i, prompt_tokens=4, output_tokens=2) for i in range(3)]
+    timer = _signal_self_after(0.5, signal.SIGINT)
+    try:
+        report = run_load(url, reqs, progress=False, stop_grace_s=0.3)
+    finally:
+        timer.cancel()
+    assert report.n_requests == 1 and report.not_sent == 3 and report.n_failed == 1
+    assert report.results[0].status == "cancelled"

