@@ -174,15 +174,16 @@ def run_summary(
     *,
     prices_path: str | None = None,
     skip: frozenset[str] = frozenset(),
-    beside: bool = True,
+    beside: bool = False,
 ) -> dict[str, Any]:
     """Resolve the window of ``params`` on ``con`` and return the summary's JSON form (without the
     parts named in ``skip``).
 
     AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
     collector's API endpoint on a cursor of its writer's connection. Prices: ``prices_path`` (a
-    file), then the :data:`PRICE_PARAMS` given in ``params``. ``beside=False``: every query on ``con``,
-    one after the other (see :func:`analytics.summary.summarize`).
+    file), then the :data:`PRICE_PARAMS` given in ``params``. ``beside=True`` runs token counts and
+    latency on a second cursor (see :func:`analytics.summary.summarize`); the default runs every query
+    on ``con``, one after the other, which measured faster on the 2-core host (docs/BENCHMARKS.md).
     """
     from analytics.summary import summarize
 

@@ -27,8 +27,8 @@ from analytics.window import Window
 @dataclass(slots=True)
 class Summary:
     """The parts of one window's analysis (each a JSON-able dict), what is missing, and the trust
-    labels of the whole. ``seconds``: each part's own run time; token counts and latency run beside
-    the other parts (:class:`_Beside`), so the parts can add up to more than the wall time."""
+    labels of the whole. ``seconds``: each part's own run time; where token counts and latency run
+    beside the other parts (:class:`_Beside`) the parts can add up to more than the wall time."""
 
     window: Window
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -58,7 +58,7 @@ class _Beside:
     dip tests and pricing), so both cores stay busy. Without a ``cursor`` method (not a DuckDB
     connection, or ``beside=False``) each part runs on ``con`` when its result is first asked for."""
 
-    def __init__(self, con: Any, beside: bool = True) -> None:
+    def __init__(self, con: Any, beside: bool = False) -> None:
         self._con = con
         self._cur = con.cursor() if beside and hasattr(con, "cursor") else None
         self._pool = ThreadPoolExecutor(max_workers=1) if self._cur is not None else None
@@ -111,15 +111,16 @@ def summarize(
     slo: Any = None,
     fleet_gpus: int | None = None,
     skip: frozenset[str] = frozenset(),
-    beside: bool = True,
+    beside: bool = False,
 ) -> Summary:
     """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown. The token counts
-    of the cost and the latency part run meanwhile on a second cursor (:class:`_Beside`; with
-    ``beside=False`` all of it runs on ``con``, one part after the other).
+    of the cost and the latency part run on ``con`` after them, or with ``beside=True`` meanwhile on a
+    second cursor (:class:`_Beside`: no faster on a quiet 2-core host, 0.7–1 CPU-s more; kept as an
+    option for hosts with more cores).
     """
     out = Summary(window)
     try:  # a terminal progress bar on long queries would garble the CLI's output

@@ -135,7 +135,7 @@ def test_the_second_cursor_changes_no_figure(sim_db):
     con = duckdb.connect(str(sim_db), read_only=True)
     try:
         params = {"dataset": "latest"}
-        beside = run_summary(con.cursor(), params)
+        beside = run_summary(con.cursor(), params, beside=True)
         serial = run_summary(con.cursor(), params, beside=False)
     finally:
         con.close()
