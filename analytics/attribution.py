@@ -364,21 +364,12 @@ def _spec_tdp_w(name: Any, device: Any) -> tuple[float, str] | None:
 
 
 def _power_bounds(
-    con: duckdb.DuckDBPyConnection, window: Window, df: pd.DataFrame
+    limits: dict[str, float | None], df: pd.DataFrame
 ) -> dict[str, tuple[float | None, str | None]]:
     """Per GPU (``gpu_key``): the most a power coefficient may be (W) and where it comes from — the
-    highest power limit of its samples in the window, else its spec TDP, else the highest power
-    observed (sample power, interval mean power) × ``OBSERVED_POWER_MARGIN``; (None, None) where
-    nothing is known."""
-    pred, par = window.node_sql("node")
-    limits = {
-        gpu_key(*r[:4]): r[4]
-        for r in con.execute(
-            f'SELECT node, source, device, "index", max(power_limit_w) FROM gpu_samples '
-            f"WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL",
-            [*par, window.start_s, window.end_s],
-        ).fetchall()
-    }
+    highest power limit of its samples in the window (``limits``, from :func:`sample_scan`), else its
+    spec TDP, else the highest power observed (sample power, interval mean power) ×
+    ``OBSERVED_POWER_MARGIN``; (None, None) where nothing is known."""
     out: dict[str, tuple[float | None, str | None]] = {}
     for rec in df.to_dict(orient="records"):
         key = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
@@ -402,13 +393,13 @@ def _power_bounds(
     return out
 
 
-def _fits(con: duckdb.DuckDBPyConnection, table: str, window: Window) -> dict[str, PowerFit]:
+def _fits(con: duckdb.DuckDBPyConnection, table: str, limits: dict[str, float | None]) -> dict[str, PowerFit]:
     """The bounded power fit of every attributed GPU. A term too thin to fit on one GPU takes the
     estimate of a fit on the pooled sums of every GPU of the same model (name) where it is not thin
-    there, else is left out."""
+    there, else is left out. ``limits``: each GPU's highest power limit in the window."""
     df = con.execute(_fit_stats_sql(table)).df()
     df = df[df["attributed"].fillna(False).astype(bool)]  # no states to fit on: reported as unattributed
-    bounds = _power_bounds(con, window, df)
+    bounds = _power_bounds(limits, df)
     skip = {*_GPU_KEY, "attributed", "name", "max_power_w", "max_mean_w"}
     gpus = []
     for rec in df.to_dict(orient="records"):
@@ -635,20 +626,29 @@ GAP_PERIODS = 5.0
 GAP_MIN_S = 5.0
 
 
-def sample_gaps(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, dict[str, float]]:
-    """Per GPU (``gpu_key``) with a gap in its samples: ``gaps`` (how many), ``gap_s`` (their total),
-    ``longest_s`` and ``threshold_s`` — consecutive samples further apart than ``GAP_PERIODS`` × the
-    GPU's mean sampling period in the window, and at least ``GAP_MIN_S``. Found on cells of
-    ``GAP_MIN_S / 2`` seconds (one grouped scan of the samples, then a sort of the cells): a gap
-    longer than the threshold spans a cell edge, and there the distance between the last sample of
-    one non-empty cell and the first of the next is exactly the gap."""
+@dataclass(frozen=True, slots=True)
+class SampleScan:
+    """What one grouped scan of the window's samples tells per GPU (``gpu_key``): its highest power
+    limit (W, None where unknown) and, for the GPUs with gaps, :func:`sample_gaps`'s figures."""
+
+    limits_w: dict[str, float | None]
+    gaps: dict[str, dict[str, float]]
+
+
+def sample_scan(con: duckdb.DuckDBPyConnection, window: Window) -> SampleScan:
+    """Each GPU's highest power limit and its gaps in one grouped scan of the window's samples (then
+    a sort of the cells). A gap: consecutive samples further apart than ``GAP_PERIODS`` × the GPU's
+    mean sampling period in the window, and at least ``GAP_MIN_S``. Found on cells of
+    ``GAP_MIN_S / 2`` seconds: a gap longer than the threshold spans a cell edge, and there the
+    distance between the last sample of one non-empty cell and the first of the next is exactly
+    the gap."""
     pred, par = window.node_sql("node")
     cell = GAP_MIN_S / 2.0
     rows = con.execute(
         f"""
 WITH c AS (
     SELECT node, source, device, "index", floor(ts_s / {cell!r})::BIGINT AS k,
-           min(ts_s) AS f, max(ts_s) AS l, count(*) AS n
+           min(ts_s) AS f, max(ts_s) AS l, count(*) AS n, max(power_limit_w) AS lim
     FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL
 ),
 g AS (
@@ -658,13 +658,25 @@ g AS (
     FROM c WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY k),
                   a AS (PARTITION BY node, source, device, "index")
 )
-SELECT node, source, device, "index", count(*), sum(dt), max(dt), any_value(thr)
-FROM g WHERE dt > thr GROUP BY ALL ORDER BY ALL""",
+SELECT node, source, device, "index", max(lim), count(*) FILTER (WHERE dt > thr),
+       sum(dt) FILTER (WHERE dt > thr), max(dt) FILTER (WHERE dt > thr), any_value(thr)
+FROM g GROUP BY ALL ORDER BY ALL""",
         [*par, window.start_s, window.end_s],
     ).fetchall()
-    return {
-        gpu_key(*r[:4]): {"gaps": r[4], "gap_s": r[5], "longest_s": r[6], "threshold_s": r[7]} for r in rows
-    }
+    return SampleScan(
+        limits_w={gpu_key(*r[:4]): r[4] for r in rows},
+        gaps={
+            gpu_key(*r[:4]): {"gaps": r[5], "gap_s": r[6], "longest_s": r[7], "threshold_s": r[8]}
+            for r in rows
+            if r[5]
+        },
+    )
+
+
+def sample_gaps(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, dict[str, float]]:
+    """Per GPU (``gpu_key``) with a gap in its samples: ``gaps`` (how many), ``gap_s`` (their total),
+    ``longest_s`` and ``threshold_s`` (see :func:`sample_scan`)."""
+    return sample_scan(con, window).gaps
 
 
 def _issue_notes(issues: dict[str, int]) -> list[str]:
@@ -756,7 +768,8 @@ def _breakdown_from(
     table = iv.name
     trust = Trust()
     missing: list[str] = []
-    fits = _fits(con, table, window)
+    scan = sample_scan(con, window)
+    fits = _fits(con, table, scan.limits_w)
     coef = _coef_frame(fits)
     con.register("pl_coef", coef)
     try:
@@ -828,7 +841,7 @@ def _breakdown_from(
                 f"{name}: MIG instance: energy is counted once on its physical GPU's row, not here"
             )
     shown = {gpu_key(*k) for k in raw[list(_GPU_KEY)].drop_duplicates().itertuples(index=False)}
-    for key, gap in sample_gaps(con, window).items():
+    for key, gap in scan.gaps.items():
         if key in shown:
             missing.append(
                 f"{key}: not sampled for {gap['gap_s']:.1f} s ({gap['gaps']} gap(s) between samples longer than "

@@ -174,16 +174,13 @@ def run_summary(
     *,
     prices_path: str | None = None,
     skip: frozenset[str] = frozenset(),
-    beside: bool = False,
 ) -> dict[str, Any]:
     """Resolve the window of ``params`` on ``con`` and return the summary's JSON form (without the
     parts named in ``skip``).
 
     AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
     collector's API endpoint on a cursor of its writer's connection. Prices: ``prices_path`` (a
-    file), then the :data:`PRICE_PARAMS` given in ``params``. ``beside=True`` runs token counts and
-    latency on a second cursor (see :func:`analytics.summary.summarize`); the default runs every query
-    on ``con``, one after the other, which measured faster on the 2-core host (docs/BENCHMARKS.md).
+    file), then the :data:`PRICE_PARAMS` given in ``params``.
     """
     from analytics.summary import summarize
 
@@ -212,9 +209,7 @@ def run_summary(
             raise AnalyticsError(f"fleet_gpus must be a whole number of GPUs, got {fleet!r}") from None
         if fleet < 1:
             raise AnalyticsError(f"fleet_gpus must be >= 1, got {fleet}")
-    return summarize(
-        con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip, beside=beside
-    ).to_dict()
+    return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip).to_dict()
 
 
 def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:

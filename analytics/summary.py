@@ -10,10 +10,10 @@ itself or asked the service.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,7 @@ from analytics.window import Window
 @dataclass(slots=True)
 class Summary:
     """The parts of one window's analysis (each a JSON-able dict), what is missing, and the trust
-    labels of the whole. ``seconds``: each part's own run time; where token counts and latency run
-    beside the other parts (:class:`_Beside`) the parts can add up to more than the wall time."""
+    labels of the whole. ``seconds``: each part's own run time."""
 
     window: Window
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -51,50 +50,6 @@ class Summary:
 _PART_ERRORS = (ValueError, duckdb.Error, ZeroDivisionError, KeyError)
 
 
-class _Beside:
-    """Parts that do not read the interval table (token counts, latency), run in order on their own
-    cursor in one thread while the caller builds the interval table and runs the parts on it: DuckDB
-    then has a query to run while the caller's thread is in Python (the request islands, power fits,
-    dip tests and pricing), so both cores stay busy. Without a ``cursor`` method (not a DuckDB
-    connection, or ``beside=False``) each part runs on ``con`` when its result is first asked for."""
-
-    def __init__(self, con: Any, beside: bool = False) -> None:
-        self._con = con
-        self._cur = con.cursor() if beside and hasattr(con, "cursor") else None
-        self._pool = ThreadPoolExecutor(max_workers=1) if self._cur is not None else None
-        if self._cur is not None:
-            try:
-                self._cur.execute("SET enable_progress_bar = false")
-            except duckdb.Error:
-                pass
-
-    def submit(self, fn: Callable[[Any], Any]) -> Callable[[], tuple[Any, float]]:
-        """Queue ``fn(cursor)``; returns a function that waits for it and returns (its result, its
-        own seconds), or raises its error."""
-
-        def timed(con: Any) -> tuple[Any, float]:
-            t = time.perf_counter()
-            return fn(con), time.perf_counter() - t
-
-        if self._pool is None:  # run once, when first asked for
-            done: list[tuple[Any, float]] = []
-
-            def lazy() -> tuple[Any, float]:
-                if not done:
-                    done.append(timed(self._con))
-                return done[0]
-
-            return lazy
-        fut: Future[tuple[Any, float]] = self._pool.submit(timed, self._cur)
-        return fut.result
-
-    def close(self) -> None:
-        """Wait for the queued parts and close the cursor."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._cur.close()
-
-
 def _as_dict(result: Any) -> dict[str, Any]:
     if hasattr(result, "to_dict"):
         return result.to_dict()
@@ -111,54 +66,15 @@ def summarize(
     slo: Any = None,
     fleet_gpus: int | None = None,
     skip: frozenset[str] = frozenset(),
-    beside: bool = False,
 ) -> Summary:
     """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
-    breakdown and the bimodality; idle split and cost reuse the phase breakdown. The token counts
-    of the cost and the latency part run on ``con`` after them, or with ``beside=True`` meanwhile on a
-    second cursor (:class:`_Beside`: no faster on a quiet 2-core host, 0.7–1 CPU-s more; kept as an
-    option for hosts with more cores).
+    breakdown and the bimodality; idle split and cost reuse the phase breakdown; one grouped scan
+    of the window's iterations (:func:`analytics.iteration_groups.iteration_groups`) serves the
+    phase breakdown, the token counts and the latency part.
     """
-    out = Summary(window)
-    try:  # a terminal progress bar on long queries would garble the CLI's output
-        con.execute("SET enable_progress_bar = false")
-    except duckdb.Error:
-        pass
-
-    def run(name: str, fn: Callable[[], Any], *, beside_s: Callable[[], float] = lambda: 0.0) -> Any:
-        t = time.perf_counter()
-        try:
-            result = fn()
-        except _PART_ERRORS as e:
-            out.missing[name] = f"{type(e).__name__}: {e}"
-            return None
-        finally:  # a part run beside: its own seconds (what was waited for is in them)
-            out.seconds[name] = time.perf_counter() - t + beside_s()
-        _add(out, name, result)
-        return result
-
-    second = _Beside(con, beside)
-    try:
-        _parts(out, con, window, second, run, prices, slo, fleet_gpus, skip)
-    finally:
-        second.close()
-    return out
-
-
-def _parts(
-    out: Summary,
-    con: duckdb.DuckDBPyConnection,
-    window: Window,
-    beside: _Beside,
-    run: Callable[..., Any],
-    prices: Any,
-    slo: Any,
-    fleet_gpus: int | None,
-    skip: frozenset[str],
-) -> None:
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
     from analytics.cost import cost_breakdown, load_prices, token_counts
@@ -166,17 +82,25 @@ def _parts(
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
 
-    # on the second cursor, in this order: the iteration counts three parts read, token counts, latency
-    groups = beside.submit(lambda c: iteration_groups(c, window))
-    tokens = beside.submit(lambda c: token_counts(c, window, groups()[0]))
-    latency = beside.submit(lambda c: latency_summary(c, window, slo, iteration_groups=groups()[0]))
-    beside_s: dict[str, float] = {}  # a part's seconds on the second cursor not spent waiting for it
+    out = Summary(window)
+    try:  # a terminal progress bar on long queries would garble the CLI's output
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.Error:
+        pass
 
-    def wait(name: str, result: Callable[[], tuple[Any, float]]) -> Any:
+    def run(name: str, fn: Callable[[], Any]) -> Any:
         t = time.perf_counter()
-        value, own_s = result()
-        beside_s[name] = max(0.0, own_s - (time.perf_counter() - t))
-        return value
+        try:
+            result = fn()
+        except _PART_ERRORS as e:
+            out.missing[name] = f"{type(e).__name__}: {e}"
+            return None
+        finally:
+            out.seconds[name] = time.perf_counter() - t
+        _add(out, name, result)
+        return result
+
+    groups = functools.cache(lambda: iteration_groups(con, window))  # computed by the first part to ask
 
     t = time.perf_counter()
     try:
@@ -188,8 +112,7 @@ def _parts(
     try:
         pb = (
             run(
-                "phases",
-                lambda: phase_breakdown(con, window, intervals=intervals, iteration_groups=groups()[0]),
+                "phases", lambda: phase_breakdown(con, window, intervals=intervals, iteration_groups=groups())
             )
             if intervals
             else None
@@ -205,16 +128,18 @@ def _parts(
     cost = (
         run(
             "cost",
-            lambda: cost_breakdown(con, window, price_table, breakdown=pb, tokens=wait("cost", tokens)),
-            beside_s=lambda: beside_s.get("cost", 0.0),
+            lambda: cost_breakdown(
+                con, window, price_table, breakdown=pb, tokens=token_counts(con, window, groups())
+            ),
         )
         if pb is not None
         else None
     )
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
-    run("latency", lambda: wait("latency", latency), beside_s=lambda: beside_s.get("latency", 0.0))
+    run("latency", lambda: latency_summary(con, window, slo, iteration_groups=groups()))
     run("serving", lambda: serving_span(con, window))
+    return out
 
 
 def serving_span(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, Any]:

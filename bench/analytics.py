@@ -10,10 +10,7 @@ loaded host disturbs less). Baseline in the same run: one plain DuckDB scan
 aggregating every gpu_samples row per GPU (count, mean power and SM activity, max energy counter),
 the floor any analysis of those rows pays. Peak memory is the process's maximum RSS (the DuckDB connection included).
 
-    PYTHONPATH=. .venv/bin/python bench/analytics.py [/tmp/phaselens-bench.duckdb] [--repeats 3] [--beside]
-
-``--beside`` runs token counts and latency on a second cursor beside the interval table (the default,
-like ``phaselens analyze``, runs every part on one cursor, in turn), to measure what that buys.
+    PYTHONPATH=. .venv/bin/python bench/analytics.py [/tmp/phaselens-bench.duckdb] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -48,11 +45,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", nargs="?", type=Path, default=Path("/tmp/phaselens-bench.duckdb"))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument(
-        "--beside",
-        action="store_true",
-        help="run token counts and latency on a second cursor beside the interval table",
-    )
     args = ap.parse_args()
     t = time.perf_counter()
     counts = ensure(args.path)
@@ -70,15 +62,12 @@ def main() -> int:
     times, cpus = [], []
     for _ in range(args.repeats):
         t, c = time.perf_counter(), _cpu_s()
-        summary = run_summary(con.cursor(), params, beside=args.beside)
+        summary = run_summary(con.cursor(), params)
         times.append(time.perf_counter() - t)
         cpus.append(_cpu_s() - c)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     best, worst = min(times), max(times)
-    print(
-        f"host {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
-        + (" (--beside)" if args.beside else "")
-    )
+    print(f"host {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(
         f"baseline: one grouped scan of gpu_samples (per GPU: count, avg power and SM activity, max energy): {scan_s:.2f} s"
     )

@@ -125,46 +125,6 @@ def test_the_collector_serves_the_same_summary(sim_db, tmp_path, capsys):
         proc.wait(timeout=30)
 
 
-def test_the_second_cursor_changes_no_figure(sim_db):
-    """Token counts and latency run on a second cursor beside the interval table; one cursor, in
-    turn (beside=False), gives the same summary (floats to 1e-9: DuckDB's parallel sums)."""
-    import duckdb
-
-    from analytics.cli import run_summary
-
-    con = duckdb.connect(str(sim_db), read_only=True)
-    try:
-        params = {"dataset": "latest"}
-        beside = run_summary(con.cursor(), params, beside=True)
-        serial = run_summary(con.cursor(), params, beside=False)
-    finally:
-        con.close()
-    assert set(beside["seconds"]) == set(serial["seconds"]) >= {"phases", "cost", "latency"}
-    assert beside["missing"] == serial["missing"] and beside["trust"] == serial["trust"]
-    _assert_close(beside["parts"], serial["parts"], "parts")
-
-
-#: figures that differ between two runs of the same code (cancellation in DuckDB's unordered sums of
-#: squares: docs/BENCHMARKS.md, "analytics"): R² and RMSE of flat or exact fits, moments of a constant
-_DEGENERATE = {"r2", "rmse_j", "skewness", "kurtosis", "std_sm_pct"}
-
-
-def _assert_close(a, b, path):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), path
-        for k in a:
-            if k not in _DEGENERATE:
-                _assert_close(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-15, nan_ok=True), path
-    else:
-        assert a == b, path
-
-
 def test_format_summary_prints_p_values_money_and_slos_one_way():
     from analytics.summary import format_summary
 
