@@ -495,6 +495,8 @@ def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
         f"phaselens analysis — data set {w['dataset']}, {start} – {end} UTC ({w['duration_s']:,.0f} s)",
         f"trust: {', '.join(trust.get('labels', [])) or 'no data'}",
     ]
+    if (summary.get("missing") or {}).get("window"):  # why the window is empty, before any table
+        lines.append(f"  ! {summary['missing']['window']}")
     lines += [f"  note: {n}" for n in trust.get("notes", [])]
     for section in (_phase_lines, _idle_lines, _bimodal_lines, _cost_lines, _latency_lines, _fit_lines):
         lines += section(parts)

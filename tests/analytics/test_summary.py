@@ -73,6 +73,8 @@ def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsy
     assert "--dataset latest" in hint and all(i in hint for i in ids) and "2 simulated scenario(s)" in hint
     rc, out, _ = _analyze(capsys, "--db", str(sim_db), "--since", "30d")
     assert rc == 0 and "trust: no data" in out and "--dataset latest" in out
+    top = out.splitlines()[:3]  # said right under the trust line, not only at the end
+    assert top[1] == "trust: no data" and "--dataset latest" in top[2]
 
 
 def scenarios_of(db):
