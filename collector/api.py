@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from collector.metrics_export import MetricsExporter, add_metrics_route
@@ -150,6 +151,13 @@ def create_collector_app(collector: Collector) -> FastAPI:
             collector.store.close()
 
     app = FastAPI(title="phaselens collector", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_params(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A query parameter of the wrong type (``limit=x``): a 400 in the API's error shape."""
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

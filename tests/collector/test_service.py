@@ -74,6 +74,8 @@ def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server,
         assert telemetry["telemetry_gaps"] == 0 and telemetry["cursors"]["router"] >= 0
         bad = httpx.get(f"{url}/api/v1/tables/nope")
         assert bad.status_code == 404 and "tables:" in bad.json()["error"]["message"]
+        typed = httpx.get(f"{url}/api/v1/tables/requests", params={"limit": "x"})  # not a number
+        assert typed.status_code == 400 and typed.json()["error"]["param"] == "limit"
         written = health["writer"]["rows_written"]["gpu_samples"]
     finally:
         proc.send_signal(signal.SIGTERM)
