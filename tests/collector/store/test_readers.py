@@ -44,9 +44,9 @@ def test_close_waits_for_a_reader_that_finishes_on_its_own(tmp_path):
 
     def read() -> None:
         with store.reader() as cur:
-            inside.set()
-            release.wait(10)
             assert cur.execute("SELECT 42").fetchone() == (42,)
+            inside.set()
+            release.wait(10)  # holds its cursor, running nothing (a query now would be interrupted)
         done.set()
 
     t = threading.Thread(target=read)
