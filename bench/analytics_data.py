@@ -28,7 +28,7 @@ REQUESTS = 1_000_000
 PERIOD_S = 0.1
 ITER_S = 0.05
 T0 = 1_796_000_000.0
-VERSION = 1  # bump when the shape of the data changes (the cached file is rebuilt)
+VERSION = 2  # bump when the shape of the data changes (the cached file is rebuilt); 2: gpu_samples keyed
 
 
 def role_of(g: str) -> str:
@@ -53,9 +53,15 @@ def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: f
         )
         # Samples: mixed GPUs alternate prefill-like and decode-like seconds; prefill GPUs are busy
         # 60 % of the time at high SM activity; decode GPUs 90 % at low.
+        con.execute(  # gpu_samples is stored keyed (collector/store/gpu_keys.py): GPU g has key g
+            f"""
+            INSERT INTO gpu_keys (gpu_key, node, source, device, "index", emulated)
+            SELECT g, 'bench', 'emulated', 'emulated:h100-sxm', g, TRUE FROM range({GPUS}) t(g)
+            """
+        )
         con.execute(
             f"""
-            INSERT INTO gpu_samples (node, source, ts_s, device, "index", emulated, gpu_util_pct,
+            INSERT INTO gpu_sample_rows (gpu_key, ts_s, gpu_util_pct,
                 mem_util_pct, sm_active_pct, sm_occupancy_pct, tensor_active_pct, dram_active_pct,
                 power_w, energy_mj, power_limit_w, sm_clock_mhz, mem_clock_mhz, temperature_c,
                 mem_used_bytes, mem_total_bytes, clock_event_reasons, lost)
@@ -68,8 +74,7 @@ def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: f
             ), p AS (
                 SELECT *, CASE WHEN pre THEN 640.0 ELSE 330.0 END * busy + 72.0 * (1 - busy) AS power_w FROM s
             )
-            SELECT 'bench', 'emulated', ts_s, 'emulated:h100-sxm', g, TRUE,
-                   100 * busy, CASE WHEN pre THEN 30 ELSE 70 END,
+            SELECT g, ts_s, 100 * busy, CASE WHEN pre THEN 30 ELSE 70 END,
                    CASE WHEN pre THEN 70 ELSE 18 END * busy, 25, CASE WHEN pre THEN 45 ELSE 5 END,
                    CASE WHEN pre THEN 30 ELSE 75 END, power_w,
                    CAST(floor(1000 * {PERIOD_S} * sum(power_w) OVER (PARTITION BY g ORDER BY k)) AS BIGINT),

@@ -27,10 +27,11 @@ The time the sources take to build their results (poller threads, in parallel wi
 the service) is printed apart; decoding JSON off the socket is not in either figure.
 
 **References**: ``Store.append`` of pre-built Arrow tables (10,000 rows each, the collector's buffer)
-and DuckDB alone inserting the same Arrow batches -- what DuckDB takes, not what the collector
-receives -- and the same rows with one INTEGER device key in place of the three string columns
-(node, source, device; a schema change not made, measured as the lever left); **baseline**: one
-parameterised ``INSERT`` per row (autocommit), on fewer rows, same run.
+and DuckDB alone inserting the same Arrow batches into the table the store writes
+(``gpu_sample_rows``: one INTEGER ``gpu_key`` per GPU in place of node, source, device, index and
+emulated) and into one wide table of ``gpu_samples``' columns (its shape before it was stored
+keyed) -- what DuckDB takes, not what the collector receives; **baseline**: one parameterised
+``INSERT`` per row into that wide table (autocommit), on fewer rows, same run.
 The load average is printed, and beside each figure the CPU this process used per row (user +
 system, all its threads: load-independent where wall time is not) and the CPU other processes used
 meanwhile (cores; Linux): the figures only compare within one run on a shared machine.
@@ -61,7 +62,7 @@ from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.dcgm import DcgmSource
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
-from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
+from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store, gpu_keys
 from collector.store.columns import RepeatedColumns
 from collector.store.devices import SPLIT_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
@@ -415,9 +416,10 @@ def bench_row_by_row(path: Path, total: int) -> float:
     rows = _narrow(sample_batch(total, 1.7e9, np.random.default_rng(2))).to_pylist()
     cols = list(rows[0])
     names = ", ".join(f'"{c}"' for c in cols)
-    sql = f"INSERT INTO gpu_samples ({names}) VALUES ({', '.join('?' * len(cols))})"
+    sql = f"INSERT INTO wide ({names}) VALUES ({', '.join('?' * len(cols))})"
     con = duckdb.connect(str(path))
     try:
+        con.execute("CREATE TABLE wide AS SELECT * FROM gpu_samples LIMIT 0")  # its columns, one table
         t = time.perf_counter()
         for r in rows:
             con.execute(sql, list(r.values()))
@@ -433,26 +435,27 @@ def bench_raw_duckdb(
     """Reference: DuckDB alone (no Store) inserting the same Arrow batches, checkpoint included.
 
     ``columns`` narrows the table (the 11-column table of DESIGN.md's "Facts measured on these
-    machines": ts_s, device and nine metrics). ``device_key``: the store's table with one INTEGER
-    ``device_key`` in place of its three string columns (node, source, device) -- what the
-    integer device key of docs/BENCHMARKS.md "## ingest" would leave DuckDB to store (not made).
+    machines": ts_s, device and nine metrics). Else the table is ``gpu_samples``' columns as one
+    table (its shape before it was stored keyed: node, source, device, index and emulated on every
+    row), or with ``device_key`` the table the store writes, ``gpu_sample_rows`` (one INTEGER
+    ``gpu_key`` in place of those five; collector/store/gpu_keys.py).
     """
     data = _narrow(sample_batch(batch, 1.7e9, np.random.default_rng(3)))
     if columns is None:
         with Store.open(path) as store:  # the store's own table and types
             data = store._to_arrow("gpu_samples", data)
-        table = "gpu_samples"
+        table = "wide"
         if device_key:
             key = pa.array(np.arange(batch, dtype=np.int32) % DEVICES)
-            data = data.drop_columns(["node", "source", "device"]).append_column("device_key", key)
-            table = "keyed"
+            data = data.drop_columns(list(gpu_keys.IDENTITY)).add_column(0, gpu_keys.KEY_COLUMN, key)
+            table = gpu_keys.ROWS_TABLE
     else:
         data = data.select(columns)
         table = "reference"
     con = duckdb.connect(str(path))
     try:
         con.register("batch", data)
-        if table != "gpu_samples":
+        if table != gpu_keys.ROWS_TABLE:
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM batch LIMIT 0")
         t = time.perf_counter()
         done = 0
@@ -539,7 +542,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         base = run(
-            "baseline: row-by-row parameterised INSERT into gpu_samples, autocommit",
+            "baseline: row-by-row parameterised INSERT, gpu_samples columns as one table, autocommit",
             args.baseline_rows,
             lambda: bench_row_by_row(tmp_path / "rows.duckdb", args.baseline_rows),
             target=False,
@@ -624,15 +627,15 @@ def main(argv: list[str] | None = None) -> None:
         )
         if not args.no_reference:
             run(
-                f"  DuckDB alone, same table, pre-built Arrow, {ROW_GROUP:,}/batch",
+                f"  DuckDB alone, the store's table gpu_sample_rows (INTEGER gpu_key), {ROW_GROUP:,}/batch",
                 rows,
-                lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, ROW_GROUP),
+                lambda: bench_raw_duckdb(tmp_path / "keyed.duckdb", rows, ROW_GROUP, device_key=True),
                 target=False,
             )
             run(
-                f"  DuckDB alone, same rows, INTEGER device key for node/source/device, {ROW_GROUP:,}/batch",
+                f"  DuckDB alone, same rows as one wide table (identity on every row), {ROW_GROUP:,}/batch",
                 rows,
-                lambda: bench_raw_duckdb(tmp_path / "keyed.duckdb", rows, ROW_GROUP, device_key=True),
+                lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, ROW_GROUP),
                 target=False,
             )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

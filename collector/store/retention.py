@@ -39,6 +39,7 @@ from typing import Any
 
 import duckdb
 
+from collector.store import gpu_keys
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS
 from collector.store.errors import ExportFormatError, StoreError
 from collector.store.schema import LATEST_VERSION, ROLLUP_AVG_MAX_METRICS, SIMULATED_NODE_PREFIX
@@ -128,9 +129,7 @@ def rollup(store: Store, older_than_s: float, *, now_s: float | None = None) -> 
             match = _ROLLUP_MATCH.format(a="r", b="m")
             con.execute(f"DELETE FROM gpu_samples_10s r USING _rollup_merged m WHERE {match}")
             con.execute("INSERT INTO gpu_samples_10s BY NAME SELECT * FROM _rollup_merged")
-        deleted = con.execute(
-            f"DELETE FROM gpu_samples WHERE ts_s < ? AND {_NOT_SIMULATED}", [cutoff]
-        ).fetchone()[0]
+        deleted = con.execute(gpu_keys.delete_sql(_NOT_SIMULATED, "ts_s < ?"), [cutoff]).fetchone()[0]
         # An emulated GPU's raw counters go with its raw samples (the rollup keeps host_bound_pct).
         con.execute(f"DELETE FROM emulation_samples WHERE ts_s < ? AND {_NOT_SIMULATED}", [cutoff])
         con.execute("DROP TABLE _rollup_merged")
@@ -333,11 +332,18 @@ def _import_tables(
         keys = ", ".join(f'"{k}"' for k in spec.natural_key)
         match = " AND ".join(f't."{k}" IS NOT DISTINCT FROM s."{k}"' for k in spec.natural_key)
         total = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
-        inserted = con.execute(
-            f"""INSERT INTO "{name}" ({cols})
-                SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {src}) s
-                WHERE NOT EXISTS (SELECT 1 FROM "{name}" t WHERE {match})"""
-        ).fetchone()[0]
+        select = f"""SELECT {cols} FROM (SELECT DISTINCT ON ({keys}) {cols} FROM {src}) s
+                     WHERE NOT EXISTS (SELECT 1 FROM "{name}" t WHERE {match})"""
+        if name == "gpu_samples":  # stored keyed (collector/store/gpu_keys.py)
+            names = [c for c in table_cols if c in file_cols]
+            absent = [c for c in gpu_keys.IDENTITY if c not in file_cols]  # NULL: refused if required
+            nulls = "".join(f', NULL AS "{c}"' for c in absent)
+            steps = gpu_keys.insert_select_sql([*names, *absent], f"SELECT *{nulls} FROM ({select})")
+            for sql in steps[:-1]:
+                con.execute(sql)
+            inserted = con.execute(steps[-1]).fetchone()[0]
+        else:
+            inserted = con.execute(f'INSERT INTO "{name}" ({cols}) {select}').fetchone()[0]
         result.inserted[name] = int(inserted)
         result.duplicates[name] = int(total) - int(inserted)
         split = name in _WIDE_TIME and any(c in file_cols for c in SPLIT_COLUMNS)

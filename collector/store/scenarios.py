@@ -18,6 +18,7 @@ import re
 
 import pandas as pd
 
+from collector.store import gpu_keys
 from collector.store.errors import StoreError
 from collector.store.schema import SIMULATED_NODE_PREFIX
 from collector.store.store import Store
@@ -63,7 +64,12 @@ def delete_scenario(store: Store, scenario_id: str) -> dict[str, int]:
     deleted: dict[str, int] = {}
     with store.transaction() as con:
         for name in TABLES:
-            n = int(con.execute(f'DELETE FROM "{name}" WHERE node = ?', [node]).fetchone()[0])
+            sql = (
+                gpu_keys.delete_sql("node = ?")
+                if name == "gpu_samples"
+                else f'DELETE FROM "{name}" WHERE node = ?'
+            )
+            n = int(con.execute(sql, [node]).fetchone()[0])
             if n:
                 deleted[name] = n
     return deleted

@@ -598,6 +598,40 @@ CREATE MACRO trust_label(node, source, emulated) AS
 """
 
 
+# gpu_samples keyed (collector/store/gpu_keys.py): the rows in gpu_sample_rows with one INTEGER
+# gpu_key per GPU identity (gpu_keys) in place of node, source, device, index and emulated;
+# gpu_samples becomes a view of the old shape (column order kept), so readers are unchanged.
+_V10_GPU_KEYS = """
+CREATE TABLE gpu_keys (
+    gpu_key  INTEGER NOT NULL PRIMARY KEY,
+    node     VARCHAR NOT NULL,
+    source   VARCHAR NOT NULL,
+    device   VARCHAR NOT NULL,
+    "index"  INTEGER,
+    emulated BOOLEAN NOT NULL
+);
+INSERT INTO gpu_keys
+SELECT (row_number() OVER (ORDER BY node, source, device, "index", emulated) - 1)::INTEGER,
+       node, source, device, "index", emulated
+FROM (SELECT DISTINCT node, source, device, "index", emulated FROM gpu_samples);
+
+CREATE TABLE gpu_sample_rows AS
+SELECT 0::INTEGER AS gpu_key, * EXCLUDE (node, source, device, "index", emulated) FROM gpu_samples LIMIT 0;
+ALTER TABLE gpu_sample_rows ALTER COLUMN gpu_key SET NOT NULL;
+ALTER TABLE gpu_sample_rows ALTER COLUMN ts_s SET NOT NULL;
+INSERT INTO gpu_sample_rows
+SELECT k.gpu_key, s.* EXCLUDE (node, source, device, "index", emulated)
+FROM gpu_samples s JOIN gpu_keys k
+  ON s.node = k.node AND s.source = k.source AND s.device = k.device
+ AND s."index" IS NOT DISTINCT FROM k."index" AND s.emulated = k.emulated
+ORDER BY s.ts_s;
+
+DROP TABLE gpu_samples;
+CREATE VIEW gpu_samples AS
+SELECT k.node, k.source, r.ts_s, k.device, k."index", k.emulated, r.* EXCLUDE (gpu_key, ts_s)
+FROM gpu_sample_rows r JOIN gpu_keys k ON r.gpu_key = k.gpu_key;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
@@ -614,6 +648,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         _v8_sql(),
     ),
     Migration(9, "simulated scenarios: scenarios table, trust_label macro", _V9_SCENARIOS),
+    Migration(10, "gpu_samples keyed: gpu_sample_rows + gpu_keys, gpu_samples a view", _V10_GPU_KEYS),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

@@ -61,6 +61,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.store import gpu_keys
 from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import FlushError, StoreError, StoreLockedError
@@ -142,6 +143,7 @@ class Store:
         "_devices_lock",
         "_flight",
         "_flight_con",
+        "_gpu_keys",
         "_inflight_batches",
         "_lock",
         "_pending",
@@ -184,6 +186,8 @@ class Store:
         }
         self._devices = DeviceRegistry()
         self._devices.load(con)
+        self._gpu_keys = gpu_keys.GpuKeys()
+        self._gpu_keys.load(con)
 
     # -- open / close -------------------------------------------------------------------------
 
@@ -871,17 +875,23 @@ class Store:
         on ``con``; on failure roll back (the caller restores the devices registry)."""
         background = sum(w.num_rows for w in wide) >= _BACKGROUND_DEVICE_ROWS
         devices = _Job(self._device_changes_locked, wide, background=background)
+        added: dict[gpu_keys.Identity, int] = {}
         con.begin()
         try:
             try:
                 for name, parts in pending.items():
-                    _insert(con, name, parts)
+                    if name == "gpu_samples":
+                        keyed, added = self._gpu_keys.key_rows(con, _one_table(parts))
+                        _insert(con, gpu_keys.ROWS_TABLE, [keyed])
+                    else:
+                        _insert(con, name, parts)
             finally:
                 devices.join()
             changed = devices.result()
             if changed:
                 _insert(con, "devices", [self._to_arrow("devices", changed)])
             con.commit()
+            self._gpu_keys.commit(added)
         except BaseException as e:
             try:
                 con.rollback()
@@ -933,13 +943,18 @@ class _Job:
         return self._value
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -> None:
+def _one_table(parts: list[pa.Table]) -> pa.Table:
+    """Appended tables of one store table as one table of one contiguous chunk."""
     if len(parts) > 1 and any(not p.schema.equals(parts[0].schema) for p in parts):
         # a column dictionary-encoded in one append and not in another: all plain, one schema
         parts = [_decoded_table(p) for p in parts]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, parts: list[pa.Table]) -> None:
     # one contiguous chunk: DuckDB writes whole row groups straight to the file (dictionary-encoded
     # columns, the writer's repeated and constant ones, are read by DuckDB as they are)
-    _phaselens_append = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+    _phaselens_append = _one_table(parts)
     # DuckDB finds the Arrow table by this local's name (a replacement scan): no catalog entry to
     # create and drop, which costs more than the INSERT itself for the writer's small batches
     con.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _phaselens_append')
@@ -1016,13 +1031,21 @@ def _load_columns(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Column]
         "WHERE table_schema = 'main' AND table_catalog = current_database() "
         "ORDER BY table_name, ordinal_position"
     ).fetchall()
+    stored: dict[str, bool] = {}  # the columns of the keyed gpu_samples' tables: NOT NULL or not
     for table, name, dtype, nullable in rows:
+        if table in (gpu_keys.ROWS_TABLE, gpu_keys.KEYS_TABLE):
+            stored[name] = stored.get(name, False) or nullable == "NO"
         if table not in TABLES:
             continue
         arrow_type = _ARROW_TYPES.get(dtype)
         if arrow_type is None:
             raise StoreError(f"column {table}.{name} has type {dtype}, which the append path does not handle")
         out.setdefault(table, {})[name] = Column(name, dtype, arrow_type, nullable == "NO")
+    if stored and "gpu_samples" in out:  # a view: its columns are as NOT NULL as what they show
+        out["gpu_samples"] = {
+            n: Column(n, c.duckdb_type, c.arrow_type, stored.get(n, c.not_null))
+            for n, c in out["gpu_samples"].items()
+        }
     return out
 
 

@@ -213,7 +213,7 @@ def test_a_failed_background_flush_is_a_store_error_not_a_rejection_of_the_sourc
 ) -> None:
     with Store.open(tmp_path / "f.duckdb", buffer_rows=3) as store:
         with store.transaction() as con:  # a write DuckDB refuses: two samples with the same ts_s
-            con.execute("CREATE UNIQUE INDEX one_ts ON gpu_samples(ts_s)")
+            con.execute("CREATE UNIQUE INDEX one_ts ON gpu_sample_rows(ts_s)")
         collector = Collector(CollectorSettings(nvml=False, flush_interval_s=3600.0), store, sources=[])
         for k in (0, 0, 1):
             collector._put(_gpu_poll(k))

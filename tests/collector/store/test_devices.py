@@ -185,16 +185,19 @@ def test_a_failed_write_forgets_the_devices_rows_it_discarded(store_path: Path) 
     with Store.open(store_path, buffer_rows=100) as store:
         # make the next gpu_samples INSERT fail (not through transaction(), which reloads devices)
         with store.reader() as cur:
-            cur.execute("ALTER TABLE gpu_samples ADD COLUMN required INTEGER")
-            cur.execute("ALTER TABLE gpu_samples ALTER COLUMN required SET NOT NULL")
+            cur.execute("ALTER TABLE gpu_sample_rows ADD COLUMN required INTEGER")
+            cur.execute("ALTER TABLE gpu_sample_rows ALTER COLUMN required SET NOT NULL")
         store.append("gpu_samples", [dcgm_row(0.0, "a")])
         with pytest.raises(StoreError, match="nothing written"):
             store.flush()
         with store.reader() as cur:
-            cur.execute("ALTER TABLE gpu_samples DROP COLUMN required")
+            cur.execute("ALTER TABLE gpu_sample_rows DROP COLUMN required")
         store.append("gpu_samples", [dcgm_row(1.0, "a")])
         store.flush()
         assert store.query("SELECT since_s FROM devices")["since_s"].tolist() == [1.0]
+        # the GPU's key, written and rolled back with the failed flush, was assigned again, once
+        assert store.query("SELECT gpu_key FROM gpu_keys")["gpu_key"].tolist() == [0]
+        assert store.query("SELECT ts_s FROM gpu_samples")["ts_s"].tolist() == [1.0]
 
 
 @pytest.mark.parametrize("seconds", [10, 400])  # 80 rows: row by row; 3,200: an Arrow group-by
