@@ -141,6 +141,24 @@ class EngineProfile:
     FasterTransformer's masked multi-head attention launch a grid over (heads, sequences)); a
     GQA-aware kernel (FlashInfer, FlashAttention-2 with GQA packing) reads each KV head once. It
     makes a large decode batch cost more at low TP, where each GPU holds more query heads.
+
+    ``custom_allreduce_max_bytes``: the engine runs its own peer-to-peer all-reduce kernel for
+    messages up to this size and NCCL's ring above it. The 2023 NVIDIA stacks allocate one
+    peer-visible buffer for their custom all-reduce and use it only while the message fits:
+    ``CUSTOM_AR_SIZE_THRESHOLD = 50331648`` bytes (48 MiB) in FasterTransformer
+    (``src/fastertransformer/kernels/custom_ar_kernels.h``, ``utils/custom_ar_comm.cc``) and
+    TensorRT-LLM (``cpp/tensorrt_llm/kernels/customAllReduceKernels.h``). Their "two-shot" kernel
+    (messages above 192 KiB) has each rank load its ``1/N`` slice from all ``N`` ranks and reduce
+    it, then load the ``N - 1`` reduced slices back: every rank loads the whole message twice,
+    whatever ``N``, on a fixed grid (``MAX_ALL_REDUCE_BLOCKS = 24`` thread blocks). So the custom
+    all-reduce moves ``S`` bytes in ``S / (link bandwidth x efficiency x allreduce_bandwidth_scale)``
+    at every TP degree, where the ring moves ``2 (N - 1) / N x S`` per GPU; beyond the buffer the
+    ring (NCCL) at ``fallback_allreduce_bandwidth_scale`` of the link. A prefill all-reduces
+    ``tokens x hidden x 2`` bytes per call: for Llama-2-70B (hidden 8192) the switch is at 3072
+    tokens per iteration, where Splitwise's prompt time per token jumps at TP 4 and 8, for one
+    long prompt and for a batch of 512-token prompts alike (docs/FIDELITY.md). ``None`` (the
+    default): the ring at ``allreduce_bandwidth_scale`` for every message. The per-call latency
+    (``allreduce_step_scale``, ``allreduce_overhead_s``) is the same for both.
     """
 
     name: str
@@ -154,11 +172,27 @@ class EngineProfile:
     allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
     allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
     allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
+    custom_allreduce_max_bytes: float | None = None  # largest message of a custom all-reduce (see above)
+    fallback_allreduce_bandwidth_scale: float = 1.0  # the ring's share of the link beyond that size
     gqa_unaware_attention: bool = False  # attention reads K/V once per query head (see above)
     # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
     gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.custom_allreduce_max_bytes is not None and not self.custom_allreduce_max_bytes > 0:
+            raise DeviceValueError(
+                f"engine profile {self.name!r}: custom_allreduce_max_bytes must be > 0 bytes or None, "
+                f"got {self.custom_allreduce_max_bytes!r}"
+            )
+        for field in ("allreduce_bandwidth_scale", "fallback_allreduce_bandwidth_scale"):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise DeviceValueError(
+                    f"engine profile {self.name!r}: {field} must be in (0, 1] (a share of the link's "
+                    f"bandwidth), got {value!r}"
+                )
 
     def gemm_scale(self, gpu_key: str) -> float:
         """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
@@ -210,11 +244,13 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=1.94e-4,
-        per_prefill_seq_s=7.21e-3,
-        kernels_per_layer=17.0,
-        allreduce_bandwidth_scale=0.224,
-        allreduce_step_scale=3.81,
+        per_seq_s=2.0e-4,
+        per_prefill_seq_s=7.92e-3,
+        kernels_per_layer=16.9,
+        allreduce_bandwidth_scale=0.256,
+        allreduce_step_scale=3.84,
+        custom_allreduce_max_bytes=50_331_648.0,
+        fallback_allreduce_bandwidth_scale=0.222,
         gqa_unaware_attention=True,
         description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
         "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step, decode attention reading K/V "
@@ -587,7 +623,9 @@ class _Coeffs:
     overhead_s: float
     comm_calls: int  # all-reduces per iteration
     comm_call_s: float  # latency per all-reduce
-    comm_s_per_token: float  # ring transfer time per token
+    comm_s_per_token: float  # transfer time per token (the custom all-reduce's if the engine has one)
+    comm_fallback_tokens: float  # tokens above which the message outgrows the custom all-reduce (inf: never)
+    comm_fallback_s_per_token: float  # the ring's transfer time per token beyond that
     dynamic_w: float
     clocks: tuple[int, ...]
     f_max: float
@@ -607,6 +645,12 @@ def _coeffs(
     kernels = shard.num_layers * profile.kernels_per_layer + c.iteration_kernels
     comm_calls = 0 if tp == 1 else 2 * shard.num_layers
     ring = 2.0 * (tp - 1) / tp
+    # bytes per token over all the iteration's all-reduces: a message of tokens x hidden x 2 per call;
+    # the ring moves 2 (N - 1) / N of it per GPU, the custom all-reduce loads all of it (see EngineProfile)
+    message_bytes_per_token = 0.0 if tp == 1 else comm_calls * d * BF16_BYTES
+    link_bytes_s = link.bandwidth_bytes_s * link.efficiency
+    max_bytes = profile.custom_allreduce_max_bytes
+    ring_s_per_token = ring * message_bytes_per_token / (link_bytes_s * profile.allreduce_bandwidth_scale)
     return _Coeffs(
         spec=spec,
         c=c,
@@ -633,14 +677,15 @@ def _coeffs(
         comm_call_s=link.latency_s * profile.allreduce_step_scale * 2 * (tp - 1)
         + profile.allreduce_overhead_s,
         comm_s_per_token=(
-            0.0
-            if tp == 1
-            else 2
-            * shard.num_layers
-            * ring
-            * d
-            * BF16_BYTES
-            / (link.bandwidth_bytes_s * link.efficiency * profile.allreduce_bandwidth_scale)
+            ring_s_per_token
+            if max_bytes is None
+            else message_bytes_per_token / (link_bytes_s * profile.allreduce_bandwidth_scale)
+        ),
+        comm_fallback_tokens=math.inf if max_bytes is None else max_bytes / (d * BF16_BYTES),
+        comm_fallback_s_per_token=(
+            ring_s_per_token
+            if max_bytes is None
+            else ring * message_bytes_per_token / (link_bytes_s * profile.fallback_allreduce_bandwidth_scale)
         ),
         dynamic_w=spec.tdp_w - spec.idle_w,
         clocks=spec.supported_sm_clocks_mhz(),
@@ -680,6 +725,15 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
     return tuple(terms), act_b, tokens
 
 
+def _comm_s(k: _Coeffs, tokens: int) -> float:
+    """The all-reduces of an iteration of ``tokens`` tokens: each call's latency plus the transfer,
+    by the engine's custom all-reduce while the message fits its buffer, by the ring beyond."""
+    if not (k.comm_calls and tokens):
+        return 0.0
+    per_token = k.comm_fallback_s_per_token if tokens > k.comm_fallback_tokens else k.comm_s_per_token
+    return k.comm_calls * k.comm_call_s + per_token * tokens
+
+
 def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     """Only the busy power of :func:`_at_clock` (the power-cap search)."""
     c = k.c
@@ -698,7 +752,7 @@ def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     act_s = act_b / bps
     latency_s = k.latency_s / x
     wait_s = latency_s - act_s if latency_s > act_s else 0.0
-    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    comm_s = _comm_s(k, tokens)
     busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
     sm_w += act_s * c.stream_power + (wait_s + comm_s) * c.latency_power
     v = c.voltage_offset + (1.0 - c.voltage_offset) * x
@@ -745,7 +799,7 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     sm_w += act_s * c.stream_power
     act_w += act_s * c.sm_active_memory
     occ_w += act_s * c.sm_occupancy_memory
-    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    comm_s = _comm_s(k, tokens)
     fixed_s = wait_s + k.overhead_s
     busy_s = kern_s + act_s + fixed_s + comm_s
     sm_w += (wait_s + comm_s) * c.latency_power
