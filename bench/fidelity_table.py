@@ -261,7 +261,9 @@ for _gpu, _ms8, _ms70, _build, _role8, _role70 in (
 _SW_PROMPT = {  # (gpu, tp) -> {prompt tokens: prompt_time}
     ("h100-sxm", 2): {128: 48.33, 1024: 157.95, 2048: 310.32, 4096: 642.66, 8192: 1339.84},
     ("h100-sxm", 4): {128: 49.09, 1024: 105.61, 2048: 200.68, 4096: 463.46, 8192: 953.58},
-    ("h100-sxm", 8): {128: 58.19, 1024: 77.91, 2048: 136.80, 4096: 390.29, 8192: 844.89},
+    # 256 tokens: the one short prompt the fit sees at TP > 2, where the prefill floor binds (the table's other
+    # 256- and 512-token rows are not points: the held-out set stays the 128-8192 rows)
+    ("h100-sxm", 8): {128: 58.19, 256: 51.66, 1024: 77.91, 2048: 136.80, 4096: 390.29, 8192: 844.89},
     ("a100-sxm-80gb", 2): {128: 81.08, 1024: 377.06, 2048: 688.05, 4096: 1485.35, 8192: 2990.18},
     ("a100-sxm-80gb", 4): {128: 63.65, 1024: 227.08, 2048: 403.33, 4096: 965.15, 8192: 2278.45},
     ("a100-sxm-80gb", 8): {128: 65.35, 1024: 154.46, 2048: 274.22, 4096: 661.22, 8192: 1549.82},
@@ -286,6 +288,7 @@ _SW_PROMPT_BATCH512 = {  # (gpu, tp) -> {batch: prompt_time}
 }
 _SW_CALIBRATION = (
     {("h100-sxm", 2, "ttft", 128), ("h100-sxm", 2, "ttft", 2048), ("h100-sxm", 8, "ttft", 4096)}
+    | {("h100-sxm", 8, "ttft", 256)}
     | {("h100-sxm", 2, "tpot", b) for b in (1, 32)}
     | {("h100-sxm", 8, "tpot", 1)}
 )
@@ -359,22 +362,9 @@ def point_key(p: Point) -> tuple[str, str, int, str, int, int]:
     return (p.source, p.gpu, p.tp, p.metric, p.tokens, p.batch)
 
 
-_SW_SHORT = (
-    "a 128-token prompt at TP 4/8 sits on a floor of that stack: the measured prompt time barely grows from "
-    "128 to 256 tokens (H100 TP 4 49.1 -> 51.0 ms, TP 8 48.4 -> 51.7 in its lower mode, A100 TP 8 65.3 -> "
-    "66.8) while one rank's GPU work grows by 4-15 ms, i.e. the extra tokens run under a fixed prefill cost "
-    "that overlaps the GPU work (an eager stack issuing kernels ahead of the GPU); the model adds host and "
-    "GPU time, with the per-prompt host cost fitted at TP 2, where the GPU work of 128 tokens is larger"
-)
-_SW_SHORT_BIMODAL = (
-    _SW_SHORT + "; and H100 TP 8's five repeats are bimodal (48.4, 49.4 | 58.2, 59.8, 60.7 ms): the median "
-    "is in the upper mode, 10 ms above TP 2/4's 48-49 ms"
-)
-KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {
-    ("splitwise", "h100-sxm", 4, "ttft", 128, 1): _SW_SHORT,
-    ("splitwise", "h100-sxm", 8, "ttft", 128, 1): _SW_SHORT_BIMODAL,
-    ("splitwise", "a100-sxm-80gb", 8, "ttft", 128, 1): _SW_SHORT,
-}
+# Held-out points that miss the target, each with its reason (the test fails if another point misses or a
+# named one stops missing). None since the custom all-reduce and the prefill floor (docs/FIDELITY.md).
+KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {}
 
 
 # -- the fit ---------------------------------------------------------------------------------------------
@@ -391,6 +381,7 @@ FITS: dict[str, list[tuple[str, float, float, float]]] = {
         ("allreduce_bandwidth_scale", 0.5, 0.05, 1.0),
         ("allreduce_step_scale", 2.0, 0.5, 20.0),
         ("fallback_allreduce_bandwidth_scale", 0.3, 0.02, 1.0),
+        ("prefill_floor_cycles_per_layer", 1e6, 1e3, 1e8),
     ],
     "trtllm-0.5": [
         ("per_prefill_seq_s", 5e-3, 1e-5, 5e-2),

@@ -276,7 +276,31 @@ def test_custom_allreduce_costs_the_same_at_every_tp_below_its_buffer_and_the_ri
         assert c <= predict_iteration("h100-sxm", LLAMA_70B, decode(32), tp=tp, profile=ring).comm_s
 
 
-def test_engine_profile_rejects_bad_allreduce_figures_naming_them() -> None:
+def test_prefill_floor_is_a_least_busy_time_the_work_runs_under_in_sm_cycles() -> None:
+    """A prefill iteration keeps the GPU busy at least layers x prefill_floor_cycles_per_layer SM cycles;
+    work longer than that is not lengthened, decode never pays it, and the floor scales with the clock."""
+    base = replace(PROFILES["lean"], name="no-floor")
+    floor = replace(base, name="floor", prefill_floor_cycles_per_layer=1e6)
+    floor_s = LLAMA_70B.num_layers * 1e6 / (GPU_SPECS["h100-sxm"].max_sm_clock_mhz * 1e6)  # 40.4 ms
+    short_a = predict_iteration("h100-sxm", LLAMA_70B, prefill(128), tp=8, profile=base)
+    short_b = predict_iteration("h100-sxm", LLAMA_70B, prefill(128), tp=8, profile=floor)
+    assert short_a.busy_s < floor_s and short_b.busy_s == pytest.approx(floor_s, rel=1e-9)
+    assert short_b.bound == "overhead" and short_b.flops == short_a.flops
+    assert GPU_SPECS["h100-sxm"].idle_w < short_b.power_w < short_a.power_w  # the wait draws less
+    long_a = predict_iteration("h100-sxm", LLAMA_70B, prefill(8192), tp=8, profile=base)
+    long_b = predict_iteration("h100-sxm", LLAMA_70B, prefill(8192), tp=8, profile=floor)
+    assert long_a.busy_s > floor_s and long_b == long_a
+    for b in (1, 64):
+        d = [predict_iteration("h100-sxm", LLAMA_70B, decode(b), tp=8, profile=p) for p in (base, floor)]
+        assert d[0] == d[1]
+    lock = (990, 990)
+    half = predict_iteration("h100-sxm", LLAMA_70B, prefill(128), tp=8, profile=floor, sm_clock_range=lock)
+    assert half.busy_s == pytest.approx(floor_s * 1980 / 990, rel=1e-9)
+    a100 = predict_iteration("a100-sxm-80gb", LLAMA_70B, prefill(128), tp=8, link="nvlink3", profile=floor)
+    assert a100.busy_s >= LLAMA_70B.num_layers * 1e6 / 1410e6 * (1 - 1e-9)
+
+
+def test_engine_profile_rejects_bad_collective_and_floor_figures_naming_them() -> None:
     base = PROFILES["lean"]
     with pytest.raises(DeviceValueError, match="'bad': custom_allreduce_max_bytes must be > 0 bytes or None"):
         replace(base, name="bad", custom_allreduce_max_bytes=0.0)
@@ -284,6 +308,10 @@ def test_engine_profile_rejects_bad_allreduce_figures_naming_them() -> None:
         replace(base, name="bad", fallback_allreduce_bandwidth_scale=1.5)
     with pytest.raises(DeviceValueError, match=r"allreduce_bandwidth_scale must be in \(0, 1\].*got -0.1"):
         replace(base, name="bad", allreduce_bandwidth_scale=-0.1)
+    with pytest.raises(
+        DeviceValueError, match="prefill_floor_cycles_per_layer must be >= 0 SM cycles, got -1"
+    ):
+        replace(base, name="bad", prefill_floor_cycles_per_layer=-1.0)
 
 
 def test_gqa_unaware_attention_reads_kv_once_per_query_head() -> None:
