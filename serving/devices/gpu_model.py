@@ -131,7 +131,7 @@ class EngineProfile:
     ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
     and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
     stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
-    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.81: 5.7 us per step on NVLink 4) is
+    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.84: 5.8 us per step on NVLink 4) is
     above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
 
     ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
