@@ -131,7 +131,7 @@ class EngineProfile:
     ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
     and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
     stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
-    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.81: 5.7 us per step on NVLink 4) is
+    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.84: 5.8 us per step on NVLink 4) is
     above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
 
     ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
@@ -141,6 +141,34 @@ class EngineProfile:
     FasterTransformer's masked multi-head attention launch a grid over (heads, sequences)); a
     GQA-aware kernel (FlashInfer, FlashAttention-2 with GQA packing) reads each KV head once. It
     makes a large decode batch cost more at low TP, where each GPU holds more query heads.
+
+    ``custom_allreduce_max_bytes``: the engine runs its own peer-to-peer all-reduce kernel for
+    messages up to this size and NCCL's ring above it. The 2023 NVIDIA stacks allocate one
+    peer-visible buffer for their custom all-reduce and use it only while the message fits:
+    ``CUSTOM_AR_SIZE_THRESHOLD = 50331648`` bytes (48 MiB) in FasterTransformer
+    (``src/fastertransformer/kernels/custom_ar_kernels.h``, ``utils/custom_ar_comm.cc``) and
+    TensorRT-LLM (``cpp/tensorrt_llm/kernels/customAllReduceKernels.h``). Their "two-shot" kernel
+    (messages above 192 KiB) has each rank load its ``1/N`` slice from all ``N`` ranks and reduce
+    it, then load the ``N - 1`` reduced slices back: every rank loads the whole message twice,
+    whatever ``N``, on a fixed grid (``MAX_ALL_REDUCE_BLOCKS = 24`` thread blocks). So the custom
+    all-reduce moves ``S`` bytes in ``S / (link bandwidth x efficiency x allreduce_bandwidth_scale)``
+    at every TP degree, where the ring moves ``2 (N - 1) / N x S`` per GPU; beyond the buffer the
+    ring (NCCL) at ``fallback_allreduce_bandwidth_scale`` of the link. A prefill all-reduces
+    ``tokens x hidden x 2`` bytes per call: for Llama-2-70B (hidden 8192) the switch is at 3072
+    tokens per iteration, where Splitwise's prompt time per token jumps at TP 4 and 8, for one
+    long prompt and for a batch of 512-token prompts alike (docs/FIDELITY.md). ``None`` (the
+    default): the ring at ``allreduce_bandwidth_scale`` for every message. The per-call latency
+    (``allreduce_step_scale``, ``allreduce_overhead_s``) is the same for both.
+
+    ``prefill_floor_cycles_per_layer``: an iteration that computes prompt tokens keeps the GPU busy
+    for at least ``layers x prefill_floor_cycles_per_layer`` SM cycles; its GPU work runs *under* that
+    floor (the larger of the two counts, not their sum). Splitwise's prompt times at TP 4/8 barely grow
+    from 128 to 256 tokens (H100 TP 4: 49.1 -> 51.0 ms) while one rank's GPU work grows by 4-15 ms:
+    a fixed cost of the 2023 stack's prefill path that overlaps the GPU work (as an eager stack's
+    kernel issue does). It is priced in SM cycles like the same stack's decode floor
+    (``kernels_per_layer`` x the GPU's kernel latency), so it is 1.4x longer on an A100 (1410 vs
+    1980 MHz) -- checked only by the A100 rows, which no fit sees; whether it is the host's issue
+    or the GPU's own latency the data do not say. 0 (the default): no floor.
     """
 
     name: str
@@ -154,11 +182,33 @@ class EngineProfile:
     allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
     allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
     allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
+    custom_allreduce_max_bytes: float | None = None  # largest message of a custom all-reduce (see above)
+    fallback_allreduce_bandwidth_scale: float = 1.0  # the ring's share of the link beyond that size
+    prefill_floor_cycles_per_layer: float = 0.0  # least GPU-busy time of a prefill iteration (see above)
     gqa_unaware_attention: bool = False  # attention reads K/V once per query head (see above)
     # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
     gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
     description: str = ""
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.custom_allreduce_max_bytes is not None and not self.custom_allreduce_max_bytes > 0:
+            raise DeviceValueError(
+                f"engine profile {self.name!r}: custom_allreduce_max_bytes must be > 0 bytes or None, "
+                f"got {self.custom_allreduce_max_bytes!r}"
+            )
+        if not self.prefill_floor_cycles_per_layer >= 0:
+            raise DeviceValueError(
+                f"engine profile {self.name!r}: prefill_floor_cycles_per_layer must be >= 0 SM cycles, "
+                f"got {self.prefill_floor_cycles_per_layer!r}"
+            )
+        for field in ("allreduce_bandwidth_scale", "fallback_allreduce_bandwidth_scale"):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise DeviceValueError(
+                    f"engine profile {self.name!r}: {field} must be in (0, 1] (a share of the link's "
+                    f"bandwidth), got {value!r}"
+                )
 
     def gemm_scale(self, gpu_key: str) -> float:
         """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
@@ -210,17 +260,22 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=1.94e-4,
-        per_prefill_seq_s=7.21e-3,
-        kernels_per_layer=17.0,
-        allreduce_bandwidth_scale=0.224,
-        allreduce_step_scale=3.81,
+        per_seq_s=2.0e-4,
+        per_prefill_seq_s=9.6e-3,
+        kernels_per_layer=16.9,
+        allreduce_bandwidth_scale=0.264,
+        allreduce_step_scale=3.84,
+        custom_allreduce_max_bytes=50_331_648.0,
+        fallback_allreduce_bandwidth_scale=0.223,
+        prefill_floor_cycles_per_layer=9.9e5,
         gqa_unaware_attention=True,
-        description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs, all-reduce at "
-        "~23 % of NVLink bandwidth and ~3.8 link latencies per ring step, decode attention reading K/V "
-        "per query head)",
+        description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs; a custom all-reduce "
+        "up to 48 MiB at ~26 % of NVLink bandwidth per message, NCCL's ring beyond at ~22 %; ~3.8 link "
+        "latencies per ring step; decode attention reading K/V per query head; a prefill floor of "
+        "~1M SM cycles per layer that the prompt's GPU work runs under)",
         source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
-        "4096 + token b1; bench/fidelity_table.py",
+        "256/4096 + token b1; bench/fidelity_table.py; the 48 MiB limit is FasterTransformer's and "
+        "TensorRT-LLM's CUSTOM_AR_SIZE_THRESHOLD",
     ),
     "trtllm-0.5": EngineProfile(
         name="trtllm-0.5",
@@ -587,7 +642,10 @@ class _Coeffs:
     overhead_s: float
     comm_calls: int  # all-reduces per iteration
     comm_call_s: float  # latency per all-reduce
-    comm_s_per_token: float  # ring transfer time per token
+    comm_s_per_token: float  # transfer time per token (the custom all-reduce's if the engine has one)
+    comm_fallback_tokens: float  # tokens above which the message outgrows the custom all-reduce (inf: never)
+    comm_fallback_s_per_token: float  # the ring's transfer time per token beyond that
+    prefill_floor_s: float  # least busy time of an iteration with prompt tokens, at f_max
     dynamic_w: float
     clocks: tuple[int, ...]
     f_max: float
@@ -607,6 +665,12 @@ def _coeffs(
     kernels = shard.num_layers * profile.kernels_per_layer + c.iteration_kernels
     comm_calls = 0 if tp == 1 else 2 * shard.num_layers
     ring = 2.0 * (tp - 1) / tp
+    # bytes per token over all the iteration's all-reduces: a message of tokens x hidden x 2 per call;
+    # the ring moves 2 (N - 1) / N of it per GPU, the custom all-reduce loads all of it (see EngineProfile)
+    message_bytes_per_token = 0.0 if tp == 1 else comm_calls * d * BF16_BYTES
+    link_bytes_s = link.bandwidth_bytes_s * link.efficiency
+    max_bytes = profile.custom_allreduce_max_bytes
+    ring_s_per_token = ring * message_bytes_per_token / (link_bytes_s * profile.allreduce_bandwidth_scale)
     return _Coeffs(
         spec=spec,
         c=c,
@@ -633,15 +697,19 @@ def _coeffs(
         comm_call_s=link.latency_s * profile.allreduce_step_scale * 2 * (tp - 1)
         + profile.allreduce_overhead_s,
         comm_s_per_token=(
-            0.0
-            if tp == 1
-            else 2
-            * shard.num_layers
-            * ring
-            * d
-            * BF16_BYTES
-            / (link.bandwidth_bytes_s * link.efficiency * profile.allreduce_bandwidth_scale)
+            ring_s_per_token
+            if max_bytes is None
+            else message_bytes_per_token / (link_bytes_s * profile.allreduce_bandwidth_scale)
         ),
+        comm_fallback_tokens=math.inf if max_bytes is None else max_bytes / (d * BF16_BYTES),
+        comm_fallback_s_per_token=(
+            ring_s_per_token
+            if max_bytes is None
+            else ring * message_bytes_per_token / (link_bytes_s * profile.fallback_allreduce_bandwidth_scale)
+        ),
+        prefill_floor_s=shard.num_layers
+        * profile.prefill_floor_cycles_per_layer
+        / (spec.max_sm_clock_mhz * 1e6),
         dynamic_w=spec.tdp_w - spec.idle_w,
         clocks=spec.supported_sm_clocks_mhz(),
         f_max=float(spec.max_sm_clock_mhz),
@@ -650,13 +718,13 @@ def _coeffs(
 
 
 _Terms = tuple[
-    tuple[tuple[float, float], ...], float, int
-]  # ((flops, bytes) per kernel class), act bytes, tokens
+    tuple[tuple[float, float], ...], float, int, float
+]  # ((flops, bytes) per kernel class), act bytes, tokens, least busy time at f_max (prefill floor)
 
 
 def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
     """The clock-independent work of an iteration: (FLOPs, bytes) of the GEMM/attention/LM-head
-    classes, the small kernels' bytes, and the tokens (for the all-reduces)."""
+    classes, the small kernels' bytes, the tokens (for the all-reduces) and the prefill floor."""
     tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
     sampled = max(0, work.sampled_seqs)
     tile = k.c.gemm_tile_tokens
@@ -677,7 +745,17 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
     if sampled:
         padded_s = -(-sampled // tile) * tile
         terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
-    return tuple(terms), act_b, tokens
+    floor_s = k.prefill_floor_s if work.prefill_tokens > 0 else 0.0
+    return tuple(terms), act_b, tokens, floor_s
+
+
+def _comm_s(k: _Coeffs, tokens: int) -> float:
+    """The all-reduces of an iteration of ``tokens`` tokens: each call's latency plus the transfer,
+    by the engine's custom all-reduce while the message fits its buffer, by the ring beyond."""
+    if not (k.comm_calls and tokens):
+        return 0.0
+    per_token = k.comm_fallback_s_per_token if tokens > k.comm_fallback_tokens else k.comm_s_per_token
+    return k.comm_calls * k.comm_call_s + per_token * tokens
 
 
 def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
@@ -687,7 +765,7 @@ def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     fps, bps = k.flops_per_s * x, k.bytes_per_s
     ds = c.compute_power - c.stream_power
     kern_s = sm_w = bytes_total = 0.0
-    terms, act_b, tokens = t
+    terms, act_b, tokens, floor_s = t
     for f, b in terms:
         tc, tm = f / fps, b / bps
         tk = tc if tc > tm else tm
@@ -698,9 +776,11 @@ def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     act_s = act_b / bps
     latency_s = k.latency_s / x
     wait_s = latency_s - act_s if latency_s > act_s else 0.0
-    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    comm_s = _comm_s(k, tokens)
     busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
-    sm_w += act_s * c.stream_power + (wait_s + comm_s) * c.latency_power
+    under_s = floor_s / x - busy_s if floor_s / x > busy_s else 0.0
+    busy_s += under_s
+    sm_w += act_s * c.stream_power + (wait_s + comm_s + under_s) * c.latency_power
     v = c.voltage_offset + (1.0 - c.voltage_offset) * x
     if v < c.voltage_floor:
         v = c.voltage_floor
@@ -720,7 +800,7 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     ds = c.compute_power - c.stream_power
     da = c.sm_active_compute - c.sm_active_memory
     do = c.sm_occupancy_compute - c.sm_occupancy_memory
-    terms, act_b, tokens = t
+    terms, act_b, tokens, floor_s = t
     for f, b in terms:
         tc, tm = f / fps, b / bps
         tk = tc if tc > tm else tm
@@ -745,9 +825,13 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     sm_w += act_s * c.stream_power
     act_w += act_s * c.sm_active_memory
     occ_w += act_s * c.sm_occupancy_memory
-    comm_s = k.comm_calls * k.comm_call_s + k.comm_s_per_token * tokens if k.comm_calls and tokens else 0.0
+    comm_s = _comm_s(k, tokens)
+    busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
+    # a prefill floor (EngineProfile.prefill_floor_cycles_per_layer) the work runs under: the rest waits
+    under_s = floor_s / x - busy_s if floor_s / x > busy_s else 0.0
+    busy_s += under_s
+    wait_s += under_s
     fixed_s = wait_s + k.overhead_s
-    busy_s = kern_s + act_s + fixed_s + comm_s
     sm_w += (wait_s + comm_s) * c.latency_power
     act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
     occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
