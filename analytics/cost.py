@@ -20,7 +20,6 @@ sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :clas
 from __future__ import annotations
 
 import math
-import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -364,32 +363,6 @@ def _aggregate(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 # -- from the store -----------------------------------------------------------------------------------
 
-# The output tokens per node, request and hour, from a grouping by request id alone (one key:
-# twice as fast as grouping 20 M token rows by node, request id and hour). A request id whose tokens
-# lie on one node and within two consecutive hours (``simple``) has its count per hour from the
-# count of its tokens in even hours; any other one is counted again per node and hour (rare: a
-# request over an hour long, or request ids repeated across nodes).
-_PER_REQUEST_SQL = """
-SELECT request_id, min(node) AS node, floor(min(ts_s) / 3600) AS h0, floor(max(ts_s) / 3600) AS h1,
-       count(*) AS n, count(*) FILTER (WHERE floor(ts_s / 3600) % 2 = 0) AS n_even,
-       min(node) = max(node) AND floor(max(ts_s) / 3600) - floor(min(ts_s) / 3600) <= 1 AS simple
-FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ?
-GROUP BY request_id
-"""
-_SIMPLE_COUNTS_SQL = """
-    SELECT node, request_id, h0 * 3600 AS hour_start_s,
-           CASE WHEN h0 % 2 = 0 THEN n_even ELSE n - n_even END AS tokens
-    FROM {per} WHERE simple
-    UNION ALL
-    SELECT node, request_id, h1 * 3600, CASE WHEN h1 % 2 = 0 THEN n_even ELSE n - n_even END
-    FROM {per} WHERE simple AND h1 > h0"""
-_MIXED_COUNTS_SQL = """
-    UNION ALL
-    SELECT node, request_id, floor(ts_s / 3600) * 3600, count(*)
-    FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ?
-      AND request_id IN (SELECT request_id FROM {per} WHERE NOT simple)
-    GROUP BY ALL"""
-
 _TOKENS_SQL = """
 WITH w AS (  -- each worker's GPUs per hour, from the iterations starting in the window (a TP worker runs on several)
     SELECT DISTINCT node, worker, gpu_uuid, hour_start_s FROM {groups} WHERE starts_in AND gpu_uuid IS NOT NULL
@@ -406,7 +379,8 @@ output AS (  -- generated tokens, when generated, on the decode worker (else the
              -- counted per request and hour before the join (a twentieth of the rows to join)
     SELECT r.node, coalesce(r.decode_worker, r.prefill_worker) AS worker, t.hour_start_s,
            sum(t.tokens)::BIGINT AS tokens
-    FROM ({counts}) t
+    FROM (SELECT node, request_id, floor(ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
+          FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ? GROUP BY ALL) t
     JOIN requests r ON r.node = t.node AND r.request_id = t.request_id
     GROUP BY ALL
 ),
@@ -440,20 +414,9 @@ def token_counts(
     pred, params = window.node_sql("node")
     tpred, tparams = window.node_sql("t.node")
     bounds = [window.start_s, window.end_s]
-    per = f"pl_request_tokens_{uuidlib.uuid4().hex[:12]}"
-    con.execute(f"CREATE TEMP TABLE {per} AS {_PER_REQUEST_SQL.format(tnode=tpred)}", [*tparams, *bounds])
-    try:
-        mixed = con.execute(f"SELECT count(*) FROM {per} WHERE NOT simple").fetchone()[0]
-        counts = _SIMPLE_COUNTS_SQL.format(per=per)
-        counts_params: list[Any] = []
-        if mixed:  # request ids on several nodes, or spanning more than two hours: counted row by row
-            counts += _MIXED_COUNTS_SQL.format(per=per, tnode=tpred)
-            counts_params = [*tparams, *bounds]
-        with registered_groups(con, window, iteration_groups) as groups:
-            sql = _TOKENS_SQL.format(node=pred, counts=counts, groups=groups)
-            return con.execute(sql, [*params, *bounds, *counts_params]).df()
-    finally:
-        con.execute(f"DROP TABLE IF EXISTS {per}")
+    with registered_groups(con, window, iteration_groups) as groups:
+        sql = _TOKENS_SQL.format(node=pred, tnode=tpred, groups=groups)
+        return con.execute(sql, [*params, *bounds, *tparams, *bounds]).df()
 
 
 def _mig_shares(con: duckdb.DuckDBPyConnection, window: Window) -> dict[tuple[Any, ...], float]:
