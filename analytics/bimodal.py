@@ -275,6 +275,17 @@ def _scope_records(base: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def _min_gpu_values(base: pd.DataFrame) -> int | None:
+    """The smallest count of SM activity values of a GPU that has any (the points query's
+    ``min(n_gpu)``), from the per GPU × role × hour moments rows (:func:`_moments_sql`: integer
+    sums, so the same integer); None where no GPU has a value."""
+    if base.empty:
+        return None
+    per_gpu = base.groupby(["node", "source", "device", "index"], dropna=False)["n"].sum()
+    per_gpu = per_gpu[per_gpu > 0]
+    return int(per_gpu.min()) if len(per_gpu) else None
+
+
 def _points_sql(
     iv: IntervalTable, where: str, max_points: int, min_gpu_n: int | None = None
 ) -> tuple[str, list[Any]]:
@@ -393,14 +404,7 @@ def _bimodality_from(
         trust.add(label)
     base = con.execute(_moments_sql(table, where)).df()
     mom = _scope_records(base)
-    # each GPU's count of values (the points query's n_gpu): integer sums of the moments rows
-    per_gpu = (
-        base.groupby(["node", "source", "device", "index"], dropna=False)["n"].sum()
-        if not base.empty
-        else pd.Series(dtype=float)
-    )
-    per_gpu = per_gpu[per_gpu > 0]
-    psql, ppar = _points_sql(iv, where, max_points, int(per_gpu.min()) if len(per_gpu) else None)
+    psql, ppar = _points_sql(iv, where, max_points, _min_gpu_values(base))
     pts = con.execute(psql, ppar).df()
     # the drawn values per (GPU, role, hour), and each GPU's count of values; sorted, so that the
     # thinning of pooled groups below draws the same values whatever order the query's rows came in
