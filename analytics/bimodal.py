@@ -275,12 +275,27 @@ def _scope_records(base: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _points_sql(iv: IntervalTable, where: str, max_points: int) -> tuple[str, list[Any]]:
+def _min_gpu_values(base: pd.DataFrame) -> int | None:
+    """The smallest count of SM activity values of a GPU that has any (the points query's
+    ``min(n_gpu)``), from the per GPU × role × hour moments rows (:func:`_moments_sql`: integer
+    sums, so the same integer); None where no GPU has a value."""
+    if base.empty:
+        return None
+    per_gpu = base.groupby(["node", "source", "device", "index"], dropna=False)["n"].sum()
+    per_gpu = per_gpu[per_gpu > 0]
+    return int(per_gpu.min()) if len(per_gpu) else None
+
+
+def _points_sql(
+    iv: IntervalTable, where: str, max_points: int, min_gpu_n: int | None = None
+) -> tuple[str, list[Any]]:
     """Up to ``max_points`` SM activity values per GPU (utilization % where a sample has none), drawn
     uniformly by a hash of the sample time; each with its GPU (``gh``), role (``rh``), hour and its
     GPU's count of values (``n_gpu``), so that pooled groups can be drawn in proportion. On buckets
     the values are the raw samples' (a bucket's mean would blur the modes), with the role, hour and
-    busy share of their bucket."""
+    busy share of their bucket. ``min_gpu_n``: the smallest ``n_gpu`` (of the GPUs with values),
+    when known: the draw's loosest bound then filters every sample as a constant, before any join
+    (as a subquery, DuckDB applies it only after joining all the samples to their GPU)."""
     key = 'node, source, device, "index"'
     if iv.exact:
         sql = f"""
@@ -295,6 +310,11 @@ WHERE (hash(v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
         return sql, []
     pred, par = iv.window.node_sql("s.node")
     d = repr(iv.bucket_s)
+    loosest = (
+        f"(SELECT 1000003.0 * {max_points} / min(n_gpu) FROM ng)"
+        if min_gpu_n is None
+        else repr(1000003.0 * max_points / float(min_gpu_n))  # the same double DuckDB computes
+    )
     sql = f"""
 WITH b AS (SELECT {key}, k, {_GH_SQL} AS gh, {_RH_SQL} AS rh, hour_s FROM {iv.name} WHERE {where}),
 ng AS (SELECT {key}, sum(sm_n) AS n_gpu FROM {iv.name} WHERE {where} GROUP BY ALL HAVING sum(sm_n) > 0),
@@ -306,7 +326,7 @@ v AS (
     WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
       AND (hash(s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
       -- the same draw's loosest bound, on every sample before the join (few reach it)
-      AND (hash(s.ts_s) % 1000003) < (SELECT 1000003.0 * {max_points} / min(n_gpu) FROM ng)
+      AND (hash(s.ts_s) % 1000003) < {loosest}
 )
 SELECT b.gh, b.rh, b.hour_s, v.x, v.n_gpu
 FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
@@ -382,8 +402,9 @@ def _bimodality_from(
     labels = con.execute(f"SELECT DISTINCT trust FROM {table}").fetchall()
     for (label,) in labels:
         trust.add(label)
-    mom = _scope_records(con.execute(_moments_sql(table, where)).df())
-    psql, ppar = _points_sql(iv, where, max_points)
+    base = con.execute(_moments_sql(table, where)).df()
+    mom = _scope_records(base)
+    psql, ppar = _points_sql(iv, where, max_points, _min_gpu_values(base))
     pts = con.execute(psql, ppar).df()
     # the drawn values per (GPU, role, hour), and each GPU's count of values; sorted, so that the
     # thinning of pooled groups below draws the same values whatever order the query's rows came in

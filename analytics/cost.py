@@ -479,10 +479,16 @@ def usage_rows(
     )
     raw = raw.assign(_gpu=key, _busy=busy)
     first = ~raw.sort_values("_busy", ascending=False).duplicated(["node", "_gpu", "hour_s"])
+    first = first.reindex(raw.index).to_numpy(dtype=bool)
+    # plain dicts and records: a pandas lookup per row cost more than the rest of the pricing
+    tok_of = {
+        (n, g, float(h)): (float(i), float(o))
+        for (n, g, h), i, o in zip(tok.index, tok["input_tokens"], tok["output_tokens"], strict=True)
+    }
     out = []
-    for i, r in raw.iterrows():
+    for i, r in enumerate(raw.to_dict(orient="records")):
         t = (r["node"], r["_gpu"], float(r["hour_s"]))
-        has_tokens = bool(first.loc[i]) and t in tok.index
+        tokens = tok_of.get(t) if first[i] else None
         out.append(
             GpuHourUsage(
                 gpu=str(r["_gpu"]),
@@ -490,8 +496,8 @@ def usage_rows(
                 hour_start_s=float(r["hour_s"]),
                 seconds={c: _nonneg(r.get(f"{a}_s")) for c, a in ATTRIBUTION_CATEGORY.items()},
                 energy_j={c: _nonneg(r.get(f"energy_{a}_j")) for c, a in ATTRIBUTION_CATEGORY.items()},
-                input_tokens=float(tok.loc[t, "input_tokens"]) if has_tokens else 0.0,
-                output_tokens=float(tok.loc[t, "output_tokens"]) if has_tokens else 0.0,
+                input_tokens=tokens[0] if tokens else 0.0,
+                output_tokens=tokens[1] if tokens else 0.0,
                 pool=None if pd.isna(r.get("role")) else str(r["role"]),
                 model=model,
                 node=str(r["node"]),

@@ -13,9 +13,13 @@ import pytest
 
 from analytics.attribution import STATES, IntervalTable, phase_breakdown
 from analytics.bimodal import (
+    _MIN_POINTS,
     CATEGORIES,
     NO_SPREAD_STD_PCT,
     SARLE_THRESHOLD,
+    _min_gpu_values,
+    _moments_sql,
+    _points_sql,
     bimodality,
     gaussian_mixture_2,
     idle_split,
@@ -268,3 +272,36 @@ def test_simulated_reconciliation(sim, layout, bucket_s):
     # the decode GPU's time is mostly stranded compute; the GPU model reports a prefill's SMs busier
     dec = sp.per_pool.set_index("role").loc["mixed" if layout == "agg" else "decode"]
     assert dec["frac_stranded_compute"] > 0.4
+
+
+@pytest.mark.parametrize("min_busy_frac", [0.0, 0.5])
+@pytest.mark.parametrize("layout", ["agg", "1p1d"])
+def test_the_draws_loosest_bound_as_a_constant_draws_the_same_values(sim, layout, min_busy_frac):
+    """The hashed draw's loosest bound, computed from the moments rows and put in the SQL as a
+    constant (so that DuckDB filters the samples with it before any join), draws exactly the values
+    of the bound as a subquery; with few points per GPU, so that the bound does cut."""
+    con, w = sim[layout]
+    where = (
+        "TRUE"
+        if min_busy_frac == 0
+        else "attributed AND coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) + coalesce(decode_s, 0)"
+        f" + coalesce(mixed_decode_s, 0) >= {min_busy_frac} * interval_s"
+    )
+    with IntervalTable(con, w) as iv:
+        base = con.execute(_moments_sql(iv.name, where)).df()
+        least = _min_gpu_values(base)
+        n_gpu = con.execute(
+            f"SELECT min(n) FROM (SELECT sum(sm_n) AS n FROM {iv.name} WHERE {where} "
+            'GROUP BY node, source, device, "index" HAVING sum(sm_n) > 0)'
+        ).fetchone()[0]
+        assert least == n_gpu and least > 4 * _MIN_POINTS
+        key = ["gh", "rh", "hour_s", "x"]
+        drawn = [
+            con.execute(*_points_sql(iv, where, _MIN_POINTS, bound))
+            .df()
+            .sort_values(key)
+            .reset_index(drop=True)
+            for bound in (None, least)
+        ]
+    assert 0 < len(drawn[0]) < n_gpu  # the draw thins
+    pd.testing.assert_frame_equal(drawn[0], drawn[1])

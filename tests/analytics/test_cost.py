@@ -332,6 +332,40 @@ def test_token_counts_reconcile_with_requests(hand_store: duckdb.DuckDBPyConnect
     assert set(t["gpu_uuid"]) == {"GPU-a"}
 
 
+def test_output_tokens_are_counted_per_node_request_and_hour(tmp_path: Path) -> None:
+    """Each token counts in the hour it was generated, for its request's node and worker: requests
+    inside one hour, across one hour boundary and over three hours, and a request id used on two
+    nodes (the per-request-id shortcut must not merge or misplace any of them)."""
+    hour = 3600.0
+    spans = [  # node, request id, first token, finish, worker
+        ("n1", "r1", 10 * hour + 100, 10 * hour + 200, "w0"),  # one hour; the same id on n2
+        ("n1", "r2", 10 * hour + 3500, 11 * hour + 100, "w0"),  # across one hour boundary
+        ("n1", "r3", 10 * hour + 1800, 12 * hour + 1800, "w1"),  # over three hours
+        ("n1", "r4", 12 * hour + 100, 12 * hour + 400, "w1"),
+        ("n2", "r1", 11 * hour + 3590, 12 * hour + 10, "w2"),  # across a boundary, on another node
+        ("n2", "r5", 11 * hour + 3000, 11 * hour + 3300, "w2"),
+    ]
+    reqs, toks, expected = [], [], {}
+    for node, rid, first, finish, worker in spans:
+        reqs.append(
+            {"node": node, "source": "router", "request_id": rid, "arrival_s": first - 1.0,
+             "prefill_end_s": first, "first_token_s": first, "finish_s": finish, "prompt_tokens": 10,
+             "prefill_worker": worker, "decode_worker": worker, "status": "ok"}
+        )  # fmt: skip
+        for i, ts in enumerate(range(int(first), int(finish) + 1, 7)):
+            toks.append({"node": node, "request_id": rid, "idx": i, "ts_s": float(ts), "itl_s": 7.0})
+            key = (node, worker, math.floor(ts / hour) * hour)
+            expected[key] = expected.get(key, 0) + 1
+    con = make_store(tmp_path / "tokens.duckdb", {"requests": reqs, "tokens": toks})
+    try:
+        t = token_counts(con, Window(10 * hour, 13 * hour))
+    finally:
+        con.close()
+    got = t[t["output_tokens"] > 0].groupby(["node", "worker", "hour_start_s"])["output_tokens"].sum()
+    assert {k: int(v) for k, v in got.items()} == expected
+    assert t["output_tokens"].sum() == len(toks)
+
+
 def test_cost_breakdown_from_the_store(hand_store: duckdb.DuckDBPyConnection) -> None:
     b = cost_breakdown(hand_store, Window(100.0, 104.5), PRICES)
     h = b.headline()
