@@ -555,7 +555,7 @@ def cost_breakdown(
     if unsampled > 0:
         trust.notes.append(
             f"{unsampled:,.1f} GPU-seconds fall in gaps of their GPU's samples: priced apart as "
-            f"{CATEGORY_LABELS['unsampled']} (the GPU is paid for, its work is not known), not as idle"
+            f"'{CATEGORY_LABELS['unsampled']}' — the GPU is paid for, its work is not known — not as idle"
         )
     unknown = sum(
         float(raw[c].sum()) for c in ("decode_activity_unknown_s", "prefill_activity_unknown_s") if c in raw

@@ -18,8 +18,8 @@ Two tables with the same columns (see :func:`analytics.attribution.gpu_intervals
 window)``) leave the time between them *unsampled*: a state of its own (``unsampled_s``), never
 idle. A sample interval across a gap is unsampled as a whole; a bucket before a gap ends at its last
 sample, the bucket after it starts at the last sample before the gap and holds the gap as
-``unsampled_s`` (cells wholly inside the gap belong to no bucket: their iterations and request time
-are not counted). The energy counter's rise across a gap (integrated power where there is no
+``unsampled_s``; iterations and in-flight request time inside a gap are not counted (cells wholly
+inside it belong to no bucket; the parts of its two edge cells inside it are cut off exactly). The energy counter's rise across a gap (integrated power where there is no
 counter) is the row's ``energy_unsampled_j``: measured energy, attributed to the unsampled state.
 
 The rules shared by both (what part of an iteration is GPU-busy, when a request is on a worker,
@@ -200,7 +200,9 @@ def registered_islands(con: duckdb.DuckDBPyConnection, window: Window) -> Iterat
 def intervals_sql(window: Window, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per sample interval of the window's GPUs;
     ``islands``: the relation of the window's :func:`request_islands` (see
-    :func:`registered_islands`)."""
+    :func:`registered_islands`). An interval longer than its GPU's gap threshold
+    (:func:`gap_threshold_sql`) is unsampled as a whole: ``unsampled_s`` = its length, its other
+    states 0, ``energy_unsampled_j`` = its energy, ``sample_gaps`` = 1."""
     s_pred, s_par = window.node_sql("s.node")
     i_pred, i_par = window.node_sql("node")
     w = [window.start_s, window.end_s]
@@ -350,6 +352,15 @@ WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
     return sql, params
 
 
+def _overlap(lo: str, hi: str) -> str:
+    """SQL: the seconds of ``[lo, hi]`` inside the GPU's sample gaps (``gaps``: a list of
+    ``{gs, ge}``, disjoint)."""
+    return (
+        f"coalesce(list_sum(list_transform(gaps, lambda x: greatest(0.0::DOUBLE, least({hi}, x.ge) "
+        f"- greatest({lo}, x.gs)))), 0.0::DOUBLE)"
+    )
+
+
 # A cell's columns from its sub-cells (``sg``): (name, roll-up over sub-cells, the one sub-cell's value)
 _CELL_COLS: tuple[tuple[str, str, str], ...] = (
     ("samples", "sum(n)", "n"),
@@ -383,7 +394,10 @@ _CELL_COLS: tuple[tuple[str, str, str], ...] = (
 def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
-    the bucket's time, scaled away — overlapping iterations or clock skew); ``islands`` as there."""
+    the bucket's sampled time, scaled away — overlapping iterations, clock skew, or work in the part
+    of an edge cell inside a sample gap); ``islands`` as there. Sample gaps are found on sub-cells
+    of at most ``GAP_MIN_S`` (:func:`gap_subcells`) in the same grouped scan of the samples; a
+    bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring)."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
     D = repr(float(bucket_s))
@@ -398,7 +412,7 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         # j0, j1: the cells of the two ends
         return f"""
     SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
-        SELECT sp.g, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+        SELECT sp.g, sp.gaps, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
                least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
@@ -480,25 +494,41 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
     FROM cov
 ),
 it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
-span AS (  -- each GPU's sampled time; g: an integer id of the GPU, the iterations side's group key
-    SELECT *, (row_number() OVER ())::INTEGER AS g
-    FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL)
+gl AS (  -- each GPU uuid's sample gaps: [gs, ge], from the last sample before to the first after
+    SELECT b.node, b.uuid, list({{'gs': s.pl_ts, 'ge': s.f_ts}}) AS gaps
+    FROM sg s JOIN sbd b ON s.node = b.node AND s.source = b.source AND s.device = b.device
+     AND s."index" IS NOT DISTINCT FROM b."index" AND s.k = b.k
+    WHERE s.gap_s > 0 AND b.uuid IS NOT NULL
+    GROUP BY b.node, b.uuid
+),
+span AS (  -- each GPU's sampled time and gaps; g: an integer id of the GPU, the iterations side's group key
+    SELECT s.*, gl.gaps, (row_number() OVER (ORDER BY s.node, s.uuid))::INTEGER AS g
+    FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL) s
+    LEFT JOIN gl ON s.node = gl.node AND s.uuid = gl.uuid
 ),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
-itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
-          -- cross a cell boundary, already so before clipping) their pieces in the later cells
-    SELECT g, worker, phase, pshare, j0 AS j,
+itc_cut AS (  -- cut at cell boundaries: every iteration's piece [lo, hi] in its first cell, then (the
+             -- few that cross a cell boundary, already so before clipping) their pieces in the later cells
+    SELECT g, gaps, worker, phase, pshare, h_s, j0 AS j, a_s AS lo,
+           CASE WHEN j1 = j0 THEN b_s ELSE least(b_s, (j0 + 1) * {D}) END AS hi,
            CASE WHEN j1 = j0 THEN b_s - a_s
                 ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
            CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
                 ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
     FROM itc
     UNION ALL
-    SELECT g, worker, phase, pshare, j,
+    SELECT g, gaps, worker, phase, pshare, h_s, j, greatest(a_s, j * {D}), least(b_s, (j + 1) * {D}),
            greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
            greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
     FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
           FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
+),
+itp AS (  -- less the parts inside the GPU's sample gaps (an iteration's host part first, then GPU-busy)
+    SELECT g, worker, phase, pshare, j,
+           CASE WHEN gaps IS NULL THEN len_s ELSE greatest(0.0, len_s - {_overlap("lo", "hi")}) END AS len_s,
+           CASE WHEN gaps IS NULL THEN host_len_s
+                ELSE greatest(0.0, host_len_s - {_overlap("lo", "greatest(lo, least(h_s, hi))")}) END AS host_len_s
+    FROM itc_cut
 ),
 itagg AS (
     SELECT g, j, min(worker) AS worker,
@@ -550,16 +580,34 @@ inb AS (
         WHERE ia.j < w.k_end)
     GROUP BY node, worker, k
 ),
+ingap AS (  -- in-flight time inside a sample gap's part of its two edge cells, per bucket holding the cell
+           -- (the cells wholly inside a gap are in no bucket)
+    SELECT c.node, c.source, c.device, c."index", c.k,
+           sum(greatest(0.0, least(i.b_s, c.hi) - greatest(i.a_s, c.lo))) AS in_s
+    FROM (SELECT e.*, b.worker
+          FROM (SELECT *, greatest(gs, k * {D}) AS lo, least(ge, (k + 1) * {D}) AS hi
+                FROM (SELECT node, source, device, "index", pl_ts AS gs, f_ts AS ge,
+                             unnest(list_distinct([floor(pl_ts / {D})::BIGINT, k])) AS k
+                      FROM sg WHERE gap_s > 0)) e
+          JOIN bk b ON e.node = b.node AND e.source = b.source AND e.device = b.device
+           AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
+          WHERE b.worker IS NOT NULL) c
+    JOIN isl i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
+    GROUP BY ALL
+),
 attributed AS (SELECT DISTINCT node, source, device, "index" FROM bk WHERE worker IS NOT NULL),
 st AS (
     SELECT b.*, a.node IS NOT NULL AS attributed, b.t1_s - b.t0_s AS interval_s,
            b.t1_s - b.t0_s - b.unsampled_s AS sampled_s,
            coalesce(i.p_s, 0.0) AS p_s, coalesce(i.d_s, 0.0) AS d_s, coalesce(i.mp_s, 0.0) AS mp_s,
-           coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s, coalesce(r.in_s, 0.0) AS in_s,
+           coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s,
+           greatest(0.0, coalesce(r.in_s, 0.0) - coalesce(ig.in_s, 0.0)) AS in_s,
            coalesce(i.p_s + i.d_s + i.mp_s + i.md_s + i.h_s, 0.0) AS raw_cov_s
     FROM bk b
     LEFT JOIN itb i ON b.g = i.g AND b.k = i.k
     LEFT JOIN inb r ON b.node = r.node AND b.worker = r.worker AND b.k = r.k
+    LEFT JOIN ingap ig ON b.node = ig.node AND b.source = ig.source AND b.device = ig.device
+     AND b."index" IS NOT DISTINCT FROM ig."index" AND b.k = ig.k
     LEFT JOIN attributed a
       ON b.node = a.node AND b.source = a.source AND b.device = a.device
      AND b."index" IS NOT DISTINCT FROM a."index"

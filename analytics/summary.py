@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from analytics.intervals import GAP_MIN_S, GAP_PERIODS
 from analytics.jsonable import json_safe
 from analytics.trust import Trust
 from analytics.window import Window
@@ -347,7 +348,8 @@ def _gap_lines(parts: dict[str, Any]) -> list[str]:
     )
     out.append(
         f"  overall: {unsampled_s:,.1f} s of {total_s:,.1f} GPU-s unsampled ({_pct(unsampled_s / total_s if total_s else None)});"
-        " a gap: samples further apart than 5 sampling periods and 5 s; its energy is the counter's rise across it"
+        f" a gap: samples further apart than {GAP_PERIODS:g} sampling periods and {GAP_MIN_S:g} s; its energy is"
+        " the counter's rise across it"
     )
     return out
 
