@@ -352,15 +352,6 @@ WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
     return sql, params
 
 
-def _overlap(lo: str, hi: str) -> str:
-    """SQL: the seconds of ``[lo, hi]`` inside the GPU's sample gaps (``gaps``: a list of
-    ``{gs, ge}``, disjoint)."""
-    return (
-        f"coalesce(list_sum(list_transform(gaps, lambda x: greatest(0.0::DOUBLE, least({hi}, x.ge) "
-        f"- greatest({lo}, x.gs)))), 0.0::DOUBLE)"
-    )
-
-
 # A cell's columns from its sub-cells (``sg``): (name, roll-up over sub-cells, the one sub-cell's value)
 _CELL_COLS: tuple[tuple[str, str, str], ...] = (
     ("samples", "sum(n)", "n"),
@@ -412,17 +403,30 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         # j0, j1: the cells of the two ends
         return f"""
     SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
-        SELECT sp.g, sp.gaps, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+        SELECT sp.g, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
                least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
 
     m = gap_subcells(float(bucket_s))
-    if m == 1:  # a cell is a sub-cell
-        j, group_j, group_k = "NULL", "", ""
+    nb_window = """SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
+           lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
+           lead(n_e = samples) OVER g AS n_ok, lead(lead_gap_s) OVER g AS n_gap_s
+    FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)"""
+    if m == 1:  # a cell is a sub-cell: its neighbours come from sg's window pass
+        j, group_j, group_k, nb_body = "NULL", "", "", "SELECT * FROM sbd"
+        cell_window = (
+            ",\n                 lag(n_e = n) OVER w AS p_ok, lead(k) OVER w AS nk, lead(f_ts) OVER w AS nf_ts,"
+            "\n                 lead(f_e) OVER w AS nf_e, lead(n_e = n) OVER w AS n_ok"
+        )
+        cell_neighbours = (
+            ",\n           pl_ts, pl_e, p_ok, nk, nf_ts, nf_e, n_ok,"
+            "\n           CASE WHEN nf_ts - l_ts > thr THEN nf_ts - l_ts ELSE 0.0 END AS n_gap_s"
+        )
     else:
         j, group_j = f"floor(ts_s / {float(bucket_s) / m!r})::BIGINT", ", j"
         group_k = '\n    GROUP BY node, source, device, "index", k'
+        nb_body, cell_window, cell_neighbours = nb_window, "", ""
     cell_cols = ",\n           ".join(f"{(agg if m > 1 else one)} AS {name}" for name, agg, one in _CELL_COLS)
     sql = f"""
 WITH
@@ -450,13 +454,13 @@ sg AS (  -- each sub-cell with the sample gap before it (0: none), its counter r
                 THEN coalesce((pl_w + p_sum / nullif(p_n, 0)) / 2.0, pl_w, p_sum / nullif(p_n, 0)) * (f_ts - pl_ts)
            END AS gap_pw_j
     FROM (SELECT *, lag(l_ts) OVER w AS pl_ts, lag(l_e) OVER w AS pl_e, lag(p_sum / nullif(p_n, 0)) OVER w AS pl_w,
-                 {gap_threshold_sql("min(f_ts) OVER a", "max(l_ts) OVER a", "sum(n) OVER a")} AS thr
+                 {gap_threshold_sql("min(f_ts) OVER a", "max(l_ts) OVER a", "sum(n) OVER a")} AS thr{cell_window}
           FROM sub
           WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY f_ts),
                  a AS (PARTITION BY node, source, device, "index"))
 ),
 sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities, sample gaps
-    SELECT node, source, device, "index", k, {cell_cols}
+    SELECT node, source, device, "index", k, {cell_cols}{cell_neighbours}
     FROM sg{group_k}
 ),
 dv AS (  -- devices rows with the time they hold until (the GPU's next row)
@@ -471,11 +475,8 @@ sbd AS (  -- the device attributes (owner worker/role) in effect at the bucket's
      AND b."index" IS NOT DISTINCT FROM d."index" AND b.f_ts >= d.since_s AND b.f_ts < d.until_s
     WHERE d.kind IS DISTINCT FROM 'cpu'  -- a CPU device is no GPU
 ),
-nb AS (
-    SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
-           lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
-           lead(n_e = samples) OVER g AS n_ok, lead(lead_gap_s) OVER g AS n_gap_s
-    FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)
+nb AS (  -- each bucket with its neighbours' edge samples (one window pass, in sg where a cell is a sub-cell)
+    {nb_body}
 ),
 cov AS (  -- a bucket reaches from its cell's start (the first sample, for the first bucket; the last
           -- sample before the gap, for one after a gap) to the next bucket's (its last sample before a gap)
@@ -494,41 +495,45 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
     FROM cov
 ),
 it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
-gl AS (  -- each GPU uuid's sample gaps: [gs, ge], from the last sample before to the first after
-    SELECT b.node, b.uuid, list({{'gs': s.pl_ts, 'ge': s.f_ts}}) AS gaps
-    FROM sg s JOIN sbd b ON s.node = b.node AND s.source = b.source AND s.device = b.device
-     AND s."index" IS NOT DISTINCT FROM b."index" AND s.k = b.k
-    WHERE s.gap_s > 0 AND b.uuid IS NOT NULL
-    GROUP BY b.node, b.uuid
+span AS (  -- each GPU's sampled time; g: an integer id of the GPU, the iterations side's group key
+    SELECT *, (row_number() OVER ())::INTEGER AS g
+    FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL)
 ),
-span AS (  -- each GPU's sampled time and gaps; g: an integer id of the GPU, the iterations side's group key
-    SELECT s.*, gl.gaps, (row_number() OVER (ORDER BY s.node, s.uuid))::INTEGER AS g
-    FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL) s
-    LEFT JOIN gl ON s.node = gl.node AND s.uuid = gl.uuid
+gpart AS (  -- each sample gap's part [lo, hi] in its two edge cells k (the cells wholly inside it are in
+            -- no bucket: the work there is not counted; the parts here are taken off their buckets)
+    SELECT node, source, device, "index", k, greatest(gs, k * {D}) AS lo, least(ge, (k + 1) * {D}) AS hi
+    FROM (SELECT node, source, device, "index", pl_ts AS gs, f_ts AS ge,
+                 unnest(list_distinct([floor(pl_ts / {D})::BIGINT, k])) AS k
+          FROM sg WHERE gap_s > 0)
+),
+gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
+    SELECT e.*, sp.g, b.uuid
+    FROM gpart e
+    JOIN sbd b ON e.node = b.node AND e.source = b.source AND e.device = b.device
+     AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
+    JOIN span sp ON b.node = sp.node AND b.uuid = sp.uuid
 ),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
-itc_cut AS (  -- cut at cell boundaries: every iteration's piece [lo, hi] in its first cell, then (the
-             -- few that cross a cell boundary, already so before clipping) their pieces in the later cells
-    SELECT g, gaps, worker, phase, pshare, h_s, j0 AS j, a_s AS lo,
-           CASE WHEN j1 = j0 THEN b_s ELSE least(b_s, (j0 + 1) * {D}) END AS hi,
+itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
+          -- cross a cell boundary, already so before clipping) their pieces in the later cells, then
+          -- (negative) the parts inside a sample gap's edge cells
+    SELECT g, worker, phase, pshare, j0 AS j,
            CASE WHEN j1 = j0 THEN b_s - a_s
                 ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
            CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
                 ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
     FROM itc
     UNION ALL
-    SELECT g, gaps, worker, phase, pshare, h_s, j, greatest(a_s, j * {D}), least(b_s, (j + 1) * {D}),
+    SELECT g, worker, phase, pshare, j,
            greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
            greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
     FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
           FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
-),
-itp AS (  -- less the parts inside the GPU's sample gaps (an iteration's host part first, then GPU-busy)
-    SELECT g, worker, phase, pshare, j,
-           CASE WHEN gaps IS NULL THEN len_s ELSE greatest(0.0, len_s - {_overlap("lo", "hi")}) END AS len_s,
-           CASE WHEN gaps IS NULL THEN host_len_s
-                ELSE greatest(0.0, host_len_s - {_overlap("lo", "greatest(lo, least(h_s, hi))")}) END AS host_len_s
-    FROM itc_cut
+    UNION ALL
+    SELECT c.g, it.worker, it.phase, it.pshare, c.k,
+           -greatest(0.0, least(it.end_s, c.hi) - greatest(it.start_s, c.lo)),
+           -greatest(0.0, least(it.end_s - it.busy_len_s, it.end_s, c.hi) - greatest(it.start_s, c.lo))
+    FROM it JOIN gpi c ON it.node = c.node AND it.uuid = c.uuid AND it.end_s > c.lo AND it.start_s < c.hi
 ),
 itagg AS (
     SELECT g, j, min(worker) AS worker,
@@ -555,11 +560,25 @@ itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a buc
     ASOF JOIN bku b ON ia.g = b.g AND ia.j >= b.k
     WHERE ia.j < b.k_end  -- after the GPU's last sample: in no bucket
 ),
-itb AS (
-    SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s
-    FROM itj GROUP BY g, k
-),
 isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
+ingap AS (  -- in-flight time inside the sample gaps' parts of their edge cells, per bucket holding the cell
+    SELECT c.g, c.k, sum(greatest(0.0, least(i.b_s, c.hi) - greatest(i.a_s, c.lo))) AS in_gap_s
+    FROM (SELECT e.*, b.g, b.worker
+          FROM gpart e
+          JOIN bk b ON e.node = b.node AND e.source = b.source AND e.device = b.device
+           AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
+          WHERE b.worker IS NOT NULL) c
+    JOIN isl i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
+    GROUP BY c.g, c.k
+),
+itb AS (  -- per GPU bucket: iteration seconds, and the in-flight seconds inside its sample gaps
+    SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s,
+           sum(in_gap_s) AS in_gap_s
+    FROM (SELECT g, k, p_s, d_s, mp_s, md_s, h_s, 0.0 AS in_gap_s FROM itj
+          UNION ALL
+          SELECT g, k, 0.0, 0.0, 0.0, 0.0, 0.0, in_gap_s FROM ingap)
+    GROUP BY g, k
+),
 inagg AS (
     SELECT node, worker, j, sum(greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))) AS in_s
     FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
@@ -580,34 +599,17 @@ inb AS (
         WHERE ia.j < w.k_end)
     GROUP BY node, worker, k
 ),
-ingap AS (  -- in-flight time inside a sample gap's part of its two edge cells, per bucket holding the cell
-           -- (the cells wholly inside a gap are in no bucket)
-    SELECT c.node, c.source, c.device, c."index", c.k,
-           sum(greatest(0.0, least(i.b_s, c.hi) - greatest(i.a_s, c.lo))) AS in_s
-    FROM (SELECT e.*, b.worker
-          FROM (SELECT *, greatest(gs, k * {D}) AS lo, least(ge, (k + 1) * {D}) AS hi
-                FROM (SELECT node, source, device, "index", pl_ts AS gs, f_ts AS ge,
-                             unnest(list_distinct([floor(pl_ts / {D})::BIGINT, k])) AS k
-                      FROM sg WHERE gap_s > 0)) e
-          JOIN bk b ON e.node = b.node AND e.source = b.source AND e.device = b.device
-           AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
-          WHERE b.worker IS NOT NULL) c
-    JOIN isl i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
-    GROUP BY ALL
-),
 attributed AS (SELECT DISTINCT node, source, device, "index" FROM bk WHERE worker IS NOT NULL),
 st AS (
     SELECT b.*, a.node IS NOT NULL AS attributed, b.t1_s - b.t0_s AS interval_s,
            b.t1_s - b.t0_s - b.unsampled_s AS sampled_s,
            coalesce(i.p_s, 0.0) AS p_s, coalesce(i.d_s, 0.0) AS d_s, coalesce(i.mp_s, 0.0) AS mp_s,
            coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s,
-           greatest(0.0, coalesce(r.in_s, 0.0) - coalesce(ig.in_s, 0.0)) AS in_s,
+           greatest(0.0, coalesce(r.in_s, 0.0) - coalesce(i.in_gap_s, 0.0)) AS in_s,
            coalesce(i.p_s + i.d_s + i.mp_s + i.md_s + i.h_s, 0.0) AS raw_cov_s
     FROM bk b
     LEFT JOIN itb i ON b.g = i.g AND b.k = i.k
     LEFT JOIN inb r ON b.node = r.node AND b.worker = r.worker AND b.k = r.k
-    LEFT JOIN ingap ig ON b.node = ig.node AND b.source = ig.source AND b.device = ig.device
-     AND b."index" IS NOT DISTINCT FROM ig."index" AND b.k = ig.k
     LEFT JOIN attributed a
       ON b.node = a.node AND b.source = a.source AND b.device = a.device
      AND b."index" IS NOT DISTINCT FROM a."index"
