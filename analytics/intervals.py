@@ -415,6 +415,7 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
     FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)"""
     if m == 1:  # a cell is a sub-cell: its neighbours come from sg's window pass
         j, group_j, group_k, nb_body = "NULL", "", "", "SELECT * FROM sbd"
+        gap_rows = "sbd WHERE lead_gap_s > 0"  # (sg is then read once: not materialised)
         cell_window = (
             ",\n                 lag(n_e = n) OVER w AS p_ok, lead(k) OVER w AS nk, lead(f_ts) OVER w AS nf_ts,"
             "\n                 lead(f_e) OVER w AS nf_e, lead(n_e = n) OVER w AS n_ok"
@@ -427,6 +428,7 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         j, group_j = f"floor(ts_s / {float(bucket_s) / m!r})::BIGINT", ", j"
         group_k = '\n    GROUP BY node, source, device, "index", k'
         nb_body, cell_window, cell_neighbours = nb_window, "", ""
+        gap_rows = "sg WHERE gap_s > 0"  # every gap, also those inside a cell
     cell_cols = ",\n           ".join(f"{(agg if m > 1 else one)} AS {name}" for name, agg, one in _CELL_COLS)
     sql = f"""
 WITH
@@ -504,7 +506,7 @@ gpart AS (  -- each sample gap's part [lo, hi] in its two edge cells k (the cell
     SELECT node, source, device, "index", k, greatest(gs, k * {D}) AS lo, least(ge, (k + 1) * {D}) AS hi
     FROM (SELECT node, source, device, "index", pl_ts AS gs, f_ts AS ge,
                  unnest(list_distinct([floor(pl_ts / {D})::BIGINT, k])) AS k
-          FROM sg WHERE gap_s > 0)
+          FROM {gap_rows})
 ),
 gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
     SELECT e.*, sp.g, b.uuid
@@ -515,8 +517,7 @@ gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
 ),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
 itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
-          -- cross a cell boundary, already so before clipping) their pieces in the later cells, then
-          -- (negative) the parts inside a sample gap's edge cells
+          -- cross a cell boundary, already so before clipping) their pieces in the later cells
     SELECT g, worker, phase, pshare, j0 AS j,
            CASE WHEN j1 = j0 THEN b_s - a_s
                 ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
@@ -529,11 +530,6 @@ itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, 
            greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
     FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
           FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
-    UNION ALL
-    SELECT c.g, it.worker, it.phase, it.pshare, c.k,
-           -greatest(0.0, least(it.end_s, c.hi) - greatest(it.start_s, c.lo)),
-           -greatest(0.0, least(it.end_s - it.busy_len_s, it.end_s, c.hi) - greatest(it.start_s, c.lo))
-    FROM it JOIN gpi c ON it.node = c.node AND it.uuid = c.uuid AND it.end_s > c.lo AND it.start_s < c.hi
 ),
 itagg AS (
     SELECT g, j, min(worker) AS worker,
@@ -560,7 +556,19 @@ itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a buc
     ASOF JOIN bku b ON ia.g = b.g AND ia.j >= b.k
     WHERE ia.j < b.k_end  -- after the GPU's last sample: in no bucket
 ),
-isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
+itgap AS (  -- (taken off) the iteration seconds inside the sample gaps' parts of their edge cells
+    SELECT g, k,
+           -sum(CASE WHEN phase = 'prefill' THEN busy_s ELSE 0.0 END) AS p_s,
+           -sum(CASE WHEN phase = 'decode' THEN busy_s ELSE 0.0 END) AS d_s,
+           -sum(CASE WHEN {mixed} THEN pshare * busy_s ELSE 0.0 END) AS mp_s,
+           -sum(CASE WHEN {mixed} THEN (1.0 - pshare) * busy_s ELSE 0.0 END) AS md_s,
+           -sum(host_s) AS h_s
+    FROM (SELECT c.g, c.k, it.phase, it.pshare,
+                 greatest(0.0, least(it.end_s - it.busy_len_s, it.end_s, c.hi) - greatest(it.start_s, c.lo)) AS host_s,
+                 greatest(0.0, least(it.end_s, c.hi) - greatest(it.start_s, c.lo, it.end_s - it.busy_len_s)) AS busy_s
+          FROM it JOIN gpi c ON it.node = c.node AND it.uuid = c.uuid AND it.end_s > c.lo AND it.start_s < c.hi)
+    GROUP BY g, k
+),
 ingap AS (  -- in-flight time inside the sample gaps' parts of their edge cells, per bucket holding the cell
     SELECT c.g, c.k, sum(greatest(0.0, least(i.b_s, c.hi) - greatest(i.a_s, c.lo))) AS in_gap_s
     FROM (SELECT e.*, b.g, b.worker
@@ -568,17 +576,21 @@ ingap AS (  -- in-flight time inside the sample gaps' parts of their edge cells,
           JOIN bk b ON e.node = b.node AND e.source = b.source AND e.device = b.device
            AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
           WHERE b.worker IS NOT NULL) c
-    JOIN isl i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
+    JOIN {islands} i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
     GROUP BY c.g, c.k
 ),
-itb AS (  -- per GPU bucket: iteration seconds, and the in-flight seconds inside its sample gaps
+itb AS (  -- per GPU bucket: iteration seconds (less those inside its sample gaps), and the in-flight
+          -- seconds inside its sample gaps
     SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s,
            sum(in_gap_s) AS in_gap_s
     FROM (SELECT g, k, p_s, d_s, mp_s, md_s, h_s, 0.0 AS in_gap_s FROM itj
           UNION ALL
+          SELECT g, k, p_s, d_s, mp_s, md_s, h_s, 0.0 FROM itgap
+          UNION ALL
           SELECT g, k, 0.0, 0.0, 0.0, 0.0, 0.0, in_gap_s FROM ingap)
     GROUP BY g, k
 ),
+isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
 inagg AS (
     SELECT node, worker, j, sum(greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))) AS in_s
     FROM (SELECT *, unnest(range(floor(a_s / {D})::BIGINT, floor(b_s / {D})::BIGINT + 1)) AS j FROM isl)
