@@ -313,6 +313,18 @@ GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category lo
     "unsampled": COST_COLOURS["unsampled"],
 }
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
+#: GPU-time categories shown only where some row has time in them (no data, not a kind of waste)
+OPTIONAL_GPU_TIME = frozenset({"unsampled"})
+
+
+def gpu_time_colours(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, str]:
+    """:data:`GPU_TIME_COLOURS` of the categories a chart of ``rows`` shows: all but the optional
+    ones (unsampled time) no row has a share of."""
+    return {
+        k: c
+        for k, c in GPU_TIME_COLOURS.items()
+        if k not in OPTIONAL_GPU_TIME or any(float(s.get(k, 0.0) or 0.0) > 0 for _, s in rows)
+    }
 
 
 def gpu_time_rows(
@@ -341,7 +353,7 @@ def gpu_time_figure(
     names = gpu_time.get("names") or {}
     rows = gpu_time_rows(gpu_time, pools, with_fleet=with_fleet)
     fig = go.Figure()
-    for key, colour in GPU_TIME_COLOURS.items():
+    for key, colour in gpu_time_colours(rows).items():
         xs = [100 * shares.get(key, 0.0) for _, shares in rows]
         fig.add_trace(
             go.Bar(
