@@ -92,7 +92,8 @@ GAP_DECODE_S = 0.5 * sum(1 for a in DECODE_AT_S if GAP_FROM_S < a < GAP_TO_S)
 GAP_S = GAP_TO_S - GAP_FROM_S
 
 
-@pytest.mark.parametrize("bucket_s", [0.0, 1.0, 2.0, None, 30.0, 60.0])
+# 30 s and 60 s buckets: cells partly inside the gap; 300 s: the whole gap inside one cell
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0, 2.0, None, 30.0, 60.0, 300.0])
 def test_a_gap_is_unsampled_not_idle_and_its_energy_is_the_counters(con, bucket_s):
     pb = phase_breakdown(con, WINDOW, bucket_s=bucket_s)
     g0, g1 = _row(pb.per_gpu, 0), _row(pb.per_gpu, 1)
@@ -203,3 +204,17 @@ def test_analyze_shows_unsampled_time_per_gpu_and_overall(con):
     assert "overall: 60.0 s of 600.0 GPU-s unsampled (10.0 %)" in text
     header = next(line for line in text.splitlines() if line.strip().startswith("pool   GPUs"))
     assert header.split()[-3:] == ["unsampled", "energy", "kWh"]
+
+
+@pytest.mark.parametrize("bucket_s", [0.0, 1.0, 60.0])
+def test_without_a_counter_the_gaps_energy_is_integrated_power_flagged_estimated(tmp_path, bucket_s):
+    rows = [{**r, **_gpu(0)} for r in samples(GAPPED_S, [None] * len(GAPPED_S), power_w=200.0)]
+    c = make_store(tmp_path / "nocounter.duckdb", {"gpu_samples": rows})
+    pb = phase_breakdown(c, WINDOW, bucket_s=bucket_s)
+    g = pb.per_gpu.iloc[0]
+    assert g["unsampled_s"] == pytest.approx(GAP_S)
+    assert g["energy_unsampled_j"] == pytest.approx(200.0 * GAP_S)  # (P before + P after) / 2 × gap
+    assert g["energy_j"] == pytest.approx(200.0 * 300.0)
+    assert sum(g[f"energy_{s[:-2]}_j"] for s in STATES) == pytest.approx(g["energy_j"])
+    assert "estimated" in pb.trust.labels
+    c.close()
