@@ -690,8 +690,8 @@ def _issue_notes(issues: dict[str, int]) -> list[str]:
     if issues["excess_s"] > 1e-9:
         notes.append(
             f"{issues['excess_s']:.3f} s of iteration time beyond their bucket's sampled time in "
-            f"{issues['excess_buckets']} buckets (overlapping iterations, clock skew, or work in the "
-            "part of a bucket's cell inside a sample gap): scaled away, each GPU second counted once"
+            f"{issues['excess_buckets']} buckets (overlapping iterations or clock skew): scaled away, "
+            "each GPU second counted once"
         )
     if issues["no_uuid"]:
         notes.append(f"{issues['no_uuid']} iterations carry no gpu_uuid: not attributed to any GPU")

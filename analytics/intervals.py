@@ -19,8 +19,9 @@ window)``) leave the time between them *unsampled*: a state of its own (``unsamp
 idle. A sample interval across a gap is unsampled as a whole; a bucket before a gap ends at its last
 sample, the bucket after it starts at the last sample before the gap and holds the gap as
 ``unsampled_s``; iterations and in-flight request time inside a gap are not counted (cells wholly
-inside it belong to no bucket; the parts of its two edge cells inside it are cut off exactly). The energy counter's rise across a gap (integrated power where there is no
-counter) is the row's ``energy_unsampled_j``: measured energy, attributed to the unsampled state.
+inside it belong to no bucket; the parts of its two edge cells inside it are taken off exactly).
+The energy counter's rise across a gap (integrated power where there is no counter) is the row's
+``energy_unsampled_j``: measured energy, attributed to the unsampled state.
 
 The rules shared by both (what part of an iteration is GPU-busy, when a request is on a worker,
 the gap threshold) are written once, below. Formulas and sources: docs/analytics/attribution.md.
@@ -385,8 +386,8 @@ _CELL_COLS: tuple[tuple[str, str, str], ...] = (
 def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
-    the bucket's sampled time, scaled away — overlapping iterations, clock skew, or work in the part
-    of an edge cell inside a sample gap); ``islands`` as there. Sample gaps are found on sub-cells
+    the bucket's sampled time, scaled away — overlapping iterations or clock skew); ``islands`` as
+    there. Sample gaps are found on sub-cells
     of at most ``GAP_MIN_S`` (:func:`gap_subcells`) in the same grouped scan of the samples; a
     bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring)."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
