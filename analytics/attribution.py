@@ -11,11 +11,14 @@ interval — the seconds the GPU spent in
   ``modeled_s − compute_s``, at its start; emulated: the step's wall time beyond ``modeled_s``),
 * ``gap_s``: between iterations while the owning worker had a request in flight (host-bound),
 * ``idle_s``: no work at all,
+* ``unsampled_s``: inside a gap in the GPU's samples (no sample for longer than its gap threshold,
+  see :mod:`analytics.intervals`): not known, never idle,
 
 summing to ``interval_s``; and the interval's energy (the energy counter's rise; integrated power,
 flagged ``estimated``, where the counter is missing or went backwards). A per-GPU power model
 (non-negative least squares of interval energy on the state seconds) apportions each interval's
-measured energy to its states, so the attributed energy sums to the measured energy exactly.
+measured energy, less its rise across sample gaps (which is the unsampled state's), to its states,
+so the attributed energy sums to the measured energy exactly.
 
 Everything runs as set-based SQL in DuckDB: the state seconds of an interval are differences of
 cumulative state-time functions evaluated at the interval's two ends by ``ASOF`` joins (no
@@ -35,7 +38,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analytics.intervals import IntervalTable, buckets_sql, choose_bucket_s, intervals_sql, registered_islands
+from analytics.intervals import (
+    GAP_MIN_S,
+    GAP_PERIODS,
+    IntervalTable,
+    buckets_sql,
+    choose_bucket_s,
+    intervals_sql,
+    registered_islands,
+)
 from analytics.iteration_groups import registered_groups
 from analytics.trust import ESTIMATED, HOST_BOUND, Trust
 from analytics.window import Window
@@ -49,6 +60,7 @@ STATES: tuple[str, ...] = (
     "host_s",
     "gap_s",
     "idle_s",
+    "unsampled_s",
 )
 # The power model's regressors: each fine state maps to one coefficient (W). Host-bound time (the GPU
 # runs no kernel while the host works) shares the idle coefficient: it co-occurs with decode in a
@@ -64,6 +76,9 @@ _TERM_OF: dict[str, str] = {
     "gap_s": "idle",
     "idle_s": "idle",
 }
+# The states the power model apportions a row's energy to: all but unsampled time, whose energy is
+# the counter's rise across the gap (``energy_unsampled_j`` of the row), not a share of a fit.
+_MODELLED_STATES: tuple[str, ...] = tuple(s for s in STATES if s in _TERM_OF)
 _GPU_KEY = ("node", "source", "device", "index")
 
 
@@ -72,11 +87,12 @@ def gpu_intervals(con: duckdb.DuckDBPyConnection, window: Window) -> pd.DataFram
     parent_uuid, mig_instance_id, name, worker, role), ``t0_s``/``t1_s``/``interval_s``/``hour_s``,
     ``attributed`` (whether the GPU's work is known), the state seconds ``prefill_s``, ``decode_s``,
     ``mixed_prefill_s``, ``mixed_decode_s``, ``host_s``, ``gap_s``, ``idle_s`` (NULL where not
-    attributed), ``sm_active_pct`` (utilization % where the source has no SM activity:
+    attributed), ``unsampled_s`` (seconds in a sample gap, on every row), ``sm_active_pct`` (utilization % where the source has no SM activity:
     ``sm_source`` says which), ``gpu_util_pct``, ``dram_active_pct``, ``power_w``, ``energy_j`` and
     ``energy_source`` (``counter``, ``integrated-reset``, ``integrated-no-counter``, ``mig-parent``:
-    a MIG instance, whose energy is its physical GPU's), ``trust``, ``host_bound``, ``samples``,
-    ``excess_s``.
+    a MIG instance, whose energy is its physical GPU's), ``energy_unsampled_j`` (of ``energy_j``, the
+    rise across sample gaps), ``trust``, ``host_bound``, ``samples``, ``excess_s``, ``sample_gaps``
+    (gaps ending in the row), ``longest_gap_s``, ``gap_threshold_s`` (the GPU's), ``power_limit_w``.
 
     Exact per sample, and sorted per GPU: for inspection and small windows. The breakdowns run on
     :func:`gpu_buckets` (same columns) and aggregate in SQL without pulling rows into pandas."""
@@ -279,7 +295,9 @@ class PhaseBreakdown:
     ``energy_unattributed_j`` (GPUs with no serving telemetry). ``fits``: the power model per GPU
     (keyed ``node|source|device|index``). ``missing``: what could not be computed, and why.
     ``raw``: the GPU × role × hour sums all tables come from (with the idle-split sums that
-    :func:`analytics.bimodal.idle_split` reads); not part of ``to_dict``."""
+    :func:`analytics.bimodal.idle_split` reads); not part of ``to_dict``. ``gaps``: per GPU (same
+    keys) with gaps in its samples, ``gaps`` (how many), ``gap_s`` (its unsampled seconds),
+    ``longest_s`` and ``threshold_s`` (its gap threshold); ``sample_gaps`` in ``to_dict``."""
 
     window: Window
     per_gpu: pd.DataFrame
@@ -289,6 +307,7 @@ class PhaseBreakdown:
     trust: Trust
     missing: list[str] = field(default_factory=list)
     raw: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    gaps: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -297,6 +316,7 @@ class PhaseBreakdown:
             "per_pool": _records(self.per_pool),
             "per_hour": _records(self.per_hour),
             "fits": {k: v.to_dict() for k, v in self.fits.items()},
+            "sample_gaps": {k: dict(v) for k, v in self.gaps.items()},
             "trust": self.trust.to_dict(),
             "missing": list(self.missing),
         }
@@ -333,18 +353,23 @@ def _fit_stats_sql(table: str) -> str:
         "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
         "coalesce(host_s, 0) + coalesce(gap_s, 0) + coalesce(idle_s, 0)",
     ]
-    ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL)"
+    # y: the energy of the sampled part (the rise across a sample gap is not the states')
+    y = "(energy_j - coalesce(energy_unsampled_j, 0))"
+    ok = "FILTER (WHERE attributed AND energy_j IS NOT NULL AND interval_s > unsampled_s)"
     parts = []
     for i in range(len(xs)):
         for j in range(i, len(xs)):
             parts.append(f"sum(({xs[i]}) * ({xs[j]})) {ok} AS x{i}x{j}")
-        parts.append(f"sum(({xs[i]}) * energy_j) {ok} AS x{i}y")
+        parts.append(f"sum(({xs[i]}) * {y}) {ok} AS x{i}y")
         parts.append(f"sum({xs[i]}) {ok} AS sx{i}")  # the term's seconds, and its rows: is it enough to fit?
         parts.append(f"count(*) FILTER (WHERE attributed AND energy_j IS NOT NULL AND {xs[i]} > 0) AS nz{i}")
     return f"""
-SELECT node, source, device, "index", count(*) {ok} AS n, sum(energy_j * energy_j) {ok} AS yy,
-       sum(energy_j) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)},
-       any_value(name) AS name, max(power_w) AS max_power_w, max(energy_j / nullif(interval_s, 0)) {ok} AS max_mean_w
+SELECT node, source, device, "index", count(*) {ok} AS n, sum({y} * {y}) {ok} AS yy,
+       sum({y}) {ok} AS sy, bool_or(attributed) AS attributed, {", ".join(parts)},
+       any_value(name) AS name, max(power_w) AS max_power_w,
+       max({y} / nullif(interval_s - unsampled_s, 0)) {ok} AS max_mean_w, max(power_limit_w) AS power_limit_w,
+       sum(sample_gaps) AS sample_gaps, sum(unsampled_s) AS unsampled_s, max(longest_gap_s) AS longest_gap_s,
+       max(gap_threshold_s) AS gap_threshold_s
 FROM {table}
 GROUP BY ALL
 ORDER BY node, source, device, "index"  -- the fits (and their notes) in one order on every run
@@ -363,12 +388,10 @@ def _spec_tdp_w(name: Any, device: Any) -> tuple[float, str] | None:
     return None
 
 
-def _power_bounds(
-    limits: dict[str, float | None], df: pd.DataFrame
-) -> dict[str, tuple[float | None, str | None]]:
-    """Per GPU (``gpu_key``): the most a power coefficient may be (W) and where it comes from — the
-    highest power limit of its samples in the window (``limits``, from :func:`sample_scan`), else its
-    spec TDP, else the highest power observed (sample power, interval mean power) ×
+def _power_bounds(df: pd.DataFrame) -> dict[str, tuple[float | None, str | None]]:
+    """Per GPU (``gpu_key``) of the :func:`_fit_stats_sql` rows ``df``: the most a power coefficient
+    may be (W) and where it comes from — the highest power limit of its samples in the window, else
+    its spec TDP, else the highest power observed (sample power, interval mean power) ×
     ``OBSERVED_POWER_MARGIN``; (None, None) where nothing is known."""
     out: dict[str, tuple[float | None, str | None]] = {}
     for rec in df.to_dict(orient="records"):
@@ -377,7 +400,7 @@ def _power_bounds(
             v for v in (rec.get("max_power_w"), rec.get("max_mean_w")) if v is not None and not pd.isna(v)
         ]
         observed = max(seen) if seen else None
-        limit, tdp = limits.get(key), _spec_tdp_w(rec.get("name"), rec["device"])
+        limit, tdp = rec.get("power_limit_w"), _spec_tdp_w(rec.get("name"), rec["device"])
         if limit is not None and not pd.isna(limit) and limit > 0:
             bound, why = float(limit), "the GPU's power limit"
         elif tdp is not None:
@@ -393,14 +416,36 @@ def _power_bounds(
     return out
 
 
-def _fits(con: duckdb.DuckDBPyConnection, table: str, limits: dict[str, float | None]) -> dict[str, PowerFit]:
-    """The bounded power fit of every attributed GPU. A term too thin to fit on one GPU takes the
-    estimate of a fit on the pooled sums of every GPU of the same model (name) where it is not thin
-    there, else is left out. ``limits``: each GPU's highest power limit in the window."""
-    df = con.execute(_fit_stats_sql(table)).df()
-    df = df[df["attributed"].fillna(False).astype(bool)]  # no states to fit on: reported as unattributed
-    bounds = _power_bounds(limits, df)
-    skip = {*_GPU_KEY, "attributed", "name", "max_power_w", "max_mean_w"}
+_GAP_STAT_COLS = ("sample_gaps", "unsampled_s", "longest_gap_s", "gap_threshold_s")
+
+
+def _sample_gaps(stats: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per GPU (``gpu_key``) with a gap in its samples, from the :func:`_fit_stats_sql` rows:
+    ``gaps`` (how many), ``gap_s`` (their total: the GPU's unsampled seconds), ``longest_s`` and
+    ``threshold_s`` (its gap threshold, see :func:`analytics.intervals.gap_threshold_sql`)."""
+    out: dict[str, dict[str, float]] = {}
+    for rec in stats.to_dict(orient="records"):
+        n = rec.get("sample_gaps")
+        if n is None or pd.isna(n) or n <= 0:
+            continue
+        out[gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])] = {
+            "gaps": int(n),
+            "gap_s": float(rec["unsampled_s"]),
+            "longest_s": float(rec["longest_gap_s"]),
+            "threshold_s": float(rec["gap_threshold_s"]),
+        }
+    return out
+
+
+def _fits(stats: pd.DataFrame) -> dict[str, PowerFit]:
+    """The bounded power fit of every attributed GPU from its :func:`_fit_stats_sql` row. A term
+    too thin to fit on one GPU takes the estimate of a fit on the pooled sums of every GPU of the
+    same model (name) where it is not thin there, else is left out."""
+    df = stats[
+        stats["attributed"].fillna(False).astype(bool)
+    ]  # no states to fit on: reported as unattributed
+    bounds = _power_bounds(df)
+    skip = {*_GPU_KEY, "attributed", "name", "max_power_w", "max_mean_w", "power_limit_w", *_GAP_STAT_COLS}
     gpus = []
     for rec in df.to_dict(orient="records"):
         stats = {
@@ -444,18 +489,31 @@ CATEGORIES: tuple[str, ...] = (
     "stranded_compute",
     "host_bound",
     "idle",
+    "unsampled",
 )
+# the categories that are states of their own (their sums are the breakdown's state columns)
+_STATE_CATEGORIES = ("idle", "unsampled")
 
 
 def _aggregate_sql(table: str) -> str:
     """Per GPU × role × hour sums: state seconds, the apportioned energy of every state, the
-    GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap."""
-    weights = " + ".join(f"w_{_TERM_OF[s]} * coalesce({s}, 0)" for s in STATES)
+    GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap.
+
+    Unsampled time is a state of every GPU, attributed or not (no GPU's work is known there): so
+    ``attributed_s`` (what the state fractions divide by) is the time whose state is known — an
+    attributed GPU's time and any GPU's unsampled time — and ``unattributed_s`` the sampled time of
+    GPUs without serving telemetry; they sum to ``interval_s``. A row's energy across its sample
+    gaps (``energy_unsampled_j``) is the unsampled state's; the power model apportions the rest."""
+    weights = " + ".join(f"w_{_TERM_OF[s]} * coalesce({s}, 0)" for s in _MODELLED_STATES)
+    sampled_j = "(energy_j - coalesce(energy_unsampled_j, 0))"
     e_cols = ", ".join(
-        f"CASE WHEN attributed AND energy_j IS NOT NULL THEN energy_j * "
-        f"CASE WHEN wsum > 0 THEN w_{_TERM_OF[s]} * coalesce({s}, 0) / wsum "
-        f"ELSE coalesce({s}, 0) / interval_s END END AS e_{s[:-2]}"
-        for s in STATES
+        [
+            f"CASE WHEN attributed AND energy_j IS NOT NULL THEN {sampled_j} * "
+            f"CASE WHEN wsum > 0 THEN w_{_TERM_OF[s]} * coalesce({s}, 0) / wsum "
+            f"ELSE coalesce({s}, 0) / nullif(interval_s - unsampled_s, 0) END END AS e_{s[:-2]}"
+            for s in _MODELLED_STATES
+        ]
+        + ["CASE WHEN energy_j IS NOT NULL THEN coalesce(energy_unsampled_j, 0) END AS e_unsampled"]
     )
     e_parts = ", ".join(f"sum(e_{s[:-2]}) AS energy_{s[:-2]}_j" for s in STATES)
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
@@ -463,15 +521,16 @@ def _aggregate_sql(table: str) -> str:
 WITH iv AS (
     SELECT i.*, c.* EXCLUDE (gkey), coalesce({weights}, 0.0) AS wsum,
            coalesce(i.prefill_s, 0) + coalesce(i.mixed_prefill_s, 0) AS p_s,
-           coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s
+           coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s,
+           i.interval_s - i.unsampled_s AS sampled_s  -- the activities are of this time
     FROM (SELECT *, node || '|' || source || '|' || device || '|' || coalesce("index"::VARCHAR, '') AS gkey
           FROM {table}) i
     LEFT JOIN pl_coef c ON i.gkey = c.gkey
 ),
 ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
     SELECT *, {e_cols},
-           CASE WHEN p_s + d_s > 0 AND sm_active_pct IS NOT NULL THEN least(1.0, sm_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS sm_busy,
-           CASE WHEN p_s + d_s > 0 AND dram_active_pct IS NOT NULL THEN least(1.0, dram_active_pct / 100.0 * interval_s / (p_s + d_s)) END AS dram_busy
+           CASE WHEN p_s + d_s > 0 AND sm_active_pct IS NOT NULL THEN least(1.0, sm_active_pct / 100.0 * sampled_s / (p_s + d_s)) END AS sm_busy,
+           CASE WHEN p_s + d_s > 0 AND dram_active_pct IS NOT NULL THEN least(1.0, dram_active_pct / 100.0 * sampled_s / (p_s + d_s)) END AS dram_busy
     FROM iv
 ),
 cv AS (
@@ -482,12 +541,12 @@ cv AS (
 SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) AS name,
        coalesce(role, 'unknown') AS role, any_value(worker) AS worker, hour_s,
        count(*) AS intervals, sum(interval_s) AS interval_s,
-       sum(CASE WHEN attributed THEN interval_s ELSE 0 END) AS attributed_s,
-       sum(CASE WHEN NOT attributed THEN interval_s ELSE 0 END) AS unattributed_s,
+       sum(CASE WHEN attributed THEN interval_s ELSE unsampled_s END) AS attributed_s,
+       sum(CASE WHEN NOT attributed THEN interval_s - unsampled_s ELSE 0 END) AS unattributed_s,
        {s_parts},
        sum(energy_j) AS energy_j,
        sum(CASE WHEN energy_source LIKE 'integrated%' THEN energy_j ELSE 0 END) AS energy_estimated_j,
-       sum(CASE WHEN NOT attributed THEN energy_j ELSE 0 END) AS energy_unattributed_j,
+       sum(CASE WHEN NOT attributed THEN {sampled_j} ELSE 0 END) AS energy_unattributed_j,
        {e_parts},
        sum(p_s * coalesce(dram_busy, 1.0)) FILTER (WHERE attributed) AS productive_prefill_s,
        sum(p_s * (1.0 - dram_busy)) FILTER (WHERE attributed) AS stranded_bandwidth_s,
@@ -501,9 +560,9 @@ SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) A
        sum(coalesce(e_host, 0) + coalesce(e_gap, 0)) FILTER (WHERE attributed) AS energy_host_bound_j,
        sum(CASE WHEN sm_busy IS NULL THEN d_s ELSE 0 END) FILTER (WHERE attributed) AS decode_activity_unknown_s,
        sum(CASE WHEN dram_busy IS NULL THEN p_s ELSE 0 END) FILTER (WHERE attributed) AS prefill_activity_unknown_s,
-       sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
-       sum(gpu_util_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS util_pct_s,
-       sum(sm_active_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS sm_pct_s,
+       sum(sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
+       sum(gpu_util_pct * sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS util_pct_s,
+       sum(sm_active_pct * sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS sm_pct_s,
        count(*) FILTER (WHERE energy_j IS NULL AND energy_source IS DISTINCT FROM 'mig-parent') AS no_energy_intervals,
        count(*) FILTER (WHERE energy_source = 'integrated-reset') AS counter_resets,
        count(*) FILTER (WHERE energy_source = 'integrated-no-counter') AS no_counter_intervals,
@@ -529,8 +588,8 @@ _SUM_COLS = (
 )
 # sums kept for the idle split (IdleSplit), not shown in the breakdown's tables
 CATEGORY_SUM_COLS = (
-    *[f"{c}_s" for c in CATEGORIES if c != "idle"],
-    *[f"energy_{c}_j" for c in CATEGORIES if c != "idle"],
+    *[f"{c}_s" for c in CATEGORIES if c not in _STATE_CATEGORIES],
+    *[f"energy_{c}_j" for c in CATEGORIES if c not in _STATE_CATEGORIES],
     "decode_activity_unknown_s",
     "prefill_activity_unknown_s",
     "both_s",
@@ -540,7 +599,7 @@ CATEGORY_SUM_COLS = (
 
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
-    """Add the state fractions (of attributed seconds; NaN where nothing is attributed)."""
+    """Add the state fractions (of ``attributed_s``, the time whose state is known; NaN where none)."""
     df = df.copy()
     denom = df["attributed_s"].where(df["attributed_s"] > 0)
     for s in STATES:
@@ -620,65 +679,6 @@ WHERE prev_end_s > start_s + 1e-9 AND gpu_uuid IS NOT NULL""",
     }
 
 
-#: A GPU's samples further apart than this many sampling periods (and at least GAP_MIN_S) leave its
-#: time between them not sampled (a collector restart, a lost exporter).
-GAP_PERIODS = 5.0
-GAP_MIN_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class SampleScan:
-    """What one grouped scan of the window's samples tells per GPU (``gpu_key``): its highest power
-    limit (W, None where unknown) and, for the GPUs with gaps, :func:`sample_gaps`'s figures."""
-
-    limits_w: dict[str, float | None]
-    gaps: dict[str, dict[str, float]]
-
-
-def sample_scan(con: duckdb.DuckDBPyConnection, window: Window) -> SampleScan:
-    """Each GPU's highest power limit and its gaps in one grouped scan of the window's samples (then
-    a sort of the cells). A gap: consecutive samples further apart than ``GAP_PERIODS`` × the GPU's
-    mean sampling period in the window, and at least ``GAP_MIN_S``. Found on cells of
-    ``GAP_MIN_S / 2`` seconds: a gap longer than the threshold spans a cell edge, and there the
-    distance between the last sample of one non-empty cell and the first of the next is exactly
-    the gap."""
-    pred, par = window.node_sql("node")
-    cell = GAP_MIN_S / 2.0
-    rows = con.execute(
-        f"""
-WITH c AS (
-    SELECT node, source, device, "index", floor(ts_s / {cell!r})::BIGINT AS k,
-           min(ts_s) AS f, max(ts_s) AS l, count(*) AS n, max(power_limit_w) AS lim
-    FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ? GROUP BY ALL
-),
-g AS (
-    SELECT *, f - lag(l) OVER w AS dt,
-           greatest({GAP_MIN_S!r}, {GAP_PERIODS!r} * (max(l) OVER a - min(f) OVER a)
-                    / greatest(sum(n) OVER a - 1, 1)) AS thr
-    FROM c WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY k),
-                  a AS (PARTITION BY node, source, device, "index")
-)
-SELECT node, source, device, "index", max(lim), count(*) FILTER (WHERE dt > thr),
-       sum(dt) FILTER (WHERE dt > thr), max(dt) FILTER (WHERE dt > thr), any_value(thr)
-FROM g GROUP BY ALL ORDER BY ALL""",
-        [*par, window.start_s, window.end_s],
-    ).fetchall()
-    return SampleScan(
-        limits_w={gpu_key(*r[:4]): r[4] for r in rows},
-        gaps={
-            gpu_key(*r[:4]): {"gaps": r[5], "gap_s": r[6], "longest_s": r[7], "threshold_s": r[8]}
-            for r in rows
-            if r[5]
-        },
-    )
-
-
-def sample_gaps(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, dict[str, float]]:
-    """Per GPU (``gpu_key``) with a gap in its samples: ``gaps`` (how many), ``gap_s`` (their total),
-    ``longest_s`` and ``threshold_s`` (see :func:`sample_scan`)."""
-    return sample_scan(con, window).gaps
-
-
 def _issue_notes(issues: dict[str, int]) -> list[str]:
     """What the bad iteration rows counted by :func:`_iteration_issues` mean for the result."""
     notes: list[str] = []
@@ -689,7 +689,7 @@ def _issue_notes(issues: dict[str, int]) -> list[str]:
         )
     if issues["excess_s"] > 1e-9:
         notes.append(
-            f"{issues['excess_s']:.3f} s of iteration time beyond their bucket's time in "
+            f"{issues['excess_s']:.3f} s of iteration time beyond their bucket's sampled time in "
             f"{issues['excess_buckets']} buckets (overlapping iterations or clock skew): scaled away, "
             "each GPU second counted once"
         )
@@ -768,8 +768,9 @@ def _breakdown_from(
     table = iv.name
     trust = Trust()
     missing: list[str] = []
-    scan = sample_scan(con, window)
-    fits = _fits(con, table, scan.limits_w)
+    stats = con.execute(_fit_stats_sql(table)).df()
+    fits = _fits(stats)
+    gaps = _sample_gaps(stats)
     coef = _coef_frame(fits)
     con.register("pl_coef", coef)
     try:
@@ -785,7 +786,7 @@ def _breakdown_from(
         missing += _issue_notes(issues)
         empty = pd.DataFrame(columns=[*_GPU_KEY, "role", *_SUM_COLS])
         return PhaseBreakdown(
-            window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing, raw
+            window, _finish(empty), _finish(empty), _finish(empty), fits, trust, missing, raw, gaps
         )
     _trust_from(
         raw,
@@ -840,19 +841,18 @@ def _breakdown_from(
             missing.append(
                 f"{name}: MIG instance: energy is counted once on its physical GPU's row, not here"
             )
-    shown = {gpu_key(*k) for k in raw[list(_GPU_KEY)].drop_duplicates().itertuples(index=False)}
-    for key, gap in scan.gaps.items():
-        if key in shown:
-            missing.append(
-                f"{key}: not sampled for {gap['gap_s']:.1f} s ({gap['gaps']} gap(s) between samples longer than "
-                f"{gap['threshold_s']:.1f} s, i.e. {GAP_PERIODS:g} sampling periods and at least {GAP_MIN_S:g} s; "
-                f"longest {gap['longest_s']:.1f} s): still counted as idle time and cost where no work is known"
-            )
+    for key, gap in gaps.items():
+        missing.append(
+            f"{key}: not sampled for {gap['gap_s']:.1f} s ({gap['gaps']} gap(s) between samples longer than "
+            f"{gap['threshold_s']:.1f} s, i.e. {GAP_PERIODS:g} sampling periods and at least {GAP_MIN_S:g} s; "
+            f"longest {gap['longest_s']:.1f} s): counted as unsampled time (not idle), with the energy "
+            "counter's rise across the gaps"
+        )
     for key, fit in fits.items():
         missing += [f"{key}: {m}" for m in fit.missing]
         if fit.r2 is not None and fit.r2 < 0.5:
             missing.append(f"{key}: power model fits poorly (R² {fit.r2:.2f}); energy shares uncertain")
     missing += _issue_notes(issues)
     return PhaseBreakdown(
-        window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw
+        window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw, gaps
     )

@@ -10,7 +10,8 @@ busy. Over the sample intervals of :func:`analytics.attribution.gpu_intervals`:
   activity during prefill and during decode, and the gap between utilization % and SM activity;
 * :func:`idle_split`: GPU-seconds (and joules) per category — productive prefill, stranded bandwidth
   in prefill (prefill time × (1 − DRAM activity)), productive decode, stranded compute (decode time
-  × (1 − SM activity)), host-bound gaps, true idle — per GPU, pool and hour.
+  × (1 − SM activity)), host-bound gaps, true idle, unsampled (a gap in the GPU's samples: not
+  idle) — per GPU, pool and hour.
 
 Moments and per-phase activities are SQL aggregates over all intervals; the dip test and the
 mixture run in numpy on at most ``max_points`` values per group, drawn in SQL by a hash of the
@@ -230,9 +231,10 @@ def _moments_sql(table: str, where: str) -> str:
     xs = {
         "p": "coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0)",
         "d": "coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0)",
-        "o": "interval_s - (coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) "
+        "o": "interval_s - unsampled_s - (coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) "
         "+ coalesce(decode_s, 0) + coalesce(mixed_decode_s, 0))",
     }
+    sampled = "(interval_s - unsampled_s)"  # the activities are means over the sampled time
     ys = {"sm": "sm_active_pct", "util": "gpu_util_pct", "dram": "dram_active_pct"}
     parts = []
     keys = list(xs)
@@ -241,15 +243,15 @@ def _moments_sql(table: str, where: str) -> str:
             for y, col in ys.items():
                 parts.append(f"sum(({xs[a]}) * ({xs[b]})) FILTER (WHERE {col} IS NOT NULL) AS g_{y}_{a}{b}")
         for y, col in ys.items():
-            parts.append(f"sum(({xs[a]}) * {col} * interval_s) AS r_{y}_{a}")
+            parts.append(f"sum(({xs[a]}) * {col} * {sampled}) AS r_{y}_{a}")
     return f"""
 SELECT role, hour_s, node, source, device, "index", {_GH_SQL} AS gh, {_RH_SQL} AS rh, count(*) AS rows, sum(sm_n) AS n, sum(sm_s1) AS s1, sum(sm_s2) AS s2, sum(sm_s3) AS s3,
        sum(sm_s4) AS s4,
        count(*) FILTER (WHERE sm_source = 'gpu_util') AS sm_fallback_intervals,
-       sum(interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
-       sum(gpu_util_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
+       sum({sampled}) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
+       sum(gpu_util_pct * {sampled}) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
            AS util_pct_s,
-       sum(sm_active_pct * interval_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
+       sum(sm_active_pct * {sampled}) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL)
            AS sm_pct_s,
        {", ".join(parts)}
 FROM (SELECT * REPLACE (coalesce(role, 'unknown') AS role) FROM {table}) WHERE {where}
@@ -391,7 +393,8 @@ def _bimodality_from(
     if min_busy_frac > 0:
         where = (
             "attributed AND coalesce(prefill_s, 0) + coalesce(mixed_prefill_s, 0) + coalesce(decode_s, 0)"
-            f" + coalesce(mixed_decode_s, 0) >= {float(min_busy_frac)} * interval_s"
+            f" + coalesce(mixed_decode_s, 0) >= {float(min_busy_frac)} * (interval_s - unsampled_s)"
+            " AND interval_s > unsampled_s"
         )
         unattributed = con.execute(f"SELECT count(*) FROM {table} WHERE NOT attributed").fetchone()[0]
         if unattributed:
@@ -575,8 +578,9 @@ def _dip_and_mixture(x: np.ndarray) -> dict[str, Any]:
 @dataclass(slots=True)
 class IdleSplit:
     """GPU-seconds and joules per category (``CATEGORIES``: productive_prefill, stranded_bandwidth,
-    productive_decode, stranded_compute, host_bound, idle) per GPU, pool (role) and hour × pool:
-    ``<category>_s``, ``frac_<category>`` (of attributed seconds; they sum to 1), ``energy_<category>_j``
+    productive_decode, stranded_compute, host_bound, idle, unsampled — time in a gap of the GPU's
+    samples, never idle) per GPU, pool (role) and hour × pool: ``<category>_s``, ``frac_<category>``
+    (of ``attributed_s``, the time whose state is known; they sum to 1), ``energy_<category>_j``
     (summing to the attributed measured energy), plus ``interval_s``, ``attributed_s``,
     ``unattributed_s``, ``energy_j``, ``util_pct``, ``sm_active_pct`` and ``util_sm_gap_pct``
     (time-weighted, on intervals with both), ``decode_activity_unknown_s`` /
@@ -606,8 +610,10 @@ _SPLIT_SUMS = (
     "attributed_s",
     "unattributed_s",
     "idle_s",
+    "unsampled_s",
     "energy_j",
     "energy_idle_j",
+    "energy_unsampled_j",
     "energy_unattributed_j",
     *CATEGORY_SUM_COLS,
 )

@@ -8,11 +8,14 @@ Categories (GPU-seconds and joules per GPU × pool × hour from helper A's attri
 :attr:`analytics.attribution.PhaseBreakdown.raw`):
 ``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − DRAM activity)),
 ``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (host time in and gaps between
-iterations), ``idle`` (no work). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
-host_bound and idle; output side (→ $/1M output tokens): decode + stranded_decode + the output share.
-The input share of a GPU-hour's host-bound and idle time is its prefill-side busy time over its busy
-time ((prefill + stranded_prefill) / busy); a GPU-hour with no busy time gives it to the input side
-in a prefill pool, the output side in a decode pool, else by the window's share (noted). Formulas and
+iterations), ``idle`` (no work), ``unsampled`` (a gap in the GPU's samples: its work is not known,
+so it is not idle; its GPU-hours are still paid for and its energy is the counter's rise across
+the gap). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
+host_bound, idle and unsampled; output side (→ $/1M output tokens): decode + stranded_decode + the
+output share. The input share of a GPU-hour's host-bound, idle and unsampled time is its
+prefill-side busy time over its busy time ((prefill + stranded_prefill) / busy); a GPU-hour with no
+busy time gives it to the input side in a prefill pool, the output side in a decode pool, else by
+the window's share (noted). Formulas and
 sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
 :class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store.
 """
@@ -43,6 +46,7 @@ from analytics.window import Window
 __all__ = [
     "ATTRIBUTION_CATEGORY",
     "CATEGORIES",
+    "CATEGORY_LABELS",
     "DEFAULT_SOURCES",
     "MIG_SLICES",
     "AnnualProjection",
@@ -58,9 +62,13 @@ __all__ = [
     "usage_rows",
 ]
 
-CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
-INPUT_SPLIT = ("prefill", "stranded", "host_bound", "idle")
-OUTPUT_SPLIT = ("decode", "stranded", "host_bound", "idle")
+CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle", "unsampled")
+#: the categories split between the input and the output side by the GPU-hour's prefill share
+OVERHEAD = ("host_bound", "idle", "unsampled")
+INPUT_SPLIT = ("prefill", "stranded", *OVERHEAD)
+OUTPUT_SPLIT = ("decode", "stranded", *OVERHEAD)
+#: how a category is named where people read it
+CATEGORY_LABELS = {"unsampled": "unsampled (no samples)"}
 HOURS_PER_YEAR = 8760.0
 _GROUPS = {"model": ["model"], "pool": ["pool"], "gpu": ["node", "gpu", "gpu_name"], "hour": ["hour_start_s"]}
 
@@ -125,6 +133,11 @@ class AnnualProjection:
             f"${_money(self.total_usd_per_year)} a year, of which ${_money(y['stranded_decode'])} in stranded "
             f"decode compute, ${_money(y['stranded_prefill'])} in stranded prefill bandwidth, "
             f"${_money(y['host_bound'])} host-bound and ${_money(y['idle'])} idle"
+            + (
+                f" (and ${_money(y['unsampled'])} {CATEGORY_LABELS['unsampled']}, not idle)"
+                if y.get("unsampled", 0.0) > 0
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -239,9 +252,9 @@ def price_usage(
     busy = busy_in + busy_out
     all_busy = float(busy.sum())
     window_share = float(busy_in.sum()) / all_busy if all_busy > 0 else 0.5
-    if ((busy <= 0) & ((df["host_bound_s"] + df["idle_s"]) > 0)).any():
+    if ((busy <= 0) & (sum(df[f"{c}_s"] for c in OVERHEAD) > 0)).any():
         trust.notes.append(
-            f"GPU-hours without busy time: their host-bound and idle cost goes to the input side in a "
+            f"GPU-hours without busy time: their host-bound, idle and unsampled cost goes to the input side in a "
             f"prefill pool, the output side in a decode pool, else by the window's prefill share of "
             f"busy time ({window_share:.1%} input)"
             + ("; no busy time at all in the window: split 50/50" if all_busy <= 0 else "")
@@ -258,20 +271,16 @@ def price_usage(
     share = df["input_share"]
     df["input_cost_usd_prefill"] = df["cost_usd_prefill"]
     df["input_cost_usd_stranded"] = df["cost_usd_stranded_prefill"]
-    df["input_cost_usd_host_bound"] = df["cost_usd_host_bound"] * share
-    df["input_cost_usd_idle"] = df["cost_usd_idle"] * share
     df["output_cost_usd_decode"] = df["cost_usd_decode"]
     df["output_cost_usd_stranded"] = df["cost_usd_stranded_decode"]
-    df["output_cost_usd_host_bound"] = df["cost_usd_host_bound"] * (1.0 - share)
-    df["output_cost_usd_idle"] = df["cost_usd_idle"] * (1.0 - share)
-    df["input_energy_j"] = (
-        df["energy_j_prefill"] + df["energy_j_stranded_prefill"]
-        + (df["energy_j_host_bound"] + df["energy_j_idle"]) * share
-    )  # fmt: skip
+    for c in OVERHEAD:
+        df[f"input_cost_usd_{c}"] = df[f"cost_usd_{c}"] * share
+        df[f"output_cost_usd_{c}"] = df[f"cost_usd_{c}"] * (1.0 - share)
+    overhead_j = sum(df[f"energy_j_{c}"] for c in OVERHEAD)
+    df["input_energy_j"] = df["energy_j_prefill"] + df["energy_j_stranded_prefill"] + overhead_j * share
     df["output_energy_j"] = (
-        df["energy_j_decode"] + df["energy_j_stranded_decode"]
-        + (df["energy_j_host_bound"] + df["energy_j_idle"]) * (1.0 - share)
-    )  # fmt: skip
+        df["energy_j_decode"] + df["energy_j_stranded_decode"] + overhead_j * (1.0 - share)
+    )
     df = _sides(df)
 
     total = _aggregate(df, [])
@@ -444,6 +453,7 @@ ATTRIBUTION_CATEGORY = {
     "stranded_decode": "stranded_compute",
     "host_bound": "host_bound",
     "idle": "idle",
+    "unsampled": "unsampled",
 }
 
 
@@ -546,6 +556,12 @@ def cost_breakdown(
     if unattributed > 0:
         trust.notes.append(
             f"{unattributed:,.1f} GPU-seconds have no serving telemetry (unattributed): not in any cost category"
+        )
+    unsampled = float(raw["unsampled_s"].sum()) if "unsampled_s" in raw else 0.0
+    if unsampled > 0:
+        trust.notes.append(
+            f"{unsampled:,.1f} GPU-seconds fall in gaps of their GPU's samples: priced apart as "
+            f"'{CATEGORY_LABELS['unsampled']}' — the GPU is paid for, its work is not known — not as idle"
         )
     unknown = sum(
         float(raw[c].sum()) for c in ("decode_activity_unknown_s", "prefill_activity_unknown_s") if c in raw

@@ -8,13 +8,23 @@ Two tables with the same columns (see :func:`analytics.attribution.gpu_intervals
   functions sort every sample and every iteration: for inspection and small windows.
 * **grid buckets** (``bucket_s`` > 0, the default for the breakdowns): one row per GPU and
   ``[kΔ, (k+1)Δ)`` cell holding samples; a bucket reaches from its cell's start to the next bucket's
-  (so buckets tile the GPU's sampled time, gaps included); the energy counter is read at bucket
-  boundaries by linear interpolation between the two samples around them (exact at the first and
-  last sample); iterations and request spans are cut at cell boundaries by arithmetic. Every step is
-  a hash aggregate or a join against the small bucket table: fast on a fleet's worth of samples.
+  (so buckets tile the GPU's time); the energy counter is read at bucket boundaries by linear
+  interpolation between the two samples around them (exact at the first and last sample);
+  iterations and request spans are cut at cell boundaries by arithmetic. Every step is a hash
+  aggregate or a join against the small bucket table: fast on a fleet's worth of samples.
 
-The rules shared by both (what part of an iteration is GPU-busy, when a request is on a worker)
-are written once, below. Formulas and sources: docs/analytics/attribution.md.
+**Sample gaps.** Two consecutive samples of a GPU further apart than its gap threshold
+(:func:`gap_threshold_sql`: ``max(GAP_MIN_S, GAP_PERIODS × its mean sampling period in the
+window)``) leave the time between them *unsampled*: a state of its own (``unsampled_s``), never
+idle. A sample interval across a gap is unsampled as a whole; a bucket before a gap ends at its last
+sample, the bucket after it starts at the last sample before the gap and holds the gap as
+``unsampled_s``; iterations and in-flight request time inside a gap are not counted (cells wholly
+inside it belong to no bucket; the parts of its two edge cells inside it are taken off exactly).
+The energy counter's rise across a gap (integrated power where there is no counter) is the row's
+``energy_unsampled_j``: measured energy, attributed to the unsampled state.
+
+The rules shared by both (what part of an iteration is GPU-busy, when a request is on a worker,
+the gap threshold) are written once, below. Formulas and sources: docs/analytics/attribution.md.
 """
 
 from __future__ import annotations
@@ -50,6 +60,28 @@ NICE_BUCKETS_S: tuple[float, ...] = (
     1800.0,
     3600.0,
 )
+
+
+#: A GPU's consecutive samples further apart than this many of its mean sampling periods in the
+#: window, and at least ``GAP_MIN_S`` apart, leave the time between them unsampled (a collector
+#: restart, a lost exporter).
+GAP_PERIODS = 5.0
+GAP_MIN_S = 5.0
+
+
+def gap_threshold_sql(first_s: str, last_s: str, samples: str) -> str:
+    """SQL of a GPU's gap threshold (s) from its first and last sample time in the window and its
+    count of samples there: ``greatest(GAP_MIN_S, GAP_PERIODS × (last − first) / (samples − 1))``
+    — the one definition the sample intervals and the buckets share."""
+    return f"greatest({GAP_MIN_S!r}, {GAP_PERIODS!r} * (({last_s}) - ({first_s})) / greatest(({samples}) - 1, 1))"
+
+
+def gap_subcells(bucket_s: float) -> int:
+    """How many sub-cells a bucket cell of ``bucket_s`` seconds is cut into to find gaps: cells of at
+    most ``GAP_MIN_S`` (two samples of one such cell are closer than any gap, so a gap always lies
+    between consecutive non-empty sub-cells, exactly from the last sample of one to the first of
+    the next)."""
+    return max(1, math.ceil(bucket_s / GAP_MIN_S - 1e-9))
 
 
 #: SM activity is shifted by this before its power sums are taken (less cancellation in moments).
@@ -169,15 +201,25 @@ def registered_islands(con: duckdb.DuckDBPyConnection, window: Window) -> Iterat
 def intervals_sql(window: Window, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per sample interval of the window's GPUs;
     ``islands``: the relation of the window's :func:`request_islands` (see
-    :func:`registered_islands`)."""
+    :func:`registered_islands`). An interval longer than its GPU's gap threshold
+    (:func:`gap_threshold_sql`) is unsampled as a whole: ``unsampled_s`` = its length, its other
+    states 0, ``energy_unsampled_j`` = its energy, ``sample_gaps`` = 1."""
     s_pred, s_par = window.node_sql("s.node")
     i_pred, i_par = window.node_sql("node")
     w = [window.start_s, window.end_s]
+    # 0 for an interval across a sample gap (all of it unsampled), else 1
+    sampled = "(CASE WHEN o.ts_s - o.t0_s > o.gap_threshold_s THEN 0.0 ELSE 1.0 END)"
+    energy = """CASE WHEN o.parent_uuid IS NOT NULL THEN NULL
+            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj
+                THEN (o.energy_mj - o.e0_mj) / 1000.0
+            WHEN o.power_w IS NOT NULL
+                THEN (o.power_w + coalesce(o.p0_w, o.power_w)) / 2.0 * (o.ts_s - o.t0_s) END"""
     sql = f"""
 WITH
 samp AS (  -- the window's samples with the device attributes (owner worker/role) in effect then
     SELECT s.node, s.source, s.device, s."index", s.ts_s, s.emulated,
            s.sm_active_pct, s.gpu_util_pct, s.dram_active_pct, s.power_w, s.energy_mj, s.host_bound_pct,
+           s.power_limit_w,
            d.uuid, d.parent_uuid, d.mig_instance_id, d.name, d.worker, d.role
     FROM gpu_samples s ASOF LEFT JOIN devices d
       ON s.node = d.node AND s.source = d.source AND s.device = d.device
@@ -227,9 +269,11 @@ owner_worker AS (  -- a GPU without a devices worker: the worker whose iteration
 ordered AS (
     SELECT s.* EXCLUDE (worker), coalesce(s.worker, ow.worker) AS worker,
            lag(s.ts_s) OVER g AS t0_s, lag(s.energy_mj) OVER g AS e0_mj, lag(s.power_w) OVER g AS p0_w,
-           lag(s.uuid) OVER g AS uuid0, lag(coalesce(s.worker, ow.worker)) OVER g AS worker0
+           lag(s.uuid) OVER g AS uuid0, lag(coalesce(s.worker, ow.worker)) OVER g AS worker0,
+           {gap_threshold_sql("min(s.ts_s) OVER a", "max(s.ts_s) OVER a", "count(*) OVER a")} AS gap_threshold_s
     FROM samp s LEFT JOIN owner_worker ow ON s.node = ow.node AND s.uuid = ow.uuid
-    WINDOW g AS (PARTITION BY s.node, s.source, s.device, s."index" ORDER BY s.ts_s)
+    WINDOW g AS (PARTITION BY s.node, s.source, s.device, s."index" ORDER BY s.ts_s),
+           a AS (PARTITION BY s.node, s.source, s.device, s."index")
 ),
 pts AS (  -- where the cumulative functions are read: each sample's ts_s, and the interval's start
           -- again under the new uuid/worker where the owner changed between the two samples
@@ -268,25 +312,23 @@ SELECT o.node, o.source, o.device, o."index", o.uuid, o.parent_uuid, o.mig_insta
        o.worker, o.role, o.t0_s, o.ts_s AS t1_s, o.ts_s - o.t0_s AS interval_s,
        floor(o.ts_s / 3600.0) * 3600.0 AS hour_s,
        a.node IS NOT NULL AS attributed,
-       CASE WHEN a.node IS NOT NULL THEN d.p_c - d.p_0 END AS prefill_s,
-       CASE WHEN a.node IS NOT NULL THEN d.d_c - d.d_0 END AS decode_s,
-       CASE WHEN a.node IS NOT NULL THEN d.mp_c - d.mp_0 END AS mixed_prefill_s,
-       CASE WHEN a.node IS NOT NULL THEN d.md_c - d.md_0 END AS mixed_decode_s,
-       CASE WHEN a.node IS NOT NULL THEN d.host_c - d.host_0 END AS host_s,
+       CASE WHEN a.node IS NOT NULL THEN (d.p_c - d.p_0) * {sampled} END AS prefill_s,
+       CASE WHEN a.node IS NOT NULL THEN (d.d_c - d.d_0) * {sampled} END AS decode_s,
+       CASE WHEN a.node IS NOT NULL THEN (d.mp_c - d.mp_0) * {sampled} END AS mixed_prefill_s,
+       CASE WHEN a.node IS NOT NULL THEN (d.md_c - d.md_0) * {sampled} END AS mixed_decode_s,
+       CASE WHEN a.node IS NOT NULL THEN (d.host_c - d.host_0) * {sampled} END AS host_s,
        CASE WHEN a.node IS NOT NULL THEN least(greatest(d.in_c - d.in_0 - busy, 0.0),
-                                              greatest(o.ts_s - o.t0_s - busy, 0.0)) END AS gap_s,
-       CASE WHEN a.node IS NOT NULL THEN greatest(o.ts_s - o.t0_s - busy, 0.0)
-                 - least(greatest(d.in_c - d.in_0 - busy, 0.0), greatest(o.ts_s - o.t0_s - busy, 0.0))
+                                              greatest(o.ts_s - o.t0_s - busy, 0.0)) * {sampled} END AS gap_s,
+       CASE WHEN a.node IS NOT NULL THEN (greatest(o.ts_s - o.t0_s - busy, 0.0)
+                 - least(greatest(d.in_c - d.in_0 - busy, 0.0), greatest(o.ts_s - o.t0_s - busy, 0.0))) * {sampled}
        END AS idle_s,
+       (o.ts_s - o.t0_s) * (1.0 - {sampled}) AS unsampled_s,
        coalesce(o.sm_active_pct, o.gpu_util_pct) AS sm_active_pct,
        CASE WHEN o.sm_active_pct IS NOT NULL THEN 'sm_active'
             WHEN o.gpu_util_pct IS NOT NULL THEN 'gpu_util' END AS sm_source,
        o.gpu_util_pct, o.dram_active_pct, o.power_w,
-       CASE WHEN o.parent_uuid IS NOT NULL THEN NULL
-            WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj
-                THEN (o.energy_mj - o.e0_mj) / 1000.0
-            WHEN o.power_w IS NOT NULL
-                THEN (o.power_w + coalesce(o.p0_w, o.power_w)) / 2.0 * (o.ts_s - o.t0_s) END AS energy_j,
+       {energy} AS energy_j,
+       {energy} * (1.0 - {sampled}) AS energy_unsampled_j,
        CASE WHEN o.parent_uuid IS NOT NULL THEN 'mig-parent'
             WHEN o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL AND o.energy_mj >= o.e0_mj THEN 'counter'
             WHEN o.power_w IS NOT NULL AND o.energy_mj IS NOT NULL AND o.e0_mj IS NOT NULL
@@ -294,7 +336,10 @@ SELECT o.node, o.source, o.device, o."index", o.uuid, o.parent_uuid, o.mig_insta
             WHEN o.power_w IS NOT NULL THEN 'integrated-no-counter' END AS energy_source,
        trust_label(o.node, o.source, o.emulated) AS trust,
        coalesce(o.host_bound_pct > 0, false) AS host_bound, 1 AS samples, 0.0 AS excess_s,
-       NULL::BIGINT AS k, {_power_sums("coalesce(o.sm_active_pct, o.gpu_util_pct)", aggregate=False)}
+       NULL::BIGINT AS k, {_power_sums("coalesce(o.sm_active_pct, o.gpu_util_pct)", aggregate=False)},
+       (1 - {sampled})::INTEGER AS sample_gaps,
+       CASE WHEN {sampled} = 0.0 THEN o.ts_s - o.t0_s END AS longest_gap_s,
+       o.gap_threshold_s, o.power_limit_w
 FROM ordered o
 JOIN (SELECT *, (p_c - p_0) + (d_c - d_0) + (mp_c - mp_0) + (md_c - md_0) + (host_c - host_0) AS busy
       FROM deltas WHERE extra = 0) d
@@ -308,10 +353,43 @@ WHERE o.t0_s IS NOT NULL AND o.ts_s > o.t0_s
     return sql, params
 
 
+# A cell's columns from its sub-cells (``sg``): (name, roll-up over sub-cells, the one sub-cell's value)
+_CELL_COLS: tuple[tuple[str, str, str], ...] = (
+    ("samples", "sum(n)", "n"),
+    ("f_ts", "min(f_ts)", "f_ts"),
+    ("l_ts", "max(l_ts)", "l_ts"),
+    ("f_e", "arg_min(f_e, f_ts)", "f_e"),
+    ("l_e", "arg_max(l_e, l_ts)", "l_e"),
+    ("e_range", "max(max_e) - min(min_e)", "max_e - min_e"),
+    ("n_e", "sum(n_e)", "n_e"),
+    ("power_w", "sum(p_sum) / nullif(sum(p_n), 0)", "p_sum / nullif(p_n, 0)"),
+    ("power_limit_w", "max(power_limit_w)", "power_limit_w"),
+    ("sm_active_pct", "sum(sm_sum) / nullif(sum(n_sm_any), 0)", "sm_sum / nullif(n_sm_any, 0)"),
+    ("n_sm", "sum(n_sm)", "n_sm"),
+    ("n_sm_any", "sum(n_sm_any)", "n_sm_any"),
+    ("gpu_util_pct", "sum(u_sum) / nullif(sum(u_n), 0)", "u_sum / nullif(u_n, 0)"),
+    ("dram_active_pct", "sum(dr_sum) / nullif(sum(dr_n), 0)", "dr_sum / nullif(dr_n, 0)"),
+    ("emulated", "bool_or(emulated)", "emulated"),
+    ("host_bound", "coalesce(max(hb_max) > 0, false)", "coalesce(hb_max > 0, false)"),
+    *((f"sm_{c}", f"sum(sm_{c})", f"sm_{c}") for c in ("n", "s1", "s2", "s3", "s4")),
+    # the sample gaps ending in the cell: their seconds, count, longest; the one before its first sample
+    ("unsampled_s", "sum(gap_s)", "gap_s"),
+    ("sample_gaps", "count(*) FILTER (WHERE gap_s > 0)", "(gap_s > 0)::INTEGER"),
+    ("longest_gap_s", "max(gap_s) FILTER (WHERE gap_s > 0)", "CASE WHEN gap_s > 0 THEN gap_s END"),
+    ("lead_gap_s", "arg_min(gap_s, f_ts)", "gap_s"),
+    ("gap_e_j", "sum(gap_e_j)", "gap_e_j"),
+    ("gap_pw_j", "sum(gap_pw_j)", "gap_pw_j"),
+    ("gap_threshold_s", "any_value(thr)", "thr"),
+)
+
+
 def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
-    the bucket's time, scaled away — overlapping iterations or clock skew); ``islands`` as there."""
+    the bucket's sampled time, scaled away — overlapping iterations or clock skew); ``islands`` as
+    there. Sample gaps are found on sub-cells
+    of at most ``GAP_MIN_S`` (:func:`gap_subcells`) in the same grouped scan of the samples; a
+    bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring)."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
     D = repr(float(bucket_s))
@@ -331,23 +409,62 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
 
+    m = gap_subcells(float(bucket_s))
+    nb_window = """SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
+           lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
+           lead(n_e = samples) OVER g AS n_ok, lead(lead_gap_s) OVER g AS n_gap_s
+    FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)"""
+    if m == 1:  # a cell is a sub-cell: its neighbours come from sg's window pass
+        j, group_j, group_k, nb_body = "NULL", "", "", "SELECT * FROM sbd"
+        gap_rows = "sbd WHERE lead_gap_s > 0"  # (sg is then read once: not materialised)
+        cell_window = (
+            ",\n                 lag(n_e = n) OVER w AS p_ok, lead(k) OVER w AS nk, lead(f_ts) OVER w AS nf_ts,"
+            "\n                 lead(f_e) OVER w AS nf_e, lead(n_e = n) OVER w AS n_ok"
+        )
+        cell_neighbours = (
+            ",\n           pl_ts, pl_e, p_ok, nk, nf_ts, nf_e, n_ok,"
+            "\n           CASE WHEN nf_ts - l_ts > thr THEN nf_ts - l_ts ELSE 0.0 END AS n_gap_s"
+        )
+    else:
+        j, group_j = f"floor(ts_s / {float(bucket_s) / m!r})::BIGINT", ", j"
+        group_k = '\n    GROUP BY node, source, device, "index", k'
+        nb_body, cell_window, cell_neighbours = nb_window, "", ""
+        gap_rows = "sg WHERE gap_s > 0"  # every gap, also those inside a cell
+    cell_cols = ",\n           ".join(f"{(agg if m > 1 else one)} AS {name}" for name, agg, one in _CELL_COLS)
     sql = f"""
 WITH
-sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities
+sub AS (  -- per GPU × sub-cell (of at most GAP_MIN_S, inside cell k): sums, edge samples
     SELECT node, source, device, "index", k,
-           count(*) AS samples, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
+           count(*) AS n, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
            arg_min(energy_mj, ts_s) AS f_e, arg_max(energy_mj, ts_s) AS l_e,
-           max(energy_mj) - min(energy_mj) AS e_range, count(energy_mj) AS n_e,
-           avg(power_w) AS power_w,
-           avg(sm_any) AS sm_active_pct, count(sm_active_pct) AS n_sm, count(sm_any) AS n_sm_any,
-           avg(gpu_util_pct) AS gpu_util_pct, avg(dram_active_pct) AS dram_active_pct,
-           bool_or(emulated) AS emulated, coalesce(max(host_bound_pct) > 0, false) AS host_bound,
+           min(energy_mj) AS min_e, max(energy_mj) AS max_e, count(energy_mj) AS n_e,
+           sum(power_w) AS p_sum, count(power_w) AS p_n, max(power_limit_w) AS power_limit_w,
+           sum(sm_any) AS sm_sum, count(sm_active_pct) AS n_sm, count(sm_any) AS n_sm_any,
+           sum(gpu_util_pct) AS u_sum, count(gpu_util_pct) AS u_n,
+           sum(dram_active_pct) AS dr_sum, count(dram_active_pct) AS dr_n,
+           bool_or(emulated) AS emulated, max(host_bound_pct) AS hb_max,
            count(v) AS sm_n, sum(v) AS sm_s1, sum(v * v) AS sm_s2, sum(v * v * v) AS sm_s3,
            sum((v * v) * (v * v)) AS sm_s4
-    FROM (SELECT *, floor(ts_s / {D})::BIGINT AS k, coalesce(sm_active_pct, gpu_util_pct) AS sm_any,
+    FROM (SELECT *, floor(ts_s / {D})::BIGINT AS k, {j} AS j, coalesce(sm_active_pct, gpu_util_pct) AS sm_any,
                  coalesce(sm_active_pct, gpu_util_pct) - {SM_SHIFT_PCT} AS v
           FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?)
-    GROUP BY node, source, device, "index", k
+    GROUP BY node, source, device, "index", k{group_j}
+),
+sg AS (  -- each sub-cell with the sample gap before it (0: none), its counter rise and integrated power
+    SELECT *, CASE WHEN f_ts - pl_ts > thr THEN f_ts - pl_ts ELSE 0.0 END AS gap_s,
+           CASE WHEN f_ts - pl_ts > thr AND f_e >= pl_e THEN (f_e - pl_e) / 1000.0 END AS gap_e_j,
+           CASE WHEN f_ts - pl_ts > thr
+                THEN coalesce((pl_w + p_sum / nullif(p_n, 0)) / 2.0, pl_w, p_sum / nullif(p_n, 0)) * (f_ts - pl_ts)
+           END AS gap_pw_j
+    FROM (SELECT *, lag(l_ts) OVER w AS pl_ts, lag(l_e) OVER w AS pl_e, lag(p_sum / nullif(p_n, 0)) OVER w AS pl_w,
+                 {gap_threshold_sql("min(f_ts) OVER a", "max(l_ts) OVER a", "sum(n) OVER a")} AS thr{cell_window}
+          FROM sub
+          WINDOW w AS (PARTITION BY node, source, device, "index" ORDER BY f_ts),
+                 a AS (PARTITION BY node, source, device, "index"))
+),
+sb AS (  -- per GPU × cell: edge samples, counter checks, mean activities, sample gaps
+    SELECT node, source, device, "index", k, {cell_cols}{cell_neighbours}
+    FROM sg{group_k}
 ),
 dv AS (  -- devices rows with the time they hold until (the GPU's next row)
     SELECT *, lead(since_s, 1, 'infinity'::DOUBLE)
@@ -361,15 +478,14 @@ sbd AS (  -- the device attributes (owner worker/role) in effect at the bucket's
      AND b."index" IS NOT DISTINCT FROM d."index" AND b.f_ts >= d.since_s AND b.f_ts < d.until_s
     WHERE d.kind IS DISTINCT FROM 'cpu'  -- a CPU device is no GPU
 ),
-nb AS (
-    SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
-           lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
-           lead(n_e = samples) OVER g AS n_ok
-    FROM sbd WINDOW g AS (PARTITION BY node, source, device, "index" ORDER BY k)
+nb AS (  -- each bucket with its neighbours' edge samples (one window pass, in sg where a cell is a sub-cell)
+    {nb_body}
 ),
-cov AS (  -- a bucket reaches from its cell's start (the first sample, for the first bucket) to the next bucket's
-    SELECT *, CASE WHEN pl_ts IS NULL THEN f_ts ELSE k * {D} END AS t0_s,
-              CASE WHEN nk IS NULL THEN l_ts ELSE nk * {D} END AS t1_s
+cov AS (  -- a bucket reaches from its cell's start (the first sample, for the first bucket; the last
+          -- sample before the gap, for one after a gap) to the next bucket's (its last sample before a gap)
+    SELECT *, CASE WHEN pl_ts IS NULL THEN f_ts WHEN lead_gap_s > 0 THEN pl_ts ELSE k * {D} END AS t0_s,
+              CASE WHEN nk IS NULL OR n_gap_s > 0 THEN l_ts ELSE nk * {D} END AS t1_s,
+              CASE WHEN n_gap_s > 0 THEN k + 1 ELSE coalesce(nk, k + 1) END AS k_end
     FROM nb
 ),
 en AS (  -- the counter at the bucket's two ends, interpolated between the samples around them
@@ -385,6 +501,20 @@ it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
 span AS (  -- each GPU's sampled time; g: an integer id of the GPU, the iterations side's group key
     SELECT *, (row_number() OVER ())::INTEGER AS g
     FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL)
+),
+gpart AS (  -- each sample gap's part [lo, hi] in its two edge cells k (the cells wholly inside it are in
+            -- no bucket: the work there is not counted; the parts here are taken off their buckets)
+    SELECT node, source, device, "index", k, greatest(gs, k * {D}) AS lo, least(ge, (k + 1) * {D}) AS hi
+    FROM (SELECT node, source, device, "index", pl_ts AS gs, f_ts AS ge,
+                 unnest(list_distinct([floor(pl_ts / {D})::BIGINT, k])) AS k
+          FROM {gap_rows})
+),
+gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
+    SELECT e.*, sp.g, b.uuid
+    FROM gpart e
+    JOIN sbd b ON e.node = b.node AND e.source = b.source AND e.device = b.device
+     AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
+    JOIN span sp ON b.node = sp.node AND b.uuid = sp.uuid
 ),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
 itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
@@ -416,8 +546,9 @@ bk AS (
     SELECT e.*, sp.g, coalesce(e.dev_worker, ow.worker) AS worker
     FROM en e LEFT JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid LEFT JOIN ow ON sp.g = ow.g
 ),
-bku AS (SELECT g, k, coalesce(nk, k + 1) AS k_end FROM bk WHERE g IS NOT NULL),
-itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a bucket absorbs empty cells)
+bku AS (SELECT g, k, k_end FROM bk WHERE g IS NOT NULL),
+itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a bucket absorbs empty cells,
+          -- not those of a sample gap: [k_end, next k) is in no bucket)
     SELECT ia.*, b.k FROM itagg ia JOIN bku b ON ia.g = b.g AND ia.j = b.k
     UNION ALL
     SELECT ia.*, b.k
@@ -426,9 +557,39 @@ itj AS (  -- a cell's iteration seconds go to the bucket holding the cell (a buc
     ASOF JOIN bku b ON ia.g = b.g AND ia.j >= b.k
     WHERE ia.j < b.k_end  -- after the GPU's last sample: in no bucket
 ),
-itb AS (
-    SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s
-    FROM itj GROUP BY g, k
+itgap AS (  -- (taken off) the iteration seconds inside the sample gaps' parts of their edge cells
+    SELECT g, k,
+           -sum(CASE WHEN phase = 'prefill' THEN busy_s ELSE 0.0 END) AS p_s,
+           -sum(CASE WHEN phase = 'decode' THEN busy_s ELSE 0.0 END) AS d_s,
+           -sum(CASE WHEN {mixed} THEN pshare * busy_s ELSE 0.0 END) AS mp_s,
+           -sum(CASE WHEN {mixed} THEN (1.0 - pshare) * busy_s ELSE 0.0 END) AS md_s,
+           -sum(host_s) AS h_s
+    FROM (SELECT c.g, c.k, it.phase, it.pshare,
+                 greatest(0.0, least(it.end_s - it.busy_len_s, it.end_s, c.hi) - greatest(it.start_s, c.lo)) AS host_s,
+                 greatest(0.0, least(it.end_s, c.hi) - greatest(it.start_s, c.lo, it.end_s - it.busy_len_s)) AS busy_s
+          FROM it JOIN gpi c ON it.node = c.node AND it.uuid = c.uuid AND it.end_s > c.lo AND it.start_s < c.hi)
+    GROUP BY g, k
+),
+ingap AS (  -- in-flight time inside the sample gaps' parts of their edge cells, per bucket holding the cell
+    SELECT c.g, c.k, sum(greatest(0.0, least(i.b_s, c.hi) - greatest(i.a_s, c.lo))) AS in_gap_s
+    FROM (SELECT e.*, b.g, b.worker
+          FROM gpart e
+          JOIN bk b ON e.node = b.node AND e.source = b.source AND e.device = b.device
+           AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
+          WHERE b.worker IS NOT NULL) c
+    JOIN {islands} i ON c.node = i.node AND c.worker = i.worker AND i.b_s > c.lo AND i.a_s < c.hi
+    GROUP BY c.g, c.k
+),
+itb AS (  -- per GPU bucket: iteration seconds (less those inside its sample gaps), and the in-flight
+          -- seconds inside its sample gaps
+    SELECT g, k, sum(p_s) AS p_s, sum(d_s) AS d_s, sum(mp_s) AS mp_s, sum(md_s) AS md_s, sum(h_s) AS h_s,
+           sum(in_gap_s) AS in_gap_s
+    FROM (SELECT g, k, p_s, d_s, mp_s, md_s, h_s, 0.0 AS in_gap_s FROM itj
+          UNION ALL
+          SELECT g, k, p_s, d_s, mp_s, md_s, h_s, 0.0 FROM itgap
+          UNION ALL
+          SELECT g, k, 0.0, 0.0, 0.0, 0.0, 0.0, in_gap_s FROM ingap)
+    GROUP BY g, k
 ),
 isl AS (SELECT * FROM {islands}),  -- islands of "some request in flight" per worker
 inagg AS (
@@ -437,7 +598,7 @@ inagg AS (
     GROUP BY node, worker, j
 ),
 wk AS (  -- the buckets of a worker (all of a TP replica's GPUs share them)
-    SELECT node, worker, k, max(coalesce(nk, k + 1)) AS k_end FROM bk WHERE worker IS NOT NULL
+    SELECT node, worker, k, max(k_end) AS k_end FROM bk WHERE worker IS NOT NULL
     GROUP BY node, worker, k
 ),
 inb AS (
@@ -454,8 +615,10 @@ inb AS (
 attributed AS (SELECT DISTINCT node, source, device, "index" FROM bk WHERE worker IS NOT NULL),
 st AS (
     SELECT b.*, a.node IS NOT NULL AS attributed, b.t1_s - b.t0_s AS interval_s,
+           b.t1_s - b.t0_s - b.unsampled_s AS sampled_s,
            coalesce(i.p_s, 0.0) AS p_s, coalesce(i.d_s, 0.0) AS d_s, coalesce(i.mp_s, 0.0) AS mp_s,
-           coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s, coalesce(r.in_s, 0.0) AS in_s,
+           coalesce(i.md_s, 0.0) AS md_s, coalesce(i.h_s, 0.0) AS h_s,
+           greatest(0.0, coalesce(r.in_s, 0.0) - coalesce(i.in_gap_s, 0.0)) AS in_s,
            coalesce(i.p_s + i.d_s + i.mp_s + i.md_s + i.h_s, 0.0) AS raw_cov_s
     FROM bk b
     LEFT JOIN itb i ON b.g = i.g AND b.k = i.k
@@ -466,8 +629,10 @@ st AS (
     WHERE b.t1_s > b.t0_s
 ),
 sc AS (
-    SELECT *, CASE WHEN raw_cov_s > interval_s THEN interval_s / raw_cov_s ELSE 1.0 END AS f,
-              least(raw_cov_s, interval_s) AS cov_s
+    SELECT *, CASE WHEN raw_cov_s > sampled_s THEN sampled_s / raw_cov_s ELSE 1.0 END AS f,
+              least(raw_cov_s, sampled_s) AS cov_s,
+              parent_uuid IS NULL AND has_counter AND e_range = l_e - f_e AND e0 IS NOT NULL
+                  AND e1 IS NOT NULL AS counter_ok
     FROM st
 )
 SELECT node, source, device, "index", uuid, parent_uuid, mig_instance_id, name, worker, role,
@@ -477,23 +642,29 @@ SELECT node, source, device, "index", uuid, parent_uuid, mig_instance_id, name, 
        CASE WHEN attributed THEN f * mp_s END AS mixed_prefill_s,
        CASE WHEN attributed THEN f * md_s END AS mixed_decode_s,
        CASE WHEN attributed THEN f * h_s END AS host_s,
-       CASE WHEN attributed THEN least(greatest(in_s - cov_s, 0.0), interval_s - cov_s) END AS gap_s,
-       CASE WHEN attributed THEN interval_s - cov_s - least(greatest(in_s - cov_s, 0.0), interval_s - cov_s)
+       CASE WHEN attributed THEN least(greatest(in_s - cov_s, 0.0), sampled_s - cov_s) END AS gap_s,
+       CASE WHEN attributed THEN sampled_s - cov_s - least(greatest(in_s - cov_s, 0.0), sampled_s - cov_s)
        END AS idle_s,
+       unsampled_s,
        sm_active_pct,
        CASE WHEN n_sm = samples THEN 'sm_active' WHEN n_sm_any > 0 THEN 'gpu_util' END AS sm_source,
        gpu_util_pct, dram_active_pct, power_w,
        CASE WHEN parent_uuid IS NOT NULL THEN NULL
-            WHEN has_counter AND e_range = l_e - f_e AND e0 IS NOT NULL AND e1 IS NOT NULL
-                THEN (e1 - e0) / 1000.0
-            WHEN power_w IS NOT NULL THEN power_w * interval_s END AS energy_j,
+            WHEN counter_ok THEN (e1 - e0) / 1000.0
+            WHEN power_w IS NOT NULL THEN power_w * sampled_s + coalesce(gap_pw_j, power_w * unsampled_s)
+       END AS energy_j,
+       CASE WHEN parent_uuid IS NOT NULL THEN NULL
+            WHEN unsampled_s = 0 THEN 0.0
+            WHEN counter_ok THEN least(coalesce(gap_e_j, 0.0), (e1 - e0) / 1000.0)
+            WHEN power_w IS NOT NULL THEN coalesce(gap_pw_j, power_w * unsampled_s)
+       END AS energy_unsampled_j,
        CASE WHEN parent_uuid IS NOT NULL THEN 'mig-parent'
-            WHEN has_counter AND e_range = l_e - f_e AND e0 IS NOT NULL AND e1 IS NOT NULL THEN 'counter'
+            WHEN counter_ok THEN 'counter'
             WHEN power_w IS NOT NULL AND has_counter THEN 'integrated-reset'
             WHEN power_w IS NOT NULL THEN 'integrated-no-counter' END AS energy_source,
        trust_label(node, source, emulated) AS trust, host_bound, samples,
-       CASE WHEN attributed THEN greatest(raw_cov_s - interval_s, 0.0) ELSE 0.0 END AS excess_s,
-       k, sm_n, sm_s1, sm_s2, sm_s3, sm_s4
+       CASE WHEN attributed THEN greatest(raw_cov_s - sampled_s, 0.0) ELSE 0.0 END AS excess_s,
+       k, sm_n, sm_s1, sm_s2, sm_s3, sm_s4, sample_gaps, longest_gap_s, gap_threshold_s, power_limit_w
 FROM sc"""
     params = [*s_par, *w, *d_par, *i_par, *w]
     return sql, params

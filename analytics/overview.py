@@ -14,7 +14,8 @@ never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 * ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
-  bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window;
+  bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
+  GPU's samples is ``unsampled``, in the GPU-time bar, never idle);
 * ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ requests finished.
 """
 
@@ -33,8 +34,17 @@ GPU_TIME = (
     ("stranded", "stranded (busy, compute or bandwidth idle)", ("stranded_prefill_s", "stranded_decode_s")),
     ("host_bound", "host-bound", ("host_bound_s",)),
     ("idle", "idle", ("idle_s",)),
+    ("unsampled", "unsampled (no samples)", ("unsampled_s",)),
 )
-_SECONDS = ("prefill_s", "decode_s", "stranded_prefill_s", "stranded_decode_s", "host_bound_s", "idle_s")
+_SECONDS = (
+    "prefill_s",
+    "decode_s",
+    "stranded_prefill_s",
+    "stranded_decode_s",
+    "host_bound_s",
+    "idle_s",
+    "unsampled_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +207,7 @@ def _annual(summary: dict[str, Any], total: dict[str, Any], fleet_gpus: int) -> 
     if annual.get("fleet_gpus") == fleet_gpus and isinstance(annual.get("usd_per_year"), dict):
         return {k: _num(v) for k, v in annual["usd_per_year"].items()}
     scale = fleet_gpus * 3600.0 * HOURS_PER_YEAR / float(total["gpu_seconds"])
-    cats = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
+    cats = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle", "unsampled")
     out: dict[str, float | None] = {}
     for c in cats:
         usd = _num(total.get(f"cost_usd_{c}"))

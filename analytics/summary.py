@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from analytics.intervals import GAP_MIN_S, GAP_PERIODS
 from analytics.jsonable import json_safe
 from analytics.trust import Trust
 from analytics.window import Window
@@ -300,14 +301,57 @@ def _phase_lines(parts: dict[str, Any]) -> list[str]:
                 _pct(mixed),
                 _pct((p.get("frac_host") or 0) + (p.get("frac_gap") or 0)),
                 _pct(p.get("frac_idle")),
+                _pct(p.get("frac_unsampled")),
                 f"{(p.get('energy_j') or 0) / 3.6e6:,.3g}",
             ]
         )
     return _rows(
         "GPU time by phase (per pool)",
-        ["pool", "GPUs", "GPU-h", "prefill", "decode", "mixed", "host-bound", "idle", "energy kWh"],
+        [
+            "pool",
+            "GPUs",
+            "GPU-h",
+            "prefill",
+            "decode",
+            "mixed",
+            "host-bound",
+            "idle",
+            "unsampled",
+            "energy kWh",
+        ],
         rows,
     )
+
+
+def _gap_lines(parts: dict[str, Any]) -> list[str]:
+    """The GPUs with gaps in their samples: unsampled time per GPU and overall, with the rule."""
+    phases = parts.get("phases") or {}
+    gaps = phases.get("sample_gaps") or {}
+    if not gaps:
+        return []
+    total_s = sum((g.get("interval_s") or 0.0) for g in phases.get("per_gpu") or [])
+    unsampled_s = sum((g.get("gap_s") or 0.0) for g in gaps.values())
+    rows = [
+        [
+            gpu,
+            f"{g.get('gap_s') or 0.0:,.1f}",
+            str(g.get("gaps", "—")),
+            f"{g.get('longest_s') or 0.0:,.1f}",
+            f"{g.get('threshold_s') or 0.0:,.1f}",
+        ]
+        for gpu, g in sorted(gaps.items())
+    ]
+    out = _rows(
+        "Unsampled time (gaps in a GPU's samples: its own state, not idle)",
+        ["GPU", "unsampled s", "gaps", "longest s", "threshold s"],
+        rows,
+    )
+    out.append(
+        f"  overall: {unsampled_s:,.1f} s of {total_s:,.1f} GPU-s unsampled ({_pct(unsampled_s / total_s if total_s else None)});"
+        f" a gap: samples further apart than {GAP_PERIODS:g} sampling periods and {GAP_MIN_S:g} s; its energy is"
+        " the counter's rise across it"
+    )
+    return out
 
 
 def _idle_lines(parts: dict[str, Any]) -> list[str]:
@@ -321,6 +365,7 @@ def _idle_lines(parts: dict[str, Any]) -> list[str]:
             _pct(p.get("frac_stranded_compute")),
             _pct(p.get("frac_host_bound")),
             _pct(p.get("frac_idle")),
+            _pct(p.get("frac_unsampled")),
             _cell(p.get("util_pct")),
             _cell(p.get("sm_active_pct")),
         ]
@@ -336,6 +381,7 @@ def _idle_lines(parts: dict[str, Any]) -> list[str]:
             "stranded compute",
             "host-bound",
             "idle",
+            "unsampled",
             "util %",
             "SM active %",
         ],
@@ -402,12 +448,12 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
     out.append(
         f"  $/1M input tokens  {_usd(t.get('usd_per_1m_input'))}  = prefill {_usd(t.get('usd_per_1m_input_prefill'))}"
         f" + stranded {_usd(t.get('usd_per_1m_input_stranded'))} + host-bound {_usd(t.get('usd_per_1m_input_host_bound'))}"
-        f" + idle {_usd(t.get('usd_per_1m_input_idle'))}"
+        f" + idle {_usd(t.get('usd_per_1m_input_idle'))}{_unsampled_usd(t, 'input')}"
     )
     out.append(
         f"  $/1M output tokens {_usd(t.get('usd_per_1m_output'))}  = decode {_usd(t.get('usd_per_1m_output_decode'))}"
         f" + stranded {_usd(t.get('usd_per_1m_output_stranded'))} + host-bound {_usd(t.get('usd_per_1m_output_host_bound'))}"
-        f" + idle {_usd(t.get('usd_per_1m_output_idle'))}"
+        f" + idle {_usd(t.get('usd_per_1m_output_idle'))}{_unsampled_usd(t, 'output')}"
     )
     out.append(
         f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
@@ -426,6 +472,13 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
             f"  annualised for {annual.get('fleet_gpus')} GPUs: {_usd(annual.get('total_usd_per_year'))} a year"
         )
     return out
+
+
+def _unsampled_usd(total: dict[str, Any], side: str) -> str:
+    """`` + unsampled (no samples) $x`` where the window has unsampled GPU time, else nothing."""
+    if not (total.get("unsampled_s") or 0) > 0:
+        return ""
+    return f" + unsampled (no samples) {_usd(total.get(f'usd_per_1m_{side}_unsampled'))}"
 
 
 def _latency_lines(parts: dict[str, Any]) -> list[str]:
@@ -498,7 +551,15 @@ def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
     if (summary.get("missing") or {}).get("window"):  # why the window is empty, before any table
         lines.append(f"  ! {summary['missing']['window']}")
     lines += [f"  note: {n}" for n in trust.get("notes", [])]
-    for section in (_phase_lines, _idle_lines, _bimodal_lines, _cost_lines, _latency_lines, _fit_lines):
+    for section in (
+        _phase_lines,
+        _gap_lines,
+        _idle_lines,
+        _bimodal_lines,
+        _cost_lines,
+        _latency_lines,
+        _fit_lines,
+    ):
         lines += section(parts)
     if summary.get("missing"):
         lines += ["", "Missing or not computed:"]

@@ -35,6 +35,7 @@ PHASE_FRACTIONS = {
     "mixed": ("frac_mixed_prefill", "frac_mixed_decode"),
     "host_bound": ("frac_host", "frac_gap"),
     "idle": ("frac_idle",),
+    "unsampled": ("frac_unsampled",),  # in gaps of the GPU's samples: not known, not idle
 }
 # idle split fractions → their own metric (name, help)
 SHARES = {

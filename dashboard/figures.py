@@ -30,7 +30,15 @@ TRUST_COLOURS = {
 TRUST_ORDER = tuple(TRUST_COLOURS)
 
 #: the cost categories of analytics/cost.py, in stacking order, with what to call them
-COST_CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
+COST_CATEGORIES = (
+    "prefill",
+    "decode",
+    "stranded_prefill",
+    "stranded_decode",
+    "host_bound",
+    "idle",
+    "unsampled",
+)
 COST_LABELS = {
     "prefill": "productive prefill",
     "decode": "productive decode",
@@ -38,6 +46,7 @@ COST_LABELS = {
     "stranded_decode": "stranded decode compute",
     "host_bound": "host-bound",
     "idle": "idle",
+    "unsampled": "unsampled (no samples)",  # a gap in the GPU's samples: not known, not idle
 }
 COST_COLOURS = {
     "prefill": PHASE_COLOURS["prefill"],
@@ -47,6 +56,7 @@ COST_COLOURS = {
     "stranded_decode": "#c62828",
     "host_bound": "#8e6bbf",
     "idle": "#b0b7c3",
+    "unsampled": "#e4e7ec",  # paler than idle: time with no data, not waste
 }
 SM_COLOUR = "#1f2a44"  # SM activity, as on the GPUs page
 UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
@@ -300,8 +310,21 @@ GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category lo
     "stranded": COST_COLOURS["stranded_decode"],
     "host_bound": COST_COLOURS["host_bound"],
     "idle": COST_COLOURS["idle"],
+    "unsampled": COST_COLOURS["unsampled"],
 }
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
+#: GPU-time categories shown only where some row has time in them (no data, not a kind of waste)
+OPTIONAL_GPU_TIME = frozenset({"unsampled"})
+
+
+def gpu_time_colours(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, str]:
+    """:data:`GPU_TIME_COLOURS` of the categories a chart of ``rows`` shows: all but the optional
+    ones (unsampled time) no row has a share of."""
+    return {
+        k: c
+        for k, c in GPU_TIME_COLOURS.items()
+        if k not in OPTIONAL_GPU_TIME or any(float(s.get(k, 0.0) or 0.0) > 0 for _, s in rows)
+    }
 
 
 def gpu_time_rows(
@@ -330,7 +353,7 @@ def gpu_time_figure(
     names = gpu_time.get("names") or {}
     rows = gpu_time_rows(gpu_time, pools, with_fleet=with_fleet)
     fig = go.Figure()
-    for key, colour in GPU_TIME_COLOURS.items():
+    for key, colour in gpu_time_colours(rows).items():
         xs = [100 * shares.get(key, 0.0) for _, shares in rows]
         fig.add_trace(
             go.Bar(

@@ -14,7 +14,7 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dashboard.figures import GPU_TIME_COLOURS, MIN_LABEL_SHARE, gpu_time_rows, trust_markup
+from dashboard.figures import MIN_LABEL_SHARE, gpu_time_colours, gpu_time_rows, trust_markup
 
 AXIS_TITLE = "share of GPU-time, %"
 TICKS_PCT = (0, 25, 50, 75, 100)
@@ -50,9 +50,11 @@ def trust_html(labels: Iterable[str]) -> str:
     return f"<b data-testid='trust'>{text}</b>" if text else ""
 
 
-def _segments(row: str, shares: Mapping[str, float], names: Mapping[str, str]) -> str:
+def _segments(
+    row: str, shares: Mapping[str, float], names: Mapping[str, str], colours: Mapping[str, str]
+) -> str:
     out = []
-    for key, colour in GPU_TIME_COLOURS.items():
+    for key, colour in colours.items():
         share = float(shares.get(key, 0.0) or 0.0)
         if share <= 0:
             continue
@@ -69,10 +71,10 @@ def _segments(row: str, shares: Mapping[str, float], names: Mapping[str, str]) -
     return "".join(out)
 
 
-def _legend(names: Mapping[str, str], single: Mapping[str, float] | None) -> str:
+def _legend(names: Mapping[str, str], single: Mapping[str, float] | None, colours: Mapping[str, str]) -> str:
     """The categories in stacking order, with each one's share when there is one bar."""
     items = []
-    for key, colour in GPU_TIME_COLOURS.items():
+    for key, colour in colours.items():
         name = html.escape(names.get(key, key))
         value = (
             f" <span style='color:#555'>{_pct(float(single.get(key, 0.0) or 0.0))}</span>" if single else ""
@@ -107,15 +109,15 @@ def gpu_time_html(gpu_time: Mapping[str, Any], pools: Sequence[str] | None, labe
     ``labels`` at the top right."""
     names = gpu_time.get("names") or {}
     rows = gpu_time_rows(gpu_time, pools)
+    colours = gpu_time_colours(rows)
     bars = "".join(
         f"<div style='text-align:right;font-size:14px;padding-right:4px'>{html.escape(row)}</div>"
         f"<div class='pl-bar' data-row='{html.escape(row)}' style='display:flex;height:34px;"
-        f"background:#f0f2f6'>{_segments(row, shares, names)}</div>"
+        f"background:#f0f2f6'>{_segments(row, shares, names, colours)}</div>"
         for row, shares in rows
     )
     summary = "; ".join(
-        f"{row}: "
-        + ", ".join(f"{names.get(k, k)} {_pct(float(s.get(k, 0.0) or 0.0))}" for k in GPU_TIME_COLOURS)
+        f"{row}: " + ", ".join(f"{names.get(k, k)} {_pct(float(s.get(k, 0.0) or 0.0))}" for k in colours)
         for row, s in rows
     )
     return (
@@ -123,7 +125,7 @@ def gpu_time_html(gpu_time: Mapping[str, Any], pools: Sequence[str] | None, labe
         f" style='{_FONT};color:#31333f'>"
         "<div style='display:flex;justify-content:space-between;align-items:flex-start;gap:12px;"
         "margin-bottom:8px'>"
-        f"<div style='font-size:13px;line-height:1.9'>{_legend(names, rows[0][1] if len(rows) == 1 else None)}</div>"
+        f"<div style='font-size:13px;line-height:1.9'>{_legend(names, rows[0][1] if len(rows) == 1 else None, colours)}</div>"
         f"<div style='font-size:12px;white-space:nowrap'>{trust_html(labels)}</div></div>"
         "<div style='display:grid;grid-template-columns:max-content 1fr;column-gap:8px;row-gap:10px;"
         f"align-items:center'>{bars}{_axis()}</div></div>"

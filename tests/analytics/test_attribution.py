@@ -20,7 +20,6 @@ from analytics.attribution import (
     gpu_key,
     nnls_gram,
     phase_breakdown,
-    sample_gaps,
 )
 from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
 from analytics.window import Window
@@ -110,7 +109,7 @@ def hand_energy_j() -> list[float]:
         "gap_s": "idle",
         "idle_s": "idle",
     }
-    return [sum(TRUE_W[term[s]] * HAND_STATES[s][i] for s in STATES) for i in range(4)]
+    return [sum(TRUE_W[term[s]] * HAND_STATES[s][i] for s in HAND_STATES) for i in range(4)]
 
 
 def counter_mj(energies_j: list[float], start_mj: int = 1_000_000) -> list[int]:
@@ -308,17 +307,32 @@ def test_a_thin_state_takes_the_pooled_fit_of_its_models_gpus(tmp_path):
     assert any("pooled fit of the 2 GPUs" in n for n in fit0.notes) and fit0.missing == []
 
 
-def test_a_gap_in_the_samples_is_counted_and_reported(tmp_path, hand):
+@pytest.mark.parametrize("bucket_s", [None, 0.0, 1.0, 10.0])
+def test_a_gap_in_the_samples_is_counted_and_reported(tmp_path, hand, bucket_s):
     # 1 s sampling, 100..110 and 130..140: one 20 s gap (> max(5 s, 5 × the mean period 40/21 s))
     ts = [100.0 + i for i in range(11)] + [130.0 + i for i in range(11)]
     con = make_store(tmp_path / "gap.duckdb", {"gpu_samples": samples(ts, counter_mj([100.0] * 21))})
     w = Window(100.0, 141.0, "live")
-    gaps = sample_gaps(con, w)
+    pb = phase_breakdown(con, w, bucket_s=bucket_s)
+    gaps = pb.gaps
     assert gaps[KEY]["gaps"] == 1 and gaps[KEY]["gap_s"] == pytest.approx(20.0)
+    assert gaps[KEY]["longest_s"] == pytest.approx(20.0)
     assert gaps[KEY]["threshold_s"] == pytest.approx(5 * 40 / 21)
-    pb = phase_breakdown(con, w)
     assert any(m.startswith(KEY) and "not sampled for 20.0 s (1 gap(s)" in m for m in pb.missing), pb.missing
-    assert sample_gaps(hand, WINDOW) == {}  # regular 1 s samples: no gap
+    g = pb.per_gpu.iloc[0]  # no work: the sampled time is idle, the gap unsampled (its own state)
+    assert g["unsampled_s"] == pytest.approx(20.0) and g["idle_s"] == pytest.approx(20.0)
+    assert g["frac_unsampled"] == pytest.approx(0.5) and g["energy_unsampled_j"] == pytest.approx(100.0)
+    assert phase_breakdown(hand, WINDOW, bucket_s=bucket_s).gaps == {}  # regular 1 s samples: no gap
+    # a GPU without serving telemetry: its sampled time is unattributed, its gap still unsampled
+    rows = samples(ts, counter_mj([100.0] * 21), worker=None)
+    g = phase_breakdown(
+        make_store(tmp_path / "un.duckdb", {"gpu_samples": rows}), w, bucket_s=bucket_s
+    ).per_gpu
+    g = g.iloc[0]
+    assert g["unsampled_s"] == pytest.approx(20.0) and g["unattributed_s"] == pytest.approx(20.0)
+    assert g["attributed_s"] == pytest.approx(20.0) and g["frac_unsampled"] == pytest.approx(1.0)
+    assert g["energy_unsampled_j"] == pytest.approx(100.0)
+    assert g["energy_unsampled_j"] + g["energy_unattributed_j"] == pytest.approx(g["energy_j"])
 
 
 def test_empty_window_says_so(tmp_path):

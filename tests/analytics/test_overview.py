@@ -113,11 +113,24 @@ def test_gpu_time_shares_sum_to_one():
             "stranded": 0.25,
             "host_bound": 0.15,
             "idle": 0.10,
+            "unsampled": 0.0,
         }
     )
     assert sum(g["shares"].values()) == pytest.approx(1.0)
     assert g["per_pool"]["mixed"] == pytest.approx(g["shares"])
     assert g["gpu_seconds"] == 200.0 and g["trust"] == ["simulated"]
+
+
+def test_unsampled_time_is_its_own_share_not_idle():
+    # 50 of the 250 GPU-seconds fell in gaps of the samples: a share of their own, idle unchanged
+    seconds = {"prefill_s": 40.0, "decode_s": 60.0, "stranded_prefill_s": 10.0, "stranded_decode_s": 40.0,
+               "host_bound_s": 30.0, "idle_s": 20.0, "unsampled_s": 50.0}  # fmt: skip
+    s = _summary(seconds=seconds)
+    g = gpu_time(s)
+    assert g["shares"]["unsampled"] == pytest.approx(0.2) and g["shares"]["idle"] == pytest.approx(0.08)
+    assert sum(g["shares"].values()) == pytest.approx(1.0)
+    assert g["names"]["unsampled"] == "unsampled (no samples)"
+    assert headline(s)["idle_share"] == (pytest.approx(20.0 / 250.0), None)
 
 
 def test_money_sentence_at_a_fleet_size():
