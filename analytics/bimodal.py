@@ -310,7 +310,7 @@ FROM v JOIN ng ON v.node = ng.node AND v.source = ng.source AND v.device = ng.de
 WHERE (hash(v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
 """
         return sql, []
-    pred, par = iv.window.node_sql("s.node")
+    pred, par = iv.window.node_sql("gk.node")
     d = repr(iv.bucket_s)
     loosest = (
         f"(SELECT 1000003.0 * {max_points} / min(n_gpu) FROM ng)"
@@ -319,13 +319,18 @@ WHERE (hash(v.t1_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
     )
     sql = f"""
 WITH b AS (SELECT {key}, k, {_GH_SQL} AS gh, {_RH_SQL} AS rh, hour_s FROM {iv.name} WHERE {where}),
-ng AS (SELECT {key}, sum(sm_n) AS n_gpu FROM {iv.name} WHERE {where} GROUP BY ALL HAVING sum(sm_n) > 0),
+ng AS (  -- per GPU, its count of values and its gpu_key (the samples are joined by key, not by name)
+    SELECT gk.gpu_key, n.* FROM (
+        SELECT {key}, sum(sm_n) AS n_gpu FROM {iv.name} WHERE {where} GROUP BY ALL HAVING sum(sm_n) > 0) n
+    JOIN gpu_keys gk ON n.node = gk.node AND n.source = gk.source AND n.device = gk.device
+     AND n."index" IS NOT DISTINCT FROM gk."index"
+    WHERE {pred}
+),
 v AS (
-    SELECT s.node, s.source, s.device, s."index", floor(s.ts_s / {d})::BIGINT AS k,
+    SELECT ng.node, ng.source, ng.device, ng."index", floor(s.ts_s / {d})::BIGINT AS k,
            coalesce(s.sm_active_pct, s.gpu_util_pct) AS x, ng.n_gpu
-    FROM gpu_samples s JOIN ng ON s.node = ng.node AND s.source = ng.source AND s.device = ng.device
-     AND s."index" IS NOT DISTINCT FROM ng."index"
-    WHERE {pred} AND s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
+    FROM gpu_sample_rows s JOIN ng ON s.gpu_key = ng.gpu_key
+    WHERE s.ts_s >= ? AND s.ts_s < ? AND coalesce(s.sm_active_pct, s.gpu_util_pct) IS NOT NULL
       AND (hash(s.ts_s) % 1000003) < 1000003.0 * {max_points} / ng.n_gpu
       -- the same draw's loosest bound, on every sample before the join (few reach it)
       AND (hash(s.ts_s) % 1000003) < {loosest}

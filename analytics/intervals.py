@@ -434,7 +434,8 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
     sql = f"""
 WITH
 sub AS (  -- per GPU × sub-cell (of at most GAP_MIN_S, inside cell k): sums, edge samples
-    SELECT node, source, device, "index", k,
+    SELECT gk.node, gk.source, gk.device, gk."index", x.* EXCLUDE (gpu_key), gk.emulated
+    FROM (SELECT gpu_key, k,
            count(*) AS n, min(ts_s) AS f_ts, max(ts_s) AS l_ts,
            arg_min(energy_mj, ts_s) AS f_e, arg_max(energy_mj, ts_s) AS l_e,
            min(energy_mj) AS min_e, max(energy_mj) AS max_e, count(energy_mj) AS n_e,
@@ -442,13 +443,14 @@ sub AS (  -- per GPU × sub-cell (of at most GAP_MIN_S, inside cell k): sums, ed
            sum(sm_any) AS sm_sum, count(sm_active_pct) AS n_sm, count(sm_any) AS n_sm_any,
            sum(gpu_util_pct) AS u_sum, count(gpu_util_pct) AS u_n,
            sum(dram_active_pct) AS dr_sum, count(dram_active_pct) AS dr_n,
-           bool_or(emulated) AS emulated, max(host_bound_pct) AS hb_max,
+           max(host_bound_pct) AS hb_max,
            count(v) AS sm_n, sum(v) AS sm_s1, sum(v * v) AS sm_s2, sum(v * v * v) AS sm_s3,
            sum((v * v) * (v * v)) AS sm_s4
     FROM (SELECT *, floor(ts_s / {D})::BIGINT AS k, {j} AS j, coalesce(sm_active_pct, gpu_util_pct) AS sm_any,
                  coalesce(sm_active_pct, gpu_util_pct) - {SM_SHIFT_PCT} AS v
-          FROM gpu_samples WHERE {s_pred} AND ts_s >= ? AND ts_s < ?)
-    GROUP BY node, source, device, "index", k{group_j}
+          FROM {keyed_samples_sql(s_pred)} AND ts_s >= ? AND ts_s < ?)
+    GROUP BY gpu_key, k{group_j}) x
+    JOIN gpu_keys gk USING (gpu_key)  -- the GPU's identity joined to its cells, not to every sample
 ),
 sg AS (  -- each sub-cell with the sample gap before it (0: none), its counter rise and integrated power
     SELECT *, CASE WHEN f_ts - pl_ts > thr THEN f_ts - pl_ts ELSE 0.0 END AS gap_s,
@@ -674,6 +676,15 @@ FROM sc"""
 TARGET_BUCKETS = 250_000
 
 
+def keyed_samples_sql(identity_pred: str) -> str:
+    """``gpu_samples``' stored rows (``gpu_sample_rows``: ``gpu_key``, ``ts_s``, the metrics;
+    collector/store/gpu_keys.py) of the GPUs whose identity (node, source, device, index, emulated)
+    meets ``identity_pred``, as ``FROM`` text ending in a ``WHERE`` to add to with ``AND``. Grouping
+    these by ``gpu_key`` and joining ``gpu_keys`` to the groups spares joining the identity to
+    every sample (what the ``gpu_samples`` view does)."""
+    return f"gpu_sample_rows WHERE gpu_key IN (SELECT gpu_key FROM gpu_keys WHERE {identity_pred})"
+
+
 def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
     """The bucket width for ``window``: the smallest of ``NICE_BUCKETS_S`` that is at least 1 s,
     twice the median sampling period of its GPUs (so that most cells hold a sample), and the sampled
@@ -682,8 +693,8 @@ def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
     row = con.execute(
         f"""SELECT median(p), sum(span) FROM (
                 SELECT (max(ts_s) - min(ts_s)) / (count(*) - 1) AS p, max(ts_s) - min(ts_s) AS span
-                FROM gpu_samples WHERE {pred} AND ts_s >= ? AND ts_s < ?
-                GROUP BY node, source, device, "index" HAVING count(*) > 1)""",
+                FROM {keyed_samples_sql(pred)} AND ts_s >= ? AND ts_s < ?
+                GROUP BY gpu_key HAVING count(*) > 1)""",
         [*par, window.start_s, window.end_s],
     ).fetchone()
     period = float(row[0]) if row and row[0] is not None else 1.0
