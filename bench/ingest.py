@@ -62,7 +62,7 @@ from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.dcgm import DcgmSource
 from collector.sources.serving_stack import TABLE_TELEMETRY, add_device_columns
-from collector.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store, gpu_keys
+from collector.store import WRITER_BUFFER_ROWS, Store, gpu_keys
 from collector.store.columns import RepeatedColumns
 from collector.store.devices import SPLIT_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
@@ -473,9 +473,6 @@ def _narrow(data: pa.Table) -> pa.Table:
     return data.drop_columns([c for c in SPLIT_COLUMNS if c in data.column_names])
 
 
-ROW_GROUP = ROW_GROUP_ROWS
-
-
 def _busy_jiffies() -> int | None:
     try:
         with open("/proc/stat") as f:
@@ -627,15 +624,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         if not args.no_reference:
             run(
-                f"  DuckDB alone, the store's table gpu_sample_rows (INTEGER gpu_key), {ROW_GROUP:,}/batch",
+                f"  DuckDB alone, the store's table gpu_sample_rows (INTEGER gpu_key), {WRITER_BUFFER_ROWS:,}/batch",
                 rows,
-                lambda: bench_raw_duckdb(tmp_path / "keyed.duckdb", rows, ROW_GROUP, device_key=True),
+                lambda: bench_raw_duckdb(
+                    tmp_path / "keyed.duckdb", rows, WRITER_BUFFER_ROWS, device_key=True
+                ),
                 target=False,
             )
             run(
-                f"  DuckDB alone, same rows as one wide table (identity on every row), {ROW_GROUP:,}/batch",
+                f"  DuckDB alone, same rows as one wide table (identity on every row), {WRITER_BUFFER_ROWS:,}/batch",
                 rows,
-                lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, ROW_GROUP),
+                lambda: bench_raw_duckdb(tmp_path / "raw.duckdb", rows, WRITER_BUFFER_ROWS),
                 target=False,
             )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
