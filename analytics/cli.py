@@ -104,12 +104,15 @@ def window_of(con: Any, params: dict[str, Any]) -> Any:
     since = params.get("since")
     since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
     nodes = params.get("node")
+    start_s, end_s = _float(params, "start_s"), _float(params, "end_s")
+    check_epoch_s("start_s", start_s, since="since=SPAN")  # the API's; the CLI checks its flags first
+    check_epoch_s("end_s", end_s, since="since=SPAN")
     return resolve_window(
         con,
         dataset=dataset,
         since_s=since_s,
-        start_s=_float(params, "start_s"),
-        end_s=_float(params, "end_s"),
+        start_s=start_s,
+        end_s=end_s,
         nodes=[nodes] if isinstance(nodes, str) else nodes,
     )
 
@@ -306,7 +309,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             try:
                 store = Store.open(db, read_only=True)
             except StoreLockedError as e:
-                return _error(f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:8900")
+                return _error(
+                    f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:PORT (its --port; 8900 by default)"
+                )
             except StoreError as e:
                 return _error(str(e))
             with store, store.reader() as con:

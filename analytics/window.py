@@ -113,9 +113,10 @@ def parse_span_s(text: str) -> float:
 EARLIEST_S = 946_684_800.0
 
 
-def check_epoch_s(name: str, value: float | None) -> None:
-    """AnalyticsError unless ``value`` (``--start-s`` / ``--end-s`` given by a person) is None or a
-    finite UTC epoch time from 2000 on."""
+def check_epoch_s(name: str, value: float | None, since: str = "--since SPAN") -> None:
+    """AnalyticsError unless ``value`` (``--start-s`` / ``--end-s`` given by a person, or the API's
+    ``start_s`` / ``end_s``) is None or a finite UTC epoch time from 2000 on; ``since`` is how the
+    caller's user asks for a span instead."""
     if value is None:
         return
     if not math.isfinite(value):
@@ -123,7 +124,7 @@ def check_epoch_s(name: str, value: float | None) -> None:
     if value < EARLIEST_S:
         raise AnalyticsError(
             f"{name} {value:g} is {utc(value)}: give UTC epoch seconds from 2000 on "
-            f"(e.g. {time.time():.0f} is now), or --since SPAN for the last SPAN"
+            f"(e.g. {time.time():.0f} is now), or {since} for the last SPAN"
         )
 
 

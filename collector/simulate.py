@@ -524,8 +524,8 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
         store = Store.open(db)
     except StoreLockedError as e:
         return _error(
-            f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:8900 --token T to merge "
-            "the scenarios through it, or --out DIR to write a Parquet export"
+            f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:PORT (its --port; 8900 "
+            "by default) --token T to merge the scenarios through it, or --out DIR to write a Parquet export"
         )
     except StoreError as e:
         return _error(str(e))

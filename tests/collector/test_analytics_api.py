@@ -62,6 +62,9 @@ def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):  # noqa: F811
         ),
         ("summary", {"pue": "0.9"}, "pue", "pue must be a number in [1, 5]"),
         ("summary", {"pue": "inf"}, "pue", "pue must be a number in [1, 5]"),
+        # a span or a typo for a time: 1970, not data (the CLI refused it, the API took it)
+        ("summary", {"start_s": "3600"}, "start_s", "give UTC epoch seconds from 2000 on"),
+        ("summary", {"end_s": "-5"}, "end_s", "or since=SPAN for the last SPAN"),
     ],
 )
 def test_bad_parameters_are_a_400_naming_them(fleet: Fleet, path, params, param, says):  # noqa: F811
