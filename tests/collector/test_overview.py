@@ -163,7 +163,11 @@ def test_a_rolling_live_window_answers_its_newest_result_while_recomputing(tmp_p
         service = ov.OverviewService(store, lambda: 0)
         first = service.get({"dataset": "live", "since": "1h"})
         assert service.get({"dataset": "live", "since": "1h"}) is first  # young: as it is
-        fixed = {"dataset": "live", "start_s": 1_700_000_000.0, "end_s": 1_700_000_060.0}  # a fixed window: the plain cache
+        fixed = {
+            "dataset": "live",
+            "start_s": 1_700_000_000.0,
+            "end_s": 1_700_000_060.0,
+        }  # a fixed window: the plain cache
         assert service.get(fixed) is service.get(fixed)
         monkeypatch.setattr(ov, "LIVE_TTL_S", 0.0)  # every answer is now due for a recomputation
         monkeypatch.setattr(ov, "LIVE_ROUND_S", 0.001)
