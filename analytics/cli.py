@@ -102,7 +102,10 @@ def window_of(con: Any, params: dict[str, Any]) -> Any:
             raise AnalyticsError("--dataset latest: no simulated scenario is stored")
         dataset = found[0]["scenario_id"]
     since = params.get("since")
-    since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
+    try:
+        since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
+    except AnalyticsError as e:
+        raise AnalyticsError(str(e), param="since") from None
     nodes = params.get("node")
     start_s, end_s = _float(params, "start_s"), _float(params, "end_s")
     check_epoch_s("start_s", start_s, since="since=SPAN")  # the API's; the CLI checks its flags first

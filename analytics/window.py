@@ -27,7 +27,12 @@ SIM_PREFIX = "sim:"
 
 class AnalyticsError(ValueError):
     """An analysis cannot run as asked (unknown data set, empty or inverted window, ...); the
-    message says what was wrong and what is allowed."""
+    message says what was wrong and what is allowed; ``param``, when known, is the request
+    parameter it was about (an API names it in its error)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True, slots=True)

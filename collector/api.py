@@ -234,7 +234,9 @@ def create_collector_app(collector: Collector) -> FastAPI:
             with collector.store.reader() as cur:
                 return run(cur, params)
         except (AnalyticsError, ValueError) as e:
-            param = next((p for p in sorted(allowed) if str(e).startswith(p)), None)
+            param = getattr(e, "param", None) or next(
+                (p for p in sorted(allowed) if str(e).startswith(p)), None
+            )
             return _error(400, str(e), param)
         except StoreError as e:
             return _error(500, f"the analysis failed on the store: {e}")

@@ -10,7 +10,7 @@ key known once stays valid for the life of the file.
 
 Writes go through this module: :class:`GpuKeys` keys an Arrow table of samples (the writer's
 path: the identity columns arrive dictionary-encoded, so the work is per distinct GPU, not per
-row), :func:`insert_select_sql` keys the rows of a SQL query (Parquet import), and
+row), :func:`insert_select` keys the rows of a SQL query (Parquet import), and
 :func:`delete_sql` deletes by identity (retention, scenarios).
 """
 
@@ -77,12 +77,12 @@ class GpuKeys:
             self.load(con)  # a Parquet import may have added keys since
             with self._lock:
                 known = [self._keys.get(i) for i in identities]
-            rows = con.execute(f"SELECT coalesce(max({KEY_COLUMN}), -1) FROM {KEYS_TABLE}").fetchall()
-            next_key = int(rows[0][0]) + 1
+                next_key = max(self._keys.values(), default=-1) + 1  # every key the file has
             for j, ident in enumerate(identities):
                 if known[j] is None:
                     known[j] = added[ident] = next_key
                     next_key += 1
+        if added:
             _phaselens_new_keys = pa.table(  # found by DuckDB by this local's name
                 {
                     KEY_COLUMN: pa.array(list(added.values()), pa.int32()),
@@ -123,22 +123,27 @@ def _identity_codes(data: pa.Table) -> tuple[np.ndarray, list[Identity]]:
     return codes, identities
 
 
-def insert_select_sql(columns: Sequence[str], select_sql: str) -> list[str]:
-    """The statements that insert the rows of ``select_sql`` (gpu_samples ``columns``, identity
-    included) into ``gpu_samples``: new identities into ``gpu_keys``, then the keyed rows. Run them
-    in one transaction with ``CREATE TEMP VIEW _phaselens_keyed_input AS <select_sql>`` first (made
-    here); the last statement returns the rows inserted."""
-    metrics = ", ".join(f'x."{c}"' for c in columns if c not in IDENTITY)
-    return [
-        f"CREATE OR REPLACE TEMP VIEW _phaselens_keyed_input AS {select_sql}",
+def insert_select(con: duckdb.DuckDBPyConnection, columns: Sequence[str], select_sql: str) -> int:
+    """Insert the rows of ``select_sql`` (gpu_samples ``columns``, identity included) into
+    ``gpu_samples`` on ``con`` (inside the caller's transaction): new identities into ``gpu_keys``,
+    then the keyed rows; return the rows inserted. The writer's key cache learns the new keys
+    when it next meets one it does not know."""
+    metrics = [c for c in columns if c not in IDENTITY]
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _phaselens_keyed_input AS {select_sql}")
+    con.execute(
         f"""INSERT INTO {KEYS_TABLE} ({KEY_COLUMN}, {_IDENT_SQL})
             SELECT (SELECT coalesce(max({KEY_COLUMN}), -1) FROM {KEYS_TABLE})
                    + (row_number() OVER (ORDER BY {_IDENT_SQL}))::INTEGER, *
             FROM (SELECT DISTINCT {_IDENT_SQL} FROM _phaselens_keyed_input
-                  EXCEPT SELECT {_IDENT_SQL} FROM {KEYS_TABLE})""",
-        f"""INSERT INTO {ROWS_TABLE} ({KEY_COLUMN}, {", ".join(f'"{c}"' for c in columns if c not in IDENTITY)})
-            SELECT k.{KEY_COLUMN}, {metrics} FROM _phaselens_keyed_input x JOIN {KEYS_TABLE} k ON {_MATCH}""",
-    ]
+                  EXCEPT SELECT {_IDENT_SQL} FROM {KEYS_TABLE})"""
+    ).fetchall()
+    inserted = con.execute(
+        f"""INSERT INTO {ROWS_TABLE} ({KEY_COLUMN}, {", ".join(f'"{c}"' for c in metrics)})
+            SELECT k.{KEY_COLUMN}, {", ".join(f'x."{c}"' for c in metrics)}
+            FROM _phaselens_keyed_input x JOIN {KEYS_TABLE} k ON {_MATCH}"""
+    ).fetchall()[0][0]
+    con.execute("DROP VIEW _phaselens_keyed_input")
+    return int(inserted)
 
 
 def delete_sql(identity_condition: str, row_condition: str | None = None) -> str:

@@ -338,10 +338,7 @@ def _import_tables(
             names = [c for c in table_cols if c in file_cols]
             absent = [c for c in gpu_keys.IDENTITY if c not in file_cols]  # NULL: refused if required
             nulls = "".join(f', NULL AS "{c}"' for c in absent)
-            steps = gpu_keys.insert_select_sql([*names, *absent], f"SELECT *{nulls} FROM ({select})")
-            for sql in steps[:-1]:
-                con.execute(sql)
-            inserted = con.execute(steps[-1]).fetchone()[0]
+            inserted = gpu_keys.insert_select(con, [*names, *absent], f"SELECT *{nulls} FROM ({select})")
         else:
             inserted = con.execute(f'INSERT INTO "{name}" ({cols}) {select}').fetchone()[0]
         result.inserted[name] = int(inserted)
