@@ -44,6 +44,7 @@ from analytics.intervals import (
     IntervalTable,
     buckets_sql,
     choose_bucket_s,
+    has_long_iterations,
     intervals_sql,
     registered_islands,
 )
@@ -110,7 +111,8 @@ def gpu_buckets(
     clock skew). What :func:`phase_breakdown` aggregates."""
     width = choose_bucket_s(con, window) if bucket_s is None else bucket_s
     with registered_islands(con, window) as islands:
-        sql, params = buckets_sql(window, width, islands)
+        long_iterations = has_long_iterations(con, window, width)
+        sql, params = buckets_sql(window, width, islands, long_iterations=long_iterations)
         return con.execute(f'SELECT * FROM ({sql}) ORDER BY node, source, device, "index", t0_s', params).df()
 
 

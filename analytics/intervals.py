@@ -100,17 +100,20 @@ def _power_sums(x: str, *, aggregate: bool) -> str:
     )
 
 
-def iteration_rows_sql(pred: str) -> str:
-    """The window's iterations (parameters: ``pred``'s, then start_s, end_s) with ``uuid`` (the GPU),
+def iteration_rows_sql(pred: str, simulated: bool) -> str:
+    """The window's iterations (parameters: ``pred``'s, then start_s, end_s; ``simulated``: the window
+    is a simulated scenario's, whose rows are all simulated) with ``uuid`` (the GPU),
     ``busy_len_s`` (GPU-busy seconds, at the end of the iteration) and ``pshare`` (prefill share of a
     mixed iteration's work). GPU-busy seconds: the simulator's ``compute_s`` (its ``modeled_s −
     compute_s`` is engine host time with the GPU idle, at the start); else the emulated device's
     ``modeled_s`` (the step's wall time beyond it is host time); else the whole step (a measured
     engine: its host time inside a step is not visible)."""
+    # trust_label(node, source) = 'simulated', knowing the window's nodes; tested after compute_s
+    sim = "TRUE" if simulated else "source = 'simulated'"
     return f"""
     SELECT node, gpu_uuid AS uuid, worker, start_s, end_s, phase, lag_s,
            least(end_s - start_s, greatest(0.0,
-               CASE WHEN trust_label(node, source) = 'simulated' AND compute_s IS NOT NULL THEN compute_s
+               CASE WHEN compute_s IS NOT NULL AND {sim} THEN compute_s
                     WHEN modeled_s IS NOT NULL THEN modeled_s
                     ELSE end_s - start_s END)) AS busy_len_s,
            CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
@@ -229,7 +232,7 @@ samp AS (  -- the window's samples with the device attributes (owner worker/role
 it AS (  -- iterations of the window with their GPU-busy seconds
     SELECT *, max(end_s) OVER (PARTITION BY node, uuid ORDER BY start_s, end_s
                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end_s
-    FROM ({iteration_rows_sql(i_pred)})
+    FROM ({iteration_rows_sql(i_pred, window.simulated)})
 ),
 seg AS (  -- iterations clipped so that they do not overlap: [a_s, end_s], host part first
     SELECT *, greatest(0.0, h_end_s - a_s) AS hl_s, greatest(0.0, end_s - greatest(a_s, h_end_s)) AS bl_s
@@ -383,13 +386,18 @@ _CELL_COLS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, list[Any]]:
+def buckets_sql(
+    window: Window, bucket_s: float, islands: str, *, long_iterations: bool = True
+) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
     the bucket's sampled time, scaled away — overlapping iterations or clock skew); ``islands`` as
     there. Sample gaps are found on sub-cells
     of at most ``GAP_MIN_S`` (:func:`gap_subcells`) in the same grouped scan of the samples; a
-    bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring)."""
+    bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring).
+    ``long_iterations=False`` leaves out the pieces of iterations crossing two or more cell
+    boundaries: right only when none is longer than half a bucket (:func:`has_long_iterations`),
+    and the iterations are then scanned once."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
     D = repr(float(bucket_s))
@@ -409,6 +417,12 @@ def buckets_sql(window: Window, bucket_s: float, islands: str) -> tuple[str, lis
         FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
         WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
 
+    long_pieces = (
+        "\n          UNION ALL\n          SELECT g, j, mix, pshare * (len_s - host_s), (1.0 - pshare) * (len_s - host_s),"
+        " host_s FROM itlong"
+        if long_iterations
+        else ""
+    )
     m = gap_subcells(float(bucket_s))
     nb_window = """SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
            lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
@@ -499,7 +513,7 @@ en AS (  -- the counter at the bucket's two ends, interpolated between the sampl
                 WHEN nf_e >= l_e THEN l_e + (nf_e - l_e) * (t1_s - l_ts) / (nf_ts - l_ts) END AS e1
     FROM cov
 ),
-it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred)}),
+it AS NOT MATERIALIZED ({iteration_rows_sql(i_pred, window.simulated)}),
 span AS (  -- each GPU's sampled time; g: an integer id of the GPU, the iterations side's group key
     SELECT *, (row_number() OVER ())::INTEGER AS g
     FROM (SELECT node, uuid, min(f_ts) AS s0, max(l_ts) AS s1 FROM sbd WHERE uuid IS NOT NULL GROUP BY ALL)
@@ -519,31 +533,45 @@ gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
     JOIN span sp ON b.node = sp.node AND b.uuid = sp.uuid
 ),
 itc AS NOT MATERIALIZED ({clipped("TRUE")}),
-itp AS (  -- cut at cell boundaries: every iteration's piece in its first cell, then (the few that
-          -- cross a cell boundary, already so before clipping) their pieces in the later cells
-    SELECT g, worker, phase, pshare, j0 AS j,
-           CASE WHEN j1 = j0 THEN b_s - a_s
-                ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len_s,
-           CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
-                ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host_len_s
-    FROM itc
-    UNION ALL
-    SELECT g, worker, phase, pshare, j,
-           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})),
-           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D}))
+ag AS (  -- per GPU, cell j0 and mixed or not, in one pass: the seconds of every iteration in its first
+         -- cell and, of those crossing one cell boundary, in the next (longer ones: itlong)
+    SELECT g, j0, mix,
+           sum(pshare * (len1 - host1)) AS pb1, sum((1.0 - pshare) * (len1 - host1)) AS db1, sum(host1) AS h1,
+           sum(pshare * (len2 - host2)) AS pb2, sum((1.0 - pshare) * (len2 - host2)) AS db2, sum(host2) AS h2
+    FROM (SELECT g, j0, pshare, {mixed} AS mix,
+                 CASE WHEN j1 = j0 THEN b_s - a_s
+                      ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len1,
+                 CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
+                      ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host1,
+                 CASE WHEN j1 = j0 + 1
+                      THEN greatest(0.0, least(b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0 END AS len2,
+                 CASE WHEN j1 = j0 + 1
+                      THEN greatest(0.0, least(h_s, b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0
+                 END AS host2
+          FROM itc)
+    GROUP BY g, j0, mix
+),
+itlong AS (  -- the later pieces of iterations crossing two or more cell boundaries
+    SELECT g, j, {mixed} AS mix, pshare,
+           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS len_s,
+           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS host_s
     FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
-          FROM ({clipped(f"floor(it.start_s / {D}) < floor(it.end_s / {D})")}) WHERE j0 < j1)
+          FROM ({clipped(f"floor(it.start_s / {D}) + 1 < floor(it.end_s / {D})")}) WHERE j1 >= j0 + 2)
 ),
-itagg AS (
-    SELECT g, j, min(worker) AS worker,
-           sum(CASE WHEN phase = 'prefill' THEN len_s - host_len_s ELSE 0.0 END) AS p_s,
-           sum(CASE WHEN phase = 'decode' THEN len_s - host_len_s ELSE 0.0 END) AS d_s,
-           sum(CASE WHEN {mixed} THEN pshare * (len_s - host_len_s) ELSE 0.0 END) AS mp_s,
-           sum(CASE WHEN {mixed} THEN (1.0 - pshare) * (len_s - host_len_s) ELSE 0.0 END) AS md_s,
-           sum(host_len_s) AS h_s
-    FROM itp GROUP BY g, j
+itagg AS (  -- per GPU and cell: prefill, decode, mixed (prefill and decode work) and host seconds
+    SELECT g, j,
+           coalesce(sum(pb) FILTER (WHERE NOT mix), 0.0) AS p_s, coalesce(sum(db) FILTER (WHERE NOT mix), 0.0) AS d_s,
+           coalesce(sum(pb) FILTER (WHERE mix), 0.0) AS mp_s, coalesce(sum(db) FILTER (WHERE mix), 0.0) AS md_s,
+           sum(h) AS h_s
+    FROM (SELECT g, j0 AS j, mix, pb1 AS pb, db1 AS db, h1 AS h FROM ag
+          UNION ALL
+          SELECT g, j0 + 1, mix, pb2, db2, h2 FROM ag WHERE pb2 <> 0.0 OR db2 <> 0.0 OR h2 <> 0.0{long_pieces})
+    GROUP BY g, j
 ),
-ow AS (SELECT g, min(worker) AS worker FROM itagg GROUP BY g),
+nodw AS (  -- GPUs with a bucket whose devices row names no worker
+    SELECT DISTINCT sp.g FROM en e JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid WHERE e.dev_worker IS NULL
+),
+ow AS (SELECT g, min(worker) AS worker FROM itc WHERE g IN (SELECT g FROM nodw) GROUP BY g),
 bk AS (
     SELECT e.*, sp.g, coalesce(e.dev_worker, ow.worker) AS worker
     FROM en e LEFT JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid LEFT JOIN ow ON sp.g = ow.g
@@ -703,6 +731,20 @@ def choose_bucket_s(con: duckdb.DuckDBPyConnection, window: Window) -> float:
     return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
 
 
+def has_long_iterations(con: duckdb.DuckDBPyConnection, window: Window, bucket_s: float) -> bool:
+    """Whether any iteration of ``window`` on a GPU is longer than half of ``bucket_s`` (one that may
+    cross two or more cell boundaries: :func:`buckets_sql` then needs its ``long_iterations``
+    pieces). One scan of two columns: cheaper than the pieces' second pass over the iterations."""
+    pred, par = window.node_sql("node")
+    row = con.execute(
+        f"""SELECT 1 FROM iterations
+            WHERE end_s - start_s > ? AND end_s > ? AND start_s < ? AND gpu_uuid IS NOT NULL AND {pred}
+            LIMIT 1""",
+        [bucket_s / 2.0, window.start_s, window.end_s, *par],
+    ).fetchone()
+    return row is not None
+
+
 class IntervalTable:
     """The window's intervals (``bucket_s=0``) or grid buckets (``bucket_s`` > 0; None: chosen by
     :func:`choose_bucket_s`) materialised once in a connection-local TEMP table — never in the
@@ -726,7 +768,12 @@ class IntervalTable:
             sql, params = (
                 intervals_sql(self.window, islands)
                 if self.exact
-                else buckets_sql(self.window, self.bucket_s, islands)
+                else buckets_sql(
+                    self.window,
+                    self.bucket_s,
+                    islands,
+                    long_iterations=has_long_iterations(self.con, self.window, self.bucket_s),
+                )
             )
             self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
         return self

@@ -448,6 +448,25 @@ def test_a_gpu_without_serving_telemetry_is_unattributed_not_idle(tmp_path):
     assert any("phase states unknown" in m for m in pb.missing)
 
 
+@pytest.mark.parametrize("rows", ["intervals", "buckets"])
+def test_a_gpu_whose_devices_rows_name_no_worker_is_owned_by_its_iterations_worker(tmp_path, rows):
+    # the devices rows (from the samples) name no worker; the iterations carrying the GPU's uuid do
+    con = make_store(
+        tmp_path / "noworker.duckdb",
+        {
+            "gpu_samples": samples(
+                [100.0, 101.0, 102.0, 103.0, 104.0], counter_mj(hand_energy_j()), worker=None
+            ),
+            "iterations": HAND_ITERATIONS,
+            "requests": HAND_REQUESTS,
+        },
+    )
+    df = gpu_intervals(con, WINDOW) if rows == "intervals" else gpu_buckets(con, WINDOW, 1.0)
+    assert df["attributed"].all() and set(df["worker"]) == {"w0"}
+    for state, expected in HAND_STATES.items():  # in-flight gaps need the owner worker's requests
+        np.testing.assert_allclose(df[state], expected, atol=1e-9, err_msg=state)
+
+
 def test_sm_activity_falls_back_to_utilization_flagged(tmp_path):
     rows = samples([100.0, 101.0, 102.0], [0, 100_000, 200_000], sm_active_pct=None)
     con = make_store(tmp_path / "dcgm.duckdb", {"gpu_samples": rows, "iterations": HAND_ITERATIONS[:1]})
