@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from analytics.cost import CATEGORIES  # every cost category, unsampled included
 from tests.dashboard.conftest import Fleet, fleet  # noqa: F401  (the shared session fixture)
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
-CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle")
 
 
 def _get(fleet: Fleet, path: str, **params) -> httpx.Response:  # noqa: F811
