@@ -28,6 +28,7 @@ aggregates reach Python. Formulas and their sources: docs/analytics/attribution.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import product
@@ -163,26 +164,42 @@ def bounded_lsq_gram(gram: np.ndarray, xty: np.ndarray, lo: np.ndarray, hi: np.n
     it exactly: at most 3^k small solves for the handful of terms here."""
     k = len(xty)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    choices = [
+    choices = tuple(
         (0,) if lo[i] >= hi[i] else (0, 2) if not math.isfinite(hi[i]) else (0, 1, 2) for i in range(k)
-    ]
+    )
     best: np.ndarray | None = None
     best_obj = math.inf
-    for assign in product(*choices):
-        b = np.where(np.array(assign) == 1, hi, lo)
-        free = [i for i in range(k) if assign[i] == 2]
-        if free:
-            fixed = [i for i in range(k) if assign[i] != 2]
-            rhs = xty[free] - gram[np.ix_(free, fixed)] @ b[fixed]
-            sol, *_ = np.linalg.lstsq(gram[np.ix_(free, free)], rhs, rcond=None)
+    for at_hi, free, fixed, sub, cross in _assignments(choices):
+        b = np.where(at_hi, hi, lo)
+        if len(free):
+            rhs = xty[free] - gram[cross] @ b[fixed]
+            sol, *_ = np.linalg.lstsq(gram[sub], rhs, rcond=None)
             tol = 1e-9 * np.maximum(1.0, np.abs(sol))
-            if np.any(sol < lo[free] - tol) or np.any(sol > hi[free] + tol):
+            lo_f, hi_f = lo[free], hi[free]
+            if (sol < lo_f - tol).any() or (sol > hi_f + tol).any():
                 continue
-            b[free] = np.clip(sol, lo[free], hi[free])
+            b[free] = np.clip(sol, lo_f, hi_f)
         obj = float(b @ gram @ b - 2.0 * b @ xty)
         if best is None or obj < best_obj - 1e-12 * max(1.0, abs(best_obj)):
             best, best_obj = b, obj
     return best
+
+
+@functools.cache
+def _assignments(
+    choices: tuple[tuple[int, ...], ...],
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, Any, Any], ...]:
+    """Every assignment of :func:`bounded_lsq_gram`'s coefficients to a choice (0 lower bound, 1
+    upper, 2 free), in its order: the upper-bound mask, the free and fixed indices and the index
+    tuples of the free × free and free × fixed blocks of the Gram matrix (the same per ``choices``,
+    so built once)."""
+    out = []
+    for assign in product(*choices):
+        a = np.array(assign)
+        free = np.flatnonzero(a == 2)
+        fixed = np.flatnonzero(a != 2)
+        out.append((a == 1, free, fixed, np.ix_(free, free), np.ix_(free, fixed)))
+    return tuple(out)
 
 
 # A term with less than this share of a GPU's fitted seconds, or in fewer rows, is not fitted on

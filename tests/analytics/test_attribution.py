@@ -231,6 +231,30 @@ def test_bounded_lsq_matches_nnls_and_respects_upper_bounds():
     assert bounded_lsq_gram(g, r, np.array([3.0, 0.0]), np.array([3.0, 100.0])) == pytest.approx([3.0, 9.5])
 
 
+def test_bounded_lsq_meets_the_optimality_conditions_whatever_bounds_came_before():
+    """KKT: a free coefficient has zero gradient, one at its lower bound a gradient >= 0, one at its
+    upper bound <= 0 — on random problems whose bound patterns change from call to call."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(1, 4))
+        x = rng.uniform(0.0, 1.0, size=(30, k))
+        y = x @ rng.uniform(-50.0, 400.0, size=k) + rng.normal(0.0, 5.0, size=30)
+        g, r = x.T @ x, x.T @ y
+        lo = np.zeros(k)
+        hi = rng.choice([np.inf, 0.0, 100.0, 300.0], size=k)
+        b = bounded_lsq_gram(g, r, lo, hi)
+        grad = g @ b - r
+        tol = 1e-6 * max(1.0, float(np.abs(r).max()))
+        assert np.all(b >= lo - 1e-9) and np.all(b <= hi + 1e-9)
+        for i in range(k):
+            if lo[i] < b[i] < hi[i]:
+                assert abs(grad[i]) <= tol
+            elif b[i] <= lo[i] and lo[i] < hi[i]:
+                assert grad[i] >= -tol
+            elif b[i] >= hi[i] and lo[i] < hi[i]:
+                assert grad[i] <= tol
+
+
 def _one_gpu_store(
     path: Path, joules: list[float], its: list[dict[str, Any]], **cols: Any
 ) -> duckdb.DuckDBPyConnection:
