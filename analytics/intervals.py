@@ -165,7 +165,7 @@ def request_islands(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table:
     gid += workers.indices.to_numpy(zero_copy_only=False)
     a = spans["a_s"].to_numpy()
     b = spans["b_s"].to_numpy()
-    order = _span_order(gid, a, b)
+    order = span_order(gid, a, b)
     gid, a, b = gid[order], a[order], b[order]
     # segment bounds: each worker's spans, by (a_s, b_s)
     bounds = np.flatnonzero(gid[1:] != gid[:-1]) + 1
@@ -190,8 +190,9 @@ def request_islands(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table:
     )
 
 
-def _span_order(gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The permutation sorting spans by worker (``gid``), then ``a``, then ``b`` (ties: row order):
+def span_order(gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The permutation sorting spans ``[a, b)`` by group (``gid``, integers >= 0: a worker), then
+    ``a``, then ``b`` (ties: row order):
     ``np.lexsort((b, a, gid))``, as two stable sorts where no two spans starting together are out of
     order by ``b`` (else lexsort itself). The spans come nearly in order of ``a`` (requests are
     stored as they arrive), which the stable sort of floats runs through in about linear time, and

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analytics.intervals import _span_order, request_islands
+from analytics.intervals import request_islands, span_order
 from analytics.window import Window
 from tests.analytics.test_attribution import make_store, request
 
@@ -51,7 +51,7 @@ def test_spans_outside_the_window_are_left_out_and_an_empty_window_has_no_island
     assert _islands(tmp_path, rows, Window(200.0, 300.0)) == []
 
 
-def test_the_span_order_is_lexsorts_with_ties_out_of_order_and_many_workers():
+def test_thespan_order_is_lexsorts_with_ties_out_of_order_and_many_workers():
     rng = np.random.default_rng(7)
     for trial in range(300):
         n = int(rng.integers(1, 80))
@@ -60,7 +60,7 @@ def test_the_span_order_is_lexsorts_with_ties_out_of_order_and_many_workers():
         if trial % 3 == 0:
             a, b = np.sort(a), np.sort(b)  # in order, as stored: the fast path
         gid = rng.integers(0, 3 if trial % 2 else 70_000, n).astype(np.int64)  # few ids, or > 16 bits
-        assert np.array_equal(_span_order(gid, a, b), np.lexsort((b, a, gid)))
+        assert np.array_equal(span_order(gid, a, b), np.lexsort((b, a, gid)))
 
 
 def test_spans_stored_out_of_order_and_starting_together_merge_per_worker(tmp_path):
