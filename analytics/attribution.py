@@ -490,12 +490,29 @@ def _fits(stats: pd.DataFrame) -> dict[str, PowerFit]:
     return fits
 
 
-def _coef_frame(fits: dict[str, PowerFit]) -> pd.DataFrame:
-    rows = []
-    for key, fit in fits.items():
-        rows.append({"gkey": key, **{f"w_{t}": (fit.coef_w[t] or 0.0) for t in MODEL_TERMS}})
-    cols = ["gkey", *[f"w_{t}" for t in MODEL_TERMS]]
-    return pd.DataFrame(rows, columns=cols).astype({c: "float64" for c in cols[1:]})
+def _coef_frame(fits: dict[str, PowerFit], stats: pd.DataFrame) -> pa.Table:
+    """The fitted power per state (``w_<term>``, 0 where not fitted) of every GPU of ``fits``, keyed
+    by the GPU's identity columns (``node, source, device, index``: from its :func:`_fit_stats_sql`
+    row in ``stats``), for the aggregate's join."""
+    keys: dict[str, list[Any]] = {k: [] for k in _GPU_KEY}
+    w: dict[str, list[float]] = {f"w_{t}": [] for t in MODEL_TERMS}
+    for node, source, device, index in zip(*(stats[k] for k in _GPU_KEY), strict=True):
+        fit = fits.get(gpu_key(node, source, device, index))
+        if fit is None:
+            continue
+        for k, v in zip(_GPU_KEY, (node, source, device, index), strict=True):
+            keys[k].append(v)
+        for t in MODEL_TERMS:
+            w[f"w_{t}"].append(float(fit.coef_w[t] or 0.0))
+    return pa.table(
+        {
+            "node": pa.array(keys["node"], pa.string()),
+            "source": pa.array(keys["source"], pa.string()),
+            "device": pa.array(keys["device"], pa.string()),
+            "index": pa.array([None if pd.isna(i) else int(i) for i in keys["index"]], pa.int64()),
+            **{k: pa.array(v, pa.float64()) for k, v in w.items()},
+        }
+    )
 
 
 # GPU-time categories (idle split): they partition attributed time, as the states do.
@@ -536,13 +553,13 @@ def _aggregate_sql(table: str) -> str:
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
     return f"""
 WITH iv AS (
-    SELECT i.*, c.* EXCLUDE (gkey), coalesce({weights}, 0.0) AS wsum,
+    SELECT i.*, c.* EXCLUDE (node, source, device, "index"), coalesce({weights}, 0.0) AS wsum,
            coalesce(i.prefill_s, 0) + coalesce(i.mixed_prefill_s, 0) AS p_s,
            coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s,
            i.interval_s - i.unsampled_s AS sampled_s  -- the activities are of this time
-    FROM (SELECT *, node || '|' || source || '|' || device || '|' || coalesce("index"::VARCHAR, '') AS gkey
-          FROM {table}) i
-    LEFT JOIN pl_coef c ON i.gkey = c.gkey
+    FROM {table} i
+    LEFT JOIN pl_coef c ON i.node = c.node AND i.source = c.source AND i.device = c.device
+     AND i."index" IS NOT DISTINCT FROM c."index"
 ),
 ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
     SELECT *, {e_cols},
@@ -788,7 +805,7 @@ def _breakdown_from(
     stats = con.execute(_fit_stats_sql(table)).df()
     fits = _fits(stats)
     gaps = _sample_gaps(stats)
-    coef = _coef_frame(fits)
+    coef = _coef_frame(fits, stats)
     con.register("pl_coef", coef)
     try:
         raw = con.execute(_aggregate_sql(table)).df()

@@ -9,6 +9,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 
 from analytics.attribution import (
@@ -596,3 +597,27 @@ def test_a_cpu_device_is_not_a_gpu(tmp_path):
     con = make_store(tmp_path / "cpu.duckdb", {"gpu_samples": samples([100.0, 101.0], [0, 100_000]) + cpu})
     assert set(gpu_intervals(con, WINDOW)["device"]) == {"cuda:0"}
     assert set(gpu_buckets(con, WINDOW)["device"]) == {"cuda:0"}
+
+
+def test_the_coefficient_table_keys_each_fitted_gpu_by_its_identity_a_null_index_included():
+    from analytics.attribution import PowerFit, _coef_frame
+
+    stats = pd.DataFrame(
+        {
+            "node": ["n1", "n1", "n2"],
+            "source": ["dcgm", "dcgm", "local"],
+            "device": ["GPU-a", "GPU-b", "cpu"],
+            "index": [0.0, 1.0, float("nan")],  # a device without an index
+        }
+    )
+    fit = {t: w for t, w in zip(MODEL_TERMS, (300.0, None, 80.0), strict=True)}
+    fits = {
+        gpu_key("n1", "dcgm", "GPU-a", 0): PowerFit(fit, 0.9, 10, 1.0),
+        gpu_key("n2", "local", "cpu", None): PowerFit(dict(fit, decode=200.0), 0.8, 10, 1.0),
+    }  # GPU-b: not attributed, no fit
+    t = _coef_frame(fits, stats)
+    assert t.column_names == ["node", "source", "device", "index", *[f"w_{m}" for m in MODEL_TERMS]]
+    assert t.to_pylist() == [
+        {"node": "n1", "source": "dcgm", "device": "GPU-a", "index": 0, "w_prefill": 300.0, "w_decode": 0.0, "w_idle": 80.0},
+        {"node": "n2", "source": "local", "device": "cpu", "index": None, "w_prefill": 300.0, "w_decode": 200.0, "w_idle": 80.0},
+    ]  # fmt: skip
