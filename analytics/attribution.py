@@ -28,6 +28,7 @@ aggregates reach Python. Formulas and their sources: docs/analytics/attribution.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import product
@@ -165,26 +166,42 @@ def bounded_lsq_gram(gram: np.ndarray, xty: np.ndarray, lo: np.ndarray, hi: np.n
     it exactly: at most 3^k small solves for the handful of terms here."""
     k = len(xty)
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    choices = [
+    choices = tuple(
         (0,) if lo[i] >= hi[i] else (0, 2) if not math.isfinite(hi[i]) else (0, 1, 2) for i in range(k)
-    ]
+    )
     best: np.ndarray | None = None
     best_obj = math.inf
-    for assign in product(*choices):
-        b = np.where(np.array(assign) == 1, hi, lo)
-        free = [i for i in range(k) if assign[i] == 2]
-        if free:
-            fixed = [i for i in range(k) if assign[i] != 2]
-            rhs = xty[free] - gram[np.ix_(free, fixed)] @ b[fixed]
-            sol, *_ = np.linalg.lstsq(gram[np.ix_(free, free)], rhs, rcond=None)
+    for at_hi, free, fixed, sub, cross in _assignments(choices):
+        b = np.where(at_hi, hi, lo)
+        if len(free):
+            rhs = xty[free] - gram[cross] @ b[fixed]
+            sol, *_ = np.linalg.lstsq(gram[sub], rhs, rcond=None)
             tol = 1e-9 * np.maximum(1.0, np.abs(sol))
-            if np.any(sol < lo[free] - tol) or np.any(sol > hi[free] + tol):
+            lo_f, hi_f = lo[free], hi[free]
+            if (sol < lo_f - tol).any() or (sol > hi_f + tol).any():
                 continue
-            b[free] = np.clip(sol, lo[free], hi[free])
+            b[free] = np.clip(sol, lo_f, hi_f)
         obj = float(b @ gram @ b - 2.0 * b @ xty)
         if best is None or obj < best_obj - 1e-12 * max(1.0, abs(best_obj)):
             best, best_obj = b, obj
     return best
+
+
+@functools.cache
+def _assignments(
+    choices: tuple[tuple[int, ...], ...],
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, Any, Any], ...]:
+    """Every assignment of :func:`bounded_lsq_gram`'s coefficients to a choice (0 lower bound, 1
+    upper, 2 free), in its order: the upper-bound mask, the free and fixed indices and the index
+    tuples of the free × free and free × fixed blocks of the Gram matrix (the same per ``choices``,
+    so built once)."""
+    out = []
+    for assign in product(*choices):
+        a = np.array(assign)
+        free = np.flatnonzero(a == 2)
+        fixed = np.flatnonzero(a != 2)
+        out.append((a == 1, free, fixed, np.ix_(free, free), np.ix_(free, fixed)))
+    return tuple(out)
 
 
 # A term with less than this share of a GPU's fitted seconds, or in fewer rows, is not fitted on
@@ -475,12 +492,29 @@ def _fits(stats: pd.DataFrame) -> dict[str, PowerFit]:
     return fits
 
 
-def _coef_frame(fits: dict[str, PowerFit]) -> pd.DataFrame:
-    rows = []
-    for key, fit in fits.items():
-        rows.append({"gkey": key, **{f"w_{t}": (fit.coef_w[t] or 0.0) for t in MODEL_TERMS}})
-    cols = ["gkey", *[f"w_{t}" for t in MODEL_TERMS]]
-    return pd.DataFrame(rows, columns=cols).astype({c: "float64" for c in cols[1:]})
+def _coef_frame(fits: dict[str, PowerFit], stats: pd.DataFrame) -> pa.Table:
+    """The fitted power per state (``w_<term>``, 0 where not fitted) of every GPU of ``fits``, keyed
+    by the GPU's identity columns (``node, source, device, index``: from its :func:`_fit_stats_sql`
+    row in ``stats``), for the aggregate's join."""
+    keys: dict[str, list[Any]] = {k: [] for k in _GPU_KEY}
+    w: dict[str, list[float]] = {f"w_{t}": [] for t in MODEL_TERMS}
+    for node, source, device, index in zip(*(stats[k] for k in _GPU_KEY), strict=True):
+        fit = fits.get(gpu_key(node, source, device, index))
+        if fit is None:
+            continue
+        for k, v in zip(_GPU_KEY, (node, source, device, index), strict=True):
+            keys[k].append(v)
+        for t in MODEL_TERMS:
+            w[f"w_{t}"].append(float(fit.coef_w[t] or 0.0))
+    return pa.table(
+        {
+            "node": pa.array(keys["node"], pa.string()),
+            "source": pa.array(keys["source"], pa.string()),
+            "device": pa.array(keys["device"], pa.string()),
+            "index": pa.array([None if pd.isna(i) else int(i) for i in keys["index"]], pa.int64()),
+            **{k: pa.array(v, pa.float64()) for k, v in w.items()},
+        }
+    )
 
 
 # GPU-time categories (idle split): they partition attributed time, as the states do.
@@ -521,13 +555,13 @@ def _aggregate_sql(table: str) -> str:
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
     return f"""
 WITH iv AS (
-    SELECT i.*, c.* EXCLUDE (gkey), coalesce({weights}, 0.0) AS wsum,
+    SELECT i.*, c.* EXCLUDE (node, source, device, "index"), coalesce({weights}, 0.0) AS wsum,
            coalesce(i.prefill_s, 0) + coalesce(i.mixed_prefill_s, 0) AS p_s,
            coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s,
            i.interval_s - i.unsampled_s AS sampled_s  -- the activities are of this time
-    FROM (SELECT *, node || '|' || source || '|' || device || '|' || coalesce("index"::VARCHAR, '') AS gkey
-          FROM {table}) i
-    LEFT JOIN pl_coef c ON i.gkey = c.gkey
+    FROM {table} i
+    LEFT JOIN pl_coef c ON i.node = c.node AND i.source = c.source AND i.device = c.device
+     AND i."index" IS NOT DISTINCT FROM c."index"
 ),
 ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
     SELECT *, {e_cols},
@@ -773,7 +807,7 @@ def _breakdown_from(
     stats = con.execute(_fit_stats_sql(table)).df()
     fits = _fits(stats)
     gaps = _sample_gaps(stats)
-    coef = _coef_frame(fits)
+    coef = _coef_frame(fits, stats)
     con.register("pl_coef", coef)
     try:
         raw = con.execute(_aggregate_sql(table)).df()

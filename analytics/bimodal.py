@@ -21,6 +21,7 @@ docs/analytics/attribution.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,6 +343,35 @@ FROM v JOIN b ON v.node = b.node AND v.source = b.source AND v.device = b.device
     return sql, [*par, iv.window.start_s, iv.window.end_s]
 
 
+def _cells(pts: dict[str, np.ndarray]) -> tuple[dict[tuple[int, int, float], np.ndarray], dict[int, float]]:
+    """The drawn values (``x``) per (GPU, role, hour) — ``gh``, ``rh``, ``hour_s`` of the points
+    query's columns — each sorted, the cells in order of their key, so that the thinning of pooled
+    groups draws the same values whatever order the query's rows came in; and each GPU's count of
+    values (``n_gpu``). Rows with a NULL key are left out (as a grouping drops them)."""
+    cells: dict[tuple[int, int, float], np.ndarray] = {}
+    per_gpu_n: dict[int, float] = {}
+    cols = {k: pts[k] for k in ("gh", "rh", "hour_s", "x", "n_gpu")}
+    keep = ~(
+        np.ma.getmaskarray(cols["gh"]) | np.ma.getmaskarray(cols["rh"]) | np.ma.getmaskarray(cols["hour_s"])
+    )
+    gh, rh = np.ma.getdata(cols["gh"])[keep], np.ma.getdata(cols["rh"])[keep]
+    hour = np.ma.getdata(cols["hour_s"]).astype(float)[keep]
+    x = np.ma.filled(np.ma.asarray(cols["x"], dtype=float), np.nan)[keep]
+    n_gpu = np.ma.getdata(cols["n_gpu"])[keep]
+    keep = ~np.isnan(hour)  # NaN, as a NULL, is no key
+    gh, rh, hour, x, n_gpu = gh[keep], rh[keep], hour[keep], x[keep], n_gpu[keep]
+    if not len(x):
+        return cells, per_gpu_n
+    order = np.lexsort((x, hour, rh, gh))
+    gh, rh, hour, x, n_gpu = gh[order], rh[order], hour[order], x[order], n_gpu[order]
+    new = np.flatnonzero((gh[1:] != gh[:-1]) | (rh[1:] != rh[:-1]) | (hour[1:] != hour[:-1])) + 1
+    bounds = np.concatenate(([0], new, [len(x)]))
+    for lo, hi in itertools.pairwise(bounds):
+        cells[(int(gh[lo]), int(rh[lo]), float(hour[lo]))] = x[lo:hi]
+        per_gpu_n[int(gh[lo])] = float(n_gpu[lo])
+    return cells, per_gpu_n
+
+
 def _phase_activity(rec: dict[str, Any], y: str) -> tuple[float | None, float | None]:
     """Mean activity (%) during prefill and during decode: non-negative least squares of the
     activity-seconds of the intervals on their prefill / decode / other seconds."""
@@ -413,16 +443,7 @@ def _bimodality_from(
     base = con.execute(_moments_sql(table, where)).df()
     mom = _scope_records(base)
     psql, ppar = _points_sql(iv, where, max_points, _min_gpu_values(base))
-    pts = con.execute(psql, ppar).df()
-    # the drawn values per (GPU, role, hour), and each GPU's count of values; sorted, so that the
-    # thinning of pooled groups below draws the same values whatever order the query's rows came in
-    cells: dict[tuple[int, int, float], np.ndarray] = {}
-    per_gpu_n: dict[int, float] = {}
-    if not pts.empty:
-        pts = pts.sort_values(["gh", "rh", "hour_s", "x"], kind="stable")
-        for (gh, rh, hour), sub in pts.groupby(["gh", "rh", "hour_s"], sort=False):
-            cells[(int(gh), int(rh), float(hour))] = sub["x"].to_numpy(dtype=float)
-            per_gpu_n[int(gh)] = float(sub["n_gpu"].iloc[0])
+    cells, per_gpu_n = _cells(con.execute(psql, ppar).fetchnumpy())
     rows = []
     rng = np.random.default_rng(0)
     for rec in mom:

@@ -264,24 +264,41 @@ def price_usage(
     df["input_share"] = np.where(busy > 0, busy_in / busy.where(busy > 0, 1.0), fallback)
 
     energy_usd_per_j = prices.pue * prices.electricity_usd_per_kwh / 3.6e6
+    # the derived columns from numpy arrays, added in one step (pandas' overhead per column added
+    # was most of the pricing's time)
+    col = {c: df[c].to_numpy(dtype=float) for c in ("gpu_usd_per_hour", "input_share")}
     for c in CATEGORIES:
-        df[f"gpu_cost_usd_{c}"] = df["gpu_usd_per_hour"] * df[f"{c}_s"] / 3600.0
-        df[f"energy_cost_usd_{c}"] = df[f"energy_j_{c}"] * energy_usd_per_j
-        df[f"cost_usd_{c}"] = df[f"gpu_cost_usd_{c}"] + df[f"energy_cost_usd_{c}"]
-    share = df["input_share"]
-    df["input_cost_usd_prefill"] = df["cost_usd_prefill"]
-    df["input_cost_usd_stranded"] = df["cost_usd_stranded_prefill"]
-    df["output_cost_usd_decode"] = df["cost_usd_decode"]
-    df["output_cost_usd_stranded"] = df["cost_usd_stranded_decode"]
+        col[f"{c}_s"] = df[f"{c}_s"].to_numpy(dtype=float)
+        col[f"energy_j_{c}"] = df[f"energy_j_{c}"].to_numpy(dtype=float)
+    new: dict[str, np.ndarray] = {}
+    for c in CATEGORIES:
+        new[f"gpu_cost_usd_{c}"] = col["gpu_usd_per_hour"] * col[f"{c}_s"] / 3600.0
+        new[f"energy_cost_usd_{c}"] = col[f"energy_j_{c}"] * energy_usd_per_j
+        new[f"cost_usd_{c}"] = new[f"gpu_cost_usd_{c}"] + new[f"energy_cost_usd_{c}"]
+    share = col["input_share"]
+    new["input_cost_usd_prefill"] = new["cost_usd_prefill"]
+    new["input_cost_usd_stranded"] = new["cost_usd_stranded_prefill"]
+    new["output_cost_usd_decode"] = new["cost_usd_decode"]
+    new["output_cost_usd_stranded"] = new["cost_usd_stranded_decode"]
     for c in OVERHEAD:
-        df[f"input_cost_usd_{c}"] = df[f"cost_usd_{c}"] * share
-        df[f"output_cost_usd_{c}"] = df[f"cost_usd_{c}"] * (1.0 - share)
-    overhead_j = sum(df[f"energy_j_{c}"] for c in OVERHEAD)
-    df["input_energy_j"] = df["energy_j_prefill"] + df["energy_j_stranded_prefill"] + overhead_j * share
-    df["output_energy_j"] = (
-        df["energy_j_decode"] + df["energy_j_stranded_decode"] + overhead_j * (1.0 - share)
+        new[f"input_cost_usd_{c}"] = new[f"cost_usd_{c}"] * share
+        new[f"output_cost_usd_{c}"] = new[f"cost_usd_{c}"] * (1.0 - share)
+    overhead_j = sum(col[f"energy_j_{c}"] for c in OVERHEAD)
+    new["input_energy_j"] = col["energy_j_prefill"] + col["energy_j_stranded_prefill"] + overhead_j * share
+    new["output_energy_j"] = (
+        col["energy_j_decode"] + col["energy_j_stranded_decode"] + overhead_j * (1.0 - share)
     )
-    df = _sides(df)
+    # each line's totals and sides
+    new["gpu_seconds"] = sum(col[f"{c}_s"] for c in CATEGORIES)
+    new["energy_j"] = sum(col[f"energy_j_{c}"] for c in CATEGORIES)
+    new["gpu_cost_usd"] = sum(new[f"gpu_cost_usd_{c}"] for c in CATEGORIES)
+    new["energy_cost_usd"] = sum(new[f"energy_cost_usd_{c}"] for c in CATEGORIES)
+    new["cost_usd"] = new["gpu_cost_usd"] + new["energy_cost_usd"]
+    new["input_cost_usd"] = sum(new[f"input_cost_usd_{k}"] for k in INPUT_SPLIT)
+    new["output_cost_usd"] = sum(new[f"output_cost_usd_{k}"] for k in OUTPUT_SPLIT)
+    df = pd.concat(
+        [df, pd.DataFrame({k: np.array(v, dtype=float) for k, v in new.items()}, index=df.index)], axis=1
+    )
 
     total = _aggregate(df, [])
     tables = {name: _aggregate(df, keys) for name, keys in _GROUPS.items()}
@@ -295,17 +312,6 @@ def price_usage(
         prices=prices,
         trust=trust,
     )
-
-
-def _sides(df: pd.DataFrame) -> pd.DataFrame:
-    df["gpu_seconds"] = sum(df[f"{c}_s"] for c in CATEGORIES)
-    df["energy_j"] = sum(df[f"energy_j_{c}"] for c in CATEGORIES)
-    df["gpu_cost_usd"] = sum(df[f"gpu_cost_usd_{c}"] for c in CATEGORIES)
-    df["energy_cost_usd"] = sum(df[f"energy_cost_usd_{c}"] for c in CATEGORIES)
-    df["cost_usd"] = df["gpu_cost_usd"] + df["energy_cost_usd"]
-    df["input_cost_usd"] = sum(df[f"input_cost_usd_{k}"] for k in INPUT_SPLIT)
-    df["output_cost_usd"] = sum(df[f"output_cost_usd_{k}"] for k in OUTPUT_SPLIT)
-    return df
 
 
 _SUMMED = (
@@ -327,9 +333,10 @@ _SUMMED = (
 )
 
 
-def _ratio(num: pd.Series, den: pd.Series, scale: float = 1.0) -> pd.Series:
-    """num / den × scale, NaN (never inf or 0) where den is 0."""
-    return num * scale / den.where(den > 0)
+def _ratio(num: np.ndarray, den: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """num / den × scale, NaN (never inf or 0) where den is not > 0."""
+    with np.errstate(invalid="ignore"):
+        return num * scale / np.where(den > 0, den, np.nan)
 
 
 def _aggregate(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -337,37 +344,36 @@ def _aggregate(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         g = df.groupby(keys, dropna=False, sort=True)[_SUMMED]
         # a NaN (unpriced GPU) in a group makes the group's dollars NaN, not a partial sum
         has_nan = df[_SUMMED].isna().groupby([df[k] for k in keys], dropna=False, sort=True).any()
-        out = g.sum().mask(has_nan).reset_index()
+        sums = g.sum()
+        values = np.where(has_nan.to_numpy(), np.nan, sums.to_numpy(dtype=float))
+        out = pd.DataFrame(values, index=sums.index, columns=sums.columns).reset_index()
     else:
         sums = {c: (df[c].sum(skipna=False) if len(df) else 0.0) for c in _SUMMED}
         out = pd.DataFrame([sums])
-    out["gpu_hours"] = out["gpu_seconds"] / 3600.0
-    m = 1e6
+    # the derived columns from numpy arrays, added in one step (column by column, pandas' own
+    # overhead was most of the pricing's time)
+    col = {c: out[c].to_numpy(dtype=float) for c in _SUMMED}
+    inp, outp, m = col["input_tokens"], col["output_tokens"], 1e6
+    new: dict[str, np.ndarray] = {"gpu_hours": col["gpu_seconds"] / 3600.0}
     for k in INPUT_SPLIT:
-        out[f"usd_per_1m_input_{k}"] = _ratio(out[f"input_cost_usd_{k}"], out["input_tokens"], m)
-    out["usd_per_1m_input"] = _ratio(out["input_cost_usd"], out["input_tokens"], m)
+        new[f"usd_per_1m_input_{k}"] = _ratio(col[f"input_cost_usd_{k}"], inp, m)
+    new["usd_per_1m_input"] = _ratio(col["input_cost_usd"], inp, m)
     for k in OUTPUT_SPLIT:
-        out[f"usd_per_1m_output_{k}"] = _ratio(out[f"output_cost_usd_{k}"], out["output_tokens"], m)
-    out["usd_per_1m_output"] = _ratio(out["output_cost_usd"], out["output_tokens"], m)
+        new[f"usd_per_1m_output_{k}"] = _ratio(col[f"output_cost_usd_{k}"], outp, m)
+    new["usd_per_1m_output"] = _ratio(col["output_cost_usd"], outp, m)
     # the industry figure: GPU $/h ÷ (tokens/s × 3600) × 1e6 = GPU-time $ / tokens × 1e6 (no energy)
-    out["output_tokens_per_s_per_gpu"] = _ratio(out["output_tokens"], out["gpu_seconds"])
-    out["industry_usd_per_1m_output"] = _ratio(out["gpu_cost_usd"], out["output_tokens"], m)
-    out["industry_usd_per_1m_tokens"] = _ratio(
-        out["gpu_cost_usd"], out["input_tokens"] + out["output_tokens"], m
-    )
+    new["output_tokens_per_s_per_gpu"] = _ratio(outp, col["gpu_seconds"])
+    new["industry_usd_per_1m_output"] = _ratio(col["gpu_cost_usd"], outp, m)
+    new["industry_usd_per_1m_tokens"] = _ratio(col["gpu_cost_usd"], inp + outp, m)
     # energy per token per phase: busy (phase energy only) and all-in (with the overhead share)
-    out["j_per_input_token_busy"] = _ratio(
-        out["energy_j_prefill"] + out["energy_j_stranded_prefill"], out["input_tokens"]
-    )
-    out["j_per_output_token_busy"] = _ratio(
-        out["energy_j_decode"] + out["energy_j_stranded_decode"], out["output_tokens"]
-    )
-    out["j_per_input_token"] = _ratio(out["input_energy_j"], out["input_tokens"])
-    out["j_per_output_token"] = _ratio(out["output_energy_j"], out["output_tokens"])
-    out["input_tokens_per_j"] = _ratio(out["input_tokens"], out["input_energy_j"])
-    out["output_tokens_per_j"] = _ratio(out["output_tokens"], out["output_energy_j"])
-    out["j_per_token"] = _ratio(out["energy_j"], out["input_tokens"] + out["output_tokens"])
-    return out
+    new["j_per_input_token_busy"] = _ratio(col["energy_j_prefill"] + col["energy_j_stranded_prefill"], inp)
+    new["j_per_output_token_busy"] = _ratio(col["energy_j_decode"] + col["energy_j_stranded_decode"], outp)
+    new["j_per_input_token"] = _ratio(col["input_energy_j"], inp)
+    new["j_per_output_token"] = _ratio(col["output_energy_j"], outp)
+    new["input_tokens_per_j"] = _ratio(inp, col["input_energy_j"])
+    new["output_tokens_per_j"] = _ratio(outp, col["output_energy_j"])
+    new["j_per_token"] = _ratio(col["energy_j"], inp + outp)
+    return pd.concat([out, pd.DataFrame(new, index=out.index)], axis=1)
 
 
 # -- from the store -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ the gap threshold) are written once, below. Formulas and sources: docs/analytics
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid as uuidlib
 import warnings
@@ -38,7 +39,6 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -163,30 +163,51 @@ def request_islands(con: duckdb.DuckDBPyConnection, window: Window) -> pa.Table:
         )  # fmt: skip
     nodes = pc.dictionary_encode(spans["node"]).combine_chunks()
     workers = pc.dictionary_encode(spans["worker"]).combine_chunks()
-    n_idx = nodes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    w_idx = workers.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    gid = n_idx * len(workers.dictionary) + w_idx
+    n_workers = len(workers.dictionary)
+    gid = nodes.indices.to_numpy(zero_copy_only=False).astype(np.int64) * n_workers
+    gid += workers.indices.to_numpy(zero_copy_only=False)
     a = spans["a_s"].to_numpy()
     b = spans["b_s"].to_numpy()
-    order = np.lexsort((b, a, gid))  # per worker, by (a_s, b_s)
+    order = span_order(gid, a, b)
     gid, a, b = gid[order], a[order], b[order]
-    first = np.empty(len(gid), dtype=bool)
-    first[0] = True
-    np.not_equal(gid[1:], gid[:-1], out=first[1:])
+    # segment bounds: each worker's spans, by (a_s, b_s)
+    bounds = np.flatnonzero(gid[1:] != gid[:-1]) + 1
+    seg = np.concatenate(([0], bounds, [len(gid)]))
     # the latest end among the worker's earlier spans; a span starting after it opens an island
-    prev_b = pd.Series(b).groupby(gid, sort=False).cummax().to_numpy()
-    opens = first.copy()
-    opens[1:] |= a[1:] > prev_b[:-1]
+    prev_b = np.empty_like(b)
+    for lo, hi in itertools.pairwise(seg):
+        np.maximum.accumulate(b[lo:hi], out=prev_b[lo:hi])
+    opens = np.empty(len(gid), dtype=bool)
+    opens[0] = True
+    np.greater(a[1:], prev_b[:-1], out=opens[1:])
+    opens[seg[:-1]] = True
     starts = np.flatnonzero(opens)
-    keep = order[starts]
+    island_gid = gid[starts]
     return pa.table(
         {
-            "node": spans["node"].take(keep),
-            "worker": spans["worker"].take(keep),
+            "node": nodes.dictionary.take(pa.array(island_gid // n_workers)),
+            "worker": workers.dictionary.take(pa.array(island_gid % n_workers)),
             "a_s": pa.array(a[starts]),
             "b_s": pa.array(np.maximum.reduceat(b, starts)),
         }
     )
+
+
+def span_order(gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The permutation sorting spans ``[a, b)`` by group (``gid``, integers >= 0: a worker), then
+    ``a``, then ``b`` (ties: row order):
+    ``np.lexsort((b, a, gid))``, as two stable sorts where no two spans starting together are out of
+    order by ``b`` (else lexsort itself). The spans come nearly in order of ``a`` (requests are
+    stored as they arrive), which the stable sort of floats runs through in about linear time, and
+    the worker ids are few (a radix sort where they fit in 16 bits)."""
+    order = np.argsort(a, kind="stable")
+    a_o, b_o = a[order], b[order]
+    if np.any((a_o[1:] == a_o[:-1]) & (b_o[1:] < b_o[:-1])):
+        return np.lexsort((b, a, gid))
+    g = gid[order]
+    if len(g) and g.max() < 2**16:
+        g = g.astype(np.uint16)
+    return order[np.argsort(g, kind="stable")]
 
 
 @contextmanager

@@ -155,18 +155,16 @@ _AGG_COLUMNS = """count(*) AS requests, count(*) FILTER (WHERE ok) AS ok,
        count(*) FILTER (WHERE ok AND (ttft_s < 0 OR e2e_s < ttft_s)) AS negative,
        {aggs}"""
 # the window's total, then per bucket: two plain aggregates (cheaper than GROUPING SETS, which
-# feeds every row's quantile values to both groupings' states)
+# feeds every row's quantile values to both groupings' states); the total also counts the requests
+# per status and trust label (a pass of their own over the requests and their joins before)
 _AGG_SQL = f"""
-SELECT NULL::DOUBLE AS bucket, {_AGG_COLUMNS} FROM m
+SELECT NULL::DOUBLE AS bucket, {_AGG_COLUMNS},
+       histogram(status) AS by_status, histogram(trust) AS by_trust,
+       count(*) FILTER (WHERE NOT gpu_known AND trust = 'measured') AS unknown_gpu
+FROM m
 UNION ALL
-SELECT bucket, {_AGG_COLUMNS} FROM m GROUP BY bucket
+SELECT bucket, {_AGG_COLUMNS}, NULL, NULL, NULL FROM m GROUP BY bucket
 ORDER BY bucket NULLS FIRST
-"""
-
-_COUNTS_SQL = """
-SELECT 'status' AS kind, status AS value, count(*) AS n FROM m GROUP BY ALL
-UNION ALL SELECT 'trust', trust, count(*) FROM m GROUP BY ALL
-UNION ALL SELECT 'unknown_gpu', 'measured', count(*) FROM m WHERE NOT gpu_known AND trust = 'measured'
 """
 
 _ITL_SQL = """
@@ -194,6 +192,17 @@ def _agg_columns() -> str:
         parts.append(f"avg({col}) FILTER (WHERE ok) AS {metric}_mean_s")
         parts.append(f"quantile_cont({col}, [0.5, 0.9, 0.99]) FILTER (WHERE ok) AS {metric}_q")
     return ",\n       ".join(parts)
+
+
+def _counts(total: dict[str, Any] | None) -> list[tuple[str, str, int]]:
+    """``(kind, value, requests)`` rows from the total row of ``_AGG_SQL``: per status, per trust
+    label, and the measured requests whose workers have no devices row (``unknown_gpu``)."""
+    if total is None:
+        return []
+    rows = [("status", str(v), int(n)) for v, n in (total["by_status"] or {}).items()]
+    rows += [("trust", str(v), int(n)) for v, n in (total["by_trust"] or {}).items()]
+    rows.append(("unknown_gpu", "measured", int(total["unknown_gpu"] or 0)))
+    return rows
 
 
 def _nan_if_none(x: Any) -> float:
@@ -240,9 +249,9 @@ def latency_summary(
     cur = con.execute(cte + _AGG_SQL.format(aggs=_agg_columns()), named)
     names = [d[0] for d in cur.description]
     agg = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-    counts = con.execute(cte + _COUNTS_SQL, named).fetchall()
 
     total = next((r for r in agg if r["bucket"] is None), None)
+    counts = _counts(total)
     n = int(total["requests"]) if total is not None else 0
     ok = int(total["ok"]) if total is not None else 0
     by_status = {str(v): int(c) for k, v, c in sorted(counts, key=str) if k == "status"}

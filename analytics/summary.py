@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 
-from analytics.intervals import GAP_MIN_S, GAP_PERIODS
+from analytics.intervals import GAP_MIN_S, GAP_PERIODS, span_order
 from analytics.jsonable import json_safe
 from analytics.trust import Trust
 from analytics.window import Window
@@ -147,23 +148,32 @@ def serving_span(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, An
     """When the window was serving: the union of its requests' spans (arrival to finish, or to the
     last time known of an unfinished one), clipped to the window — ``span_s`` (seconds with at
     least one request in flight), ``first_s``/``last_s``, ``requests``; ``span_s`` None where no
-    request lies in the window. What the overview's output tokens/s divides by."""
+    request lies in the window. What the overview's output tokens/s divides by.
+
+    The spans are fetched and their union measured in numpy: sorted by start (then end), each
+    span's part beyond every earlier one (a running maximum of the ends) — one sort of nearly
+    ordered arrival times, instead of a window function over every request."""
     pred, par = window.node_sql("node")
     end = "coalesce(finish_s, first_token_s, prefill_end_s, arrival_s)"  # the last time known of it
-    n, first, last, span = con.execute(
+    spans = con.execute(
         f"""
-WITH r AS (
-    SELECT greatest(arrival_s, ?) AS a, least({end}, ?) AS f
-    FROM requests WHERE {pred} AND arrival_s < ? AND {end} > ?
-),
-m AS (  -- each span's part beyond every earlier-starting one: they sum to the union's length
-    SELECT a, f, max(f) OVER (ORDER BY a, f ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_f FROM r
-)
-SELECT count(*), min(a), max(f), sum(greatest(0.0, f - greatest(a, coalesce(prev_f, a)))) FROM m
+SELECT greatest(arrival_s, ?) AS a, least({end}, ?) AS f
+FROM requests WHERE {pred} AND arrival_s < ? AND {end} > ?
 """,
         [window.start_s, window.end_s, *par, window.end_s, window.start_s],
-    ).fetchone()
-    return {"requests": int(n), "first_s": first, "last_s": last, "span_s": span if n else None}
+    ).fetchnumpy()
+    a, f = np.asarray(spans["a"], dtype=float), np.asarray(spans["f"], dtype=float)
+    n = len(a)
+    if not n:
+        return {"requests": 0, "first_s": None, "last_s": None, "span_s": None}
+    order = span_order(np.zeros(n, dtype=np.int64), a, f)
+    a, f = a[order], f[order]
+    # each span's part beyond every earlier-starting one: they sum to the union's length
+    reach = np.empty(n)
+    reach[0] = a[0]
+    np.maximum(a[1:], np.maximum.accumulate(f)[:-1], out=reach[1:])
+    span = float(np.maximum(0.0, f - reach).sum())
+    return {"requests": n, "first_s": float(a[0]), "last_s": float(f.max()), "span_s": span}
 
 
 def _add(out: Summary, name: str, result: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 
 from analytics.attribution import (
@@ -229,6 +230,30 @@ def test_bounded_lsq_matches_nnls_and_respects_upper_bounds():
     assert bounded_lsq_gram(g, r, np.zeros(2), np.array([5.0, 100.0])) == pytest.approx([5.0, 8.5])
     # b1 fixed at 3 (lo = hi): b2 = argmin (b2-1)² + (3+b2-21)² = 9.5
     assert bounded_lsq_gram(g, r, np.array([3.0, 0.0]), np.array([3.0, 100.0])) == pytest.approx([3.0, 9.5])
+
+
+def test_bounded_lsq_meets_the_optimality_conditions_whatever_bounds_came_before():
+    """KKT: a free coefficient has zero gradient, one at its lower bound a gradient >= 0, one at its
+    upper bound <= 0 — on random problems whose bound patterns change from call to call."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(1, 4))
+        x = rng.uniform(0.0, 1.0, size=(30, k))
+        y = x @ rng.uniform(-50.0, 400.0, size=k) + rng.normal(0.0, 5.0, size=30)
+        g, r = x.T @ x, x.T @ y
+        lo = np.zeros(k)
+        hi = rng.choice([np.inf, 0.0, 100.0, 300.0], size=k)
+        b = bounded_lsq_gram(g, r, lo, hi)
+        grad = g @ b - r
+        tol = 1e-6 * max(1.0, float(np.abs(r).max()))
+        assert np.all(b >= lo - 1e-9) and np.all(b <= hi + 1e-9)
+        for i in range(k):
+            if lo[i] < b[i] < hi[i]:
+                assert abs(grad[i]) <= tol
+            elif b[i] <= lo[i] and lo[i] < hi[i]:
+                assert grad[i] >= -tol
+            elif b[i] >= hi[i] and lo[i] < hi[i]:
+                assert grad[i] <= tol
 
 
 def _one_gpu_store(
@@ -591,3 +616,27 @@ def test_a_cpu_device_is_not_a_gpu(tmp_path):
     con = make_store(tmp_path / "cpu.duckdb", {"gpu_samples": samples([100.0, 101.0], [0, 100_000]) + cpu})
     assert set(gpu_intervals(con, WINDOW)["device"]) == {"cuda:0"}
     assert set(gpu_buckets(con, WINDOW)["device"]) == {"cuda:0"}
+
+
+def test_the_coefficient_table_keys_each_fitted_gpu_by_its_identity_a_null_index_included():
+    from analytics.attribution import PowerFit, _coef_frame
+
+    stats = pd.DataFrame(
+        {
+            "node": ["n1", "n1", "n2"],
+            "source": ["dcgm", "dcgm", "local"],
+            "device": ["GPU-a", "GPU-b", "cpu"],
+            "index": [0.0, 1.0, float("nan")],  # a device without an index
+        }
+    )
+    fit = {t: w for t, w in zip(MODEL_TERMS, (300.0, None, 80.0), strict=True)}
+    fits = {
+        gpu_key("n1", "dcgm", "GPU-a", 0): PowerFit(fit, 0.9, 10, 1.0),
+        gpu_key("n2", "local", "cpu", None): PowerFit(dict(fit, decode=200.0), 0.8, 10, 1.0),
+    }  # GPU-b: not attributed, no fit
+    t = _coef_frame(fits, stats)
+    assert t.column_names == ["node", "source", "device", "index", *[f"w_{m}" for m in MODEL_TERMS]]
+    assert t.to_pylist() == [
+        {"node": "n1", "source": "dcgm", "device": "GPU-a", "index": 0, "w_prefill": 300.0, "w_decode": 0.0, "w_idle": 80.0},
+        {"node": "n2", "source": "local", "device": "cpu", "index": None, "w_prefill": 300.0, "w_decode": 200.0, "w_idle": 80.0},
+    ]  # fmt: skip

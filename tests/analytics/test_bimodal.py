@@ -305,3 +305,30 @@ def test_the_draws_loosest_bound_as_a_constant_draws_the_same_values(sim, layout
         ]
     assert 0 < len(drawn[0]) < n_gpu  # the draw thins
     pd.testing.assert_frame_equal(drawn[0], drawn[1])
+
+
+def test_the_drawn_cells_are_the_same_whatever_order_the_points_came_in():
+    from analytics.bimodal import _cells
+
+    rng = np.random.default_rng(5)
+    n = 500
+    pts = {
+        "gh": rng.integers(1, 4, n).astype(np.uint64),
+        "rh": rng.integers(7, 9, n).astype(np.uint64),
+        "hour_s": rng.choice([0.0, 3600.0, 7200.0], n),
+        "x": rng.uniform(0.0, 100.0, n).round(1),  # ties in x too
+    }
+    pts["n_gpu"] = pts["gh"].astype(np.int64) * 1000
+    cells, per_gpu_n = _cells(pts)
+    perm = rng.permutation(n)
+    cells2, per_gpu_n2 = _cells({k: v[perm] for k, v in pts.items()})
+    assert list(cells) == list(cells2) == sorted(cells)  # in order of their key
+    assert all(np.array_equal(cells[k], cells2[k]) for k in cells)
+    assert per_gpu_n == per_gpu_n2 == {1: 1000.0, 2: 2000.0, 3: 3000.0}
+    for (gh, rh, hour), x in cells.items():
+        sel = (pts["gh"] == gh) & (pts["rh"] == rh) & (pts["hour_s"] == hour)
+        assert np.array_equal(x, np.sort(pts["x"][sel]))
+    # a NULL key (a masked value) is no cell; no points, no cells
+    masked = {**pts, "hour_s": np.ma.masked_array(pts["hour_s"], mask=pts["gh"] == 1)}
+    assert {k[0] for k in _cells(masked)[0]} == {2, 3}
+    assert _cells({k: v[:0] for k, v in pts.items()}) == ({}, {})

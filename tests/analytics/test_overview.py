@@ -250,3 +250,25 @@ def test_serving_span_is_the_union_of_the_request_spans_in_the_window(tmp_path):
     assert span["requests"] == 4 and span["first_s"] == 100.0 and span["last_s"] == 104.5
     assert span["span_s"] == pytest.approx(1.3 + 1.6 + 0.5)
     assert serving_span(con, Window(200.0, 300.0, "live"))["span_s"] is None
+
+
+def test_serving_span_of_spans_stored_out_of_order_and_starting_together(tmp_path):
+    from analytics.summary import serving_span
+    from analytics.window import Window
+    from tests.analytics.test_attribution import make_store, request
+
+    con = make_store(
+        tmp_path / "spans-unordered.duckdb",
+        {
+            "requests": [
+                request("r1", 105.0, 106.0),
+                request("r2", 101.0, 104.0),  # starts with r3, ends later: stored first
+                request("r3", 101.0, 101.5),
+                request("r4", 104.0, 104.5),  # touches r2's end
+                request("r5", 102.0, 103.0),  # inside r2
+            ]
+        },
+    )
+    span = serving_span(con, Window(100.0, 110.0, "live"))
+    assert span["requests"] == 5 and span["first_s"] == 101.0 and span["last_s"] == 106.0
+    assert span["span_s"] == pytest.approx(3.5 + 1.0)
