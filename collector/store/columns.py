@@ -346,8 +346,9 @@ def _from_floats(pieces: Sequence[tuple[str, Any, Any]], arrow_type: pa.DataType
     NaN (a None, or a NaN: the store's NaN-means-NULL rule) becomes NULL. A float64 column with
     a value beyond 2**53 may hold an integer Arrow refuses as inexact. An integer column takes
     only integral values up to 2**53, and a 0 or 1 only where the lists do not hold a boolean
-    (which ``pa.array`` refuses there): the lists may hold a fraction (which ``pa.array``
-    truncates) or an integer too large for float64."""
+    (which ``pa.array`` refuses there; looked up per such row, so a column with many is built
+    from its lists): the lists may hold a fraction (which ``pa.array`` truncates) or an integer
+    too large for float64."""
     if arrow_type != pa.float64() and arrow_type not in _INTEGER_TYPES:
         return None
     runs = [p[2] for p in pieces]
@@ -365,6 +366,8 @@ def _from_floats(pieces: Sequence[tuple[str, Any, Any]], arrow_type: pa.DataType
         return pa.array(values, type=arrow_type, mask=nulls)
     for (packed, j), column in zip(runs, columns, strict=True):  # booleans pack as 0 and 1
         suspects = np.flatnonzero((column == 0) | (column == 1))
+        if len(suspects) > len(column) // 8:  # a bitmask or counter often 0: the lists cost less
+            return None
         if len(suspects) and bool in set(map(type, packed.values_at(j, suspects))):
             return None
     ints = pa.array((values if nulls is None else np.where(nulls, 0.0, values)).astype(np.int64), mask=nulls)

@@ -471,3 +471,18 @@ def test_the_writer_builds_numeric_columns_from_the_packed_values_and_the_rest_f
     )
     assert built["lost"].to_pylist() == [True, False, True, False]  # a bool column: from its lists
     assert build_columns([block], types)["sm_clock_mhz"].to_pylist() == [7, 8]
+
+
+def test_a_boolean_among_an_integer_columns_packed_values_sends_it_to_its_lists() -> None:
+    def polls(odd: object) -> list[ColumnBlock]:  # 20 rows, one odd value packed as 1.0
+        return [
+            ColumnBlock.of(
+                {"ts_s": [float(k)] * 2, "sm_clock_mhz": [odd if k == 3 else 1000 + k, 7]}, packed=True
+            )
+            for k in range(10)
+        ]
+
+    types = {"ts_s": pa.float64(), "sm_clock_mhz": pa.int32()}
+    assert build_columns(polls(1), types)["sm_clock_mhz"].to_pylist()[6:8] == [1, 7]
+    with pytest.raises(pa.ArrowTypeError, match="bool"):  # built from the lists, as without packing
+        build_columns(polls(True), types)
