@@ -420,8 +420,7 @@ class _Packed:
             if (lengths == lengths[0]).all():  # polls of the same GPUs: blocks x columns x rows
                 self._cube = self._flat.reshape(len(blocks), self._k, int(lengths[0]))
             else:  # row r of block b, column j: at k * (rows before b) + j * n_b + (r - rows before b)
-                before = np.cumsum(lengths) - lengths
-                base = np.repeat((self._k - 1) * before, lengths) + np.arange(int(lengths.sum()))
+                base = np.repeat((self._k - 1) * self._starts, lengths) + np.arange(int(lengths.sum()))
                 self._gather = base, np.repeat(lengths, lengths)
         if self._cube is not None:
             return self._cube[:, j, :].ravel()
