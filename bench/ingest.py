@@ -23,8 +23,11 @@ Cases:
   4 worker batches per router batch ~ decode batch 32), one poll = what one GET returns, split by
   the store into iterations, requests, tokens, control_events and telemetry_batches rows.
 
-The time the sources take to build their results (poller threads, in parallel with the writer in
-the service) is printed apart; decoding JSON off the socket is not in either figure.
+The time the sources take to build their results (poller threads, beside the writer in the
+service, sharing its GIL) is printed apart, and beside each collector figure as CPU per row: the
+collector path's CPU, the sources' CPU for the same rows (``/v1/devices`` polls: transposing,
+sharing the identity, packing the metrics as float64) and their sum, the CPU a row costs the
+process in all; decoding JSON off the socket is not in either figure.
 
 **References**: ``Store.append`` of pre-built Arrow tables (10,000 rows each, the collector's buffer)
 and DuckDB alone inserting the same Arrow batches into the table the store writes
@@ -58,6 +61,7 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
+import collector
 from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.dcgm import DcgmSource
@@ -379,13 +383,15 @@ def bench_collector(
     return sum(stored.values()) / elapsed, stored
 
 
-def timed_build(fn: Callable[[], list[SourceResult]]) -> tuple[list[SourceResult], float]:
-    """The results ``fn`` builds and the sources' cost per row (s). The inputs prepared so far are
-    frozen out of the garbage collector first: a source builds one poll, not a heap of them."""
+def timed_build(fn: Callable[[], list[SourceResult]]) -> tuple[list[SourceResult], float, float]:
+    """The results ``fn`` builds and the sources' cost per row: wall and CPU seconds (this process;
+    nothing else of it runs meanwhile). The inputs prepared so far are frozen out of the garbage
+    collector first: a source builds one poll, not a heap of them."""
     gc.freeze()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     results = fn()
-    return results, (time.perf_counter() - t) / max(1, sum(r.n_rows for r in results))
+    rows = max(1, sum(r.n_rows for r in results))
+    return results, (time.perf_counter() - t) / rows, (time.process_time() - c) / rows
 
 
 def bench_batched(path: Path, total: int, batch: int, buffer_rows: int = 0) -> float:
@@ -525,15 +531,22 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"duckdb {duckdb.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load average {load}"
+        f"duckdb {duckdb.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load average {load}; "
+        f"collector code from {Path(collector.__file__).resolve().parents[1]}"
     )
     rows = args.rows
     line = "{:<78} {:>9,} rows {:>10,.0f} rows/s {:>7} {:>6}  {}"
     base = 1.0
 
-    def run(label: str, n: int, fn: Callable[[], float], target: bool = True) -> float:
+    def run(
+        label: str, n: int, fn: Callable[[], float], target: bool = True, source_cpu_s: float | None = None
+    ) -> float:
+        """``source_cpu_s``: the sources' CPU per row for these rows, printed beside with the sum."""
         rate, others, cpu_s = timed_with_others(fn)
-        busy = f"cpu {cpu_s / n * 1e6:.2f} us/row" + ("" if others is None else f", others {others:.2f}")
+        busy = f"cpu {cpu_s / n * 1e6:.2f} us/row"
+        if source_cpu_s is not None:
+            busy += f" + sources {source_cpu_s * 1e6:.2f} = {(cpu_s / n + source_cpu_s) * 1e6:.2f}"
+        busy += "" if others is None else f", others {others:.2f}"
         ratio = f"{rate / base:,.0f}x" if base != 1.0 else "1x"
         met = ("≥1M" if rate >= TARGET_ROWS_S else "<1M") if target else ""
         print(line.format(label, n, rate, ratio, met, busy))
@@ -553,8 +566,8 @@ def main(argv: list[str] | None = None) -> None:
             f"writer _drain of <= {max_queue:,} results -> store (CHECKPOINT included)"
         )
         polls = device_polls(max_queue)  # one full queue of 8-GPU polls, fed again and again
-        cols, cols_cost = timed_build(lambda: columns_results(polls))
-        dicts, dicts_cost = timed_build(lambda: dict_results(polls))
+        cols, cols_cost, cols_cpu = timed_build(lambda: columns_results(polls))
+        dicts, dicts_cost, dicts_cpu = timed_build(lambda: dict_results(polls))
         written: dict[str, int] = {}
 
         def collector_case(name: str, results: list[SourceResult], rounds: int) -> Callable[[], float]:
@@ -576,6 +589,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"  gpu_samples: 8-GPU polls of GET /v1/devices as columns, identity shared, run {i + 1}/{args.runs}",
                 n,
                 collector_case(f"cols-{i}", cols, rounds),  # a fresh file each run
+                source_cpu_s=cols_cpu,
             )
             for i in range(args.runs)
         ]
@@ -596,13 +610,15 @@ def main(argv: list[str] | None = None) -> None:
             "  gpu_samples: the same 8-GPU polls as lists of dicts (the source before)",
             n,
             collector_case("dicts", dicts, rounds),
+            source_cpu_s=dicts_cpu,
         )
         costs = [
-            f"/v1/devices polls as columns {cols_cost * 1e6:.2f} us/row, as dicts {dicts_cost * 1e6:.2f}"
+            f"/v1/devices polls as columns {cols_cost * 1e6:.2f} us/row (cpu {cols_cpu * 1e6:.2f}), "
+            f"as dicts {dicts_cost * 1e6:.2f} (cpu {dicts_cpu * 1e6:.2f})"
         ]
         if not args.no_dcgm:
             scrapes = 500
-            dcgm, dcgm_cost = timed_build(lambda: dcgm_results(scrapes))
+            dcgm, dcgm_cost, dcgm_cpu = timed_build(lambda: dcgm_results(scrapes))
             dcgm_dicts = as_dicts(dcgm)
             gc.freeze()
             dcgm_rounds = max(1, rows // (scrapes * DEVICES))
@@ -610,6 +626,7 @@ def main(argv: list[str] | None = None) -> None:
                 "  gpu_samples: dcgm-exporter scrapes of an 8-GPU page, real DcgmSource, columns",
                 dcgm_rounds * scrapes * DEVICES,
                 collector_case("dcgm", dcgm, dcgm_rounds),
+                source_cpu_s=dcgm_cpu,
             )
             run(
                 "  gpu_samples: the same dcgm-exporter scrapes as lists of dicts (before)",

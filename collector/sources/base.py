@@ -73,12 +73,15 @@ class SourceResult:
         values: Mapping[str, Sequence[Any]],
         constants: Mapping[str, Any] | None = None,
         repeats: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        packed: bool = False,
     ) -> None:
         """Add rows to ``table`` as columns: equal-length value lists, plus ``constants`` (one value
         for every row, e.g. the node) and ``repeats`` (value lists handed on as the previous poll's
         object while unchanged: ``RepeatedColumns.share``). Cheaper for the writer than dicts
-        (``Store.append_columns``)."""
-        block = ColumnBlock.of(values, constants, repeats)
+        (``Store.append_columns``). ``packed``: the values are numbers (a GPU's metrics): pack
+        them as float64 too, which the writer builds its numeric columns from (``ColumnBlock.of``)."""
+        block = ColumnBlock.of(values, constants, repeats, packed=packed)
         if block.n:
             self.columns.setdefault(table, []).append(block)
 
@@ -92,12 +95,12 @@ class SourceResult:
         """Add a poll's sample dicts to ``table`` as columns: transposed, with ``constants`` for
         every row, and (with ``repeats``, one per source and table) the GPUs' identity columns
         (``IDENTITY_COLUMNS``, and the repeats' steady ones) handed on as the previous poll's while
-        unchanged."""
+        unchanged; the columns handed on per poll (a GPU's metrics) are then packed as well."""
         values = transpose(rows)
         shared = None
         if repeats is not None:
             values, shared = repeats.split(values, IDENTITY_COLUMNS)
-        self.add_columns(table, values, constants, shared)
+        self.add_columns(table, values, constants, shared, packed=repeats is not None)
 
     def table_rows(self, table: str) -> list[dict[str, Any]]:
         """Every row of ``table`` in this result as a dict: those added as rows, then as columns."""

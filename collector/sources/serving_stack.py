@@ -294,7 +294,8 @@ def add_device_columns(
     """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
     ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
-    per source), the GPUs' identity columns are handed on as the previous poll's while unchanged."""
+    per source), the GPUs' identity columns are handed on as the previous poll's while unchanged
+    and the rest, the metrics, packed as float64 as well (``ColumnBlock.of(..., packed=True)``)."""
     if not items:
         return
     samples = [item["sample"] for item in items]
@@ -313,7 +314,7 @@ def add_device_columns(
     if repeats is not None:
         values, shared = repeats.split(values, IDENTITY_COLUMNS)
         keyed_from = {**values, **shared}
-    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared)
+    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared, packed=repeats is not None)
     if counters:
         emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
         keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}

@@ -8,13 +8,21 @@ after poll; see :class:`RepeatedColumns`). Cheap for a source to make (no Arrow 
 all the blocks of a flush to ``Store.append_columns``, which builds each column once, with the
 table's own Arrow type (``pa.array(values, type=...)``: no per-value type inference). A list of
 dicts, by contrast, is pivoted row by row.
+
+A source whose value columns are numbers (GPU samples) hands them on packed as well
+(``ColumnBlock.of(..., packed=True)``: ``floats``, the values as float64 made in C, None as NaN):
+the writer then joins a run's buffers and builds each float or integer column from one numpy
+column, touching no Python object per value; any column whose packed values might not store
+exactly what its value lists store is built from the lists.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -37,6 +45,10 @@ class ColumnBlock:
     repeats: Mapping[str, Sequence[Any]] = field(default_factory=lambda: NO_REPEATS)
     # ``values``' lists in ``values``' order (made by ``of``; the writer transposes these)
     lists: tuple[Sequence[Any], ...] = ()
+    # ``values`` as native float64, column after column (``n`` each, ``values``' order), None as
+    # NaN: made by ``of(..., packed=True)`` when every value is a number (see ``pack_floats``)
+    floats: bytes | None = None
+    keys: tuple[str, ...] = ()  # ``values``' names (made by ``of``: runs of blocks compare these)
 
     @classmethod
     def of(
@@ -44,9 +56,13 @@ class ColumnBlock:
         values: Mapping[str, Sequence[Any]],
         constants: Mapping[str, Any] | None = None,
         repeats: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        packed: bool = False,
     ) -> ColumnBlock:
         """A block from value lists of equal length (``repeats`` kept as the object given, so that
-        polls sharing it are built once); ValueError naming the lengths or the clash otherwise."""
+        polls sharing it are built once); ValueError naming the lengths or the clash otherwise.
+        ``packed``: also pack the values as float64 (``pack_floats``; kept only when every value
+        is a number or None), which the writer builds numeric columns from."""
         repeats = repeats or NO_REPEATS
         values = dict(values)
         lists = tuple(values.values())
@@ -58,7 +74,9 @@ class ColumnBlock:
         both = (values.keys() & constants.keys()) | (repeats.keys() & (values.keys() | constants.keys()))
         if both:
             raise ValueError(f"column(s) {sorted(both)} given twice (values, constants, repeats)")
-        return cls(lengths.pop() if lengths else 0, values, constants, repeats, lists)
+        n = lengths.pop() if lengths else 0
+        floats = pack_floats(lists, n) if packed else None
+        return cls(n, values, constants, repeats, lists, floats, tuple(values))
 
     @property
     def names(self) -> list[str]:
@@ -68,6 +86,38 @@ class ColumnBlock:
         """The block's rows as dicts (for reading a poll back; the writer never needs this)."""
         columns = {**self.values, **self.repeats}
         return [{**{name: v[i] for name, v in columns.items()}, **self.constants} for i in range(self.n)]
+
+
+_NAN = float("nan")
+_first = itemgetter(0)
+
+
+def pack_floats(lists: Sequence[Sequence[Any]], n: int) -> bytes | None:
+    """``lists`` (``n`` values each) as native float64, column after column, each None as NaN;
+    None when a value is no number (a string: ``struct`` refuses it) or none is given.
+
+    One ``struct.pack`` in C for the poll. Booleans and integers pack as their float value: the
+    writer builds from the packed values only where that stores what the lists store (see
+    ``_from_floats``). A column that is all None (a metric the GPU lacks) costs a count, other
+    None values a pass over their column."""
+    if not lists or not n:
+        return None
+    fmt = f"{n * len(lists)}d"
+    if None in map(_first, lists):  # a column starting with None: usually one that is all None
+        lists = [_none_as_nan(v, n) if v[0] is None else v for v in lists]
+    try:
+        return struct.pack(fmt, *chain.from_iterable(lists))
+    except struct.error:
+        pass
+    lists = [_none_as_nan(v, n) if None in v else v for v in lists]
+    try:
+        return struct.pack(fmt, *chain.from_iterable(lists))
+    except struct.error:
+        return None
+
+
+def _none_as_nan(values: Sequence[Any], n: int) -> Sequence[Any]:
+    return [_NAN] * n if values.count(None) == n else [_NAN if v is None else v for v in values]
 
 
 def transpose(rows: Sequence[Mapping[str, Any]]) -> dict[str, Sequence[Any]]:
@@ -150,8 +200,7 @@ def block_names(blocks: Sequence[ColumnBlock], runs: Sequence[ColumnRun] | None 
     for run in runs:  # a run's blocks share their value and repeats names: only constants differ
         names.update(dict.fromkeys(run.keys))
         names.update(dict.fromkeys(run.repeats))
-        for b in run.blocks:
-            names.update(b.constants)
+        names.update(dict.fromkeys(chain.from_iterable(map(_constants_of, run.blocks))))
     return list(names)
 
 
@@ -166,11 +215,22 @@ class ColumnRun:
 
     @property
     def rows(self) -> int:
-        return sum(b.n for b in self.blocks)
+        return sum(map(_n_of, self.blocks))
+
+
+_n_of = attrgetter("n")
+_constants_of = attrgetter("constants")
+_repeats_of = attrgetter("repeats")
+_keys_of = attrgetter("keys")
+_values_of = attrgetter("values")
 
 
 def column_runs(blocks: Sequence[ColumnBlock]) -> list[ColumnRun]:
     """``blocks`` cut into :class:`ColumnRun` s, in order."""
+    if blocks and len(set(map(id, map(_repeats_of, blocks)))) == 1:  # one source's polls: one run,
+        keys = set(map(_keys_of, blocks))  # found without a Python step per block
+        if len(keys) == 1 and ((first := keys.pop()) or not any(map(_values_of, blocks))):
+            return [ColumnRun(first, blocks[0].repeats, list(blocks))]
     runs: list[ColumnRun] = []
     for b in blocks:
         keys = tuple(b.values)
@@ -206,13 +266,16 @@ def build_columns(
     tiles = _Tiles()
     constants = _Constants(blocks)
     in_values = set(chain.from_iterable(chain(r.keys, r.repeats) for r in runs))
-    # per column, one piece per run: ("lists", value lists) | ("tile", list, times) | ("const", blocks)
+    # per column, one piece per run: ("lists", value lists, (packed run, column) | None) |
+    # ("tile", list, times) | ("const", blocks)
     parts: dict[str, list[tuple[str, Any, Any]]] = {name: [] for name in in_values}
     for run in runs:
         keys = run.keys
-        columns = zip(*(b.lists or tuple(b.values.values()) for b in run.blocks), strict=True) if keys else ()
-        for name, lists in zip(keys, columns, strict=True):
-            parts[name].append(("lists", lists, None))
+        if keys:
+            lists = _Transposed(run.blocks)
+            packed = _Packed(run) if None not in map(_floats_of, run.blocks) else None
+            for j, name in enumerate(keys):
+                parts[name].append(("lists", (lists, j), None if packed is None else (packed, j)))
         for name, values in run.repeats.items():
             parts[name].append(("tile", values, len(run.blocks)))
         for name in in_values.difference(keys, run.repeats):  # a constant, or absent, in this run
@@ -228,6 +291,16 @@ def build_columns(
                     continue
                 parts[name] = [("const", blocks, None)]
             pieces = parts[name]
+            if (
+                encode is None
+                and arrow_type is not None
+                and all(p[0] == "lists" and p[2] is not None for p in pieces)
+            ):
+                array = _from_floats(pieces, arrow_type)
+                if array is not None:
+                    out[name] = array
+                    continue
+            pieces = [(k, d[0].column(d[1]), x) if k == "lists" else (k, d, x) for k, d, x in pieces]
             if len(pieces) == 1 and arrow_type is not None and pieces[0][0] != "const":
                 kind, data, times = pieces[0]
                 if kind == "tile":  # one list, the same for every block of the run
@@ -251,6 +324,117 @@ def build_columns(
             e.column = name  # type: ignore[attr-defined]
             raise
     return out
+
+
+_EXACT = 2.0**53  # integers up to this size are exact in float64 (and Arrow converts them to double)
+_INTEGER_TYPES = {
+    pa.int8(),
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.uint8(),
+    pa.uint16(),
+    pa.uint32(),
+    pa.uint64(),
+}
+
+
+def _from_floats(pieces: Sequence[tuple[str, Any, Any]], arrow_type: pa.DataType) -> pa.Array | None:
+    """A float64 or integer column from its pieces' packed values, or None when it must be built
+    from the lists: another type, or values whose build from the lists may differ (or fail).
+
+    NaN (a None, or a NaN: the store's NaN-means-NULL rule) becomes NULL. A float64 column with
+    a value beyond 2**53 may hold an integer Arrow refuses as inexact. An integer column takes
+    only integral values up to 2**53, and a 0 or 1 only where the lists do not hold a boolean
+    (which ``pa.array`` refuses there; looked up per such row, so a column with many is built
+    from its lists): the lists may hold a fraction (which ``pa.array`` truncates) or an integer
+    too large for float64."""
+    if arrow_type != pa.float64() and arrow_type not in _INTEGER_TYPES:
+        return None
+    runs = [p[2] for p in pieces]
+    columns = [packed.column(j) for packed, j in runs]
+    values = columns[0] if len(columns) == 1 else np.concatenate(columns)
+    fits = np.abs(values) <= _EXACT  # False for NaN too
+    if arrow_type != pa.float64():
+        fits &= np.trunc(values) == values
+    nulls = None
+    if not fits.all():
+        nulls = np.isnan(values)
+        if not (fits | nulls).all():
+            return None
+    if arrow_type == pa.float64():
+        return pa.array(values, type=arrow_type, mask=nulls)
+    for (packed, j), column in zip(runs, columns, strict=True):  # booleans pack as 0 and 1
+        suspects = np.flatnonzero((column == 0) | (column == 1))
+        if len(suspects) > len(column) // 8:  # a bitmask or counter often 0: the lists cost less
+            return None
+        if len(suspects) and bool in set(map(type, packed.values_at(j, suspects))):
+            return None
+    ints = pa.array((values if nulls is None else np.where(nulls, 0.0, values)).astype(np.int64), mask=nulls)
+    try:
+        return ints if arrow_type == pa.int64() else ints.cast(arrow_type)  # safe: out of range raises
+    except pa.ArrowInvalid:
+        return None  # the lists' build names what does not fit
+
+
+_floats_of = attrgetter("floats")
+
+
+class _Transposed:
+    """A run's value lists per column (``column(j)``: each block's list of column ``j``),
+    transposed at once when a column is first built from its lists (a packed run may need none)."""
+
+    __slots__ = ("_blocks", "_columns")
+
+    def __init__(self, blocks: Sequence[ColumnBlock]) -> None:
+        self._blocks = blocks
+        self._columns: list[tuple[Sequence[Any], ...]] | None = None
+
+    def column(self, j: int) -> tuple[Sequence[Any], ...]:
+        if self._columns is None:
+            self._columns = list(
+                zip(*(b.lists or tuple(b.values.values()) for b in self._blocks), strict=True)
+            )
+        return self._columns[j]
+
+
+class _Packed:
+    """A run's packed values (``ColumnBlock.floats`` of each block) joined once; ``column(j)`` is
+    the run's column ``j`` (of ``keys``) as one float64 array, copied out in row order."""
+
+    __slots__ = ("_blocks", "_cube", "_flat", "_gather", "_k", "_starts")
+
+    def __init__(self, run: ColumnRun) -> None:
+        self._blocks, self._k = run.blocks, len(run.keys)
+        self._flat: np.ndarray | None = None
+        self._cube: np.ndarray | None = None
+        self._gather: tuple[np.ndarray, np.ndarray] | None = None
+        self._starts: np.ndarray = np.zeros(0, dtype=np.int64)  # each block's first row in the run
+
+    def column(self, j: int) -> np.ndarray:
+        if self._flat is None:
+            blocks = self._blocks
+            self._flat = np.frombuffer(b"".join(map(_floats_of, blocks)), dtype=np.float64)  # type: ignore[arg-type]
+            lengths = np.fromiter(map(_n_of, blocks), np.int64, len(blocks))
+            self._starts = np.cumsum(lengths) - lengths
+            if (lengths == lengths[0]).all():  # polls of the same GPUs: blocks x columns x rows
+                self._cube = self._flat.reshape(len(blocks), self._k, int(lengths[0]))
+            else:  # row r of block b, column j: at k * (rows before b) + j * n_b + (r - rows before b)
+                base = np.repeat((self._k - 1) * self._starts, lengths) + np.arange(int(lengths.sum()))
+                self._gather = base, np.repeat(lengths, lengths)
+        if self._cube is not None:
+            return self._cube[:, j, :].ravel()
+        base, step = self._gather  # type: ignore[misc]
+        return self._flat[base + j * step]
+
+    def values_at(self, j: int, rows: np.ndarray) -> list[Any]:
+        """The blocks' own values (their lists) of column ``j`` at the run's ``rows``."""
+        blocks = self._blocks
+        which = np.searchsorted(self._starts, rows, side="right") - 1
+        return [
+            (blocks[b].lists or tuple(blocks[b].values.values()))[j][r - self._starts[b]]
+            for b, r in zip(which.tolist(), rows.tolist(), strict=True)
+        ]
 
 
 def _expand(name: str, piece: tuple[str, Any, Any]) -> Any:
@@ -287,8 +471,8 @@ class _Constants:
 
     def __init__(self, blocks: Sequence[ColumnBlock]) -> None:
         self._blocks = blocks
-        first = blocks[0].constants if blocks else None
-        self._same = all(b.constants == first for b in blocks)
+        consts = list(map(_constants_of, blocks))
+        self._same = not consts or consts.count(consts[0]) == len(consts)
         self._lengths: list[int] | None = None
         self._codes: pa.Array | None = None
 
@@ -297,7 +481,7 @@ class _Constants:
         blocks = self._blocks
         if self._same:
             if self._codes is None:
-                self._codes = pa.array(np.zeros(sum(b.n for b in blocks), dtype=np.int32))
+                self._codes = pa.array(np.zeros(sum(map(_n_of, blocks)), dtype=np.int32))
             dictionary = pa.array([blocks[0].constants.get(name)], type=arrow_type)
             return pa.DictionaryArray.from_arrays(self._codes, dictionary)
         consts = [b.constants.get(name) for b in blocks]

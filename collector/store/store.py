@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from itertools import chain, repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -321,7 +322,8 @@ class Store:
         unknown columns, values that do not fit a column's type, NULLs in required columns raise
         StoreError naming the column, and nothing is written. Each column is built once, with the
         table's Arrow type; ``gpu_samples`` takes the device attribute columns as ``append`` does."""
-        blocks = [b for b in blocks if b.n]
+        if not all(map(_n_of, blocks)):
+            blocks = [b for b in blocks if b.n]
         if not blocks:
             return 0
         if table == "gpu_samples":
@@ -971,6 +973,9 @@ def _decoded_table(data: pa.Table) -> pa.Table:
 
 
 _Span = tuple[int, int, int]  # (first row, rows, rows per block when only the first block counts else 0)
+
+
+_n_of = attrgetter("n")
 
 
 def _device_spans(runs: Sequence[ColumnRun]) -> list[_Span]:

@@ -452,3 +452,28 @@ def test_older_mig_exposition_with_whole_gpu_series() -> None:
     assert rows["cuda:0"]["mem_used_bytes"] == 11_401 * MIB
     assert rows["cuda:0"]["sm_clock_mhz"] == 1440  # only on the instances' series: taken from them once
     assert sum(r["power_w"] or 0 for r in rows.values()) == 99.5
+
+
+@pytest.mark.parametrize("page", [L4_PROM, A30_MIG_PROM], ids=["l4", "a30-mig"])
+def test_scrapes_hand_their_metrics_on_packed_and_store_what_their_rows_store(
+    dcgm, http_server: LocalServer, clock: FakeClock, tmp_path: Path, page: str
+) -> None:
+    src = dcgm(page, node="node-a")
+    results = []
+    for power in ("16.5", "17.25", "18.0"):
+        http_server.serve_text("/metrics", set_value(page, "DCGM_FI_DEV_POWER_USAGE", power))
+        results.append(src.poll(force=True))
+        clock.advance(1.0)
+    blocks = [b for r in results for b in r.columns[TABLE_GPU_SAMPLES]]
+    assert len(blocks) == 3 and all(b.floats is not None for b in blocks)  # blank fields: NaN
+    with Store.open(tmp_path / "packed.duckdb") as store:
+        store.append_columns(TABLE_GPU_SAMPLES, blocks)
+        store.flush()
+        packed = store.query("SELECT * FROM gpu_samples_full ORDER BY ts_s, device")
+    with Store.open(tmp_path / "rows.duckdb") as store:
+        store.append(TABLE_GPU_SAMPLES, [row for r in results for row in r.table_rows(TABLE_GPU_SAMPLES)])
+        store.flush()
+        assert packed.equals(store.query("SELECT * FROM gpu_samples_full ORDER BY ts_s, device"))
+    assert packed["power_w"].dropna().tolist()[-1] == 18.0 and packed["power_w"].isna().any() == (
+        page is A30_MIG_PROM  # MIG instance rows carry no power of their own
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -228,3 +229,39 @@ def test_a_restarted_server_numbering_from_zero_again_is_read_whole(
     src = _restored_source(http_server, tmp_path, [_batch("router", i, 1000.0 + i) for i in range(20)])
     assert _seqs(src.poll(force=True)) == list(range(new_batches))
     assert src.reader.gaps == [] and src.health_details()["producer_restarts"] == 1
+
+
+@pytest.mark.slow
+def test_device_polls_of_the_real_stack_are_packed_and_store_what_their_rows_store(tmp_path) -> None:
+    from collector.service import Collector, CollectorSettings
+    from collector.sources.base import TABLE_GPU_SAMPLES
+    from collector.sources.serving_stack import ServingDevicesSource
+    from collector.store import Store
+    from tests.serving.conftest import start_server, stop_server
+
+    server = start_server("--mode", "disaggregated", "--device", "emulated:h100-sxm")  # two GPUs
+    try:
+        src = ServingDevicesSource(server.url, node="node-a")
+        results = []
+        for _ in range(3):
+            results.append(src.poll(force=True))
+            assert results[-1].ok, results[-1].errors
+            time.sleep(0.05)
+        src.close()
+    finally:
+        stop_server(server)
+    blocks = [b for r in results for b in r.columns[TABLE_GPU_SAMPLES]]
+    assert len(blocks) == 3 and all(b.n == 2 and b.floats is not None for b in blocks)
+    assert {"ts_s", "power_w", "sm_clock_mhz"} <= blocks[0].values.keys()
+    query = "SELECT * FROM gpu_samples_full ORDER BY ts_s, device, worker"
+    with Store.open(tmp_path / "packed.duckdb") as store:  # as the collector's writer stores them
+        settings = CollectorSettings(db_path=str(store.path), node="node-a", nvml=False)
+        Collector(settings, store, sources=[src]).write_results(results)
+        packed = store.query(query)
+        assert store.query("SELECT count(*) AS n FROM ingest_errors")["n"][0] == 0
+    with Store.open(tmp_path / "rows.duckdb") as store:
+        store.append(TABLE_GPU_SAMPLES, [row for r in results for row in r.table_rows(TABLE_GPU_SAMPLES)])
+        store.flush()
+        assert packed.equals(store.query(query))
+    assert len(packed) == 6 and packed["emulated"].all() and packed["power_w"].notna().all()
+    assert set(packed["role"]) == {"prefill", "decode"}

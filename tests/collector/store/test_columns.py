@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from collector.sources.base import SourceResult
 from collector.store import Store, StoreError
-from collector.store.columns import ColumnBlock, RepeatedColumns
+from collector.store.columns import ColumnBlock, RepeatedColumns, build_columns
+from collector.store.devices import STEADY_SAMPLE_COLUMNS
 
 
 def _block(ts: list[float], power: list, **constants: object) -> ColumnBlock:
@@ -319,3 +324,165 @@ def test_encoded_and_plain_appends_of_one_buffer_store_what_dict_rows_store(stor
         assert encoded.equals(store.query(query))
         assert devices.equals(store.query("SELECT * EXCLUDE (since_s) FROM devices ORDER BY ALL"))
     assert len(encoded) == 13 and set(devices["uuid"]) == {"GPU-a", "GPU-b", "GPU-c"}
+
+
+# -- packed values (ColumnBlock.floats): numeric columns built from one buffer ------------------------
+
+
+def _unpacked(blocks: list[ColumnBlock]) -> list[ColumnBlock]:
+    """The same polls without their packed values: what the writer builds from the lists alone."""
+    return [dataclasses.replace(b, floats=None) for b in blocks]
+
+
+def _sample_polls(*polls: dict[str, list]) -> list[ColumnBlock]:
+    """One 2-GPU poll per mapping of metric values, through ``add_samples`` with repeats (as the
+    NVML and dcgm-exporter sources make them: the metrics packed)."""
+    result = SourceResult("nvml", 0.0)
+    repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
+    for k, metrics in enumerate(polls):
+        samples = [
+            {
+                "ts_s": 10.0 + k,
+                "device": f"cuda:{i}",
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "emulated": False,
+                **{name: values[i] for name, values in metrics.items()},
+            }
+            for i in range(2)
+        ]
+        result.add_samples("gpu_samples", samples, {"node": "n1", "source": "nvml"}, repeats)
+    return result.columns["gpu_samples"]
+
+
+def _stored(path: Path, blocks: list[ColumnBlock]) -> tuple[str, Any]:
+    """What appending ``blocks`` to a fresh store gives: ("rows", every row and devices row, NULL
+    as None) or ("error", the StoreError's message) -- and then nothing may be in the store."""
+    with Store.open(path) as store:
+        try:
+            store.append_columns("gpu_samples", blocks)
+        except StoreError as e:
+            store.flush()
+            assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 0
+            return "error", str(e)
+        store.flush()
+        rows = store.query("SELECT * FROM gpu_samples_full ORDER BY ts_s, node, device")
+        devices = store.query("SELECT * FROM devices ORDER BY ALL")
+    return "rows", tuple(t.astype(object).where(t.notna(), None).to_dict("list") for t in (rows, devices))
+
+
+_BASE = {
+    "power_w": [100.5, 200.0],
+    "gpu_util_pct": [10.0, 20.0],
+    "temperature_c": [40, 41],  # ints in a DOUBLE column
+    "sm_clock_mhz": [1980, 1410.0],  # an integral float in an INTEGER column
+    "energy_mj": [2**60 + 1, 123_456_789],  # beyond float64's exact integers, in a BIGINT column
+    "mem_used_bytes": [0, 1],  # ints 0 and 1 (not booleans) in a BIGINT column
+    "lost": [False, False],  # a steady bool column: shared with the identity until it changes
+}
+
+
+def test_packed_polls_store_exactly_what_their_value_lists_store(tmp_path: Path) -> None:
+    blocks = _sample_polls(
+        _BASE,
+        {**_BASE, "power_w": [None, 150.25], "gpu_util_pct": [float("nan"), 5.0], "lost": [False, True]},
+        {**_BASE, "power_w": [None, None], "sm_clock_mhz": [None, 1500], "temperature_c": [39.5, None]},
+        {**_BASE, "energy_mj": [2**60 + 2, None], "mem_used_bytes": [1, 0]},
+    )
+    assert all(b.floats is not None for b in blocks)  # None packed as NaN, ints and floats alike
+    assert "lost" in blocks[1].values  # the bool column that changed: packed too, built from its lists
+    packed = _stored(tmp_path / "packed.duckdb", blocks)
+    assert packed == _stored(tmp_path / "lists.duckdb", _unpacked(blocks))
+    assert packed[0] == "rows"
+    rows = packed[1][0]
+    assert rows["energy_mj"][:2] == [2**60 + 1, 123_456_789] and rows["energy_mj"][6] == 2**60 + 2
+    assert rows["sm_clock_mhz"][:6] == [1980, 1410, 1980, 1410, None, 1500]
+    assert [x is None for x in rows["power_w"]] == [False, False, True, False, True, True, False, False]
+    assert rows["lost"] == [False, False, False, True, False, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("column", "values"),
+    [
+        ("sm_clock_mhz", [1.5, 1410]),  # a fraction in an INTEGER column
+        ("sm_clock_mhz", [True, 1410]),  # a boolean in an INTEGER column (packs as 1.0)
+        ("mem_used_bytes", [False, True]),
+        ("sm_clock_mhz", [2**40, 1410]),  # out of INTEGER's range
+        ("sm_clock_mhz", [1e300, 1410]),
+        ("power_w", [True, 200.0]),  # a boolean in a DOUBLE column
+        ("power_w", [2**60 + 1, 200.0]),  # an integer float64 cannot hold exactly
+        ("power_w", [float("inf"), 200.0]),
+        ("power_w", ["1.5", 200.0]),  # a numeric string: that poll is not packed
+        ("energy_mj", [float("nan"), -(2**53)]),
+    ],
+)
+def test_a_tricky_value_in_packed_polls_stores_or_fails_as_from_the_lists(
+    tmp_path: Path, column: str, values: list
+) -> None:
+    blocks = _sample_polls(_BASE, {**_BASE, column: values}, _BASE)
+    assert blocks[0].floats is not None and blocks[2].floats is not None
+    assert (blocks[1].floats is None) == isinstance(values[0], str)
+    packed = _stored(tmp_path / "packed.duckdb", blocks)
+    assert packed == _stored(tmp_path / "lists.duckdb", _unpacked(blocks))
+    if packed[0] == "error":
+        assert f"gpu_samples.{column}" in packed[1]
+
+
+def test_runs_of_packed_polls_of_unequal_sizes_and_shapes_keep_their_rows(tmp_path: Path) -> None:
+    result = SourceResult("nvml", 0.0)
+    for k, gpus in enumerate([2, 1, 3, 3]):  # a GPU missing from a poll, then a third one
+        samples = [
+            {"ts_s": float(k), "device": f"cuda:{i}", "power_w": 10.0 * k + i, "sm_clock_mhz": 1000 + i}
+            for i in range(gpus)
+        ]
+        if k == 3:
+            samples = [{**s, "mem_used_bytes": 5 << 30} for s in samples]  # another shape: a run of its own
+        result.add_columns(
+            "gpu_samples",
+            {name: [s[name] for s in samples] for name in samples[0] if name != "device"},
+            {"node": "n1", "source": "nvml", "emulated": False},
+            {"device": [s["device"] for s in samples]},
+            packed=True,
+        )
+    blocks = result.columns["gpu_samples"]
+    assert [b.n for b in blocks] == [2, 1, 3, 3] and all(b.floats is not None for b in blocks)
+    packed = _stored(tmp_path / "packed.duckdb", blocks)
+    assert packed == _stored(tmp_path / "lists.duckdb", _unpacked(blocks))
+    assert packed[1][0]["power_w"] == [0.0, 1.0, 10.0, 20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
+
+
+def test_only_blocks_whose_values_are_all_numbers_or_none_are_packed() -> None:
+    assert ColumnBlock.of({"ts_s": [1.0], "power_w": [None]}, packed=True).floats is not None
+    assert ColumnBlock.of({"ts_s": [1.0], "device": ["cuda:0"]}, packed=True).floats is None
+    assert ColumnBlock.of({"ts_s": [1.0], "power_w": [2.5]}).floats is None  # not asked to
+    block = ColumnBlock.of({"ts_s": [1.0, 2.0], "power_w": [None, 3]}, packed=True)
+    assert block.values["power_w"] == [None, 3]  # the lists stay as given
+
+
+def test_the_writer_builds_numeric_columns_from_the_packed_values_and_the_rest_from_lists() -> None:
+    block = ColumnBlock.of({"ts_s": [1.0, 2.0], "sm_clock_mhz": [7, 8], "lost": [True, False]}, packed=True)
+    # packed values that differ from the lists show which the writer read
+    other = dataclasses.replace(block, floats=struct.pack("6d", 5.0, 6.0, 70.0, float("nan"), 1.0, 0.0))
+    types = {"ts_s": pa.float64(), "sm_clock_mhz": pa.int32(), "lost": pa.bool_()}
+    built = build_columns([other, other], types)
+    assert built["ts_s"].to_pylist() == [5.0, 6.0, 5.0, 6.0]
+    assert (
+        built["sm_clock_mhz"].to_pylist() == [70, None, 70, None] and built["sm_clock_mhz"].type == pa.int32()
+    )
+    assert built["lost"].to_pylist() == [True, False, True, False]  # a bool column: from its lists
+    assert build_columns([block], types)["sm_clock_mhz"].to_pylist() == [7, 8]
+
+
+def test_a_boolean_among_an_integer_columns_packed_values_sends_it_to_its_lists() -> None:
+    def polls(odd: object) -> list[ColumnBlock]:  # 20 rows, one odd value packed as 1.0
+        return [
+            ColumnBlock.of(
+                {"ts_s": [float(k)] * 2, "sm_clock_mhz": [odd if k == 3 else 1000 + k, 7]}, packed=True
+            )
+            for k in range(10)
+        ]
+
+    types = {"ts_s": pa.float64(), "sm_clock_mhz": pa.int32()}
+    assert build_columns(polls(1), types)["sm_clock_mhz"].to_pylist()[6:8] == [1, 7]
+    with pytest.raises(pa.ArrowTypeError, match="bool"):  # built from the lists, as without packing
+        build_columns(polls(True), types)
