@@ -305,13 +305,13 @@ def build_columns(
                 kind, data, times = pieces[0]
                 if kind == "tile":  # one list, the same for every block of the run
                     values = data if encode is None else list(map(encode, data))
-                    array = pa.array(values, type=arrow_type)
+                    array = _typed_array(values, arrow_type)
                     if times > 1:  # each block's rows point at the one list: nothing copied per row
                         array = pa.DictionaryArray.from_arrays(tiles.get(len(values), times), array)
                     out[name] = array
                     continue
                 if len(data) == 1 and encode is None:
-                    out[name] = pa.array(data[0], type=arrow_type)  # one block: its own list
+                    out[name] = _typed_array(data[0], arrow_type)  # one block: its own list
                     continue
             if len(pieces) == 1 and pieces[0][0] == "lists":  # one run: its blocks' lists, one chain
                 joined: Any = chain.from_iterable(pieces[0][1])
@@ -319,11 +319,28 @@ def build_columns(
                 joined = chain.from_iterable(_expand(name, piece) for piece in pieces)
             if encode is not None:
                 joined = map(encode, joined)
-            out[name] = pa.array(list(joined), type=arrow_type)
+            out[name] = _typed_array(list(joined), arrow_type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
             e.column = name  # type: ignore[attr-defined]
             raise
     return out
+
+
+def _typed_array(values: Sequence[Any], arrow_type: pa.DataType | None) -> pa.Array:
+    """``values`` as an Arrow array of ``arrow_type``. Arrow converts a float to an integer type by
+    truncating it (1.5 → 1): for an integer column, a value with a fraction raises ValueError
+    instead (the caller names the column). Their sum (in C) tells whether any float is there."""
+    array = pa.array(values, type=arrow_type)
+    if arrow_type is not None and pa.types.is_integer(arrow_type):
+        try:
+            whole = type(sum(values)) is int  # ints and bools sum to an int, any float to a float
+        except TypeError:  # a None among them
+            whole = False
+        if not whole:
+            bad = next((v for v in values if type(v) is float and not v.is_integer()), None)
+            if bad is not None:
+                raise ValueError(f"{bad!r} is not a whole number (the column holds integers)")
+    return array
 
 
 _EXACT = 2.0**53  # integers up to this size are exact in float64 (and Arrow converts them to double)

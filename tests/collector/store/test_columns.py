@@ -428,6 +428,27 @@ def test_a_tricky_value_in_packed_polls_stores_or_fails_as_from_the_lists(
         assert f"gpu_samples.{column}" in packed[1]
 
 
+@pytest.mark.parametrize("values", [[1.5, 1410], [None, 1410.25], [1980.0, 1410.5]])
+def test_a_fraction_in_an_integer_column_is_refused_naming_the_column(tmp_path: Path, values: list) -> None:
+    # Arrow would truncate it (1.5 -> 1); packed or from the lists, the store refuses it and writes nothing
+    blocks = _sample_polls(_BASE, {**_BASE, "sm_clock_mhz": values}, _BASE)
+    for path, polls in (("packed.duckdb", blocks), ("lists.duckdb", _unpacked(blocks))):
+        kind, message = _stored(tmp_path / path, polls)
+        assert kind == "error" and "gpu_samples.sm_clock_mhz" in message and "truncated" in message
+
+
+def test_a_fraction_in_a_telemetry_integer_field_is_refused_not_truncated(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "t.duckdb") as store:
+        block = ColumnBlock.of(
+            {"start_s": [1.0, 2.0], "end_s": [1.5, 2.5], "batch_size": [4, 2.5]},
+            {"node": "n1", "source": "worker-0", "worker": "w0", "phase": "decode"},
+        )
+        with pytest.raises(StoreError, match=r"iterations\.batch_size"):
+            store.append_columns("iterations", [block])
+        store.flush()
+        assert store.query("SELECT count(*) AS n FROM iterations")["n"][0] == 0
+
+
 def test_runs_of_packed_polls_of_unequal_sizes_and_shapes_keep_their_rows(tmp_path: Path) -> None:
     result = SourceResult("nvml", 0.0)
     for k, gpus in enumerate([2, 1, 3, 3]):  # a GPU missing from a poll, then a third one
