@@ -344,16 +344,6 @@ def _typed_array(values: Sequence[Any], arrow_type: pa.DataType | None) -> pa.Ar
 
 
 _EXACT = 2.0**53  # integers up to this size are exact in float64 (and Arrow converts them to double)
-_INTEGER_TYPES = {
-    pa.int8(),
-    pa.int16(),
-    pa.int32(),
-    pa.int64(),
-    pa.uint8(),
-    pa.uint16(),
-    pa.uint32(),
-    pa.uint64(),
-}
 
 
 def _from_floats(pieces: Sequence[tuple[str, Any, Any]], arrow_type: pa.DataType) -> pa.Array | None:
@@ -364,9 +354,9 @@ def _from_floats(pieces: Sequence[tuple[str, Any, Any]], arrow_type: pa.DataType
     a value beyond 2**53 may hold an integer Arrow refuses as inexact. An integer column takes
     only integral values up to 2**53, and a 0 or 1 only where the lists do not hold a boolean
     (which ``pa.array`` refuses there; looked up per such row, so a column with many is built
-    from its lists): the lists may hold a fraction (which ``pa.array`` truncates) or an integer
+    from its lists): the lists may hold a fraction (refused by ``_typed_array``) or an integer
     too large for float64."""
-    if arrow_type != pa.float64() and arrow_type not in _INTEGER_TYPES:
+    if arrow_type != pa.float64() and not pa.types.is_integer(arrow_type):
         return None
     runs = [p[2] for p in pieces]
     columns = [packed.column(j) for packed, j in runs]
