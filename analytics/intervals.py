@@ -33,7 +33,7 @@ import itertools
 import math
 import uuid as uuidlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analytics.window import Window
+from collector.store import iteration_seconds
 
 #: Bucket widths the automatic choice rounds up to (s).
 NICE_BUCKETS_S: tuple[float, ...] = (
@@ -83,6 +84,10 @@ def gap_subcells(bucket_s: float) -> int:
     the next)."""
     return max(1, math.ceil(bucket_s / GAP_MIN_S - 1e-9))
 
+
+#: At most this many distinct edge seconds become constant filters on the raw iterations read at
+#: GPUs' span ends (more: the raw rows are joined to the ends without them).
+MAX_EDGE_FILTERS = 64
 
 #: SM activity is shifted by this before its power sums are taken (less cancellation in moments).
 SM_SHIFT_PCT = 50.0
@@ -407,8 +412,134 @@ _CELL_COLS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _clipped(D: str, where: str) -> str:
+    """The window's iterations (``it``) clipped to their GPU's sampled time (``span``); host part
+    ``[a_s, h_s]``, then GPU-busy ``[h_s, b_s]``; ``j0``, ``j1``: the cells of the two ends."""
+    return f"""
+    SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
+        SELECT sp.g, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
+               least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
+        FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
+        WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
+
+
+def _raw_iteration_side(D: str, mixed: str, *, long_iterations: bool) -> tuple[str, str]:
+    """The CTEs ``itagg`` (per GPU ``g`` and cell ``j``: ``p_s, d_s, mp_s, md_s, h_s``) and ``ow``
+    (a GPU's owner worker from its iterations) of :func:`buckets_sql`, from the raw iterations."""
+    long_pieces = (
+        "\n          UNION ALL\n          SELECT g, j, mix, pshare * (len_s - host_s), (1.0 - pshare) * (len_s - host_s),"
+        " host_s FROM itlong"
+        if long_iterations
+        else ""
+    )
+    side = f"""itc AS NOT MATERIALIZED ({_clipped(D, "TRUE")}),
+ag AS (  -- per GPU, cell j0 and mixed or not, in one pass: the seconds of every iteration in its first
+         -- cell and, of those crossing one cell boundary, in the next (longer ones: itlong)
+    SELECT g, j0, mix,
+           sum(pshare * (len1 - host1)) AS pb1, sum((1.0 - pshare) * (len1 - host1)) AS db1, sum(host1) AS h1,
+           sum(pshare * (len2 - host2)) AS pb2, sum((1.0 - pshare) * (len2 - host2)) AS db2, sum(host2) AS h2
+    FROM (SELECT g, j0, pshare, {mixed} AS mix,
+                 CASE WHEN j1 = j0 THEN b_s - a_s
+                      ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len1,
+                 CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
+                      ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host1,
+                 CASE WHEN j1 = j0 + 1
+                      THEN greatest(0.0, least(b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0 END AS len2,
+                 CASE WHEN j1 = j0 + 1
+                      THEN greatest(0.0, least(h_s, b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0
+                 END AS host2
+          FROM itc)
+    GROUP BY g, j0, mix
+),
+itlong AS (  -- the later pieces of iterations crossing two or more cell boundaries
+    SELECT g, j, {mixed} AS mix, pshare,
+           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS len_s,
+           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS host_s
+    FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
+          FROM ({_clipped(D, f"floor(it.start_s / {D}) + 1 < floor(it.end_s / {D})")}) WHERE j1 >= j0 + 2)
+),
+itagg AS (  -- per GPU and cell: prefill, decode, mixed (prefill and decode work) and host seconds
+    SELECT g, j,
+           coalesce(sum(pb) FILTER (WHERE NOT mix), 0.0) AS p_s, coalesce(sum(db) FILTER (WHERE NOT mix), 0.0) AS d_s,
+           coalesce(sum(pb) FILTER (WHERE mix), 0.0) AS mp_s, coalesce(sum(db) FILTER (WHERE mix), 0.0) AS md_s,
+           sum(h) AS h_s
+    FROM (SELECT g, j0 AS j, mix, pb1 AS pb, db1 AS db, h1 AS h FROM ag
+          UNION ALL
+          SELECT g, j0 + 1, mix, pb2, db2, h2 FROM ag WHERE pb2 <> 0.0 OR db2 <> 0.0 OR h2 <> 0.0{long_pieces})
+    GROUP BY g, j
+),
+"""
+    return (
+        side,
+        """ow AS (SELECT g, min(worker) AS worker FROM itc WHERE g IN (SELECT g FROM nodw) GROUP BY g),
+""",
+    )
+
+
+def _rolled_iteration_side(
+    D: str, mixed: str, r_pred: str, edge_seconds: Sequence[int] | None
+) -> tuple[str, str]:
+    """:func:`_raw_iteration_side`'s ``itagg`` and ``ow`` from the store's ``iteration_seconds``
+    for each GPU's whole seconds (``[sec, sec + 1)`` inside its sampled time ``[s0, s1]``) and from
+    the raw iterations for the rest: the part-seconds ``edges`` at the two ends (parameters: the
+    rollup's node predicate ``r_pred``'s, then the window's first whole second and its end)."""
+    if edge_seconds is not None and len(edge_seconds) <= MAX_EDGE_FILTERS:
+        near = " OR ".join(
+            f"(it.start_s < {float(j + 1)!r} AND it.end_s > {float(j)!r})" for j in sorted(edge_seconds)
+        )
+        edge_filter = f"({near})" if near else "FALSE"
+    else:
+        edge_filter = "TRUE"
+    side = f"""edges AS (  -- each GPU's part-seconds: [lo, hi) at the ends of its sampled time in second j
+    SELECT g, node, uuid, j, greatest(s0, j) AS lo, least(s1, j + 1) AS hi
+    FROM (SELECT *, unnest(list_distinct([floor(s0)::BIGINT, floor(s1)::BIGINT])) AS j FROM span)
+    WHERE NOT (j >= s0 AND j + 1 <= s1) AND least(s1, j + 1) > greatest(s0, j)
+),
+ite AS (  -- the raw iterations' pieces in those part-seconds
+    SELECT e.g, floor(e.j / {D})::BIGINT AS j, it.worker, {mixed} AS mix, it.pshare,
+           least(it.end_s, e.hi) - greatest(it.start_s, e.lo) AS len_s,
+           greatest(0.0, least(it.end_s - it.busy_len_s, it.end_s, e.hi) - greatest(it.start_s, e.lo)) AS host_s
+    FROM it JOIN edges e ON it.node = e.node AND it.uuid = e.uuid AND it.end_s > e.lo AND it.start_s < e.hi
+    WHERE {edge_filter}
+),
+itr AS (  -- the whole seconds, from the rollup
+    SELECT sp.g, floor(r.sec / {D})::BIGINT AS j, r.worker, r.prefill_s, r.decode_s, r.mixed_prefill_s,
+           r.mixed_decode_s, r.host_s
+    FROM iteration_seconds r JOIN span sp ON r.node = sp.node AND r.uuid = sp.uuid
+    WHERE {r_pred} AND r.sec >= ? AND r.sec < ? AND r.sec >= sp.s0 AND r.sec + 1 <= sp.s1
+),
+itagg AS (  -- per GPU and cell: prefill, decode, mixed (prefill and decode work) and host seconds
+    SELECT g, j, sum(p) AS p_s, sum(d) AS d_s, sum(mp) AS mp_s, sum(md) AS md_s, sum(h) AS h_s
+    FROM (SELECT g, j, prefill_s AS p, decode_s AS d, mixed_prefill_s AS mp, mixed_decode_s AS md, host_s AS h
+          FROM itr
+          UNION ALL
+          SELECT g, j, CASE WHEN mix THEN 0.0 ELSE pshare * (len_s - host_s) END,
+                 CASE WHEN mix THEN 0.0 ELSE (1.0 - pshare) * (len_s - host_s) END,
+                 CASE WHEN mix THEN pshare * (len_s - host_s) ELSE 0.0 END,
+                 CASE WHEN mix THEN (1.0 - pshare) * (len_s - host_s) ELSE 0.0 END, host_s
+          FROM ite)
+    GROUP BY g, j
+),
+"""
+    owner = """ow AS (  -- the least worker whose iterations ran on the GPU in its sampled time
+    SELECT g, min(worker) AS worker
+    FROM (SELECT g, worker FROM itr WHERE prefill_s + decode_s + mixed_prefill_s + mixed_decode_s + host_s > 0
+          UNION ALL
+          SELECT g, worker FROM ite)
+    WHERE g IN (SELECT g FROM nodw) GROUP BY g
+),
+"""
+    return side, owner
+
+
 def buckets_sql(
-    window: Window, bucket_s: float, islands: str, *, long_iterations: bool = True
+    window: Window,
+    bucket_s: float,
+    islands: str,
+    *,
+    long_iterations: bool = True,
+    rollup: bool = False,
+    edge_seconds: Sequence[int] | None = None,
 ) -> tuple[str, list[Any]]:
     """SQL (and its parameters) yielding one row per GPU × grid bucket of ``bucket_s`` seconds, with
     the columns of :func:`intervals_sql` (plus ``samples`` and ``excess_s``: iteration seconds beyond
@@ -418,32 +549,27 @@ def buckets_sql(
     bucket holds the gaps that end in it as ``unsampled_s`` (see the module docstring).
     ``long_iterations=False`` leaves out the pieces of iterations crossing two or more cell
     boundaries: right only when none is longer than half a bucket (:func:`has_long_iterations`),
-    and the iterations are then scanned once."""
+    and the iterations are then scanned once.
+
+    ``rollup=True`` reads each GPU's whole seconds of iterations from the store's
+    ``iteration_seconds`` (collector/store/iteration_seconds.py) and the raw iterations only in the
+    part-seconds at the two ends of its sampled time: right only when that table covers the
+    window's nodes (:func:`collector.store.iteration_seconds.covers`) and ``bucket_s`` is a whole
+    number of seconds (:func:`use_rollup`). ``edge_seconds``: the seconds that hold a GPU's first or
+    last sample (:func:`edge_seconds`), letting the raw read skip the rest of the rows; None: every
+    row is joined to the ends."""
     if not (math.isfinite(bucket_s) and bucket_s > 0):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
+    if rollup and bucket_s != math.floor(bucket_s):
+        raise ValueError(f"the iteration rollup needs a whole number of seconds per bucket, got {bucket_s!r}")
     D = repr(float(bucket_s))
     s_pred, s_par = window.node_sql("node")
     i_pred, i_par = window.node_sql("node")
     d_pred, d_par = window.node_sql("node")
+    r_pred, r_par = window.node_sql("r.node")
     w = [window.start_s, window.end_s]
     mixed = "phase NOT IN ('prefill', 'decode')"
 
-    def clipped(where: str) -> str:
-        # iterations clipped to the GPU's sampled time; host part [a_s, h_s], then GPU-busy [h_s, b_s];
-        # j0, j1: the cells of the two ends
-        return f"""
-    SELECT *, floor(a_s / {D})::BIGINT AS j0, floor(b_s / {D})::BIGINT AS j1 FROM (
-        SELECT sp.g, it.worker, it.phase, it.pshare, greatest(it.start_s, sp.s0) AS a_s,
-               least(it.end_s, sp.s1) AS b_s, it.end_s - it.busy_len_s AS h_s
-        FROM it JOIN span sp ON it.node = sp.node AND it.uuid = sp.uuid
-        WHERE it.end_s > sp.s0 AND it.start_s < sp.s1 AND {where})"""
-
-    long_pieces = (
-        "\n          UNION ALL\n          SELECT g, j, mix, pshare * (len_s - host_s), (1.0 - pshare) * (len_s - host_s),"
-        " host_s FROM itlong"
-        if long_iterations
-        else ""
-    )
     m = gap_subcells(float(bucket_s))
     nb_window = """SELECT *, lag(l_ts) OVER g AS pl_ts, lag(l_e) OVER g AS pl_e, lag(n_e = samples) OVER g AS p_ok,
            lead(k) OVER g AS nk, lead(f_ts) OVER g AS nf_ts, lead(f_e) OVER g AS nf_e,
@@ -466,6 +592,10 @@ def buckets_sql(
         nb_body, cell_window, cell_neighbours = nb_window, "", ""
         gap_rows = "sg WHERE gap_s > 0"  # every gap, also those inside a cell
     cell_cols = ",\n           ".join(f"{(agg if m > 1 else one)} AS {name}" for name, agg, one in _CELL_COLS)
+    if rollup:
+        iteration_side, owner = _rolled_iteration_side(D, mixed, r_pred, edge_seconds)
+    else:
+        iteration_side, owner = _raw_iteration_side(D, mixed, long_iterations=long_iterations)
     sql = f"""
 WITH
 sub AS (  -- per GPU × sub-cell (of at most GAP_MIN_S, inside cell k): sums, edge samples
@@ -553,47 +683,10 @@ gpi AS (  -- with the GPU (uuid, and g) of the bucket holding the cell
      AND e."index" IS NOT DISTINCT FROM b."index" AND e.k = b.k
     JOIN span sp ON b.node = sp.node AND b.uuid = sp.uuid
 ),
-itc AS NOT MATERIALIZED ({clipped("TRUE")}),
-ag AS (  -- per GPU, cell j0 and mixed or not, in one pass: the seconds of every iteration in its first
-         -- cell and, of those crossing one cell boundary, in the next (longer ones: itlong)
-    SELECT g, j0, mix,
-           sum(pshare * (len1 - host1)) AS pb1, sum((1.0 - pshare) * (len1 - host1)) AS db1, sum(host1) AS h1,
-           sum(pshare * (len2 - host2)) AS pb2, sum((1.0 - pshare) * (len2 - host2)) AS db2, sum(host2) AS h2
-    FROM (SELECT g, j0, pshare, {mixed} AS mix,
-                 CASE WHEN j1 = j0 THEN b_s - a_s
-                      ELSE greatest(0.0, least(b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS len1,
-                 CASE WHEN j1 = j0 THEN greatest(0.0, least(h_s, b_s) - a_s)
-                      ELSE greatest(0.0, least(h_s, b_s, (j0 + 1) * {D}) - greatest(a_s, j0 * {D})) END AS host1,
-                 CASE WHEN j1 = j0 + 1
-                      THEN greatest(0.0, least(b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0 END AS len2,
-                 CASE WHEN j1 = j0 + 1
-                      THEN greatest(0.0, least(h_s, b_s, (j0 + 2) * {D}) - greatest(a_s, (j0 + 1) * {D})) ELSE 0.0
-                 END AS host2
-          FROM itc)
-    GROUP BY g, j0, mix
-),
-itlong AS (  -- the later pieces of iterations crossing two or more cell boundaries
-    SELECT g, j, {mixed} AS mix, pshare,
-           greatest(0.0, least(b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS len_s,
-           greatest(0.0, least(h_s, b_s, (j + 1) * {D}) - greatest(a_s, j * {D})) AS host_s
-    FROM (SELECT *, unnest(range(j0 + 1, j1 + 1)) AS j
-          FROM ({clipped(f"floor(it.start_s / {D}) + 1 < floor(it.end_s / {D})")}) WHERE j1 >= j0 + 2)
-),
-itagg AS (  -- per GPU and cell: prefill, decode, mixed (prefill and decode work) and host seconds
-    SELECT g, j,
-           coalesce(sum(pb) FILTER (WHERE NOT mix), 0.0) AS p_s, coalesce(sum(db) FILTER (WHERE NOT mix), 0.0) AS d_s,
-           coalesce(sum(pb) FILTER (WHERE mix), 0.0) AS mp_s, coalesce(sum(db) FILTER (WHERE mix), 0.0) AS md_s,
-           sum(h) AS h_s
-    FROM (SELECT g, j0 AS j, mix, pb1 AS pb, db1 AS db, h1 AS h FROM ag
-          UNION ALL
-          SELECT g, j0 + 1, mix, pb2, db2, h2 FROM ag WHERE pb2 <> 0.0 OR db2 <> 0.0 OR h2 <> 0.0{long_pieces})
-    GROUP BY g, j
-),
-nodw AS (  -- GPUs with a bucket whose devices row names no worker
+{iteration_side}nodw AS (  -- GPUs with a bucket whose devices row names no worker
     SELECT DISTINCT sp.g FROM en e JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid WHERE e.dev_worker IS NULL
 ),
-ow AS (SELECT g, min(worker) AS worker FROM itc WHERE g IN (SELECT g FROM nodw) GROUP BY g),
-bk AS (
+{owner}bk AS (
     SELECT e.*, sp.g, coalesce(e.dev_worker, ow.worker) AS worker
     FROM en e LEFT JOIN span sp ON e.node = sp.node AND e.uuid = sp.uuid LEFT JOIN ow ON sp.g = ow.g
 ),
@@ -717,7 +810,14 @@ SELECT node, source, device, "index", uuid, parent_uuid, mig_instance_id, name, 
        CASE WHEN attributed THEN greatest(raw_cov_s - sampled_s, 0.0) ELSE 0.0 END AS excess_s,
        k, sm_n, sm_s1, sm_s2, sm_s3, sm_s4, sample_gaps, longest_gap_s, gap_threshold_s, power_limit_w
 FROM sc"""
-    params = [*s_par, *w, *d_par, *i_par, *w]
+    params = [
+        *s_par,
+        *w,
+        *d_par,
+        *i_par,
+        *w,
+        *((*r_par, math.floor(window.start_s), window.end_s) if rollup else ()),
+    ]
     return sql, params
 
 
@@ -766,6 +866,32 @@ def has_long_iterations(con: duckdb.DuckDBPyConnection, window: Window, bucket_s
     return row is not None
 
 
+def use_rollup(con: duckdb.DuckDBPyConnection, window: Window, bucket_s: float) -> bool:
+    """Whether :func:`buckets_sql` may read the store's iteration rollup for ``window``: the bucket is
+    a whole number of seconds and the rollup holds every iteration of the window's nodes."""
+    if bucket_s <= 0 or bucket_s != math.floor(bucket_s):
+        return False
+    try:
+        pred, par = window.node_sql("node")
+        return iteration_seconds.covers(con, pred, par)
+    except duckdb.CatalogException:  # a file from before the rollup, opened read-only
+        return False
+
+
+def edge_seconds(con: duckdb.DuckDBPyConnection, window: Window) -> list[int]:
+    """The distinct whole seconds holding a GPU's first or last sample in ``window`` (the only
+    seconds where :func:`buckets_sql` reads raw iterations with the rollup). One grouped scan of the
+    keyed samples."""
+    pred, par = window.node_sql("node")
+    rows = con.execute(
+        f"""SELECT DISTINCT unnest([floor(a)::BIGINT, floor(b)::BIGINT]) FROM (
+                SELECT min(ts_s) AS a, max(ts_s) AS b FROM {keyed_samples_sql(pred)} AND ts_s >= ? AND ts_s < ?
+                GROUP BY gpu_key)""",
+        [*par, window.start_s, window.end_s],
+    ).fetchall()
+    return sorted(int(r[0]) for r in rows)
+
+
 class IntervalTable:
     """The window's intervals (``bucket_s=0``) or grid buckets (``bucket_s`` > 0; None: chosen by
     :func:`choose_bucket_s`) materialised once in a connection-local TEMP table — never in the
@@ -786,18 +912,17 @@ class IntervalTable:
 
     def __enter__(self) -> IntervalTable:
         with registered_islands(self.con, self.window) as islands:
-            sql, params = (
-                intervals_sql(self.window, islands)
-                if self.exact
-                else buckets_sql(
-                    self.window,
-                    self.bucket_s,
-                    islands,
-                    long_iterations=has_long_iterations(self.con, self.window, self.bucket_s),
-                )
-            )
+            sql, params = intervals_sql(self.window, islands) if self.exact else self._buckets_sql(islands)
             self.con.execute(f"CREATE TEMP TABLE {self.name} AS {sql}", params)
         return self
+
+    def _buckets_sql(self, islands: str) -> tuple[str, list[Any]]:
+        con, window, bucket_s = self.con, self.window, self.bucket_s
+        if use_rollup(con, window, bucket_s):
+            return buckets_sql(window, bucket_s, islands, rollup=True, edge_seconds=edge_seconds(con, window))
+        return buckets_sql(
+            window, bucket_s, islands, long_iterations=has_long_iterations(con, window, bucket_s)
+        )
 
     def __exit__(self, *exc: object) -> None:
         self.con.execute(f"DROP TABLE IF EXISTS {self.name}")

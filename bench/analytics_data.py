@@ -4,6 +4,7 @@
 16 ``decode``), sampled every 100 ms for 43.4 hours (10,000,000 ``gpu_samples``), one iteration
 every 50 ms per GPU (alternating prefill/decode on mixed GPUs; ~20 M ``iterations``), 1,000,000
 ``requests`` with 1–39 output tokens each (their ``tokens``, ~20 M) — the volumes the issue names,
+and the per-second rollup of the iterations the store's writer keeps (``iteration_seconds``),
 with values shaped like serving (busy power and SM activity by phase, a monotonic energy counter).
 The data is synthetic: it exercises the analytics' SQL at scale, its figures mean nothing.
 
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collector.store import Store  # noqa: E402
+from collector.store import Store, iteration_seconds  # noqa: E402
 
 GPUS = 64
 SAMPLES = 10_000_000
@@ -28,7 +29,7 @@ REQUESTS = 1_000_000
 PERIOD_S = 0.1
 ITER_S = 0.05
 T0 = 1_796_000_000.0
-VERSION = 2  # bump when the shape of the data changes (the cached file is rebuilt); 2: gpu_samples keyed
+VERSION = 3  # bump when the shape of the data changes (the cached file is rebuilt); 2: gpu_samples keyed; 3: iteration_seconds
 
 
 def role_of(g: str) -> str:
@@ -103,6 +104,7 @@ def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: f
             FROM i
             """
         )
+        iteration_seconds.add(con, "iterations")  # the rollup the store's writer keeps with its iterations
         con.execute(
             f"""
             INSERT INTO requests (node, source, batch_seq, request_id, arrival_s, first_scheduled_s,

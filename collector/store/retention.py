@@ -39,7 +39,7 @@ from typing import Any
 
 import duckdb
 
-from collector.store import gpu_keys
+from collector.store import gpu_keys, iteration_seconds
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS
 from collector.store.errors import ExportFormatError, StoreError
 from collector.store.schema import LATEST_VERSION, ROLLUP_AVG_MAX_METRICS, SIMULATED_NODE_PREFIX
@@ -339,6 +339,13 @@ def _import_tables(
             absent = [c for c in gpu_keys.IDENTITY if c not in file_cols]  # NULL: refused if required
             nulls = "".join(f', NULL AS "{c}"' for c in absent)
             inserted = gpu_keys.insert_select(con, [*names, *absent], f"SELECT *{nulls} FROM ({select})")
+        elif name == "iterations":  # and their per-second rollup (collector/store/iteration_seconds.py)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _import_iterations AS {select}")
+            inserted = con.execute(
+                f'INSERT INTO "{name}" ({cols}) SELECT {cols} FROM _import_iterations'
+            ).fetchone()[0]
+            iteration_seconds.add(con, "_import_iterations", [c for c in table_cols if c in file_cols])
+            con.execute("DROP TABLE _import_iterations")
         else:
             inserted = con.execute(f'INSERT INTO "{name}" ({cols}) {select}').fetchone()[0]
         result.inserted[name] = int(inserted)

@@ -18,7 +18,7 @@ import re
 
 import pandas as pd
 
-from collector.store import gpu_keys
+from collector.store import gpu_keys, iteration_seconds
 from collector.store.errors import StoreError
 from collector.store.schema import SIMULATED_NODE_PREFIX
 from collector.store.store import Store
@@ -72,4 +72,5 @@ def delete_scenario(store: Store, scenario_id: str) -> dict[str, int]:
             n = int(con.execute(sql, [node]).fetchone()[0])
             if n:
                 deleted[name] = n
+        con.execute(f"DELETE FROM {iteration_seconds.TABLE} WHERE node = ?", [node])  # derived: not counted
     return deleted

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from collector.store import iteration_seconds
 from collector.store.errors import StoreError
 
 
@@ -649,6 +650,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(9, "simulated scenarios: scenarios table, trust_label macro", _V9_SCENARIOS),
     Migration(10, "gpu_samples keyed: gpu_sample_rows + gpu_keys, gpu_samples a view", _V10_GPU_KEYS),
+    Migration(
+        11,
+        "iteration_seconds: iterations rolled up per worker, GPU and second",
+        iteration_seconds.DDL + iteration_seconds.rebuild_sql() + ";",
+    ),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

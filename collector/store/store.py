@@ -62,7 +62,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.store import gpu_keys
+from collector.store import gpu_keys, iteration_seconds
 from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import FlushError, StoreError, StoreLockedError
@@ -885,6 +885,10 @@ class Store:
                     if name == "gpu_samples":
                         keyed, added = self._gpu_keys.key_rows(con, _one_table(parts))
                         _insert(con, gpu_keys.ROWS_TABLE, [keyed])
+                    elif name == "iterations":  # and their per-second rollup, in the same transaction
+                        data = _one_table(parts)
+                        _insert(con, name, [data])
+                        iteration_seconds.add_arrow(con, data)
                     else:
                         _insert(con, name, parts)
             finally:
