@@ -390,13 +390,19 @@ input AS (   -- prompt tokens, at the end of their prefill, on the prefill worke
     WHERE {node} AND prefill_end_s >= ? AND prefill_end_s < ? AND prompt_tokens > 0
     GROUP BY ALL
 ),
-output AS (  -- generated tokens, when generated, on the decode worker (else the prefill worker);
-             -- counted per request and hour before the join (a twentieth of the rows to join)
-    SELECT r.node, coalesce(r.decode_worker, r.prefill_worker) AS worker, t.hour_start_s,
-           sum(t.tokens)::BIGINT AS tokens
-    FROM (SELECT node, request_id, floor(ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
-          FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ? GROUP BY ALL) t
-    JOIN requests r ON r.node = t.node AND r.request_id = t.request_id
+output AS (  -- generated tokens, when generated, on the decode worker (else the prefill worker): the
+             -- worker stored with the token; a token stored without one (written before the store
+             -- kept it) joined to its request, counted per request and hour before the join
+    SELECT node, worker, hour_start_s, sum(tokens)::BIGINT AS tokens FROM (
+        SELECT node, worker, floor(ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
+        FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ? AND t.worker IS NOT NULL
+        GROUP BY ALL
+        UNION ALL
+        SELECT r.node, coalesce(r.decode_worker, r.prefill_worker), t.hour_start_s, sum(t.tokens)
+        FROM (SELECT node, request_id, floor(ts_s / 3600) * 3600 AS hour_start_s, count(*) AS tokens
+              FROM tokens t WHERE {tnode} AND t.ts_s >= ? AND t.ts_s < ? AND t.worker IS NULL GROUP BY ALL) t
+        JOIN requests r ON r.node = t.node AND r.request_id = t.request_id
+        GROUP BY ALL)
     GROUP BY ALL
 ),
 per_worker AS (
@@ -431,7 +437,7 @@ def token_counts(
     bounds = [window.start_s, window.end_s]
     with registered_groups(con, window, iteration_groups) as groups:
         sql = _TOKENS_SQL.format(node=pred, tnode=tpred, groups=groups)
-        return con.execute(sql, [*params, *bounds, *tparams, *bounds]).df()
+        return con.execute(sql, [*params, *bounds, *tparams, *bounds, *tparams, *bounds]).df()
 
 
 def _mig_shares(con: duckdb.DuckDBPyConnection, window: Window) -> dict[tuple[Any, ...], float]:

@@ -29,7 +29,8 @@ REQUESTS = 1_000_000
 PERIOD_S = 0.1
 ITER_S = 0.05
 T0 = 1_796_000_000.0
-VERSION = 3  # bump when the shape of the data changes (the cached file is rebuilt); 2: gpu_samples keyed; 3: iteration_seconds
+VERSION = 4  # bump when the shape of the data changes (the cached file is rebuilt); 2: gpu_samples keyed;
+# 3: iteration_seconds; 4: tokens.worker
 
 
 def role_of(g: str) -> str:
@@ -125,8 +126,9 @@ def build(path: Path, *, samples: int = SAMPLES, requests: int = REQUESTS, t0: f
         )
         con.execute(
             """
-            INSERT INTO tokens (node, request_id, idx, ts_s, itl_s)
-            SELECT 'bench', r.request_id, k, r.first_token_s + 0.03 * k, CASE WHEN k = 0 THEN NULL ELSE 0.03 END
+            INSERT INTO tokens (node, request_id, idx, ts_s, itl_s, worker)
+            SELECT 'bench', r.request_id, k, r.first_token_s + 0.03 * k, CASE WHEN k = 0 THEN NULL ELSE 0.03 END,
+                   coalesce(r.decode_worker, r.prefill_worker)
             FROM requests r, range(39) t(k)
             WHERE r.node = 'bench' AND k < r.output_tokens
             """

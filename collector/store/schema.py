@@ -633,6 +633,11 @@ SELECT k.node, k.source, r.ts_s, k.device, k."index", k.emulated, r.* EXCLUDE (g
 FROM gpu_sample_rows r JOIN gpu_keys k ON r.gpu_key = k.gpu_key;
 """
 
+# The worker that generated a token (its request's decode worker, else its prefill worker), stored
+# with it so that tokens per worker are one grouped scan, not a join of every token to its request.
+# Rows from before (NULL) are joined to their requests by the readers (analytics.cost.token_counts).
+_V12_TOKEN_WORKER = "ALTER TABLE tokens ADD COLUMN worker VARCHAR;"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", _V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", _V2_TELEMETRY),
@@ -655,6 +660,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "iteration_seconds: iterations rolled up per worker, GPU and second",
         iteration_seconds.DDL + iteration_seconds.rebuild_sql() + ";",
     ),
+    Migration(12, "tokens.worker: the worker that generated the token", _V12_TOKEN_WORKER),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

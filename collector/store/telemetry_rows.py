@@ -97,7 +97,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "iterations": (*_BASE, *ITERATION_FIELDS),
     "requests": (*_BASE, *(f for f in REQUEST_FIELDS if f != "token_ts_s")),
-    "tokens": ("request_id", "idx", "ts_s", "itl_s"),
+    "tokens": ("request_id", "idx", "ts_s", "itl_s", "worker"),
     "control_events": (*_BASE, *CONTROL_FIELDS),
 }
 BatchKey = tuple[str, str, int, float]  # (node, source, seq, sent_s): the same batch read twice
@@ -186,7 +186,13 @@ class TelemetryColumns:
             raise ValueError(f"telemetry batch of {split.source!r} was refused: {split.rejected_batch}")
         source, seq, sent_s = split.key[1], split.key[2], split.key[3]
         tk = self._tokens
-        tk_rid, tk_idx, tk_ts, tk_itl = tk["request_id"], tk["idx"], tk["ts_s"], tk["itl_s"]
+        tk_rid, tk_idx, tk_ts, tk_itl, tk_worker = (
+            tk["request_id"],
+            tk["idx"],
+            tk["ts_s"],
+            tk["itl_s"],
+            tk["worker"],
+        )
         taken = {t: 0 for t in self._TABLES}
         for event in batch["events"]:
             problem = _check_event(event)
@@ -205,6 +211,8 @@ class TelemetryColumns:
                     tk_ts.extend(token_ts)
                     tk_itl.append(None)
                     tk_itl.extend(map(sub, token_ts[1:], token_ts[:-1]))
+                    # the worker that generated them: the decode worker, else the only one
+                    tk_worker.extend(repeat(event.get("decode_worker") or event.get("prefill_worker"), n))
                     split.tokens += n
         for etype, n in taken.items():
             sources, seqs = self._base[etype]

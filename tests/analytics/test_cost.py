@@ -332,10 +332,13 @@ def test_token_counts_reconcile_with_requests(hand_store: duckdb.DuckDBPyConnect
     assert set(t["gpu_uuid"]) == {"GPU-a"}
 
 
-def test_output_tokens_are_counted_per_node_request_and_hour(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stored_worker", ["none", "all", "half"])
+def test_output_tokens_are_counted_per_node_request_and_hour(tmp_path: Path, stored_worker: str) -> None:
     """Each token counts in the hour it was generated, for its request's node and worker: requests
     inside one hour, across one hour boundary and over three hours, and a request id used on two
-    nodes (the per-request-id shortcut must not merge or misplace any of them)."""
+    nodes (the per-request-id shortcut must not merge or misplace any of them). Tokens stored with
+    their worker (the store's writer keeps it) and without (rows from before: joined to their
+    requests) count alike, also mixed in one window."""
     hour = 3600.0
     spans = [  # node, request id, first token, finish, worker
         ("n1", "r1", 10 * hour + 100, 10 * hour + 200, "w0"),  # one hour; the same id on n2
@@ -354,6 +357,8 @@ def test_output_tokens_are_counted_per_node_request_and_hour(tmp_path: Path) -> 
         )  # fmt: skip
         for i, ts in enumerate(range(int(first), int(finish) + 1, 7)):
             toks.append({"node": node, "request_id": rid, "idx": i, "ts_s": float(ts), "itl_s": 7.0})
+            if stored_worker == "all" or (stored_worker == "half" and i % 2):
+                toks[-1]["worker"] = worker
             key = (node, worker, math.floor(ts / hour) * hour)
             expected[key] = expected.get(key, 0) + 1
     con = make_store(tmp_path / "tokens.duckdb", {"requests": reqs, "tokens": toks})

@@ -70,7 +70,7 @@ def _router_batches() -> list[dict]:
             prompt_tokens=150,
             output_tokens=4,
             prefill_worker="worker-0",
-            decode_worker="worker-0",
+            decode_worker=None if r == 0 else "worker-1",  # aggregated; handed off
             status="ok",
             finish_reason="length",
             error=None,
@@ -110,6 +110,9 @@ def test_round_trip_of_real_batches(store: Store) -> None:
     )
     assert itl["n"].tolist() == [4, 4] and itl["gaps"].tolist() == [3, 3]
     assert itl["mean_itl_s"].tolist() == pytest.approx([0.02, 0.02], abs=1e-6)
+    # each token with the worker that generated it: the decode worker, else the prefill worker
+    workers = store.query("SELECT DISTINCT request_id, worker FROM tokens ORDER BY request_id")
+    assert workers.values.tolist() == [["cmpl-0", "worker-0"], ["cmpl-1", "worker-1"]]
     lat = store.query("SELECT * FROM request_latency ORDER BY request_id")
     assert lat["ttft_s"].tolist() == pytest.approx([0.01, 0.01], abs=1e-6)
     assert lat["tpot_s"].tolist() == pytest.approx([0.02, 0.02], abs=1e-6)
