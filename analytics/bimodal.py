@@ -446,6 +446,15 @@ def _bimodality_from(
     cells, per_gpu_n = _cells(con.execute(psql, ppar).fetchnumpy())
     rows = []
     rng = np.random.default_rng(0)
+    # each scope's cells, in the cells' order: looked up, not filtered from all cells per scope
+    by_role: dict[int, list[tuple[int, np.ndarray]]] = {}
+    by_role_hour: dict[tuple[int, float], list[tuple[int, np.ndarray]]] = {}
+    by_role_gpu: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
+    every = [(gh, vals) for (gh, _, _), vals in cells.items()]
+    for (gh, rh, hour), vals in cells.items():
+        by_role.setdefault(rh, []).append((gh, vals))
+        by_role_hour.setdefault((rh, hour), []).append((gh, vals))
+        by_role_gpu.setdefault((rh, gh), []).append((gh, vals))
     for rec in mom:
         scope = rec["scope"]
         row: dict[str, Any] = {"scope": scope, "role": None, "hour_s": None, "gpu": None}
@@ -457,14 +466,17 @@ def _bimodality_from(
         if scope == "gpu":
             row["gpu"] = gpu_key(rec["node"], rec["source"], rec["device"], rec["index"])
             want_gh = int(rec["gh"])
+        if want_rh is None:
+            chosen = every
+        elif want_gh is not None:
+            chosen = by_role_gpu.get((want_rh, want_gh), [])
+        elif want_hour is not None:
+            chosen = by_role_hour.get((want_rh, want_hour), [])
+        else:
+            chosen = by_role.get(want_rh, [])
         by_gpu: dict[int, list[np.ndarray]] = {}
-        for (gh, rh, hour), vals in cells.items():
-            if (
-                (want_rh is None or rh == want_rh)
-                and (want_gh is None or gh == want_gh)
-                and (want_hour is None or hour == want_hour)
-            ):
-                by_gpu.setdefault(gh, []).append(vals)
+        for gh, vals in chosen:
+            by_gpu.setdefault(gh, []).append(vals)
         x = _draw({g: np.concatenate(v) for g, v in by_gpu.items()}, per_gpu_n, max_points, rng)
         mo = moments_from_sums(
             *(_num(rec[c]) or 0.0 for c in ("n", "s1", "s2", "s3", "s4")), shift=SM_SHIFT_PCT
