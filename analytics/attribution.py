@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -798,6 +799,26 @@ def phase_breakdown(
         return _breakdown_from(con, window, t, iteration_groups)
 
 
+#: Below this R² a GPU's power model is said to fit poorly.
+POOR_FIT_R2 = 0.5
+#: More GPUs than this with a poor fit get one note between them, not one each.
+POOR_FIT_NOTES_MAX = 3
+
+
+def poor_fit_notes(fits: Mapping[str, PowerFit]) -> list[str]:
+    """Notes on the GPUs whose power model fits poorly (R² < ``POOR_FIT_R2``): one per GPU for a
+    few, else one for all of them with the R² range and the worst GPUs named (a fleet's breakdown
+    must not bury its other notes under one line per GPU)."""
+    poor = sorted((fit.r2, key) for key, fit in fits.items() if fit.r2 is not None and fit.r2 < POOR_FIT_R2)
+    if len(poor) <= POOR_FIT_NOTES_MAX:
+        return [f"{key}: power model fits poorly (R² {r2:.2f}); energy shares uncertain" for r2, key in poor]
+    worst = ", ".join(f"{key} (R² {r2:.2f})" for r2, key in poor[:POOR_FIT_NOTES_MAX])
+    return [
+        f"power model fits poorly on {len(poor)} of {len(fits)} GPUs (R² {poor[0][0]:.2f}–{poor[-1][0]:.2f}; "
+        f"lowest: {worst}): their energy shares are uncertain; every GPU's fit is in the fit table"
+    ]
+
+
 def _breakdown_from(
     con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable, groups: pa.Table | None
 ) -> PhaseBreakdown:
@@ -886,8 +907,7 @@ def _breakdown_from(
         )
     for key, fit in fits.items():
         missing += [f"{key}: {m}" for m in fit.missing]
-        if fit.r2 is not None and fit.r2 < 0.5:
-            missing.append(f"{key}: power model fits poorly (R² {fit.r2:.2f}); energy shares uncertain")
+    missing += poor_fit_notes(fits)
     missing += _issue_notes(issues)
     return PhaseBreakdown(
         window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw, gaps

@@ -15,12 +15,14 @@ import pytest
 from analytics.attribution import (
     MODEL_TERMS,
     STATES,
+    PowerFit,
     bounded_lsq_gram,
     gpu_buckets,
     gpu_intervals,
     gpu_key,
     nnls_gram,
     phase_breakdown,
+    poor_fit_notes,
 )
 from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
 from analytics.window import Window
@@ -640,3 +642,19 @@ def test_the_coefficient_table_keys_each_fitted_gpu_by_its_identity_a_null_index
         {"node": "n1", "source": "dcgm", "device": "GPU-a", "index": 0, "w_prefill": 300.0, "w_decode": 0.0, "w_idle": 80.0},
         {"node": "n2", "source": "local", "device": "cpu", "index": None, "w_prefill": 300.0, "w_decode": 200.0, "w_idle": 80.0},
     ]  # fmt: skip
+
+
+def _fit(r2: float | None) -> PowerFit:
+    return PowerFit(coef_w=dict.fromkeys(MODEL_TERMS, 100.0), r2=r2, intervals=50, rmse_j=1.0)
+
+
+def test_a_few_poor_fits_are_named_one_by_one_and_many_in_one_note():
+    few = {"g1": _fit(0.9), "g2": _fit(0.31), "g3": _fit(None), "g4": _fit(0.02)}
+    assert poor_fit_notes(few) == [
+        "g4: power model fits poorly (R² 0.02); energy shares uncertain",
+        "g2: power model fits poorly (R² 0.31); energy shares uncertain",
+    ]
+    many = {f"g{i:02d}": _fit(i / 100) for i in range(60)}  # R² 0.00–0.59: 50 below 0.5
+    (note,) = poor_fit_notes(many)
+    assert note.startswith("power model fits poorly on 50 of 60 GPUs (R² 0.00–0.49; lowest: g00 (R² 0.00)")
+    assert "g49" not in note and "fit table" in note
