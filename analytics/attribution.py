@@ -810,11 +810,17 @@ def poor_fit_notes(fits: Mapping[str, PowerFit]) -> list[str]:
     few, else one for all of them with the R² range and the worst GPUs named (a fleet's breakdown
     must not bury its other notes under one line per GPU)."""
     poor = sorted((fit.r2, key) for key, fit in fits.items() if fit.r2 is not None and fit.r2 < POOR_FIT_R2)
+
+    def r2_text(r2: float) -> str:
+        return f"{r2:.2f}".replace("-0.00", "0.00")  # a rounding's sign is noise
+
     if len(poor) <= POOR_FIT_NOTES_MAX:
-        return [f"{key}: power model fits poorly (R² {r2:.2f}); energy shares uncertain" for r2, key in poor]
-    worst = ", ".join(f"{key} (R² {r2:.2f})" for r2, key in poor[:POOR_FIT_NOTES_MAX])
+        return [
+            f"{key}: power model fits poorly (R² {r2_text(r2)}); energy shares uncertain" for r2, key in poor
+        ]
+    worst = ", ".join(f"{key} (R² {r2_text(r2)})" for r2, key in poor[:POOR_FIT_NOTES_MAX])
     return [
-        f"power model fits poorly on {len(poor)} of {len(fits)} GPUs (R² {poor[0][0]:.2f}–{poor[-1][0]:.2f}; "
+        f"power model fits poorly on {len(poor)} of {len(fits)} GPUs (R² {r2_text(poor[0][0])}–{r2_text(poor[-1][0])}; "
         f"lowest: {worst}): their energy shares are uncertain; every GPU's fit is in the fit table"
     ]
 
