@@ -12,8 +12,9 @@ iterations), ``mixed_prefill_s``, ``mixed_decode_s`` (a mixed iteration's busy s
 prefill share), ``host_s`` (an iteration's host part, before its GPU-busy part) — by the rules of
 :func:`analytics.intervals.iteration_rows_sql`, repeated in :func:`rollup_sql` — and, of the
 iterations *starting* in the second: ``starts``, ``lagged`` (lag_s > 0), ``negative`` (ending
-before they start), ``unrolled`` (longer than ``MAX_ROLLED_S``: no pieces here, analytics reads the
-raw rows), ``min_end_s``, ``max_start_s``. Only iterations with a GPU (``gpu_uuid``) and a positive
+before they start), ``unrolled`` (longer than ``MAX_ROLLED_S``, or a time not finite or beyond
+±1e15 s, then counted in second 0: no pieces here, analytics reads the raw rows), ``min_end_s``,
+``max_start_s``. Only iterations with a GPU (``gpu_uuid``) and a positive
 length have pieces; every iteration counts in ``starts`` (``uuid`` NULL where it has no GPU).
 
 Rows are partial sums: a write adds rows for its own iterations, so one second may have several
@@ -35,6 +36,11 @@ TABLE = "iteration_seconds"
 #: Iterations longer than this get no per-second pieces (a bad row must not explode the table);
 #: they are counted as ``unrolled`` and a reader of their node reads the raw rows instead.
 MAX_ROLLED_S = 3600.0
+
+#: Times the rollup cuts into seconds: finite and within BIGINT seconds with room to spare. An
+#: iteration with a time outside (a bad row the store still keeps) is counted ``unrolled`` in second 0.
+_IN_RANGE = "(isfinite(start_s) AND isfinite(end_s) AND abs(start_s) < 1e15 AND abs(end_s) < 1e15)"
+_START_SEC = f"CASE WHEN {_IN_RANGE} THEN floor(start_s)::BIGINT ELSE 0 END"
 
 #: The iterations columns the rollup reads; a source relation lacking one reads it as NULL.
 SOURCE_COLUMNS = (
@@ -114,7 +120,7 @@ pieces AS (  -- each iteration with a GPU cut at whole seconds: its host part, t
            least(end_s, sec + 1) - greatest(start_s, sec) AS len_s,
            greatest(0.0, least(end_s - busy_len_s, end_s, sec + 1) - greatest(start_s, sec)) AS host_s
     FROM (SELECT *, unnest(range(floor(start_s)::BIGINT, ceil(end_s)::BIGINT)) AS sec
-          FROM src WHERE uuid IS NOT NULL AND end_s > start_s AND end_s - start_s <= {MAX_ROLLED_S!r})
+          FROM src WHERE uuid IS NOT NULL AND end_s > start_s AND end_s - start_s <= {MAX_ROLLED_S!r} AND {_IN_RANGE})
 ),
 parts AS (
     SELECT node, worker, uuid, sec,
@@ -129,11 +135,11 @@ parts AS (
            NULL::DOUBLE AS min_end_s, NULL::DOUBLE AS max_start_s
     FROM pieces GROUP BY node, worker, uuid, sec
     UNION ALL
-    SELECT node, worker, uuid, floor(start_s)::BIGINT, 0.0, 0.0, 0.0, 0.0, 0.0,
+    SELECT node, worker, uuid, {_START_SEC}, 0.0, 0.0, 0.0, 0.0, 0.0,
            count(*), count(*) FILTER (WHERE lag_s > 0), count(*) FILTER (WHERE end_s < start_s),
-           count(*) FILTER (WHERE uuid IS NOT NULL AND end_s - start_s > {MAX_ROLLED_S!r}),
+           count(*) FILTER (WHERE uuid IS NOT NULL AND (end_s - start_s > {MAX_ROLLED_S!r} OR NOT {_IN_RANGE})),
            min(end_s), max(start_s)
-    FROM src GROUP BY node, worker, uuid, floor(start_s)::BIGINT
+    FROM src GROUP BY node, worker, uuid, {_START_SEC}
 )
 SELECT node, worker, uuid, sec, sum(prefill_s) AS prefill_s, sum(decode_s) AS decode_s,
        sum(mixed_prefill_s) AS mixed_prefill_s, sum(mixed_decode_s) AS mixed_decode_s, sum(host_s) AS host_s,

@@ -205,3 +205,17 @@ def test_a_version_10_file_is_rolled_up_when_it_migrates(tmp_path: Path) -> None
 def test_a_relation_without_the_needed_columns_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="phase"):
         rollup.rollup_sql("x", ["node", "worker", "start_s", "end_s"])
+
+
+def test_rows_with_times_that_cannot_be_cut_into_seconds_are_kept_and_counted_unrolled(
+    tmp_path: Path,
+) -> None:
+    with Store.open(tmp_path / "s.duckdb") as store:
+        store.append(
+            "iterations",
+            [it(0.0, 0.5), it(1.0, float("inf")), {**it(0.0, 0.5), "start_s": -1e300, "end_s": 1e300}],
+        )
+        with store.reader() as cur:
+            assert cur.execute("SELECT count(*) FROM iterations").fetchone()[0] == 3  # the store keeps them
+            assert cur.execute("SELECT sum(unrolled) FROM iteration_seconds").fetchone()[0] == 2
+            assert not rollup.covers(cur, "node = ?", ["n1"])  # readers take the raw rows
