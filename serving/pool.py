@@ -35,9 +35,20 @@ _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(
     ["torch", "serving.engine", "serving.weights", "serving.devices", "serving.kv_transfer"]
 )
+
 RESTART_DELAY_S = 0.5  # first back-off before a dead worker is restarted
 MAX_RESTART_DELAY_S = 30.0
 STABLE_S = 60.0  # a worker that ran this long before dying restarts after the first delay again
+
+
+def stop_fork_server() -> None:
+    """Stop this process's fork server (started with the first worker) and wait until it has exited,
+    so that a stopped router leaves no process behind it. The next worker start starts it again."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # the standard library's own stop
+    if stop is not None:
+        stop()
 
 
 class NoWorkerError(RuntimeError):
