@@ -134,12 +134,13 @@ def test_a_worker_stopped_on_purpose_is_not_restarted() -> None:
 
 
 def _fork_server_processes() -> list[psutil.Process]:
-    """This process's fork server and the workers forked from it, while they run."""
+    """This process's fork server (a child of this process, not of a stack another test started) and
+    the workers forked from it, while they run."""
     found = []
-    for p in psutil.Process().children(recursive=True):
+    for p in psutil.Process().children():
         with contextlib.suppress(psutil.NoSuchProcess):
-            if "multiprocessing.forkserver" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                found += [q for q in (p, *p.children()) if q.status() != psutil.STATUS_ZOMBIE]
     return found
 
 
