@@ -28,7 +28,7 @@ from serving.openai_api import (
     usage_chunk,
 )
 from serving.output_text import OutputText
-from serving.pool import NoWorkerError, RequestState, WorkerPool
+from serving.pool import NoWorkerError, RequestState, WorkerPool, stop_fork_server
 from serving.scheduler import AdmissionError, Scheduler
 from serving.settings import ServeSettings
 from serving.telemetry import TelemetryHub, parse_after
@@ -100,6 +100,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
             yield
         finally:
             await pool.shutdown()
+            stop_fork_server()
             hub.close()
 
     app = FastAPI(title="phaselens serving", lifespan=lifespan)

@@ -119,7 +119,12 @@ def test_unreachable_source_backs_off_and_the_service_stays_up(tmp_path: Path) -
     dead = f"http://127.0.0.1:{free_port()}"
     proc, url = start_collector(tmp_path / "x.duckdb", "--serving", dead, "--dcgm", f"{dead}/metrics")
     try:
-        time.sleep(2.5)
+
+        def failed_and_recorded() -> bool:
+            down = [s for s in httpx.get(f"{url}/health").json()["sources"] if s["status"] == "down"]
+            return len(down) == 3 and any(e["kind"] == "unreachable" for e in rows(url, "ingest_errors"))
+
+        wait_for(failed_and_recorded)
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "degraded"
         down = [s for s in health["sources"] if s["status"] == "down"]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable
 
+import psutil
 import pytest
 
 from serving.config import EngineConfig, SamplingParams
 from serving.metrics import ServingMetrics
-from serving.pool import RequestState, WorkerPool
+from serving.pool import RequestState, WorkerPool, stop_fork_server
 from serving.telemetry import TelemetryHub
 from serving.worker import MAX_CONSECUTIVE_ITERATION_ERRORS, WorkerSpec
 
@@ -129,3 +131,35 @@ def test_a_worker_stopped_on_purpose_is_not_restarted() -> None:
         assert pool.health()["status"] == "unavailable"
 
     run(scenario, restart_delay_s=0.1)
+
+
+def _fork_server_processes() -> list[psutil.Process]:
+    """This process's fork server (a child of this process, not of a stack another test started) and
+    the workers forked from it, while they run."""
+    found = []
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                found += [q for q in (p, *p.children()) if q.status() != psutil.STATUS_ZOMBIE]
+    return found
+
+
+def test_workers_are_forked_from_one_fork_server_that_stops_with_the_router() -> None:
+    pids: list[int] = []
+
+    async def scenario(pool: WorkerPool, hub: TelemetryHub) -> None:
+        for worker_id in ("worker-0", "worker-1"):
+            w = await pool.start_worker(spec(worker_id), "mixed")
+            pids.append(w.process.pid)
+        running = {p.pid for p in _fork_server_processes()}
+        assert set(pids) < running and len(running) == 3  # the two workers and their fork server
+        req = pool.submit([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert await outcome(req) == ("done", "length")
+
+    run(scenario)
+    stop_fork_server()  # what the router does once its pool has shut down
+    assert _fork_server_processes() == []
+    # the next worker starts a fork server again
+    run(lambda pool, hub: pool.start_worker(spec(), "mixed"))
+    stop_fork_server()
+    assert _fork_server_processes() == []
