@@ -117,14 +117,7 @@ def iteration_rows_sql(pred: str, simulated: bool) -> str:
     sim = "TRUE" if simulated else "source = 'simulated'"
     return f"""
     SELECT node, gpu_uuid AS uuid, worker, start_s, end_s, phase, lag_s,
-           least(end_s - start_s, greatest(0.0,
-               CASE WHEN compute_s IS NOT NULL AND {sim} THEN compute_s
-                    WHEN modeled_s IS NOT NULL THEN modeled_s
-                    ELSE end_s - start_s END)) AS busy_len_s,
-           CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
-                ELSE coalesce(prefill_tokens::DOUBLE
-                              / nullif(coalesce(prefill_tokens, 0) + coalesce(decode_seqs, 0), 0), 0.5)
-           END AS pshare
+           {iteration_seconds.busy_len_sql(sim)} AS busy_len_s, {iteration_seconds.PSHARE_SQL} AS pshare
     FROM iterations
     WHERE {pred} AND gpu_uuid IS NOT NULL AND end_s > start_s AND end_s > ? AND start_s < ?"""
 

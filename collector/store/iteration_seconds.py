@@ -9,8 +9,9 @@ sampled time from the raw rows (:func:`analytics.intervals.buckets_sql`).
 
 Columns per second: ``prefill_s``, ``decode_s`` (GPU-busy seconds of prefill and decode
 iterations), ``mixed_prefill_s``, ``mixed_decode_s`` (a mixed iteration's busy seconds split by its
-prefill share), ``host_s`` (an iteration's host part, before its GPU-busy part) — by the rules of
-:func:`analytics.intervals.iteration_rows_sql`, repeated in :func:`rollup_sql` — and, of the
+prefill share), ``host_s`` (an iteration's host part, before its GPU-busy part) — by the rules
+:func:`analytics.intervals.iteration_rows_sql` shares with :func:`rollup_sql` (:func:`busy_len_sql`,
+``PSHARE_SQL``) — and, of the
 iterations *starting* in the second: ``starts``, ``lagged`` (lag_s > 0), ``negative`` (ending
 before they start), ``unrolled`` (longer than ``MAX_ROLLED_S``, or a time not finite or beyond
 ±1e15 s, then counted in second 0: no pieces here, analytics reads the raw rows), ``min_end_s``,
@@ -88,6 +89,27 @@ _TYPES = {
 }
 
 
+def busy_len_sql(simulated: str) -> str:
+    """SQL of an iteration row's GPU-busy seconds (at its end; the rest of it, first, is host time):
+    a simulated row's ``compute_s`` (``simulated``: the SQL condition that the row is simulated; the
+    simulator's ``modeled_s − compute_s`` is engine time with the GPU idle), else the emulated
+    device's ``modeled_s`` (a step's wall time beyond it is host time), else the whole step (a
+    measured engine's host time inside a step is not visible); within [0, the step]. The one
+    definition the rollup and the raw reads (:func:`analytics.intervals.iteration_rows_sql`) share."""
+    return f"""least(end_s - start_s, greatest(0.0,
+               CASE WHEN compute_s IS NOT NULL AND {simulated} THEN compute_s
+                    WHEN modeled_s IS NOT NULL THEN modeled_s
+                    ELSE end_s - start_s END))"""
+
+
+#: SQL of an iteration row's prefill share of its work: 1 for prefill, 0 for decode, a mixed one's
+#: prefill tokens over prefill tokens plus decode sequences (0.5 when it has neither).
+PSHARE_SQL = """CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
+                ELSE coalesce(prefill_tokens::DOUBLE
+                              / nullif(coalesce(prefill_tokens, 0) + coalesce(decode_seqs, 0), 0), 0.5)
+           END"""
+
+
 def rollup_sql(src: str, columns: Collection[str] | None = None) -> str:
     """SELECT of the rollup rows of the iterations in relation ``src`` (a table name or a
     parenthesised query); ``columns``: those ``src`` has (None: all of ``SOURCE_COLUMNS``), the
@@ -105,14 +127,7 @@ def rollup_sql(src: str, columns: Collection[str] | None = None) -> str:
     return f"""
 WITH src AS (
     SELECT node, worker, gpu_uuid AS uuid, start_s, end_s, phase, lag_s,
-           least(end_s - start_s, greatest(0.0,
-               CASE WHEN compute_s IS NOT NULL AND {sim} THEN compute_s
-                    WHEN modeled_s IS NOT NULL THEN modeled_s
-                    ELSE end_s - start_s END)) AS busy_len_s,
-           CASE phase WHEN 'prefill' THEN 1.0 WHEN 'decode' THEN 0.0
-                ELSE coalesce(prefill_tokens::DOUBLE
-                              / nullif(coalesce(prefill_tokens, 0) + coalesce(decode_seqs, 0), 0), 0.5)
-           END AS pshare
+           {busy_len_sql(sim)} AS busy_len_s, {PSHARE_SQL} AS pshare
     FROM (SELECT {cols} FROM {src})
 ),
 pieces AS (  -- each iteration with a GPU cut at whole seconds: its host part, then its GPU-busy part
