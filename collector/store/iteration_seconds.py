@@ -123,7 +123,7 @@ def rollup_sql(src: str, columns: Collection[str] | None = None) -> str:
     cols = ", ".join(
         f'"{c}"' if c in have else f'NULL::{_TYPES.get(c, "VARCHAR")} AS "{c}"' for c in SOURCE_COLUMNS
     )
-    sim = "(coalesce(source = 'simulated', FALSE) OR starts_with(node, 'sim:'))"
+    sim = "trust_label(node, source) = 'simulated'"  # the store's one definition (migration 9)
     return f"""
 WITH src AS (
     SELECT node, worker, gpu_uuid AS uuid, start_s, end_s, phase, lag_s,
