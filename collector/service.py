@@ -376,10 +376,19 @@ class Collector:
                 self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + written
             except StoreError as e:  # bad rows from a source: counted, the service carries on
                 self._rejected(source, e, len(rows))
-        for res in results:
-            for err in res.errors:
-                if err.severity != "info":
-                    self._record(err.source, err.kind, err.message, err.count)
+        # one append for the flush's problems: a row each, converted once (not one append each)
+        problems = [
+            (err.source, err.kind, err.message[:2000], err.count)
+            for res in results
+            for err in res.errors
+            if err.severity != "info"
+        ]
+        if problems:
+            try:
+                self._taking(partial(self.store.record_ingest_errors, self.settings.node, problems))
+            except StoreError:  # one at a time, so that only a row the store refuses is lost (logged)
+                for source_, kind, message, count in problems:
+                    self._record(source_, kind, message, count)
 
     def _append_telemetry(self, batches: list[Any], source: str) -> list[TelemetryIngest]:
         """All of a source's telemetry batches of this flush in one append; when the store refuses

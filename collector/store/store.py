@@ -496,8 +496,17 @@ class Store:
 
     def record_ingest_error(self, node: str, source: str, kind: str, message: str, count: int = 1) -> None:
         """Count ``count`` bad inputs of ``kind`` from ``source`` (e.g. a StoreError from append)."""
-        row = {"node": node, "source": source, "ts_s": time.time(), "kind": kind, "message": message}
-        self.append("ingest_errors", [{**row, "count": count}])
+        self.record_ingest_errors(node, [(source, kind, message, count)])
+
+    def record_ingest_errors(self, node: str, errors: Iterable[tuple[str, str, str, int]]) -> None:
+        """Count many problems at once, ``(source, kind, message, count)`` each: one append."""
+        now_s = time.time()
+        rows = [
+            {"node": node, "source": source, "ts_s": now_s, "kind": kind, "message": message, "count": count}
+            for source, kind, message, count in errors
+        ]
+        if rows:
+            self.append("ingest_errors", rows)
 
     def flush(self, *, wait: bool = True) -> None:
         """Write buffered rows now, in one transaction; a no-op when nothing is pending.

@@ -229,3 +229,35 @@ def test_a_failed_background_flush_is_a_store_error_not_a_rejection_of_the_sourc
         stored = store.query("SELECT ts_s FROM gpu_samples ORDER BY 1")["ts_s"].tolist()
         assert stored == [2.0, 3.0, 4.0]
         assert store.query("SELECT count(*) AS n FROM ingest_errors")["n"][0] == 0  # no source's rejection
+
+
+def test_the_problems_of_a_flush_are_stored_together_and_a_bad_one_costs_only_itself(
+    tmp_path: Path,
+) -> None:
+    """Every counted problem of the results written lands in ingest_errors (``info`` ones are not
+    stored); a problem row the store refuses (here a fraction of a count) is lost alone."""
+    settings = CollectorSettings(db_path=str(tmp_path / "d.duckdb"), nvml=False)
+    with Store.open(settings.db_path) as store:
+        collector = Collector(settings, store, sources=[])
+        results = []
+        for k in range(3):
+            res = SourceResult(f"src-{k}", float(k))
+            res.count("unmapped", f"FAMILY_{k}: no column", severity="warning")
+            res.count("non_finite", f"value {k}: nan", n=2)
+            res.count("duplicate_timestamp", "ignored", severity="info")
+            results.append(res)
+        collector.write_results(results)
+        rows = store.query("SELECT source, kind, count FROM ingest_errors ORDER BY source, kind")
+        assert rows.to_dict("records") == [
+            {"source": f"src-{k}", "kind": kind, "count": n}
+            for k in range(3)
+            for kind, n in (("non_finite", 2), ("unmapped", 1))
+        ]
+        bad = SourceResult("src-bad", 9.0)
+        bad.count("unmapped", "FAMILY_X: no column")
+        bad.errors[0].count = 1.5  # type: ignore[assignment]  # not a count: refused by the store
+        good = SourceResult("src-good", 9.0)
+        good.count("unmapped", "FAMILY_Y: no column")
+        collector.write_results([bad, good])
+        kept = store.query("SELECT source FROM ingest_errors WHERE source IN ('src-bad', 'src-good')")
+        assert kept["source"].tolist() == ["src-good"]
