@@ -311,15 +311,17 @@ def _natural(key: str) -> tuple[Any, ...]:
     return (node, 0, int(index), source, device) if index.isdigit() else (node, 1, index, source, device)
 
 
-def _index_runs(indices: list[int]) -> str:
-    """Sorted whole numbers as runs: ``0–31, 40, 42–44``."""
+def _index_runs(indices: list[int], most: int = 8) -> str:
+    """Sorted whole numbers as runs: ``0–31, 40, 42–44``; past ``most`` runs, the first ones, ``…``
+    and the last (``1, 3, 5, …, 63``)."""
     runs: list[list[int]] = []
     for i in indices:
         if runs and i == runs[-1][-1] + 1:
             runs[-1].append(i)
         else:
             runs.append([i])
-    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    texts = [f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return ", ".join(texts if len(texts) <= most else [*texts[: most - 1], "…", texts[-1]])
 
 
 class GpuNames:
@@ -680,7 +682,7 @@ def _key_runs(keys: list[str]) -> str:
             numbered.setdefault(part, []).append(int(n))
         else:
             named.append(key)
-    return ", ".join([f"{part}.{_index_runs(sorted(ns))}" for part, ns in numbered.items()] + named)
+    return ", ".join([f"{part}.{_index_runs(sorted(ns), most=3)}" for part, ns in numbered.items()] + named)
 
 
 def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
