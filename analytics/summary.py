@@ -703,17 +703,21 @@ def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
         keys, values = groups.setdefault(template, ([], []))
         keys.append(key)
         values.append(value)
-    lines = []
-    for template, (keys, values) in groups.items():
+    return [f"  {_key_runs(keys)}: {_filled(t, values, names)}" for t, (keys, values) in groups.items()]
+
+
+def _filled(template: str, values: list[str], names: GpuNames) -> str:
+    """A grouped message with its GPUs (``GPUs 48–63 (16)``) or its hours (``hours from
+    2026-11-30 00:00:00 UTC to 05:00:00 UTC (6)``) in its slot."""
+    if _GPU_SLOT in template:
+        return template.replace(_GPU_SLOT, names.listing(values))
+    if _HOUR_SLOT in template:
         first, last, n = min(values), max(values), len(set(values))
-        hours = (
-            f"hour from {first}"
-            if n == 1
-            else f"hours from {first} to {last[11:] if last[:10] == first[:10] else last} ({n})"
+        last = last[11:] if last[:10] == first[:10] else last  # the date once
+        return template.replace(
+            _HOUR_SLOT, f"hour from {first}" if n == 1 else f"hours from {first} to {last} ({n})"
         )
-        text = template.replace(_GPU_SLOT, names.listing(values)).replace(_HOUR_SLOT, hours)
-        lines.append(f"  {_key_runs(keys)}: {text}")
-    return lines
+    return template
 
 
 def format_summary(
