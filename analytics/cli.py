@@ -54,12 +54,36 @@ def add_analyze_command(sub: Any) -> None:
     p.add_argument("--pue", type=float, default=None, help="power usage effectiveness, 1..5")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--detail", action="store_true", help="also print every table of every part")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        metavar="N|all",
+        help="per-GPU rows of the bimodality and power-model tables: the N most notable (default 12;"
+        " 0: the pools only) or all (--json always has every GPU)",
+    )
     p.set_defaults(func=cmd_analyze)
 
 
 def _error(message: str) -> int:
     print(f"phaselens analyze: error: {message}", file=sys.stderr)
     return 2
+
+
+def gpu_rows_of(value: str | None) -> int | None:
+    """``--gpus``: a whole number >= 0 of per-GPU rows, or ``all`` (None); the default where not
+    given. AnalyticsError names what is allowed otherwise."""
+    from analytics.summary import DEFAULT_GPU_ROWS
+
+    if value is None:
+        return DEFAULT_GPU_ROWS
+    text = value.strip()
+    if text.lower() == "all":
+        return None
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise AnalyticsError(
+        f"--gpus must be a whole number of GPU rows >= 0 (0: the pools only) or 'all', got {value!r}"
+    )
 
 
 def summary_params(
@@ -285,6 +309,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
     try:
+        gpu_rows = gpu_rows_of(args.gpus)
         check_epoch_s("--start-s", args.start_s)
         check_epoch_s("--end-s", args.end_s)
         if args.collector:
@@ -324,5 +349,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                     summary["missing"] = {"window": hint, **(summary.get("missing") or {})}
     except (AnalyticsError, ValueError) as e:
         return _error(str(e))
-    print(json.dumps(summary, indent=1) if args.json else format_summary(summary, detail=args.detail))
+    print(
+        json.dumps(summary, indent=1)
+        if args.json
+        else format_summary(summary, detail=args.detail, gpu_rows=gpu_rows)
+    )
     return 0

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,6 +298,105 @@ def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
     return ["", title, *("  " + line for line in _grid(header, rows))]
 
 
+#: per-GPU rows of the bimodality and power-model tables ``phaselens analyze`` prints by default
+DEFAULT_GPU_ROWS = 12
+
+
+def _natural(key: str) -> tuple[Any, ...]:
+    """A GPU key's place in natural order: by node, then numeric index (2 before 10)."""
+    parts = key.split("|")
+    if len(parts) != 4:
+        return (key, 2)
+    node, source, device, index = parts
+    return (node, 0, int(index), source, device) if index.isdigit() else (node, 1, index, source, device)
+
+
+def _index_runs(indices: list[int], most: int = 8) -> str:
+    """Sorted whole numbers as runs: ``0–31, 40, 42–44``; past ``most`` runs, the first ones, ``…``
+    and the last (``1, 3, 5, …, 63``)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    texts = [f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return ", ".join(texts if len(texts) <= most else [*texts[: most - 1], "…", texts[-1]])
+
+
+class GpuNames:
+    """The GPUs of one summary (keys ``node|source|device|index``): their natural order (by node,
+    then numeric index) and short labels — the index alone where the window holds one node, else
+    ``node/index``. A GPU whose short label another GPU shares keeps its whole key."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self.keys = sorted(set(keys), key=_natural)
+        self.one_node = len({k.split("|")[0] for k in self.keys}) <= 1
+        short = {k: self._short(k, one_node=self.one_node) for k in self.keys}
+        taken = Counter(short.values())
+        self._labels = {k: label for k, label in short.items() if label is not None and taken[label] == 1}
+
+    @staticmethod
+    def _short(key: str, *, one_node: bool) -> str | None:
+        parts = key.split("|")
+        if len(parts) != 4 or not parts[3].isdigit():
+            return None
+        return parts[3] if one_node else f"{parts[0]}/{parts[3]}"
+
+    def label(self, key: str) -> str:
+        """The GPU's short label (its whole key where a short one would be ambiguous or unknown)."""
+        return self._labels.get(key, key)
+
+    def order(self, keys: Iterable[str]) -> list[str]:
+        """``keys`` in natural order."""
+        return sorted(keys, key=_natural)
+
+    def listing(self, keys: Iterable[str]) -> str:
+        """``GPU 7`` for one GPU; for more, the count and their labels with runs of indices
+        compacted: ``GPUs 0–31 (32)``, ``GPUs a/0–7, b/0–3 (12)``."""
+        ordered = self.order(set(keys))
+        if len(ordered) == 1:
+            return f"GPU {self.label(ordered[0])}"
+        pieces: list[str] = []
+        by_node: dict[str, list[int]] = {}  # short-labelled GPUs' indices per node, in order
+        for key in ordered:
+            if key in self._labels:
+                by_node.setdefault(key.split("|")[0], []).append(int(key.rsplit("|", 1)[1]))
+            else:
+                pieces.append(key)
+        runs = [
+            _index_runs(idx) if self.one_node else f"{node}/{_index_runs(idx)}"
+            for node, idx in by_node.items()
+        ]
+        return f"GPUs {', '.join(runs + pieces)} ({len(ordered)})"
+
+
+def _gpu_keys(parts: dict[str, Any]) -> list[str]:
+    """Every GPU key the summary's per-GPU tables name: the power fits, the sample gaps, the
+    bimodality's GPU rows."""
+    phases = parts.get("phases") or {}
+    keys = list(phases.get("fits") or {}) + list(phases.get("sample_gaps") or {})
+    keys += [str(r["gpu"]) for r in (parts.get("bimodal") or {}).get("table") or [] if r.get("gpu")]
+    return keys
+
+
+def _notable_first(
+    keys: list[str], rank: Callable[[str], Any], limit: int | None, names: GpuNames
+) -> list[str]:
+    """The ``limit`` first of ``keys`` by ``rank`` (all where ``limit`` is None), in natural order."""
+    chosen = keys if limit is None else sorted(keys, key=lambda k: (rank(k), _natural(k)))[: max(0, limit)]
+    return names.order(chosen)
+
+
+def _left_out(shown: int, total: int, rule: str) -> list[str]:
+    """The line under a capped per-GPU table: how many GPUs it leaves out and how the shown ones were
+    picked (nothing where none is left out)."""
+    if shown >= total:
+        return []
+    picked = f"; shown: {rule}" if shown else ""
+    return [f"  … {total - shown} of {total} GPUs left out{picked}; --gpus all (or --json) lists every one"]
+
+
 def _phase_lines(parts: dict[str, Any]) -> list[str]:
     pools = (parts.get("phases") or {}).get("per_pool") or []
     rows = []
@@ -333,7 +434,7 @@ def _phase_lines(parts: dict[str, Any]) -> list[str]:
     )
 
 
-def _gap_lines(parts: dict[str, Any]) -> list[str]:
+def _gap_lines(parts: dict[str, Any], names: GpuNames) -> list[str]:
     """The GPUs with gaps in their samples: unsampled time per GPU and overall, with the rule."""
     phases = parts.get("phases") or {}
     gaps = phases.get("sample_gaps") or {}
@@ -343,13 +444,13 @@ def _gap_lines(parts: dict[str, Any]) -> list[str]:
     unsampled_s = sum((g.get("gap_s") or 0.0) for g in gaps.values())
     rows = [
         [
-            gpu,
-            f"{g.get('gap_s') or 0.0:,.1f}",
-            str(g.get("gaps", "—")),
-            f"{g.get('longest_s') or 0.0:,.1f}",
-            f"{g.get('threshold_s') or 0.0:,.1f}",
+            names.label(gpu),
+            f"{gaps[gpu].get('gap_s') or 0.0:,.1f}",
+            str(gaps[gpu].get("gaps", "—")),
+            f"{gaps[gpu].get('longest_s') or 0.0:,.1f}",
+            f"{gaps[gpu].get('threshold_s') or 0.0:,.1f}",
         ]
-        for gpu, g in sorted(gaps.items())
+        for gpu in names.order(gaps)
     ]
     out = _rows(
         "Unsampled time (gaps in a GPU's samples: its own state, not idle)",
@@ -399,40 +500,25 @@ def _idle_lines(parts: dict[str, Any]) -> list[str]:
     )
 
 
-def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
+def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> list[str]:
+    """The bimodality table: the pools, then at most ``gpu_rows`` GPUs (None: all) — those whose
+    verdict differs from their pool's first, then the largest dip statistic — in natural order."""
     table = (parts.get("bimodal") or {}).get("table") or []
-    rows = []
-    for r in table:
-        if r.get("scope") not in ("pool", "gpu"):
-            continue
-        where = (
-            str(r.get("role") or "—")
-            if r.get("scope") == "pool"
-            else f"  GPU {str(r.get('gpu', '')).rsplit('|', 1)[-1]}"
-        )
-        modes = (
-            "constant / no spread: bimodality not defined"
-            if r.get("no_spread")
-            else "—"
-            if r.get("mode_low_pct") is None
-            else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
-            f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
-        )
-        rows.append(
-            [
-                where,
-                f"{r.get('n', 0):,}",
-                _cell(r.get("sm_prefill_pct")),
-                _cell(r.get("sm_decode_pct")),
-                _cell(r.get("util_pct")),
-                _cell(r.get("dip")),
-                _p_value(r.get("dip_p_value")),
-                _cell(r.get("sarle")),
-                "—" if r.get("bimodal") is None else "yes" if r.get("bimodal") else "no",
-                modes,
-            ]
-        )
-    return _rows(
+    pools = {r.get("role"): r for r in table if r.get("scope") == "pool"}
+    per_gpu = {str(r["gpu"]): r for r in table if r.get("scope") == "gpu" and r.get("gpu")}
+
+    def rank(gpu: str) -> tuple[bool, float]:
+        r = per_gpu[gpu]
+        same = r.get("bimodal") == (pools.get(r.get("role")) or {}).get("bimodal")
+        dip = r.get("dip")
+        return same, -dip if dip is not None and dip == dip else math.inf
+
+    shown = _notable_first(list(per_gpu), rank, gpu_rows, names)
+    rows = [_bimodal_row(str(r.get("role") or "—"), r) for r in pools.values()]
+    rows += [
+        _bimodal_row(f"  GPU {names.label(g)} ({per_gpu[g].get('role') or '—'})", per_gpu[g]) for g in shown
+    ]
+    out = _rows(
         "SM activity: bimodal? (dip test p < 0.05; Sarle's b > 0.555; mixture modes and weights)",
         [
             "pool / GPU",
@@ -448,6 +534,33 @@ def _bimodal_lines(parts: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    return out + _left_out(
+        len(shown), len(per_gpu), "the GPUs whose verdict differs from their pool's, then the largest dip"
+    )
+
+
+def _bimodal_row(where: str, r: dict[str, Any]) -> list[str]:
+    """One row of the bimodality table: a pool's or a GPU's figures, verdict and modes."""
+    modes = (
+        "constant / no spread: bimodality not defined"
+        if r.get("no_spread")
+        else "—"
+        if r.get("mode_low_pct") is None
+        else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
+        f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
+    )
+    return [
+        where,
+        f"{r.get('n', 0):,}",
+        _cell(r.get("sm_prefill_pct")),
+        _cell(r.get("sm_decode_pct")),
+        _cell(r.get("util_pct")),
+        _cell(r.get("dip")),
+        _p_value(r.get("dip_p_value")),
+        _cell(r.get("sarle")),
+        "—" if r.get("bimodal") is None else "yes" if r.get("bimodal") else "no",
+        modes,
+    ]
 
 
 def _cost_lines(parts: dict[str, Any]) -> list[str]:
@@ -514,21 +627,27 @@ def _latency_lines(parts: dict[str, Any]) -> list[str]:
     return out
 
 
-def _fit_lines(parts: dict[str, Any]) -> list[str]:
+def _fit_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> list[str]:
+    """The power model: at most ``gpu_rows`` GPUs' fits (None: all) — the lowest R² first, an
+    undefined R² before any — in natural order; then each note once, with the GPUs it applies to."""
     fits = (parts.get("phases") or {}).get("fits") or {}
-    rows = []
-    for gpu, f in fits.items():
-        coef = f.get("coef_w") or {}
-        rows.append(
-            [gpu.rsplit("|", 1)[-1] if "|" in gpu else gpu]
-            + [_cell(coef.get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
-            + [_cell(f.get("r2"))]
-        )
-    out = _rows(
-        "Power model per GPU (W while in each state; apportions each interval's measured energy)",
-        ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"],
-        sorted(rows),
-    )
+
+    def rank(gpu: str) -> tuple[bool, float]:
+        r2 = fits[gpu].get("r2")
+        return r2 is not None and r2 == r2, r2 if r2 is not None and r2 == r2 else 0.0
+
+    shown = _notable_first(list(fits), rank, gpu_rows, names)
+    rows = [
+        [names.label(gpu)]
+        + [_cell((fits[gpu].get("coef_w") or {}).get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
+        + [_cell(fits[gpu].get("r2"))]
+        for gpu in shown
+    ]
+    title = "Power model per GPU (W while in each state; apportions each interval's measured energy)"
+    out = _rows(title, ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"], rows)
+    if fits and not rows:  # --gpus 0: the notes still need their title
+        out = ["", title]
+    out += _left_out(len(shown), len(fits), "the lowest R²")
     bounds = {
         gpu: f"[0, {f['bound_w']:,.0f} W] ({f.get('bound_source')})"
         if f.get("bound_w") is not None
@@ -537,23 +656,87 @@ def _fit_lines(parts: dict[str, Any]) -> list[str]:
     }
     if len(set(bounds.values())) == 1 and bounds:
         out.append(f"  bound on each state's power: {next(iter(bounds.values()))}")
-    for gpu, f in sorted(fits.items()):
-        notes = [n for n in f.get("notes") or [] if " time in the window: its power is not fitted" not in n]
+    gpus_of: dict[str, list[str]] = {}  # each note, in the order first met, and the GPUs it is of
+    for gpu in names.order(fits):
+        notes = [
+            n for n in fits[gpu].get("notes") or [] if " time in the window: its power is not fitted" not in n
+        ]
         if len(set(bounds.values())) > 1:
             notes.insert(0, f"bound on each state's power: {bounds[gpu]}")
-        out += [f"  GPU {gpu.rsplit('|', 1)[-1]}: {n}" for n in notes]
-    return out
+        for note in notes:
+            gpus_of.setdefault(note, []).append(gpu)
+    return out + [f"  {names.listing(gpus)}: {note}" for note, gpus in gpus_of.items()]
 
 
-def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
+_HOUR = re.compile(r"hour from (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)")
+_GPU_SLOT, _HOUR_SLOT = "\0gpus\0", "\0hours\0"  # where a grouped message's GPUs or hours go
+
+
+def _key_runs(keys: list[str]) -> str:
+    """Keys of ``missing`` compacted per part: ``bimodal.7–22``, ``phases.0, idle.0``."""
+    numbered: dict[str, list[int]] = {}
+    named: list[str] = []
+    for key in keys:
+        part, _, n = key.rpartition(".")
+        if part and n.isdigit():
+            numbered.setdefault(part, []).append(int(n))
+        else:
+            named.append(key)
+    return ", ".join([f"{part}.{_index_runs(sorted(ns), most=3)}" for part, ns in numbered.items()] + named)
+
+
+def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
+    """What is missing, one line per message; messages that differ only by the one GPU (or hour)
+    they name are one line, with the count and a compact list of the GPUs (or the first and last
+    hour), under their keys (``bimodal.7–22``) to find them in ``--json``."""
+    gpu = re.compile("(?:GPU )?(" + "|".join(map(re.escape, names.keys)) + r")(?!\d)") if names.keys else None
+    groups: dict[str, tuple[list[str], list[str]]] = {}  # message with a slot for what varies -> keys, values
+    for key, text in missing.items():
+        found = gpu.findall(text) if gpu else []
+        hours = _HOUR.findall(text)
+        if len(found) == 1:
+            template, value = gpu.sub(_GPU_SLOT, text), found[0]
+        elif len(hours) == 1:
+            template, value = _HOUR.sub(_HOUR_SLOT, text), hours[0]
+        else:
+            template, value = text, ""
+        keys, values = groups.setdefault(template, ([], []))
+        keys.append(key)
+        values.append(value)
+    return [f"  {_key_runs(keys)}: {_filled(t, values, names)}" for t, (keys, values) in groups.items()]
+
+
+def _filled(template: str, values: list[str], names: GpuNames) -> str:
+    """A grouped message with its GPUs (``GPUs 48–63 (16)``) or its hours (``hours from
+    2026-11-30 00:00:00 UTC to 05:00:00 UTC (6)``) in its slot."""
+    if _GPU_SLOT in template:
+        return template.replace(_GPU_SLOT, names.listing(values))
+    if _HOUR_SLOT in template:
+        first, last, n = min(values), max(values), len(set(values))
+        last = last[11:] if last[:10] == first[:10] else last  # the date once
+        return template.replace(
+            _HOUR_SLOT, f"hour from {first}" if n == 1 else f"hours from {first} to {last} ({n})"
+        )
+    return template
+
+
+def format_summary(
+    summary: dict[str, Any], *, detail: bool = False, gpu_rows: int | None = DEFAULT_GPU_ROWS
+) -> str:
     """The summary's JSON form as readable tables: the window and its trust labels, GPU time by
     phase, where it goes, bimodality, cost per token, latency, the power fits, what is missing.
-    ``detail`` appends every table of every part (the same as ``--json``, as text)."""
+
+    GPUs are in natural order (node, then index) and labelled by index alone where the window holds
+    one node, else ``node/index``. The bimodality and power-model tables show at most ``gpu_rows``
+    GPUs (None: all; 0: the pools only), the notable ones, and say how many they leave out; notes and
+    missing messages that differ only by GPU (or hour) are one line each. ``detail`` appends every
+    table of every part (the same as ``--json``, as text)."""
     w = summary["window"]
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(w["start_s"]))
     end = time.strftime("%H:%M:%S", time.gmtime(w["end_s"]))
     trust = summary.get("trust", {})
     parts = summary.get("parts", {})
+    names = GpuNames(_gpu_keys(parts))
     lines = [
         f"phaselens analysis — data set {w['dataset']}, {start} – {end} UTC ({w['duration_s']:,.0f} s)",
         f"trust: {', '.join(trust.get('labels', [])) or 'no data'}",
@@ -561,19 +744,15 @@ def format_summary(summary: dict[str, Any], *, detail: bool = False) -> str:
     if (summary.get("missing") or {}).get("window"):  # why the window is empty, before any table
         lines.append(f"  ! {summary['missing']['window']}")
     lines += [f"  note: {n}" for n in trust.get("notes", [])]
-    for section in (
-        _phase_lines,
-        _gap_lines,
-        _idle_lines,
-        _bimodal_lines,
-        _cost_lines,
-        _latency_lines,
-        _fit_lines,
-    ):
-        lines += section(parts)
+    lines += _phase_lines(parts)
+    lines += _gap_lines(parts, names)
+    lines += _idle_lines(parts)
+    lines += _bimodal_lines(parts, names, gpu_rows)
+    lines += _cost_lines(parts)
+    lines += _latency_lines(parts)
+    lines += _fit_lines(parts, names, gpu_rows)
     if summary.get("missing"):
-        lines += ["", "Missing or not computed:"]
-        lines += [f"  {k}: {v}" for k, v in summary["missing"].items()]
+        lines += ["", "Missing or not computed:", *_missing_lines(summary["missing"], names)]
     if detail:
         for name, part in parts.items():
             lines += ["", f"== {name} (detail) ==", *_render(part)]

@@ -98,6 +98,15 @@ def scenarios_of(db):
         (["--start-s", "-5"], "--start-s -5 is 1969-12-31 23:59:55 UTC: give UTC epoch seconds from 2000 on"),
         (["--start-s", "1796185000", "--end-s", "3600"], "--end-s 3600 is 1970-01-01 01:00:00 UTC"),
         (["--start-s", "nan"], "--start-s must be finite"),
+        (
+            ["--gpus", "some"],
+            "--gpus must be a whole number of GPU rows >= 0 (0: the pools only) or 'all', got 'some'",
+        ),
+        (
+            ["--gpus", "-1"],
+            "--gpus must be a whole number of GPU rows >= 0 (0: the pools only) or 'all', got '-1'",
+        ),
+        (["--gpus", "2.5"], "or 'all', got '2.5'"),
     ],
 )
 def test_bad_arguments_are_named(sim_db, capsys, args, says):
@@ -159,3 +168,192 @@ def test_format_summary_prints_p_values_money_and_slos_one_way():
     )
     assert "window cost $1,234 for" in out
     assert "(TTFT ≤ 2,000 ms and TPOT ≤ 100 ms)" in out
+
+
+# -- the text of a fleet: per-GPU rows capped, GPUs in natural order, repeated messages grouped ---------
+
+NODES = {"node-a": 12, "node-b": 8}  # 20 GPUs; node-a's indices reach 10 and 11 (after 1 as strings)
+BOUND_NOTE = "prefill power at its bound 700 W (the GPU's power limit): the unbounded fit exceeds what the GPU can draw"
+NO_SPREAD = "constant / no spread (SM activity std 0.00 points < 0.5): bimodality not defined"
+
+
+def _key(node: str, i: int) -> str:
+    return f"{node}|nvml|cuda:{i}|{i}"
+
+
+def fleet_summary() -> dict:
+    """The JSON form of a summary of 20 GPUs on two nodes, its per-GPU entries in string order:
+    node-a's mixed pool is bimodal, node-b's decode pool is not; GPU node-a/10 and node-b/3 disagree
+    with their pool, node-a/2 and node-b/7 have the largest dips; node-b/0's R² is undefined and
+    node-a/11, node-b/5 and node-a/3 fit worst."""
+    keys = sorted(_key(node, i) for node, n in NODES.items() for i in range(n))
+    dips = {_key("node-a", 2): 0.5, _key("node-b", 7): 0.4, _key("node-a", 10): 0.01, _key("node-b", 3): 0.02}
+    differs = {_key("node-a", 10), _key("node-b", 3)}
+    r2 = {_key("node-b", 0): None, _key("node-a", 11): 0.2, _key("node-b", 5): 0.5, _key("node-a", 3): 0.6}
+    table = [
+        {"scope": "pool", "role": "mixed", "n": 1000, "dip": 0.3, "dip_p_value": 0.0, "bimodal": True},
+        {"scope": "pool", "role": "decode", "n": 800, "dip": 0.01, "dip_p_value": 0.9, "bimodal": False},
+    ]
+    poor = "power model fits poorly on 4 of 20 GPUs"
+    fits, missing = {}, {"phases.0": poor, "idle.0": poor}
+    for k in keys:
+        mixed = k.startswith("node-a")
+        table.append(
+            {
+                "scope": "gpu",
+                "role": "mixed" if mixed else "decode",
+                "gpu": k,
+                "n": 50,
+                "dip": dips.get(k, 0.1),
+                "dip_p_value": 0.5,
+                "bimodal": mixed != (k in differs),
+            }
+        )
+        notes = [BOUND_NOTE] if mixed else []
+        if k in r2 and r2[k] is None:
+            notes.append("R² undefined: interval energies do not vary")
+        fits[k] = {
+            "coef_w": {"prefill": 700.0, "decode": 300.0, "idle": 100.0},
+            "r2": r2.get(k, 0.99),
+            "notes": notes,
+            "bound_w": 700.0,
+            "bound_source": "the GPU's power limit",
+        }
+    for i in range(3):
+        missing[f"bimodal.{i}"] = f"pool decode hour from 2026-11-30 0{i}:00:00 UTC: {NO_SPREAD}"
+    for i, k in enumerate(k for k in keys if k.startswith("node-b")):
+        missing[f"bimodal.{3 + i}"] = f"GPU {k}: {NO_SPREAD}"
+    missing["latency.0"] = "no request finished in the window"
+    return {
+        "window": {"dataset": "live", "start_s": 1796185700.0, "end_s": 1796189300.0, "duration_s": 3600.0},
+        "trust": {"labels": ["emulated"], "notes": []},
+        "parts": {"bimodal": {"table": table}, "phases": {"fits": fits}},
+        "missing": missing,
+    }
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of one section of the text: from its title to the next blank line."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(at, len(lines)) if not lines[i]), len(lines))
+    return lines[at + 1 : end]
+
+
+def _gpus_of(section: list[str]) -> list[str]:
+    """The GPU labels of a table's per-GPU rows (the bimodality's ``GPU x (pool)``, the fits' first column)."""
+    rows = [line.split() for line in section if line.startswith("    GPU ")]
+    if rows:
+        return [r[1] for r in rows]
+    return [line.split()[0] for line in section[1:] if line.startswith("  node-")]
+
+
+def test_a_fleets_text_shows_the_notable_gpus_in_natural_order_and_says_what_it_left_out():
+    from analytics.summary import format_summary
+
+    text = format_summary(fleet_summary(), gpu_rows=4)
+    bimodal = _section(text, "SM activity: bimodal?")
+    # the two that disagree with their pool, then the two largest dips; node by node, 2 before 10
+    assert _gpus_of(bimodal) == ["node-a/2", "node-a/10", "node-b/3", "node-b/7"]
+    assert [line.split()[0] for line in bimodal[1:3]] == ["mixed", "decode"]  # every pool row stays
+    assert bimodal[-1] == (
+        "  … 16 of 20 GPUs left out; shown: the GPUs whose verdict differs from their pool's, then the"
+        " largest dip; --gpus all (or --json) lists every one"
+    )
+    power = _section(text, "Power model per GPU")
+    assert _gpus_of(power)[:4] == ["node-a/3", "node-a/11", "node-b/0", "node-b/5"]  # undefined R² first
+    assert "  … 16 of 20 GPUs left out; shown: the lowest R²; --gpus all (or --json) lists every one" in power
+
+
+def test_all_gpus_and_none_of_them():
+    from analytics.summary import format_summary
+
+    natural = [f"{node}/{i}" for node, n in NODES.items() for i in range(n)]
+    text = format_summary(fleet_summary(), gpu_rows=None)
+    assert _gpus_of(_section(text, "SM activity: bimodal?")) == natural
+    assert _gpus_of(_section(text, "Power model per GPU")) == natural
+    assert "left out" not in text
+    pools_only = format_summary(fleet_summary(), gpu_rows=0)
+    assert _gpus_of(_section(pools_only, "SM activity: bimodal?")) == []
+    assert "  … 20 of 20 GPUs left out; --gpus all (or --json) lists every one" in pools_only
+    power = _section(pools_only, "Power model per GPU")  # its title stays over its notes
+    assert any("GPUs node-a/0–11 (12): prefill power at its bound" in line for line in power)
+
+
+def test_notes_and_missing_messages_that_differ_only_by_gpu_or_hour_are_one_line_each():
+    from analytics.summary import format_summary
+
+    text = format_summary(fleet_summary())
+    assert f"  GPUs node-a/0–11 (12): {BOUND_NOTE}" in text.splitlines()
+    assert "  GPU node-b/0: R² undefined: interval energies do not vary" in text.splitlines()
+    assert text.count(BOUND_NOTE) == 1
+    missing = _section(text, "Missing or not computed:")
+    assert missing == [
+        "  phases.0, idle.0: power model fits poorly on 4 of 20 GPUs",
+        "  bimodal.0–2: pool decode hours from 2026-11-30 00:00:00 UTC to 02:00:00 UTC (3): " + NO_SPREAD,
+        "  bimodal.3–10: GPUs node-b/0–7 (8): " + NO_SPREAD,
+        "  latency.0: no request finished in the window",
+    ]
+
+
+def test_one_nodes_gpus_go_by_their_index_unless_two_share_it():
+    from analytics.summary import GpuNames, format_summary
+
+    summary = fleet_summary()
+    fits = summary["parts"]["phases"]["fits"]
+    summary["parts"] = {"phases": {"fits": {k: f for k, f in fits.items() if k.startswith("node-a")}}}
+    summary["missing"] = {}
+    power = _section(format_summary(summary, gpu_rows=None), "Power model per GPU")
+    assert [line.split()[0] for line in power[1:13]] == [str(i) for i in range(12)]
+    assert f"  GPUs 0–11 (12): {BOUND_NOTE}" in power
+    names = GpuNames(["n|nvml|cuda:0|0", "n|dcgm|cuda:0|0", "n|nvml|cuda:1|1"])
+    assert names.label("n|dcgm|cuda:0|0") == "n|dcgm|cuda:0|0"  # index 0 twice: the whole key
+    assert names.label("n|nvml|cuda:1|1") == "1"
+    assert names.listing(["n|nvml|cuda:0|0", "n|nvml|cuda:1|1", "n|dcgm|cuda:0|0"]) == (
+        "GPUs 1, n|dcgm|cuda:0|0, n|nvml|cuda:0|0 (3)"
+    )
+
+
+def test_analyze_caps_the_gpu_rows_and_the_json_keeps_every_one(sim_db, capsys):
+    rc, out, err = _analyze(capsys, "--dataset", "latest", "--db", str(sim_db), "--gpus", "1")
+    assert rc == 0, err
+    assert "  … 1 of 2 GPUs left out; shown: the lowest R²; --gpus all (or --json) lists every one" in out
+    rc, out, _ = _analyze(capsys, "--dataset", "latest", "--db", str(sim_db), "--gpus", "all")
+    assert rc == 0 and "left out" not in out
+    assert [line.split()[0] for line in _section(out, "Power model per GPU")[1:]][:2] == ["0", "1"]
+    rc, out, _ = _analyze(capsys, "--dataset", "latest", "--db", str(sim_db), "--gpus", "1", "--json")
+    assert len(json.loads(out)["parts"]["phases"]["fits"]) == 2
+
+
+def test_analyze_of_a_two_node_store_names_gpus_by_node_and_index(tmp_path, capsys):
+    from tests.analytics.test_attribution import iteration, make_store, samples
+
+    t0_s = 1796185700.0
+    rows, its = [], []
+    for node in ("node-b", "node-a"):  # each GPU busy decoding at a constant SM activity and power
+        for i in range(3):
+            g = {
+                "node": node,
+                "device": f"cuda:{i}",
+                "index": i,
+                "uuid": f"GPU-{node}-{i}",
+                "worker": f"{node}-{i}",
+            }
+            ts = [t0_s + s for s in range(61)]
+            rows += [{**r, **g} for r in samples(ts, [1_000_000 + 200_000 * s for s in range(61)])]
+            its += [{**iteration(t, t + 1.0, "decode", decode_seqs=4), "node": node, "gpu_uuid": g["uuid"],
+                     "gpu_index": i, "worker": g["worker"]} for t in ts[:-1]]  # fmt: skip
+    db = tmp_path / "two-nodes.duckdb"
+    make_store(db, {"gpu_samples": rows, "iterations": its}).close()
+    window = ["--db", str(db), "--start-s", str(t0_s), "--end-s", str(t0_s + 60.0)]
+    rc, out, err = _analyze(capsys, *window, "--gpus", "2")
+    assert rc == 0, err
+    assert _gpus_of(_section(out, "SM activity: bimodal?")) == ["node-a/0", "node-a/1"]
+    assert "  … 4 of 6 GPUs left out; shown: the lowest R²; --gpus all (or --json) lists every one" in out
+    no_spread = next(line for line in _section(out, "Missing or not computed:") if "GPUs" in line)
+    assert no_spread.startswith(
+        "  bimodal.5, 7, …, 15: GPUs node-a/0–2, node-b/0–2 (6): constant / no spread"
+    )
+    rc, out, _ = _analyze(capsys, *window, "--json")
+    gpu_messages = [m for m in json.loads(out)["missing"].values() if m.startswith("GPU node-")]
+    assert len(gpu_messages) == 12  # the JSON keeps every GPU's message
