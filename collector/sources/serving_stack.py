@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -37,6 +38,8 @@ EMULATION_COUNTERS: tuple[str, ...] = (
     "lag_s_total",
     "modeled_s_total",
 )
+_COUNTERS = frozenset(EMULATION_COUNTERS)
+_OWNER = itemgetter("worker", "role")
 _SAMPLE_KEY = ("ts_s", "device", "index")
 
 
@@ -299,29 +302,37 @@ def add_device_columns(
     if not items:
         return
     samples = [item["sample"] for item in items]
-    values = transpose(samples)  # one stack, one sample shape: transposed in C
-    values["worker"] = [item.get("worker") for item in items]
-    values["role"] = [item.get("role") for item in items]
-    sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
+    try:
+        worker, role = zip(*map(_OWNER, items), strict=True)
+    except KeyError:
+        worker, role = [item.get("worker") for item in items], [item.get("role") for item in items]
+    owners: dict[str, Sequence[Any]] = {"worker": worker, "role": role}
+    emulated = [sample.get("emulated") for sample in samples]
     constants: dict[str, Any] = {"node": node}
-    if len(set(sources)) == 1:
-        constants["source"] = sources[0]
+    if all(emulated):
+        constants["source"] = "emulated"
+    elif not any(emulated):
+        constants["source"] = "serving"
     else:
-        values["source"] = sources
-    counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
+        owners["source"] = ["emulated" if e else "serving" for e in emulated]
     shared = None
-    keyed_from = values
-    if repeats is not None:
-        values, shared = repeats.split(values, IDENTITY_COLUMNS)
-        keyed_from = {**values, **shared}
+    if repeats is None:
+        values = transpose(samples)  # one stack, one sample shape: transposed in C
+        values.update(owners)
+    else:  # one stack, one sample shape: the identity compared with the previous poll's, in C
+        values, shared = repeats.split_rows(samples, IDENTITY_COLUMNS, owners)
+    counters = {}
+    if not values.keys().isdisjoint(_COUNTERS):
+        keyed_from = {**values, **(shared or {})}
+        counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
     result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared, packed=repeats is not None)
     if counters:
-        emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
+        rows = [i for i, e in enumerate(emulated) if e]
         keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}
         if "source" in keyed_from:
             keyed["source"] = keyed_from["source"]
-        if len(emulated) < len(samples):
-            keyed = {k: [column[i] for i in emulated] for k, column in keyed.items()}
+        if len(rows) < len(samples):
+            keyed = {k: [column[i] for i in rows] for k, column in keyed.items()}
         result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
 
 

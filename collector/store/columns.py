@@ -18,6 +18,7 @@ exactly what its value lists store is built from the lists.
 
 from __future__ import annotations
 
+import marshal
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,9 +71,14 @@ class ColumnBlock:
         if len(lengths) > 1:
             got = {name: len(v) for name, v in chain(values.items(), repeats.items())}
             raise ValueError(f"columns of one block must have equal lengths, got {got}")
-        constants = dict(constants or {})
-        both = (values.keys() & constants.keys()) | (repeats.keys() & (values.keys() | constants.keys()))
-        if both:
+        constants = dict(constants) if constants else {}
+        keys = values.keys()
+        if not (
+            keys.isdisjoint(constants)
+            and repeats.keys().isdisjoint(keys)
+            and repeats.keys().isdisjoint(constants)
+        ):
+            both = (keys & constants.keys()) | (repeats.keys() & (keys | constants.keys()))
             raise ValueError(f"column(s) {sorted(both)} given twice (values, constants, repeats)")
         n = lengths.pop() if lengths else 0
         floats = pack_floats(lists, n) if packed else None
@@ -142,7 +148,7 @@ class RepeatedColumns:
     per source and table; not thread-safe (a source polls on one thread).
     """
 
-    __slots__ = ("_last", "_lists", "_steady", "_types")
+    __slots__ = ("_last", "_lists", "_plan", "_steady", "_types")
 
     def __init__(self, steady: Iterable[str] = ()) -> None:
         """``steady``: value columns that usually keep their values too (a GPU's power limit, its
@@ -153,6 +159,7 @@ class RepeatedColumns:
         self._lists: tuple[tuple[Any, ...], ...] = ()
         self._types: tuple[type, ...] = ()
         self._steady = set(steady)
+        self._plan: _RowPlan | None = None  # how the previous call of split_rows found its columns
 
     def split(
         self, values: Mapping[str, Sequence[Any]], identity: Iterable[str]
@@ -181,6 +188,29 @@ class RepeatedColumns:
         rest = {name: v for name, v in values.items() if name not in shared}
         return rest, self.share(shared) if shared else NO_REPEATS
 
+    def split_rows(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None = None,
+    ) -> tuple[dict[str, Sequence[Any]], Mapping[str, Sequence[Any]]]:
+        """``split({**transpose(rows), **extra}, identity)`` (``extra``: more value lists, e.g. the
+        owner of each row), with the same result, found without transposing the shared columns
+        while they repeat: rows with the key set of the previous call's rows (in any order) are
+        read with ``itemgetter`` s made for that key set, their shared values compared with the
+        previous call's row by row (values and types); anything else goes through :meth:`split`."""
+        plan = self._plan
+        if plan is not None and rows:
+            found = plan.split(self, rows, identity, extra)
+            if found is not None:
+                return found
+        values = transpose(rows)
+        if extra:
+            values.update(extra)
+        rest, shared = self.split(values, identity)
+        self._plan = _RowPlan.of(self, rows, identity, extra, shared)
+        return rest, shared
+
     def share(self, values: Mapping[str, Sequence[Any]]) -> Mapping[str, Sequence[Any]]:
         """``values`` (the ``repeats`` of a block), or the previous poll's equal object."""
         lists = tuple(map(tuple, values.values()))
@@ -191,6 +221,139 @@ class RepeatedColumns:
         self._last = MappingProxyType(dict(zip(values, lists, strict=True)))
         self._lists, self._types = lists, types
         return self._last
+
+
+def _getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A row's values of ``names`` as a tuple (``itemgetter`` gives one name's value bare)."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda row: (row[name],)
+    return lambda row: ()
+
+
+_UNTYPED = (str, type(None))  # values equal to one of these types are of that type (JSON's, at least)
+
+
+class _RowPlan:
+    """How :meth:`RepeatedColumns.split_rows` reads rows of one key set: one ``itemgetter`` of
+    their shared columns (identity and steady ones) and value columns, transposed at once, and the
+    shared columns (and extra ones) of the call that made the repeats' current shared object.
+
+    Equal values of other types (``1 == 1.0 == True``) only occur among numbers: shared columns
+    that held only strings or None are compared by value alone, the others (``typed``, first) by
+    value and type. A string or None that changes into anything else is unequal. The types are
+    compared through ``marshal`` (version 2), which writes each value with its exact type (and
+    refuses any other type): equal values whose bytes differ (-0.0 and 0.0) go through ``split``."""
+
+    __slots__ = (
+        "columns",
+        "extra",
+        "extra_typed",
+        "extras",
+        "identity",
+        "last",
+        "of_row",
+        "shared",
+        "steady",
+        "typed",
+        "types",
+        "value_names",
+        "width",
+    )
+
+    def __init__(
+        self,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]],
+        shared: Mapping[str, Sequence[Any]],
+    ) -> None:
+        """The plan of ``rows`` (their first row's key set, the extra columns following), whose
+        shared columns are ``shared`` (what ``split`` just returned for them)."""
+        keys = tuple(rows[0])
+        names = set(identity) | repeats._steady
+        typed = [name for name in keys if name in names and not _all_untyped(shared[name])]
+        plain = [name for name in keys if name in names and name not in typed]
+        self.value_names = tuple(name for name in keys if name not in names)
+        self.identity, self.extra, self.width = identity, tuple(extra), len(keys)
+        self.steady = len(repeats._steady)  # it only shrinks (in split): a change shows in its size
+        self.typed, self.shared = len(typed), len(typed) + len(plain)
+        self.of_row = _getter([*typed, *plain, *self.value_names])
+        self.extra_typed = tuple(name for name in extra if not _all_untyped(shared[name]))
+        self.last = shared
+        self.columns = tuple(zip(*map(self.of_row, rows), strict=True))[: self.shared]
+        self.extras = tuple(map(tuple, extra.values()))
+        self.types = _types(self.columns[: self.typed], extra, self.extra_typed)
+
+    @classmethod
+    def of(
+        cls,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None,
+        shared: Mapping[str, Sequence[Any]],
+    ) -> _RowPlan | None:
+        """The plan for rows with ``rows``' key set, after ``split`` made ``shared`` of them; None
+        when the rows have no one key set, or an ``extra`` column is one of theirs or not shared."""
+        if not rows or not rows[0]:
+            return None
+        first, extra = rows[0], extra or {}
+        if set(map(len, rows)) != {len(first)} or any(name in first for name in extra):
+            return None
+        names = set(identity) | repeats._steady
+        if shared.keys() != {name for name in first if name in names} | extra.keys():
+            return None  # an extra column not shared, or nothing shared at all
+        try:
+            return cls(repeats, rows, identity, extra, shared)
+        except (KeyError, ValueError):  # rows of other key sets, a value marshal refuses
+            return None
+
+    def split(
+        self,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None,
+    ) -> tuple[dict[str, Sequence[Any]], Mapping[str, Sequence[Any]]] | None:
+        """``repeats.split_rows(rows, identity, extra)`` when ``rows`` have this plan's key set and
+        their shared values (and ``extra``) are the previous call's, values and types; else None."""
+        if repeats._last is not self.last or len(repeats._steady) != self.steady:
+            return None  # the repeats moved on without this plan (split or share called directly)
+        if identity is not self.identity and tuple(identity) != tuple(self.identity):
+            return None
+        extra = extra or {}
+        if tuple(extra) != self.extra or set(map(len, rows)) != {self.width}:
+            return None
+        try:
+            columns = tuple(zip(*map(self.of_row, rows), strict=True))
+            shared = columns[: self.shared]
+            if (
+                shared != self.columns
+                or tuple(map(tuple, extra.values())) != self.extras
+                or _types(shared[: self.typed], extra, self.extra_typed) != self.types
+            ):
+                return None
+        except (KeyError, TypeError, ValueError):  # another key set, a value marshal refuses
+            return None  # (split says what is wrong with the rows)
+        return dict(zip(self.value_names, columns[self.shared :], strict=True)), self.last
+
+
+def _types(
+    columns: tuple[tuple[Any, ...], ...], extra: Mapping[str, Sequence[Any]], names: tuple[str, ...]
+) -> bytes:
+    """The values of ``columns`` and of ``extra`` 's columns ``names`` with their exact types, as
+    ``marshal`` writes them (ValueError for a type it does not write)."""
+    if names:
+        columns += tuple(tuple(extra[name]) for name in names)
+    return marshal.dumps(columns, 2)
+
+
+def _all_untyped(values: Sequence[Any]) -> bool:
+    return all(type(v) in _UNTYPED for v in values)
 
 
 Encode = Callable[[Any], Any]  # per-value encoding before the Arrow build (JSON text), or None

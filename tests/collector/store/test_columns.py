@@ -507,3 +507,58 @@ def test_a_boolean_among_an_integer_columns_packed_values_sends_it_to_its_lists(
     assert build_columns(polls(1), types)["sm_clock_mhz"].to_pylist()[6:8] == [1, 7]
     with pytest.raises(pa.ArrowTypeError, match="bool"):  # built from the lists, as without packing
         build_columns(polls(True), types)
+
+
+def test_split_rows_finds_what_split_of_the_transposed_rows_finds() -> None:
+    # the same polls through both, poll after poll: the same columns, and a new shared object
+    # exactly where split makes one (a value or its type changed, a key set changed)
+    from collector.store.columns import transpose
+    from collector.store.devices import IDENTITY_COLUMNS
+
+    def poll(k: int, **changes: object) -> list[dict]:
+        rows = [
+            {"ts_s": float(k), "device": f"cuda:{i}", "index": i, "power_limit_w": 300.0, "power_w": 1.0 + k}
+            for i in range(2)
+        ]
+        for name, value in changes.items():
+            for row in rows:
+                if value is ...:
+                    del row[name]
+                else:
+                    row[name] = value
+        return rows
+
+    polls = [
+        poll(0),
+        poll(1),
+        poll(2, index=1),  # the same value in both rows
+        poll(3, index=1.0),  # equal, another type
+        poll(4, index=True),
+        poll(5, power_limit_w=300),  # a steady column: equal, another type (then per poll)
+        poll(6),
+        poll(7, uuid=None),  # a key added
+        poll(8, uuid="GPU-a"),
+        poll(9, uuid="GPU-a"),
+        poll(10, power_w=...),  # a value column dropped
+        poll(11),
+        [dict(reversed(r.items())) for r in poll(12)],  # another key order
+        poll(13)[:1],  # one row fewer
+        poll(14),
+    ]
+    fast, slow = RepeatedColumns(steady=["power_limit_w"]), RepeatedColumns(steady=["power_limit_w"])
+    last: list[Any] = [None, None]
+    for k, rows in enumerate(polls):
+        owners = {"worker": [f"w{i % 2}" for i in range(len(rows))]}
+        if k == 9:
+            owners["worker"] = ["w0", 7]  # an owner that is no string
+        got = fast.split_rows(rows, IDENTITY_COLUMNS, owners)
+        want = slow.split({**transpose(rows), **owners}, IDENTITY_COLUMNS)
+        assert {n: list(v) for n, v in got[0].items()} == {n: list(v) for n, v in want[0].items()}, k
+        assert dict(got[1]) == dict(want[1]) and list(map(type, got[1].get("index", ()))) == list(
+            map(type, want[1].get("index", ()))
+        ), k
+        assert (got[1] is last[0]) == (want[1] is last[1]), k  # shared again exactly where split shares
+        last = [got[1], want[1]]
+        if k == 11:  # another caller of the same repeats in between: the next poll goes through split
+            fast.share({"device": ["elsewhere"]})
+            slow.share({"device": ["elsewhere"]})
