@@ -22,7 +22,7 @@ import marshal
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any
@@ -102,24 +102,34 @@ def pack_floats(lists: Sequence[Sequence[Any]], n: int) -> bytes | None:
     """``lists`` (``n`` values each) as native float64, column after column, each None as NaN;
     None when a value is no number (a string: ``struct`` refuses it) or none is given.
 
-    One ``struct.pack`` in C for the poll. Booleans and integers pack as their float value: the
-    writer builds from the packed values only where that stores what the lists store (see
-    ``_from_floats``). A column that is all None (a metric the GPU lacks) costs a count, other
-    None values a pass over their column."""
+    One ``struct`` pack in C per column (a ``Struct`` of ``n`` doubles, made once per ``n``).
+    Booleans and integers pack as their float value: the writer builds from the packed values
+    only where that stores what the lists store (see ``_from_floats``). A column that is all None
+    (a metric the GPU lacks) costs a count, other None values a pass over their column."""
     if not lists or not n:
         return None
-    fmt = f"{n * len(lists)}d"
+    pack = _PACKS.get(n) or _pack_of(n)
     if None in map(_first, lists):  # a column starting with None: usually one that is all None
         lists = [_none_as_nan(v, n) if v[0] is None else v for v in lists]
     try:
-        return struct.pack(fmt, *chain.from_iterable(lists))
+        return b"".join(starmap(pack, lists))
     except struct.error:
         pass
     lists = [_none_as_nan(v, n) if None in v else v for v in lists]
     try:
-        return struct.pack(fmt, *chain.from_iterable(lists))
+        return b"".join(starmap(pack, lists))
     except struct.error:
         return None
+
+
+_PACKS: dict[int, Callable[..., bytes]] = {}  # n -> pack of n doubles, for the usual block sizes
+
+
+def _pack_of(n: int) -> Callable[..., bytes]:
+    pack = struct.Struct(f"{n}d").pack
+    if n <= 4096:
+        _PACKS[n] = pack
+    return pack
 
 
 def _none_as_nan(values: Sequence[Any], n: int) -> Sequence[Any]:
@@ -329,7 +339,7 @@ class _RowPlan:
         if tuple(extra) != self.extra or set(map(len, rows)) != {self.width}:
             return None
         try:
-            columns = tuple(zip(*map(self.of_row, rows), strict=True))
+            columns = tuple(zip(*map(self.of_row, rows), strict=False))  # one getter: equal lengths
             shared = columns[: self.shared]
             if (
                 shared != self.columns
