@@ -38,7 +38,6 @@ EMULATION_COUNTERS: tuple[str, ...] = (
     "lag_s_total",
     "modeled_s_total",
 )
-_COUNTERS = frozenset(EMULATION_COUNTERS)
 _OWNER = itemgetter("worker", "role")
 _SAMPLE_KEY = ("ts_s", "device", "index")
 
@@ -298,7 +297,8 @@ def add_device_columns(
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
     ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
     per source), the GPUs' identity columns are handed on as the previous poll's while unchanged
-    and the rest, the metrics, packed as float64 as well (``ColumnBlock.of(..., packed=True)``)."""
+    and the rest, the metrics, packed as float64 as well (``RepeatedColumns.block``: once the
+    samples' key set is known, a poll is read with one ``itemgetter`` and compared in C)."""
     if not items:
         return
     samples = [item["sample"] for item in items]
@@ -315,18 +315,18 @@ def add_device_columns(
         constants["source"] = "serving"
     else:
         owners["source"] = ["emulated" if e else "serving" for e in emulated]
-    shared = None
     if repeats is None:
         values = transpose(samples)  # one stack, one sample shape: transposed in C
         values.update(owners)
-    else:  # one stack, one sample shape: the identity compared with the previous poll's, in C
-        values, shared = repeats.split_rows(samples, IDENTITY_COLUMNS, owners)
-    counters = {}
-    if not values.keys().isdisjoint(_COUNTERS):
-        keyed_from = {**values, **(shared or {})}
         counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
-    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared, packed=repeats is not None)
+        result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+    else:  # one stack, one sample shape: read by a plan made for it, the identity compared in C
+        block, counters = repeats.block(
+            samples, IDENTITY_COLUMNS, owners, constants, apart=EMULATION_COUNTERS
+        )
+        result.add_block(TABLE_GPU_SAMPLES, block)
     if counters:
+        keyed_from = values if repeats is None else {**block.values, **block.repeats}
         rows = [i for i, e in enumerate(emulated) if e]
         keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}
         if "source" in keyed_from:

@@ -169,7 +169,7 @@ class RepeatedColumns:
         self._lists: tuple[tuple[Any, ...], ...] = ()
         self._types: tuple[type, ...] = ()
         self._steady = set(steady)
-        self._plan: _RowPlan | None = None  # how the previous call of split_rows found its columns
+        self._plan: _RowPlan | None = None  # how the previous call of block read its rows
 
     def split(
         self, values: Mapping[str, Sequence[Any]], identity: Iterable[str]
@@ -198,28 +198,37 @@ class RepeatedColumns:
         rest = {name: v for name, v in values.items() if name not in shared}
         return rest, self.share(shared) if shared else NO_REPEATS
 
-    def split_rows(
+    def block(
         self,
         rows: Sequence[Mapping[str, Any]],
         identity: Sequence[str],
         extra: Mapping[str, Sequence[Any]] | None = None,
-    ) -> tuple[dict[str, Sequence[Any]], Mapping[str, Sequence[Any]]]:
-        """``split({**transpose(rows), **extra}, identity)`` (``extra``: more value lists, e.g. the
-        owner of each row), with the same result, found without transposing the shared columns
-        while they repeat: rows with the key set of the previous call's rows (in any order) are
-        read with ``itemgetter`` s made for that key set, their shared values compared with the
-        previous call's row by row (values and types); anything else goes through :meth:`split`."""
+        constants: Mapping[str, Any] | None = None,
+        *,
+        apart: Sequence[str] = (),
+    ) -> tuple[ColumnBlock, dict[str, Sequence[Any]]]:
+        """A poll's ``rows`` (dicts; ``extra``: more value lists, e.g. each row's owner) as one packed
+        block with ``constants``, its ``identity`` columns shared, and the value columns named in
+        ``apart`` (another table's) taken out of it: what ``ColumnBlock.of(values, constants,
+        shared, packed=True)`` makes of ``values, shared = self.split(columns, identity)``, where
+        ``columns`` is ``{**transpose(rows), **extra}`` without the ``apart`` ones.
+
+        Done once per key set: rows with the key set of the previous call's rows (in any order)
+        are read with one ``itemgetter`` made for it, their shared values compared with those of
+        the previous call (values and types), and the block made without checking its columns'
+        lengths and names again. Anything else goes through :meth:`split` and ``ColumnBlock.of``."""
         plan = self._plan
         if plan is not None and rows:
-            found = plan.split(self, rows, identity, extra)
-            if found is not None:
-                return found
+            made = plan.block(self, rows, identity, extra, constants, apart)
+            if made is not None:
+                return made
         values = transpose(rows)
         if extra:
             values.update(extra)
-        rest, shared = self.split(values, identity)
-        self._plan = _RowPlan.of(self, rows, identity, extra, shared)
-        return rest, shared
+        set_apart = {name: values.pop(name) for name in apart if name in values}
+        values, shared = self.split(values, identity)
+        self._plan = _RowPlan.of(self, rows, identity, extra, apart, shared)
+        return ColumnBlock.of(values, constants, shared, packed=True), set_apart
 
     def share(self, values: Mapping[str, Sequence[Any]]) -> Mapping[str, Sequence[Any]]:
         """``values`` (the ``repeats`` of a block), or the previous poll's equal object."""
@@ -247,9 +256,10 @@ _UNTYPED = (str, type(None))  # values equal to one of these types are of that t
 
 
 class _RowPlan:
-    """How :meth:`RepeatedColumns.split_rows` reads rows of one key set: one ``itemgetter`` of
-    their shared columns (identity and steady ones) and value columns, transposed at once, and the
-    shared columns (and extra ones) of the call that made the repeats' current shared object.
+    """How :meth:`RepeatedColumns.block` reads rows of one key set: one ``itemgetter`` of their
+    shared columns (identity and steady ones), value columns and columns set apart, transposed at
+    once, and the shared columns (and extra ones) of the call that made the repeats' current
+    shared object.
 
     Equal values of other types (``1 == 1.0 == True``) only occur among numbers: shared columns
     that held only strings or None are compared by value alone, the others (``typed``, first) by
@@ -258,18 +268,22 @@ class _RowPlan:
     refuses any other type): equal values whose bytes differ (-0.0 and 0.0) go through ``split``."""
 
     __slots__ = (
+        "apart",
+        "apart_names",
         "columns",
         "extra",
         "extra_typed",
         "extras",
         "identity",
         "last",
+        "names",
         "of_row",
         "shared",
         "steady",
         "typed",
         "types",
         "value_names",
+        "values_end",
         "width",
     )
 
@@ -279,19 +293,23 @@ class _RowPlan:
         rows: Sequence[Mapping[str, Any]],
         identity: Sequence[str],
         extra: Mapping[str, Sequence[Any]],
+        apart: Sequence[str],
         shared: Mapping[str, Sequence[Any]],
     ) -> None:
         """The plan of ``rows`` (their first row's key set, the extra columns following), whose
         shared columns are ``shared`` (what ``split`` just returned for them)."""
         keys = tuple(rows[0])
-        names = set(identity) | repeats._steady
+        names = (set(identity) | repeats._steady).difference(apart)
         typed = [name for name in keys if name in names and not _all_untyped(shared[name])]
         plain = [name for name in keys if name in names and name not in typed]
-        self.value_names = tuple(name for name in keys if name not in names)
+        self.value_names = tuple(name for name in keys if name not in names and name not in apart)
+        self.apart, self.apart_names = tuple(apart), tuple(name for name in apart if name in keys)
         self.identity, self.extra, self.width = identity, tuple(extra), len(keys)
+        self.names = frozenset(chain(shared, self.value_names))  # the block's, but its constants
         self.steady = len(repeats._steady)  # it only shrinks (in split): a change shows in its size
         self.typed, self.shared = len(typed), len(typed) + len(plain)
-        self.of_row = _getter([*typed, *plain, *self.value_names])
+        self.values_end = self.shared + len(self.value_names)
+        self.of_row = _getter([*typed, *plain, *self.value_names, *self.apart_names])
         self.extra_typed = tuple(name for name in extra if not _all_untyped(shared[name]))
         self.last = shared
         self.columns = tuple(zip(*map(self.of_row, rows), strict=True))[: self.shared]
@@ -305,38 +323,49 @@ class _RowPlan:
         rows: Sequence[Mapping[str, Any]],
         identity: Sequence[str],
         extra: Mapping[str, Sequence[Any]] | None,
+        apart: Sequence[str],
         shared: Mapping[str, Sequence[Any]],
     ) -> _RowPlan | None:
         """The plan for rows with ``rows``' key set, after ``split`` made ``shared`` of them; None
-        when the rows have no one key set, or an ``extra`` column is one of theirs or not shared."""
-        if not rows or not rows[0]:
+        when the rows have no one key set, an ``extra`` column is one of theirs, set apart or not
+        shared, or nothing is shared."""
+        if not rows or not rows[0] or not shared:
             return None
         first, extra = rows[0], extra or {}
-        if set(map(len, rows)) != {len(first)} or any(name in first for name in extra):
+        if set(map(len, rows)) != {len(first)} or any(name in first or name in apart for name in extra):
             return None
-        names = set(identity) | repeats._steady
+        names = (set(identity) | repeats._steady).difference(apart)
         if shared.keys() != {name for name in first if name in names} | extra.keys():
-            return None  # an extra column not shared, or nothing shared at all
+            return None  # an extra column not shared
         try:
-            return cls(repeats, rows, identity, extra, shared)
+            return cls(repeats, rows, identity, extra, apart, shared)
         except (KeyError, ValueError):  # rows of other key sets, a value marshal refuses
             return None
 
-    def split(
+    def block(
         self,
         repeats: RepeatedColumns,
         rows: Sequence[Mapping[str, Any]],
         identity: Sequence[str],
         extra: Mapping[str, Sequence[Any]] | None,
-    ) -> tuple[dict[str, Sequence[Any]], Mapping[str, Sequence[Any]]] | None:
-        """``repeats.split_rows(rows, identity, extra)`` when ``rows`` have this plan's key set and
-        their shared values (and ``extra``) are the previous call's, values and types; else None."""
+        constants: Mapping[str, Any] | None,
+        apart: Sequence[str],
+    ) -> tuple[ColumnBlock, dict[str, Sequence[Any]]] | None:
+        """``repeats.block(rows, identity, extra, constants, apart=apart)`` when ``rows`` have this
+        plan's key set and their shared values (and ``extra``) are the previous call's, values and
+        types, and ``constants`` name none of the block's columns; else None."""
         if repeats._last is not self.last or len(repeats._steady) != self.steady:
             return None  # the repeats moved on without this plan (split or share called directly)
         if identity is not self.identity and tuple(identity) != tuple(self.identity):
             return None
         extra = extra or {}
-        if tuple(extra) != self.extra or set(map(len, rows)) != {self.width}:
+        constants = dict(constants) if constants else {}
+        if (
+            tuple(extra) != self.extra
+            or (apart is not self.apart and tuple(apart) != self.apart)
+            or not self.names.isdisjoint(constants)  # ColumnBlock.of names the clash
+            or set(map(len, rows)) != {self.width}
+        ):
             return None
         try:
             columns = tuple(zip(*map(self.of_row, rows), strict=False))  # one getter: equal lengths
@@ -349,7 +378,10 @@ class _RowPlan:
                 return None
         except (KeyError, TypeError, ValueError):  # another key set, a value marshal refuses
             return None  # (split says what is wrong with the rows)
-        return dict(zip(self.value_names, columns[self.shared :], strict=True)), self.last
+        n, lists, names = len(rows), columns[self.shared : self.values_end], self.value_names
+        values = dict(zip(names, lists, strict=True))
+        block = ColumnBlock(n, values, constants, self.last, lists, pack_floats(lists, n), names)
+        return block, dict(zip(self.apart_names, columns[self.values_end :], strict=True))
 
 
 def _types(
