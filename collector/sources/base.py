@@ -81,7 +81,10 @@ class SourceResult:
         object while unchanged: ``RepeatedColumns.share``). Cheaper for the writer than dicts
         (``Store.append_columns``). ``packed``: the values are numbers (a GPU's metrics): pack
         them as float64 too, which the writer builds its numeric columns from (``ColumnBlock.of``)."""
-        block = ColumnBlock.of(values, constants, repeats, packed=packed)
+        self.add_block(table, ColumnBlock.of(values, constants, repeats, packed=packed))
+
+    def add_block(self, table: str, block: ColumnBlock) -> None:
+        """Add a block of rows to ``table`` (one without rows is left out)."""
         if block.n:
             self.columns.setdefault(table, []).append(block)
 

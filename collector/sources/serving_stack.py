@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -37,6 +38,7 @@ EMULATION_COUNTERS: tuple[str, ...] = (
     "lag_s_total",
     "modeled_s_total",
 )
+_OWNER = itemgetter("worker", "role")
 _SAMPLE_KEY = ("ts_s", "device", "index")
 
 
@@ -295,33 +297,42 @@ def add_device_columns(
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
     ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
     per source), the GPUs' identity columns are handed on as the previous poll's while unchanged
-    and the rest, the metrics, packed as float64 as well (``ColumnBlock.of(..., packed=True)``)."""
+    and the rest, the metrics, packed as float64 as well (``RepeatedColumns.block``: once the
+    samples' key set is known, a poll is read with one ``itemgetter`` and compared in C)."""
     if not items:
         return
     samples = [item["sample"] for item in items]
-    values = transpose(samples)  # one stack, one sample shape: transposed in C
-    values["worker"] = [item.get("worker") for item in items]
-    values["role"] = [item.get("role") for item in items]
-    sources = ["emulated" if sample.get("emulated") else "serving" for sample in samples]
+    try:
+        worker, role = zip(*map(_OWNER, items), strict=True)
+    except KeyError:
+        worker, role = [item.get("worker") for item in items], [item.get("role") for item in items]
+    owners: dict[str, Sequence[Any]] = {"worker": worker, "role": role}
+    emulated = [sample.get("emulated") for sample in samples]
     constants: dict[str, Any] = {"node": node}
-    if len(set(sources)) == 1:
-        constants["source"] = sources[0]
+    if all(emulated):
+        constants["source"] = "emulated"
+    elif not any(emulated):
+        constants["source"] = "serving"
     else:
-        values["source"] = sources
-    counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
-    shared = None
-    keyed_from = values
-    if repeats is not None:
-        values, shared = repeats.split(values, IDENTITY_COLUMNS)
-        keyed_from = {**values, **shared}
-    result.add_columns(TABLE_GPU_SAMPLES, values, constants, shared, packed=repeats is not None)
+        owners["source"] = ["emulated" if e else "serving" for e in emulated]
+    if repeats is None:
+        values = transpose(samples)  # one stack, one sample shape: transposed in C
+        values.update(owners)
+        counters = {name: values.pop(name) for name in EMULATION_COUNTERS if name in values}
+        result.add_columns(TABLE_GPU_SAMPLES, values, constants)
+    else:  # one stack, one sample shape: read by a plan made for it, the identity compared in C
+        block, counters = repeats.block(
+            samples, IDENTITY_COLUMNS, owners, constants, apart=EMULATION_COUNTERS
+        )
+        result.add_block(TABLE_GPU_SAMPLES, block)
     if counters:
-        emulated = [i for i, sample in enumerate(samples) if sample.get("emulated")]
+        keyed_from = values if repeats is None else {**block.values, **block.repeats}
+        rows = [i for i, e in enumerate(emulated) if e]
         keyed = {**{k: keyed_from[k] for k in _SAMPLE_KEY}, **counters}
         if "source" in keyed_from:
             keyed["source"] = keyed_from["source"]
-        if len(emulated) < len(samples):
-            keyed = {k: [column[i] for i in emulated] for k, column in keyed.items()}
+        if len(rows) < len(samples):
+            keyed = {k: [column[i] for i in rows] for k, column in keyed.items()}
         result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
 
 

@@ -18,10 +18,11 @@ exactly what its value lists store is built from the lists.
 
 from __future__ import annotations
 
+import marshal
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any
@@ -70,9 +71,14 @@ class ColumnBlock:
         if len(lengths) > 1:
             got = {name: len(v) for name, v in chain(values.items(), repeats.items())}
             raise ValueError(f"columns of one block must have equal lengths, got {got}")
-        constants = dict(constants or {})
-        both = (values.keys() & constants.keys()) | (repeats.keys() & (values.keys() | constants.keys()))
-        if both:
+        constants = dict(constants) if constants else {}
+        keys = values.keys()
+        if not (
+            keys.isdisjoint(constants)
+            and repeats.keys().isdisjoint(keys)
+            and repeats.keys().isdisjoint(constants)
+        ):
+            both = (keys & constants.keys()) | (repeats.keys() & (keys | constants.keys()))
             raise ValueError(f"column(s) {sorted(both)} given twice (values, constants, repeats)")
         n = lengths.pop() if lengths else 0
         floats = pack_floats(lists, n) if packed else None
@@ -96,24 +102,34 @@ def pack_floats(lists: Sequence[Sequence[Any]], n: int) -> bytes | None:
     """``lists`` (``n`` values each) as native float64, column after column, each None as NaN;
     None when a value is no number (a string: ``struct`` refuses it) or none is given.
 
-    One ``struct.pack`` in C for the poll. Booleans and integers pack as their float value: the
-    writer builds from the packed values only where that stores what the lists store (see
-    ``_from_floats``). A column that is all None (a metric the GPU lacks) costs a count, other
-    None values a pass over their column."""
+    One ``struct`` pack in C per column (a ``Struct`` of ``n`` doubles, made once per ``n``).
+    Booleans and integers pack as their float value: the writer builds from the packed values
+    only where that stores what the lists store (see ``_from_floats``). A column that is all None
+    (a metric the GPU lacks) costs a count, other None values a pass over their column."""
     if not lists or not n:
         return None
-    fmt = f"{n * len(lists)}d"
+    pack = _PACKS.get(n) or _pack_of(n)
     if None in map(_first, lists):  # a column starting with None: usually one that is all None
         lists = [_none_as_nan(v, n) if v[0] is None else v for v in lists]
     try:
-        return struct.pack(fmt, *chain.from_iterable(lists))
+        return b"".join(starmap(pack, lists))
     except struct.error:
         pass
     lists = [_none_as_nan(v, n) if None in v else v for v in lists]
     try:
-        return struct.pack(fmt, *chain.from_iterable(lists))
+        return b"".join(starmap(pack, lists))
     except struct.error:
         return None
+
+
+_PACKS: dict[int, Callable[..., bytes]] = {}  # n -> pack of n doubles, for the usual block sizes
+
+
+def _pack_of(n: int) -> Callable[..., bytes]:
+    pack = struct.Struct(f"{n}d").pack
+    if n <= 4096:
+        _PACKS[n] = pack
+    return pack
 
 
 def _none_as_nan(values: Sequence[Any], n: int) -> Sequence[Any]:
@@ -142,7 +158,7 @@ class RepeatedColumns:
     per source and table; not thread-safe (a source polls on one thread).
     """
 
-    __slots__ = ("_last", "_lists", "_steady", "_types")
+    __slots__ = ("_last", "_lists", "_plan", "_steady", "_types")
 
     def __init__(self, steady: Iterable[str] = ()) -> None:
         """``steady``: value columns that usually keep their values too (a GPU's power limit, its
@@ -153,6 +169,7 @@ class RepeatedColumns:
         self._lists: tuple[tuple[Any, ...], ...] = ()
         self._types: tuple[type, ...] = ()
         self._steady = set(steady)
+        self._plan: _RowPlan | None = None  # how the previous call of block read its rows
 
     def split(
         self, values: Mapping[str, Sequence[Any]], identity: Iterable[str]
@@ -181,6 +198,38 @@ class RepeatedColumns:
         rest = {name: v for name, v in values.items() if name not in shared}
         return rest, self.share(shared) if shared else NO_REPEATS
 
+    def block(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None = None,
+        constants: Mapping[str, Any] | None = None,
+        *,
+        apart: Sequence[str] = (),
+    ) -> tuple[ColumnBlock, dict[str, Sequence[Any]]]:
+        """A poll's ``rows`` (dicts; ``extra``: more value lists, e.g. each row's owner) as one packed
+        block with ``constants``, its ``identity`` columns shared, and the value columns named in
+        ``apart`` (another table's) taken out of it: what ``ColumnBlock.of(values, constants,
+        shared, packed=True)`` makes of ``values, shared = self.split(columns, identity)``, where
+        ``columns`` is ``{**transpose(rows), **extra}`` without the ``apart`` ones.
+
+        Done once per key set: rows with the key set of the previous call's rows (in any order)
+        are read with one ``itemgetter`` made for it, their shared values compared with those of
+        the previous call (values and types), and the block made without checking its columns'
+        lengths and names again. Anything else goes through :meth:`split` and ``ColumnBlock.of``."""
+        plan = self._plan
+        if plan is not None and rows:
+            made = plan.block(self, rows, identity, extra, constants, apart)
+            if made is not None:
+                return made
+        values = transpose(rows)
+        if extra:
+            values.update(extra)
+        set_apart = {name: values.pop(name) for name in apart if name in values}
+        values, shared = self.split(values, identity)
+        self._plan = _RowPlan.of(self, rows, identity, extra, apart, shared)
+        return ColumnBlock.of(values, constants, shared, packed=True), set_apart
+
     def share(self, values: Mapping[str, Sequence[Any]]) -> Mapping[str, Sequence[Any]]:
         """``values`` (the ``repeats`` of a block), or the previous poll's equal object."""
         lists = tuple(map(tuple, values.values()))
@@ -191,6 +240,162 @@ class RepeatedColumns:
         self._last = MappingProxyType(dict(zip(values, lists, strict=True)))
         self._lists, self._types = lists, types
         return self._last
+
+
+def _getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A row's values of ``names`` as a tuple (``itemgetter`` gives one name's value bare)."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda row: (row[name],)
+    return lambda row: ()
+
+
+_UNTYPED = (str, type(None))  # values equal to one of these types are of that type (JSON's, at least)
+
+
+class _RowPlan:
+    """How :meth:`RepeatedColumns.block` reads rows of one key set: one ``itemgetter`` of their
+    shared columns (identity and steady ones), value columns and columns set apart, transposed at
+    once, and the shared columns (and extra ones) of the call that made the repeats' current
+    shared object.
+
+    Equal values of other types (``1 == 1.0 == True``) only occur among numbers: shared columns
+    that held only strings or None are compared by value alone, the others (``typed``, first) by
+    value and type. A string or None that changes into anything else is unequal. The types are
+    compared through ``marshal`` (version 2), which writes each value with its exact type (and
+    refuses any other type): equal values whose bytes differ (-0.0 and 0.0) go through ``split``."""
+
+    __slots__ = (
+        "apart",
+        "apart_names",
+        "columns",
+        "extra",
+        "extra_typed",
+        "extras",
+        "identity",
+        "last",
+        "names",
+        "of_row",
+        "shared",
+        "steady",
+        "typed",
+        "types",
+        "value_names",
+        "values_end",
+        "width",
+    )
+
+    def __init__(
+        self,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]],
+        apart: Sequence[str],
+        shared: Mapping[str, Sequence[Any]],
+    ) -> None:
+        """The plan of ``rows`` (their first row's key set, the extra columns following), whose
+        shared columns are ``shared`` (what ``split`` just returned for them)."""
+        keys = tuple(rows[0])
+        names = (set(identity) | repeats._steady).difference(apart)
+        typed = [name for name in keys if name in names and not _all_untyped(shared[name])]
+        plain = [name for name in keys if name in names and name not in typed]
+        self.value_names = tuple(name for name in keys if name not in names and name not in apart)
+        self.apart, self.apart_names = tuple(apart), tuple(name for name in apart if name in keys)
+        self.identity, self.extra, self.width = identity, tuple(extra), len(keys)
+        self.names = frozenset(chain(shared, self.value_names))  # the block's, but its constants
+        self.steady = len(repeats._steady)  # it only shrinks (in split): a change shows in its size
+        self.typed, self.shared = len(typed), len(typed) + len(plain)
+        self.values_end = self.shared + len(self.value_names)
+        self.of_row = _getter([*typed, *plain, *self.value_names, *self.apart_names])
+        self.extra_typed = tuple(name for name in extra if not _all_untyped(shared[name]))
+        self.last = shared
+        self.columns = tuple(zip(*map(self.of_row, rows), strict=True))[: self.shared]
+        self.extras = tuple(map(tuple, extra.values()))
+        self.types = _types(self.columns[: self.typed], extra, self.extra_typed)
+
+    @classmethod
+    def of(
+        cls,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None,
+        apart: Sequence[str],
+        shared: Mapping[str, Sequence[Any]],
+    ) -> _RowPlan | None:
+        """The plan for rows with ``rows``' key set, after ``split`` made ``shared`` of them; None
+        when the rows have no one key set, an ``extra`` column is one of theirs, set apart or not
+        shared, or nothing is shared."""
+        if not rows or not rows[0] or not shared:
+            return None
+        first, extra = rows[0], extra or {}
+        if set(map(len, rows)) != {len(first)} or any(name in first or name in apart for name in extra):
+            return None
+        names = (set(identity) | repeats._steady).difference(apart)
+        if shared.keys() != {name for name in first if name in names} | extra.keys():
+            return None  # an extra column not shared
+        try:
+            return cls(repeats, rows, identity, extra, apart, shared)
+        except (KeyError, ValueError):  # rows of other key sets, a value marshal refuses
+            return None
+
+    def block(
+        self,
+        repeats: RepeatedColumns,
+        rows: Sequence[Mapping[str, Any]],
+        identity: Sequence[str],
+        extra: Mapping[str, Sequence[Any]] | None,
+        constants: Mapping[str, Any] | None,
+        apart: Sequence[str],
+    ) -> tuple[ColumnBlock, dict[str, Sequence[Any]]] | None:
+        """``repeats.block(rows, identity, extra, constants, apart=apart)`` when ``rows`` have this
+        plan's key set and their shared values (and ``extra``) are the previous call's, values and
+        types, and ``constants`` name none of the block's columns; else None."""
+        if repeats._last is not self.last or len(repeats._steady) != self.steady:
+            return None  # the repeats moved on without this plan (split or share called directly)
+        if identity is not self.identity and tuple(identity) != tuple(self.identity):
+            return None
+        extra = extra or {}
+        constants = dict(constants) if constants else {}
+        if (
+            tuple(extra) != self.extra
+            or (apart is not self.apart and tuple(apart) != self.apart)
+            or not self.names.isdisjoint(constants)  # ColumnBlock.of names the clash
+            or set(map(len, rows)) != {self.width}
+        ):
+            return None
+        try:
+            columns = tuple(zip(*map(self.of_row, rows), strict=False))  # one getter: equal lengths
+            shared = columns[: self.shared]
+            if (
+                shared != self.columns
+                or tuple(map(tuple, extra.values())) != self.extras
+                or _types(shared[: self.typed], extra, self.extra_typed) != self.types
+            ):
+                return None
+        except (KeyError, TypeError, ValueError):  # another key set, a value marshal refuses
+            return None  # (split says what is wrong with the rows)
+        n, lists, names = len(rows), columns[self.shared : self.values_end], self.value_names
+        values = dict(zip(names, lists, strict=True))
+        block = ColumnBlock(n, values, constants, self.last, lists, pack_floats(lists, n), names)
+        return block, dict(zip(self.apart_names, columns[self.values_end :], strict=True))
+
+
+def _types(
+    columns: tuple[tuple[Any, ...], ...], extra: Mapping[str, Sequence[Any]], names: tuple[str, ...]
+) -> bytes:
+    """The values of ``columns`` and of ``extra`` 's columns ``names`` with their exact types, as
+    ``marshal`` writes them (ValueError for a type it does not write)."""
+    if names:
+        columns += tuple(tuple(extra[name]) for name in names)
+    return marshal.dumps(columns, 2)
+
+
+def _all_untyped(values: Sequence[Any]) -> bool:
+    return all(type(v) in _UNTYPED for v in values)
 
 
 Encode = Callable[[Any], Any]  # per-value encoding before the Arrow build (JSON text), or None

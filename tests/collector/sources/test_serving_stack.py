@@ -265,3 +265,177 @@ def test_device_polls_of_the_real_stack_are_packed_and_store_what_their_rows_sto
         assert packed.equals(store.query(query))
     assert len(packed) == 6 and packed["emulated"].all() and packed["power_w"].notna().all()
     assert set(packed["role"]) == {"prefill", "decode"}
+
+
+# -- /v1/devices polls as columns: what the same polls as dict rows store ---------------------------
+
+
+def _device_item(gpu: int, k: int, **changes: object) -> dict:
+    """GPU ``gpu``'s item of the ``k``-th poll as ``GET /v1/devices`` returns it (decoded JSON): an
+    emulated GPU's sample with its counters; ``changes`` set (or, as ``...``, drop) sample keys."""
+    sample = {
+        "ts_s": 100.0 + k,
+        "device": "emulated:h100-sxm",
+        "kind": "emulated",
+        "index": gpu,
+        "name": "NVIDIA H100 80GB HBM3 (emulated)",
+        "uuid": f"GPU-emulated-{gpu}",
+        "emulated": True,
+        "gpu_util_pct": 10.0 * gpu + k,
+        "power_w": 72.5 + k,
+        "energy_mj": 1000 * k + gpu,
+        "power_limit_w": 700.0,
+        "sm_clock_mhz": 1410 + k,
+        "mem_clock_mhz": 2619,
+        "mem_total_bytes": 85_520_809_984,
+        "clock_event_reasons": 1,
+        "locked_sm_clock_min_mhz": None,
+        "lost": False,
+        "window_s": 0.1,
+        "uptime_s": 1.5 * k,
+        "iterations_total": 3 * k,
+        "host_bound_pct": None,
+    }
+    for name, value in changes.items():
+        if value is ...:
+            del sample[name]
+        else:
+            sample[name] = value
+    return {"worker": f"worker-{gpu}", "role": "decode", "pid": 0, "sample": sample}
+
+
+def _device_poll_changes() -> list[list[dict]]:
+    """Polls of two GPUs whose samples change shape and type mid-stream, each change held for a
+    few polls (the source's row plan is made, then hit, then missed)."""
+    polls: list[list[dict]] = []
+
+    def hold(times: int, **changes: object) -> None:
+        for _ in range(times):
+            k = len(polls)
+            polls.append(
+                [
+                    _device_item(g, k, **{n: v[g] if isinstance(v, list) else v for n, v in changes.items()})
+                    for g in range(2)
+                ]
+            )
+
+    hold(3)
+    hold(2, name="NVIDIA H100 (emulated)")  # a string of the identity alone
+    hold(2, host_bound_pct=[12.5, None])  # None <-> number in a metric
+    hold(2, temperature_c=[40, 41.5])  # a key added (int and float)
+    hold(2, lost=...)  # a key removed (a steady one)
+    hold(2, mem_clock_mhz=2619.0)  # int -> float in a steady column
+    hold(2, mem_clock_mhz=2619)
+    hold(2, index=[0, 1.0])  # int -> an integral float in an identity column
+    hold(2, uuid=[None, "GPU-emulated-1"])  # str -> None in an identity column
+    hold(2, power_limit_w=None)  # a steady column -> None
+    hold(2, sm_clock_mhz=[1410.0, None], energy_mj=[None, 7])  # metrics: int -> float, -> None
+    hold(2, emulated=[True, False])  # a measured GPU beside an emulated one: source per row
+    hold(2, emulated=[False, False], window_s=..., uptime_s=..., iterations_total=...)  # no counters
+    hold(4)
+    for poll in polls[-2:]:
+        poll[1]["worker"] = "worker-9"  # another owner: a new devices row
+    for poll in polls[-1:]:  # the same keys in another order
+        poll[0]["sample"] = dict(reversed(poll[0]["sample"].items()))
+    return polls
+
+
+def _dict_rows(polls: list[list[dict]], node: str) -> dict[str, list[dict]]:
+    """The polls as dict rows (the source before columns): gpu_samples without the emulation
+    counters, which go to emulation_samples for each emulated GPU."""
+    from collector.sources.serving_stack import EMULATION_COUNTERS
+
+    rows: dict[str, list[dict]] = {"gpu_samples": [], "emulation_samples": []}
+    for items in polls:
+        for item in items:
+            sample = item["sample"]
+            source = "emulated" if sample.get("emulated") else "serving"
+            own = {"worker": item["worker"], "role": item["role"], "node": node, "source": source}
+            rows["gpu_samples"].append({k: v for k, v in sample.items() if k not in EMULATION_COUNTERS} | own)
+            counters = {k: v for k, v in sample.items() if k in EMULATION_COUNTERS}
+            if counters and sample.get("emulated"):
+                key = {k: sample[k] for k in ("ts_s", "device", "index")}
+                rows["emulation_samples"].append(key | counters | {"node": node, "source": source})
+    return rows
+
+
+_STORED_QUERIES = {
+    "gpu_samples": 'SELECT * FROM gpu_samples_full ORDER BY ts_s, device, "index", worker',
+    "devices": "SELECT * FROM devices ORDER BY ALL",
+    "emulation_samples": "SELECT * FROM emulation_samples ORDER BY ALL",
+}
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_device_polls_whose_samples_change_shape_store_what_their_dict_rows_store(tmp_path, shared) -> None:
+    from collector.service import Collector, CollectorSettings
+    from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
+    from collector.sources.serving_stack import add_device_columns
+    from collector.store import Store
+    from collector.store.columns import RepeatedColumns
+    from collector.store.devices import STEADY_SAMPLE_COLUMNS
+
+    polls = _device_poll_changes()
+    repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS) if shared else None  # as the source holds
+    results = []
+    for k, items in enumerate(polls):
+        results.append(SourceResult("serving-devices:test", 100.0 + k))
+        add_device_columns(results[-1], items, "node-a", repeats)
+    blocks = [r.columns[TABLE_GPU_SAMPLES][0] for r in results]
+    if shared:  # unchanged polls hand on the previous poll's identity, changed ones a new one
+        assert blocks[1].repeats is blocks[0].repeats is blocks[2].repeats
+        assert blocks[4].repeats is blocks[3].repeats is not blocks[2].repeats  # another name
+        assert len({id(b.repeats) for b in blocks[5:9]}) == 1  # metrics changed, a metric added
+        assert blocks[10].repeats is blocks[9].repeats is not blocks[8].repeats  # "lost" dropped
+        assert all(b.floats is not None for b in blocks)
+    with Store.open(tmp_path / "columns.duckdb") as store:  # as the collector's writer stores them
+        settings = CollectorSettings(db_path=str(store.path), node="node-a", nvml=False)
+        collector = Collector(settings, store, sources=[])
+        collector.write_results(results)
+        assert collector.stats.store_errors == 0, collector.stats.last_error
+        stored = {name: store.query(q) for name, q in _STORED_QUERIES.items()}
+    with Store.open(tmp_path / "dicts.duckdb") as store:
+        for table, rows in _dict_rows(polls, "node-a").items():
+            store.append(table, rows)
+        store.flush()
+        for name, query in _STORED_QUERIES.items():
+            assert stored[name].equals(store.query(query)), name
+    gpu = stored["gpu_samples"]
+    assert len(gpu) == 2 * len(polls) and len(stored["emulation_samples"]) == 2 * 27 + 2
+    assert gpu["host_bound_pct"].isna().sum() == 2 * len(polls) - 2  # None stays NULL, not 0 or NaN
+    assert gpu["temperature_c"].notna().sum() == 4 and gpu["lost"].isna().sum() == 4
+    assert set(stored["devices"]["worker"]) == {"worker-0", "worker-1", "worker-9"}
+    assert set(gpu["source"]) == {"emulated", "serving"}
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "column"),
+    [
+        ("index", [0, True], "index"),  # True == 1, but a boolean in an INTEGER column
+        ("emulated", [True, 1], "emulated"),  # 1 == True, but a number in a BOOLEAN column
+        ("sm_clock_mhz", [1410.5, 1411], "sm_clock_mhz"),  # a fraction in an INTEGER column
+        ("mem_clock_mhz", [2619.5, 2619], "mem_clock_mhz"),  # ... in a steady one
+    ],
+)
+def test_a_bad_value_after_equal_polls_is_refused_naming_its_column(tmp_path, name, values, column) -> None:
+    # the identity of the polls before compares equal (1 == True): the bad value still reaches the store
+    from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
+    from collector.sources.serving_stack import add_device_columns
+    from collector.store import Store, StoreError
+    from collector.store.columns import RepeatedColumns
+    from collector.store.devices import STEADY_SAMPLE_COLUMNS
+
+    repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
+    result = SourceResult("serving-devices:test", 100.0)
+    for k in range(4):
+        bad = {name: values} if k == 2 else {}
+        items = [_device_item(g, k, **{n: v[g] for n, v in bad.items()}) for g in range(2)]
+        if k < 2 and name in ("index", "emulated", "mem_clock_mhz"):  # equal values before
+            for g, item in enumerate(items):
+                item["sample"][name] = {"index": [0, 1], "emulated": [True, True]}.get(name, [2619, 2619])[g]
+        add_device_columns(result, items, "node-a", repeats)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        with pytest.raises(StoreError, match=rf"gpu_samples\.{column}"):
+            store.append_columns(TABLE_GPU_SAMPLES, result.columns[TABLE_GPU_SAMPLES])
+        store.flush()
+        assert store.query("SELECT count(*) AS n FROM gpu_samples")["n"][0] == 0

@@ -507,3 +507,83 @@ def test_a_boolean_among_an_integer_columns_packed_values_sends_it_to_its_lists(
     assert build_columns(polls(1), types)["sm_clock_mhz"].to_pylist()[6:8] == [1, 7]
     with pytest.raises(pa.ArrowTypeError, match="bool"):  # built from the lists, as without packing
         build_columns(polls(True), types)
+
+
+def _packed(block: ColumnBlock) -> dict[str, bytes]:
+    """A block's packed values per column (rows read in another key order pack them in that order)."""
+    size = 8 * block.n
+    return {name: block.floats[j * size : (j + 1) * size] for j, name in enumerate(block.keys)}  # type: ignore[index]
+
+
+def test_a_block_of_rows_is_what_split_and_of_make_of_the_transposed_rows() -> None:
+    # the same polls through both, poll after poll: the same block and columns set apart, and a
+    # new shared object exactly where split makes one (a value or its type changed, a key set changed)
+    from collector.store.columns import transpose
+    from collector.store.devices import IDENTITY_COLUMNS
+
+    def poll(k: int, **changes: object) -> list[dict]:
+        rows = [
+            {
+                "ts_s": float(k),
+                "device": f"cuda:{i}",
+                "index": i,
+                "power_limit_w": 300.0,
+                "power_w": 1.0 + k,
+                "uptime_s": 2.0 * k,
+            }
+            for i in range(2)
+        ]
+        for name, value in changes.items():
+            for row in rows:
+                if value is ...:
+                    del row[name]
+                else:
+                    row[name] = value
+        return rows
+
+    polls = [
+        poll(0),
+        poll(1),
+        poll(2, index=1),  # the same value in both rows
+        poll(3, index=1.0),  # equal, another type
+        poll(4, index=True),
+        poll(5, power_limit_w=300),  # a steady column: equal, another type (then per poll)
+        poll(6),
+        poll(7, uuid=None),  # a key added
+        poll(8, uuid="GPU-a"),
+        poll(9, uuid="GPU-a"),
+        poll(10, power_w=...),  # a value column dropped
+        poll(10, uptime_s=...),  # ... and one set apart
+        poll(11),
+        [dict(reversed(r.items())) for r in poll(12)],  # another key order
+        poll(13)[:1],  # one row fewer
+        poll(14),
+    ]
+    reordered = next(k for k, rows in enumerate(polls) if next(iter(rows[0])) != "ts_s")
+    fast, slow = RepeatedColumns(steady=["power_limit_w"]), RepeatedColumns(steady=["power_limit_w"])
+    last: list[Any] = [None, None]
+    for k, rows in enumerate(polls):
+        owners = {"worker": [f"w{i % 2}" for i in range(len(rows))]}
+        if k == 9:
+            owners["worker"] = ["w0", 7]  # an owner that is no string
+        constants = {"node": "n1"}
+        block, apart = fast.block(rows, IDENTITY_COLUMNS, owners, constants, apart=("uptime_s", "lag_s"))
+        columns = {**transpose(rows), **owners}
+        want_apart = {n: list(columns.pop(n)) for n in ("uptime_s", "lag_s") if n in columns}
+        values, shared = slow.split(columns, IDENTITY_COLUMNS)
+        want = ColumnBlock.of(values, constants, shared, packed=True)
+        assert block.to_rows() == want.to_rows() and _packed(block) == _packed(want), k
+        assert set(block.keys) == set(want.keys) and {n: list(v) for n, v in apart.items()} == want_apart, k
+        types = [{n: list(map(type, v)) for n, v in (b.values | b.repeats).items()} for b in (block, want)]
+        assert types[0] == types[1], k
+        if k == reordered:  # the same keys in another order: split makes a new, equal object
+            assert block.repeats is last[0] and want.repeats == last[1]
+        else:
+            assert (block.repeats is last[0]) == (want.repeats is last[1]), k  # shared where split shares
+        last = [block.repeats, want.repeats]
+        if k == 0:  # another caller of the same repeats in between: the next poll goes through split
+            fast.share({"device": ["elsewhere"]})
+            slow.share({"device": ["elsewhere"]})
+    again = polls[-1]  # the last poll's key set and identity, with a constant that is a column too
+    with pytest.raises(ValueError, match=r"\['ts_s'\] given twice"):
+        fast.block(again, IDENTITY_COLUMNS, owners, {"node": "n1", "ts_s": 0.0}, apart=("uptime_s", "lag_s"))
