@@ -58,7 +58,7 @@ def add_analyze_command(sub: Any) -> None:
         "--gpus",
         default=None,
         metavar="N|all",
-        help="per-GPU rows of the bimodality and power-model tables: the N most notable (default 12;"
+        help="per-GPU rows of the unsampled-time, bimodality and power-model tables: the N most notable (default 12;"
         " 0: the pools only) or all (--json always has every GPU)",
     )
     p.set_defaults(func=cmd_analyze)

@@ -298,7 +298,7 @@ def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
     return ["", title, *("  " + line for line in _grid(header, rows))]
 
 
-#: per-GPU rows of the bimodality and power-model tables ``phaselens analyze`` prints by default
+#: per-GPU rows of the unsampled-time, bimodality and power-model tables ``phaselens analyze`` prints by default
 DEFAULT_GPU_ROWS = 12
 
 
@@ -434,12 +434,14 @@ def _phase_lines(parts: dict[str, Any]) -> list[str]:
     )
 
 
-def _gap_lines(parts: dict[str, Any], names: GpuNames) -> list[str]:
-    """The GPUs with gaps in their samples: unsampled time per GPU and overall, with the rule."""
+def _gap_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> list[str]:
+    """The GPUs with gaps in their samples: unsampled time of at most ``gpu_rows`` of them (None:
+    all) -- the most unsampled first -- in natural order, and overall, with the rule."""
     phases = parts.get("phases") or {}
     gaps = phases.get("sample_gaps") or {}
     if not gaps:
         return []
+    shown = _notable_first(list(gaps), lambda gpu: -(gaps[gpu].get("gap_s") or 0.0), gpu_rows, names)
     total_s = sum((g.get("interval_s") or 0.0) for g in phases.get("per_gpu") or [])
     unsampled_s = sum((g.get("gap_s") or 0.0) for g in gaps.values())
     rows = [
@@ -450,13 +452,13 @@ def _gap_lines(parts: dict[str, Any], names: GpuNames) -> list[str]:
             f"{gaps[gpu].get('longest_s') or 0.0:,.1f}",
             f"{gaps[gpu].get('threshold_s') or 0.0:,.1f}",
         ]
-        for gpu in names.order(gaps)
+        for gpu in shown
     ]
-    out = _rows(
-        "Unsampled time (gaps in a GPU's samples: its own state, not idle)",
-        ["GPU", "unsampled s", "gaps", "longest s", "threshold s"],
-        rows,
-    )
+    title = "Unsampled time (gaps in a GPU's samples: its own state, not idle)"
+    out = _rows(title, ["GPU", "unsampled s", "gaps", "longest s", "threshold s"], rows)
+    if not rows:  # --gpus 0: the overall line still needs its title
+        out = ["", title]
+    out += _left_out(len(shown), len(gaps), "the most unsampled time")
     out.append(
         f"  overall: {unsampled_s:,.1f} s of {total_s:,.1f} GPU-s unsampled ({_pct(unsampled_s / total_s if total_s else None)});"
         f" a gap: samples further apart than {GAP_PERIODS:g} sampling periods and {GAP_MIN_S:g} s; its energy is"
@@ -698,6 +700,8 @@ def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
             template, value = gpu.sub(_GPU_SLOT, text), found[0]
         elif len(hours) == 1:
             template, value = _HOUR.sub(_HOUR_SLOT, text), hours[0]
+        elif found:  # several GPUs named: each by its label
+            template, value = gpu.sub(lambda m: m[0].replace(m[1], names.label(m[1])), text), ""
         else:
             template, value = text, ""
         keys, values = groups.setdefault(template, ([], []))
@@ -727,7 +731,7 @@ def format_summary(
     phase, where it goes, bimodality, cost per token, latency, the power fits, what is missing.
 
     GPUs are in natural order (node, then index) and labelled by index alone where the window holds
-    one node, else ``node/index``. The bimodality and power-model tables show at most ``gpu_rows``
+    one node, else ``node/index``. The unsampled-time, bimodality and power-model tables show at most ``gpu_rows``
     GPUs (None: all; 0: the pools only), the notable ones, and say how many they leave out; notes and
     missing messages that differ only by GPU (or hour) are one line each. ``detail`` appends every
     table of every part (the same as ``--json``, as text)."""
@@ -745,7 +749,7 @@ def format_summary(
         lines.append(f"  ! {summary['missing']['window']}")
     lines += [f"  note: {n}" for n in trust.get("notes", [])]
     lines += _phase_lines(parts)
-    lines += _gap_lines(parts, names)
+    lines += _gap_lines(parts, names, gpu_rows)
     lines += _idle_lines(parts)
     lines += _bimodal_lines(parts, names, gpu_rows)
     lines += _cost_lines(parts)

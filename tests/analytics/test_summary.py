@@ -296,6 +296,38 @@ def test_notes_and_missing_messages_that_differ_only_by_gpu_or_hour_are_one_line
     ]
 
 
+def test_the_unsampled_table_is_capped_most_unsampled_first_and_several_gpus_in_a_message_get_labels():
+    from analytics.summary import format_summary
+
+    summary = fleet_summary()
+    keys = list(summary["parts"]["phases"]["fits"])
+    gap_s = {_key("node-b", 6): 90.0, _key("node-a", 10): 80.0, _key("node-a", 1): 70.0}
+    summary["parts"]["phases"]["sample_gaps"] = {
+        k: {"gap_s": gap_s.get(k, 10.0), "gaps": 1, "longest_s": gap_s.get(k, 10.0), "threshold_s": 5.0}
+        for k in keys
+    }
+    summary["parts"]["phases"]["per_gpu"] = [{"gpu": k, "interval_s": 3600.0} for k in keys]
+    worst = f"{_key('node-a', 11)} (R² 0.2), {_key('node-b', 5)} (R² 0.5), {_key('node-a', 3)} (R² 0.6)"
+    summary["missing"]["phases.0"] = summary["missing"]["idle.0"] = (
+        f"power model fits poorly on 4 of 20 GPUs (R² 0.2–0.6; lowest: {worst})"
+    )
+    text = format_summary(summary, gpu_rows=3)
+    gaps = _section(text, "Unsampled time")
+    assert [line.split()[0] for line in gaps[1:4]] == ["node-a/1", "node-a/10", "node-b/6"]  # natural order
+    assert gaps[4] == (
+        "  … 17 of 20 GPUs left out; shown: the most unsampled time; --gpus all (or --json) lists every one"
+    )
+    assert "overall: 410.0 s of 72,000.0 GPU-s unsampled (0.6 %)" in gaps[5]  # every GPU counted
+    assert len(_section(format_summary(summary, gpu_rows=None), "Unsampled time")) == 1 + 20 + 1
+    pools_only = _section(format_summary(summary, gpu_rows=0), "Unsampled time")
+    assert pools_only[0].startswith("  … 20 of 20 GPUs left out") and "overall:" in pools_only[1]
+    missing = _section(text, "Missing or not computed:")
+    assert missing[0] == (
+        "  phases.0, idle.0: power model fits poorly on 4 of 20 GPUs (R² 0.2–0.6;"
+        " lowest: node-a/11 (R² 0.2), node-b/5 (R² 0.5), node-a/3 (R² 0.6))"
+    )
+
+
 def test_one_nodes_gpus_go_by_their_index_unless_two_share_it():
     from analytics.summary import GpuNames, format_summary
 
