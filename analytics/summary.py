@@ -335,6 +335,9 @@ class GpuNames:
         short = {k: self._short(k, one_node=self.one_node) for k in self.keys}
         taken = Counter(short.values())
         self._labels = {k: label for k, label in short.items() if label is not None and taken[label] == 1}
+        self.pattern = (  # a key in a message, after "GPU " or not
+            re.compile("(?:GPU )?(" + "|".join(map(re.escape, self.keys)) + r")(?!\d)") if self.keys else None
+        )
 
     @staticmethod
     def _short(key: str, *, one_node: bool) -> str | None:
@@ -346,6 +349,10 @@ class GpuNames:
     def label(self, key: str) -> str:
         """The GPU's short label (its whole key where a short one would be ambiguous or unknown)."""
         return self._labels.get(key, key)
+
+    def relabel(self, text: str) -> str:
+        """``text`` with each GPU key it names as ``GPU <label>``."""
+        return self.pattern.sub(lambda m: f"GPU {self.label(m[1])}", text) if self.pattern else text
 
     def order(self, keys: Iterable[str]) -> list[str]:
         """``keys`` in natural order."""
@@ -691,7 +698,7 @@ def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
     """What is missing, one line per message; messages that differ only by the one GPU (or hour)
     they name are one line, with the count and a compact list of the GPUs (or the first and last
     hour), under their keys (``bimodal.7–22``) to find them in ``--json``."""
-    gpu = re.compile("(?:GPU )?(" + "|".join(map(re.escape, names.keys)) + r")(?!\d)") if names.keys else None
+    gpu = names.pattern
     groups: dict[str, tuple[list[str], list[str]]] = {}  # message with a slot for what varies -> keys, values
     for key, text in missing.items():
         found = gpu.findall(text) if gpu else []
@@ -701,7 +708,7 @@ def _missing_lines(missing: dict[str, str], names: GpuNames) -> list[str]:
         elif len(hours) == 1:
             template, value = _HOUR.sub(_HOUR_SLOT, text), hours[0]
         elif found:  # several GPUs named: each by its label
-            template, value = gpu.sub(lambda m: m[0].replace(m[1], names.label(m[1])), text), ""
+            template, value = names.relabel(text), ""
         else:
             template, value = text, ""
         keys, values = groups.setdefault(template, ([], []))
@@ -747,7 +754,7 @@ def format_summary(
     ]
     if (summary.get("missing") or {}).get("window"):  # why the window is empty, before any table
         lines.append(f"  ! {summary['missing']['window']}")
-    lines += [f"  note: {n}" for n in trust.get("notes", [])]
+    lines += [f"  note: {names.relabel(n)}" for n in trust.get("notes", [])]
     lines += _phase_lines(parts)
     lines += _gap_lines(parts, names, gpu_rows)
     lines += _idle_lines(parts)

@@ -296,7 +296,7 @@ def test_notes_and_missing_messages_that_differ_only_by_gpu_or_hour_are_one_line
     ]
 
 
-def test_the_unsampled_table_is_capped_most_unsampled_first_and_several_gpus_in_a_message_get_labels():
+def test_the_unsampled_table_is_capped_most_unsampled_first_and_notes_name_gpus_by_label():
     from analytics.summary import format_summary
 
     summary = fleet_summary()
@@ -324,7 +324,11 @@ def test_the_unsampled_table_is_capped_most_unsampled_first_and_several_gpus_in_
     missing = _section(text, "Missing or not computed:")
     assert missing[0] == (
         "  phases.0, idle.0: power model fits poorly on 4 of 20 GPUs (R² 0.2–0.6;"
-        " lowest: node-a/11 (R² 0.2), node-b/5 (R² 0.5), node-a/3 (R² 0.6))"
+        " lowest: GPU node-a/11 (R² 0.2), GPU node-b/5 (R² 0.5), GPU node-a/3 (R² 0.6))"
+    )
+    summary["trust"]["notes"] = [f"{_key('node-b', 2)}: 0.04 s of prefill is too little to fit"]
+    assert (
+        "  note: GPU node-b/2: 0.04 s of prefill is too little to fit" in format_summary(summary).splitlines()
     )
 
 
