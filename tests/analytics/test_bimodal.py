@@ -50,6 +50,25 @@ def test_mixture_recovers_two_known_components():
     assert m.weight_low == pytest.approx(0.7, abs=0.02) and m.weight_low + m.weight_high == pytest.approx(1.0)
 
 
+def test_a_pile_of_equal_values_with_rare_spikes_gets_two_modes_not_one_twice():
+    # an idle prefill GPU (seen in the demo): 94 % of intervals at exactly 0.527 % SM activity, 6 %
+    # of prefill spikes near 44 %. Both start percentiles fell in the pile, and EM kept two identical
+    # components: "0.527 % (50 %) / 0.527 % (50 %)" under a bimodal verdict.
+    from analytics.bimodal import _dip_and_mixture
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([np.full(1470, 0.527), rng.normal(44.0, 5.0, 97)])
+    m = gaussian_mixture_2(x)
+    assert m.mean_low == pytest.approx(0.527, abs=0.01) and m.mean_high == pytest.approx(44.0, abs=1.0)
+    assert m.weight_high == pytest.approx(97 / 1567, abs=0.005)
+    out = _dip_and_mixture(x)  # on the histogram: the pile's bin centre
+    assert out["bimodal"] is True
+    assert out["mode_low_pct"] == pytest.approx(0.625) and out["mode_high_pct"] == pytest.approx(
+        44.0, abs=1.0
+    )
+    assert out["weight_low"] == pytest.approx(1470 / 1567, abs=0.005)
+
+
 def test_values_within_one_histogram_bin_still_get_a_mixture():
     from analytics.bimodal import _dip_and_mixture
 
