@@ -5,7 +5,7 @@ row in effect at each sample) in bins of ``bin_pct`` percent, per pool (the GPU'
 role: prefill, decode, mixed, unknown) and for the whole fleet, in DuckDB: only the counts leave the
 store, never the samples. A value of exactly 100 % falls in the last bin; values outside [0, 100] are
 clipped into the end bins. Each sample counts once (the collector samples at a fixed period, so
-counts are proportional to time). The mixture centres and the dip test of the same window are the
+counts are proportional to time). The modes and the dip test of the same window are the
 summary's ``bimodal`` part (:func:`analytics.bimodal.bimodality`); this module only bins.
 """
 

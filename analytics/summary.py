@@ -528,7 +528,7 @@ def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None)
         _bimodal_row(f"  GPU {names.label(g)} ({per_gpu[g].get('role') or '—'})", per_gpu[g]) for g in shown
     ]
     out = _rows(
-        "SM activity: bimodal? (dip test p < 0.05; Sarle's b > 0.555; mixture modes and weights)",
+        "SM activity: bimodal? (dip test p < 0.05; Sarle's b > 0.555; modes: peaks of the histogram and their share of the time)",
         [
             "pool / GPU",
             "intervals",
@@ -555,6 +555,8 @@ def _bimodal_row(where: str, r: dict[str, Any]) -> list[str]:
         if r.get("no_spread")
         else "—"
         if r.get("mode_low_pct") is None
+        else f"one: {_cell(r.get('mode_low_pct'))} %"
+        if r.get("mode_high_pct") is None
         else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
         f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
     )

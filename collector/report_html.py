@@ -7,7 +7,7 @@ adds: ``overview``, the headline figures against the previous period from
 1. a title with the window, the data set and the trust labels (each label explained);
 2. the headline figures against the previous period, and the sentence on where the money goes;
 3. sections with the dashboard's own charts (``dashboard/figures.py``, the same builders): where
-   the GPU-time goes by pool, bimodality per pool (histogram, mixture centres, dip test in words),
+   the GPU-time goes by pool, bimodality per pool (histogram, modes, dip test in words),
    cost by pool and per hour with the annualised projection, latency percentiles and SLO
    attainment over time;
 4. what is missing and why, then an appendix of the detailed tables, folded.
@@ -323,8 +323,9 @@ def _bimodal(page: _Page, summary: dict[str, Any]) -> str:
         "<section><h2>Bimodality per pool</h2>",
         '<p class="meta">A GPU that does both phases spends its time in two states: memory-bound decode '
         "(low SM activity) and compute-bound prefill (high). Bars: the share of the window's samples per bin "
-        "(SM activity dark, utilization % red); dashed lines: the two centres of a Gaussian mixture fitted to "
-        "SM activity; Hartigan's dip test, p &lt; 0.05 reads bimodal.</p>",
+        "(SM activity dark, utilization % red); dashed lines: the modes, peaks of the smoothed SM-activity "
+        "histogram, with the share of samples on each side of the valley between them; Hartigan's dip test, "
+        "p &lt; 0.05 reads bimodal.</p>",
     ]
     why = (summary.get("missing") or {}).get("bimodal")
     if why:
@@ -349,7 +350,7 @@ def _bimodal(page: _Page, summary: dict[str, Any]) -> str:
 
 
 def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) -> str:
-    """A pool's bimodality in words: the dip test, the mixture centres, utilization against SM activity."""
+    """A pool's bimodality in words: the dip test, the modes, utilization against SM activity."""
     from dashboard.figures import dip_verdict
 
     row = row or {}
@@ -357,9 +358,11 @@ def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) 
     lo, hi = _num(row.get("mode_low_pct")), _num(row.get("mode_high_pct"))
     if lo is not None and hi is not None:
         items.append(
-            f"<b>Mixture centres:</b> {lo:.0f} % ({_num(row.get('weight_low')) or 0:.0%} of samples) and "
+            f"<b>Modes:</b> {lo:.0f} % ({_num(row.get('weight_low')) or 0:.0%} of samples) and "
             f"{hi:.0f} % ({_num(row.get('weight_high')) or 0:.0%})"
         )
+    elif lo is not None:
+        items.append(f"<b>One mode:</b> {lo:.0f} %")
     util = _num(((group or {}).get("gpu_util") or {}).get("mean_pct"))
     sm = _num(((group or {}).get("sm_active") or {}).get("mean_pct"))
     if util is None:

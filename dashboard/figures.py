@@ -206,8 +206,8 @@ def activity_histogram_figure(
     labels: Iterable[str],
 ) -> go.Figure:
     """SM activity and utilization % of one pool as overlaid histograms (share of samples per
-    bin), the mixture's two centres (``mode_low_pct`` / ``mode_high_pct`` of the pool's bimodality
-    row) marked, the dip test's result in the title."""
+    bin), the modes (``mode_low_pct`` / ``mode_high_pct`` of the pool's bimodality row: peaks of the
+    smoothed histogram; one where the high one is missing) marked, the dip test's result in the title."""
     edges = [float(e) for e in edges_pct]
     mids = [(a + b) / 2 for a, b in pairwise(edges)]
     width = edges[1] - edges[0] if len(edges) > 1 else 1.0
@@ -235,9 +235,11 @@ def activity_histogram_figure(
         ("low", _num(row.get("mode_low_pct")), _num(row.get("weight_low")), PHASE_COLOURS["decode"]),
         ("high", _num(row.get("mode_high_pct")), _num(row.get("weight_high")), PHASE_COLOURS["prefill"]),
     ]
+    one = modes[1][1] != modes[1][1]  # a single mode: no high one
     for i, (which, centre, weight, colour) in enumerate(modes):
         if centre != centre:
             continue
+        name = "mode" if one else f"{which} mode"
         fig.add_vline(x=centre, line={"color": colour, "width": 2.5, "dash": "dash"})
         # text on the side away from the other mode, unless it would run off the plot there (two
         # close modes then share a side, one line apart)
@@ -246,8 +248,8 @@ def activity_histogram_figure(
             x=centre,
             y=1.0 - 0.09 * i,
             yref="paper",
-            text=f"{which} mode {centre:.0f} %"
-            + (f" ({100 * weight:.0f} % of samples)" if weight == weight else ""),
+            text=f"{name} {centre:.0f} %"
+            + (f" ({100 * weight:.0f} % of samples)" if weight == weight and not one else ""),
             showarrow=False,
             yanchor="top",
             xanchor="left" if right_side else "right",
@@ -261,7 +263,7 @@ def activity_histogram_figure(
                 x=[None],
                 y=[None],
                 mode="lines",
-                name=f"mixture centre ({which})",
+                name="mode (one)" if one else f"mode ({which})",
                 line={"color": colour, "width": 2.5, "dash": "dash"},
                 hoverinfo="skip",
             )

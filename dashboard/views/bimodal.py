@@ -1,9 +1,9 @@
 """Bimodal: per pool, how SM activity is distributed (two modes on a GPU that does both phases),
-the dip test's verdict, the mixture's two centres, and utilization % beside it, so the gap between
+the dip test's verdict, the two modes, and utilization % beside it, so the gap between
 "a kernel was running" and "the SMs were busy" shows.
 
 Reads ``GET /api/v1/analytics/histogram`` (binned counts per pool, never the samples) and the
-``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, mixture).
+``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, modes).
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
     lo, hi = row.get("mode_low_pct"), row.get("mode_high_pct")
     if isinstance(lo, int | float) and isinstance(hi, int | float):
         st.markdown(
-            f"**Mixture centres:** {lo:.0f} % ({float(row.get('weight_low') or 0):.0%} of samples) and "
+            f"**Modes:** {lo:.0f} % ({float(row.get('weight_low') or 0):.0%} of samples) and "
             f"{hi:.0f} % ({float(row.get('weight_high') or 0):.0%})"
         )
+    elif isinstance(lo, int | float):
+        st.markdown(f"**One mode:** {lo:.0f} %")
     sp, sd = row.get("sm_prefill_pct"), row.get("sm_decode_pct")
     if isinstance(sp, int | float) or isinstance(sd, int | float):
         st.markdown(f"**SM activity in prefill / decode:** {_pct(sp)} / {_pct(sd)}")
@@ -121,7 +123,8 @@ def render(sel: common.Selection) -> None:
             _facts(g, rows.get(g["pool"]))
     st.caption(
         "Bars: share of the window's samples in each bin (SM activity dark, utilization % red). Dashed lines: "
-        "the centres of a two-component Gaussian mixture fitted to SM activity. Dip test: Hartigan's; p < 0.05 "
+        "the modes, peaks of the smoothed SM-activity histogram, with the share of samples on each side of the "
+        "valley between them. Dip test: Hartigan's; p < 0.05 "
         "reads bimodal. Two separate modes mean the GPUs spend their time in two distinct states (idle or "
         "memory-bound decode low, compute-bound prefill high), while utilization % reads busy whenever a kernel runs."
     )

@@ -57,7 +57,7 @@ def test_histogram_shares_modes_and_labels():
     sm = _trace(fig, "SM activity (mean 30 %)")
     assert list(sm.x) == [12.5, 37.5, 62.5, 87.5] and list(sm.y) == [75.0, 0.0, 0.0, 25.0]  # % of samples
     assert list(_trace(fig, "utilization (mean 90 %)").y) == [0.0, 0.0, 0.0, 100.0]
-    assert [s.x0 for s in fig.layout.shapes] == [10.0, 80.0]  # the two mixture centres
+    assert [s.x0 for s in fig.layout.shapes] == [10.0, 80.0]  # the two modes
     text = _annotations(fig)
     assert "low mode 10 % (75 % of samples)" in text and "high mode 80 % (25 % of samples)" in text
     assert "SIMULATED" in text
@@ -95,7 +95,22 @@ def test_mode_labels_stay_inside_the_plot(low, high, sides):
     assert modes[0].y != modes[1].y
 
 
-def test_histogram_without_a_mixture_draws_no_centres():
+def test_one_mode_is_marked_as_the_mode_without_a_share():
+    group = {"sm_active": {"counts": [1, 1], "n": 2, "mean_pct": 40.0}}
+    row = {
+        "dip_p_value": 0.9,
+        "mode_low_pct": 40.0,
+        "mode_high_pct": None,
+        "weight_low": 1.0,
+        "weight_high": 0.0,
+    }
+    fig = figures.activity_histogram_figure(group, [0, 50, 100], row, title="t", labels=[])
+    assert [s.x0 for s in fig.layout.shapes] == [40.0]
+    assert [a.text for a in fig.layout.annotations if "mode" in a.text] == ["mode 40 %"]
+    assert [t.name for t in fig.data if t.type == "scatter"] == ["mode (one)"]
+
+
+def test_histogram_without_modes_draws_no_centres():
     group = {
         "sm_active": {"counts": [1, 1], "n": 2, "mean_pct": 40.0},
         "gpu_util": {"counts": [0, 0], "n": 0},
