@@ -170,6 +170,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    for note in collector.notes():
+        print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
     uvicorn.run(create_collector_app(collector), host=settings.host, port=settings.port, log_level="warning")
     return 0
 

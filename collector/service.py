@@ -41,6 +41,7 @@ from collector.store import (
     import_parquet,
 )
 from collector.store.columns import ColumnBlock
+from serving.devices import nvml_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -446,6 +447,20 @@ class Collector:
 
     # -- health --------------------------------------------------------------------------------------
 
+    def notes(self) -> list[str]:
+        """What this collector does not sample, and why: the host's GPUs when no NVML source runs
+        (``--no-nvml``, or what NVML said), and nothing at all when it has no source."""
+        out = []
+        if not any(isinstance(s, LocalGpuSource) for s in self.sources):
+            why = nvml_status() if self.settings.nvml else "--no-nvml"
+            out.append(f"this host's GPUs are not sampled: {why}")
+        if not self.sources:
+            out.append(
+                "no sources: nothing is sampled and the store only takes imports (POST /api/v1/import); "
+                "give --serving, --dcgm, --engine or --prometheus, or run where NVML sees a GPU"
+            )
+        return out
+
     def health(self) -> dict[str, Any]:
         sources = [{**s.health().to_dict(), **s.health_details()} for s in self.sources]
         down = [s["name"] for s in sources if s["status"] in ("down", "degraded")]
@@ -454,6 +469,7 @@ class Collector:
             s["lag_s"] = None if s["last_success_s"] is None else round(now - s["last_success_s"], 3)
         return {
             "status": "degraded" if down or self.stats.results_dropped else "ok",
+            "notes": self.notes(),
             "node": self.settings.node,
             "db_path": str(self.store.path),
             "schema_version": self._schema_version,

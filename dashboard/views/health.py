@@ -213,6 +213,8 @@ def render() -> None:
     if down:
         st.warning(f"**{len(down)} source(s) need attention:** {', '.join(down)}", icon=":material/warning:")
     st.subheader("Sources")
+    for note in health.get("notes") or []:
+        st.caption(f"Note: {note}")
     _sources_table(sources, now)
     st.subheader("Store writer")
     _writer(health, now)

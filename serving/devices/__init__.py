@@ -44,7 +44,7 @@ from serving.devices.gpu_model import (
     shard_shape,
 )
 from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, gpu_spec
-from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
+from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count, nvml_status
 from serving.devices.registry import (
     DEVICE_FACTORIES,
     EMULATED_GPUS,
@@ -101,6 +101,7 @@ __all__ = [
     "kv_transfer_s",
     "nvml_available",
     "nvml_device_count",
+    "nvml_status",
     "open_device",
     "parse_device_spec",
     "predict_iteration",

@@ -45,28 +45,40 @@ def _resolve(nvml: Any | None) -> Any:
 
 
 @functools.cache
-def _probe_device_count(nvml: Any) -> int:
-    """Initialise NVML once per module and count GPUs; 0 when NVML cannot start."""
+def _probe(nvml: Any) -> tuple[int, str]:
+    """Initialise NVML once per module and count GPUs: the count and what NVML said (0 and why
+    when NVML cannot start)."""
     try:
         nvml.nvmlInit()
-    except (nvml.NVMLError, OSError):
-        return 0
+    except (nvml.NVMLError, OSError) as e:
+        return 0, f"NVML could not start ({e}): no NVIDIA driver or GPU here"
     try:
-        return int(nvml.nvmlDeviceGetCount())
-    except nvml.NVMLError:
-        return 0
+        count = int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError as e:
+        return 0, f"NVML started but could not count GPUs ({e})"
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+    return count, f"NVML sees {count} GPU(s)" if count else "NVML sees no GPU"
+
+
+def _probed(nvml: Any | None) -> tuple[int, str]:
+    try:
+        module = _resolve(nvml)
+    except ImportError as e:
+        return 0, f"NVML not available: the nvidia-ml-py package is not installed ({e})"
+    return _probe(module)
 
 
 def nvml_device_count(nvml: Any | None = None) -> int:
     """Return how many GPUs NVML sees (0 without a driver or without ``pynvml``). Cached."""
-    try:
-        module = _resolve(nvml)
-    except ImportError:
-        return 0
-    return _probe_device_count(module)
+    return _probed(nvml)[0]
+
+
+def nvml_status(nvml: Any | None = None) -> str:
+    """What NVML said when probed, in a sentence: how many GPUs it sees, or why it sees none (no
+    ``pynvml``, no driver or library, no GPU). Cached; never raises."""
+    return _probed(nvml)[1]
 
 
 def nvml_available(nvml: Any | None = None) -> bool:

@@ -104,6 +104,7 @@ def test_health_page_shows_service_and_sources(dashboard_env: Fleet):
     text = _texts(at)
     assert ":green-badge[ok]" in text and "fleet.duckdb" in text
     assert "No sources configured" in text
+    assert "Note: this host's GPUs are not sampled: --no-nvml" in text  # why, from /health's notes
     assert [m.label for m in at.metric][:3] == ["Rows written", "Results dropped", "Store errors"]
 
 

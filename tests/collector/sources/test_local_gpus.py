@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from collector.service import Collector, CollectorSettings
 from collector.sources.local_gpus import LocalGpuSource
 from collector.store import Store
 from serving.devices import nvml as nvml_module
-from tests.serving.devices.fake_nvml import FakeGpu, FakeNvml
+from tests.serving.devices.fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpu, FakeNvml
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:
@@ -37,6 +38,43 @@ def test_a_lost_gpu_is_marked_and_the_other_keeps_being_sampled(
             "SELECT device, count(*) AS n, count_if(lost) AS lost FROM gpu_samples GROUP BY 1 ORDER BY 1"
         )
     assert counts["n"].tolist() == [6, 6] and counts["lost"].tolist()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("fake", "says"),
+    [
+        (FakeNvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED), "NVML could not start"),
+        (FakeNvml([]), "NVML sees no GPU"),
+        (None, "nvidia-ml-py package is not installed"),
+        (FakeNvml([FakeGpu()]), None),
+    ],
+    ids=["no-driver", "no-gpu", "no-pynvml", "one-gpu"],
+)
+def test_a_collector_says_why_it_does_not_sample_this_hosts_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeNvml | None, says: str | None
+) -> None:
+    if fake is None:
+
+        def missing() -> None:
+            raise ImportError("No module named 'pynvml'")
+
+        monkeypatch.setattr(nvml_module, "_import_pynvml", missing)
+    else:
+        install(monkeypatch, fake)
+    nvml_module._probe.cache_clear()
+    with Store.open(tmp_path / "s.duckdb") as store:
+        collector = Collector(CollectorSettings(db_path=str(tmp_path / "s.duckdb")), store)
+        health = collector.health()
+        nothing = collector.notes()
+        off = Collector(CollectorSettings(db_path=str(tmp_path / "s.duckdb"), nvml=False), store).notes()
+    assert health["status"] == "ok" and health["notes"] == nothing
+    if says is None:  # NVML sees a GPU: it is sampled, nothing to say
+        assert [type(s).__name__ for s in collector.sources] == ["LocalGpuSource"] and nothing == []
+    else:
+        assert collector.sources == []
+        assert nothing[0].startswith("this host's GPUs are not sampled: ") and says in nothing[0]
+        assert nothing[1].startswith("no sources: nothing is sampled and the store only takes imports")
+    assert off[0] == "this host's GPUs are not sampled: --no-nvml"
 
 
 def test_unsupported_metrics_are_null_not_strings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
