@@ -555,10 +555,10 @@ def _bimodal_row(where: str, r: dict[str, Any]) -> list[str]:
         if r.get("no_spread")
         else "—"
         if r.get("mode_low_pct") is None
-        else f"one: {_cell(r.get('mode_low_pct'))} %"
+        else f"one: {r['mode_low_pct']:,.1f} %"
         if r.get("mode_high_pct") is None
-        else f"{_cell(r.get('mode_low_pct'))} % ({_pct(r.get('weight_low'))}) / "
-        f"{_cell(r.get('mode_high_pct'))} % ({_pct(r.get('weight_high'))})"
+        else f"{r['mode_low_pct']:,.1f} % ({_pct(r.get('weight_low'))}) / "
+        f"{r['mode_high_pct']:,.1f} % ({_pct(r.get('weight_high'))})"
     )
     return [
         where,

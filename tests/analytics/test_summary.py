@@ -144,7 +144,17 @@ def test_format_summary_prints_p_values_money_and_slos_one_way():
         "trust": {"labels": ["emulated"], "notes": []},
         "parts": {
             "bimodal": {
-                "table": [{"scope": "pool", "role": "decode", "n": 10, "dip_p_value": 0.0, "bimodal": True}]
+                "table": [
+                    {"scope": "pool", "role": "decode", "n": 10, "dip_p_value": 0.0, "bimodal": True}
+                    | {
+                        "mode_low_pct": 0.00708,
+                        "mode_high_pct": 49.83,
+                        "weight_low": 0.848,
+                        "weight_high": 0.152,
+                    },
+                    {"scope": "pool", "role": "prefill", "n": 10, "dip_p_value": 0.5, "bimodal": False}
+                    | {"mode_low_pct": 12.345, "mode_high_pct": None, "weight_low": 1.0, "weight_high": 0.0},
+                ]
             },
             "cost": {
                 "total": {
@@ -163,6 +173,9 @@ def test_format_summary_prints_p_values_money_and_slos_one_way():
     out = format_summary(summary)
     decode_row = next(line for line in out.splitlines() if line.strip().startswith("decode"))
     assert "< 0.001" in decode_row and " 0 " not in decode_row
+    assert decode_row.endswith("0.0 % (84.8 %) / 49.8 % (15.2 %)")  # modes to a tenth of a point
+    prefill_row = next(line for line in out.splitlines() if line.strip().startswith("prefill"))
+    assert prefill_row.endswith("one: 12.3 %")
     assert (
         "$/1M output tokens $4.31  = decode $1.07 + stranded $35.6 + host-bound $0.117 + idle $0.00160" in out
     )
