@@ -6,8 +6,9 @@ busy. Over the sample intervals of :func:`analytics.attribution.gpu_intervals`:
 * :func:`bimodality`: per fleet, pool (role), pool × hour and GPU, the distribution of SM activity
   (utilization % only where the source has no SM activity, then flagged), its bimodality —
   Hartigan's dip test (the ``diptest`` package), Sarle's bimodality coefficient, the two modes
-  (peaks of the smoothed histogram: where each is, its share of the time and the valley between) — the time-weighted SM
-  activity during prefill and during decode, and the gap between utilization % and SM activity;
+  (peaks of the smoothed histogram: where each is, its share of the time and the valley between)
+  — the time-weighted SM activity during prefill and during decode, and the gap between
+  utilization % and SM activity;
 * :func:`idle_split`: GPU-seconds (and joules) per category — productive prefill, stranded bandwidth
   in prefill (prefill time × (1 − DRAM activity)), productive decode, stranded compute (decode time
   × (1 − SM activity)), host-bound gaps, true idle, unsampled (a gap in the GPU's samples: not
@@ -108,8 +109,9 @@ def histogram_modes(
     ``min_weight`` of the values on its side and a valley below it by ``min_depth`` of its height
     and by ``significance`` standard deviations of the smoothed counts' Poisson noise (seeded
     normal, uniform, exponential and gamma samples of 20 to 5,000 values get one mode; two normals
-    30 points apart with 8-point spreads, 70/30, get two from about 1,000 values). A mode's value is the mean of the values within ``smooth_pct`` of its peak (a pile of equal
-    values reads as its value). Raises ValueError when ``x`` has no finite value.
+    30 points apart with 8-point spreads, 70/30, get two from about 1,000 values). A mode's value
+    is the mean of the values within ``smooth_pct`` of its peak (a pile of equal values reads as its
+    value). Raises ValueError when ``x`` has no finite value.
 
     Unlike a two-Gaussian mixture's centres, peaks are where the time is: SM activity piled at
     23.8 % with 10 % of the time idle at 0 % and a tail of prefill to 50 % has its modes at 0 % and
@@ -563,8 +565,8 @@ def _bimodality_from(
                 "utilization % used there, which reads busy whenever any kernel runs",
             )
     trust.notes.append(
-        f"dip test (Hartigan) and modes (peaks of the smoothed histogram) on up to {max_points} uniformly drawn intervals "
-        "per group; moments and per-phase activity on all intervals"
+        f"dip test (Hartigan) and modes (peaks of the smoothed histogram) on up to {max_points} "
+        "uniformly drawn intervals per group; moments and per-phase activity on all intervals"
     )
     # the hour-level rows are many and noisy: their missing phases are not worth a note each
     return Bimodality(window, table_df, trust, missing)
