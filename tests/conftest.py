@@ -1,5 +1,7 @@
 """Fixtures shared across packages: one ``phaselens demo`` (the real CLI as a subprocess) for the demo
-tests (tests/collector/test_demo.py) and the browser tests (tests/dashboard/test_browser.py)."""
+tests (tests/collector/test_demo.py) and the browser tests (tests/dashboard/test_browser.py), and one
+collector on a simulated fleet (``fleet``) for the dashboard and collector API tests. Each stops its
+processes after the last test that uses it."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.collector.conftest import start_collector
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_REQUESTS = 200  # the demo's simulated scenario, kept short for the tests
@@ -160,12 +165,87 @@ class DemoRun:
             time.sleep(1.0)
 
 
+# Session fixtures that keep processes running (the demo, the fleet's collector) stop them after the
+# last test that uses them, not at the session's end: left running, the demo's replay load and
+# workers took ~half a core from every later test on a 2-core host (timing-bound ones skipped).
+_LAST_USER: dict[str, str] = {}  # fixture name -> node id of the last test (of this run) using it
+_STOPPERS: dict[str, Callable[[], object]] = {}
+
+
+def stop_after_last_use(name: str, stop: Callable[[], object]) -> None:
+    """Call ``stop`` after the last test that uses the session fixture ``name`` (its finalizer still
+    runs at the session's end: ``stop`` and it must both be safe to call twice)."""
+    _STOPPERS[name] = stop
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        for name in getattr(item, "fixturenames", ()):
+            _LAST_USER[name] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    for name in [n for n, nodeid in _LAST_USER.items() if nodeid == item.nodeid and n in _STOPPERS]:
+        _STOPPERS.pop(name)()
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     """One demo for the session (started on first use; a test that stops it starts it again)."""
     run = DemoRun(tmp_path_factory.mktemp("demo"))
+    stop_after_last_use("demo", lambda: run.running() and run.stop(signal.SIGTERM))
     try:
         yield run
     finally:
         if run.running():
             run.stop(signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The collector's URL and its scenarios by layout name (``agg:2xh100-sxm``, ``1p1d:h100-sxm``)."""
+
+    url: str
+    scenarios: dict[str, str]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """`phaselens simulate --db` (an aggregated and a disaggregated 2-GPU layout, 100 requests),
+    then `phaselens collect` on that store (the dashboard and collector API tests)."""
+    db = tmp_path_factory.mktemp("dashboard") / "fleet.duckdb"
+    sim = [
+        sys.executable,
+        "-m",
+        "collector.cli",
+        "simulate",
+        "--no-progress",
+        "--limit",
+        "100",
+        "--db",
+        str(db),
+    ]
+    done = subprocess.run(
+        [*sim, "--layout", "agg:2xh100-sxm", "--layout", "1p1d:h100-sxm"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    proc, url = start_collector(db)
+    stop_after_last_use("fleet", lambda: _stop(proc))
+    try:
+        body = httpx.get(f"{url}/api/v1/scenarios", timeout=10).json()
+        yield Fleet(url, {s["name"]: s["scenario_id"] for s in body["scenarios"]})
+    finally:
+        _stop(proc)

@@ -7,16 +7,16 @@ import httpx
 import pytest
 
 from analytics.cost import CATEGORIES  # every cost category, unsampled included
-from tests.dashboard.conftest import Fleet, fleet  # noqa: F401  (the shared session fixture)
+from tests.conftest import Fleet
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 
 
-def _get(fleet: Fleet, path: str, **params) -> httpx.Response:  # noqa: F811
+def _get(fleet: Fleet, path: str, **params) -> httpx.Response:
     return httpx.get(f"{fleet.url}/api/v1/analytics/{path}", params=params, timeout=120)
 
 
-def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):  # noqa: F811
+def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):
     r = _get(fleet, "histogram", dataset=fleet.scenarios[DISAGG], bin_pct=5)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -68,14 +68,14 @@ def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):  # noqa: F811
         ("summary", {"since": "-5m"}, "since", "time span '-5m' must be > 0"),
     ],
 )
-def test_bad_parameters_are_a_400_naming_them(fleet: Fleet, path, params, param, says):  # noqa: F811
+def test_bad_parameters_are_a_400_naming_them(fleet: Fleet, path, params, param, says):
     r = _get(fleet, path, dataset=fleet.scenarios[AGG], **params)
     assert r.status_code == 400
     err = r.json()["error"]
     assert says in err["message"] and err["param"] == param
 
 
-def test_prices_in_the_request_reprice_the_window(fleet: Fleet):  # noqa: F811
+def test_prices_in_the_request_reprice_the_window(fleet: Fleet):
     sid = fleet.scenarios[AGG]
     base = _get(fleet, "summary", dataset=sid).json()["parts"]["cost"]
     mine = _get(
