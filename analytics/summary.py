@@ -292,9 +292,11 @@ def _slo_ms(x: Any) -> str:
     return f"{ms:,.0f}" if abs(ms - round(ms)) < 1e-9 else f"{ms:,.1f}"
 
 
-def _rows(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+def _rows(title: str, header: list[str], rows: list[list[str]], *, titled: bool = False) -> list[str]:
+    """A titled table of ``rows``; nothing without rows, or the title alone where ``titled`` (lines
+    under it still need it: a capped table's left-out line, notes)."""
     if not rows:
-        return []
+        return ["", title] if titled else []
     return ["", title, *("  " + line for line in _grid(header, rows))]
 
 
@@ -387,12 +389,10 @@ def _gpu_keys(parts: dict[str, Any]) -> list[str]:
     return keys
 
 
-def _notable_first(
-    keys: list[str], rank: Callable[[str], Any], limit: int | None, names: GpuNames
-) -> list[str]:
+def _notable_first(keys: list[str], rank: Callable[[str], Any], limit: int | None) -> list[str]:
     """The ``limit`` first of ``keys`` by ``rank`` (all where ``limit`` is None), in natural order."""
     chosen = keys if limit is None else sorted(keys, key=lambda k: (rank(k), _natural(k)))[: max(0, limit)]
-    return names.order(chosen)
+    return sorted(chosen, key=_natural)
 
 
 def _left_out(shown: int, total: int, rule: str) -> list[str]:
@@ -448,7 +448,7 @@ def _gap_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> 
     gaps = phases.get("sample_gaps") or {}
     if not gaps:
         return []
-    shown = _notable_first(list(gaps), lambda gpu: -(gaps[gpu].get("gap_s") or 0.0), gpu_rows, names)
+    shown = _notable_first(list(gaps), lambda gpu: -(gaps[gpu].get("gap_s") or 0.0), gpu_rows)
     total_s = sum((g.get("interval_s") or 0.0) for g in phases.get("per_gpu") or [])
     unsampled_s = sum((g.get("gap_s") or 0.0) for g in gaps.values())
     rows = [
@@ -462,9 +462,7 @@ def _gap_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> 
         for gpu in shown
     ]
     title = "Unsampled time (gaps in a GPU's samples: its own state, not idle)"
-    out = _rows(title, ["GPU", "unsampled s", "gaps", "longest s", "threshold s"], rows)
-    if not rows:  # --gpus 0: the overall line still needs its title
-        out = ["", title]
+    out = _rows(title, ["GPU", "unsampled s", "gaps", "longest s", "threshold s"], rows, titled=True)
     out += _left_out(len(shown), len(gaps), "the most unsampled time")
     out.append(
         f"  overall: {unsampled_s:,.1f} s of {total_s:,.1f} GPU-s unsampled ({_pct(unsampled_s / total_s if total_s else None)});"
@@ -522,7 +520,7 @@ def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None)
         dip = r.get("dip")
         return same, -dip if dip is not None and dip == dip else math.inf
 
-    shown = _notable_first(list(per_gpu), rank, gpu_rows, names)
+    shown = _notable_first(list(per_gpu), rank, gpu_rows)
     rows = [_bimodal_row(str(r.get("role") or "—"), r) for r in pools.values()]
     rows += [
         _bimodal_row(f"  GPU {names.label(g)} ({per_gpu[g].get('role') or '—'})", per_gpu[g]) for g in shown
@@ -647,7 +645,7 @@ def _fit_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> 
         r2 = fits[gpu].get("r2")
         return r2 is not None and r2 == r2, r2 if r2 is not None and r2 == r2 else 0.0
 
-    shown = _notable_first(list(fits), rank, gpu_rows, names)
+    shown = _notable_first(list(fits), rank, gpu_rows)
     rows = [
         [names.label(gpu)]
         + [_cell((fits[gpu].get("coef_w") or {}).get(k)) for k in ("prefill", "decode", "host_bound", "idle")]
@@ -655,9 +653,9 @@ def _fit_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> 
         for gpu in shown
     ]
     title = "Power model per GPU (W while in each state; apportions each interval's measured energy)"
-    out = _rows(title, ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"], rows)
-    if fits and not rows:  # --gpus 0: the notes still need their title
-        out = ["", title]
+    out = _rows(
+        title, ["GPU", "prefill W", "decode W", "host-bound W", "idle W", "R²"], rows, titled=bool(fits)
+    )
     out += _left_out(len(shown), len(fits), "the lowest R²")
     bounds = {
         gpu: f"[0, {f['bound_w']:,.0f} W] ({f.get('bound_source')})"

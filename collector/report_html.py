@@ -351,18 +351,13 @@ def _bimodal(page: _Page, summary: dict[str, Any]) -> str:
 
 def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) -> str:
     """A pool's bimodality in words: the dip test, the modes, utilization against SM activity."""
-    from dashboard.figures import dip_verdict
+    from dashboard.figures import dip_verdict, modes_in_words
 
     row = row or {}
     items = [f"<b>Dip test:</b> {_esc(dip_verdict(row))}"]
-    lo, hi = _num(row.get("mode_low_pct")), _num(row.get("mode_high_pct"))
-    if lo is not None and hi is not None:
-        items.append(
-            f"<b>Modes:</b> {lo:.0f} % ({_num(row.get('weight_low')) or 0:.0%} of samples) and "
-            f"{hi:.0f} % ({_num(row.get('weight_high')) or 0:.0%})"
-        )
-    elif lo is not None:
-        items.append(f"<b>One mode:</b> {lo:.0f} %")
+    modes = modes_in_words(row)
+    if modes:
+        items.append(f"<b>{modes[0]}:</b> {_esc(modes[1])}")
     util = _num(((group or {}).get("gpu_util") or {}).get("mean_pct"))
     sm = _num(((group or {}).get("sm_active") or {}).get("mean_pct"))
     if util is None:

@@ -179,6 +179,19 @@ def dip_verdict(row: Mapping[str, Any] | None) -> str:
     return f"{kind}, dip p = {p:.3f}" if p < 0.1 else f"{kind}, dip p = {p:.2f}"
 
 
+def modes_in_words(row: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """A bimodality row's modes as (label, text) — ``("Modes", "0 % (10% of samples) and 24 % (90%)")``
+    or ``("One mode", "40 %")`` — or None without a mode (the dashboard and the report say it alike)."""
+    row = row or {}
+    lo, hi = _num(row.get("mode_low_pct")), _num(row.get("mode_high_pct"))
+    if lo != lo:
+        return None
+    if hi != hi:
+        return "One mode", f"{lo:.0f} %"
+    w_lo, w_hi = (w if w == w else 0.0 for w in (_num(row.get("weight_low")), _num(row.get("weight_high"))))
+    return "Modes", f"{lo:.0f} % ({w_lo:.0%} of samples) and {hi:.0f} % ({w_hi:.0%})"
+
+
 def bimodal_pool_rows(bimodal: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The bimodality rows (the summary's ``bimodal`` part) of the fleet and of each pool, by pool
     (``fleet`` for all GPUs, as the histogram's groups are keyed)."""

@@ -210,7 +210,8 @@ class Fleet:
     scenarios: dict[str, str]
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` and wait for it (killed after 20 s); safe on a process already ended."""
     proc.terminate()
     try:
         proc.wait(timeout=20)
@@ -243,9 +244,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     assert done.returncode == 0, done.stderr
     proc, url = start_collector(db)
-    stop_after_last_use("fleet", lambda: _stop(proc))
+    stop_after_last_use("fleet", lambda: stop_process(proc))
     try:
         body = httpx.get(f"{url}/api/v1/scenarios", timeout=10).json()
         yield Fleet(url, {s["name"]: s["scenario_id"] for s in body["scenarios"]})
     finally:
-        _stop(proc)
+        stop_process(proc)

@@ -45,14 +45,9 @@ def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
     if isinstance(sarle, int | float):
         hint = "suggests bimodal" if sarle > SARLE_THRESHOLD else "no sign of bimodality"
         st.markdown(f"**Sarle's coefficient:** {sarle:.2f} ({hint}; threshold {SARLE_THRESHOLD:.3f})")
-    lo, hi = row.get("mode_low_pct"), row.get("mode_high_pct")
-    if isinstance(lo, int | float) and isinstance(hi, int | float):
-        st.markdown(
-            f"**Modes:** {lo:.0f} % ({float(row.get('weight_low') or 0):.0%} of samples) and "
-            f"{hi:.0f} % ({float(row.get('weight_high') or 0):.0%})"
-        )
-    elif isinstance(lo, int | float):
-        st.markdown(f"**One mode:** {lo:.0f} %")
+    modes = figures.modes_in_words(row)
+    if modes:
+        st.markdown(f"**{modes[0]}:** {modes[1]}")
     sp, sd = row.get("sm_prefill_pct"), row.get("sm_decode_pct")
     if isinstance(sp, int | float) or isinstance(sd, int | float):
         st.markdown(f"**SM activity in prefill / decode:** {_pct(sp)} / {_pct(sd)}")

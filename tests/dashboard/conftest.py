@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Fleet, _stop  # noqa: F401  (the dashboard tests import them from here)
+from tests.conftest import Fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "dashboard" / "app.py")

@@ -11,7 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.collector.conftest import start_collector
-from tests.dashboard.conftest import APP, Fleet, _stop
+from tests.conftest import Fleet, stop_process
+from tests.dashboard.conftest import APP
 from tests.serving.conftest import free_port
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
@@ -128,7 +129,7 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
         gaps = sources[["Telemetry gaps", "Missing batches"]].astype(str).values.ravel().tolist()
         assert "—" in gaps and all(g == "—" or g.replace(",", "").isdigit() for g in gaps), gaps
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.mark.parametrize("page", ["views/overview.py", "views/gpus.py", "views/health.py"])

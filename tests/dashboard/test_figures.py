@@ -278,3 +278,10 @@ def test_gpu_time_legend_is_under_the_bars_clear_of_the_trust_labels(pools):
     assert label.y == 1.0 and label.yanchor == "bottom" and "EMULATED" in label.text
     # the legend was on that line too (y 1.02, anchored at its bottom) and the labels hid its end
     assert fig.layout.legend.yanchor == "top" and fig.layout.legend.y < 0
+
+
+def test_modes_in_words_says_two_modes_one_or_none():
+    row = {"mode_low_pct": 0.2, "mode_high_pct": 23.9, "weight_low": 0.1, "weight_high": 0.9}
+    assert figures.modes_in_words(row) == ("Modes", "0 % (10% of samples) and 24 % (90%)")
+    assert figures.modes_in_words({"mode_low_pct": 40.0, "mode_high_pct": None}) == ("One mode", "40 %")
+    assert figures.modes_in_words({"no_spread": True}) is None and figures.modes_in_words(None) is None

@@ -12,7 +12,8 @@ from streamlit.testing.v1 import AppTest
 from serving.loadgen import run_load
 from serving.trace import poisson_trace
 from tests.collector.conftest import start_collector
-from tests.dashboard.conftest import APP, _stop
+from tests.conftest import stop_process
+from tests.dashboard.conftest import APP
 from tests.serving.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -57,5 +58,5 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
         assert len(sources) == 2 and set(sources["Status"]) == {"ok"}
     finally:
         if proc is not None:
-            _stop(proc)
+            stop_process(proc)
         stop_server(stack)

@@ -11,7 +11,8 @@ from streamlit.testing.v1 import AppTest
 from dashboard.common import plain_md
 from dashboard.figures import GPU_TIME_COLOURS
 from tests.collector.conftest import start_collector
-from tests.dashboard.conftest import APP, Fleet, GpuTimeBar, _stop
+from tests.conftest import Fleet, stop_process
+from tests.dashboard.conftest import APP, GpuTimeBar
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 LABELS = [
@@ -127,7 +128,7 @@ def test_empty_store_is_a_message(tmp_path, monkeypatch):
         assert not at.metric
         assert "No GPU time, tokens or requests in this window" in at.info[0].value
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 # Streamlit's frontend loads its emoji library for a markdown text this matches (StreamlitMarkdown)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.dashboard.conftest import Fleet
+from tests.conftest import Fleet
 from tests.dashboard.test_app import _values
 from tests.dashboard.views.conftest import AGG, DISAGG, figures_of, open_page, texts
 

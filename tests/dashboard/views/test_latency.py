@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.dashboard.conftest import Fleet
+from tests.conftest import Fleet
 from tests.dashboard.test_app import _values
 from tests.dashboard.views.conftest import AGG, figures_of, open_page, texts
 

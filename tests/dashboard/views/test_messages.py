@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.conftest import APP, Fleet
+from tests.conftest import Fleet
+from tests.dashboard.conftest import APP
 from tests.dashboard.views.conftest import figures_of, open_page
 from tests.serving.conftest import free_port
 
