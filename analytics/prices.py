@@ -39,17 +39,27 @@ DEFAULT_ELECTRICITY_USD_PER_KWH = 0.13
 DEFAULT_PUE = 1.56
 
 DEFAULT_SOURCES: dict[str, str] = {
-    "NVIDIA H100 80GB HBM3": "H100 SXM ≈ $2.00/GPU-h on a 2026 cloud on-demand list (DESIGN.md, Measures)",
-    "NVIDIA H200": "H200 ≈ $2.60/GPU-h on a 2026 cloud on-demand list (DESIGN.md, Measures)",
+    "NVIDIA H100 80GB HBM3": (
+        "H100 SXM5 $1.99–2.50/GPU-h on-demand at specialty/long-tail clouds, May 2026: Mercatus, "
+        "'Cloud GPU pricing' (https://www.mercatus-ai.com/blog/cloud-gpu-pricing); the low end"
+    ),
+    "NVIDIA H200": (
+        "H200 SXM5 $2.50–3.50/GPU-h on-demand at specialty/long-tail clouds, May 2026: Mercatus, "
+        "'Cloud GPU pricing' (https://www.mercatus-ai.com/blog/cloud-gpu-pricing); near the low end"
+    ),
     "NVIDIA A100-SXM4-80GB": (
-        "A100 80GB SXM $1.49–2.49/GPU-h typical on-demand range early 2026 (Lambda, CoreWeave, RunPod; "
-        "pricegpu.pages.dev 'H100 vs A100 cloud pricing'): the low end, like the H100 figure"
+        "A100 80GB SXM $1.49–2.49/GPU-h typical on-demand range early 2026 (Lambda, CoreWeave, RunPod): "
+        "pricegpu, 'H100 vs A100 cloud pricing' (https://pricegpu.pages.dev/blog/h100-vs-a100-cloud-price); "
+        "the low end, like the H100 figure"
     ),
     "electricity_usd_per_kwh": (
         "US EIA Electric Power Monthly, table 5.6.A: average retail price to the commercial sector "
-        "≈ 13 ¢/kWh (2025)"
+        "≈ 13 ¢/kWh (2025) (https://www.eia.gov/electricity/monthly/epm_table_grapher.php?t=epmt_5_6_a)"
     ),
-    "pue": "Uptime Institute Global Data Center Survey 2024: average annual PUE 1.56",
+    "pue": (
+        "Uptime Institute Global Data Center Survey 2024: average annual PUE 1.56 "
+        "(https://uptimeinstitute.com/resources/research-and-reports/uptime-institute-global-data-center-survey-results-2024)"
+    ),
 }
 
 _KEYS = ("gpu_usd_per_hour", "electricity_usd_per_kwh", "pue")

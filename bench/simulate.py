@@ -1,6 +1,6 @@
 """Speed of ``phaselens simulate``: simulated seconds per wall second, iterations per second.
 
-Each case simulates the Azure 2023 conversation trace (``../shared/data``, CC-BY 4.0, Patel et al.,
+Each case simulates the Azure 2023 conversation trace (Azure Public Dataset, CC-BY 4.0, Patel et al.,
 Splitwise, ISCA 2024; the vendored 2,000-row slice if the full trace is absent) on a layout and
 then writes everything the product stores into a fresh DuckDB store through the same code
 ``phaselens simulate --db`` runs (telemetry through ``Store.append_telemetry_batches``, GPU samples

@@ -92,4 +92,4 @@ def test_prices_in_the_request_reprice_the_window(fleet: Fleet):
     assert sources["electricity_usd_per_kwh"] == "set in the request (electricity_usd_per_kwh=0.26)"
     simulated = [k for k in cost["prices"]["gpu_usd_per_hour"] if k.endswith("(simulated)")]
     assert simulated and all(sources[k] == "set in the request (gpu_usd_per_hour=4)" for k in simulated)
-    assert "DESIGN.md" in base["prices"]["sources"]["NVIDIA H100 80GB HBM3"]  # defaults keep their citation
+    assert "https://" in base["prices"]["sources"]["NVIDIA H100 80GB HBM3"]  # defaults keep their citation

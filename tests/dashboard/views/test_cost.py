@@ -52,7 +52,7 @@ def test_the_stack_by_pool_sums_to_the_total(dashboard_env: Fleet):
         "Industry $ per 1M output",
     ]
     text = texts(at)
-    assert "Prices used" in text and "DESIGN.md" in text and "EIA" in text  # the price sources
+    assert "Prices used" in text and "Mercatus" in text and "EIA" in text  # the price sources
     gpus = len({(r["node"], r["gpu"]) for r in cost["by_gpu"]})
     assert f"on {gpus} H100 80GB HBM3s at this profile" in text  # the annual sentence: the GPUs observed
 
