@@ -1,6 +1,11 @@
 """The simulator against the live serving stack: the same requests, live and in virtual time.
 
-(a) **Emulated GPU, paced.** A live ``phaselens serve`` on ``emulated:h200`` modeling
+(a) **Emulated GPU, paced — a plumbing check, not a validation of the GPU model.** The live emulated
+device paces each iteration to the same ``predict_iteration`` the simulator uses, so (a) compares the
+model with itself: what it checks is everything around the model (the router's admission and
+routing, the scheduler and block manager live and simulated, token timing, telemetry, the device's
+energy counters). Agreement here says nothing about how close the model is to a real GPU: that is
+docs/FIDELITY.md (published figures, leave-one-out) and docs/gpu (this project's H200). A live ``phaselens serve`` on ``emulated:h200`` modeling
 ``llama-3.1-70b`` (its modeled iterations, ≥ 37 ms, are longer than this host's tiny-model CPU step,
 so every iteration is paced to the GPU model: lag ≈ 0, shown) serves a Poisson workload; then
 :class:`~serving.sim.simulator.Simulation` runs the requests the router saw (its arrival times, prompt
@@ -400,7 +405,7 @@ def case_a(n: int, rate: float, seed: int, repeats: int = 2, *, pd: bool = False
                 run,
                 blocks,
                 mode="1p1d:" if pd else "agg:1x",
-                label=f"(a) {'1P1D 2' if pd else 'agg 1'} x emulated H200 / llama-3.1-70b, Poisson {rate:g} req/s, {n} requests, "
+                label=f"(a) plumbing check (the GPU model against itself): {'1P1D 2' if pd else 'agg 1'} x emulated H200 / llama-3.1-70b, Poisson {rate:g} req/s, {n} requests, "
                 f"live run {k + 1}/{repeats}",
             )
             c.notes.append(f"host load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores")
