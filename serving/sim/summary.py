@@ -87,9 +87,9 @@ def slo_attainment(met: int, requests: int) -> float:
 
 
 def attainment_text(s: SimSummary) -> str:
-    """``50.0 % (5 of 10 requests; 5 failed)``: the attainment with its denominator."""
+    """``50.0% (5 of 10; 5 failed)``: the attainment with its denominator, every request."""
     share = "—" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"
-    return f"{share} ({s.slo_met:,} of {s.requests:,} requests; {s.failed:,} failed)"
+    return f"{share} ({s.slo_met:,} of {s.requests:,}; {s.failed:,} failed)"
 
 
 def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:

@@ -80,7 +80,7 @@ def test_failed_requests_miss_the_slo_on_every_surface(bursty: dict, capsys, tmp
     (sim,) = bursty["json"]
     assert (sim["requests"], sim["failed"], sim["slo_met"]) == (20, 10, 10)
     assert sim["slo_attainment"] == 0.5  # was 1.0: the finished requests only
-    assert "50.0% (10 of 20 requests; 10 failed)" in bursty["out"]
+    assert "50.0% (10 of 20; 10 failed)" in bursty["out"]
     # analyze: text and JSON
     text = _analyze(capsys, "--db", db, "--dataset", sid)
     assert "SLO attainment (TTFT ≤ 2,000 ms and TPOT ≤ 100 ms): 50.0 % (10 of 20 requests; 10 failed" in text
