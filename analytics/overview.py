@@ -317,6 +317,13 @@ def overview(
             "busy_s": rate["busy_s"],
             "busy_basis": rate["busy_basis"],
         }
+        latency = (current.get("parts") or {}).get("latency") or {}
+        if figures["slo_attainment"]["value"] is not None:  # the denominator: every request
+            att = latency.get("attainment") or {}
+            figures["slo_attainment"]["basis"] = (
+                f"{int(att.get('met') or 0):,} of {int(latency.get('requests') or 0):,} requests; "
+                f"{int(latency.get('failed') or 0):,} failed, each a miss"
+            )
     trust = list(((current or {}).get("trust") or {}).get("labels") or [])
     return {
         "window": (current or {}).get("window"),

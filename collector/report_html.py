@@ -262,13 +262,13 @@ def _headline(ov: dict[str, Any] | None) -> str:
             lines.append(f'<div class="why">{_esc(str(fig.get("no_data") or "no data"))}</div>')
         else:
             lines.append(_delta_line(spec.key, fig) if any_previous else "")
-            if spec.key == "output_tokens_per_s":  # what it averages over; the busy-time rate by name
-                lines.append(f'<div class="prev">{_esc(str(fig.get("basis") or ""))}</div>')
-                if fig.get("busy_value") is not None:
-                    busy = figure_text(spec.key, fig["busy_value"])
-                    lines.append(
-                        f'<div class="prev" data-busy>{_esc(str(fig.get("busy_label")))}: {_esc(busy)}</div>'
-                    )
+            if fig.get("basis"):  # what it is over: the window's seconds, every request
+                lines.append(f'<div class="prev">{_esc(str(fig["basis"]))}</div>')
+            if fig.get("busy_value") is not None:  # output tokens/s while serving, by its own name
+                busy = figure_text(spec.key, fig["busy_value"])
+                lines.append(
+                    f'<div class="prev" data-busy>{_esc(str(fig.get("busy_label")))}: {_esc(busy)}</div>'
+                )
             if spec.key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
                 lines.append(
                     f'<div class="prev">per input token: {_esc(figure_text(spec.key, fig["j_per_input_token"]))}</div>'

@@ -100,6 +100,7 @@ def test_failed_requests_miss_the_slo_on_every_surface(bursty: dict, capsys, tmp
         report = build_report(cur, {"dataset": sid})
         result = compute_overview(cur, {"dataset": sid})
     assert report.summary["overview"]["figures"]["slo_attainment"]["value"] == 0.5
+    assert '<div class="prev">10 of 20 requests; 10 failed, each a miss</div>' in report.body
     assert "<b>50.0%</b> of the requests met both SLOs" in report.body
     assert "10 of 20 requests; 10 failed, each a miss." in report.body
     gauges = {
@@ -116,6 +117,7 @@ def test_failed_requests_miss_the_slo_on_every_surface(bursty: dict, capsys, tmp
     finally:
         stop_process(proc)
     assert body["figures"]["slo_attainment"]["value"] == 0.5
+    assert body["figures"]["slo_attainment"]["basis"] == "10 of 20 requests; 10 failed, each a miss"
 
 
 def test_aborted_and_rejected_requests_are_misses_in_the_store(tmp_path: Path) -> None:
