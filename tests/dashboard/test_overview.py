@@ -63,6 +63,12 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     assert metrics["SLO attainment, %"].endswith(" %")
     text = _texts(at)
     assert text.count(":violet-badge[simulated]") >= len(LABELS)  # a trust label on every tile
+    # the headline is the window average; the rate while serving only under its own name
+    assert re.search(r"^[\d,]+ output tokens over the [\d.,]+ (s|min|h) window$", text, re.M)
+    assert re.search(r"^tokens/s while serving \(busy time\): [\d.,]+ tokens/s \(over the ", text, re.M)
+    assert re.search(
+        r"^[\d,]+ of [\d,]+ requests; 0 failed, each a miss$", text, re.M
+    )  # the SLO's denominator
     sentence = at.markdown[0].value
     assert sentence.startswith("#### ") and "/yr at this fleet size (2 GPUs)" in sentence
     # the whole scenario is on screen: there is no previous period, and the page says so once
