@@ -7,8 +7,9 @@ busy. Over the sample intervals of :func:`analytics.attribution.gpu_intervals`:
   (utilization % only where the source has no SM activity, then flagged), its bimodality —
   Hartigan's dip test (the ``diptest`` package), Sarle's bimodality coefficient, the two modes
   (peaks of the smoothed histogram: where each is, its share of the time and the valley between)
-  — the time-weighted SM activity during prefill and during decode, and the gap between
-  utilization % and SM activity;
+  — one verdict from that evidence (:data:`BIMODAL_RULE`, :func:`bimodal_verdict`), the
+  time-weighted SM activity during prefill and during decode, and the gap between utilization %
+  and SM activity;
 * :func:`idle_split`: GPU-seconds (and joules) per category — productive prefill, stranded bandwidth
   in prefill (prefill time × (1 − DRAM activity)), productive decode, stranded compute (decode time
   × (1 − SM activity)), host-bound gaps, true idle, unsampled (a gap in the GPU's samples: not
@@ -46,10 +47,18 @@ from analytics.intervals import SM_SHIFT_PCT
 from analytics.trust import ESTIMATED, Trust
 from analytics.window import Window, utc
 
-#: Sarle's coefficient above this (the value of a uniform distribution) suggests bimodality.
+#: Sarle's coefficient above this (the value of a uniform distribution) suggests bimodality
+#: (supporting evidence only: heavy skew, e.g. a pile with a tail, raises it without two modes).
 SARLE_THRESHOLD = 5.0 / 9.0
-#: dip-test p-value below which the distribution is called bimodal (multimodal).
+#: dip-test p-value below which the dip test rejects one mode (half of :data:`BIMODAL_RULE`).
 DIP_ALPHA = 0.05
+#: The one bimodality rule, as :func:`bimodal_verdict` applies it; the summary's ``bimodal`` part
+#: carries it as ``rule``, and ``phaselens analyze``, the dashboard and the report state it from there.
+BIMODAL_RULE = (
+    f"bimodal when Hartigan's dip test rejects one mode (p < {DIP_ALPHA:g}) and the smoothed histogram "
+    f"has two modes; Sarle's b (> {SARLE_THRESHOLD:.3f} suggests two modes) is supporting evidence, "
+    "not part of the verdict"
+)
 _MIN_POINTS = 4  # Sarle's coefficient needs n > 3; the dip test and the modes need a few points
 #: SM activity with a smaller standard deviation (points of %) has no spread to hold two modes (it
 #: is less than the histogram's smoothing, ``MODE_SMOOTH_PCT``), and Sarle's b only measures the
@@ -169,6 +178,36 @@ def histogram_modes(
     )
 
 
+def _p_text(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}" if p < 0.1 else f"= {p:.2f}"
+
+
+def bimodal_verdict(
+    dip_p_value: float | None, mode_high_pct: float | None, *, no_spread: bool = False
+) -> tuple[bool | None, str]:
+    """The verdict of :data:`BIMODAL_RULE` from the evidence, and the verdict in words:
+    ``(True, "bimodal (dip p < 0.001, two modes)")`` only where the dip test rejects one mode
+    (``dip_p_value`` < :data:`DIP_ALPHA`) and :func:`histogram_modes` found a second mode
+    (``mode_high_pct`` not None); ``(False, "not bimodal (dip p < 0.001 but one mode)")``,
+    ``(False, "not bimodal (two peaks but dip p = 0.42)")``, ``(False, "not bimodal (dip p = 0.42,
+    one mode)")``; ``(None, why)`` where the test did not run (too few or constant values) or the
+    values have no spread."""
+    if no_spread:
+        return None, "not defined: constant / no spread"
+    if dip_p_value is None or not math.isfinite(dip_p_value):
+        return None, "not tested: too few or constant values"
+    p = _p_text(float(dip_p_value))
+    rejects = dip_p_value < DIP_ALPHA
+    two = mode_high_pct is not None and math.isfinite(mode_high_pct)
+    if rejects and two:
+        return True, f"bimodal (dip p {p}, two modes)"
+    if rejects:
+        return False, f"not bimodal (dip p {p} but one mode)"
+    if two:
+        return False, f"not bimodal (two peaks but dip p {p})"
+    return False, f"not bimodal (dip p {p}, one mode)"
+
+
 @dataclass(frozen=True, slots=True)
 class Moments:
     """Sample moments: ``std`` with n − 1; ``skewness`` the adjusted Fisher–Pearson G1 and
@@ -222,15 +261,15 @@ class Bimodality:
     """Bimodality of SM activity. ``table``: one row per group, ``scope`` one of ``fleet``,
     ``pool``, ``pool_hour``, ``gpu`` (``role``, ``hour_s``, ``gpu`` fill the key), with ``n``
     (intervals), ``mean_sm_pct``, ``std_sm_pct``, ``skewness``, ``excess_kurtosis``, ``sarle``,
-    ``dip``, ``dip_p_value``, ``dip_n`` (values the dip test and modes used), ``bimodal`` (dip
-    p-value < 0.05), the modes (:func:`histogram_modes`) ``mode_low_pct``/``mode_high_pct``,
+    ``dip``, ``dip_p_value``, ``dip_n`` (values the dip test and modes used), ``bimodal`` and
+    ``verdict`` (:func:`bimodal_verdict`: dip p < 0.05 and two modes; the words), the modes (:func:`histogram_modes`) ``mode_low_pct``/``mode_high_pct``,
     ``std_low_pct``/``std_high_pct``, ``weight_low``/``weight_high``, ``valley_pct`` (the high
     ones None where the values have one peak); ``sm_prefill_pct``/``sm_decode_pct`` (and
     ``util_prefill_pct``/``util_decode_pct``, ``dram_prefill_pct``/``dram_decode_pct``): the mean
     activity while the GPU ran prefill / decode work (least squares of activity-seconds on the state
     seconds, non-negative); ``util_pct``, ``util_sm_gap_pct`` (time-weighted utilization % minus
-    SM activity, on intervals with both); ``sm_fallback_intervals``. ``missing``: groups left out
-    and why."""
+    SM activity, on intervals with both); ``sm_fallback_intervals``. ``rule``: :data:`BIMODAL_RULE`.
+    ``missing``: groups left out and why."""
 
     window: Window
     table: pd.DataFrame
@@ -240,6 +279,7 @@ class Bimodality:
     def to_dict(self) -> dict[str, Any]:
         return {
             "window": self.window.describe(),
+            "rule": BIMODAL_RULE,
             "table": _records(self.table),
             "trust": self.trust.to_dict(),
             "missing": list(self.missing),
@@ -527,6 +567,9 @@ def _bimodality_from(
         row["no_spread"] = n >= _MIN_POINTS and (std is None or std < NO_SPREAD_STD_PCT)
         if row["no_spread"]:  # bimodality is not defined: no test result, no modes, no Sarle's b
             row.update(dict.fromkeys(_DIP_KEYS), sarle=None)
+        row["bimodal"], row["verdict"] = bimodal_verdict(
+            row["dip_p_value"], row["mode_high_pct"], no_spread=row["no_spread"]
+        )
         for y in ("sm", "util", "dram"):
             p, d = _phase_activity(rec, y)
             row[f"{y}_prefill_pct"], row[f"{y}_decode_pct"] = p, d
@@ -609,6 +652,7 @@ _DIP_KEYS = (
     "dip",
     "dip_p_value",
     "bimodal",
+    "verdict",
     "mode_low_pct",
     "mode_high_pct",
     "std_low_pct",
@@ -622,13 +666,16 @@ _DIP_KEYS = (
 def _dip_and_modes(x: np.ndarray) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(_DIP_KEYS)
     if len(x) < _MIN_POINTS or float(np.ptp(x)) == 0.0:
+        out["bimodal"], out["verdict"] = bimodal_verdict(None, None)
         return out
     dip, p = diptest.diptest(np.sort(x))
     m = histogram_modes(x)
+    bimodal, verdict = bimodal_verdict(float(p), m.high_pct)
     out.update(
         dip=float(dip),
         dip_p_value=float(p),
-        bimodal=bool(p < DIP_ALPHA),
+        bimodal=bimodal,
+        verdict=verdict,
         mode_low_pct=m.low_pct,
         mode_high_pct=m.high_pct,
         std_low_pct=m.std_low,

@@ -176,15 +176,23 @@ def attainment_of(
     slo_tpot_s: float,
 ) -> float:
     """Share of requests meeting both SLOs: ok, TTFT ≤ slo, TPOT ≤ slo (a None TPOT — one output
-    token — meets it). Not-ok requests miss. NaN with no requests."""
-    n = len(ok)
-    if not n:
-        return float("nan")
-    met = 0
-    for t, p, good in zip(ttft_s, tpot_s, ok, strict=True):
-        if good and t is not None and t <= slo_ttft_s and (p is None or p <= slo_tpot_s):
-            met += 1
-    return met / n
+    token — meets it). Not-ok requests (failed, aborted, rejected) miss. NaN with no requests.
+    :func:`serving.sim.summary.slo_meets` and :func:`~serving.sim.summary.slo_attainment`, the
+    simulator's definition, on per-request lists."""
+    import numpy as np
+
+    from serving.sim.summary import SloSpec, slo_attainment, slo_meets
+
+    if not len(ttft_s) == len(tpot_s) == len(ok):
+        raise ValueError("ttft_s, tpot_s and ok must be of one length")
+    nan = float("nan")
+    meets = slo_meets(
+        np.array([nan if t is None else t for t in ttft_s], dtype=float),
+        np.array([nan if p is None else p for p in tpot_s], dtype=float),
+        np.array(ok, dtype=bool),
+        SloSpec(ttft_s=slo_ttft_s, tpot_s=slo_tpot_s),
+    )
+    return slo_attainment(int(meets.sum()), len(ok))
 
 
 def load_report_attainment(report: Any, *, slo_ttft_s: float, slo_tpot_s: float) -> Measurement:
@@ -334,12 +342,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         def measure(rate: float) -> Measurement:
             result = Simulation(layout, shape, requests_at(rate), on_batch=lambda b: None).run()
             s = summarize(result, slo)
-            # failed requests miss the SLO: summarize's attainment is over the requests that finished
-            finished = s.requests - s.failed
-            attainment = s.slo_attainment * finished / s.requests if s.requests else float("nan")
             return Measurement(
                 rate,
-                attainment,
+                s.slo_attainment,
                 {
                     "requests": s.requests,
                     "failed": s.failed,

@@ -8,15 +8,17 @@ what ``GET /api/v1/analytics/summary`` answers) and returns JSON. A figure that 
 (an empty window, no requests, no previous period) is ``None`` with the reason in ``no_data`` —
 never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 
-* ``output_tokens_per_s``: output tokens generated in the window ÷ the seconds of it with a request
-  in flight (the rate while serving; the summary's ``serving`` part); over the window's length,
-  and said so, where the window holds no request span (``basis`` and ``span_s`` say which);
+* ``output_tokens_per_s``: output tokens generated in the window ÷ the window's length in seconds
+  (the window average, :func:`analytics.throughput.throughput`, what ``phaselens analyze`` prints);
+  beside it, by its own name, ``busy_value``: "tokens/s while serving (busy time)", ÷ the seconds
+  with a request in flight (``busy_s``);
 * ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
   bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
   GPU's samples is ``unsampled``, in the GPU-time bar, never idle);
-* ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ requests finished.
+* ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ every request that arrived
+  in the window (one failed, aborted or rejected misses: the latency part's ``attainment``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analytics.cost import HOURS_PER_YEAR
+from analytics.throughput import HEADLINE_LABEL, throughput
 
 # GPU-time shown in the overview's bar: (key, readable name, the cost part's second columns)
 GPU_TIME = (
@@ -59,7 +62,7 @@ class FigureSpec:
 
 
 FIGURES = (
-    FigureSpec("output_tokens_per_s", "Output tokens/s", "tokens/s", True, "cost"),
+    FigureSpec("output_tokens_per_s", HEADLINE_LABEL, "tokens/s", True, "cost"),
     FigureSpec("usd_per_1m_input", "$ per 1M input tokens", "$/1M tokens", False, "cost"),
     FigureSpec("usd_per_1m_output", "$ per 1M output tokens", "$/1M tokens", False, "cost"),
     FigureSpec("j_per_output_token", "Energy per output token, J", "J/token", False, "cost"),
@@ -93,29 +96,12 @@ def _cost_total(summary: dict[str, Any]) -> dict[str, Any] | None:
     return total if seconds is not None and seconds > 0 else None
 
 
-def rate_span(summary: dict[str, Any]) -> tuple[float | None, str]:
-    """The seconds output tokens/s divides by, and the words for them: the time with a request in
-    flight (the summary's ``serving`` part), else the window's length."""
-    duration_s = _num((summary.get("window") or {}).get("duration_s"))
-    span_s = _num(((summary.get("parts") or {}).get("serving") or {}).get("span_s"))
-    if span_s is not None and span_s > 0:
-        of = f" of the {_duration(duration_s)} window" if duration_s else ""
-        return span_s, f"while serving: {_duration(span_s)} with requests in flight{of}"
-    return duration_s, "averaged over the whole window (no request span in it)"
-
-
-def _duration(s: float) -> str:
-    """90 s, 2.6 min, 1.5 h."""
-    return f"{s:,.0f} s" if s < 120 else f"{s / 60:,.1f} min" if s < 7200 else f"{s / 3600:,.1f} h"
-
-
 def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, str | None]]:
     """Each of :data:`FIGURES` of one summary: ``(value, None)``, or ``(None, reason)``."""
     if summary is None:
         return {f.key: (None, "no data: no summary") for f in FIGURES}
     out: dict[str, tuple[float | None, str | None]] = {}
     total = _cost_total(summary)
-    span_s, _basis = rate_span(summary)
     if total is None:
         why = _why_missing(summary, "cost")
         for f in FIGURES:
@@ -123,12 +109,8 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
                 out[f.key] = (None, why)
     else:
         seconds = float(total["gpu_seconds"])
-        out_tokens = _num(total.get("output_tokens"))
-        out["output_tokens_per_s"] = (
-            (out_tokens / span_s, None)
-            if out_tokens is not None and span_s
-            else (None, "no data: output tokens unknown")
-        )
+        rate = throughput(summary)
+        out["output_tokens_per_s"] = (rate["output_tokens_per_s"], rate["no_data"])
         for key, why in (
             ("usd_per_1m_input", "no input tokens in the window (or a GPU without a price)"),
             ("usd_per_1m_output", "no output tokens in the window (or a GPU without a price)"),
@@ -151,7 +133,7 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
     if not latency:
         out["slo_attainment"] = (None, _why_missing(summary, "latency"))
     elif both is None or not latency.get("requests"):
-        out["slo_attainment"] = (None, "no data: no requests finished in the window")
+        out["slo_attainment"] = (None, "no data: no request arrived in the window")
     else:
         out["slo_attainment"] = (both, None)
     return out
@@ -325,11 +307,23 @@ def overview(
     total = _cost_total(current) if current is not None else None
     j_in = _num(total.get("j_per_input_token")) if total else None
     figures["j_per_output_token"]["j_per_input_token"] = j_in
-    if current is not None:  # the seconds output tokens/s divides by (the previous period's likewise)
-        span_s, basis = rate_span(current)
-        figures["output_tokens_per_s"] |= {"span_s": span_s, "basis": basis}
-        if previous is not None:
-            figures["output_tokens_per_s"]["previous_span_s"] = rate_span(previous)[0]
+    if current is not None:  # what the window average divides by, and the rate while serving by name
+        rate = throughput(current)
+        figures["output_tokens_per_s"] |= {
+            "window_s": rate["window_s"],
+            "basis": rate["basis"],
+            "busy_label": rate["busy_label"],
+            "busy_value": rate["output_tokens_per_s_busy"],
+            "busy_s": rate["busy_s"],
+            "busy_basis": rate["busy_basis"],
+        }
+        latency = (current.get("parts") or {}).get("latency") or {}
+        if figures["slo_attainment"]["value"] is not None:  # the denominator: every request
+            att = latency.get("attainment") or {}
+            figures["slo_attainment"]["basis"] = (
+                f"{int(att.get('met') or 0):,} of {int(latency.get('requests') or 0):,} requests; "
+                f"{int(latency.get('failed') or 0):,} failed, each a miss"
+            )
     trust = list(((current or {}).get("trust") or {}).get("labels") or [])
     return {
         "window": (current or {}).get("window"),

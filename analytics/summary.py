@@ -24,6 +24,7 @@ import numpy as np
 
 from analytics.intervals import GAP_MIN_S, GAP_PERIODS, span_order
 from analytics.jsonable import json_safe
+from analytics.throughput import throughput
 from analytics.trust import Trust
 from analytics.window import Window
 
@@ -143,6 +144,8 @@ def summarize(
         run("annual", lambda: cost.annualised(fleet_gpus))
     run("latency", lambda: latency_summary(con, window, slo, iteration_groups=groups()))
     run("serving", lambda: serving_span(con, window))
+    # output tokens/s: the window average, and the rate while serving under its own name
+    run("throughput", lambda: throughput({"window": window.describe(), "parts": out.parts}))
     return out
 
 
@@ -150,7 +153,8 @@ def serving_span(con: duckdb.DuckDBPyConnection, window: Window) -> dict[str, An
     """When the window was serving: the union of its requests' spans (arrival to finish, or to the
     last time known of an unfinished one), clipped to the window — ``span_s`` (seconds with at
     least one request in flight), ``first_s``/``last_s``, ``requests``; ``span_s`` None where no
-    request lies in the window. What the overview's output tokens/s divides by.
+    request lies in the window. What "tokens/s while serving (busy time)" divides by
+    (:mod:`analytics.throughput`; the headline output tokens/s is the window average).
 
     The spans are fetched and their union measured in numpy: sorted by start (then end), each
     span's part beyond every earlier one (a running maximum of the ends) — one sort of nearly
@@ -525,8 +529,11 @@ def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None)
     rows += [
         _bimodal_row(f"  GPU {names.label(g)} ({per_gpu[g].get('role') or '—'})", per_gpu[g]) for g in shown
     ]
+    rule = (parts.get("bimodal") or {}).get("rule")
+    if not rule:  # a summary without the part's rule (no bimodal part): the rule it would carry
+        from analytics.bimodal import BIMODAL_RULE as rule
     out = _rows(
-        "SM activity: bimodal? (dip test p < 0.05; Sarle's b > 0.555; modes: peaks of the histogram and their share of the time)",
+        f"SM activity: bimodal? ({rule}; modes: peaks of the histogram and their share of the time)",
         [
             "pool / GPU",
             "intervals",
@@ -535,7 +542,7 @@ def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None)
             "util %",
             "dip",
             "p",
-            "Sarle b",
+            "Sarle b (evidence)",
             "bimodal",
             "modes",
         ],
@@ -613,6 +620,23 @@ def _unsampled_usd(total: dict[str, Any], side: str) -> str:
     return f" + unsampled (no samples) {_usd(total.get(f'usd_per_1m_{side}_unsampled'))}"
 
 
+def _throughput_lines(summary: dict[str, Any]) -> list[str]:
+    """The headline output tokens/s (the window average) and, named as what it is, the rate while
+    serving: :func:`analytics.throughput.throughput`, as the Overview shows them."""
+    t = throughput(summary)
+    if t.get("output_tokens_per_s") is None:
+        return ["", f"{t['label']}: {t.get('no_data') or 'no data'}"]
+    out = ["", f"{t['label']}: {_rate(t['output_tokens_per_s'])} ({t['basis']})"]
+    if t.get("output_tokens_per_s_busy") is not None:
+        out.append(f"  {t['busy_label']}: {_rate(t['output_tokens_per_s_busy'])} ({t['busy_basis']})")
+    return out
+
+
+def _rate(x: float) -> str:
+    """Tokens/s as the Overview tile writes them: ``1,234`` from 100, else ``67.0``."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
 def _latency_lines(parts: dict[str, Any]) -> list[str]:
     lat = parts.get("latency") or {}
     pct = lat.get("percentiles") or {}
@@ -631,7 +655,8 @@ def _latency_lines(parts: dict[str, Any]) -> list[str]:
     if att:
         out.append(
             f"  SLO attainment (TTFT ≤ {_slo_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_slo_ms(slo.get('tpot_s'))} ms):"
-            f" {_pct(att.get('both'))} of {lat.get('requests', 0):,} requests ({lat.get('failed', 0):,} failed)"
+            f" {_pct(att.get('both'))} ({att.get('met', 0):,} of {lat.get('requests', 0):,} requests;"
+            f" {lat.get('failed', 0):,} failed, each a miss)"
         )
     return out
 
@@ -760,6 +785,7 @@ def format_summary(
     lines += _idle_lines(parts)
     lines += _bimodal_lines(parts, names, gpu_rows)
     lines += _cost_lines(parts)
+    lines += _throughput_lines(summary)
     lines += _latency_lines(parts)
     lines += _fit_lines(parts, names, gpu_rows)
     if summary.get("missing"):

@@ -192,11 +192,12 @@ DERIVED_HELP = {
     "output token (with the side's share of host-bound and idle energy).",
     "phaselens_cost_per_million_tokens_dollars": "All-in cost per 1M tokens, USD (GPU-hours at list price + "
     "energy x electricity x PUE), kind=input|output.",
-    "phaselens_slo_attainment_ratio": "Share of finished requests meeting the SLO (slo=both|ttft|tpot).",
+    "phaselens_slo_attainment_ratio": "Share of the requests arrived in the export window meeting the SLO "
+    "(slo=both|ttft|tpot); a failed, aborted or rejected request misses.",
     "phaselens_gpu_time_ratio": "Where the GPU-time goes (category=productive_prefill, productive_decode, "
     "stranded, host_bound, idle; they sum to 1), for the fleet and per pool.",
-    "phaselens_output_tokens_per_second": "Output tokens generated per second while serving (the seconds of the "
-    "export window with a request in flight; the whole window where none), all GPUs.",
+    "phaselens_output_tokens_per_second": "Output tokens generated per second, the window average (output "
+    "tokens in the export window / its length in seconds; the Overview's and phaselens analyze's headline), all GPUs.",
 }
 
 

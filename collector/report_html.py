@@ -262,6 +262,13 @@ def _headline(ov: dict[str, Any] | None) -> str:
             lines.append(f'<div class="why">{_esc(str(fig.get("no_data") or "no data"))}</div>')
         else:
             lines.append(_delta_line(spec.key, fig) if any_previous else "")
+            if fig.get("basis"):  # what it is over: the window's seconds, every request
+                lines.append(f'<div class="prev">{_esc(str(fig["basis"]))}</div>')
+            if fig.get("busy_value") is not None:  # output tokens/s while serving, by its own name
+                busy = figure_text(spec.key, fig["busy_value"])
+                lines.append(
+                    f'<div class="prev" data-busy>{_esc(str(fig.get("busy_label")))}: {_esc(busy)}</div>'
+                )
             if spec.key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
                 lines.append(
                     f'<div class="prev">per input token: {_esc(figure_text(spec.key, fig["j_per_input_token"]))}</div>'
@@ -324,8 +331,8 @@ def _bimodal(page: _Page, summary: dict[str, Any]) -> str:
         '<p class="meta">A GPU that does both phases spends its time in two states: memory-bound decode '
         "(low SM activity) and compute-bound prefill (high). Bars: the share of the window's samples per bin "
         "(SM activity dark, utilization % red); dashed lines: the modes, peaks of the smoothed SM-activity "
-        "histogram, with the share of samples on each side of the valley between them; Hartigan's dip test, "
-        "p &lt; 0.05 reads bimodal.</p>",
+        "histogram, with the share of samples on each side of the valley between them. Verdict: "
+        f"{_esc(str(bimodal.get('rule') or 'no rule: no bimodality part in the summary'))}.</p>",
     ]
     why = (summary.get("missing") or {}).get("bimodal")
     if why:
@@ -350,11 +357,15 @@ def _bimodal(page: _Page, summary: dict[str, Any]) -> str:
 
 
 def _facts(group: dict[str, Any] | None, row: dict[str, Any] | None, pool: str) -> str:
-    """A pool's bimodality in words: the dip test, the modes, utilization against SM activity."""
-    from dashboard.figures import dip_verdict, modes_in_words
+    """A pool's bimodality in words: the verdict, Sarle's b as evidence, the modes, utilization
+    against SM activity."""
+    from dashboard.figures import modes_in_words, sarle_text, verdict_text
 
     row = row or {}
-    items = [f"<b>Dip test:</b> {_esc(dip_verdict(row))}"]
+    items = [f"<b>Bimodal?</b> {_esc(verdict_text(row))}"]
+    sarle = _num(row.get("sarle"))
+    if sarle is not None:
+        items.append(f"<b>Sarle's b</b> (supporting evidence, not the verdict): {_esc(sarle_text(sarle))}")
     modes = modes_in_words(row)
     if modes:
         items.append(f"<b>{modes[0]}:</b> {_esc(modes[1])}")
@@ -508,10 +519,10 @@ def _latency(page: _Page, summary: dict[str, Any], simulated: bool) -> str:
     ttft_ms, tpot_ms = (_num(slo.get("ttft_s")) or 0) * 1000, (_num(slo.get("tpot_s")) or 0) * 1000
     slo_text = f"TTFT ≤ {ttft_ms:g} ms, TPOT ≤ {tpot_ms:g} ms"
     out.append(
-        f"<p><b>{_share_text(att.get('both'))}</b> of {int(lat.get('requests') or 0):,} requests met both "
-        f"SLOs ({_esc(slo_text)}); {_share_text(att.get('ttft'))} met the TTFT SLO, "
-        f"{_share_text(att.get('tpot'))} the TPOT SLO; {int(lat.get('failed') or 0):,} failed "
-        "(a failed request misses both).</p>"
+        f"<p><b>{_share_text(att.get('both'))}</b> of the requests met both SLOs ({_esc(slo_text)}): "
+        f"{int(att.get('met') or 0):,} of {int(lat.get('requests') or 0):,} requests; "
+        f"{int(lat.get('failed') or 0):,} failed, each a miss. {_share_text(att.get('ttft'))} met the TTFT "
+        f"SLO, {_share_text(att.get('tpot'))} the TPOT SLO.</p>"
     )
     rows = []
     names = {"ttft": "time to first token", "tpot": "time per output token", "itl": "inter-token latency"}

@@ -63,8 +63,8 @@ UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
 TTFT_COLOUR = PHASE_COLOURS["prefill"]  # the first token waits on prefill
 ITL_COLOUR = "#2e7d32"  # token gaps are decode steps (a darker decode green, readable as a line)
 PERCENTILE_DASH = {50: "solid", 90: "dash", 99: "dot"}
+SARLE_THRESHOLD = 5.0 / 9.0  # analytics.bimodal.SARLE_THRESHOLD (evidence beside the verdict)
 MODE_LABEL_SPAN_PCT = 32.0  # about how much of a histogram's 0..100 % axis a mode's label spans
-DIP_ALPHA = 0.05  # analytics.bimodal.DIP_ALPHA: below it the distribution is called bimodal
 _GRID = "#eeeeee"
 
 
@@ -165,18 +165,19 @@ def _num(v: Any) -> float:
 # -- bimodal ------------------------------------------------------------------------------------------
 
 
-def dip_verdict(row: Mapping[str, Any] | None) -> str:
-    """The dip test's result in words: ``bimodal, dip p < 0.001``, ``unimodal, dip p = 0.42``, or
-    why the test did not run."""
-    if (row or {}).get("no_spread"):
-        return "constant / no spread: bimodality not defined"
-    p = _num((row or {}).get("dip_p_value"))
-    if p != p:
-        return "dip test not run (too few or constant values)"
-    kind = "bimodal" if p < DIP_ALPHA else "unimodal"
-    if p < 0.001:
-        return f"{kind}, dip p < 0.001"
-    return f"{kind}, dip p = {p:.3f}" if p < 0.1 else f"{kind}, dip p = {p:.2f}"
+def verdict_text(row: Mapping[str, Any] | None) -> str:
+    """A bimodality row's verdict in words, as the analytics decided it (``verdict``:
+    ``analytics.bimodal.bimodal_verdict`` — ``bimodal (dip p < 0.001, two modes)``, ``not bimodal
+    (dip p < 0.001 but one mode)``, ...), so the page, the report and ``phaselens analyze`` say one
+    thing. Never re-derived here from the p-value."""
+    verdict = (row or {}).get("verdict")
+    return str(verdict) if verdict else "no verdict (no bimodality row)"
+
+
+def sarle_text(sarle: float) -> str:
+    """Sarle's b against its threshold, worded as evidence, not as a verdict: ``0.41 (below 0.556)``."""
+    side = "above" if sarle > SARLE_THRESHOLD else "below"
+    return f"{sarle:.2f} ({side} {SARLE_THRESHOLD:.3f})"
 
 
 def modes_in_words(row: Mapping[str, Any] | None) -> tuple[str, str] | None:
@@ -220,7 +221,7 @@ def activity_histogram_figure(
 ) -> go.Figure:
     """SM activity and utilization % of one pool as overlaid histograms (share of samples per
     bin), the modes (``mode_low_pct`` / ``mode_high_pct`` of the pool's bimodality row: peaks of the
-    smoothed histogram; one where the high one is missing) marked, the dip test's result in the title."""
+    smoothed histogram; one where the high one is missing) marked, the verdict (:func:`verdict_text`) in the title."""
     edges = [float(e) for e in edges_pct]
     mids = [(a + b) / 2 for a, b in pairwise(edges)]
     width = edges[1] - edges[0] if len(edges) > 1 else 1.0
@@ -284,7 +285,7 @@ def activity_histogram_figure(
     fig.update_layout(barmode="overlay", bargap=0)
     fig.update_xaxes(title_text=f"SM activity or utilization, % ({width:g} % bins)", range=[0, 100])
     fig.update_yaxes(title_text="share of samples, %", rangemode="tozero")
-    _layout(fig, f"{title} — {dip_verdict(row)}", height=400, legend_y=-0.2)
+    _layout(fig, f"{title} — {verdict_text(row)}", height=400, legend_y=-0.2)
     return label_figure(fig, labels)
 
 

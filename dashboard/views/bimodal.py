@@ -1,9 +1,10 @@
 """Bimodal: per pool, how SM activity is distributed (two modes on a GPU that does both phases),
-the dip test's verdict, the two modes, and utilization % beside it, so the gap between
+the bimodality verdict, the two modes, and utilization % beside it, so the gap between
 "a kernel was running" and "the SMs were busy" shows.
 
 Reads ``GET /api/v1/analytics/histogram`` (binned counts per pool, never the samples) and the
-``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, modes).
+``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, modes, and
+each row's ``verdict`` under the part's ``rule``: the page shows them as the analytics decided).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, figures
-
-SARLE_THRESHOLD = 5.0 / 9.0  # analytics.bimodal.SARLE_THRESHOLD
 
 
 def _pct(v: Any, digits: int = 0) -> str:
@@ -39,12 +38,10 @@ def _facts(group: dict[str, Any], row: dict[str, Any] | None) -> None:
     if isinstance(gap, int | float):
         points = "point" if round(gap) in (1, -1) else "points"
         st.markdown(f"**Busy but compute-idle:** {gap:.0f} {points} (utilization − SM activity)")
-    verdict = figures.dip_verdict(row)
-    st.markdown(f"**Dip test:** {verdict}")
+    st.markdown(f"**Bimodal?** {figures.verdict_text(row)}")
     sarle = row.get("sarle")
     if isinstance(sarle, int | float):
-        hint = "suggests bimodal" if sarle > SARLE_THRESHOLD else "no sign of bimodality"
-        st.markdown(f"**Sarle's coefficient:** {sarle:.2f} ({hint}; threshold {SARLE_THRESHOLD:.3f})")
+        st.markdown(f"**Sarle's b** (supporting evidence, not the verdict): {figures.sarle_text(sarle)}")
     modes = figures.modes_in_words(row)
     if modes:
         st.markdown(f"**{modes[0]}:** {modes[1]}")
@@ -69,12 +66,12 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
             {
                 "GPU": labels.get(key, key),
                 "Pool": r.get("role") or "—",
-                "Dip test": figures.dip_verdict(r),
+                "Bimodal?": figures.verdict_text(r),
                 "Low mode": _pct(r.get("mode_low_pct")),
                 "High mode": _pct(r.get("mode_high_pct")),
                 "Mean SM activity": _pct(r.get("mean_sm_pct"), 1),
                 "Mean utilization": _pct(r.get("util_pct"), 1),
-                "Sarle's coefficient": "—" if r.get("sarle") is None else f"{float(r['sarle']):.2f}",
+                "Sarle's b (evidence)": "—" if r.get("sarle") is None else f"{float(r['sarle']):.2f}",
             }
         )
     if not shown:
@@ -116,11 +113,11 @@ def render(sel: common.Selection) -> None:
             st.plotly_chart(fig, width="stretch", key=f"hist_{g['pool']}", config={"displaylogo": False})
         with right:
             _facts(g, rows.get(g["pool"]))
+    rule = bimodal.get("rule") or "no rule: no bimodality part in the summary"
     st.caption(
         "Bars: share of the window's samples in each bin (SM activity dark, utilization % red). Dashed lines: "
         "the modes, peaks of the smoothed SM-activity histogram, with the share of samples on each side of the "
-        "valley between them. Dip test: Hartigan's; p < 0.05 "
-        "reads bimodal. Two separate modes mean the GPUs spend their time in two distinct states (idle or "
+        f"valley between them. Verdict: {rule}. Two separate modes mean the GPUs spend their time in two distinct states (idle or "
         "memory-bound decode low, compute-bound prefill high), while utilization % reads busy whenever a kernel runs."
     )
     if sel.gpus != sel.all_gpus:

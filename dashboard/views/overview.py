@@ -43,6 +43,15 @@ def _utc(ts_s: float) -> str:
     return datetime.fromtimestamp(float(ts_s), UTC).strftime("%H:%M:%S")
 
 
+def _busy_text(fig: dict[str, Any]) -> str | None:
+    """The rate while serving, by its own name (never the headline): ``tokens/s while serving (busy
+    time): 188 tokens/s (over the 21.4 min with a request in flight (36 % of the window))``."""
+    if fig.get("busy_value") is None:
+        return None
+    value = figures.figure_text("output_tokens_per_s", fig["busy_value"])
+    return f"{fig.get('busy_label') or 'tokens/s while serving (busy time)'}: {value} ({fig.get('busy_basis') or ''})"
+
+
 def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> None:
     value = fig.get("value")
     previous = fig.get("previous")
@@ -54,7 +63,10 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
     else:
         help_lines.append(f"Previous period: {figures.figure_text(key, previous)}")
     if fig.get("basis"):
-        help_lines.insert(0, f"Rate {fig['basis']}")
+        help_lines.insert(0, str(fig["basis"]).capitalize())
+    busy = _busy_text(fig)
+    if busy:
+        help_lines.insert(1, busy)
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
         help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
@@ -71,7 +83,9 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         else:
             common.trust_badges(fig.get("trust") or [])
             if fig.get("basis"):
-                st.caption(str(fig["basis"]))
+                st.caption(str(fig["basis"]).capitalize())
+            if busy:
+                st.caption(busy)
         if value is not None and previous is None and any_previous:
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 

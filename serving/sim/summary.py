@@ -2,8 +2,9 @@
 
 Every figure here is **simulated** (virtual time, the GPU model): the table says so in its title.
 Latency: TTFT = first token − arrival; TPOT = (finish − first token) / (output tokens − 1), per
-request; ITL = gaps between consecutive tokens. SLO attainment: the share of requests meeting both
-the TTFT and the TPOT SLO (DistServe's definition of attainment). Energy: the GPUs' modeled energy
+request; ITL = gaps between consecutive tokens. SLO attainment (:func:`slo_attainment`, DistServe's
+definition): the share of *all* requests meeting both the TTFT and the TPOT SLO — a request that
+failed, errored, was aborted or rejected is in the denominator and misses. Energy: the GPUs' modeled energy
 counters over the run (busy iterations plus the gaps between them), all GPUs of the layout.
 """
 
@@ -48,7 +49,8 @@ class SimSummary:
     itl_p50_s: float
     itl_p99_s: float
     e2e_p50_s: float
-    slo_attainment: float  # 0..1, both SLOs
+    slo_attainment: float  # 0..1, both SLOs, over every request (a failed one misses)
+    slo_met: int  # requests meeting both SLOs (of ``requests``)
     slo_ttft_s: float
     slo_tpot_s: float
     energy_j: float
@@ -67,6 +69,29 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+def slo_meets(ttft_s: np.ndarray, tpot_s: np.ndarray, ok: np.ndarray, slo: SloSpec) -> np.ndarray:
+    """Per request, whether it meets both SLOs: it finished ok, TTFT ≤ ``slo.ttft_s`` and TPOT ≤
+    ``slo.tpot_s``; a NaN TPOT (one output token) meets that SLO, a NaN TTFT (no first token) misses."""
+    ttft_s, tpot_s = np.asarray(ttft_s, dtype=float), np.asarray(tpot_s, dtype=float)
+    return np.asarray(ok, dtype=bool) & (ttft_s <= slo.ttft_s) & (np.isnan(tpot_s) | (tpot_s <= slo.tpot_s))
+
+
+def slo_attainment(met: int, requests: int) -> float:
+    """SLO attainment: requests meeting both SLOs ÷ every request — failed, errored, aborted and
+    rejected ones included (they miss); NaN with no request. The one definition of attainment of a
+    run (the simulator's, ``phaselens goodput``'s, a load report's); ``analytics.latency`` computes
+    the same over the store's ``requests`` rows (status other than ``ok``: a miss)."""
+    if met < 0 or met > requests:
+        raise ValueError(f"met ({met}) must be within 0..requests ({requests})")
+    return met / requests if requests else float("nan")
+
+
+def attainment_text(s: SimSummary) -> str:
+    """``50.0% (5 of 10; 5 failed)``: the attainment with its denominator, every request."""
+    share = "—" if s.slo_attainment != s.slo_attainment else f"{s.slo_attainment:.1%}"
+    return f"{share} ({s.slo_met:,} of {s.requests:,}; {s.failed:,} failed)"
+
+
 def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     """Compute :class:`SimSummary` from a run's request events and GPU counters."""
     slo = slo or SloSpec()
@@ -80,9 +105,10 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     ttft = first_a - arrival_a
     multi = out_a > 1
     tpot = (finish_a[multi] - first_a[multi]) / (out_a[multi] - 1)
-    tpot_all = np.zeros(len(out_a))
+    tpot_all = np.full(len(out_a), np.nan)
     tpot_all[multi] = tpot
-    meets = (ttft <= slo.ttft_s) & (tpot_all <= slo.tpot_s)
+    # the stats hold the requests that finished ok; the failed ones are only counted (and miss)
+    met = int(slo_meets(ttft, tpot_all, np.ones(len(out_a), dtype=bool), slo).sum())
     itl = np.frombuffer(st.itl_s, dtype=np.float64)
     energy = energy_j(result)
     gpus = result.layout.gpus
@@ -110,7 +136,8 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
         itl_p50_s=_pct(itl, 50),
         itl_p99_s=_pct(itl, 99),
         e2e_p50_s=_pct(finish_a - arrival_a, 50),
-        slo_attainment=float(meets.mean()) if len(meets) else float("nan"),
+        slo_attainment=slo_attainment(met, result.requests),
+        slo_met=met,
         slo_ttft_s=slo.ttft_s,
         slo_tpot_s=slo.tpot_s,
         energy_j=energy,
@@ -165,7 +192,7 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
             elif key == "tpot":
                 cells.append(f"{_ms(s.tpot_p50_s)} / {_ms(s.tpot_p90_s)} / {_ms(s.tpot_p99_s)}")
             elif key == "slo":
-                cells.append(f"{s.slo_attainment:.1%}")
+                cells.append(attainment_text(s))
             elif key == "energy_j":
                 kwh = s.energy_j / 3.6e6
                 cells.append(f"{kwh:,.2f}" if kwh >= 10 else f"{kwh:.3g}")
@@ -195,6 +222,7 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     lines.append(
         "Every figure is simulated: virtual time and the GPU model, not a measurement. "
-        "TPOT = (finish - first token) / (output tokens - 1)."
+        "TPOT = (finish - first token) / (output tokens - 1). SLO attainment is over every request: "
+        "a failed one misses."
     )
     return "\n".join(lines)

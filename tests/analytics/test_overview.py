@@ -178,7 +178,7 @@ def test_empty_window_is_no_data_never_zero():
         assert fig["delta"] is None and fig["previous_no_data"] == "no data: before the scenario"
         assert fig["trust"] == []
     assert "no GPU samples in the window" in out["figures"]["usd_per_1m_input"]["no_data"]
-    assert out["figures"]["slo_attainment"]["no_data"] == "no data: no requests finished in the window"
+    assert out["figures"]["slo_attainment"]["no_data"] == "no data: no request arrived in the window"
     assert out["empty"] is True
     assert out["gpu_time"]["shares"] is None and out["gpu_time"]["no_data"]
     assert out["money"]["sentence"] is None
@@ -211,20 +211,25 @@ def test_no_output_tokens_leaves_per_output_figures_without_data():
     assert h["j_per_output_token"][0] is None
 
 
-def test_output_tokens_per_s_is_the_rate_while_serving_and_says_so():
-    # 5000 tokens in a 1 h window that served for 2 min: 41.7 tokens/s while serving, not 1.39
+def test_output_tokens_per_s_is_the_window_average_and_the_busy_rate_is_named_beside_it():
+    # 5000 tokens in a 1 h window that served for 2 min: the headline is the window average (1.39
+    # tokens/s, what `phaselens analyze` prints), the 41.7 while serving only under its own name
     cur = _summary(duration_s=3600.0)
     cur["parts"]["serving"] = {"requests": 100, "span_s": 120.0}
     prev = _summary(duration_s=3600.0, output_tokens=2400.0)
     prev["parts"]["serving"] = {"requests": 50, "span_s": 60.0}
-    assert headline(cur)["output_tokens_per_s"] == (pytest.approx(5000 / 120), None)
+    assert headline(cur)["output_tokens_per_s"] == (pytest.approx(5000 / 3600), None)
     tps = overview(cur, prev)["figures"]["output_tokens_per_s"]
-    assert tps["value"] == pytest.approx(5000 / 120) and tps["previous"] == pytest.approx(40.0)  # same rule
-    assert tps["span_s"] == 120.0 and tps["previous_span_s"] == 60.0
-    assert tps["basis"] == "while serving: 2.0 min with requests in flight of the 60.0 min window"
-    # no request span in the window: the average over it, labelled so
+    assert tps["label"] == "Output tokens/s (window average)"
+    assert tps["value"] == pytest.approx(5000 / 3600) and tps["previous"] == pytest.approx(2400 / 3600)
+    assert tps["window_s"] == 3600.0
+    assert tps["basis"] == "5,000 output tokens over the 60.0 min window"
+    assert tps["busy_label"] == "tokens/s while serving (busy time)"
+    assert tps["busy_value"] == pytest.approx(5000 / 120) and tps["busy_s"] == 120.0
+    assert tps["busy_basis"] == "over the 2.0 min with a request in flight (3% of the window)"
+    # no request span in the window: the same headline, no busy-time rate
     tps = overview(_summary(duration_s=100.0), None)["figures"]["output_tokens_per_s"]
-    assert tps["value"] == 50.0 and tps["basis"] == "averaged over the whole window (no request span in it)"
+    assert tps["value"] == 50.0 and tps["busy_value"] is None and tps["busy_basis"] is None
 
 
 def test_serving_span_is_the_union_of_the_request_spans_in_the_window(tmp_path):

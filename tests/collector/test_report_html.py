@@ -4,6 +4,7 @@ short page without charts, and nothing that reaches outside the file."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -200,22 +201,23 @@ def test_the_histograms_are_the_histogram_of_the_same_window_with_both_modes(mad
         data, layout = next(
             (d, lay) for d, lay in charts.values() if _title(lay).startswith(f"{pool.capitalize()} pool — ")
         )
-        assert "dip p" in _title(layout) or "dip test not run" in _title(layout)
-        bars = {t["name"].split(" (")[0]: t for t in data if t["type"] == "bar"}
-        counts = pools[pool]["sm_active"]["counts"]
-        assert bars["SM activity"]["y"] == pytest.approx([100 * c / sum(counts) for c in counts])
-        names = [t["name"] for t in data]
         row = next(
             r
             for r in report.summary["parts"]["bimodal"]["table"]
             if r.get("role") == pool and r["scope"] == "pool"
         )
+        assert _title(layout) == f"{pool.capitalize()} pool — {row['verdict']}"  # the analytics' verdict
+        bars = {t["name"].split(" (")[0]: t for t in data if t["type"] == "bar"}
+        counts = pools[pool]["sm_active"]["counts"]
+        assert bars["SM activity"]["y"] == pytest.approx([100 * c / sum(counts) for c in counts])
+        names = [t["name"] for t in data]
         two = row["mode_high_pct"] is not None
         assert ("mode (low)" in names and "mode (high)" in names) if two else "mode (one)" in names
         modes = [s for s in layout.get("shapes") or [] if s.get("type") == "line"]
         assert len(modes) == (2 if two else 1)  # the modes, marked
     body = report.body
-    assert body.count("<b>Dip test:</b>") >= 2 and ("<b>Modes:</b>" in body or "<b>One mode:</b>" in body)
+    assert body.count("<b>Bimodal?</b>") >= 2 and ("<b>Modes:</b>" in body or "<b>One mode:</b>" in body)
+    assert f"Verdict: {html.escape(report.summary['parts']['bimodal']['rule'])}." in body  # the rule, once
 
 
 def test_the_headline_figures_equal_the_overview_of_the_two_periods(made):

@@ -18,24 +18,26 @@ def _annotations(fig) -> str:
 
 
 @pytest.mark.parametrize(
-    ("p", "words"),
+    ("row", "words"),
     [
-        (0.0, "bimodal, dip p < 0.001"),
-        (0.0004, "bimodal, dip p < 0.001"),
-        (0.012, "bimodal, dip p = 0.012"),
-        (0.07, "unimodal, dip p = 0.070"),
-        (0.66, "unimodal, dip p = 0.66"),
-        (None, "dip test not run (too few or constant values)"),
-        (float("nan"), "dip test not run (too few or constant values)"),
+        ({"verdict": "bimodal (dip p < 0.001, two modes)"}, "bimodal (dip p < 0.001, two modes)"),
+        # the analytics' verdict, never re-derived here from the p-value
+        (
+            {"dip_p_value": 0.0, "verdict": "not bimodal (dip p < 0.001 but one mode)"},
+            "not bimodal (dip p < 0.001 but one mode)",
+        ),
+        ({"dip_p_value": 0.0}, "no verdict (no bimodality row)"),
+        (None, "no verdict (no bimodality row)"),
     ],
 )
-def test_dip_verdict_in_words(p, words):
-    assert figures.dip_verdict({"dip_p_value": p}) == words
+def test_verdict_text_is_the_rows_verdict(row, words):
+    assert figures.verdict_text(row) == words
 
 
-def test_dip_verdict_of_a_distribution_without_spread():
-    verdict = figures.dip_verdict({"dip_p_value": None, "no_spread": True})
-    assert verdict == "constant / no spread: bimodality not defined"
+def test_sarle_text_is_evidence_against_its_threshold():
+    assert (
+        figures.sarle_text(0.41) == "0.41 (below 0.556)" and figures.sarle_text(0.9) == "0.90 (above 0.556)"
+    )
 
 
 def test_histogram_shares_modes_and_labels():
@@ -46,6 +48,7 @@ def test_histogram_shares_modes_and_labels():
     }
     row = {
         "dip_p_value": 0.0,
+        "verdict": "bimodal (dip p < 0.001, two modes)",
         "mode_low_pct": 10.0,
         "mode_high_pct": 80.0,
         "weight_low": 0.75,
@@ -61,7 +64,7 @@ def test_histogram_shares_modes_and_labels():
     text = _annotations(fig)
     assert "low mode 10 % (75 % of samples)" in text and "high mode 80 % (25 % of samples)" in text
     assert "SIMULATED" in text
-    assert fig.layout.title.text == "Mixed pool — bimodal, dip p < 0.001"
+    assert fig.layout.title.text == "Mixed pool — bimodal (dip p < 0.001, two modes)"
     assert fig.layout.xaxis.title.text == "SM activity or utilization, % (25 % bins)"
     assert fig.layout.yaxis.title.text == "share of samples, %"
 
@@ -117,7 +120,7 @@ def test_histogram_without_modes_draws_no_centres():
     }
     fig = figures.activity_histogram_figure(group, [0, 50, 100], None, title="Decode pool", labels=[])
     assert not fig.layout.shapes and len(fig.data) == 1  # no utilization values: no empty trace
-    assert "dip test not run" in fig.layout.title.text
+    assert fig.layout.title.text == "Decode pool — no verdict (no bimodality row)"
 
 
 def _pool(pool: str, **usd: float) -> dict:

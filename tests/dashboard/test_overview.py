@@ -16,7 +16,7 @@ from tests.dashboard.conftest import APP, GpuTimeBar
 
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 LABELS = [
-    "Output tokens/s",
+    "Output tokens/s (window average)",
     "$ per 1M input tokens",
     "$ per 1M output tokens",
     "Energy per output token, J",
@@ -57,12 +57,18 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     metrics = {m.label: m.value for m in at.metric}
     assert list(metrics) == LABELS
     assert all(v != "no data" for v in metrics.values()), metrics
-    assert metrics["Output tokens/s"].endswith("tokens/s")
+    assert metrics["Output tokens/s (window average)"].endswith("tokens/s")
     assert metrics["$ per 1M output tokens"].startswith("$")
     assert metrics["Energy per output token, J"].endswith(" J")
     assert metrics["SLO attainment, %"].endswith(" %")
     text = _texts(at)
     assert text.count(":violet-badge[simulated]") >= len(LABELS)  # a trust label on every tile
+    # the headline is the window average; the rate while serving only under its own name
+    assert re.search(r"^[\d,]+ output tokens over the [\d.,]+ (s|min|h) window$", text, re.M)
+    assert re.search(r"^tokens/s while serving \(busy time\): [\d.,]+ tokens/s \(over the ", text, re.M)
+    assert re.search(
+        r"^[\d,]+ of [\d,]+ requests; 0 failed, each a miss$", text, re.M
+    )  # the SLO's denominator
     sentence = at.markdown[0].value
     assert sentence.startswith("#### ") and "/yr at this fleet size (2 GPUs)" in sentence
     # the whole scenario is on screen: there is no previous period, and the page says so once
@@ -92,7 +98,10 @@ def test_a_later_range_is_compared_with_the_period_before_it(dashboard_env: Flee
     slider.set_range(top / 2, top).run()
     assert not at.exception
     deltas = {m.label: m.delta for m in at.metric}
-    assert deltas["Output tokens/s"] and "vs previous period" in deltas["Output tokens/s"]
+    assert (
+        deltas["Output tokens/s (window average)"]
+        and "vs previous period" in deltas["Output tokens/s (window average)"]
+    )
     assert deltas["Idle GPU-time, %"].endswith("pp vs previous period")
     assert "No trend" not in _texts(at)
 

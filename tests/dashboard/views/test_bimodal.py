@@ -15,6 +15,16 @@ def _bimodal_rows(fleet: Fleet, sid: str) -> dict:
     return {r["role"]: r for r in body["parts"]["bimodal"]["table"] if r["scope"] == "pool"}
 
 
+def _rule(fleet: Fleet, sid: str) -> str:
+    body = httpx.get(f"{fleet.url}/api/v1/analytics/summary", params={"dataset": sid}, timeout=120).json()
+    return body["parts"]["bimodal"]["rule"]
+
+
+def _gpu_rows(fleet: Fleet, sid: str) -> list[dict]:
+    body = httpx.get(f"{fleet.url}/api/v1/analytics/summary", params={"dataset": sid}, timeout=120).json()
+    return [r for r in body["parts"]["bimodal"]["table"] if r["scope"] == "gpu"]
+
+
 def _peaks(y: list[float]) -> list[int]:
     """Bins higher than both neighbours, holding at least 5 % of the samples."""
     padded = [0.0, *y, 0.0]
@@ -30,7 +40,7 @@ def test_an_aggregated_run_shows_two_modes_and_the_utilization_gap(dashboard_env
     at = open_page("bimodal", sid)
     assert not at.exception
     (fig,) = figures_of(at)  # one pool: mixed
-    assert fig["layout"]["title"]["text"] == "Mixed pool — bimodal, dip p < 0.001"
+    assert fig["layout"]["title"]["text"] == "Mixed pool — bimodal (dip p < 0.001, two modes)"
     sm = next(t for t in fig["data"] if t["name"].startswith("SM activity"))
     shares = _values(sm["y"])
     assert sum(shares) == pytest.approx(100.0)
@@ -47,7 +57,10 @@ def test_an_aggregated_run_shows_two_modes_and_the_utilization_gap(dashboard_env
     assert [m.label for m in at.metric[:2]] == ["Mean utilization", "Mean SM activity"]
     assert util > smact + 20  # busy by utilization, compute mostly idle
     text = texts(at)
-    assert "**Dip test:** bimodal, dip p < 0.001" in text and "Busy but compute-idle" in text
+    assert "**Bimodal?** bimodal (dip p < 0.001, two modes)" in text and "Busy but compute-idle" in text
+    assert row["verdict"] == "bimodal (dip p < 0.001, two modes)"  # the page shows the API's verdict
+    assert "**Sarle's b** (supporting evidence, not the verdict)" in text
+    assert f"Verdict: {_rule(dashboard_env, sid)}" in text  # the rule, as the API states it
     assert ":violet-badge[simulated]" in text
 
 
@@ -59,7 +72,8 @@ def test_a_disaggregated_run_per_pool_and_the_pool_filter(dashboard_env: Fleet):
     assert [t.split(" — ")[0] for t in titles] == ["All GPUs", "Prefill pool", "Decode pool"]
     table = at.dataframe[0].value
     assert len(table) == 2 and set(table["Pool"]) == {"prefill", "decode"}
-    assert all(v.startswith(("bimodal", "unimodal", "dip test not run")) for v in table["Dip test"])
+    rows = _gpu_rows(dashboard_env, sid)
+    assert sorted(table["Bimodal?"]) == sorted(r["verdict"] for r in rows)  # the API's verdicts, as they are
     at.sidebar.multiselect(key=f"pools_{sid}").select("decode").run()
     assert not at.exception
     titles = [f["layout"]["title"]["text"] for f in figures_of(at)]
