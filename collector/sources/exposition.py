@@ -111,14 +111,12 @@ def _httpx_get(client: httpx.Client, url: str, timeout_s: float, max_bytes: int)
         with client.stream("GET", url, timeout=timeout_s) as resp:
             declared = resp.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
-                raise PageTooLarge(f"{url}: a body of {declared} bytes (limit {max_bytes} bytes)")
+                raise PageTooLarge(f"{url}: a body of {declared} bytes, over the limit of {max_bytes} bytes")
             body = bytearray()
             for chunk in resp.iter_bytes():
                 body += chunk
                 if len(body) > max_bytes:
-                    raise PageTooLarge(
-                        f"{url}: a body of more than {max_bytes} bytes (limit {max_bytes} bytes)"
-                    )
+                    raise PageTooLarge(f"{url}: a body over the limit of {max_bytes} bytes, read no further")
                 if time.monotonic() > deadline:
                     raise SourceUnavailable(
                         "timeout", f"{url}: no whole response within the {timeout_s:g} s deadline"

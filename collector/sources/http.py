@@ -113,7 +113,7 @@ class HttpClient:
                 ) from None
             except _TooLarge as e:
                 self.close()
-                raise PageTooLarge(f"{what}: {e} (limit {self.max_body_bytes} bytes)") from None
+                raise PageTooLarge(f"{what}: {e}") from None
             except (OSError, _HttpError) as e:
                 self.close()
                 if isinstance(e, TimeoutError | socket.timeout):
@@ -185,7 +185,7 @@ class HttpClient:
     def _read_into(self, body: bytearray, n: int | None, limit: int | None) -> None:
         """Append ``n`` bytes (None: up to the end of the stream) to ``body``, never past ``limit``."""
         if n is not None and limit is not None and len(body) + n > limit:
-            raise _TooLarge(f"a body of more than {limit} bytes")
+            raise _TooLarge(f"a body of {len(body) + n} bytes or more, over the limit of {limit} bytes")
         want = n
         if self._buf:
             take = len(self._buf) if want is None else min(want, len(self._buf))
@@ -195,7 +195,7 @@ class HttpClient:
                 want -= take
         while want is None or want > 0:
             if limit is not None and len(body) > limit:
-                raise _TooLarge(f"a body of more than {limit} bytes")
+                raise _TooLarge(f"a body over the limit of {limit} bytes, read no further")
             data = self._recv()
             if not data:
                 if want is None:
@@ -208,7 +208,7 @@ class HttpClient:
             if want is not None:
                 want -= len(data)
         if limit is not None and len(body) > limit:
-            raise _TooLarge(f"a body of more than {limit} bytes")
+            raise _TooLarge(f"a body over the limit of {limit} bytes, read no further")
 
     def _read_response(self) -> tuple[int, bytearray, bool]:
         """(status, body, whether the connection stays open) of the next response."""

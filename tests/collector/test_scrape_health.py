@@ -73,7 +73,7 @@ def test_slow_big_and_duplicating_exporters_through_the_collector(
         wait_until(lambda: source(url, names["big"])["pages_too_large"] >= 1)
         b = source(url, names["big"])
         assert b["status"] == "degraded" and b["last_error"].startswith("page_too_large: "), b
-        assert "limit 1048576 bytes" in b["last_error"]
+        assert "over the limit of 1048576 bytes" in b["last_error"]
         assert max(big.sent) < len(big.page.encode()) / 2  # read no further than the limit
         # the duplicated series: counted and visible in /health; the source is ok
         wait_until(lambda: source(url, names["dup"])["duplicate_series"] >= 4)

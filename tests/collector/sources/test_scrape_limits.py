@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from collector.sources import TABLE_ENGINE_METRICS, TABLE_GPU_SAMPLES, Backoff, DcgmSource, EngineScrapeSource
@@ -117,7 +118,7 @@ def test_a_page_over_the_size_limit_is_counted_and_degrades_the_source(
     src = make(kind, exporter.url, clock, sources, max_page_bytes=limit)
     result = src.poll()
     assert not result.ok and [(e.kind, e.severity) for e in result.errors] == [("page_too_large", "error")]
-    assert f"limit {limit} bytes" in result.errors[0].message
+    assert f"over the limit of {limit} bytes" in result.errors[0].message
     h = src.health()
     assert (h.status, h.pages_too_large, h.timeouts, h.consecutive_failures) == ("degraded", 1, 0, 0)
     assert h.last_error.startswith("page_too_large: ")
@@ -142,7 +143,7 @@ def test_a_page_at_the_limit_is_read(exporters) -> None:
     exporter = SlowExporter(body, mode="chunked")
     exporters.append(exporter)
     assert HttpClient(exporter.url, timeout_s=5, max_body_bytes=1000).get() == (200, bytearray(body.encode()))
-    with pytest.raises(Exception, match="limit 999 bytes") as err:
+    with pytest.raises(Exception, match="over the limit of 999 bytes") as err:
         HttpClient(exporter.url, timeout_s=5, max_body_bytes=999).get()
     assert err.value.kind == "page_too_large"
 
@@ -205,3 +206,20 @@ def test_engine_keeps_the_first_of_duplicated_series_and_counts_the_rest(
         clock.advance(5)
     assert src.health_details()["duplicate_series"] == 4
     assert src.health().status == "ok"
+
+
+def test_an_injected_httpx_client_is_read_with_the_same_size_limit(sources, clock: FakeClock) -> None:
+    """The in-process transport of bench/ingest.py and the external validation: same limit."""
+    pages = {"page": L4_PROM + BIG}
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=pages["page"])
+
+    client = httpx.Client(transport=httpx.MockTransport(serve))
+    src = make("dcgm", "http://dcgm:9400/metrics", clock, sources, client=client, max_page_bytes=1 << 20)
+    result = src.poll()
+    assert [e.kind for e in result.errors] == ["page_too_large"] and src.health().status == "degraded"
+    pages["page"] = L4_PROM
+    clock.advance(1.0)
+    assert src.poll().table_rows(TABLE_GPU_SAMPLES) and src.health().status == "ok"
+    client.close()
