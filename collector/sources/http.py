@@ -52,9 +52,17 @@ class _TooLarge(Exception):
 
 class HttpClient:
     """Keep-alive HTTP/1.1 GETs from one base URL (``http://`` or ``https://``), each bounded by one
-    deadline of ``timeout_s`` and a body of at most ``max_body_bytes`` (None: no limit)."""
+    deadline of ``timeout_s`` and a body of at most ``max_body_bytes`` (None: no limit); ``headers``
+    go with every request."""
 
-    def __init__(self, base_url: str, *, timeout_s: float, max_body_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float,
+        max_body_bytes: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"URL must be http(s)://host[:port][/path], got {base_url!r}")
@@ -63,6 +71,12 @@ class HttpClient:
         if max_body_bytes is not None and max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1 or None, got {max_body_bytes!r}")
         self.url = base_url
+        extra = b""
+        for name, value in (headers or {}).items():
+            if not name.isascii() or any(c in f"{name}{value}" for c in "\r\n") or ":" in name:
+                raise ValueError(f"bad HTTP header {name!r}: an ASCII name without ':', no line breaks")
+            extra += f"{name}: {value}\r\n".encode("latin-1")
+        self._headers = extra  # sent with every request (e.g. an Authorization)
         self._tls = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/") if parts.path != "/" else ""
@@ -93,10 +107,11 @@ class HttpClient:
         if query:
             target += "?" + query
         what = what or self.url
-        request = b"GET %s HTTP/1.1\r\nHost: %s\r\nAccept: %s\r\n\r\n" % (
+        request = b"GET %s HTTP/1.1\r\nHost: %s\r\nAccept: %s\r\n%s\r\n" % (
             target.encode("ascii"),
             self._host_header,
             accept.encode("ascii"),
+            self._headers,
         )
         self._deadline = time.monotonic() + self.timeout_s
         for attempt in (1, 2):  # a kept-alive connection the server closed is retried once

@@ -539,6 +539,11 @@ class EngineScrapeSource(Source):
 # --- Prometheus HTTP query API ----------------------------------------------------------------------
 
 
+#: The largest query answer read (a window of ``max_points`` steps of a fleet's DCGM and engine
+#: series is tens of MB); a larger one is dropped (``page_too_large``) and its window asked again.
+MAX_QUERY_BYTES = 256 * 1024 * 1024
+
+
 def _dcgm_query() -> str:
     names = sorted({*DCGM_FIELDS, *_FB_FIELDS})
     return '{__name__=~"' + "|".join(names) + '"}'
@@ -559,7 +564,9 @@ class PrometheusQuerySource(Source):
     aligned to ``step_s``; at most ``max_points`` steps per poll, so a long gap is caught up over
     several polls rather than asked for at once. Windows end ``delay_s`` before now, for servers that
     ingest late (remote write into Mimir/Thanos): a step already read is never read again.
-    ``headers`` go with every request (e.g. Mimir's ``X-Scope-OrgID`` or an ``Authorization``).
+    ``headers`` go with every request (e.g. Mimir's ``X-Scope-OrgID`` or an ``Authorization``). Each
+    request ends by its deadline ``timeout_s`` (connect, headers and body) and reads at most
+    ``max_body_bytes``.
     """
 
     def __init__(
@@ -576,6 +583,7 @@ class PrometheusQuerySource(Source):
         include_buckets: bool = False,
         headers: dict[str, str] | None = None,
         timeout_s: float = 10.0,
+        max_body_bytes: int = MAX_QUERY_BYTES,
         clock: Callable[[], float] | None = None,
         backoff: Backoff | None = None,
         client: httpx.Client | None = None,
@@ -604,9 +612,11 @@ class PrometheusQuerySource(Source):
         self._gpu_guard = ClockGuard()
         self._cursor_s: float | None = None  # end of the last window read
         self._own_client = client is None
-        self._client = client or httpx.Client(timeout=timeout_s, headers=headers)
+        self._client: HttpClient | httpx.Client = client or HttpClient(
+            self.base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, headers=headers
+        )
         if client is not None and headers:
-            self._client.headers.update(headers)
+            client.headers.update(headers)
 
     # --- Source ------------------------------------------------------------------------------------
 
@@ -654,22 +664,23 @@ class PrometheusQuerySource(Source):
 
     def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
         url = self.base_url + path
+        if isinstance(self._client, HttpClient):  # one deadline, a size limit
+            status, raw = self._client.get(path, params, what=url, accept="application/json")
+        else:
+            try:
+                resp = self._client.get(url, params=params)
+            except httpx.HTTPError as e:
+                raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
+            status, raw = resp.status_code, resp.content
         try:
-            resp = self._client.get(url, params=params)
-        except httpx.HTTPError as e:
-            raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
-        try:
-            body = resp.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            if resp.status_code >= 500 or resp.status_code in (401, 403, 404):
-                raise SourceUnavailable("http_status", f"{url}: HTTP {resp.status_code}: {resp.text[:160]}")
-            return {
-                "status": "error",
-                "errorType": "bad_response",
-                "error": f"HTTP {resp.status_code}, not JSON",
-            }
+            if status >= 500 or status in (401, 403, 404):
+                text = raw[:160].decode("utf-8", errors="replace")
+                raise SourceUnavailable("http_status", f"{url}: HTTP {status}: {text}")
+            return {"status": "error", "errorType": "bad_response", "error": f"HTTP {status}, not JSON"}
         return body
 
     def _query_range(

@@ -30,6 +30,7 @@ class SlowExporter:
         self.mode: Mode = mode
         self.trickle_s = trickle_s
         self.requests = 0
+        self.last_request = b""  # the last request's line and headers
         self.sent: list[int] = []
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -72,7 +73,7 @@ class SlowExporter:
                         return
                     buf += data
                     while b"\r\n\r\n" in buf:
-                        _, buf = buf.split(b"\r\n\r\n", 1)
+                        self.last_request, buf = buf.split(b"\r\n\r\n", 1)
                         self.requests += 1
                         if not self._answer(conn, index):
                             return

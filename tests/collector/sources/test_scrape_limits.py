@@ -10,7 +10,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from collector.sources import TABLE_ENGINE_METRICS, TABLE_GPU_SAMPLES, Backoff, DcgmSource, EngineScrapeSource
+from collector.sources import (
+    TABLE_ENGINE_METRICS,
+    TABLE_GPU_SAMPLES,
+    Backoff,
+    DcgmSource,
+    EngineScrapeSource,
+    PrometheusQuerySource,
+)
 from collector.sources.base import Source
 from collector.sources.http import HttpClient
 from collector.sources.serving_stack import _JsonClient
@@ -223,3 +230,26 @@ def test_an_injected_httpx_client_is_read_with_the_same_size_limit(sources, cloc
     clock.advance(1.0)
     assert src.poll().table_rows(TABLE_GPU_SAMPLES) and src.health().status == "ok"
     client.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_prometheus_query_source_holds_the_deadline_and_sends_its_headers(
+    exporters, sources, clock: FakeClock
+) -> None:
+    empty = '{"status": "success", "data": {"resultType": "matrix", "result": []}}'
+    exporter = SlowExporter(empty, mode="trickle_body", trickle_s=0.5)
+    exporters.append(exporter)
+    base = exporter.url.removesuffix("/metrics")
+    backoff = Backoff(base_s=1.0, max_s=8.0, jitter=0.0)
+    src = PrometheusQuerySource(
+        base, clock=clock, backoff=backoff, timeout_s=1.0, headers={"X-Scope-OrgID": "team-a"}
+    )
+    sources.append(src)
+    result = src.poll()
+    assert [e.kind for e in result.errors] == ["timeout"] and src.health().status == "down"
+    assert b"\r\nX-Scope-OrgID: team-a" in exporter.last_request
+    exporter.mode = "ok"
+    clock.t = src.health().next_attempt_s
+    assert src.poll().ok and src.health().status == "ok" and src.health().last_error is None
+    with pytest.raises(ValueError, match="no line breaks"):
+        PrometheusQuerySource(base, headers={"X-Evil": "a\r\nHost: b"})
