@@ -131,7 +131,7 @@ class HttpClient:
                 raise PageTooLarge(f"{what}: {e}") from None
             except (OSError, _HttpError) as e:
                 self.close()
-                if isinstance(e, TimeoutError | socket.timeout):
+                if isinstance(e, TimeoutError):  # the connect or the TLS handshake
                     raise SourceUnavailable(
                         "timeout", f"{what}: no whole response within the {self.timeout_s:g} s deadline"
                     ) from None
