@@ -18,11 +18,12 @@ from collector.sources import (
     EngineScrapeSource,
     PrometheusQuerySource,
 )
+from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S
 from collector.sources.base import Source
 from collector.sources.http import HttpClient
 from collector.sources.serving_stack import _JsonClient
 from tests.collector.sources import expositions as ex
-from tests.collector.sources.conftest import L4_PROM, FakeClock
+from tests.collector.sources.conftest import L4_PROM, FakeClock, closed_port_url
 from tests.collector.sources.slow_exporter import SlowExporter, trickle_total_s
 
 VLLM = ex.vllm(prompt=100, gen=1000, ttft=(2.0, 10), itl=(5.0, 990), e2e=(30.0, 10), finished=10)
@@ -253,3 +254,18 @@ def test_the_prometheus_query_source_holds_the_deadline_and_sends_its_headers(
     assert src.poll().ok and src.health().status == "ok" and src.health().last_error is None
     with pytest.raises(ValueError, match="no line breaks"):
         PrometheusQuerySource(base, headers={"X-Evil": "a\r\nHost: b"})
+
+
+def test_a_failed_source_is_retried_within_the_default_backoff_cap(sources, clock: FakeClock) -> None:
+    """The delays grow 1, 2, 4, 8 s and stop at 10 s (±10 % within it): a peer back after a long
+    outage is read again within 10 s (the uncapped 300 s had left sources down 50 s and more)."""
+    src = DcgmSource(closed_port_url(), clock=clock)
+    sources.append(src)
+    delays = []
+    for _ in range(9):
+        assert src.poll().errors[0].kind == "unreachable"
+        delays.append(src.health().next_attempt_s - clock.t)
+        clock.t = src.health().next_attempt_s
+    assert src.backoff.max_s == DEFAULT_MAX_BACKOFF_S == 10.0
+    assert all(abs(d - e) <= 0.1 * e + 1e-9 for d, e in zip(delays, [1, 2, 4, 8], strict=False)), delays
+    assert all(9.0 <= d <= 10.0 for d in delays[4:]), delays
