@@ -40,6 +40,25 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "unchanged refreshes are not stored again)",
     )
     p.add_argument(
+        "--scrape-timeout-s",
+        type=float,
+        default=5.0,
+        help="deadline of one dcgm/engine scrape, s: connect, headers and the whole page (default 5)",
+    )
+    p.add_argument(
+        "--max-page-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest dcgm/engine page read (default 4 MiB); a larger one is dropped, counted "
+        "(pages_too_large) and its source reads degraded",
+    )
+    p.add_argument(
+        "--max-backoff-s",
+        type=float,
+        default=10.0,
+        help="longest wait before a failed source is tried again, s (1, 2, 4, 8 ... up to this; default 10)",
+    )
+    p.add_argument(
         "--flush-interval", type=float, default=1.0, help="store flush period, s (max loss on kill -9)"
     )
     p.add_argument(
@@ -108,6 +127,9 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         nvml=not args.no_nvml,
         gpu_interval_s=args.gpu_interval,
         dcgm_interval_s=args.dcgm_interval_s,
+        scrape_timeout_s=args.scrape_timeout_s,
+        max_page_bytes=args.max_page_bytes,
+        max_backoff_s=args.max_backoff_s,
         flush_interval_s=args.flush_interval,
         retention=retention,
         retention_interval_s=args.retention_interval_s,
@@ -129,6 +151,14 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         raise ValueError(f"--metrics-interval-s must be in [1, 3600] s, got {settings.metrics_interval_s:g}")
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
         raise ValueError("--gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s")
+    if not 0.1 <= settings.scrape_timeout_s <= 300:
+        raise ValueError(f"--scrape-timeout-s must be in [0.1, 300] s, got {settings.scrape_timeout_s:g}")
+    if not 1024 <= settings.max_page_bytes <= 1024**3:
+        raise ValueError(
+            f"--max-page-bytes must be in [1024, 1073741824] (1 KiB to 1 GiB), got {settings.max_page_bytes}"
+        )
+    if not 1.0 <= settings.max_backoff_s <= 3600:
+        raise ValueError(f"--max-backoff-s must be in [1, 3600] s, got {settings.max_backoff_s:g}")
     if not 1.0 <= settings.retention_interval_s <= 7 * 86_400:
         raise ValueError(
             f"--retention-interval-s must be in [1, 604800] s (1 s to a week), got {settings.retention_interval_s:g}"

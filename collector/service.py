@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from collector.reports import DEFAULT_SCHEDULES, ReportScheduler, parse_schedules
+from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S, Backoff
 from collector.sources.base import Source, SourceResult
 from collector.sources.dcgm import DcgmSource
+from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S
 from collector.sources.local_gpus import LocalGpuSource
 from collector.sources.prometheus import EngineScrapeSource, PrometheusQuerySource
 from collector.sources.serving_stack import (
@@ -68,6 +70,11 @@ class CollectorSettings:
     telemetry_interval_s: float = 0.5
     scrape_interval_s: float = 1.0
     dcgm_interval_s: float = 1.0  # dcgm-exporter scrape period (unchanged refreshes are not stored again)
+    # one deadline per dcgm/engine scrape (connect + headers + body) and the largest page read; a
+    # larger page is dropped and counted (pages_too_large), the source degraded
+    scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S  # the longest wait before a failed source is retried
     flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
@@ -83,17 +90,34 @@ class CollectorSettings:
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []
+
+        def backoff() -> Backoff:  # one per source: each has its own failures
+            return Backoff(max_s=max(self.max_backoff_s, Backoff.base_s))
+
         if self.nvml:
-            local = LocalGpuSource(node=self.node, interval_s=self.gpu_interval_s)
+            local = LocalGpuSource(node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
             if local.available():
                 sources.append(local)
         for url in self.serving_urls:
-            sources.append(ServingTelemetrySource(url, node=self.node, interval_s=self.telemetry_interval_s))
-            sources.append(ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s))
-        sources += [DcgmSource(u, node=self.node, interval_s=self.dcgm_interval_s) for u in self.dcgm_urls]
-        sources += [EngineScrapeSource(u, interval_s=self.scrape_interval_s) for u in self.engine_urls]
+            sources.append(
+                ServingTelemetrySource(
+                    url, node=self.node, interval_s=self.telemetry_interval_s, backoff=backoff()
+                )
+            )
+            sources.append(
+                ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
+            )
+        page = {"timeout_s": self.scrape_timeout_s, "max_page_bytes": self.max_page_bytes}
+        sources += [
+            DcgmSource(u, node=self.node, interval_s=self.dcgm_interval_s, backoff=backoff(), **page)
+            for u in self.dcgm_urls
+        ]
+        sources += [
+            EngineScrapeSource(u, interval_s=self.scrape_interval_s, backoff=backoff(), **page)
+            for u in self.engine_urls
+        ]
         if self.prometheus_url:
-            sources.append(PrometheusQuerySource(self.prometheus_url, interval_s=15.0))
+            sources.append(PrometheusQuerySource(self.prometheus_url, interval_s=15.0, backoff=backoff()))
         return sources
 
 

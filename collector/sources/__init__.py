@@ -2,7 +2,8 @@
 
 Every source has ``name``, ``available()`` (cached discovery), ``poll()`` → :class:`SourceResult`
 (rows per table plus counted :class:`IngestError` s; never raises) and ``health()`` →
-:class:`SourceHealth`. Unreachable endpoints are retried with exponential backoff.
+:class:`SourceHealth`. Every HTTP fetch has one deadline and a size limit (``collector/sources/http.py``);
+unreachable endpoints are retried with exponential backoff capped at 10 s.
 """
 
 from collector.sources.backoff import Backoff

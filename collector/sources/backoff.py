@@ -6,6 +6,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+#: The longest wait before a source retries a failed endpoint, unless its ``Backoff`` says otherwise
+#: (``phaselens collect --max-backoff-s``): delays 1, 2, 4, 8, then 10 s (±10 % jitter, clipped to
+#: the cap), so a peer that recovers is read again within about 10 s, not minutes later.
+DEFAULT_MAX_BACKOFF_S = 10.0
+
 
 @dataclass
 class Backoff:

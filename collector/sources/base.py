@@ -1,8 +1,11 @@
 """The scrape-source contract of the collector: ``poll()`` returns rows per table plus counted problems.
 
-A source never raises out of :meth:`Source.poll`: a failed fetch is recorded in its
-:class:`SourceHealth` (status ``down``) and retried after an exponentially growing delay
-(:class:`~collector.sources.backoff.Backoff`), so an unreachable endpoint never becomes a crash loop.
+A source never raises out of :meth:`Source.poll`: a failed fetch (unreachable, an HTTP error, no
+whole answer by the fetch's deadline) is recorded in its :class:`SourceHealth` (status ``down``) and
+retried after an exponentially growing delay capped at ``DEFAULT_MAX_BACKOFF_S`` (10 s;
+:class:`~collector.sources.backoff.Backoff`), so an unreachable endpoint never becomes a crash loop
+and a recovered one is read again soon. An answer over the size limit (:class:`PageTooLarge`) is
+counted and the source reads ``degraded``. The next good poll clears the status and ``last_error``.
 Problems inside a successful fetch (a malformed line, an unknown metric, a clock that jumped back)
 are counted as :class:`IngestError` and the rest of the data is kept.
 """
@@ -17,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from collector.sources.backoff import Backoff
+from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S, Backoff
 from collector.store.columns import ColumnBlock, RepeatedColumns, transpose
 from collector.store.devices import IDENTITY_COLUMNS
 
@@ -34,9 +37,10 @@ Status = Literal["unknown", "ok", "degraded", "down"]
 class IngestError:
     """A counted problem met while ingesting from ``source``.
 
-    ``kind`` is a short machine-readable word (``unreachable``, ``http_status``, ``malformed_line``,
-    ``non_numeric``, ``non_finite``, ``unmapped``, ``clock_backwards``, ``counter_reset``,
-    ``query_error``, ``partial_data``, ``internal``; the service adds ``store_rejected``). ``message`` is the first occurrence's detail.
+    ``kind`` is a short machine-readable word (``unreachable``, ``timeout``, ``http_status``,
+    ``page_too_large``, ``malformed_line``, ``non_numeric``, ``non_finite``, ``unmapped``,
+    ``duplicate_series``, ``clock_backwards``, ``counter_reset``, ``query_error``, ``partial_data``,
+    ``internal``; the service adds ``store_rejected``). ``message`` is the first occurrence's detail.
     Severity ``error`` means data was lost (the source reads ``degraded``); ``warning`` means
     something was skipped that the tables have no place for; ``info`` is bookkeeping only.
     """
@@ -154,6 +158,8 @@ class SourceHealth:
     errors_total: int = 0  # counted problems of severity error or warning, failed polls, store rejections
     store_rejected_rows: int = 0  # rows of this source the store refused (counted by the service)
     last_store_rejected_s: float | None = None
+    timeouts: int = 0  # fetches that did not end by their deadline (the source reads ``down``)
+    pages_too_large: int = 0  # answers over the size limit, dropped (the source reads ``degraded``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,6 +172,17 @@ class SourceUnavailable(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+class PageTooLarge(SourceUnavailable):
+    """The endpoint answered with a body over the size limit; it was read no further and dropped.
+
+    Unlike a failed fetch the endpoint is up: the source reads ``degraded`` (not ``down``) and polls
+    again at its interval, without backing off, so the first page within the limit is read at once.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("page_too_large", message)
 
 
 class UnmappedFamilies:
@@ -215,7 +232,7 @@ class Source(ABC):
         self.name = name
         self.interval_s = interval_s
         self.clock = clock if clock is not None else time.time
-        self.backoff = backoff if backoff is not None else Backoff()
+        self.backoff = backoff if backoff is not None else Backoff(max_s=DEFAULT_MAX_BACKOFF_S)
         self.discovery_ttl_s = discovery_ttl_s
         self._health = SourceHealth(name)
         self._health_lock = threading.Lock()  # the writer thread reports store rejections
@@ -268,6 +285,8 @@ class Source(ABC):
             h.last_attempt_s = now
             try:
                 self._collect(now, result)
+            except PageTooLarge as e:
+                self._too_large(result, now, e.message)
             except SourceUnavailable as e:
                 self._fail(result, now, e.kind, e.message)
             except Exception as e:  # a bug or an unexpected payload: count it, back off, carry on
@@ -279,10 +298,15 @@ class Source(ABC):
                     h.consecutive_failures = 0
                     h.last_success_s = now
                     h.next_attempt_s = now + self.interval_s
-                    h.status = "degraded" if result.degraded or self._rejected_recently(now) else "ok"
+                    rejected = self._rejected_recently(now)
+                    h.status = "degraded" if result.degraded or rejected else "ok"
+                    # the last error is this poll's; an earlier one clears (a store refusal stays
+                    # while it keeps the source degraded)
                     h.last_error = next(
                         (f"{e.kind}: {e.message}" for e in result.errors if e.severity != "info"),
-                        h.last_error,
+                        h.last_error
+                        if rejected and (h.last_error or "").startswith("store_rejected")
+                        else None,
                     )
                     h.rows_total += result.n_rows
                     h.errors_total += sum(e.count for e in result.errors if e.severity != "info")
@@ -338,6 +362,23 @@ class Source(ABC):
 
     # --- internals -----------------------------------------------------------------------------
 
+    def _too_large(self, result: SourceResult, now: float, message: str) -> None:
+        """An answer over the size limit: counted, the source ``degraded``; polled again at its interval."""
+        result.ok = False
+        result.rows.clear()
+        result.columns.clear()
+        result.errors = [IngestError(self.name, "page_too_large", message, 1, "error")]
+        self.backoff.success()  # the endpoint answers: no backoff
+        with self._health_lock:
+            h = self._health
+            h.status = "degraded"
+            h.consecutive_failures = 0
+            h.last_error = f"page_too_large: {message}"
+            h.errors_total += 1
+            h.pages_too_large += 1
+            h.next_attempt_s = now + self.interval_s
+        log.warning("%s: page_too_large (%s)", self.name, message)
+
     def _fail(self, result: SourceResult, now: float, kind: str, message: str) -> None:
         result.ok = False
         result.rows.clear()
@@ -350,5 +391,6 @@ class Source(ABC):
             h.consecutive_failures += 1
             h.last_error = f"{kind}: {message}"
             h.errors_total += 1
+            h.timeouts += kind == "timeout"
             h.next_attempt_s = now + delay
         log.warning("%s: %s (%s); retrying in %.1f s", self.name, kind, message, delay)

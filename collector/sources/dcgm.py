@@ -33,6 +33,7 @@ import httpx
 from collector.sources.backoff import Backoff
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, UnmappedFamilies
 from collector.sources.exposition import fetch_text, finite, parse_exposition
+from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
 from collector.store.columns import RepeatedColumns
 from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices.base import DeviceSample
@@ -144,7 +145,10 @@ class GpuRowBuilder:
     ``node``: the node of every row (a direct scrape: the collector's); when None, the series'
     ``Hostname``/``hostname`` label or the ``default_node`` given to :meth:`add` (the Prometheus
     query path, which reads many machines). DCGM fields without a column are collected in
-    :attr:`unmapped` for the source to count.
+    :attr:`unmapped` for the source to count. A field given twice for one GPU (or MIG instance) in
+    one snapshot (the same series twice, or series differing only in labels that are not the GPU's
+    identity, e.g. one per Kubernetes pod sharing it) keeps the first value in page order and counts
+    the others as ``duplicate_series`` (a warning; :attr:`duplicates`).
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class GpuRowBuilder:
         self.node = node
         self.result = result
         self.unmapped: set[str] = set()
+        self.duplicates = 0  # values dropped: their GPU already had that field from an earlier series
         self._gpus: dict[tuple, dict[str, Any]] = {}
 
     def add(
@@ -194,6 +199,16 @@ class GpuRowBuilder:
         for k in _K8S_LABELS:  # Kubernetes labels may sit on some fields only: keep the first seen
             if labels.get(k):
                 gpu["k8s"].setdefault(k, labels[k])
+        if field in gpu["fields"]:  # the same field of the same GPU again: the first series is kept
+            self.duplicates += 1
+            mig = f", GPU_I_ID {key[3]}" if key[3] else ""
+            self.result.count(
+                "duplicate_series",
+                f"{field} of {node} gpu {key[1]} (UUID {key[2]}{mig}) more than once ({labels}); "
+                "the first kept",
+                severity="warning",
+            )
+            return
         gpu["ts_s"] = max(gpu["ts_s"], ts_s)
         gpu["stamped"] = gpu["stamped"] or stamped
         gpu["fields"][field] = None if is_blank(field, value) else value
@@ -329,7 +344,8 @@ class DcgmSource(Source):
         *,
         node: str | None = None,
         interval_s: float = 1.0,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
         clock: Callable[[], float] | None = None,
         backoff: Backoff | None = None,
         client: httpx.Client | None = None,
@@ -344,13 +360,17 @@ class DcgmSource(Source):
         )
         self.url = url
         self.node = node or socket.gethostname()
+        self.timeout_s, self.max_page_bytes = timeout_s, max_page_bytes
+        self._client: HttpClient | httpx.Client = client or HttpClient(
+            url, timeout_s=timeout_s, max_body_bytes=max_page_bytes
+        )
         self._own_client = client is None
-        self._client = client or httpx.Client(timeout=timeout_s)
         self._last: dict[tuple, tuple[float, tuple]] = {}  # per row key: (ts_s, values) last stored
         self._unmapped = UnmappedFamilies()
         self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
         self.unchanged_rows = 0
         self.unchanged_scrapes = 0
+        self.duplicate_series = 0
 
     @classmethod
     def many(cls, urls: Iterable[str], **kwargs: Any) -> list[DcgmSource]:
@@ -358,11 +378,12 @@ class DcgmSource(Source):
         return [cls(u, **kwargs) for u in urls]
 
     def _discover(self) -> bool:
-        return "DCGM_FI_" in fetch_text(self._client, self.url)
+        return "DCGM_FI_" in self._fetch()
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
-        text = fetch_text(self._client, self.url)
+        text = self._fetch()
         builder = _map_exposition(text, self.name, self.node, now_s, result, self._unmapped)
+        self.duplicate_series += builder.duplicates
         rows, unchanged = [], 0
         for key, row, stamped in builder.stamped_rows():
             what = f"{row['node']} {row['device']}"
@@ -391,7 +412,12 @@ class DcgmSource(Source):
             "unchanged_scrapes": self.unchanged_scrapes,
             "unchanged_rows": self.unchanged_rows,
             "unmapped_families": len(self._unmapped),
+            "duplicate_series": self.duplicate_series,
         }
+
+    def _fetch(self) -> str:
+        """The page, within one deadline of ``timeout_s`` and at most ``max_page_bytes``."""
+        return fetch_text(self._client, self.url, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes)
 
     def close(self) -> None:
         if self._own_client:

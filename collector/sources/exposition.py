@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.sources.base import SourceResult, SourceUnavailable
+from collector.sources.base import PageTooLarge, SourceResult, SourceUnavailable
+from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -76,17 +78,54 @@ def finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
 
 
-def fetch_text(client: httpx.Client, url: str) -> str:
-    """GET ``url``; raise :class:`SourceUnavailable` when it cannot be read."""
+def fetch_text(
+    client: HttpClient | httpx.Client,
+    url: str,
+    *,
+    timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+    max_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+) -> str:
+    """GET ``url`` (an :class:`HttpClient` is bound to it) within one deadline of ``timeout_s`` and a
+    body of at most ``max_bytes``; raise :class:`SourceUnavailable` when it cannot be read
+    (``unreachable``, ``timeout``, ``http_status``) or :class:`PageTooLarge`.
+
+    An :class:`HttpClient` holds the deadline on every read. An ``httpx.Client`` (an in-process
+    transport: the ingest bench, the external validation) is read in a stream with the same size
+    limit and the deadline checked between its chunks."""
+    if isinstance(client, HttpClient):
+        status, body = client.get(what=url)
+    else:
+        status, body = _httpx_get(client, url, timeout_s, max_bytes)
+    if status != 200:
+        raise SourceUnavailable("http_status", f"{url}: HTTP {status}: {_clip(_text(body[:400]))}")
+    return _text(body)
+
+
+def _text(body: bytes | bytearray) -> str:
+    return body.decode("utf-8", errors="replace")
+
+
+def _httpx_get(client: httpx.Client, url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytearray]:
+    deadline = time.monotonic() + timeout_s
     try:
-        resp = client.get(url)
+        with client.stream("GET", url, timeout=timeout_s) as resp:
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise PageTooLarge(f"{url}: a body of {declared} bytes, over the limit of {max_bytes} bytes")
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise PageTooLarge(f"{url}: a body over the limit of {max_bytes} bytes, read no further")
+                if time.monotonic() > deadline:
+                    raise SourceUnavailable(
+                        "timeout", f"{url}: no whole response within the {timeout_s:g} s deadline"
+                    )
+            return resp.status_code, body
     except httpx.TimeoutException as e:
-        raise SourceUnavailable("unreachable", f"{url}: timed out ({type(e).__name__})") from e
+        raise SourceUnavailable("timeout", f"{url}: timed out ({type(e).__name__})") from e
     except httpx.HTTPError as e:
         raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
-    if resp.status_code != 200:
-        raise SourceUnavailable("http_status", f"{url}: HTTP {resp.status_code}: {_clip(resp.text)}")
-    return resp.text
 
 
 def split_name(name: str, type_hint: str | None = None) -> tuple[str, str]:

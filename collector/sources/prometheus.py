@@ -60,6 +60,7 @@ from collector.sources.base import (
 )
 from collector.sources.dcgm import _FB_FIELDS, DCGM_FIELDS, ClockGuard, GpuRowBuilder, is_dcgm_field
 from collector.sources.exposition import Sample, fetch_text, finite, parse_exposition, split_name
+from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
 
 ENGINE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("vllm:", "vllm"),
@@ -386,11 +387,19 @@ def _host(url_or_instance: str) -> str | None:
 
 
 class _EngineRows:
-    """Shared by both sources: points of one snapshot → raw rows + per-interval rows."""
+    """Shared by both sources: points of one snapshot → raw rows + per-interval rows.
+
+    A snapshot with two series under one natural key (engine, metric, labels: the same series twice
+    on a page, or two that differ only in ``instance``/``job``, or an old and a new name of a
+    counter) keeps the first one in page order and counts the others as ``duplicate_series`` (a
+    warning naming the series), so ``engine_metrics`` never holds two values for one key and
+    instant.
+    """
 
     def __init__(self, mapper: EngineMapper) -> None:
         self.mapper = mapper
         self.deltas = DeltaTracker()
+        self.duplicate_series = 0  # series dropped for a key already taken, since the start
 
     def rows(
         self,
@@ -402,12 +411,37 @@ class _EngineRows:
         result: SourceResult,
         unmapped: set[str] | None = None,
     ) -> list[dict[str, Any]]:
-        points = self.mapper.map(samples, result, unmapped)
+        points = self._first_per_key(self.mapper.map(samples, result, unmapped), endpoint, result)
         rows = [_row(node, endpoint, ts_s, p, p.metric) for p in points]
         rows += [
             _row(node, endpoint, ts_s, p, m) for p, m in self.deltas.update(endpoint, ts_s, points, result)
         ]
         return rows
+
+    def _first_per_key(
+        self, points: list[EnginePoint], endpoint: str, result: SourceResult
+    ) -> list[EnginePoint]:
+        seen: set[tuple[str, str, str]] = set()
+        kept: list[EnginePoint] = []
+        first_dropped: EnginePoint | None = None
+        for p in points:
+            key = (p.engine, p.metric, _labels_json(p.labels))
+            if key in seen:
+                first_dropped = first_dropped or p
+                continue
+            seen.add(key)
+            kept.append(p)
+        dropped = len(points) - len(kept)
+        if first_dropped is not None:
+            self.duplicate_series += dropped
+            result.count(
+                "duplicate_series",
+                f"{endpoint}: {dropped} series with the key of an earlier one, e.g. "
+                f"{first_dropped.engine} {first_dropped.metric}{first_dropped.labels}; the first kept",
+                dropped,
+                severity="warning",
+            )
+        return kept
 
 
 def _row(node: str | None, endpoint: str, ts_s: float, p: EnginePoint, metric: str) -> dict[str, Any]:
@@ -438,7 +472,8 @@ class EngineScrapeSource(Source):
         interval_s: float = 5.0,
         include_buckets: bool = True,
         passthrough: bool = True,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
         clock: Callable[[], float] | None = None,
         backoff: Backoff | None = None,
         client: httpx.Client | None = None,
@@ -456,8 +491,11 @@ class EngineScrapeSource(Source):
         self._rows = _EngineRows(
             EngineMapper(engine, include_buckets=include_buckets, passthrough=passthrough)
         )
+        self.timeout_s, self.max_page_bytes = timeout_s, max_page_bytes
+        self._client: HttpClient | httpx.Client = client or HttpClient(
+            url, timeout_s=timeout_s, max_body_bytes=max_page_bytes
+        )
         self._own_client = client is None
-        self._client = client or httpx.Client(timeout=timeout_s)
         self._clock_guard = ClockGuard()
         self._unmapped = UnmappedFamilies()
         self.detected_engines: set[str] = set()
@@ -468,13 +506,13 @@ class EngineScrapeSource(Source):
 
     def _discover(self) -> bool:
         result = SourceResult(self.name, self.clock())
-        samples = parse_exposition(fetch_text(self._client, self.url), result)
+        samples = parse_exposition(self._fetch(), result)
         engines = {c[0] for s in samples if (c := _engine_of(s.name)) and self._rows.mapper.accepts(c[0])}
         self.detected_engines = engines
         return bool(engines)
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
-        text = fetch_text(self._client, self.url)
+        text = self._fetch()
         samples = parse_exposition(text, result)
         if not self._clock_guard.admit(self.url, now_s, result, self.url):
             return
@@ -487,7 +525,11 @@ class EngineScrapeSource(Source):
         result.add_rows(TABLE_ENGINE_METRICS, rows)
 
     def health_details(self) -> dict[str, Any]:
-        return {"unmapped_families": len(self._unmapped)}
+        return {"unmapped_families": len(self._unmapped), "duplicate_series": self._rows.duplicate_series}
+
+    def _fetch(self) -> str:
+        """The page, within one deadline of ``timeout_s`` and at most ``max_page_bytes``."""
+        return fetch_text(self._client, self.url, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes)
 
     def close(self) -> None:
         if self._own_client:
@@ -495,6 +537,11 @@ class EngineScrapeSource(Source):
 
 
 # --- Prometheus HTTP query API ----------------------------------------------------------------------
+
+
+#: The largest query answer read (a window of ``max_points`` steps of a fleet's DCGM and engine
+#: series is tens of MB); a larger one is dropped (``page_too_large``) and its window asked again.
+MAX_QUERY_BYTES = 256 * 1024 * 1024
 
 
 def _dcgm_query() -> str:
@@ -517,7 +564,9 @@ class PrometheusQuerySource(Source):
     aligned to ``step_s``; at most ``max_points`` steps per poll, so a long gap is caught up over
     several polls rather than asked for at once. Windows end ``delay_s`` before now, for servers that
     ingest late (remote write into Mimir/Thanos): a step already read is never read again.
-    ``headers`` go with every request (e.g. Mimir's ``X-Scope-OrgID`` or an ``Authorization``).
+    ``headers`` go with every request (e.g. Mimir's ``X-Scope-OrgID`` or an ``Authorization``). Each
+    request ends by its deadline ``timeout_s`` (connect, headers and body) and reads at most
+    ``max_body_bytes``.
     """
 
     def __init__(
@@ -534,6 +583,7 @@ class PrometheusQuerySource(Source):
         include_buckets: bool = False,
         headers: dict[str, str] | None = None,
         timeout_s: float = 10.0,
+        max_body_bytes: int = MAX_QUERY_BYTES,
         clock: Callable[[], float] | None = None,
         backoff: Backoff | None = None,
         client: httpx.Client | None = None,
@@ -562,9 +612,11 @@ class PrometheusQuerySource(Source):
         self._gpu_guard = ClockGuard()
         self._cursor_s: float | None = None  # end of the last window read
         self._own_client = client is None
-        self._client = client or httpx.Client(timeout=timeout_s, headers=headers)
+        self._client: HttpClient | httpx.Client = client or HttpClient(
+            self.base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, headers=headers
+        )
         if client is not None and headers:
-            self._client.headers.update(headers)
+            client.headers.update(headers)
 
     # --- Source ------------------------------------------------------------------------------------
 
@@ -612,22 +664,23 @@ class PrometheusQuerySource(Source):
 
     def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
         url = self.base_url + path
+        if isinstance(self._client, HttpClient):  # one deadline, a size limit
+            status, raw = self._client.get(path, params, what=url, accept="application/json")
+        else:
+            try:
+                resp = self._client.get(url, params=params)
+            except httpx.HTTPError as e:
+                raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
+            status, raw = resp.status_code, resp.content
         try:
-            resp = self._client.get(url, params=params)
-        except httpx.HTTPError as e:
-            raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
-        try:
-            body = resp.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            if resp.status_code >= 500 or resp.status_code in (401, 403, 404):
-                raise SourceUnavailable("http_status", f"{url}: HTTP {resp.status_code}: {resp.text[:160]}")
-            return {
-                "status": "error",
-                "errorType": "bad_response",
-                "error": f"HTTP {resp.status_code}, not JSON",
-            }
+            if status >= 500 or status in (401, 403, 404):
+                text = raw[:160].decode("utf-8", errors="replace")
+                raise SourceUnavailable("http_status", f"{url}: HTTP {status}: {text}")
+            return {"status": "error", "errorType": "bad_response", "error": f"HTTP {status}, not JSON"}
         return body
 
     def _query_range(

@@ -8,11 +8,12 @@ import socket
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import psutil
 
 from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, SourceUnavailable
+from collector.sources.http import HttpClient
 from collector.store.columns import RepeatedColumns, transpose
 from collector.store.devices import IDENTITY_COLUMNS, STEADY_SAMPLE_COLUMNS
 from serving.telemetry import TelemetryReader
@@ -42,49 +43,26 @@ _OWNER = itemgetter("worker", "role")
 _SAMPLE_KEY = ("ts_s", "device", "index")
 
 
-class _HttpError(Exception):
-    """The server's answer was not a well-formed HTTP/1.1 response."""
+#: The largest JSON answer read from the serving stack: a telemetry read of up to 1000 batches is
+#: the largest (tens of MB at most); the limit only stops a runaway answer from filling memory.
+MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
 class _JsonClient:
-    """Keep-alive GETs of JSON from one base URL, over a plain socket speaking HTTP/1.1.
+    """Keep-alive GETs of JSON from one base URL (:class:`~collector.sources.http.HttpClient`: one
+    deadline of ``timeout_s`` per request, bodies of at most ``max_body_bytes``)."""
 
-    At 10 polls per second the client's own CPU matters: http.client parses every response's
-    headers with the email package (~0.4 ms a request here), httpx costs ten times that. This
-    reads the status line and headers itself and takes the body by Content-Length, chunked
-    encoding, or up to the close of the connection.
-    """
-
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str, timeout_s: float, max_body_bytes: int = MAX_JSON_BYTES) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"serving URL must be http://host:port, got {base_url!r}")
-        self._host, self._port, self._prefix = parts.hostname, parts.port or 80, parts.path.rstrip("/")
-        self._host_header = parts.netloc.encode("ascii")
-        self._timeout_s = timeout_s
-        self._sock: socket.socket | None = None
-        self._reader: Any = None  # buffered reader over the socket
+        self._http = HttpClient(base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes)
 
     def get(self, path: str, what: str, **params: Any) -> Any:
         """GET `path` and decode JSON; raise SourceUnavailable naming `what` on any failure."""
-        target = self._prefix + path + (f"?{urlencode(params)}" if params else "")
-        request = b"GET %s HTTP/1.1\r\nHost: %s\r\nAccept: application/json\r\n\r\n" % (
-            target.encode("ascii"),
-            self._host_header,
-        )
-        for attempt in (1, 2):  # a kept-alive connection the server closed is retried once
-            try:
-                (self._sock or self._connect()).sendall(request)
-                status, body, keep_alive = self._read_response()
-                break
-            except (OSError, _HttpError) as e:
-                self.close()
-                if attempt == 2:
-                    raise SourceUnavailable("unreachable", f"{what}: {str(e) or type(e).__name__}") from e
-        if not keep_alive:
-            self.close()
+        status, body = self._http.get(path, params, what=what, accept="application/json")
         if status != 200:
-            raise SourceUnavailable("http_status", f"{what}: HTTP {status}: {body[:200]!r}")
+            raise SourceUnavailable("http_status", f"{what}: HTTP {status}: {bytes(body[:200])!r}")
         try:
             return json.loads(body)
         except ValueError as e:
@@ -94,81 +72,11 @@ class _JsonClient:
         try:
             self.get(path, path)
         except SourceUnavailable as e:
-            return 0 if e.kind == "unreachable" else 500
+            return 0 if e.kind in ("unreachable", "timeout") else 500
         return 200
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._reader.close()
-            self._sock.close()
-            self._sock = self._reader = None
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self._host, self._port), timeout=self._timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock, self._reader = sock, sock.makefile("rb")
-        return sock
-
-    def _read_response(self) -> tuple[int, bytes, bool]:
-        """(status, body, whether the connection stays open) of the next response."""
-        line = self._reader.readline(_MAX_LINE)
-        if not line:
-            raise _HttpError("connection closed by the server")
-        version, _, rest = line.partition(b" ")
-        code = rest[:3]
-        if not version.startswith(b"HTTP/1.") or not code.isdigit():
-            raise _HttpError(f"bad status line {line[:80]!r}")
-        length, chunked, keep_alive = None, False, version == b"HTTP/1.1"
-        while True:
-            line = self._reader.readline(_MAX_LINE)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise _HttpError("connection closed inside the headers")
-            name, _, value = line.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                if not value.isdigit():
-                    raise _HttpError(f"bad Content-Length {value[:40]!r}")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = value.endswith(b"chunked")
-            elif name == b"connection":
-                keep_alive = value != b"close" and (keep_alive or value == b"keep-alive")
-        status = int(code)
-        if status < 200 or status in (204, 304):  # no body
-            body = b""
-        elif chunked:
-            body = self._read_chunked()
-        elif length is not None:
-            body = self._read_exactly(length)
-        else:  # the body runs to the end of the connection
-            body, keep_alive = self._reader.read(), False
-        return status, body, keep_alive
-
-    def _read_exactly(self, n: int) -> bytes:
-        data = self._reader.read(n)
-        if len(data) != n:
-            raise _HttpError(f"connection closed after {len(data)} of {n} body bytes")
-        return data
-
-    def _read_chunked(self) -> bytes:
-        parts = []
-        while True:
-            size_line = self._reader.readline(_MAX_LINE).split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise _HttpError(f"bad chunk size {size_line[:40]!r}") from None
-            if size == 0:
-                while self._reader.readline(_MAX_LINE) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(parts)
-            parts.append(self._read_exactly(size))
-            self._read_exactly(2)  # CRLF after the chunk
-
-
-_MAX_LINE = 65_536
+        self._http.close()
 
 
 class ServingTelemetrySource(Source):

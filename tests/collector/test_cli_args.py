@@ -73,3 +73,39 @@ def test_report_refuses_an_output_it_cannot_write_before_making_the_report(
     assert "is a folder; give a file name" in capsys.readouterr().err
     assert _reports(empty_store) == 0  # nothing was made and stored
     assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--scrape-timeout-s", "0", "--scrape-timeout-s must be in [0.1, 300] s, got 0"),
+        ("--max-page-bytes", "10", "--max-page-bytes must be in [1024, 1073741824] (1 KiB to 1 GiB), got 10"),
+        ("--max-backoff-s", "0.5", "--max-backoff-s must be in [1, 3600] s, got 0.5"),
+    ],
+)
+def test_scrape_limits_out_of_range_are_refused(flag, value, says, tmp_path, capsys):
+    db = tmp_path / "never.duckdb"
+    assert main(["collect", "--db", str(db), "--no-nvml", flag, value]) == 2
+    assert capsys.readouterr().err.strip() == f"phaselens collect: error: {says}"
+    assert not db.exists()  # refused before the store was made
+
+
+def test_scrape_limits_reach_the_sources():
+    from collector.cli import collect_settings
+
+    limits = ["--scrape-timeout-s", "2", "--max-page-bytes", "65536", "--max-backoff-s", "3"]
+    args = build_parser().parse_args(
+        [
+            "collect",
+            "--no-nvml",
+            "--dcgm",
+            "http://d:9400/metrics",
+            "--engine",
+            "http://v:8000/metrics",
+            *limits,
+        ]
+    )
+    sources = collect_settings(args).build_sources()
+    assert [(s.timeout_s, s.max_page_bytes, s.backoff.max_s) for s in sources] == [(2.0, 65536, 3.0)] * 2
+    for s in sources:
+        s.close()

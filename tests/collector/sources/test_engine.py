@@ -115,7 +115,7 @@ def test_vllm_rows_deltas_and_counter_reset(engine, http_server: LocalServer, cl
     assert {e.severity for e in result.errors} == {"info"}
     h = src.health()
     assert h.status == "ok" and h.errors_total == 1  # a restart is not a fault; python_gc_* unmapped once
-    assert src.health_details() == {"unmapped_families": 1}
+    assert src.health_details() == {"unmapped_families": 1, "duplicate_series": 0}
 
 
 def test_sglang_names(engine, http_server: LocalServer, clock: FakeClock) -> None:
@@ -331,4 +331,4 @@ def test_families_an_engine_filter_leaves_out_are_counted(engine, clock: FakeClo
     assert len(found) == 12  # 11 dynamo_component_* families + python_gc_objects_collected
     clock.advance(10)
     assert src.poll(force=True).errors == []  # once per family per hour
-    assert src.health_details() == {"unmapped_families": 12}
+    assert src.health_details() == {"unmapped_families": 12, "duplicate_series": 0}
