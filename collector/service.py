@@ -79,6 +79,8 @@ class CollectorSettings:
     flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
+    # rows the store holds while the disk refuses writes (None: its default, 2 write buffers)
+    max_held_rows: int | None = None
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off

@@ -334,8 +334,10 @@ class Store:
 
     @property
     def held_rows(self) -> int:
-        """Rows in the write buffer, held ones (a flush the disk refused) included."""
-        return self._pending_rows
+        """Rows appended and not yet committed: the write buffer (with the rows of flushes the
+        disk refused, held) and a background flush in flight. Read without a lock."""
+        flight = self._flight
+        return self._pending_rows + (flight.rows if flight is not None else 0)
 
     def take_held_drops(self) -> list[HeldDrop]:
         """The held rows dropped past ``max_held_rows`` since the last call (collector/store/held.py)."""
