@@ -5,9 +5,10 @@ A flush that fails because the storage cannot take writes (no space left, quota,
 and the next flush retries them with everything appended since, in one transaction, so they are
 committed in the order they were appended. The buffer is bounded (``max_held_rows``): past it the
 oldest sample rows are dropped, and each drop is kept as a :class:`HeldDrop` (table, rows, time
-range, cause) for the collector to record as a gap. Telemetry-derived rows are never dropped here:
-the collector stops reading telemetry while writes fail, and the stack's ring re-serves what was
-not committed (docs/TELEMETRY.md).
+range, cause) for the collector to record as a gap. Only sample rows (``SAMPLE_TABLES``) are ever
+dropped: telemetry-derived rows are bounded upstream (the collector stops reading telemetry while
+writes fail, and the stack's ring keeps what was not committed, docs/TELEMETRY.md), and the rest
+(devices, problem counts, reports, ...) is a few rows.
 """
 
 from __future__ import annotations
@@ -21,20 +22,9 @@ import pyarrow.compute as pc
 
 from collector.store.tables import TABLES
 
-# what a serving telemetry batch is split into, and the problem counts: held until written, never
-# dropped (bounded upstream: the telemetry source pauses while writes fail)
-KEPT_TABLES = frozenset(
-    {
-        "telemetry_batches",
-        "iterations",
-        "requests",
-        "tokens",
-        "control_events",
-        "telemetry_gaps",
-        "ingest_errors",
-        "devices",
-    }
-)
+# the tables whose held rows may be dropped past the bound (the high-rate samples); the rest are
+# held until written
+SAMPLE_TABLES = frozenset({"gpu_samples", "emulation_samples", "host_samples", "engine_metrics"})
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 _STORAGE_WORDS = ("no space left on device", "disk quota exceeded", "could not write file", "i/o error")
 _INVALIDATED = "database has been invalidated"
@@ -94,13 +84,13 @@ def time_range(table: str, data: pa.Table) -> tuple[float | None, float | None]:
 
 
 def drop_oldest(pending: dict[str, list[pa.Table]], excess_rows: int, cause: str) -> list[HeldDrop]:
-    """Drop whole appended parts of the sample tables (not ``KEPT_TABLES``), oldest first from the
+    """Drop whole appended parts of the ``SAMPLE_TABLES``, oldest first from the
     table holding most rows, until ``excess_rows`` rows are gone or none is left; what was dropped,
     merged per table. ``pending`` is changed in place."""
     dropped: dict[str, list[pa.Table]] = {}
     while excess_rows > 0:
         candidates = [(sum(p.num_rows for p in parts), name) for name, parts in pending.items()]
-        candidates = [(n, name) for n, name in candidates if n and name not in KEPT_TABLES]
+        candidates = [(n, name) for n, name in candidates if n and name in SAMPLE_TABLES]
         if not candidates:
             break
         _, name = max(candidates)

@@ -68,7 +68,7 @@ def stack() -> Iterator[StackUnderTest]:
         stop_server(server)
 
 
-class Collector:
+class CollectProcess:
     """One `phaselens collect` process on ``db`` reading the stack (``injected``: through the
     ENOSPC wrapper, failing while ``flag`` exists)."""
 
@@ -130,7 +130,7 @@ def stored(db: Path) -> dict[str, int]:
         }
 
 
-def all_stored(c: Collector, stack: StackUnderTest) -> Callable[[], bool]:
+def all_stored(c: CollectProcess, stack: StackUnderTest) -> Callable[[], bool]:
     return lambda: c.count("requests") == stack.sent.requests and c.count("tokens") == stack.sent.tokens
 
 
@@ -145,7 +145,7 @@ def exercise_full_disk(
 ) -> None:
     """Serve, fill the disk, serve 20, free it, serve 20 more: all stored; then restarts (one
     while the disk is full) lose nothing either."""
-    c = Collector(db, stack, *args, flag=flag)
+    c = CollectProcess(db, stack, *args, flag=flag)
     try:
         stack.serve(4)
         wait_for(all_stored(c, stack), timeout_s=60)
@@ -184,7 +184,7 @@ def exercise_full_disk(
     assert after["gap_rows"] == sum(drops.values())  # every dropped row recorded as a gap
 
     # a restart reads on from the stored (committed) cursors: nothing again, nothing missing
-    c = Collector(db, stack, *args, flag=flag)
+    c = CollectProcess(db, stack, *args, flag=flag)
     try:
         stack.serve(3)
         wait_for(all_stored(c, stack), timeout_s=60)
@@ -195,7 +195,7 @@ def exercise_full_disk(
         err = c.stop()
     assert "rows not written" in err, err  # said, not silent
     free()
-    c = Collector(db, stack, *args, flag=flag)  # ... and re-read from the stack's ring
+    c = CollectProcess(db, stack, *args, flag=flag)  # ... and re-read from the stack's ring
     try:
         wait_for(all_stored(c, stack), timeout_s=60)
     finally:
