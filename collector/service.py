@@ -53,6 +53,9 @@ from serving.devices import nvml_status
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 STORE_GAPS_KEPT = 20  # /health lists this many of the newest store gaps
+# While the disk refuses writes the held rows are tried again after a delay doubling from the flush
+# interval up to this (or 20 flush intervals): each try writes them all before the commit fails.
+RETRY_MAX_S = 10.0
 
 
 class CollectorNotRunning(Exception):
@@ -148,6 +151,8 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self._dropped_recorded = 0
         self._last_checkpoint_s = time.time()
+        self._retry_delay_s = 0.0  # while writes fail: the delay before the next try, and its time
+        self._retry_at = 0.0  # (monotonic)
         self.started_s = time.time()
         self._schema_version = store.schema_version  # for /health: read without the store's lock
         # jobs for the writer thread (import_export), and what wakes it before its next flush is due
@@ -349,6 +354,9 @@ class Collector:
             )
         if not flush:
             return
+        if self.store.write_failure is not None and time.monotonic() < self._retry_at:
+            self._record_drops(self.store.take_held_drops())
+            return
         try:
             now = time.time()
             # no checkpoint while writes fail: one that fails on a full disk invalidates the database
@@ -366,6 +374,8 @@ class Collector:
             self.stats.store_errors += 1
             self.stats.last_error = str(e)
             log.error("store flush failed: %s", e)
+        if self.store.write_failure is None:
+            self._retry_delay_s = 0.0
         self._record_drops(self.store.take_held_drops())
 
     def _record_drops(self, drops: list[HeldDrop]) -> None:
@@ -466,6 +476,11 @@ class Collector:
         """A background flush of the store failed: its rows, already counted as written, are lost,
         except those the store holds (the disk refused them: written by a later flush)."""
         lost = error.rows - error.held_rows
+        if error.held_rows:
+            interval = self.settings.flush_interval_s
+            cap = min(RETRY_MAX_S, 20 * interval)
+            self._retry_delay_s = min(cap, max(interval, 2 * self._retry_delay_s))
+            self._retry_at = time.monotonic() + self._retry_delay_s
         self.stats.store_errors += 1
         self.stats.rows_lost += lost
         self.stats.last_error = str(error)
