@@ -148,7 +148,10 @@ def create_collector_app(collector: Collector) -> FastAPI:
             overviews.close()
             exporter.stop()
             collector.stop()
-            collector.store.close()
+            try:
+                collector.store.close()
+            except StoreError as e:  # rows the disk refused to the end: said, the process still exits
+                log.error("closing the store: %s", e)
 
     app = FastAPI(title="phaselens collector", lifespan=lifespan)
 

@@ -62,6 +62,14 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "--flush-interval", type=float, default=1.0, help="store flush period, s (max loss on kill -9)"
     )
     p.add_argument(
+        "--max-held-rows",
+        type=int,
+        default=None,
+        help="rows the writer holds while the disk refuses writes (no space left, ...), retried each "
+        "flush; past it the oldest sample rows are dropped and recorded as gaps (default: 2 write "
+        "buffers, 983,040 rows)",
+    )
+    p.add_argument(
         "--raw-days", type=float, default=7.0, help="keep raw GPU samples this long, then 10 s rollups"
     )
     p.add_argument("--rollup-days", type=float, default=365.0, help="keep 10 s rollups this long")
@@ -131,6 +139,7 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         max_page_bytes=args.max_page_bytes,
         max_backoff_s=args.max_backoff_s,
         flush_interval_s=args.flush_interval,
+        max_held_rows=args.max_held_rows,
         retention=retention,
         retention_interval_s=args.retention_interval_s,
         control_token=args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN") or None,
@@ -159,6 +168,10 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         )
     if not 1.0 <= settings.max_backoff_s <= 3600:
         raise ValueError(f"--max-backoff-s must be in [1, 3600] s, got {settings.max_backoff_s:g}")
+    if settings.max_held_rows is not None and settings.max_held_rows < 0:
+        raise ValueError(
+            f"--max-held-rows must be a non-negative number of rows, got {settings.max_held_rows}"
+        )
     if not 1.0 <= settings.retention_interval_s <= 7 * 86_400:
         raise ValueError(
             f"--retention-interval-s must be in [1, 604800] s (1 s to a week), got {settings.retention_interval_s:g}"
@@ -185,9 +198,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        store = Store.open(
-            settings.db_path, buffer_rows=WRITER_BUFFER_ROWS
-        )  # and the writer flushes each interval
+        store = Store.open(  # and the writer flushes each interval
+            settings.db_path, buffer_rows=WRITER_BUFFER_ROWS, max_held_rows=settings.max_held_rows
+        )
     except StoreError as e:
         print(f"phaselens collect: error: {e}", file=sys.stderr)
         return 2

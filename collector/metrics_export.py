@@ -374,8 +374,24 @@ class MetricsExporter(PromCollector):
         )
         yield CounterMetricFamily(
             "phaselens_store_rows_lost",
-            "Rows counted as written that a failed background flush lost.",
+            "Rows counted as written that a failed background flush lost (not held: a flush the "
+            "disk refused is held and retried).",
             value=st.rows_lost,
+        )
+        yield GaugeMetricFamily(
+            "phaselens_store_write_failing",
+            "1 while the disk refuses the store's writes (no space left, ...), else 0.",
+            value=0 if c.store.write_failure is None else 1,
+        )
+        yield GaugeMetricFamily(
+            "phaselens_store_rows_held",
+            "Rows appended and not yet committed (held while writes fail).",
+            value=c.store.held_rows,
+        )
+        yield CounterMetricFamily(
+            "phaselens_store_rows_dropped",
+            "Held rows dropped past the bound while writes failed (recorded as store_gap).",
+            value=sum(st.rows_dropped.values()),
         )
         yield GaugeMetricFamily(
             "phaselens_ingest_queue_depth", "Poll results waiting for the writer.", value=c._queue.qsize()

@@ -1,6 +1,12 @@
 """The collector service: polls every source on its own thread, writes the store from one writer
 thread (DuckDB admits one writing process; this is it), and serves reads and health over HTTP.
 
+While the disk refuses writes (no space left, ...) the store holds what it could not write and
+retries it each flush interval, in append order (collector/store/held.py); the serving telemetry
+sources stop reading meanwhile, so the stack's ring keeps what is not committed, and /health reads
+``degraded`` naming the cause. Held sample rows dropped past the store's bound are recorded as gaps
+(``ingest_errors`` kind ``store_gap``: table, rows, time range, cause).
+
 Writes that do not come from a source (``import_export``: merging a Parquet export, e.g. a simulated
 scenario's) are jobs run by the writer thread between two drains, so nothing else writes meanwhile.
 """
@@ -43,10 +49,15 @@ from collector.store import (
     import_parquet,
 )
 from collector.store.columns import ColumnBlock
+from collector.store.held import HeldDrop
 from serving.devices import nvml_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+STORE_GAPS_KEPT = 20  # /health lists this many of the newest store gaps
+# While the disk refuses writes the held rows are tried again after a delay doubling from the flush
+# interval up to this (or 20 flush intervals): each try writes them all before the commit fails.
+RETRY_MAX_S = 10.0
 
 
 class CollectorNotRunning(Exception):
@@ -78,6 +89,8 @@ class CollectorSettings:
     flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
     checkpoint_interval_s: float = 60.0  # fold the WAL into the file
     max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
+    # rows the store holds while the disk refuses writes (None: its default, 2 write buffers)
+    max_held_rows: int | None = None
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
@@ -128,8 +141,13 @@ class WriterStats:
     duplicates: dict[str, int] = field(default_factory=dict)
     results_dropped: int = 0  # poll results dropped because the writer fell behind
     store_errors: int = 0
-    # rows counted in rows_written that a background flush of the store then failed to write
+    # rows counted in rows_written that a background flush of the store then failed to write (and
+    # did not hold: a flush the disk refused is held and retried, not lost)
     rows_lost: int = 0
+    # held rows dropped past the store's bound while writes failed, per table (recorded as gaps)
+    rows_dropped: dict[str, int] = field(default_factory=dict)
+    store_gaps: list[dict[str, Any]] = field(default_factory=list)  # the last STORE_GAPS_KEPT of them
+    store_gaps_total: int = 0
     flushes: int = 0
     retention_runs: int = 0
     raw_rows_rolled_up: int = 0
@@ -157,6 +175,8 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self._dropped_recorded = 0
         self._last_checkpoint_s = time.time()
+        self._retry_delay_s = 0.0  # while writes fail: the delay before the next try, and its time
+        self._retry_at = 0.0  # (monotonic)
         self.started_s = time.time()
         self._schema_version = store.schema_version  # for /health: read without the store's lock
         # jobs for the writer thread (import_export), and what wakes it before its next flush is due
@@ -196,6 +216,10 @@ class Collector:
             self.store.checkpoint()
         except FlushError as e:  # an earlier background flush failed: counted; the rest is written
             self._flush_failed(e)
+        except StoreError as e:  # the checkpoint itself (a full disk): what was flushed is committed
+            self.stats.store_errors += 1
+            self.stats.last_error = str(e)
+            log.error("checkpoint at stop failed: %s", e)
         for src in self.sources:
             src.close()
 
@@ -214,7 +238,13 @@ class Collector:
     # -- threads -----------------------------------------------------------------------------------
 
     def _poll_loop(self, src: Source) -> None:
+        telemetry = isinstance(src, ServingTelemetrySource)
         while not self._stop.is_set():
+            if telemetry and self.store.write_failure is not None:
+                # nothing read until the store takes writes again: the stack's ring keeps the
+                # batches (what was read before is held by the store and written first)
+                self._stop.wait(min(src.interval_s, 1.0))
+                continue
             result = src.poll()
             if not result.skipped:
                 self._put(result)
@@ -348,9 +378,14 @@ class Collector:
             )
         if not flush:
             return
+        if self.store.write_failure is not None and time.monotonic() < self._retry_at:
+            self._record_drops(self.store.take_held_drops())
+            return
         try:
             now = time.time()
-            if now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s:
+            # no checkpoint while writes fail: one that fails on a full disk invalidates the database
+            checkpoint_due = now - self._last_checkpoint_s >= self.settings.checkpoint_interval_s
+            if checkpoint_due and self.store.write_failure is None:
                 self.store.checkpoint()
                 self._last_checkpoint_s = now
             else:  # committed on the store's flush thread while this one goes on (or sleeps)
@@ -363,6 +398,25 @@ class Collector:
             self.stats.store_errors += 1
             self.stats.last_error = str(e)
             log.error("store flush failed: %s", e)
+        if self.store.write_failure is None:
+            self._retry_delay_s = 0.0
+        self._record_drops(self.store.take_held_drops())
+
+    def _record_drops(self, drops: list[HeldDrop]) -> None:
+        """Held rows the store dropped past its bound: counted, listed in /health, and recorded as
+        gaps (``ingest_errors`` kind ``store_gap``; held like any row until the store takes writes)."""
+        for d in drops:
+            self.stats.rows_dropped[d.table] = self.stats.rows_dropped.get(d.table, 0) + d.rows
+            self.stats.store_gaps_total += 1
+            gap = {"table": d.table, "rows": d.rows, "from_s": d.from_s, "to_s": d.to_s, "cause": d.cause}
+            self.stats.store_gaps = [*self.stats.store_gaps, gap][-STORE_GAPS_KEPT:]
+            self._record(
+                "collector",
+                "store_gap",
+                f"{d.table}: {d.rows} rows from ts {d.from_s} to {d.to_s} (UTC epoch s) dropped: held while "
+                f"store writes failed ({d.cause}) past the store's bound",
+                d.rows,
+            )
 
     def _write(self, results: list[SourceResult]) -> None:
         """Append one source's poll results: rows merged per table, problems counted."""
@@ -443,11 +497,18 @@ class Collector:
         return append()
 
     def _flush_failed(self, error: FlushError) -> None:
-        """A background flush of the store failed: its rows, already counted as written, are lost."""
+        """A background flush of the store failed: its rows, already counted as written, are lost,
+        except those the store holds (the disk refused them: written by a later flush)."""
+        lost = error.rows - error.held_rows
+        if error.held_rows:
+            interval = self.settings.flush_interval_s
+            cap = min(RETRY_MAX_S, 20 * interval)
+            self._retry_delay_s = min(cap, max(interval, 2 * self._retry_delay_s))
+            self._retry_at = time.monotonic() + self._retry_delay_s
         self.stats.store_errors += 1
-        self.stats.rows_lost += error.rows
+        self.stats.rows_lost += lost
         self.stats.last_error = str(error)
-        log.error("store flush failed, %d rows lost: %s", error.rows, error)
+        log.error("store flush failed, %d rows lost, %d held: %s", lost, error.held_rows, error)
 
     def _rejected(self, source: str, error: StoreError, n: int) -> None:
         """Rows of ``source`` the store refused: counted in ingest_errors and as the source's own
@@ -491,8 +552,16 @@ class Collector:
         now = time.time()
         for s in sources:
             s["lag_s"] = None if s["last_success_s"] is None else round(now - s["last_success_s"], 3)
+        reasons = [f"source {s['name']} is {s['status']}" for s in sources if s["name"] in down]
+        if self.stats.results_dropped:
+            reasons.append(f"{self.stats.results_dropped} poll results dropped: the writer fell behind")
+        failure, held = self.store.write_failure, self.store.held_rows
+        if failure is not None:
+            paused = " (serving telemetry not read meanwhile)" if self._endpoints else ""
+            reasons.insert(0, f"store writes failing: {failure}; {held} rows held{paused}")
         return {
-            "status": "degraded" if down or self.stats.results_dropped else "ok",
+            "status": "degraded" if reasons else "ok",
+            "reasons": reasons,
             "notes": self.notes(),
             "node": self.settings.node,
             "db_path": str(self.store.path),
@@ -505,6 +574,11 @@ class Collector:
                 "results_dropped": self.stats.results_dropped,
                 "store_errors": self.stats.store_errors,
                 "rows_lost": self.stats.rows_lost,
+                "write_failure": failure,
+                "held_rows": held,
+                "rows_dropped": self.stats.rows_dropped,
+                "store_gaps_total": self.stats.store_gaps_total,
+                "store_gaps": self.stats.store_gaps,
                 "flushes": self.stats.flushes,
                 "retention_runs": self.stats.retention_runs,
                 "raw_rows_rolled_up": self.stats.raw_rows_rolled_up,

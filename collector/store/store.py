@@ -66,6 +66,7 @@ from collector.store import gpu_keys, iteration_seconds
 from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import FlushError, StoreError, StoreLockedError
+from collector.store.held import HeldDrop, drop_oldest, invalidated, write_failure_cause
 from collector.store.schema import LATEST_VERSION, apply_migrations, check_version
 from collector.store.tables import TABLES, table_spec
 from collector.store.telemetry_rows import BatchKey, TelemetryColumns, check_envelope
@@ -97,6 +98,8 @@ ROW_GROUP_ROWS = 122_880  # DuckDB's row-group size: a batch this big is written
 # 1.4-1.7 M rows/s here against ~0.65 M at 1 row group (bench/ingest.py); ~50 MB of samples at most.
 WRITER_BUFFER_ROWS = 4 * ROW_GROUP_ROWS
 _DEVICE_INPUT = (*DEVICE_KEY, *DEVICE_ATTRIBUTES, "ts_s")  # what the devices rows are worked out from
+# While the disk refuses writes a buffering store holds up to this many buffers' rows (held.py)
+HELD_BUFFERS = 2
 # From this many pending wide rows on, a flush works out the devices rows on a thread of its own
 # while DuckDB inserts the samples (which keeps one core busy and releases the GIL).
 _BACKGROUND_DEVICE_ROWS = 50_000
@@ -145,8 +148,11 @@ class Store:
         "_flight",
         "_flight_con",
         "_gpu_keys",
+        "_held_drops",
         "_inflight_batches",
+        "_invalidated",
         "_lock",
+        "_max_held_rows",
         "_pending",
         "_pending_batches",
         "_pending_rows",
@@ -154,18 +160,29 @@ class Store:
         "_readers",
         "_readers_done",
         "_wide_samples",
+        "_write_failure",
         "path",
         "read_only",
     )
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool, buffer_rows: int
+        self,
+        con: duckdb.DuckDBPyConnection,
+        path: Path,
+        *,
+        read_only: bool,
+        buffer_rows: int,
+        max_held_rows: int | None = None,
     ) -> None:
         """Wrap an open, migrated connection (use :meth:`Store.open`)."""
         self._con = con
         self.path = path
         self.read_only = read_only
         self._buffer_rows = buffer_rows
+        self._max_held_rows = HELD_BUFFERS * buffer_rows if max_held_rows is None else max_held_rows
+        self._write_failure: str | None = None  # why the last write failed, until one commits
+        self._held_drops: list[HeldDrop] = []  # held rows dropped past the bound, not yet taken
+        self._invalidated = False  # DuckDB invalidated the database: the next use opens it again
         self._lock = threading.RLock()
         self._pending: dict[str, list[pa.Table]] = {}
         self._pending_rows = 0
@@ -193,17 +210,28 @@ class Store:
     # -- open / close -------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False, buffer_rows: int = 0) -> Store:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        buffer_rows: int = 0,
+        max_held_rows: int | None = None,
+    ) -> Store:
         """Open (creating if needed) the store at ``path`` and bring its schema up to date.
 
         An older file is migrated in one transaction; a file with a newer schema version than
         this code knows raises StoreError naming both versions. A file held by another process
         raises StoreLockedError. ``read_only`` never migrates: an out-of-date file is refused.
-        ``buffer_rows`` > 0 holds appends in memory until that many rows are pending.
+        ``buffer_rows`` > 0 holds appends in memory until that many rows are pending; it also
+        holds the rows of a flush the disk refused (no space left, ...) to write them with the next
+        one, up to ``max_held_rows`` (default ``HELD_BUFFERS * buffer_rows``; collector/store/held.py).
         """
         path = Path(path)
         if not isinstance(buffer_rows, int) or buffer_rows < 0:
             raise StoreError(f"buffer_rows must be a non-negative integer, got {buffer_rows!r}")
+        if max_held_rows is not None and (not isinstance(max_held_rows, int) or max_held_rows < 0):
+            raise StoreError(f"max_held_rows must be a non-negative integer, got {max_held_rows!r}")
         if read_only and not path.exists():
             raise StoreError(f"{path} does not exist; a read-only open cannot create it")
         if not read_only:
@@ -226,7 +254,7 @@ class Store:
                     )
             else:
                 apply_migrations(con, where=str(path))
-            return cls(con, path, read_only=read_only, buffer_rows=buffer_rows)
+            return cls(con, path, read_only=read_only, buffer_rows=buffer_rows, max_held_rows=max_held_rows)
         except BaseException:
             con.close()
             raise
@@ -240,18 +268,26 @@ class Store:
         """
         self._end_readers(reader_timeout_s)
         with self._lock:
-            if self._con is None:
+            if self._con is None and not self._invalidated:
                 return
             try:
                 if not self.read_only:
                     self._flush_reporting()
             finally:
                 self._settle()  # a flush still in flight (e.g. interrupted wait) ends first
+                if self._pending_rows:  # held: the disk refused them to the end
+                    log.error(
+                        "%s closed with %d rows not written: %s",
+                        self.path,
+                        self._pending_rows,
+                        self._write_failure,
+                    )
                 if self._flight_con is not None:
                     self._flight_con.close()
                     self._flight_con = None
-                self._con.close()
-                self._con = None
+                if self._con is not None:
+                    self._con.close()
+                self._con, self._invalidated = None, False
 
     def _end_readers(self, timeout_s: float) -> None:
         """Refuse new readers, interrupt the running ones and wait for them to close."""
@@ -289,6 +325,25 @@ class Store:
     def columns(self, table: str) -> list[Column]:
         """The columns of ``table``, in table order."""
         return list(self._table_columns(table).values())
+
+    @property
+    def write_failure(self) -> str | None:
+        """Why the storage refuses writes (``no space left on device``, ...) since the last write
+        that failed so, until one commits again; None while writes succeed. Read without a lock."""
+        return self._write_failure
+
+    @property
+    def held_rows(self) -> int:
+        """Rows appended and not yet committed: the write buffer (with the rows of flushes the
+        disk refused, held) and a background flush in flight. Read without a lock."""
+        flight = self._flight
+        return self._pending_rows + (flight.rows if flight is not None else 0)
+
+    def take_held_drops(self) -> list[HeldDrop]:
+        """The held rows dropped past ``max_held_rows`` since the last call (collector/store/held.py)."""
+        with self._lock:
+            drops, self._held_drops = self._held_drops, []
+        return drops
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -537,6 +592,11 @@ class Store:
                 try:
                     self._conn().execute("CHECKPOINT")
                 except duckdb.Error as e:
+                    cause = write_failure_cause(e)
+                    if cause is not None:
+                        self._write_failure = cause
+                    if invalidated(e):
+                        self._drop_connection()
                     raise StoreError(f"checkpoint of {self.path} failed: {e}") from e
             except StoreError as e:
                 self._raise_deferred(also=e)
@@ -659,8 +719,46 @@ class Store:
 
     def _conn(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
-            raise StoreError(f"store {self.path} is closed")
-        return self._con
+            if not self._invalidated:
+                raise StoreError(f"store {self.path} is closed")
+            self._reconnect()
+        return self._con  # type: ignore[return-value]  # set by _reconnect
+
+    def _drop_connection(self) -> None:
+        """Close the connection of a database DuckDB invalidated (a checkpoint that failed on a full
+        disk does that; caller holds the lock); the next use opens the file again, whose WAL
+        replays what was committed. Readers still on the old connection are interrupted."""
+        log.error("%s: DuckDB invalidated the database; it is opened again on next use", self.path)
+        if self._flight_con is not None:
+            try:
+                self._flight_con.close()
+            except duckdb.Error:
+                pass
+            self._flight_con = None
+        with self._readers_done:
+            for cur in list(self._readers):
+                try:
+                    cur.interrupt()
+                except duckdb.Error:
+                    pass
+        if self._con is not None:
+            try:
+                self._con.close()
+            except duckdb.Error:
+                pass
+        self._con, self._invalidated = None, True
+
+    def _reconnect(self) -> None:
+        """Open the file again after ``_drop_connection``; StoreError when it cannot (tried again
+        on the next use)."""
+        try:
+            con = duckdb.connect(str(self.path))
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open {self.path} again after DuckDB invalidated it: {e}") from e
+        self._con, self._invalidated = con, False
+        self._gpu_keys.load(con)
+        self._reload_devices()
+        log.warning("%s: opened again", self.path)
 
     def _writer(self) -> duckdb.DuckDBPyConnection:
         con = self._conn()
@@ -725,7 +823,7 @@ class Store:
         with self._devices_lock:
             try:
                 self._devices.load(self._writer())
-            except duckdb.Error:
+            except (duckdb.Error, StoreError):
                 self._devices.clear()  # every GPU's next sample writes its attributes again
 
     def _enqueue(
@@ -738,7 +836,10 @@ class Store:
         with self._lock:
             self._writer()
             rows = sum(data.num_rows for data in parts.values())
-            due = self._pending_rows + rows >= self._buffer_rows
+            # while the disk refuses writes, only flush() tries again (once per flush interval)
+            due = self._pending_rows + rows >= self._buffer_rows and not (
+                self._buffer_rows and self._write_failure
+            )
             if due and self._buffer_rows:
                 self._settle()  # double buffering: one flush in flight at most
                 self._raise_deferred()
@@ -749,6 +850,8 @@ class Store:
                     self._pending.setdefault(name, []).append(data)
                     self._pending_rows += data.num_rows
             self._pending_batches.update(keys)
+            if self._write_failure and self._buffer_rows:
+                self._bound()
             if not due:
                 return
             if self._buffer_rows:
@@ -770,7 +873,7 @@ class Store:
         if self._flight_con is None:
             self._flight_con = self._writer().cursor()  # a connection of its own: one per thread
         job = _Job(self._write_pending, self._flight_con, pending, rows, wide, background=True)
-        self._flight = _Flight(job, tuple(pending), rows)
+        self._flight = _Flight(job, tuple(pending), rows, pending, wide, self._inflight_batches)
 
     def _settle(self) -> None:
         """Wait for the background flush in flight, if any (caller holds the lock). A failure
@@ -780,8 +883,8 @@ class Store:
             return
         try:
             flight.job.result()
+            self._write_failure = None
         except BaseException as e:
-            self._reload_devices()  # devices rows of the discarded flush were not written
             detail = e.__cause__ if isinstance(e, StoreError) and e.__cause__ is not None else e
             if self._flight_con is not None:  # the next flush gets a fresh connection
                 try:
@@ -789,11 +892,14 @@ class Store:
                 except duckdb.Error:
                     pass
                 self._flight_con = None
+            held = self._held(e, flight.pending, flight.rows, flight.wide, flight.keys)
             err = FlushError(
                 f"background flush of {flight.rows} rows to {', '.join(flight.tables)} failed and "
-                f"was rolled back (nothing of it written): {detail}",
+                f"was rolled back (nothing of it written): {detail}"
+                + (f"; held for the next flush ({self._pending_rows} rows held)" if held else ""),
                 tables=flight.tables,
                 rows=flight.rows,
+                held_rows=flight.rows if held else 0,
             )
             err.__cause__ = e
             earlier = self._deferred
@@ -802,6 +908,7 @@ class Store:
                     f"{earlier}; then {err}",
                     tables=tuple(dict.fromkeys((*earlier.tables, *err.tables))),
                     rows=earlier.rows + err.rows,
+                    held_rows=earlier.held_rows + err.held_rows,
                 )
             self._deferred = err
         finally:
@@ -814,7 +921,13 @@ class Store:
         if err is None:
             return
         if also is not None:
-            raise FlushError(f"{err}; then: {also}", tables=err.tables, rows=err.rows) from also
+            more = also if isinstance(also, FlushError) else None
+            raise FlushError(
+                f"{err}; then: {also}",
+                tables=tuple(dict.fromkeys((*err.tables, *(more.tables if more else ())))),
+                rows=err.rows + (more.rows if more else 0),
+                held_rows=err.held_rows + (more.held_rows if more else 0),
+            ) from also
         raise err
 
     def _flush_reporting(self) -> None:
@@ -868,12 +981,60 @@ class Store:
         if not self._pending:
             return
         pending, rows, wide = self._take_pending()
-        self._pending_batches.clear()
+        keys, self._pending_batches = self._pending_batches, set()
         try:
             self._write_pending(self._writer(), pending, rows, wide)
-        except BaseException:
-            self._reload_devices()  # devices rows of the discarded batch were not written
+        except BaseException as e:
+            if self._held(e, pending, rows, wide, keys):
+                raise FlushError(
+                    f"writing {rows} rows to {', '.join(pending)} failed (nothing written): "
+                    f"{e.__cause__ or e}; held for the next flush ({self._pending_rows} rows held)",
+                    tables=tuple(pending),
+                    rows=rows,
+                    held_rows=rows,
+                ) from e
             raise
+        self._write_failure = None
+
+    def _held(
+        self,
+        error: BaseException,
+        pending: dict[str, list[pa.Table]],
+        rows: int,
+        wide: list[pa.Table],
+        keys: set[BatchKey],
+    ) -> bool:
+        """After a failed write (caller holds the lock): when the storage refused it (no space,
+        ...) and the store buffers, put its rows back in front of the buffer, to be written first
+        by the next flush, and keep the buffer within ``max_held_rows`` (held.py); True then. Else
+        the rows are discarded. Either way the devices registry is re-read (their devices rows
+        were not written), and a database DuckDB invalidated is opened again on next use."""
+        cause = write_failure_cause(error) if self._buffer_rows else None
+        if invalidated(error):
+            self._drop_connection()
+        self._reload_devices()
+        if cause is None:
+            return False
+        self._write_failure = cause
+        for name, parts in pending.items():
+            self._pending[name] = [*parts, *self._pending.get(name, [])]
+        self._pending_rows += rows
+        self._pending_wide = [*wide, *self._pending_wide]
+        self._pending_batches |= keys
+        self._bound()
+        return True
+
+    def _bound(self) -> None:
+        """Drop the oldest held sample rows past ``max_held_rows`` (caller holds the lock); the
+        drops wait in ``take_held_drops`` to be recorded as gaps."""
+        excess = self._pending_rows - self._max_held_rows
+        if excess <= 0:
+            return
+        drops = drop_oldest(self._pending, excess, self._write_failure or "store writes failing")
+        for drop in drops:
+            self._pending_rows -= drop.rows
+            log.error("%s: held buffer full, dropped %s", self.path, drop)
+        self._held_drops += drops
 
     def _write_pending(
         self,
@@ -912,7 +1073,7 @@ class Store:
                 con.rollback()
             except duckdb.Error:
                 pass  # a connection that broke keeps nothing of its transaction either
-            if isinstance(e, duckdb.Error):
+            if isinstance(e, duckdb.Error | OSError):
                 raise StoreError(
                     f"writing {rows} rows to {', '.join(pending)} failed (nothing written): {e}"
                 ) from e
@@ -921,11 +1082,15 @@ class Store:
 
 @dataclass(frozen=True, slots=True)
 class _Flight:
-    """A background flush: its job and what it writes (for the error that names them)."""
+    """A background flush: its job and what it writes (for the error that names them, and to be
+    held when the disk refuses it)."""
 
     job: _Job
     tables: tuple[str, ...]
     rows: int
+    pending: dict[str, list[pa.Table]]
+    wide: list[pa.Table]
+    keys: set[BatchKey]
 
 
 class _Job:
