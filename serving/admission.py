@@ -9,7 +9,10 @@ them per worker as the larger of
 - for a worker that takes new requests (mixed, prefill), its requests in flight beyond its
   `max_num_seqs` (known at once, so a burst counts before the next stats arrive).
 
-Beyond `max_waiting_requests` a new request is answered 429 with `Retry-After`; it is counted in
+The bound is `max_waiting_requests`, by default one batch per worker that takes new requests: the
+sum of `max_num_seqs` over the ready mixed and prefill workers (so a waiting request waits for about
+one request's run time, and the bound follows the layout as workers come and go). Beyond it a new
+request is answered 429 with `Retry-After`; it is counted in
 `/metrics` (`phaselens:requests_rejected_total{reason="queue_full"}`) and published as a `request`
 telemetry event with status `error` and finish reason `rejected`, so the store holds it as a failed
 request. A body over `max_body_bytes` is answered 413 and counted (`reason="body_too_large"`), like
@@ -28,7 +31,6 @@ if TYPE_CHECKING:
 
     from serving.pool import RequestState, WorkerHandle, WorkerPool
 
-DEFAULT_MAX_WAITING_REQUESTS = 128  # 2 x the default --max-num-seqs
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # a 128k-token prompt as JSON token ids is ~1 MB
 DEGRADED_FRACTION = 0.8  # /health is `degraded` while the waiting queue is at least this full
 RETRY_AFTER_S = 1
@@ -71,28 +73,39 @@ def waiting_requests(workers: Iterable[WorkerHandle]) -> int:
 class Admission:
     """The router's admission policy and its rejection counts."""
 
-    def __init__(self, max_waiting_requests: int, max_body_bytes: int) -> None:
-        self.max_waiting = max_waiting_requests
+    def __init__(self, max_waiting_requests: int | None, max_body_bytes: int) -> None:
+        self.max_waiting = max_waiting_requests  # None: one batch per entry worker
         self.max_body_bytes = max_body_bytes
         self.rejected: dict[str, int] = {"queue_full": 0, "body_too_large": 0}
 
+    def bound(self, pool: WorkerPool) -> int:
+        """The waiting-queue bound in effect (at least 1)."""
+        if self.max_waiting is not None:
+            return self.max_waiting
+        seqs = sum(
+            int(w.info.get("engine", {}).get("max_num_seqs") or 0)
+            for w in pool.workers.values()
+            if w.role in ENTRY_ROLES and w.state == "ready"
+        )
+        return max(1, seqs)
+
     def full(self, pool: WorkerPool) -> str | None:
         """Why a new request is turned away now (the queue is at its bound), else None."""
-        waiting = waiting_requests(pool.workers.values())
-        if waiting < self.max_waiting:
+        waiting, bound = waiting_requests(pool.workers.values()), self.bound(pool)
+        if waiting < bound:
             return None
         return (
-            f"the server is overloaded: {waiting} requests are waiting (the bound is {self.max_waiting}, "
+            f"the server is overloaded: {waiting} requests are waiting (the bound is {bound}, "
             f"--max-waiting-requests); retry after {RETRY_AFTER_S} s"
         )
 
     def health_reason(self, pool: WorkerPool) -> str | None:
         """A /health reason while the waiting queue is at least DEGRADED_FRACTION of its bound."""
-        waiting = waiting_requests(pool.workers.values())
-        if waiting < DEGRADED_FRACTION * self.max_waiting:
+        waiting, bound = waiting_requests(pool.workers.values()), self.bound(pool)
+        if waiting == 0 or waiting < DEGRADED_FRACTION * bound:
             return None
         return (
-            f"admission queue {waiting}/{self.max_waiting} waiting requests (>= "
+            f"admission queue {waiting}/{bound} waiting requests (>= "
             f"{DEGRADED_FRACTION:.0%} of --max-waiting-requests); requests beyond it get 429"
         )
 

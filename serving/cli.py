@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from serving.admission import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING_REQUESTS
+from serving.admission import DEFAULT_MAX_BODY_BYTES
 from serving.config import ConfigError, EngineConfig
 from serving.devices.errors import DeviceError
 from serving.loadgen import add_load_arguments, main_load
@@ -79,10 +79,10 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-waiting-requests",
         type=int,
-        default=DEFAULT_MAX_WAITING_REQUESTS,
+        default=None,
         help="bound of the requests waiting for a batch slot, all workers together; beyond it new "
-        f"requests get 429 with Retry-After, and /health is degraded from 80%% of it "
-        f"({DEFAULT_MAX_WAITING_REQUESTS})",
+        "requests get 429 with Retry-After, and /health is degraded from 80%% of it (default: one "
+        "batch per worker that takes new requests, the sum of their --max-num-seqs)",
     )
     p.add_argument(
         "--max-request-body-mb",

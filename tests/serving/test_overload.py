@@ -42,7 +42,7 @@ def agg() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def disagg() -> Iterator[Server]:
-    server = start_server("--mode", "disaggregated", *EMULATED)
+    server = start_server("--mode", "disaggregated", *EMULATED, "--max-num-seqs", "1")  # default bound: 1
     yield server
     stop_server(server)
 
@@ -174,6 +174,36 @@ def test_waiting_queue_is_bounded_429_with_retry_after(agg: Server) -> None:
     assert after["status"] == "ok", after
     ok = httpx.post(f"{url}/v1/completions", json={**_body("served again"), "max_tokens": 2}, timeout=120)
     assert ok.status_code == 200, ok.text
+
+
+def test_default_bound_is_one_batch_per_entry_worker_disaggregated(disagg: Server) -> None:
+    """1P1D with --max-num-seqs 1 and no --max-waiting-requests: the bound is 1. One request decodes,
+    a second waits for the decode worker (its KV handed off), a third gets 429."""
+    url = disagg.url
+    t0 = time.time()
+
+    async def scenario() -> tuple[httpx.Response, dict]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c, contextlib.AsyncExitStack() as streams:
+            for i in range(2):
+                body = _body(f"pair request {i}", stream=True)
+                r = await streams.enter_async_context(c.stream("POST", "/v1/completions", json=body))
+                assert r.status_code == 200
+            deadline = time.monotonic() + 60
+            while metric(url, "vllm:num_requests_waiting") < 1:  # the decode worker reports it waiting
+                assert time.monotonic() < deadline, "the second request never showed as waiting"
+                await asyncio.sleep(0.1)
+            rejected = await c.post("/v1/completions", json=_body("third"))
+            health = (await c.get("/health")).json()
+        return rejected, health
+
+    rejected, health = asyncio.run(scenario())
+    assert rejected.status_code == 429, rejected.text
+    assert "1 requests are waiting (the bound is 1," in rejected.json()["error"]["message"]
+    assert health["status"] == "degraded" and any("admission queue 1/1" in r for r in health["reasons"])
+    events = request_events_after(url, t0, n=3)
+    assert sorted(e["status"] for e in events) == ["aborted", "aborted", "error"]
+    wait_idle(disagg)
+    assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
 
 
 def test_request_body_over_the_limit_is_413(agg: Server) -> None:
