@@ -109,6 +109,15 @@ class Admission:
             f"{DEGRADED_FRACTION:.0%} of --max-waiting-requests); requests beyond it get 429"
         )
 
+    def summary(self, pool: WorkerPool) -> dict[str, Any]:
+        """The admission state for /health: waiting requests, the bound, rejections so far."""
+        return {
+            "waiting_requests": waiting_requests(pool.workers.values()),
+            "max_waiting_requests": self.bound(pool),
+            "max_body_bytes": self.max_body_bytes,
+            "rejected": dict(self.rejected),
+        }
+
     def reject(self, pool: WorkerPool, prompt_tokens: int, message: str) -> None:
         """Count a 429 and publish it as a failed `request` event (status error, reason rejected)."""
         self.rejected["queue_full"] += 1

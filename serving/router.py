@@ -146,6 +146,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
             body = {"status": "unavailable", "reasons": ["the server is starting"], "ready_workers": []}
         else:
             body = pool.health()
+            body["admission"] = admission.summary(pool)
             overload = admission.health_reason(pool)
             if overload is not None:
                 body["reasons"].append(overload)

@@ -163,6 +163,12 @@ def test_waiting_queue_is_bounded_429_with_retry_after(agg: Server) -> None:
     assert "overloaded: 4 requests are waiting (the bound is 4" in error["message"]
     assert health["status"] == "degraded", health
     assert any("admission queue 4/4 waiting requests" in r for r in health["reasons"]), health
+    assert health["admission"] == {
+        "waiting_requests": 4,
+        "max_waiting_requests": 4,
+        "max_body_bytes": 262_144,
+        "rejected": {"queue_full": 1, "body_too_large": health["admission"]["rejected"]["body_too_large"]},
+    }
     assert layout["workers"][0]["inflight"] == 6
     assert metric(url, "phaselens:requests_rejected_total", reason="queue_full") == 1
     events = request_events_after(url, t0, n=7)
