@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 
 import httpx
 
+from serving.admission import DEFAULT_MAX_BODY_BYTES
 from serving.config import ConfigError, EngineConfig
 from serving.devices.errors import DeviceError
 from serving.loadgen import add_load_arguments, main_load
@@ -74,6 +76,20 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cap of the restart back-off (30, or the first delay when that is longer)",
     )
+    p.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=None,
+        help="bound of the requests waiting for a batch slot, all workers together; beyond it new "
+        "requests get 429 with Retry-After, and /health is degraded from 80%% of it (default: one "
+        "batch per worker that takes new requests, the sum of their --max-num-seqs)",
+    )
+    p.add_argument(
+        "--max-request-body-mb",
+        type=float,
+        default=DEFAULT_MAX_BODY_BYTES / 2**20,
+        help=f"largest request body in MiB; larger gets 413 ({DEFAULT_MAX_BODY_BYTES / 2**20:g})",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
@@ -104,6 +120,10 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         max_restart_delay_s=(
             max(30.0, args.restart_delay_s) if args.max_restart_delay_s is None else args.max_restart_delay_s
         ),
+        max_waiting_requests=args.max_waiting_requests,
+        max_body_bytes=int(args.max_request_body_mb * 2**20)
+        if math.isfinite(args.max_request_body_mb)
+        else 0,
     )
 
 

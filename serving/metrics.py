@@ -93,6 +93,23 @@ class _PoolCollector(Collector):
         yield from emulation.values()
 
 
+class _RejectedCollector(Collector):
+    """Requests the router turned away before admitting them, by reason (serving.admission)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable:
+        family = CounterMetricFamily(
+            "phaselens:requests_rejected",
+            "Requests turned away before admission: queue_full (429), body_too_large (413).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self._counts.items()):
+            family.add_metric([reason], n)
+        yield family
+
+
 _EMULATION_LABELS = ["worker", "device", "models_shape"]
 # (metric, help, key in the device's emulation counters); counters get the _total suffix on exposition.
 _EMULATION_COUNTERS = (
@@ -142,7 +159,12 @@ def _add_emulation(families: dict, worker: str, counters: dict | None) -> None:
 class ServingMetrics:
     """Histograms and counters updated as requests stream and finish."""
 
-    def __init__(self, model_name: str, pool: Callable[[], WorkerPool | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        pool: Callable[[], WorkerPool | None],
+        rejected: dict[str, int] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
@@ -209,6 +231,7 @@ class ServingMetrics:
             buckets=_LATENCY_BUCKETS,
         )
         self.registry.register(_PoolCollector(pool, model_name))
+        self.registry.register(_RejectedCollector(rejected if rejected is not None else {}))
 
     def on_token(self, req: RequestState, ts_s: float) -> None:
         m = self.model_name
@@ -219,11 +242,11 @@ class ServingMetrics:
 
     def on_finish(self, req: RequestState) -> None:
         m = self.model_name
+        if req.finish_reason == "abort":  # aborted (client gone): its reason is in req.error
+            self.success.labels(m, "abort").inc()
+            return
         if req.error is not None:
             self.failed.labels(m).inc()
-            return
-        if req.finish_reason == "abort":
-            self.success.labels(m, "abort").inc()
             return
         self.success.labels(m, req.finish_reason or "stop").inc()
         self.prompt_tokens.labels(m).inc(len(req.prompt_ids))

@@ -571,6 +571,8 @@ class WorkerPool:
             )
 
     def abort(self, req: RequestState, reason: str = "aborted by client") -> None:
+        """End `req` now (status `aborted`): its workers drop it at their next iteration boundary,
+        freeing its KV blocks; `reason` is kept as the request event's `error`."""
         if req.done:
             return
         self._release(req, notify=True)
@@ -604,10 +606,10 @@ class WorkerPool:
     def _complete(self, req: RequestState, reason: str, error: str | None) -> None:
         req.finish_reason, req.error, req.finished_s = reason, error, time.time()
         self.requests.pop(req.request_id, None)
-        if error is not None:
+        if reason == "abort":
+            req.events.put_nowait(("error", f"aborted: {error}" if error else "aborted"))
+        elif error is not None:
             req.events.put_nowait(("error", error))
-        elif reason == "abort":
-            req.events.put_nowait(("error", "aborted"))
         else:
             req.events.put_nowait(("done", reason))
         m = req.meta
@@ -628,7 +630,7 @@ class WorkerPool:
             output_tokens=len(req.output_ids),
             prefill_worker=req.prefill_worker,
             decode_worker=req.decode_worker,
-            status="ok" if error is None and reason != "abort" else ("aborted" if error is None else "error"),
+            status="aborted" if reason == "abort" else ("ok" if error is None else "error"),
             finish_reason=reason,
             error=error,
             attempts=req.attempts,

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serving.admission import RETRY_AFTER_S, Admission, BodyTooLarge, abort_on_disconnect, read_body
 from serving.control import build_control_router, error_type
 from serving.devices.emulated import emulated_device_label
 from serving.metrics import ServingMetrics
@@ -74,7 +75,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
     token = settings.resolve_token()
     hub = TelemetryHub(spool_path=settings.telemetry_spool)
     state: dict[str, Any] = {"pool": None}
-    metrics = ServingMetrics(settings.model_name, lambda: state["pool"])
+    admission = Admission(settings.max_waiting_requests, settings.max_body_bytes)
+    metrics = ServingMetrics(settings.model_name, lambda: state["pool"], admission.rejected)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -144,6 +146,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
             body = {"status": "unavailable", "reasons": ["the server is starting"], "ready_workers": []}
         else:
             body = pool.health()
+            body["admission"] = admission.summary(pool)
+            overload = admission.health_reason(pool)
+            if overload is not None:
+                body["reasons"].append(overload)
+                if body["status"] == "ok":
+                    body["status"] = "degraded"
         return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/v1/models")
@@ -236,10 +244,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     async def _parse(request: Request, chat: bool) -> ParsedRequest | JSONResponse:
         try:
-            body = loads_body(await request.body())
+            body = loads_body(await read_body(request, admission.max_body_bytes))
             return parse_request(body, chat=chat, served_model=settings.model_name)
         except BadRequest as e:
             return JSONResponse(e.body(), status_code=400)
+        except BodyTooLarge as e:
+            admission.rejected["body_too_large"] += 1
+            return _error(413, f"{e}; send a smaller request (--max-request-body-mb)")
 
     async def _serve(request: Request, chat: bool) -> Response:
         parsed = await _parse(request, chat)
@@ -264,19 +275,27 @@ def create_app(settings: ServeSettings) -> FastAPI:
         try:
             if pool is None:
                 raise NoWorkerError("the server is starting")
+            full = admission.full(pool)
+            if full is not None:
+                admission.reject(pool, len(prompt_ids), full)
+                response = _error(429, full, kind="rate_limit_exceeded")
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
             req = pool.submit(prompt_ids, parsed.params, check_stop=out.add)
         except NoWorkerError as e:
             return _error(503, str(e), kind="service_unavailable")
-        if parsed.stream:
+        if parsed.stream:  # StreamingResponse cancels the stream when the client leaves
             return StreamingResponse(_stream(pool, req, parsed, out), media_type="text/event-stream")
-        return await _collect(pool, req, parsed, out)
+        return await _collect(request, pool, req, parsed, out)
 
     async def _collect(
+        request: Request,
         pool: WorkerPool,
         req: RequestState,
         parsed: ParsedRequest,
         out: OutputText,
     ) -> Response:
+        watch = asyncio.create_task(abort_on_disconnect(request, pool, req))
         try:
             while True:
                 kind, *rest = await req.events.get()
@@ -298,6 +317,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
         except asyncio.CancelledError:
             pool.abort(req)
             raise
+        finally:
+            watch.cancel()
 
     async def _stream(
         pool: WorkerPool,

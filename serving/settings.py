@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.admission import DEFAULT_MAX_BODY_BYTES
 from serving.config import ConfigError, EngineConfig, ModelConfig, model_config_for
 from serving.devices import check_devices_available, parse_device_spec
 from serving.worker import WorkerSpec
@@ -35,6 +36,8 @@ class ServeSettings:
     emulate_shape: str | None = None  # with emulated:<gpu> devices: the model shape to pace for
     restart_delay_s: float = 0.5  # first back-off before a dead worker is restarted (doubles)
     max_restart_delay_s: float = 30.0
+    max_waiting_requests: int | None = None  # beyond it new requests get 429; None: one batch per worker
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body gets 413
 
     def model_config(self) -> ModelConfig:
         return model_config_for(self.model)
@@ -81,6 +84,10 @@ class ServeSettings:
                 f"max restart delay must be >= the restart delay ({self.restart_delay_s} s), "
                 f"got {self.max_restart_delay_s}"
             )
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            raise ConfigError(f"max waiting requests must be >= 1, got {self.max_waiting_requests}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max request body must be at least 1 KiB, got {self.max_body_bytes} bytes")
         self.model_config()
         devices = self.worker_devices()
         if self.emulate_shape is not None:
