@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -65,7 +64,12 @@ WRITE_TIMEOUT_S = 120.0
 
 
 class ReportError(ValueError):
-    """A report cannot be made or found as asked (bad schedule, unknown id, ...)."""
+    """A report cannot be made or found as asked (bad schedule, unknown id, ...); ``param``, when
+    known, is the request parameter it was about."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -177,8 +181,8 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
     """Run the analytics summary of ``params`` (``analytics.cli.run_summary``'s: dataset, since,
     start_s, end_s, ...) on ``con`` and render it. A summary that fails is a report too, saying
     why (a scheduled run must leave a trace); bad parameters raise ReportError."""
-    from analytics.cli import run_summary
-    from analytics.window import AnalyticsError, parse_span_s, resolve_window, scenarios
+    from analytics.cli import run_summary, window_of
+    from analytics.window import AnalyticsError, scenarios
 
     params = {k: v for k, v in params.items() if v is not None}
     if params.get("dataset") == "latest":
@@ -186,19 +190,10 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
         if not found:
             raise ReportError("dataset latest: no simulated scenario is stored")
         params["dataset"] = found[0]["scenario_id"]
-    try:  # the window first: a report names its window even when the analysis fails
-        since = params.get("since")
-        nodes = params.get("node")
-        window = resolve_window(
-            con,
-            dataset=str(params.get("dataset") or "live"),
-            since_s=parse_span_s(str(since)) if since is not None else None,
-            start_s=_num(params.get("start_s")),
-            end_s=_num(params.get("end_s")),
-            nodes=[nodes] if isinstance(nodes, str) else nodes,
-        )
-    except (AnalyticsError, ValueError) as e:
-        raise ReportError(str(e)) from e
+    try:  # the window first (checked as every analytics read checks it): a report names its window
+        window = window_of(con, params)  # even when the analysis fails
+    except AnalyticsError as e:
+        raise ReportError(str(e), e.param) from e
     start_s, end_s = window.start_s, window.end_s
     fixed = {k: v for k, v in params.items() if k != "since"} | {"start_s": start_s, "end_s": end_s}
     summary: dict[str, Any] | None = None
@@ -206,7 +201,7 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
     try:
         summary = run_summary(con, fixed)
     except AnalyticsError as e:
-        raise ReportError(str(e)) from e
+        raise ReportError(str(e), e.param) from e
     except Exception as e:  # the analysis failed on this data: recorded in the report
         log.exception("report %s: the analytics summary failed", kind)
         error = f"the analytics summary failed: {type(e).__name__}: {e}"
@@ -244,17 +239,6 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
         log.exception("report: the activity histogram failed")
         missing["histogram"] = f"{type(e).__name__}: {e}"
     return out
-
-
-def _num(*values: Any) -> float | None:
-    for v in values:
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(f):
-            return f
-    return None
 
 
 def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: float | None) -> str:
@@ -508,7 +492,7 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
         try:
             made = await asyncio.to_thread(collector.reports.run, body, kind=MANUAL, title=title)
         except ReportError as e:
-            return error(400, str(e))
+            return error(400, str(e), e.param)
         except Exception as e:  # the writer refused (stopping) or the store failed
             log.exception("report failed")
             return error(503, f"the report could not be stored: {type(e).__name__}: {e}")
