@@ -96,11 +96,14 @@ def utc(ts_s: float, *, same_day_as: float | None = None) -> str:
         return str(ts_s)
     try:
         t = time.gmtime(ts_s)
+    except (OverflowError, OSError, ValueError):
+        return f"{ts_s:g} s"
+    try:
         same = (
             same_day_as is not None and math.isfinite(same_day_as) and time.gmtime(same_day_as)[:3] == t[:3]
         )
     except (OverflowError, OSError, ValueError):
-        return f"{ts_s:g} s"
+        same = False
     if same:
         return time.strftime("%H:%M:%S UTC", t)
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", t)

@@ -251,3 +251,12 @@ def test_an_unexpected_failure_is_a_json_500_naming_it(tmp_path):
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+def test_a_time_beyond_the_calendar_is_shown_as_given_never_raised():
+    from analytics.window import utc
+
+    # time.gmtime raises OverflowError / OSError here: a message naming such a time must not fail
+    assert utc(9e18) == "9e+18 s" and utc(-9e18) == "-9e+18 s"
+    assert utc(9e18, same_day_as=1.0) == "9e+18 s" and utc(1.0, same_day_as=9e18) == "1970-01-01 00:00:01 UTC"
+    assert utc(253_402_300_799.0) == "9999-12-31 23:59:59 UTC"
