@@ -116,32 +116,45 @@ def summary_params(
 
 def window_of(con: Any, params: dict[str, Any]) -> Any:
     """The :class:`~analytics.window.Window` that ``params`` (``dataset``, ``since``, ``start_s``,
-    ``end_s``, ``node``) name on ``con``; AnalyticsError names a bad parameter."""
-    from analytics.window import resolve_window, scenarios
+    ``end_s``, ``node``) name on ``con``; AnalyticsError names a bad parameter.
+
+    The one check of a window's time parameters, for every analytics endpoint (summary, overview,
+    histogram, reports) and the CLI: ``since`` a span in (0, 36500d], ``start_s`` / ``end_s`` finite
+    UTC epoch seconds from 2000 to 9999, not both ``since`` and ``start_s``, and a window that starts
+    from 2000 on and ends after it starts."""
+    from analytics.window import check_window_start, epoch_s, resolve_window, scenarios
 
     dataset = str(params.get("dataset") or LIVE)
+    since = params.get("since")
+    since_s = parse_span_s(str(since), "since") if since is not None else None
+    start_s = epoch_s("start_s", params.get("start_s"))  # the API's; the CLI checks its flags first
+    end_s = epoch_s("end_s", params.get("end_s"))
+    if since_s is not None and start_s is not None:
+        raise AnalyticsError(
+            "give since (the SPAN before end_s, or before now) or start_s, not both", "since"
+        )
     if dataset == "latest":
         found = scenarios(con)
         if not found:
-            raise AnalyticsError("--dataset latest: no simulated scenario is stored")
+            raise AnalyticsError("--dataset latest: no simulated scenario is stored", "dataset")
         dataset = found[0]["scenario_id"]
-    since = params.get("since")
-    try:
-        since_s = parse_span_s(str(since)) if since is not None and params.get("start_s") is None else None
-    except AnalyticsError as e:
-        raise AnalyticsError(str(e), param="since") from None
     nodes = params.get("node")
-    start_s, end_s = _float(params, "start_s"), _float(params, "end_s")
-    check_epoch_s("start_s", start_s, since="since=SPAN")  # the API's; the CLI checks its flags first
-    check_epoch_s("end_s", end_s, since="since=SPAN")
-    return resolve_window(
-        con,
-        dataset=dataset,
-        since_s=since_s,
-        start_s=start_s,
-        end_s=end_s,
-        nodes=[nodes] if isinstance(nodes, str) else nodes,
-    )
+    try:
+        window = resolve_window(
+            con,
+            dataset=dataset,
+            since_s=since_s,
+            start_s=start_s,
+            end_s=end_s,
+            nodes=[nodes] if isinstance(nodes, str) else nodes,
+        )
+    except AnalyticsError as e:
+        if e.param is None:  # the window's own check: its end is not after its start
+            raise AnalyticsError(str(e), "end_s" if end_s is not None else "start_s") from None
+        raise
+    if start_s is None:
+        check_window_start(window, param="since" if since_s is not None else "end_s")
+    return window
 
 
 #: price query parameters of the summary: name -> (lowest, highest, unit)
@@ -165,7 +178,7 @@ def price_overrides(params: dict[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError):
             value = math.nan
         if not (math.isfinite(value) and lo <= value <= hi):
-            raise AnalyticsError(f"{name} must be a number in [{lo:g}, {hi:g}] ({unit}), got {raw!r}")
+            raise AnalyticsError(f"{name} must be a number in [{lo:g}, {hi:g}] ({unit}), got {raw!r}", name)
         out[name] = value
     return out
 
@@ -224,8 +237,8 @@ def run_summary(
         ttft = _float(params, "slo_ttft_ms")
         tpot = _float(params, "slo_tpot_ms")
         for name, value in (("slo_ttft_ms", ttft), ("slo_tpot_ms", tpot)):
-            if value is not None and not value > 0:
-                raise AnalyticsError(f"{name} must be > 0, got {value:g}")
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise AnalyticsError(f"{name} must be > 0 (finite, in ms), got {value:g}", name)
         slo = SloSpec(
             ttft_s=ttft / 1000 if ttft is not None else default.ttft_s,
             tpot_s=tpot / 1000 if tpot is not None else default.tpot_s,
@@ -236,9 +249,13 @@ def run_summary(
         try:
             fleet = int(fleet)
         except (TypeError, ValueError):
-            raise AnalyticsError(f"fleet_gpus must be a whole number of GPUs, got {fleet!r}") from None
+            raise AnalyticsError(
+                f"fleet_gpus must be a whole number of GPUs >= 1, got {fleet!r}", "fleet_gpus"
+            ) from None
         if fleet < 1:
-            raise AnalyticsError(f"fleet_gpus must be >= 1, got {fleet}")
+            raise AnalyticsError(
+                f"fleet_gpus must be >= 1 (a whole number of GPUs), got {fleet}", "fleet_gpus"
+            )
     return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip).to_dict()
 
 
@@ -288,7 +305,7 @@ def _float(params: dict[str, Any], key: str) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise AnalyticsError(f"{key} must be a number, got {value!r}") from None
+        raise AnalyticsError(f"{key} must be a number, got {value!r}", key) from None
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

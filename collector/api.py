@@ -4,8 +4,14 @@ simulated scenarios, and the import of Parquet exports.
 The dashboard, reports and CLI read the store only through here (DuckDB admits no second process
 beside the writer). ``POST /api/v1/import`` is a control endpoint (bearer token, ``phaselens collect
 --control-token`` or ``PHASELENS_CONTROL_TOKEN``): the writer thread merges the export, so a
-simulator (or another node) adds rows while the collector holds the file. Errors are JSON:
-``{"error": {"message", "type", "param", "code"}}``.
+simulator (or another node) adds rows while the collector holds the file.
+
+Every error is JSON, ``{"error": {"message", "type", "param", "code"}}``: a bad parameter a 400
+naming it and what is allowed, an unknown route a 404 and a wrong method a 405 in the same shape,
+and any unexpected failure a 500 naming the error (logged), never a plain-text page. Time
+parameters are checked in one place (``analytics.window.epoch_s`` / ``parse_span_s``, through
+``analytics.cli.window_of`` for the analytics reads): finite, UTC epoch seconds up to 9999, spans
+in (0, 36500d].
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import pandas as pd
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from collector.metrics_export import MetricsExporter, add_metrics_route
 from collector.overview import OVERVIEW_PARAMS, OverviewService
@@ -41,7 +48,12 @@ _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
 _PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
 _SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 _HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -62,6 +74,29 @@ def _error(
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"message": message, "type": kind, "param": param, "code": status}
     return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _param_of(e: Exception, allowed: set[str]) -> str | None:
+    """The request parameter an analytics error is about: its ``param``, else the one its message
+    starts with."""
+    return getattr(e, "param", None) or next((p for p in sorted(allowed) if str(e).startswith(p)), None)
+
+
+def _route_paths(app: FastAPI) -> list[str]:
+    """The app's route paths, sorted (a 404 lists them)."""
+    return sorted({getattr(r, "path", "") for r in app.routes} - {""})
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> str:
+    """The methods of every route at the request's path (Starlette's 405 names one route's)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods - {"HEAD"})) or "none"
 
 
 def _control_denied(request: Request, token: str | None) -> JSONResponse | None:
@@ -162,6 +197,28 @@ def create_collector_app(collector: Collector) -> FastAPI:
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own errors (an unknown route, a wrong method) in the API's error shape."""
+        path, method = request.url.path, request.method
+        if exc.status_code == 404:
+            message = f"no route {method} {path}; routes: {', '.join(_route_paths(app))} (GET /openapi.json)"
+        elif exc.status_code == 405:
+            allowed = _allowed_methods(app, request)
+            message = f"method {method} is not allowed on {path}; allowed: {allowed}"
+            return _error(405, message, headers={"Allow": allowed})
+        else:
+            message = str(exc.detail)
+        return _error(exc.status_code, message, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Anything a route did not handle: a JSON 500 naming the error (and logged)."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(
+            500, f"{request.method} {request.url.path} failed on the collector: {type(exc).__name__}: {exc}"
+        )
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return collector.health()
@@ -173,28 +230,41 @@ def create_collector_app(collector: Collector) -> FastAPI:
     # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store
     # (an import holds its lock while it runs) does not stall the event loop, /health or the others.
     @app.get("/api/v1/latest")
-    def latest(since_s: float | None = None) -> Any:
+    def latest(since_s: str | None = None) -> Any:
+        """The newest sample of every GPU, from ``since_s`` (UTC epoch seconds) on when given."""
+        from analytics.window import AnalyticsError, epoch_s
+
         try:
-            return {"rows": _records(collector.store.latest_per_device(since_s=since_s))}
+            since = epoch_s("since_s", since_s, earliest_s=0.0)
+            return {"rows": _records(collector.store.latest_per_device(since_s=since))}
+        except AnalyticsError as e:
+            return _error(400, str(e), e.param)
         except StoreError as e:
             return _error(400, str(e))
 
     @app.get("/api/v1/tables/{table}")
     def table_range(
         table: str,
-        start: float | None = None,
-        end: float | None = None,
+        start: str | None = None,
+        end: str | None = None,
         device: str | None = None,
         node: str | None = None,
         limit: int = 10_000,
     ) -> Any:
-        """Rows of `table` with time in [start, end) (UTC epoch seconds), oldest first."""
+        """Rows of `table` with time in [start, end) (UTC epoch seconds from 0 to 9999), oldest first."""
+        from analytics.window import AnalyticsError, epoch_s
+
         if table not in TABLES:
-            return _error(404, f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}")
+            return _error(404, f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}", "table")
         if not 1 <= limit <= MAX_ROWS:
-            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}")
+            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
         try:
-            df = collector.store.range(table, start, end, device=device, node=node, limit=limit)
+            start_s = epoch_s("start", start, earliest_s=0.0)
+            end_s = epoch_s("end", end, earliest_s=0.0)
+        except AnalyticsError as e:
+            return _error(400, str(e), e.param)
+        try:
+            df = collector.store.range(table, start_s, end_s, device=device, node=node, limit=limit)
         except StoreError as e:
             return _error(400, str(e))
         return {"table": table, "rows": _records(df), "truncated": len(df) == limit}
@@ -237,10 +307,7 @@ def create_collector_app(collector: Collector) -> FastAPI:
             with collector.store.reader() as cur:
                 return run(cur, params)
         except (AnalyticsError, ValueError) as e:
-            param = getattr(e, "param", None) or next(
-                (p for p in sorted(allowed) if str(e).startswith(p)), None
-            )
-            return _error(400, str(e), param)
+            return _error(400, str(e), _param_of(e, allowed))
         except StoreError as e:
             return _error(500, f"the analysis failed on the store: {e}")
 
@@ -276,7 +343,7 @@ def create_collector_app(collector: Collector) -> FastAPI:
         try:
             got = overviews.get(params)
         except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e))
+            return _error(400, str(e), _param_of(e, set(OVERVIEW_PARAMS)))
         except StoreError as e:
             return _error(500, f"the analysis failed on the store: {e}")
         return got.overview | {"computed_at_s": got.computed_at_s, "compute_s": got.compute_s}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -11,6 +12,13 @@ from typing import TYPE_CHECKING
 from analytics.cli import add_analyze_command
 from analytics.goodput import add_goodput_command
 from collector.demo import add_demo_command
+from collector.report_limits import (
+    DEFAULT_MAX_REPORT_MIB,
+    DEFAULT_MAX_REPORTS,
+    DEFAULT_REPORT_BURST,
+    DEFAULT_REPORTS_PER_MIN,
+    ReportLimits,
+)
 from collector.reports import add_report_command
 from collector.simulate import add_simulate_command
 from serving import cli as serving_cli
@@ -83,8 +91,8 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "--control-token",
         default=None,
         metavar="TOKEN",
-        help="bearer token of the control endpoints (POST /api/v1/import; default: $PHASELENS_CONTROL_TOKEN; "
-        "without one they answer 403)",
+        help="bearer token of the control endpoints (POST /api/v1/import, and POST /api/v1/reports when set; "
+        "default: $PHASELENS_CONTROL_TOKEN; without one the import answers 403 and reports are open, rate-limited)",
     )
     p.add_argument(
         "--metrics-window-s",
@@ -106,6 +114,38 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         help="a scheduled efficiency report, cron syntax in UTC (repeatable; default: 'hourly=0 * * * *' "
         "and 'daily=0 6 * * *'; 'off': none). Misfire policy: docs in collector/reports.py",
     )
+    p.add_argument(
+        "--report-max-count",
+        type=int,
+        default=DEFAULT_MAX_REPORTS,
+        help=f"keep at most this many reports, the oldest pruned first (default {DEFAULT_MAX_REPORTS})",
+    )
+    p.add_argument(
+        "--report-max-mib",
+        type=float,
+        default=DEFAULT_MAX_REPORT_MIB,
+        help=f"keep at most this many MiB of reports, the oldest pruned first (default {DEFAULT_MAX_REPORT_MIB:g})",
+    )
+    p.add_argument(
+        "--report-burst",
+        type=int,
+        default=DEFAULT_REPORT_BURST,
+        help=f"POST /api/v1/reports: this many at once (default {DEFAULT_REPORT_BURST}), then --report-rate-per-min",
+    )
+    p.add_argument(
+        "--report-rate-per-min",
+        type=float,
+        default=DEFAULT_REPORTS_PER_MIN,
+        help=f"POST /api/v1/reports: this many a minute after a burst (default {DEFAULT_REPORTS_PER_MIN:g}; "
+        "beyond: 429 with Retry-After)",
+    )
+
+
+def _report_max_bytes(mib: float) -> int:
+    """``--report-max-mib`` in bytes; ValueError naming the flag and its range."""
+    if not (math.isfinite(mib) and 0.01 <= mib <= 2**20):
+        raise ValueError(f"--report-max-mib must be in [0.01, 1048576] MiB, got {mib:g}")
+    return round(mib * 2**20)
 
 
 def collect_settings(args: argparse.Namespace) -> CollectorSettings:
@@ -146,6 +186,12 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         metrics_window_s=args.metrics_window_s,
         metrics_interval_s=args.metrics_interval_s,
         report_schedules=() if [x.strip().lower() for x in schedules] == ["off"] else schedules,
+        report_limits=ReportLimits(
+            max_count=args.report_max_count,
+            max_bytes=_report_max_bytes(args.report_max_mib),
+            burst=args.report_burst,
+            per_min=args.report_rate_per_min,
+        ),
     )
     if args.node:
         settings.node = args.node

@@ -444,7 +444,9 @@ def add_metrics_route(app: Any, exporter: MetricsExporter) -> None:
     """``GET /metrics`` on ``app``."""
     from fastapi.responses import Response
 
-    @app.get("/metrics")
-    def metrics() -> Response:
+    # the class itself, not the postponed annotation: a string 'Response' (imported here only) is
+    # a type FastAPI cannot resolve, and /openapi.json failed on it
+    @app.get("/metrics", response_class=Response, response_model=None)
+    def metrics() -> Any:
         """The derived figures and the collector's health, Prometheus text format 0.0.4."""
         return Response(exporter.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)

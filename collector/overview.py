@@ -107,12 +107,17 @@ def previous_summary(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The summary (without :data:`SKIP_PARTS`) of the period of ``current``'s length just before
     it, with ``params``' other parameters; ``(None, why)`` when that period would start before the
-    scenario ``current`` belongs to."""
+    scenario ``current`` belongs to, or before 2000 (the earliest time a window may hold)."""
     from analytics.cli import run_summary
-    from analytics.window import LIVE
+    from analytics.window import EARLIEST_S, LIVE, utc
 
     w = current["window"]
     start_s, duration_s = float(w["start_s"]), float(w["duration_s"])
+    if start_s - duration_s < EARLIEST_S:  # the window is valid, so the overview answers it too
+        return None, (
+            f"no data: the previous period would start before {utc(EARLIEST_S)}, the earliest a window "
+            "may start (pick a shorter range)"
+        )
     span = _scenario_span(con, w["dataset"]) if w["dataset"] != LIVE else None
     if span is not None and start_s - duration_s < span[0] - PREVIOUS_SLACK_S:
         return None, (

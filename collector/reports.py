@@ -21,6 +21,13 @@ histogram of the same window), schedules, stores, lists and serves it.
 The stored body is the page without Plotly's 3.6 MB of JavaScript (a marker in its place), so an
 hourly report costs kilobytes in the store; :func:`standalone_html` puts the script back when the
 page is served or downloaded (``GET /api/v1/reports/{id}``).
+
+Storage is bounded (``collector/report_limits.py``): at most ``--report-max-count`` reports of
+``--report-max-mib`` together, the oldest pruned first after each report is stored (counted in
+/health ``reports.pruned``); ``POST /api/v1/reports`` is rate-limited (a token bucket, 429).
+
+Over 600 lines: the schedules, storage, routes and the ``phaselens report`` command share the
+:class:`Report` and its parameters; the page is ``report_html.py``, the bounds ``report_limits.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 from collector.report_html import PLOTLY_MARKER, render_html, standalone_html
 from collector.report_html import utc_text as _utc
+from collector.report_limits import Pruned, ReportBudget, ReportLimits, prune_reports, size_text, stored_size
 
 __all__ = [  # the page itself is collector/report_html.py; these names are imported from here
     "PLOTLY_MARKER",
@@ -65,7 +73,16 @@ WRITE_TIMEOUT_S = 120.0
 
 
 class ReportError(ValueError):
-    """A report cannot be made or found as asked (bad schedule, unknown id, ...)."""
+    """A report cannot be made or found as asked (bad schedule, unknown id, ...); ``param``, when
+    known, is the request parameter it was about."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ReportTooLarge(ReportError):
+    """A report larger than the whole storage bound (``--report-max-mib``): not stored."""
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -177,8 +194,8 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
     """Run the analytics summary of ``params`` (``analytics.cli.run_summary``'s: dataset, since,
     start_s, end_s, ...) on ``con`` and render it. A summary that fails is a report too, saying
     why (a scheduled run must leave a trace); bad parameters raise ReportError."""
-    from analytics.cli import run_summary
-    from analytics.window import AnalyticsError, parse_span_s, resolve_window, scenarios
+    from analytics.cli import run_summary, window_of
+    from analytics.window import AnalyticsError, scenarios
 
     params = {k: v for k, v in params.items() if v is not None}
     if params.get("dataset") == "latest":
@@ -186,19 +203,10 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
         if not found:
             raise ReportError("dataset latest: no simulated scenario is stored")
         params["dataset"] = found[0]["scenario_id"]
-    try:  # the window first: a report names its window even when the analysis fails
-        since = params.get("since")
-        nodes = params.get("node")
-        window = resolve_window(
-            con,
-            dataset=str(params.get("dataset") or "live"),
-            since_s=parse_span_s(str(since)) if since is not None else None,
-            start_s=_num(params.get("start_s")),
-            end_s=_num(params.get("end_s")),
-            nodes=[nodes] if isinstance(nodes, str) else nodes,
-        )
-    except (AnalyticsError, ValueError) as e:
-        raise ReportError(str(e)) from e
+    try:  # the window first (checked as every analytics read checks it): a report names its window
+        window = window_of(con, params)  # even when the analysis fails
+    except AnalyticsError as e:
+        raise ReportError(str(e), e.param) from e
     start_s, end_s = window.start_s, window.end_s
     fixed = {k: v for k, v in params.items() if k != "since"} | {"start_s": start_s, "end_s": end_s}
     summary: dict[str, Any] | None = None
@@ -206,7 +214,7 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
     try:
         summary = run_summary(con, fixed)
     except AnalyticsError as e:
-        raise ReportError(str(e)) from e
+        raise ReportError(str(e), e.param) from e
     except Exception as e:  # the analysis failed on this data: recorded in the report
         log.exception("report %s: the analytics summary failed", kind)
         error = f"the analytics summary failed: {type(e).__name__}: {e}"
@@ -246,17 +254,6 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
     return out
 
 
-def _num(*values: Any) -> float | None:
-    for v in values:
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(f):
-            return f
-    return None
-
-
 def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: float | None) -> str:
     dataset = params.get("dataset") or "live"
     what = "Efficiency report" if kind == MANUAL else f"{kind.capitalize()} efficiency report"
@@ -268,12 +265,25 @@ def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: floa
     return f"{what}{scope} · {first} – {last} UTC"
 
 
-def save_report(store: Any, report: Report, node: str) -> str:
+def save_report(store: Any, report: Report, node: str, limits: ReportLimits | None = None) -> Pruned | None:
     """Append the report's row and commit it (on the store's writer: the collector's writer
-    thread, or a process holding the file). Returns its id."""
-    store.append("reports", [report.row(node)])
+    thread, or a process holding the file), then prune the oldest reports beyond ``limits``
+    (what was pruned; None without limits). ReportTooLarge, storing nothing, when the report
+    alone is larger than ``limits.max_bytes``."""
+    row = report.row(node)
+    if limits is not None:
+        size = len(row["body"].encode()) + len(json.dumps(row["details"]).encode())
+        if size > limits.max_bytes:
+            raise ReportTooLarge(
+                f"the report takes {size_text(size)}, more than all reports may ({size_text(limits.max_bytes)}, "
+                f"--report-max-mib {limits.max_bytes / 2**20:.4g}): not stored"
+            )
+    store.append("reports", [row])
     store.flush()
-    return report.report_id
+    if limits is None:
+        return None
+    with store.transaction() as con:
+        return prune_reports(con, limits)
 
 
 # -- reading -----------------------------------------------------------------------------------------
@@ -335,6 +345,7 @@ class ReportScheduler:
         store: Any,
         node: str,
         write: Callable[[Callable[[], Any]], Any],
+        limits: ReportLimits | None = None,
     ) -> None:
         self.schedules = schedules
         self.store = store
@@ -343,9 +354,18 @@ class ReportScheduler:
         self._scheduler: Any = None
         self.runs = 0
         self.last_error: str | None = None
+        self.limits = limits or ReportLimits()
+        with store.reader() as cur:
+            self.budget = ReportBudget(self.limits, stored_size(cur))
 
     def start(self) -> None:
-        """Schedule every report, then catch up a run missed while the service was down."""
+        """Prune to the bounds (they may have been lowered since the last run), schedule every
+        report, then catch up a run missed while the service was down."""
+        try:
+            self.budget.count(self._write(self._prune).result(timeout=WRITE_TIMEOUT_S))
+        except Exception as e:  # logged and in /health; the reports are pruned after the next one
+            self.last_error = f"pruning: {type(e).__name__}: {e}"
+            log.exception("pruning the stored reports failed")
         if not self.schedules:
             return
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -420,20 +440,31 @@ class ReportScheduler:
             log.exception("%s report failed", schedule.name)
 
     def health(self) -> dict[str, Any]:
-        """What /health says of the reports: schedules and their next run, runs, last error."""
+        """What /health says of the reports: schedules and their next run, runs, last error, what
+        is stored against the bounds, what was pruned, and the manual reports' rate limit."""
         return {
             "schedules": {s.name: s.cron for s in self.schedules},
             "next_run_s": self.next_runs(),
             "runs": self.runs,
             "last_error": self.last_error,
-        }
+        } | self.budget.health()
+
+    def _prune(self) -> Pruned:
+        with self.store.transaction() as con:
+            return prune_reports(con, self.limits)
 
     def run(self, params: dict[str, Any], *, kind: str = MANUAL, title: str | None = None) -> Report:
-        """Make one report of ``params`` now and store it; ReportError for bad parameters."""
+        """Make one report of ``params`` now and store it, pruning the oldest beyond the bounds;
+        ReportError for bad parameters, ReportTooLarge for a report larger than the byte bound."""
         with self.store.reader() as cur:
             report = build_report(cur, params, kind=kind, title=title)
-        fut = self._write(lambda: save_report(self.store, report, self.node))
-        fut.result(timeout=WRITE_TIMEOUT_S)
+        fut = self._write(lambda: save_report(self.store, report, self.node, self.limits))
+        try:
+            pruned = fut.result(timeout=WRITE_TIMEOUT_S)
+        except ReportTooLarge:
+            self.budget.count_too_large()
+            raise
+        self.budget.count(pruned)
         self.runs += 1
         return report
 
@@ -467,7 +498,9 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
     def reports(limit: int = 100, kind: str | None = None) -> Any:
         if not 1 <= limit <= 10_000:
             return error(400, f"limit must be in [1, 10000], got {limit}", "limit")
-        return {"reports": list_reports(collector.store, limit=limit, kind=kind)}
+        listed = list_reports(collector.store, limit=limit, kind=kind)
+        health = collector.reports.budget.health()  # what is kept against the bounds, what was pruned
+        return {"reports": listed} | {k: health[k] for k in ("stored", "max", "pruned")}
 
     @app.get("/api/v1/reports/{report_id}")
     def report(report_id: str, format: str = "html") -> Any:
@@ -505,10 +538,17 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
                 400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(sorted(_POST_FIELDS))}"
             )
         title = body.pop("title", None)
+        budget = collector.reports.budget
+        wait_s = budget.admit_manual()
+        if wait_s:
+            return error(429, budget.refusal(wait_s), headers={"Retry-After": str(math.ceil(wait_s))})
         try:
             made = await asyncio.to_thread(collector.reports.run, body, kind=MANUAL, title=title)
+        except ReportTooLarge as e:
+            return error(507, str(e))
         except ReportError as e:
-            return error(400, str(e))
+            budget.manual.give_back()  # bad parameters made nothing
+            return error(400, str(e), e.param)
         except Exception as e:  # the writer refused (stopping) or the store failed
             log.exception("report failed")
             return error(503, f"the report could not be stored: {type(e).__name__}: {e}")
@@ -627,7 +667,16 @@ def _report_on_file(db: str, params: dict[str, Any]) -> Report:
     try:
         with store.reader() as cur:
             report = build_report(cur, params)
-        save_report(store, report, node=_hostname())
+        pruned = save_report(store, report, node=_hostname(), limits=ReportLimits())
+        if pruned is not None and pruned.count:
+            import sys
+
+            print(
+                f"phaselens report: note: pruned the {pruned.count} oldest reports ({size_text(pruned.bytes)}) "
+                f"to keep {pruned.kept_count} (at most {ReportLimits().max_count}, "
+                f"{size_text(ReportLimits().max_bytes)})",
+                file=sys.stderr,
+            )
         return report
     finally:
         store.close()

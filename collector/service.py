@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from collector.report_limits import ReportLimits
 from collector.reports import DEFAULT_SCHEDULES, ReportScheduler, parse_schedules
 from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S, Backoff
 from collector.sources.base import Source, SourceResult
@@ -96,6 +97,8 @@ class CollectorSettings:
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
     # scheduled reports, NAME=CRON (UTC; collector/reports.py); () for none
     report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    # reports kept (count, bytes; the oldest pruned) and the rate of manual ones (collector/report_limits.py)
+    report_limits: ReportLimits = field(default_factory=ReportLimits)
     # GET /metrics: derived figures over the last metrics_window_s of live data, recomputed every
     # metrics_interval_s (collector/metrics_export.py)
     metrics_window_s: float = 300.0
@@ -185,7 +188,9 @@ class Collector:
         self._jobs_open = False
         self._wake = threading.Event()
         schedules = parse_schedules(list(settings.report_schedules))
-        self.reports = ReportScheduler(schedules, store, settings.node, self._submit)
+        self.reports = ReportScheduler(
+            schedules, store, settings.node, self._submit, limits=settings.report_limits
+        )
 
     def start(self) -> None:
         """Resume telemetry cursors from the store, then start the pollers and the writer."""

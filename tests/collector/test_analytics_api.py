@@ -65,7 +65,7 @@ def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):
         # a span or a typo for a time: 1970, not data (the CLI refused it, the API took it)
         ("summary", {"start_s": "3600"}, "start_s", "give UTC epoch seconds from 2000 on"),
         ("summary", {"end_s": "-5"}, "end_s", "or since=SPAN for the last SPAN"),
-        ("summary", {"since": "-5m"}, "since", "time span '-5m' must be > 0"),
+        ("summary", {"since": "-5m"}, "since", "time span since='-5m' must be > 0"),
     ],
 )
 def test_bad_parameters_are_a_400_naming_them(fleet: Fleet, path, params, param, says):

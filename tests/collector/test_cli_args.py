@@ -26,7 +26,10 @@ def test_a_negative_since_reaches_the_span_check(command, empty_store, capsys):
     # argparse alone read `--since -5m` as a missing value ("expected one argument") after the usage
     assert main([command, "--db", str(empty_store), "--since", "-5m"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == f"phaselens {command}: error: time span '-5m' must be > 0"
+    assert err.strip() == (
+        f"phaselens {command}: error: time span since='-5m' must be > 0 and at most 36500d (3153600000 s); "
+        "use e.g. 90s, 30m, 1h or 2d"
+    )
     assert _reports(empty_store) == 0
 
 
@@ -35,7 +38,8 @@ def test_a_negative_from_store_span_reaches_its_check(empty_store, capsys):
     assert main(argv) == 2
     assert (
         capsys.readouterr().err.strip()
-        == "phaselens simulate: error: --from-store: time span '-1h' must be > 0"
+        == "phaselens simulate: error: --from-store: time span '-1h' must be > 0 and at most 36500d "
+        "(3153600000 s); use e.g. 90s, 30m, 1h or 2d"
     )
 
 
