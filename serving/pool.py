@@ -40,6 +40,9 @@ _CTX.set_forkserver_preload(
 RESTART_DELAY_S = 0.5  # first back-off before a dead worker is restarted
 MAX_RESTART_DELAY_S = 30.0
 STABLE_S = 60.0  # a worker that ran this long before dying restarts after the first delay again
+# A hand-off that failed waits this long for news of its decode worker's death: a decode worker
+# killed while a prefill worker connects to it resets that connection before the router sees it die.
+HANDOFF_ERROR_GRACE_S = 1.0
 
 
 def stop_fork_server() -> None:
@@ -396,6 +399,10 @@ class WorkerPool:
             req = self.requests.get(msg[1])
             if req is not None:
                 self._fail(req, msg[2])
+        elif kind == "handoff_error":  # a dead decode worker fails it first, naming its exit code
+            req = self.requests.get(msg[1])
+            if req is not None:
+                self.loop.call_later(HANDOFF_ERROR_GRACE_S, self._fail, req, msg[2])
         elif kind == "reply":
             _cw, fut = self._calls.pop(msg[1], (None, None))
             if fut is not None and not fut.done():

@@ -2,7 +2,8 @@
 
 Router → worker messages: ("submit", dict), ("abort", id), ("call", call_id, method, kwargs),
 ("shutdown",). Worker → router: ("ready", info), ("failed", message), ("tokens", [...]),
-("kv_received", id, info), ("request_error", id, message), ("stats", dict), ("telemetry", batch),
+("kv_received", id, info), ("request_error", id, message), ("handoff_error", id, message) (the KV
+could not be sent to the decode worker), ("stats", dict), ("telemetry", batch),
 ("reply", call_id, ok, result).
 """
 
@@ -257,7 +258,7 @@ class _Worker:
 
     def _on_sent(self, header: dict[str, Any], nbytes: int, started_s: float, error: str | None) -> None:
         if error is not None:
-            self.link.send("request_error", header["request_id"], error)
+            self.link.send("handoff_error", header["request_id"], error)
 
     def _kv_rejected(self, reason: str, message: str, request_id: str | None, authenticated: bool) -> None:
         """A hand-off connection was refused (on its receiver thread): one log line each (a burst of

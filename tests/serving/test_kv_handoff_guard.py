@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.kv_transfer import SECRET_ENV, connect
+from serving.kv_transfer import MAGIC, SECRET_ENV, connect
 from tests.serving.conftest import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -54,6 +55,15 @@ def closed_by_peer(sock: socket.socket) -> bool:
         pass
     sock.close()
     return True
+
+
+def drain(sock: socket.socket) -> None:
+    """Read ``sock`` until the peer closes it (or this test does)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def health(server: Server) -> dict:
@@ -117,3 +127,78 @@ def test_bad_peers_are_closed_and_counted_and_the_decode_worker_keeps_serving(se
         if s.labels.get("engine") == decode["id"] and s.name.endswith("_total")
     }
     assert counts == {k: float(v) for k, v in want.items()}
+
+
+class Flood:
+    """Keeps every free connection slot of the receiver at ``target`` (64) open in its handshake
+    (the receiver closes each after its 5 s handshake timeout; the flood opens another)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.held, self.refused = target, [], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.held[:] = [s for s in self.held if s.fileno() >= 0]
+            s = socket.create_connection(self.target)
+            s.settimeout(30)
+            if s.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC:
+                self.held.append(s)
+                threading.Thread(target=self._hold, args=(s,), daemon=True).start()
+            else:  # refused: the limit is reached
+                self.refused += 1
+                s.close()
+                time.sleep(0.05)
+
+    @staticmethod
+    def _hold(sock: socket.socket) -> None:
+        drain(sock)
+        sock.close()
+
+    def __enter__(self) -> Flood:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.refused and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.refused:
+            self.__exit__()
+            pytest.fail(f"the receiver refused no connection with {len(self.held)} held")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        for s in self.held:
+            s.close()
+
+
+def post(server: Server, prompt: str) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": 4}, timeout=120)
+
+
+def test_a_flood_of_connections_fails_new_hand_off_connections_visibly_not_established_ones() -> None:
+    """While 64 connections are held open on the decode worker's port, the prefill worker's first
+    connection is refused: that request fails with the hand-off error (it does not hang). Once the
+    flood is over, hand-offs pass; the connection they use then keeps working through a new flood."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SECRET_ENV, SECRET.hex())
+        server = start_server("--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1")
+    try:
+        decode = next(w for w in server.layout()["workers"] if w["role"] == "decode")
+        target = ("127.0.0.1", kv_port(decode["pid"]))
+        with Flood(target):
+            r = post(server, "blocked")
+        assert r.status_code == 500 and "KV hand-off to 127.0.0.1" in r.json()["error"]["message"], r.text
+        assert rejected(server, decode["id"])["too_many_connections"] >= 1
+        deadline = time.monotonic() + 60  # once the receiver has seen the held connections close
+        while (r := post(server, "free")).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+        with Flood(target):  # the prefill worker's connection is established: it is not refused
+            r = post(server, "through")
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+        h = health(server)
+        assert h["worker_deaths"] == 0 and h["worker_restarts"] == 0, h
+    finally:
+        stop_server(server)
