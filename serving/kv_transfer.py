@@ -90,8 +90,8 @@ class FrameError(ValueError):
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """What a receiving worker accepts: its model's KV shape ``[2, num_layers, tokens, num_kv_heads,
-    head_dim]`` with 1 <= tokens <= ``max_tokens`` (its max model length), token ids below
-    ``vocab_size``."""
+    head_dim]`` with tokens below the number of token ids (at most ``max_tokens``, its max model
+    length), token ids below ``vocab_size``."""
 
     num_layers: int
     num_kv_heads: int
@@ -177,8 +177,10 @@ def check_header(header: Any, layout: KVLayout) -> str | None:
         or [shape[0], shape[1], shape[3], shape[4]] != [want[0], want[1], want[3], want[4]]
     ):
         return f"KV shape {shape!r} is not this model's {want}"
-    if not 0 < shape[2] <= len(tokens):
-        return f"KV shape has {shape[2]} tokens; must be in [1, {len(tokens)}] (the token ids)"
+    if not 0 < shape[2] < len(tokens):  # the newest token's K/V is computed by the decode worker
+        return (
+            f"KV shape has {shape[2]} tokens; must be in [1, {len(tokens) - 1}] (all but the newest token id)"
+        )
     return None
 
 

@@ -234,11 +234,12 @@ def test_a_bad_frame_closes_its_connection_and_is_counted(receiver, head, reason
     [
         ({"shape": [2, 2, 3, 2, 8]}, None, "malformed", "not this model's"),
         ({"shape": [2, 2, 9, 2, 4]}, None, "malformed", "9 tokens"),
+        ({"shape": [2, 2, 4, 2, 4]}, None, "malformed", "must be in [1, 3] (all but the newest"),
         ({"dtype": "torch.int64"}, None, "malformed", "dtype 'torch.int64' not supported"),
         ({}, 2**40, "oversized", "payload length 1099511627776"),
         ({}, 17, "malformed", "payload length 17"),
     ],
-    ids=["shape", "tokens", "dtype", "huge-payload", "short-payload"],
+    ids=["shape", "tokens", "all-tokens", "dtype", "huge-payload", "short-payload"],
 )
 def test_a_frame_whose_tensor_does_not_fit_the_model_is_refused(receiver, changes, payload_len, reason, says):
     r, heard = receiver
