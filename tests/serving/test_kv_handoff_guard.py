@@ -9,8 +9,11 @@ this test can also be a peer holding the secret (a prefill worker with a bug).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -202,3 +205,20 @@ def test_a_flood_of_connections_fails_new_hand_off_connections_visibly_not_estab
         assert h["worker_deaths"] == 0 and h["worker_restarts"] == 0, h
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("zz", "must be hexadecimal"), ("abcd", "must be at least 16 bytes (32 hex digits)")],
+)
+def test_a_malformed_secret_in_the_environment_is_a_one_line_start_error(value: str, needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "serve", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, SECRET_ENV: value},
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"phaselens serve: error: {SECRET_ENV} {needle}"), lines
