@@ -156,6 +156,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_kv_secret() -> None:
+    """ConfigError naming ``$PHASELENS_KV_SECRET`` when it is set but malformed (the pool would
+    fail at start-up with a traceback)."""
+    from serving.kv_transfer import stack_secret
+
+    try:
+        stack_secret()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -167,6 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args)
     try:
+        check_kv_secret()
         app = create_app(settings)
         sock = bind_socket(settings.host, settings.port)
     except (ConfigError, DeviceError) as e:

@@ -71,6 +71,12 @@ class _PoolCollector(Collector):
             "Iterations that raised; their requests failed, the worker went on (since it started).",
             labels=["engine"],
         )
+        kv_rejected = CounterMetricFamily(
+            "phaselens:kv_handoff_rejected_connections",
+            "KV hand-off connections a worker refused and closed (unauthenticated, malformed or oversized "
+            "frame, too many connections), since it started.",
+            labels=["engine", "reason"],
+        )
         emulation = _emulation_families()
         if pool is not None:
             counts: dict[tuple[str, str], int] = {}
@@ -83,13 +89,15 @@ class _PoolCollector(Collector):
                 waiting.add_metric(labels, w.stats.get("waiting", 0))
                 kv.add_metric(labels, w.stats.get("kv_usage", 0.0))
                 iteration_errors.add_metric([w.id], w.stats.get("iteration_errors", 0))
+                for reason, n in (w.stats.get("kv_rejected") or {}).items():
+                    kv_rejected.add_metric([w.id, reason], n)
                 _add_emulation(emulation, w.id, w.stats.get("emulation"))
             for (role, state), n in counts.items():
                 workers.add_metric([role, state], n)
             dropped.add_metric([], pool.telemetry.dropped_events)
             deaths.add_metric([], pool.worker_deaths)
             restarts.add_metric([], pool.worker_restarts)
-        yield from (running, waiting, kv, workers, dropped, deaths, restarts, iteration_errors)
+        yield from (running, waiting, kv, workers, dropped, deaths, restarts, iteration_errors, kv_rejected)
         yield from emulation.values()
 
 

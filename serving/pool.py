@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serving.config import SamplingParams
+from serving.kv_transfer import stack_secret
 from serving.routing import choose_route
 from serving.telemetry import TelemetryEmitter, TelemetryHub
 from serving.worker import ROLES, WorkerSpec, params_to_dict, worker_main
@@ -39,6 +40,9 @@ _CTX.set_forkserver_preload(
 RESTART_DELAY_S = 0.5  # first back-off before a dead worker is restarted
 MAX_RESTART_DELAY_S = 30.0
 STABLE_S = 60.0  # a worker that ran this long before dying restarts after the first delay again
+# A hand-off that failed waits this long for news of its decode worker's death: a decode worker
+# killed while a prefill worker connects to it resets that connection before the router sees it die.
+HANDOFF_ERROR_GRACE_S = 1.0
 
 
 def stop_fork_server() -> None:
@@ -169,8 +173,11 @@ class WorkerPool:
         restart_delay_s: float = RESTART_DELAY_S,
         max_restart_delay_s: float = MAX_RESTART_DELAY_S,
         stable_s: float = STABLE_S,
+        kv_secret: bytes | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        # authenticates the workers' KV hand-off connections (kv_transfer); default: stack_secret()
+        self._kv_secret = stack_secret() if kv_secret is None else kv_secret
         self.hub = hub
         self.telemetry = TelemetryEmitter("router", hub.publish, flush_interval_s=0.25)
         self.workers: dict[str, WorkerHandle] = {}
@@ -208,7 +215,9 @@ class WorkerPool:
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
         parent, child = _CTX.Pipe()
-        proc = _CTX.Process(target=worker_main, args=(spec, child), name=spec.worker_id, daemon=True)
+        # the secret goes through the fork server's pipe, never a command line
+        args = (spec, child, self._kv_secret)
+        proc = _CTX.Process(target=worker_main, args=args, name=spec.worker_id, daemon=True)
         proc.start()
         child.close()
         w = WorkerHandle(spec, role, proc, parent, ready=self.loop.create_future())
@@ -390,6 +399,10 @@ class WorkerPool:
             req = self.requests.get(msg[1])
             if req is not None:
                 self._fail(req, msg[2])
+        elif kind == "handoff_error":  # a dead decode worker fails it first, naming its exit code
+            req = self.requests.get(msg[1])
+            if req is not None:
+                self.loop.call_later(HANDOFF_ERROR_GRACE_S, self._fail, req, msg[2])
         elif kind == "reply":
             _cw, fut = self._calls.pop(msg[1], (None, None))
             if fut is not None and not fut.done():
@@ -520,6 +533,10 @@ class WorkerPool:
             "worker_restarts": self.worker_restarts,
             "worker_deaths": self.worker_deaths,
             "restarts_by_worker": {w.id: w.restarts for w in self.workers.values()},
+            # KV hand-off connections each live worker refused, by reason (kv_transfer.REJECT_REASONS)
+            "kv_handoff_rejected": {
+                w.id: w.stats["kv_rejected"] for w in self.workers.values() if "kv_rejected" in w.stats
+            },
         }
 
     def submit(

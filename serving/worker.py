@@ -2,7 +2,8 @@
 
 Router → worker messages: ("submit", dict), ("abort", id), ("call", call_id, method, kwargs),
 ("shutdown",). Worker → router: ("ready", info), ("failed", message), ("tokens", [...]),
-("kv_received", id, info), ("request_error", id, message), ("stats", dict), ("telemetry", batch),
+("kv_received", id, info), ("request_error", id, message), ("handoff_error", id, message) (the KV
+could not be sent to the decode worker), ("stats", dict), ("telemetry", batch),
 ("reply", call_id, ok, result).
 """
 
@@ -72,13 +73,17 @@ class _Link:
             self.conn.send(msg)
 
 
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Process entry point: build the engine, report ready, then serve until told to stop."""
+def worker_main(spec: WorkerSpec, conn: Connection, kv_secret: bytes) -> None:
+    """Process entry point: build the engine, report ready, then serve until told to stop.
+
+    ``kv_secret`` authenticates the KV hand-off connections between the stack's workers; it comes
+    through the process pipe (never a command line, where ``ps`` would show it).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the router decides when workers stop
     link = _Link(conn)
     code = 0
     try:
-        worker = _Worker(spec, link)
+        worker = _Worker(spec, link, kv_secret)
     except Exception as e:
         link.send("failed", f"{type(e).__name__}: {e}")
         code = 1
@@ -97,13 +102,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, link: _Link) -> None:
+    def __init__(self, spec: WorkerSpec, link: _Link, kv_secret: bytes) -> None:
         import torch
 
         from serving.config import model_config_for
         from serving.devices import open_device
         from serving.engine import Engine
-        from serving.kv_transfer import KVReceiver, KVSender
+        from serving.kv_transfer import KVLayout, KVReceiver, KVSender
         from serving.telemetry import TelemetryEmitter
         from serving.weights import load_model, model_dtype
 
@@ -125,8 +130,14 @@ class _Worker:
         self.engine = Engine(
             model, spec.engine, self.device, worker_id=spec.worker_id, telemetry=self.telemetry
         )
-        self.receiver = KVReceiver(spec.kv_host, on_error=lambda m: link.send("log", m))
-        self.sender = KVSender(self._on_sent)
+        mc = self.engine.model_cfg
+        layout = KVLayout(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, self.engine.cfg.max_model_len, mc.vocab_size
+        )
+        self._reject_log_s, self._reject_log_budget, self._reject_log_skipped = time.monotonic(), 10.0, 0
+        self._reject_lock = threading.Lock()  # receiver threads share the log budget
+        self.receiver = KVReceiver(kv_secret, layout, spec.kv_host, on_reject=self._kv_rejected)
+        self.sender = KVSender(kv_secret, self._on_sent)
         self._targets: dict[str, tuple[str, int]] = {}
         self._stop = False
         self.iteration_errors = 0
@@ -168,12 +179,20 @@ class _Worker:
             now = time.monotonic()
             if now - self._last_stats >= _STATS_INTERVAL_S:
                 self._last_stats = now
-                self.link.send("stats", {**self.engine.stats(), "iteration_errors": self.iteration_errors})
+                self.link.send("stats", self.stats())
             self.telemetry.maybe_flush()
         self.telemetry.flush()
         self.receiver.close()
         self.sender.close()
         self.device.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's stats, the failed iterations and the refused KV hand-off connections by reason."""
+        return {
+            **self.engine.stats(),
+            "iteration_errors": self.iteration_errors,
+            "kv_rejected": dict(self.receiver.rejected),
+        }
 
     def _step(self) -> None:
         result = self.engine.step()
@@ -239,13 +258,39 @@ class _Worker:
 
     def _on_sent(self, header: dict[str, Any], nbytes: int, started_s: float, error: str | None) -> None:
         if error is not None:
-            self.link.send("request_error", header["request_id"], error)
+            self.link.send("handoff_error", header["request_id"], error)
+
+    def _kv_rejected(self, reason: str, message: str, request_id: str | None, authenticated: bool) -> None:
+        """A hand-off connection was refused (on its receiver thread): one log line each (a burst of
+        10, then one a second; the next line says how many were left out), and the request failed
+        when a peer of this stack sent a frame naming it (the router would wait for its KV forever)."""
+        with self._reject_lock:
+            now = time.monotonic()
+            self._reject_log_budget = min(10.0, self._reject_log_budget + now - self._reject_log_s)
+            self._reject_log_s = now
+            log = self._reject_log_budget >= 1.0
+            if log:
+                self._reject_log_budget -= 1.0
+                skipped, self._reject_log_skipped = self._reject_log_skipped, 0
+            else:
+                self._reject_log_skipped += 1
+        if log:
+            more = f" ({skipped} more refused since the last line)" if skipped else ""
+            print(
+                f"{self.spec.worker_id}: KV hand-off connection refused ({reason}): {message}{more}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if authenticated and request_id is not None:
+            self.link.send(
+                "request_error", request_id, f"decode worker refused the KV hand-off frame: {message}"
+            )
 
     def _admit_handoffs(self) -> None:
         inbox = self.receiver.inbox
         while not inbox.empty():
             got = inbox.get_nowait()
-            h = got.header
+            h = got.header  # checked by the receiver (kv_transfer.check_header)
             rid = h["request_id"]
             try:
                 self.engine.add_prefilled(
@@ -299,7 +344,7 @@ class _Worker:
 
         try:
             if method == "stats":
-                result: Any = self.engine.stats()
+                result: Any = self.stats()
             elif method in _DEVICE_METHODS:
                 result = getattr(self.device, method)(**kwargs)
                 if method == "snapshot":

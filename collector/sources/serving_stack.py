@@ -209,6 +209,7 @@ def add_device_columns(
     samples' key set is known, a poll is read with one ``itemgetter`` and compared in C)."""
     if not items:
         return
+    items = one_item_per_device(items)
     samples = [item["sample"] for item in items]
     try:
         worker, role = zip(*map(_OWNER, items), strict=True)
@@ -242,6 +243,39 @@ def add_device_columns(
         if len(rows) < len(samples):
             keyed = {k: [column[i] for i in rows] for k, column in keyed.items()}
         result.add_columns(TABLE_EMULATION_SAMPLES, keyed, constants)
+
+
+def one_item_per_device(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` with one item per physical device: workers sharing a device (two on ``cpu`` or
+    ``cuda:0``) each report its sample under the same ``(device, index)``. Their item becomes one,
+    with the sample of the first worker (in worker-id order) and ``worker``/``role`` the workers' ids
+    and roles comma-joined in that order (``worker-0,worker-1`` / ``mixed,mixed``): the device keeps
+    one ``devices`` row while the same workers share it, instead of one per poll as the owner
+    alternated. Items of unshared devices (every emulated GPU has its own index) pass unchanged."""
+    keys = [(item["sample"].get("device"), item["sample"].get("index")) for item in items]
+    if len(set(keys)) == len(keys):
+        return items
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for key, item in zip(keys, items, strict=True):
+        groups.setdefault(key, []).append(item)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group = sorted(group, key=lambda item: _worker_order(item.get("worker")))
+        merged = dict(group[0])
+        merged["worker"] = ",".join(str(item.get("worker")) for item in group)
+        merged["role"] = ",".join(str(item.get("role")) for item in group)
+        out.append(merged)
+    return out
+
+
+def _worker_order(worker: Any) -> tuple[Any, ...]:
+    """``worker-2`` before ``worker-10``: ids by their number, then by text."""
+    text = str(worker)
+    head, _, number = text.rpartition("-")
+    return (head, int(number), text) if number.isdigit() else (text, -1, text)
 
 
 class ServingDevicesSource(Source):

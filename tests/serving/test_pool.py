@@ -48,7 +48,7 @@ def control_events(hub: TelemetryHub, pool: WorkerPool) -> list[dict]:
     return [e for b in batches for e in b["events"] if e["type"] == "control"]
 
 
-def run(scenario: Callable[[WorkerPool, TelemetryHub], Awaitable[None]], **pool_kw: float) -> None:
+def run(scenario: Callable[[WorkerPool, TelemetryHub], Awaitable[None]], **pool_kw: object) -> None:
     async def main() -> None:
         hub = TelemetryHub()
         pool = WorkerPool(hub, **pool_kw)
@@ -163,3 +163,21 @@ def test_workers_are_forked_from_one_fork_server_that_stops_with_the_router() ->
     run(lambda pool, hub: pool.start_worker(spec(), "mixed"))
     stop_fork_server()
     assert _fork_server_processes() == []
+
+
+def test_the_hand_off_secret_reaches_the_workers_but_no_command_line_or_environment() -> None:
+    """``ps`` (any user's) shows command lines: the per-stack secret must not be on one. The workers
+    hold it -- a disaggregated request's KV goes through their authenticated connection."""
+    secret = bytes(range(100, 132))
+
+    async def scenario(pool: WorkerPool, hub: TelemetryHub) -> None:
+        prefill = await pool.start_worker(spec("worker-0"), "prefill")
+        decode = await pool.start_worker(spec("worker-1"), "decode")
+        req = pool.submit([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert await outcome(req) == ("done", "length") and req.meta["kv_transfer_bytes"] > 0
+        procs = [psutil.Process(w.process.pid) for w in (prefill, decode)] + _fork_server_processes()
+        for p in [*procs, psutil.Process()]:
+            seen = "\0".join(p.cmdline()) + "\0".join(f"{k}={v}" for k, v in p.environ().items())
+            assert secret.hex() not in seen.lower() and secret.decode("latin-1") not in seen, p
+
+    run(scenario, kv_secret=secret)
