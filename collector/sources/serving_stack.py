@@ -248,8 +248,9 @@ def add_device_columns(
 def one_item_per_device(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``items`` with one item per physical device: workers sharing a device (two on ``cpu`` or
     ``cuda:0``) each report its sample under the same ``(device, index)``. Their item becomes one,
-    with the sample of the first worker (in worker-id order) and ``worker``/``role`` the workers' ids
-    and roles comma-joined in that order (``worker-0,worker-1`` / ``mixed,mixed``): the device keeps
+    with the sample of the first worker (in worker-id order), ``worker`` the workers' ids comma-joined
+    in that order (``worker-0,worker-1``) and ``role`` their distinct roles in that order (``mixed``;
+    ``prefill,decode`` for a device both pools share), so a pool's name stays a role: the device keeps
     one ``devices`` row while the same workers share it, instead of one per poll as the owner
     alternated. Items of unshared devices (every emulated GPU has its own index) pass unchanged."""
     keys = [(item["sample"].get("device"), item["sample"].get("index")) for item in items]
@@ -266,7 +267,7 @@ def one_item_per_device(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group = sorted(group, key=lambda item: _worker_order(item.get("worker")))
         merged = dict(group[0])
         merged["worker"] = ",".join(str(item.get("worker")) for item in group)
-        merged["role"] = ",".join(str(item.get("role")) for item in group)
+        merged["role"] = ",".join(dict.fromkeys(str(item.get("role")) for item in group))
         out.append(merged)
     return out
 

@@ -78,7 +78,7 @@ def test_polls_of_two_workers_on_one_cpu_store_one_devices_row(tmp_path: Path, s
             "index": None,
             "since_s": 100.0,
             "worker": "worker-0,worker-1",
-            "role": "mixed,mixed",
+            "role": "mixed",
         },
         {"device": "cpu", "index": None, "since_s": 140.0, "worker": "worker-0", "role": "mixed"},
     ]
@@ -133,6 +133,6 @@ def test_a_real_stack_with_two_cpu_workers_and_a_collector_keeps_one_devices_row
         hosts = con.execute(
             "SELECT DISTINCT worker FROM host_samples WHERE node = 'n1' ORDER BY 1"
         ).fetchall()
-    assert devices == [("cpu", None, "worker-0,worker-1", "mixed,mixed", 1)]
+    assert devices == [("cpu", None, "worker-0,worker-1", "mixed", 1)]
     assert n >= 20 and mapped == n  # every sample of the device maps to both of its workers
     assert hosts == [("worker-0",), ("worker-1",)]  # each worker process still sampled on its own
