@@ -75,6 +75,7 @@ ENGINE_COUNTERS = (
     "iteration_tokens_total_count",
     "prefill_seconds_sum",
     "decode_seconds_sum",
+    "requests_total",
 )
 ENGINE_GAUGES = ("requests_running", "requests_waiting")
 #: With fewer intervals than this, a GPU with several busy states gets one busy wattage: watts per
@@ -153,7 +154,7 @@ def _json_value(v: Any) -> Any:
 # sample times, each taking the instance's last stored values (ASOF), from up to an hour before.
 _INTERVALS_SQL = """
 WITH x AS (
-    SELECT node, source, device, "index", ts_s, uuid, parent_uuid, mig_instance_id, mig_profile,
+    SELECT node, source, device, "index", ts_s, uuid, name, parent_uuid, mig_instance_id, mig_profile,
            k8s_pod, k8s_namespace, {role} AS role,
            gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj, power_limit_w,
            trust_label(node, source, emulated) AS trust
@@ -207,11 +208,12 @@ ORDER BY endpoint, metric, ts_s
 """
 
 _ENGINE_LABELS_SQL = """
-SELECT endpoint, any_value(engine) AS engine,
+SELECT endpoint, any_value(engine) AS engine, mode(node) AS node,
        mode(labels->>'pod') AS pod,
        mode(labels->>'namespace') AS namespace,
        mode(labels->>'dynamo_component') AS dynamo_component,
        mode(labels->>'dynamo_namespace') AS dynamo_namespace,
+       mode(labels->>'model_name') AS model,
        count(*) AS n_rows
 FROM engine_metrics
 WHERE {nodes} AND ts_s >= ? AND ts_s < ? AND (engine IS NULL OR engine <> 'dynamo')
@@ -318,7 +320,9 @@ def _assign_engines(
 ) -> dict[str, str]:
     """GPU key → engine endpoint: the ``engine_gpus`` mapping, else the engine's ``pod`` label
     matched to the GPU's Kubernetes pod (dcgm-exporter's pod attribution), else the one engine
-    endpoint scraped on the GPU's node."""
+    endpoint on the GPU's machine: the only engine whose URL has the host of the GPU's dcgm-exporter
+    URL, else the only engine stored under the GPU's node (the collector's node: an engine and a
+    dcgm-exporter it scrapes on localhost), else the only engine whose URL host is the node's name."""
     endpoints = set(labels["endpoint"]) if not labels.empty else set()
     out: dict[str, str] = {}
     ids = {g["gpu"]: _identifiers(g) for g in gpus.to_dict("records")}
@@ -344,10 +348,14 @@ def _assign_engines(
                 by_pod[pod] = ep
                 if isinstance(ns, str) and ns:
                     by_pod[f"{ns}/{pod}"] = ep
-    per_node: dict[str, list[str]] = {}
-    for ep in endpoints:
-        host = re.sub(r"^[a-z]+://", "", ep).split("/")[0].split(":")[0]
-        per_node.setdefault(host, []).append(ep)
+    per_host: dict[str, list[str]] = {}
+    for ep in sorted(endpoints):
+        per_host.setdefault(_host(ep), []).append(ep)
+    stored_on: dict[str, list[str]] = {}
+    if not labels.empty and "node" in labels:
+        for ep, node in zip(labels["endpoint"], labels["node"], strict=True):
+            if isinstance(node, str) and node:
+                stored_on.setdefault(node, []).append(ep)
     for g in gpus.to_dict("records"):
         k = g["gpu"]
         if k in out:
@@ -358,11 +366,26 @@ def _assign_engines(
         if ep:
             out[k] = ep
             continue
-        on_node = per_node.get(str(g["node"]), [])
-        if len(on_node) == 1:
-            out[k] = on_node[0]
-            notes.append(f"GPU {k}: engine {on_node[0]} taken as the only engine scraped on node {g['node']}")
+        source = str(g.get("source") or "")
+        exporter = _host(source.removeprefix("dcgm:")) if source.startswith("dcgm:") else None
+        for candidates, where in (
+            (
+                per_host.get(exporter, []) if exporter else [],
+                f"at the host of its dcgm-exporter ({exporter})",
+            ),
+            (stored_on.get(str(g["node"]), []), f"scraped on node {g['node']}"),
+            (per_host.get(str(g["node"]), []), f"at host {g['node']}"),
+        ):
+            if len(candidates) == 1:
+                out[k] = candidates[0]
+                notes.append(f"GPU {k}: engine {candidates[0]} taken as the only engine {where}")
+                break
     return out
+
+
+def _host(url: str) -> str:
+    """The host of a URL (``http://10.0.0.5:8000/metrics`` → ``10.0.0.5``)."""
+    return re.sub(r"^[a-z]+://", "", url).split("/")[0].split(":")[0]
 
 
 # --- fits ------------------------------------------------------------------------------------------------
@@ -428,6 +451,14 @@ class _Engine:
         inside = (a >= ts[0] - 1e-6) & (b <= ts[-1] + 1e-6)
         out = np.interp(b, ts, cum) - np.interp(a, ts, cum)
         return np.where(inside, out, np.nan)
+
+    def clipped_increase(self, metric: str, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """The counter's increase over the part of each ``(a, b]`` inside its scrapes (0 outside)."""
+        s = self.series.get(metric)
+        if s is None or len(s[0]) < 2:
+            return None
+        ts, cum = s
+        return np.interp(b, ts, cum) - np.interp(a, ts, cum)
 
     def span(self, metric: str, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
         """``(start, end)`` clipped to the metric's scrapes, as 1-element arrays for :meth:`increase`."""
@@ -564,6 +595,7 @@ def external_attribution(
             k8s_pod=("k8s_pod", "last"),
             k8s_namespace=("k8s_namespace", "last"),
             store_role=("role", "last"),
+            source=("source", "first"),
         )
         .reset_index()
     )
@@ -598,6 +630,8 @@ def external_attribution(
             )
     for state in STATES:
         iv[f"{state}_s"] = 0.0
+    for col in SERVED:
+        iv[col] = 0.0
     iv["idle_s"] = (iv["dt_s"] - iv["busy_s"]).clip(lower=0.0)
     iv["method"] = "busy-only"
     iv["pool"] = iv["gpu"].map(role_of)
@@ -638,6 +672,8 @@ def external_attribution(
         a = (iv.loc[mine, "ts_s"] - iv.loc[mine, "dt_s"]).to_numpy()
         b = iv.loc[mine, "ts_s"].to_numpy()
         span = (window.start_s, window.end_s)
+        _served(iv, mine, e, role, (a, b), window, row)
+        row["model"] = _model_of(labels, ep)
         p_inc = e.increase("prefill_seconds_sum", *e.span("prefill_seconds_sum", *span))
         d_inc = e.increase("decode_seconds_sum", *e.span("decode_seconds_sum", *span))
         work = {
@@ -716,6 +752,44 @@ def external_attribution(
     trust.notes += [n for n in dict.fromkeys(notes) if n not in trust.notes]
     engines_df = pd.DataFrame(engine_rows)
     return ExternalAttribution(window, per_gpu, per_pool, engines_df, iv, trust, missing)
+
+
+#: per interval, what the engine served on the GPU (its share of the engine's counters):
+#: column → (engine counter, the role whose engines do not count it)
+SERVED = {
+    "input_tokens": ("prompt_tokens_total", DECODE),  # a decode worker re-counts the prompts it was handed
+    "output_tokens": ("generation_tokens_total", PREFILL),  # a prefill worker's first token is the decode's
+    "requests": ("requests_total", PREFILL),  # a disaggregated request finishes on its decode worker
+}
+
+
+def _served(
+    iv: pd.DataFrame,
+    mine: pd.Index,
+    e: _Engine,
+    role: str | None,
+    intervals: tuple[np.ndarray, np.ndarray],
+    window: Window,
+    row: dict[str, Any],
+) -> None:
+    """Fill the :data:`SERVED` columns of an engine's GPU intervals: each counter's increase over the
+    interval (the part inside the engine's scrapes) shared evenly by the engine's GPUs; and the
+    engine row's window totals of them (``served_<column>``)."""
+    gpus = max(1, int(iv.loc[mine, "gpu"].nunique()))
+    for col, (metric, not_in) in SERVED.items():
+        inc = e.clipped_increase(metric, *intervals) if role != not_in else None
+        if inc is not None:
+            iv.loc[mine, col] = np.nan_to_num(inc) / gpus
+        whole = e.clipped_increase(metric, *e.span(metric, window.start_s, window.end_s))
+        row[f"served_{col}"] = _first(whole) if whole is not None and role != not_in else 0.0
+
+
+def _model_of(labels: pd.DataFrame, endpoint: str) -> str | None:
+    """The model an engine serves (its series' ``model_name`` label), None where it has none."""
+    if labels.empty or "model" not in labels:
+        return None
+    hit = labels.loc[labels["endpoint"] == endpoint, "model"]
+    return _text(hit.iloc[0]) if len(hit) else None
 
 
 def _first(a: np.ndarray | None) -> float:

@@ -81,7 +81,8 @@ def summarize(
     """
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
-    from analytics.cost import cost_breakdown, load_prices, token_counts
+    from analytics.cost import cost_breakdown, gpus_without_telemetry, load_prices, token_counts
+    from analytics.external import external_attribution
     from analytics.intervals import IntervalTable
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
@@ -129,11 +130,23 @@ def summarize(
         if intervals is not None:
             intervals.__exit__(None, None, None)
     price_table = prices if prices is not None else load_prices()
+    # GPUs with samples but no phaselens telemetry (dcgm-exporter under vLLM / SGLang / Dynamo):
+    # their phase split, GPU-hours and tokens are estimated from the engines' own metrics
+    external = (
+        run("external", lambda: external_attribution(con, window))
+        if pb is not None and gpus_without_telemetry(pb.raw)
+        else None
+    )
     cost = (
         run(
             "cost",
             lambda: cost_breakdown(
-                con, window, price_table, breakdown=pb, tokens=token_counts(con, window, groups())
+                con,
+                window,
+                price_table,
+                breakdown=pb,
+                tokens=token_counts(con, window, groups()),
+                external=external,
             ),
         )
         if pb is not None
@@ -576,7 +589,16 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
     t = (parts.get("cost") or {}).get("total") or {}
     if not t:
         return []
-    out = ["", "Cost per token (GPU-hours at list price + energy × electricity × PUE)"]
+    labels = ", ".join(((parts.get("cost") or {}).get("trust") or {}).get("labels") or []) or "no data"
+    out = ["", f"Cost per token (GPU-hours at list price + energy × electricity × PUE; {labels})"]
+    requests = t.get("requests")
+    out.append(
+        f"  all in (compare layouts and periods by these): {_usd(t.get('usd_per_1m_tokens'))} per 1M tokens"
+        f" (input + output), {_usd(t.get('usd_per_request'))} per request"
+        f" ({'—' if requests is None or requests != requests else f'{requests:,.0f}'} finished),"
+        f" blended 3:1 {_usd(t.get('blended_usd_per_1m_tokens'))} per 1M tokens (Artificial Analysis' input:output mix)"
+    )
+    out.append("  by side (a pool's idle time is on one side, so these depend on the layout):")
     out.append(
         f"  $/1M input tokens  {_usd(t.get('usd_per_1m_input'))}  = prefill {_usd(t.get('usd_per_1m_input_prefill'))}"
         f" + stranded {_usd(t.get('usd_per_1m_input_stranded'))} + host-bound {_usd(t.get('usd_per_1m_input_host_bound'))}"
@@ -607,10 +629,49 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
 
 
 def _unsampled_usd(total: dict[str, Any], side: str) -> str:
-    """`` + unsampled (no samples) $x`` where the window has unsampled GPU time, else nothing."""
-    if not (total.get("unsampled_s") or 0) > 0:
-        return ""
-    return f" + unsampled (no samples) {_usd(total.get(f'usd_per_1m_{side}_unsampled'))}"
+    """`` + other busy $x + unsampled (no samples) $y`` for the categories with GPU time in the
+    window (an external fleet's unexplained busy time; gaps in samples), else nothing."""
+    return "".join(
+        f" + {name} {_usd(total.get(f'usd_per_1m_{side}_{c}'))}"
+        for c, name in (("other_busy", "other busy"), ("unsampled", "unsampled (no samples)"))
+        if (total.get(f"{c}_s") or 0) > 0
+    )
+
+
+def _external_lines(parts: dict[str, Any]) -> list[str]:
+    """The estimated phase split of the GPUs without phaselens telemetry, per pool, and the engines
+    whose counters gave their tokens."""
+    ext = parts.get("external") or {}
+    labels = ", ".join((ext.get("trust") or {}).get("labels") or []) or "estimated"
+    rows = [
+        [
+            str(p.get("pool") or "—"),
+            str(p.get("gpus", "—")),
+            f"{(p.get('span_s') or 0) / 3600:,.3f}",
+            *(_pct(p.get(f"{s}_share")) for s in ("prefill", "decode", "other_busy", "idle")),
+            f"{(p.get('energy_j') or 0) / 3.6e6:,.3g}",
+            str(p.get("method") or "—"),
+        ]
+        for p in ext.get("per_pool") or []
+    ]
+    head = ["pool", "GPUs", "GPU-h", "prefill", "decode", "other busy", "idle", "energy kWh", "method"]
+    title = f"GPU time by phase, GPUs without phaselens telemetry ({labels}: dcgm-exporter + engine metrics)"
+    out = _rows(title, head, rows)
+    engines = [
+        [
+            str(e.get("endpoint")),
+            str(e.get("engine") or "—"),
+            str(e.get("model") or "—"),
+            str(e.get("role") or "—"),
+            _cell(e.get("served_input_tokens")),
+            _cell(e.get("served_output_tokens")),
+            _cell(e.get("served_requests")),
+            _cell(e.get("fit_r2")),
+        ]
+        for e in ext.get("engines") or []
+    ]
+    head = ["engine", "kind", "model", "role", "input tokens", "output tokens", "requests", "fit R²"]
+    return out + _rows("Engines (their counters over the window)", head, engines)
 
 
 def _latency_lines(parts: dict[str, Any]) -> list[str]:
@@ -759,6 +820,7 @@ def format_summary(
     lines += _gap_lines(parts, names, gpu_rows)
     lines += _idle_lines(parts)
     lines += _bimodal_lines(parts, names, gpu_rows)
+    lines += _external_lines(parts)
     lines += _cost_lines(parts)
     lines += _latency_lines(parts)
     lines += _fit_lines(parts, names, gpu_rows)

@@ -1,0 +1,160 @@
+"""An external fleet end to end: a real `phaselens collect` scrapes a real HTTP server serving the
+recorded dcgm-exporter (NVIDIA L4) and vLLM `/metrics` pages, their counters advancing with wall
+time, into a real DuckDB file; `phaselens analyze` (through the collector's API, then on the file)
+gives GPU-hours, cost, J/token and an estimated phase split — no bundled-stack telemetry anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collector.cli import main
+from tests.collector.conftest import start_collector
+from tests.collector.sources.conftest import DATA, L4_PROM, TEXT, LocalServer, http_server  # noqa: F401
+from tests.conftest import stop_process
+
+VLLM_PROM = (DATA / "vllm-lmcache.prom").read_text()
+PHASE_S = 2.0
+# per 2 s phase, cycling: (prompt tokens/s, generated tokens/s, engine steps/s, requests/s)
+PHASES = ((6000.0, 100.0, 10.0, 4.0), (0.0, 600.0, 60.0, 2.0), (0.0, 0.0, 0.0, 0.0))
+SECONDS_PER = (1e-4, 5e-4, 5e-3)  # GPU-busy seconds per prompt token, generated token, step
+IDLE_W, BUSY_W = 16.0, 55.0  # an L4: 16 W idle (the capture's reading), 72 W board limit
+GPU_USD_PER_HOUR = 0.80  # the default price table has no L4: the test names its price
+
+
+@dataclass
+class Workload:
+    """What the GPU and the engine did since ``t0``: cumulative counters and the current gauges."""
+
+    t0: float
+
+    def at(self, now: float) -> dict[str, float]:
+        t = max(0.0, now - self.t0)
+        total = {"prompt": 0.0, "gen": 0.0, "steps": 0.0, "requests": 0.0, "energy_j": 0.0}
+        k, busy = 0, 0.0
+        while k * PHASE_S < t:
+            dt = min(PHASE_S, t - k * PHASE_S)
+            prompt, gen, steps, requests = PHASES[k % len(PHASES)]
+            busy = min(1.0, prompt * SECONDS_PER[0] + gen * SECONDS_PER[1] + steps * SECONDS_PER[2])
+            for key, rate in zip(
+                ("prompt", "gen", "steps", "requests"), (prompt, gen, steps, requests), strict=True
+            ):
+                total[key] += rate * dt
+            total["energy_j"] += (IDLE_W + BUSY_W * busy) * dt
+            k += 1
+        return total | {"busy": busy, "power_w": IDLE_W + BUSY_W * busy}
+
+
+def _set(page: str, metric: str, value: float) -> str:
+    """``page`` with every sample of ``metric`` set to ``value``."""
+    out, n = re.subn(rf"^({re.escape(metric)}(?:\{{[^}}]*\}})?) \S+$", rf"\g<1> {value!r}", page, flags=re.M)
+    assert n, metric
+    return out
+
+
+def _add(page: str, metric: str, increase: float) -> str:
+    """``page`` with every sample of the counter ``metric`` raised by ``increase``."""
+
+    def raise_(m: re.Match[str]) -> str:
+        return f"{m[1]} {float(m[2]) + increase!r}"
+
+    out, n = re.subn(rf"^({re.escape(metric)}(?:\{{[^}}]*\}})?) (\S+)$", raise_, page, flags=re.M)
+    assert n, metric
+    return out
+
+
+def dcgm_page(w: Workload) -> str:
+    s = w.at(time.monotonic())
+    page = _add(L4_PROM, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", round(s["energy_j"] * 1000.0))
+    page = _set(page, "DCGM_FI_DEV_POWER_USAGE", s["power_w"])
+    page = _set(page, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", s["busy"])
+    return _set(page, "DCGM_FI_DEV_GPU_UTIL", float(round(100 * s["busy"])))
+
+
+def vllm_page(w: Workload) -> str:
+    s = w.at(time.monotonic())
+    page = _add(VLLM_PROM, "vllm:prompt_tokens_total", s["prompt"])
+    page = _add(page, "vllm:generation_tokens_total", s["gen"])
+    page = _add(page, "vllm:iteration_tokens_total_count", s["steps"])
+    return _add(page, "vllm:request_success_total", s["requests"] / 3)  # its three finished_reason series
+
+
+@pytest.fixture
+def external_fleet(http_server: LocalServer, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:  # noqa: F811
+    """A collector scraping the two pages (dcgm-exporter every 0.5 s, vLLM every 1 s) for ~20 s."""
+    w = Workload(time.monotonic())
+    dcgm = http_server.serve_text("/dcgm/metrics", "")
+    http_server.routes["/dcgm/metrics"] = lambda _q: (200, dcgm_page(w), TEXT)
+    vllm = http_server.serve_text("/vllm/metrics", "")
+    http_server.routes["/vllm/metrics"] = lambda _q: (200, vllm_page(w), TEXT)
+    db = tmp_path / "external.duckdb"
+    proc, url = start_collector(
+        db, "--node", "gpu-node-1", "--dcgm", dcgm, "--engine", vllm, "--dcgm-interval-s", "0.5"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while http_server.hits.get("/vllm/metrics", 0) < 20 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2.0)  # the last scrapes flushed
+        yield proc, url, db
+    finally:
+        stop_process(proc)
+
+
+def _check(summary: dict, *, priced: bool = True) -> None:
+    parts = summary["parts"]
+    assert "external" in parts, summary["missing"]
+    t = parts["cost"]["total"]
+    assert t["gpu_hours"] > 0.002  # ≥ ~8 s of one GPU's samples
+    assert t["j_per_token"] > 0 and t["j_per_output_token"] > 0
+    assert t["input_tokens"] > 1000 and t["output_tokens"] > 100 and t["requests"] > 0
+    if priced:
+        assert t["cost_usd"] > 0 and t["usd_per_1m_tokens"] > 0 and t["usd_per_request"] > 0
+    else:  # no default price for an L4: the dollars are undefined, and said so
+        assert t["cost_usd"] is None and t["usd_per_1m_tokens"] is None
+        assert any("no price for GPU NVIDIA L4" in n for n in parts["cost"]["trust"]["notes"])
+    assert "estimated" in parts["cost"]["trust"]["labels"]
+    assert "estimated" in parts["external"]["trust"]["labels"]
+    (pool,) = parts["external"]["per_pool"]
+    assert pool["pool"] == "mixed" and pool["method"] == "engine-metrics"
+    assert pool["prefill_share"] > 0.02 and pool["decode_share"] > 0.1
+    assert pool["idle_share"] > 0.1  # one phase in three does nothing
+    assert t["prefill_s"] > 0 and t["decode_s"] > 0 and t["idle_s"] > 0
+    # GPU-hours are the observed sample time, whole: the states add up to it
+    assert t["gpu_seconds"] == pytest.approx(pool["span_s"], rel=1e-6)
+
+
+def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(external_fleet, capsys):
+    proc, url, db = external_fleet
+    price = ["--gpu-usd-per-hour", str(GPU_USD_PER_HOUR)]
+    r = httpx.get(
+        f"{url}/api/v1/analytics/summary",
+        params={"since": "10m", "gpu_usd_per_hour": GPU_USD_PER_HOUR},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    _check(r.json())
+    _check(
+        httpx.get(f"{url}/api/v1/analytics/summary", params={"since": "10m"}, timeout=120).json(),
+        priced=False,
+    )
+
+    assert main(["analyze", "--collector", url, "--since", "10m", *price]) == 0
+    out = capsys.readouterr().out
+    assert "GPUs without phaselens telemetry (measured, estimated" in out
+    window_cost = re.search(r"window cost \$(\S+) for (\S+) GPU-h", out)
+    assert window_cost and float(window_cost[1]) > 0 and float(window_cost[2]) > 0, out
+    assert "per 1M tokens (input + output)" in out and "per request" in out
+
+    stop_process(proc)  # the collector holds the file while it runs
+    assert main(["analyze", "--db", str(db), "--since", "10m", "--json", *price]) == 0
+    _check(json.loads(capsys.readouterr().out))
