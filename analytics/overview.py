@@ -11,7 +11,9 @@ never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 * ``output_tokens_per_s``: output tokens generated in the window ÷ the seconds of it with a request
   in flight (the rate while serving; the summary's ``serving`` part); over the window's length,
   and said so, where the window holds no request span (``basis`` and ``span_s`` say which);
-* ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
+* ``usd_per_1m_tokens`` / ``usd_per_request``: the window's cost ÷ its input + output tokens (× 1e6) and
+  ÷ the requests finished in it (the cost part's figures that compare periods and layouts; $/1M input
+  and output tokens depend on which side a pool's idle time is charged to);
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
   bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
@@ -33,6 +35,7 @@ GPU_TIME = (
     ("productive_decode", "productive decode", ("decode_s",)),
     ("stranded", "stranded (busy, compute or bandwidth idle)", ("stranded_prefill_s", "stranded_decode_s")),
     ("host_bound", "host-bound", ("host_bound_s",)),
+    ("other_busy", "other busy (not engine work)", ("other_busy_s",)),
     ("idle", "idle", ("idle_s",)),
     ("unsampled", "unsampled (no samples)", ("unsampled_s",)),
 )
@@ -42,6 +45,7 @@ _SECONDS = (
     "stranded_prefill_s",
     "stranded_decode_s",
     "host_bound_s",
+    "other_busy_s",
     "idle_s",
     "unsampled_s",
 )
@@ -60,8 +64,8 @@ class FigureSpec:
 
 FIGURES = (
     FigureSpec("output_tokens_per_s", "Output tokens/s", "tokens/s", True, "cost"),
-    FigureSpec("usd_per_1m_input", "$ per 1M input tokens", "$/1M tokens", False, "cost"),
-    FigureSpec("usd_per_1m_output", "$ per 1M output tokens", "$/1M tokens", False, "cost"),
+    FigureSpec("usd_per_1m_tokens", "$ per 1M tokens, all in", "$/1M tokens", False, "cost"),
+    FigureSpec("usd_per_request", "$ per request", "$/request", False, "cost"),
     FigureSpec("j_per_output_token", "Energy per output token, J", "J/token", False, "cost"),
     FigureSpec("stranded_share", "Stranded GPU-time, %", "ratio", False, "cost"),
     FigureSpec("host_bound_share", "Host-bound GPU-time, %", "ratio", False, "cost"),
@@ -130,8 +134,8 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
             else (None, "no data: output tokens unknown")
         )
         for key, why in (
-            ("usd_per_1m_input", "no input tokens in the window (or a GPU without a price)"),
-            ("usd_per_1m_output", "no output tokens in the window (or a GPU without a price)"),
+            ("usd_per_1m_tokens", "no tokens in the window (or a GPU without a price)"),
+            ("usd_per_request", "no request finished in the window (or a GPU without a price)"),
             ("j_per_output_token", "no output tokens in the window"),
         ):
             value = _num(total.get(key))
@@ -207,7 +211,16 @@ def _annual(summary: dict[str, Any], total: dict[str, Any], fleet_gpus: int) -> 
     if annual.get("fleet_gpus") == fleet_gpus and isinstance(annual.get("usd_per_year"), dict):
         return {k: _num(v) for k, v in annual["usd_per_year"].items()}
     scale = fleet_gpus * 3600.0 * HOURS_PER_YEAR / float(total["gpu_seconds"])
-    cats = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle", "unsampled")
+    cats = (
+        "prefill",
+        "decode",
+        "stranded_prefill",
+        "stranded_decode",
+        "host_bound",
+        "other_busy",
+        "idle",
+        "unsampled",
+    )
     out: dict[str, float | None] = {}
     for c in cats:
         usd = _num(total.get(f"cost_usd_{c}"))
