@@ -16,11 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from collector.cli import main
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import DATA, L4_PROM, TEXT, LocalServer, http_server  # noqa: F401
 from tests.conftest import stop_process
+from tests.dashboard.views.conftest import open_page
 
 VLLM_PROM = (DATA / "vllm-lmcache.prom").read_text()
 PHASE_S = 2.0
@@ -98,7 +100,9 @@ def external_fleet(http_server: LocalServer, tmp_path: Path) -> Iterator[tuple[s
     http_server.routes["/vllm/metrics"] = lambda _q: (200, vllm_page(w), TEXT)
     db = tmp_path / "external.duckdb"
     proc, url = start_collector(
-        db, "--node", "gpu-node-1", "--dcgm", dcgm, "--engine", vllm, "--dcgm-interval-s", "0.5"
+        db,
+        *("--node", "gpu-node-1", "--dcgm", dcgm, "--engine", vllm),
+        *("--dcgm-interval-s", "0.5", "--metrics-interval-s", "1"),
     )
     try:
         deadline = time.monotonic() + 120
@@ -133,7 +137,26 @@ def _check(summary: dict, *, priced: bool = True) -> None:
     assert t["gpu_seconds"] == pytest.approx(pool["span_s"], rel=1e-6)
 
 
-def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(external_fleet, capsys):
+def _metrics(url: str) -> dict[tuple[str, str, str], float]:
+    """``(metric, scope, phase or kind) → value`` of the collector's /metrics series with an
+    estimated trust label, once the derived figures are computed (the first scrape starts them)."""
+    deadline = time.monotonic() + 90
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        got = {
+            (f.name, s.labels.get("scope", ""), s.labels.get("phase") or s.labels.get("kind") or ""): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if "estimated" in s.labels.get("trust", "")
+        }
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(1.0)
+
+
+def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(
+    external_fleet, capsys, monkeypatch, tmp_path
+):
     proc, url, db = external_fleet
     price = ["--gpu-usd-per-hour", str(GPU_USD_PER_HOUR)]
     r = httpx.get(
@@ -154,6 +177,30 @@ def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(
     window_cost = re.search(r"window cost \$(\S+) for (\S+) GPU-h", out)
     assert window_cost and float(window_cost[1]) > 0 and float(window_cost[2]) > 0, out
     assert "per 1M tokens (input + output)" in out and "per request" in out
+
+    # Prometheus export: the estimated phase split and energy per token (no $: an L4 has no default price)
+    m = _metrics(url)
+    assert m[("phaselens_phase_time_ratio", "pool", "prefill")] > 0.02
+    assert m[("phaselens_phase_time_ratio", "pool", "decode")] > 0.1
+    assert m[("phaselens_energy_per_token_joules", "fleet", "decode")] > 0
+
+    # the report: the cost section with the estimated split
+    page = tmp_path / "report.html"
+    assert main(["report", "--collector", url, "--since", "10m", "--out", str(page)]) == 0
+    html = page.read_text()
+    assert "GPUs without phaselens telemetry: phase split, estimated" in html
+    assert '<span class="badge estimated">estimated</span>' in html
+    assert re.search(r"The window cost <b>\S+</b> for [\d.]+ GPU-s", html)
+
+    # the dashboard's Cost page (its GPU price input starts at $2/h where the table has none)
+    monkeypatch.setenv("PHASELENS_API_URL", url)
+    at = open_page("cost")
+    assert not at.exception
+    metrics = {x.label: x.value for x in at.metric}
+    for label in ("Cost of the window", "Per 1M tokens, all in", "Per request"):
+        assert metrics[label].startswith("$"), (label, metrics)
+    assert "GPUs without phaselens telemetry: phase split, estimated" in [h.value for h in at.subheader]
+    capsys.readouterr()
 
     stop_process(proc)  # the collector holds the file while it runs
     assert main(["analyze", "--db", str(db), "--since", "10m", "--json", *price]) == 0
