@@ -106,6 +106,7 @@ class GpuHourUsage:
     model: str | None = None
     node: str | None = None
     gpu_share: float = 1.0  # of the physical GPU's price: a MIG instance is its slices / 7
+    estimated: bool = False  # an external fleet's GPU: phase split estimated, no stranded/host-bound split
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpu_share, int | float) and 0 < self.gpu_share <= 1):
@@ -248,13 +249,19 @@ def price_usage(
             "input_tokens": float(u.input_tokens),
             "output_tokens": float(u.output_tokens),
             "gpu_usd_per_hour": _times(prices.gpu_price(u.gpu_name), u.gpu_share),
+            "estimated_s": sum(u.seconds.values()) if u.estimated else 0.0,
         }
         for c in CATEGORIES:
             row[f"{c}_s"] = float(u.seconds.get(c, 0.0))
             row[f"energy_j_{c}"] = float(u.energy_j.get(c, 0.0))
         rows.append(row)
     columns = ["node", "gpu", "gpu_name", "pool", "model", "hour_start_s", "input_tokens", "output_tokens"]
-    columns += ["gpu_usd_per_hour", *[f"{c}_s" for c in CATEGORIES], *[f"energy_j_{c}" for c in CATEGORIES]]
+    columns += [
+        "gpu_usd_per_hour",
+        "estimated_s",
+        *[f"{c}_s" for c in CATEGORIES],
+        *[f"energy_j_{c}" for c in CATEGORIES],
+    ]
     df = pd.DataFrame(rows, columns=columns)
     df["gpu_usd_per_hour"] = df["gpu_usd_per_hour"].astype(float)
     unpriced = sorted({str(n) for n in df.loc[df["gpu_usd_per_hour"].isna(), "gpu_name"]})
@@ -340,6 +347,7 @@ def price_usage(
 _SUMMED = (
     [
         "gpu_seconds",
+        "estimated_s",
         "energy_j",
         "input_tokens",
         "output_tokens",
@@ -597,14 +605,20 @@ def cost_breakdown(
     raw = pb.raw
     usages = usage_rows(raw, tokens, model, shares)
     requests = _requests_finished(con, window)
-    external_gpus = gpus_without_telemetry(raw) if external is not None else set()
     ext_tokens: dict[str, float] = {}
-    if external_gpus:
-        from analytics.external_cost import external_requests, external_usage, served_tokens
+    if external is not None:
+        from analytics.external import gpu_id
+        from analytics.external_cost import (
+            external_requests,
+            external_usage,
+            gpus_without_telemetry,
+            served_tokens,
+        )
 
+        external_gpus = gpus_without_telemetry(raw)
         keep = [
-            k not in external_gpus
-            for k in zip(raw["node"], raw["source"], raw["device"], raw["index"].map(_index), strict=True)
+            gpu_id(*k) not in external_gpus
+            for k in zip(raw["node"], raw["source"], raw["device"], raw["index"], strict=True)
         ]
         usages = [u for u, k in zip(usages, keep, strict=True) if k]
         usages += external_usage(external, external_gpus)
@@ -657,26 +671,6 @@ def cost_breakdown(
             "outside its GPUs' samples): not in $/1M tokens"
         )
     return result
-
-
-def _index(i: Any) -> int | None:
-    return None if i is None or pd.isna(i) else int(i)
-
-
-def gpus_without_telemetry(raw: pd.DataFrame) -> set[tuple[Any, ...]]:
-    """``(node, source, device, index)`` of the GPUs none of whose time in the window the
-    attribution could attribute (sampled, but no serving telemetry at all)."""
-    if raw.empty or "unattributed_s" not in raw:
-        return set()
-    seconds = [f"{a}_s" for a in ATTRIBUTION_CATEGORY.values() if f"{a}_s" in raw]
-    keys = [raw["node"].astype(str), raw["source"].astype(str), raw["device"].astype(str)]
-    per = raw.assign(_i=raw["index"].map(_index), _attr=raw[seconds].fillna(0.0).sum(axis=1))
-    sums = per.groupby([*keys, per["_i"].fillna(-1)], dropna=False)[["_attr", "unattributed_s"]].sum()
-    return {
-        (n, s, d, None if i == -1 else int(i))
-        for (n, s, d, i), a, u in zip(sums.index, sums["_attr"], sums["unattributed_s"], strict=True)
-        if a <= 0 and u > 0
-    }
 
 
 def _requests_finished(con: duckdb.DuckDBPyConnection, window: Window) -> float:

@@ -53,7 +53,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +100,11 @@ class ExternalAttribution:
     ``<state>_energy_j``, ``<state>_energy_share``; ``energy_j`` total.
     ``per_pool``: the same sums and shares per pool. ``engines``: per engine endpoint, its GPUs,
     role, fitted work model (``c_iter_s``, ``c_prompt_token_s``, ``c_gen_token_s``, ``fit_r2``,
-    ``fit_rel_rmse``, ``fit_intervals``), its work in the window and
-    the histogram-derived concurrencies. ``intervals``: every sample interval's state seconds and
-    energy. ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
+    ``fit_rel_rmse``, ``fit_intervals``), its work in the window,
+    the histogram-derived concurrencies, ``model`` and ``served_input_tokens``,
+    ``served_output_tokens``, ``served_requests`` (its counters over the window, as counted for
+    cost: :data:`SERVED`). ``intervals``: every sample interval's state seconds and energy, and its
+    share of its engine's tokens and requests (``input_tokens``, ``output_tokens``, ``requests``). ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
     """
 
     window: Window
@@ -544,9 +546,13 @@ def external_attribution(
     *,
     engine_gpus: Mapping[str, Sequence[str]] | None = None,
     roles: Mapping[str, str] | None = None,
+    gpus: Collection[GpuId] | None = None,
 ) -> ExternalAttribution:
     """Estimate, per GPU and per pool, the share of GPU time and energy spent in prefill, decode,
     other busy work and idle, from dcgm-exporter samples and engine ``/metrics`` (module docstring).
+
+    ``gpus``: only these GPUs (their :func:`gpu_id`; a MIG instance's physical GPU is kept for its
+    energy), e.g. those without phaselens telemetry in a window that also has a bundled stack.
 
     ``engine_gpus``: engine endpoint (as stored in ``engine_metrics.endpoint``) → the GPUs serving it
     (UUIDs, ``node/device`` or Kubernetes pods); without it, GPUs are matched to engines by the
@@ -556,6 +562,15 @@ def external_attribution(
     trust = Trust().add(ESTIMATED, "phase shares estimated from dcgm-exporter and engine metrics")
     missing: list[str] = []
     iv = _intervals(con, window)
+    if gpus is not None and not iv.empty:
+        wanted = set(gpus)
+        ids = pd.Series(
+            [gpu_id(*r) for r in zip(iv["node"], iv["source"], iv["device"], iv["index"], strict=True)],
+            index=iv.index,
+        )
+        keep = ids.isin(wanted)
+        parents = set(iv.loc[keep, "parent_uuid"].dropna())
+        iv = iv[keep | (iv["parent_uuid"].isna() & iv["uuid"].isin(parents))].reset_index(drop=True)
     values, labels = _engine_rows(con, window)
     if iv.empty:
         missing.append("no GPU samples (two or more per GPU) in the window")
@@ -792,6 +807,14 @@ def _model_of(labels: pd.DataFrame, endpoint: str) -> str | None:
     return _text(hit.iloc[0]) if len(hit) else None
 
 
+GpuId = tuple[Any, ...]  # (node, source, device, index) of a GPU's sample rows
+
+
+def gpu_id(node: Any, source: Any, device: Any, index: Any) -> GpuId:
+    """A GPU's identity in the store, as the attribution's rows and the sample intervals carry it."""
+    return (str(node), str(source), str(device), None if index is None or pd.isna(index) else int(index))
+
+
 def _first(a: np.ndarray | None) -> float:
     return float(a[0]) if a is not None and len(a) else float("nan")
 
@@ -941,9 +964,12 @@ def _summarise(iv: pd.DataFrame, by: list[str], gpus: pd.DataFrame | None) -> pd
 
 __all__ = [
     "ENGINE_COUNTERS",
+    "SERVED",
     "STATES",
     "ExternalAttribution",
     "ExternalAttributionError",
+    "GpuId",
     "external_attribution",
+    "gpu_id",
     "nnls",
 ]

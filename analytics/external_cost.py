@@ -24,18 +24,31 @@ from typing import Any
 
 import pandas as pd
 
-from analytics.cost import GpuHourUsage, mig_share
-from analytics.external import SERVED, ExternalAttribution
+from analytics.cost import ATTRIBUTION_CATEGORY, GpuHourUsage, mig_share
+from analytics.external import SERVED, ExternalAttribution, GpuId, gpu_id
 
 #: the external states → the cost categories they are priced as
 STATE_CATEGORY = {"prefill": "prefill", "decode": "decode", "other_busy": "other_busy", "idle": "idle"}
 
-GpuId = tuple[Any, ...]  # (node, source, device, index) of a GPU sample row
 
-
-def gpu_id(node: Any, source: Any, device: Any, index: Any) -> GpuId:
-    """A GPU's identity in the store, as the attribution's rows and the sample intervals carry it."""
-    return (str(node), str(source), str(device), None if index is None or pd.isna(index) else int(index))
+def gpus_without_telemetry(raw: pd.DataFrame) -> set[GpuId]:
+    """:func:`~analytics.external.gpu_id` of the GPUs none of whose time in the window the bundled
+    attribution could attribute (``raw``: :attr:`analytics.attribution.PhaseBreakdown.raw`): sampled,
+    but without any phaselens serving telemetry — the GPUs to estimate and price from their
+    dcgm-exporter samples and engine metrics."""
+    if raw.empty or "unattributed_s" not in raw:
+        return set()
+    seconds = [f"{a}_s" for a in ATTRIBUTION_CATEGORY.values() if f"{a}_s" in raw]
+    per = raw.assign(
+        _id=[gpu_id(*r) for r in zip(raw["node"], raw["source"], raw["device"], raw["index"], strict=True)],
+        _attr=raw[seconds].fillna(0.0).sum(axis=1),
+    )
+    sums = per.groupby("_id")[["_attr", "unattributed_s"]].sum()
+    return {
+        i
+        for i, a, u in zip(sums.index, sums["_attr"], sums["unattributed_s"], strict=True)
+        if a <= 0 and u > 0
+    }
 
 
 def external_usage(ext: ExternalAttribution, only: Collection[GpuId] | None = None) -> list[GpuHourUsage]:
@@ -78,6 +91,7 @@ def external_usage(ext: ExternalAttribution, only: Collection[GpuId] | None = No
                 model=_text(model),
                 node=str(first["node"]),
                 gpu_share=mig_share(_text(first.get("mig_profile"))),
+                estimated=True,
             )
         )
     return out

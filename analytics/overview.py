@@ -17,7 +17,9 @@ never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
   bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
-  GPU's samples is ``unsampled``, in the GPU-time bar, never idle);
+  GPU's samples is ``unsampled``, in the GPU-time bar, never idle); stranded and host-bound ÷ the
+  GPU-seconds that have that split (not those of GPUs without phaselens telemetry, whose phases
+  are estimated: ``no_data`` where every GPU is such);
 * ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ requests finished.
 """
 
@@ -141,14 +143,22 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
             value = _num(total.get(key))
             out[key] = (value, None) if value is not None else (None, f"no data: {why}")
 
-        def share(*cols: str) -> tuple[float | None, str | None]:
+        def share(*cols: str, of: float = seconds) -> tuple[float | None, str | None]:
             vals = [_num(total.get(c)) for c in cols]
             if any(v is None for v in vals):
                 return None, "no data: GPU-time split unknown"
-            return sum(vals) / seconds, None  # type: ignore[arg-type]
+            if of <= 0:
+                return None, (
+                    "no data: the GPUs of the window have no phaselens telemetry; their phase split is estimated "
+                    "from dcgm-exporter and engine metrics, without a stranded or host-bound split"
+                )
+            return sum(vals) / of, None  # type: ignore[arg-type]
 
-        out["stranded_share"] = share("stranded_prefill_s", "stranded_decode_s")
-        out["host_bound_share"] = share("host_bound_s")
+        # stranded and host-bound time are of the GPU-time that has the split: not of an external
+        # fleet's GPUs, whose phases are estimated (analytics/external_cost.py)
+        split = seconds - (_num(total.get("estimated_s")) or 0.0)
+        out["stranded_share"] = share("stranded_prefill_s", "stranded_decode_s", of=split)
+        out["host_bound_share"] = share("host_bound_s", of=split)
         out["idle_share"] = share("idle_s")
     latency = (summary.get("parts") or {}).get("latency") or {}
     both = _num((latency.get("attainment") or {}).get("both"))

@@ -81,8 +81,9 @@ def summarize(
     """
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
-    from analytics.cost import cost_breakdown, gpus_without_telemetry, load_prices, token_counts
+    from analytics.cost import cost_breakdown, load_prices, token_counts
     from analytics.external import external_attribution
+    from analytics.external_cost import gpus_without_telemetry
     from analytics.intervals import IntervalTable
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
@@ -132,9 +133,10 @@ def summarize(
     price_table = prices if prices is not None else load_prices()
     # GPUs with samples but no phaselens telemetry (dcgm-exporter under vLLM / SGLang / Dynamo):
     # their phase split, GPU-hours and tokens are estimated from the engines' own metrics
+    unattributed = gpus_without_telemetry(pb.raw) if pb is not None else set()
     external = (
-        run("external", lambda: external_attribution(con, window))
-        if pb is not None and gpus_without_telemetry(pb.raw)
+        run("external", lambda: external_attribution(con, window, gpus=unattributed))
+        if unattributed
         else None
     )
     cost = (

@@ -14,11 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from analytics.overview import overview
+from analytics.summary import summarize
+from analytics.window import Window
 from collector.cli import main
+from tests.analytics.test_cost import H100, NODE, PRICES, USD_PER_J, hand_store, make_store, sample  # noqa: F401
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import DATA, L4_PROM, TEXT, LocalServer, http_server  # noqa: F401
 from tests.conftest import stop_process
@@ -178,6 +183,21 @@ def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(
     assert window_cost and float(window_cost[1]) > 0 and float(window_cost[2]) > 0, out
     assert "per 1M tokens (input + output)" in out and "per request" in out
 
+    # the overview (the dashboard's landing page): energy per token, the GPU-time bar; no stranded or
+    # host-bound share (not split for these GPUs), and no $ (no L4 price by default): each says why
+    ov = httpx.get(f"{url}/api/v1/analytics/overview", params={"since": "10m"}, timeout=120).json()
+    fig = ov["figures"]
+    assert fig["j_per_output_token"]["value"] > 0 and "estimated" in fig["j_per_output_token"]["trust"]
+    assert (
+        fig["stranded_share"]["value"] is None
+        and "no phaselens telemetry" in fig["stranded_share"]["no_data"]
+    )
+    assert (
+        fig["usd_per_1m_tokens"]["value"] is None and "without a price" in fig["usd_per_1m_tokens"]["no_data"]
+    )
+    assert fig["idle_share"]["value"] > 0.1
+    assert ov["gpu_time"]["shares"]["productive_decode"] > 0 and ov["gpu_time"]["shares"]["idle"] > 0.1
+
     # Prometheus export: the estimated phase split and energy per token (no $: an L4 has no default price)
     m = _metrics(url)
     assert m[("phaselens_phase_time_ratio", "pool", "prefill")] > 0.02
@@ -205,3 +225,68 @@ def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(
     stop_process(proc)  # the collector holds the file while it runs
     assert main(["analyze", "--db", str(db), "--since", "10m", "--json", *price]) == 0
     _check(json.loads(capsys.readouterr().out))
+
+
+# -- a hand-built store: a bundled GPU and a dcgm-exporter GPU in one window ---------------------------
+
+
+def test_a_bundled_gpu_and_a_dcgm_gpu_in_one_window_are_each_priced_their_way(
+    hand_store: duckdb.DuckDBPyConnection,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """GPU-a runs the bundled stack (iterations, requests, tokens); GPU-x is only watched by
+    dcgm-exporter, with no engine: it is priced busy-only from its samples (other busy + idle, its
+    energy counter), and only it is in the ``external`` part; GPU-a's figures do not change."""
+    window = Window(100.0, 104.5)
+    alone = summarize(hand_store, window, prices=PRICES, skip=frozenset({"bimodal"})).to_dict()
+    rows = [sample(100.0 + i, 1_000_000 + 300_000 * i) for i in range(5)]  # GPU-a, as in hand_store
+    # GPU-x: 4 intervals of 1 s, busy 25/50/75/100 %, 200 W → 800 J on its counter
+    dcgm = [
+        {
+            "node": NODE,
+            "source": "dcgm:http://10.0.0.9:9400/metrics",
+            "device": "nvidia1",
+            "index": 1,
+            "kind": "cuda",
+            "uuid": "GPU-x",
+            "name": H100,
+            "emulated": False,
+            "gr_engine_active_pct": 25.0 * i,
+            "power_w": 200.0,
+            "ts_s": 100.0 + i,
+            "energy_mj": 5_000_000 + 200_000 * i,
+        }
+        for i in range(5)
+    ]
+    tables = {
+        t: hand_store.execute(f"SELECT * FROM {t}").df().to_dict("records")
+        for t in ("iterations", "requests", "tokens")
+    }
+    con = make_store(tmp_path / "both.duckdb", {"gpu_samples": [*rows, *dcgm], **tables})
+    try:
+        both = summarize(con, window, prices=PRICES, skip=frozenset({"bimodal"})).to_dict()
+    finally:
+        con.close()
+    ext = both["parts"]["external"]
+    assert [g["uuid"] for g in ext["per_gpu"]] == ["GPU-x"] and ext["per_gpu"][0]["method"] == "busy-only"
+    by_gpu = {r["gpu"]: r for r in both["parts"]["cost"]["by_gpu"]}
+    x, a = by_gpu["GPU-x"], by_gpu["GPU-a"]
+    assert x["gpu_seconds"] == pytest.approx(4.0) and x["estimated_s"] == pytest.approx(4.0)
+    assert x["other_busy_s"] == pytest.approx(0.25 + 0.5 + 0.75 + 1.0)  # busy, but no engine to say in what
+    assert x["idle_s"] == pytest.approx(4.0 - 2.5)
+    assert x["energy_j"] == pytest.approx(800.0)
+    assert x["cost_usd"] == pytest.approx(2.0 * 4 / 3600 + 800 * USD_PER_J)
+    assert x["input_tokens"] == 0 and x["output_tokens"] == 0
+    before = {r["gpu"]: r for r in alone["parts"]["cost"]["by_gpu"]}["GPU-a"]
+    for key in ("gpu_seconds", "cost_usd", "decode_s", "stranded_decode_s", "input_tokens", "output_tokens"):
+        assert a[key] == pytest.approx(before[key]), key
+    assert a["estimated_s"] == 0
+    total = both["parts"]["cost"]["total"]
+    assert total["cost_usd"] == pytest.approx(a["cost_usd"] + x["cost_usd"])
+    assert "estimated" in both["parts"]["cost"]["trust"]["labels"]
+    # the overview: stranded and host-bound shares are of the GPU-time that has that split (GPU-a's)
+    fig = overview(both, None)["figures"]
+    assert fig["stranded_share"]["value"] == pytest.approx(
+        (a["stranded_prefill_s"] + a["stranded_decode_s"]) / a["gpu_seconds"]
+    )
+    assert fig["idle_share"]["value"] == pytest.approx((a["idle_s"] + x["idle_s"]) / total["gpu_seconds"])
