@@ -20,7 +20,9 @@ the window's share (noted). The figures that compare layouts and periods do not 
 split: all-in $/1M tokens (window cost / (input + output tokens)), $ per request (window cost /
 requests finished) and the blended $/1M tokens at Artificial Analysis' 3:1 input:output mix.
 Formulas and sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
-:class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store.
+:class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store. (Over 600 lines: the
+pricing and the store reads that feed it share the category tables and are read together, in the
+order of docs/analytics/cost.md; an external fleet's rows are in :mod:`analytics.external_cost`.)
 """
 
 from __future__ import annotations

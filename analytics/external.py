@@ -44,7 +44,9 @@ Everything here is **estimated** from what those expose, and says how:
   interval power in the window × dt) by compute slices (``Ng`` of the profile), the rest by slices ×
   busy fraction.
 
-Public API: :func:`external_attribution` → :class:`ExternalAttribution`.
+Public API: :func:`external_attribution` → :class:`ExternalAttribution`. (Over 600 lines: one method —
+its SQL, engine matching, work and power fits — read top to bottom beside docs/analytics/external.md;
+its pricing is in :mod:`analytics.external_cost`.)
 """
 
 from __future__ import annotations
@@ -200,11 +202,13 @@ WHERE dt_s IS NOT NULL AND dt_s > 0
 ORDER BY node, source, device, "index", ts_s
 """
 
+# Engines that hold no GPU of their own are not read: a Dynamo frontend, and the bundled stack's
+# router (engine 'phaselens': its tokens are the bundled stack's, counted from its telemetry).
 _ENGINE_SQL = """
 SELECT endpoint, any_value(engine) AS engine, ts_s, metric, sum(value) AS value
 FROM engine_metrics
 WHERE {nodes} AND ts_s >= ? AND ts_s <= ? AND metric IN ({metrics}) AND value IS NOT NULL
-  AND (engine IS NULL OR engine <> 'dynamo')
+  AND (engine IS NULL OR engine NOT IN ('dynamo', 'phaselens'))
 GROUP BY endpoint, ts_s, metric
 ORDER BY endpoint, metric, ts_s
 """
@@ -218,7 +222,7 @@ SELECT endpoint, any_value(engine) AS engine, mode(node) AS node,
        mode(labels->>'model_name') AS model,
        count(*) AS n_rows
 FROM engine_metrics
-WHERE {nodes} AND ts_s >= ? AND ts_s < ? AND (engine IS NULL OR engine <> 'dynamo')
+WHERE {nodes} AND ts_s >= ? AND ts_s < ? AND (engine IS NULL OR engine NOT IN ('dynamo', 'phaselens'))
 GROUP BY endpoint
 ORDER BY endpoint
 """

@@ -262,7 +262,23 @@ def test_a_bundled_gpu_and_a_dcgm_gpu_in_one_window_are_each_priced_their_way(
         t: hand_store.execute(f"SELECT * FROM {t}").df().to_dict("records")
         for t in ("iterations", "requests", "tokens")
     }
-    con = make_store(tmp_path / "both.duckdb", {"gpu_samples": [*rows, *dcgm], **tables})
+    # the bundled stack's router, scraped as an engine on GPU-x's host: its tokens are GPU-a's, not GPU-x's
+    router = [
+        {
+            "node": NODE,
+            "endpoint": "http://10.0.0.9:8000/metrics",
+            "engine": "phaselens",
+            "ts_s": 100.0 + i,
+            "metric": metric,
+            "labels": {},
+            "value": 500.0 * i,
+        }
+        for i in range(5)
+        for metric in ("prompt_tokens_total", "generation_tokens_total")
+    ]
+    con = make_store(
+        tmp_path / "both.duckdb", {"gpu_samples": [*rows, *dcgm], "engine_metrics": router, **tables}
+    )
     try:
         both = summarize(con, window, prices=PRICES, skip=frozenset({"bimodal"})).to_dict()
     finally:
