@@ -12,8 +12,8 @@ iterations), ``other_busy`` (an external fleet's busy time no engine work explai
 :mod:`analytics.external_cost`), ``idle`` (no work), ``unsampled`` (a gap in the GPU's samples: its
 work is not known, so it is not idle; its GPU-hours are still paid for and its energy is the
 counter's rise across the gap). Input side (→ $/1M input tokens): prefill + stranded_prefill + the
-input share of host_bound, other_busy, idle and unsampled; output side (→ $/1M output tokens): decode + stranded_decode + the
-output share. The input share of a GPU-hour's host-bound, idle and unsampled time is its
+input share of host_bound, other_busy, idle and unsampled; output side (→ $/1M output tokens):
+decode + stranded_decode + the output share. The input share of a GPU-hour's overhead time is its
 prefill-side busy time over its busy time ((prefill + stranded_prefill) / busy); a GPU-hour with no
 busy time gives it to the input side in a prefill pool, the output side in a decode pool, else by
 the window's share (noted). The figures that compare layouts and periods do not depend on that
@@ -590,6 +590,13 @@ def cost_breakdown(
     priced from it (:mod:`analytics.external_cost`: observed sample time, estimated phase split,
     tokens and requests from the engine's counters; labelled estimated) instead of being left out."""
     from analytics.attribution import phase_breakdown
+    from analytics.external import gpu_id
+    from analytics.external_cost import (
+        external_requests,
+        external_usage,
+        gpus_without_telemetry,
+        served_tokens,
+    )
 
     prices = prices or load_prices()
     groups = iteration_groups(con, window) if breakdown is None and tokens is None else None
@@ -608,16 +615,8 @@ def cost_breakdown(
     usages = usage_rows(raw, tokens, model, shares)
     requests = _requests_finished(con, window)
     ext_tokens: dict[str, float] = {}
-    if external is not None:
-        from analytics.external import gpu_id
-        from analytics.external_cost import (
-            external_requests,
-            external_usage,
-            gpus_without_telemetry,
-            served_tokens,
-        )
-
-        external_gpus = gpus_without_telemetry(raw)
+    external_gpus = gpus_without_telemetry(raw) if external is not None else set()
+    if external_gpus:
         keep = [
             gpu_id(*k) not in external_gpus
             for k in zip(raw["node"], raw["source"], raw["device"], raw["index"], strict=True)
