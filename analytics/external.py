@@ -106,7 +106,8 @@ class ExternalAttribution:
     the histogram-derived concurrencies, ``model`` and ``served_input_tokens``,
     ``served_output_tokens``, ``served_requests`` (its counters over the window, as counted for
     cost: :data:`SERVED`). ``intervals``: every sample interval's state seconds and energy, and its
-    share of its engine's tokens and requests (``input_tokens``, ``output_tokens``, ``requests``). ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
+    share of its engine's tokens and requests (``input_tokens``, ``output_tokens``, ``requests``).
+    ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
     """
 
     window: Window
