@@ -597,8 +597,15 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
     out.append(
         f"  all in (compare layouts and periods by these): {_usd(t.get('usd_per_1m_tokens'))} per 1M tokens"
         f" (input + output), {_usd(t.get('usd_per_request'))} per request"
-        f" ({'—' if requests is None or requests != requests else f'{requests:,.0f}'} finished),"
-        f" blended 3:1 {_usd(t.get('blended_usd_per_1m_tokens'))} per 1M tokens (Artificial Analysis' input:output mix)"
+        f" ({'—' if requests is None or requests != requests else f'{requests:,.0f}'} finished)"
+    )
+    out.append(
+        f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
+        f" at {_cell(t.get('output_tokens_per_s_per_gpu'))} output tokens/s per GPU"
+    )
+    out.append(
+        f"  blended 3:1 (input:output, as Artificial Analysis compares API prices; follows the split by side):"
+        f" {_usd(t.get('blended_usd_per_1m_tokens'))} per 1M tokens"
     )
     out.append("  by side (a pool's idle time is on one side, so these depend on the layout):")
     out.append(
@@ -610,10 +617,6 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
         f"  $/1M output tokens {_usd(t.get('usd_per_1m_output'))}  = decode {_usd(t.get('usd_per_1m_output_decode'))}"
         f" + stranded {_usd(t.get('usd_per_1m_output_stranded'))} + host-bound {_usd(t.get('usd_per_1m_output_host_bound'))}"
         f" + idle {_usd(t.get('usd_per_1m_output_idle'))}{_unsampled_usd(t, 'output')}"
-    )
-    out.append(
-        f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
-        f" at {_cell(t.get('output_tokens_per_s_per_gpu'))} output tokens/s per GPU"
     )
     out.append(
         f"  energy: {_cell(t.get('j_per_input_token'))} J per input token, {_cell(t.get('j_per_output_token'))} J per output"
