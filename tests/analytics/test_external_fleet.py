@@ -7,6 +7,7 @@ gives GPU-hours, cost, J/token and an estimated phase split — no bundled-stack
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import time
@@ -19,11 +20,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from analytics.cost import price_usage
+from analytics.external import external_attribution
+from analytics.external_cost import external_usage
 from analytics.overview import overview
 from analytics.summary import summarize
 from analytics.window import Window
 from collector.cli import main
 from tests.analytics.test_cost import H100, NODE, PRICES, USD_PER_J, hand_store, make_store, sample  # noqa: F401
+from tests.analytics.test_external import AGG_TIMES, fleet, pool_dcgm, pool_engines, window  # noqa: F401
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import DATA, L4_PROM, TEXT, LocalServer, http_server  # noqa: F401
 from tests.conftest import stop_process
@@ -306,3 +311,32 @@ def test_a_bundled_gpu_and_a_dcgm_gpu_in_one_window_are_each_priced_their_way(
         (a["stranded_prefill_s"] + a["stranded_decode_s"]) / a["gpu_seconds"]
     )
     assert fig["idle_share"]["value"] == pytest.approx((a["idle_s"] + x["idle_s"]) / total["gpu_seconds"])
+
+
+def test_a_disaggregated_fleet_counts_prompts_on_prefill_and_generated_tokens_on_decode(
+    fleet,  # noqa: F811
+) -> None:
+    """Dynamo prefill and decode workers (vLLM pages with Dynamo labels): the prefill engine's
+    prompt tokens are the input tokens and its one generated token per request is not output (the
+    decode worker's is); each pool's GPU-time is priced on its own side."""
+    con = fleet(AGG_TIMES, pool_dcgm, pool_engines())
+    res = external_attribution(con, window(AGG_TIMES))
+    usages = {u.pool: u for u in external_usage(res)}
+    p, d = usages["prefill"], usages["decode"]
+    assert (p.input_tokens, p.output_tokens) == (
+        300.0,
+        0.0,
+    )  # prompt 100/interval; its 1 token/interval dropped
+    assert (d.input_tokens, d.output_tokens) == (0.0, 120.0)  # generated 40/interval
+    assert p.seconds["prefill"] == pytest.approx(9.0) and d.seconds["decode"] == pytest.approx(24.0)
+    assert p.seconds["idle"] + p.seconds["prefill"] == pytest.approx(30.0) and p.estimated
+    served = res.engines.set_index("endpoint")
+    assert served.loc["http://10.0.0.5:8000/metrics", "served_output_tokens"] == 0
+    assert served.loc["http://10.0.0.6:8000/metrics", "served_output_tokens"] == pytest.approx(120.0)
+    b = price_usage(list(usages.values()), PRICES)
+    pools = b.by_pool.set_index("pool")
+    assert pools.loc["prefill", "usd_per_1m_input"] == pytest.approx(
+        pools.loc["prefill", "cost_usd"] / 300 * 1e6
+    )
+    assert math.isnan(pools.loc["prefill", "usd_per_1m_output"])
+    assert b.headline()["usd_per_1m_tokens"] == pytest.approx(b.headline()["cost_usd"] / 420 * 1e6)
