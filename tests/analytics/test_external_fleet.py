@@ -48,10 +48,11 @@ class Workload:
     """What the GPU and the engine did since ``t0``: cumulative counters and the current gauges."""
 
     t0: float
+    last_dcgm: tuple[float, float] | None = None  # (time, busy seconds) at the last dcgm-exporter scrape
 
     def at(self, now: float) -> dict[str, float]:
         t = max(0.0, now - self.t0)
-        total = {"prompt": 0.0, "gen": 0.0, "steps": 0.0, "requests": 0.0, "energy_j": 0.0}
+        total = {"prompt": 0.0, "gen": 0.0, "steps": 0.0, "requests": 0.0, "energy_j": 0.0, "busy_s": 0.0}
         k, busy = 0, 0.0
         while k * PHASE_S < t:
             dt = min(PHASE_S, t - k * PHASE_S)
@@ -62,6 +63,7 @@ class Workload:
             ):
                 total[key] += rate * dt
             total["energy_j"] += (IDLE_W + BUSY_W * busy) * dt
+            total["busy_s"] += busy * dt
             k += 1
         return total | {"busy": busy, "power_w": IDLE_W + BUSY_W * busy}
 
@@ -85,10 +87,15 @@ def _add(page: str, metric: str, increase: float) -> str:
 
 
 def dcgm_page(w: Workload) -> str:
-    s = w.at(time.monotonic())
+    now = time.monotonic()
+    s = w.at(now)
+    # GR_ENGINE_ACTIVE as DCGM gives it: the busy fraction averaged since its last reading
+    t, busy_s = w.last_dcgm or (w.t0, 0.0)
+    active = (s["busy_s"] - busy_s) / (now - t) if now > t else s["busy"]
+    w.last_dcgm = (now, s["busy_s"])
     page = _add(L4_PROM, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", round(s["energy_j"] * 1000.0))
     page = _set(page, "DCGM_FI_DEV_POWER_USAGE", s["power_w"])
-    page = _set(page, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", s["busy"])
+    page = _set(page, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", min(1.0, max(0.0, active)))
     return _set(page, "DCGM_FI_DEV_GPU_UTIL", float(round(100 * s["busy"])))
 
 
