@@ -211,7 +211,7 @@ DERIVED_HELP = {
     "phaselens_cost_per_request_dollars": "All-in cost of the export window per request finished in it, USD.",
     "phaselens_slo_attainment_ratio": "Share of finished requests meeting the SLO (slo=both|ttft|tpot).",
     "phaselens_gpu_time_ratio": "Where the GPU-time goes (category=productive_prefill, productive_decode, "
-    "stranded, host_bound, idle; they sum to 1), for the fleet and per pool.",
+    "stranded, host_bound, other_busy, idle, unsampled; they sum to 1), for the fleet and per pool.",
     "phaselens_output_tokens_per_second": "Output tokens generated per second while serving (the seconds of the "
     "export window with a request in flight; the whole window where none), all GPUs.",
 }
