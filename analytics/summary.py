@@ -77,7 +77,9 @@ def summarize(
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown; one grouped scan
     of the window's iterations (:func:`analytics.iteration_groups.iteration_groups`) serves the
-    phase breakdown, the token counts and the latency part.
+    phase breakdown, the token counts and the latency part. GPUs with samples but no phaselens
+    telemetry (dcgm-exporter under vLLM / SGLang / Dynamo) get the ``external`` part
+    (:func:`analytics.external.external_attribution`, estimated) and are priced from it.
     """
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
