@@ -8,16 +8,21 @@ Categories (GPU-seconds and joules per GPU × pool × hour from helper A's attri
 :attr:`analytics.attribution.PhaseBreakdown.raw`):
 ``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − DRAM activity)),
 ``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (host time in and gaps between
-iterations), ``idle`` (no work), ``unsampled`` (a gap in the GPU's samples: its work is not known,
-so it is not idle; its GPU-hours are still paid for and its energy is the counter's rise across
-the gap). Input side (→ $/1M input tokens): prefill + stranded_prefill + the input share of
-host_bound, idle and unsampled; output side (→ $/1M output tokens): decode + stranded_decode + the
-output share. The input share of a GPU-hour's host-bound, idle and unsampled time is its
+iterations), ``other_busy`` (an external fleet's busy time no engine work explains:
+:mod:`analytics.external_cost`), ``idle`` (no work), ``unsampled`` (a gap in the GPU's samples: its
+work is not known, so it is not idle; its GPU-hours are still paid for and its energy is the
+counter's rise across the gap). Input side (→ $/1M input tokens): prefill + stranded_prefill + the
+input share of host_bound, other_busy, idle and unsampled; output side (→ $/1M output tokens):
+decode + stranded_decode + the output share. The input share of a GPU-hour's overhead time is its
 prefill-side busy time over its busy time ((prefill + stranded_prefill) / busy); a GPU-hour with no
 busy time gives it to the input side in a prefill pool, the output side in a decode pool, else by
-the window's share (noted). Formulas and
-sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
-:class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store.
+the window's share (noted). The figures that compare layouts and periods do not depend on that
+split: all-in $/1M tokens (window cost / (input + output tokens)), $ per request (window cost /
+requests finished) and the blended $/1M tokens at Artificial Analysis' 3:1 input:output mix.
+Formulas and sources: docs/analytics/cost.md. The pure part, :func:`price_usage`, takes :class:`GpuHourUsage` rows and a
+:class:`PriceTable`; :func:`cost_breakdown` builds those rows from the store. (Over 600 lines: the
+pricing and the store reads that feed it share the category tables and are read together, in the
+order of docs/analytics/cost.md; an external fleet's rows are in :mod:`analytics.external_cost`.)
 """
 
 from __future__ import annotations
@@ -62,13 +67,24 @@ __all__ = [
     "usage_rows",
 ]
 
-CATEGORIES = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle", "unsampled")
+CATEGORIES = (
+    "prefill",
+    "decode",
+    "stranded_prefill",
+    "stranded_decode",
+    "host_bound",
+    "other_busy",
+    "idle",
+    "unsampled",
+)
 #: the categories split between the input and the output side by the GPU-hour's prefill share
-OVERHEAD = ("host_bound", "idle", "unsampled")
+OVERHEAD = ("host_bound", "other_busy", "idle", "unsampled")
 INPUT_SPLIT = ("prefill", "stranded", *OVERHEAD)
 OUTPUT_SPLIT = ("decode", "stranded", *OVERHEAD)
 #: how a category is named where people read it
-CATEGORY_LABELS = {"unsampled": "unsampled (no samples)"}
+CATEGORY_LABELS = {"unsampled": "unsampled (no samples)", "other_busy": "other busy (not engine work)"}
+#: Artificial Analysis' blend of input and output token prices: 3 input tokens to 1 output token
+BLEND_INPUT_PER_OUTPUT = 3.0
 HOURS_PER_YEAR = 8760.0
 _GROUPS = {"model": ["model"], "pool": ["pool"], "gpu": ["node", "gpu", "gpu_name"], "hour": ["hour_start_s"]}
 
@@ -92,6 +108,7 @@ class GpuHourUsage:
     model: str | None = None
     node: str | None = None
     gpu_share: float = 1.0  # of the physical GPU's price: a MIG instance is its slices / 7
+    estimated: bool = False  # an external fleet's GPU: phase split estimated, no stranded/host-bound split
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpu_share, int | float) and 0 < self.gpu_share <= 1):
@@ -133,10 +150,10 @@ class AnnualProjection:
             f"${_money(self.total_usd_per_year)} a year, of which ${_money(y['stranded_decode'])} in stranded "
             f"decode compute, ${_money(y['stranded_prefill'])} in stranded prefill bandwidth, "
             f"${_money(y['host_bound'])} host-bound and ${_money(y['idle'])} idle"
-            + (
-                f" (and ${_money(y['unsampled'])} {CATEGORY_LABELS['unsampled']}, not idle)"
-                if y.get("unsampled", 0.0) > 0
-                else ""
+            + "".join(
+                f" (and ${_money(y[c])} {CATEGORY_LABELS[c]}, not idle)"
+                for c in ("other_busy", "unsampled")
+                if y.get(c, 0.0) > 0
             )
         )
 
@@ -210,11 +227,17 @@ class CostBreakdown:
 
 
 def price_usage(
-    usages: Sequence[GpuHourUsage], prices: PriceTable, *, trust: Trust | None = None
+    usages: Sequence[GpuHourUsage],
+    prices: PriceTable,
+    *,
+    trust: Trust | None = None,
+    requests: float | None = None,
 ) -> CostBreakdown:
     """Price GPU-hour rows (see the module docstring for every formula) and aggregate them per
     model, pool, GPU and hour. A GPU the table has no price for makes its rows' (and their groups')
-    dollar figures NaN, named in ``trust.notes``; a ratio with a zero denominator is NaN, never 0."""
+    dollar figures NaN, named in ``trust.notes``; a ratio with a zero denominator is NaN, never 0.
+    ``requests``: the requests finished in the window, for the total's ``usd_per_request`` (NaN
+    when None or 0: requests are not per GPU, so the groups have no $/request)."""
     trust = trust if trust is not None else Trust()
     rows = []
     for u in usages:
@@ -228,13 +251,19 @@ def price_usage(
             "input_tokens": float(u.input_tokens),
             "output_tokens": float(u.output_tokens),
             "gpu_usd_per_hour": _times(prices.gpu_price(u.gpu_name), u.gpu_share),
+            "estimated_s": sum(u.seconds.values()) if u.estimated else 0.0,
         }
         for c in CATEGORIES:
             row[f"{c}_s"] = float(u.seconds.get(c, 0.0))
             row[f"energy_j_{c}"] = float(u.energy_j.get(c, 0.0))
         rows.append(row)
     columns = ["node", "gpu", "gpu_name", "pool", "model", "hour_start_s", "input_tokens", "output_tokens"]
-    columns += ["gpu_usd_per_hour", *[f"{c}_s" for c in CATEGORIES], *[f"energy_j_{c}" for c in CATEGORIES]]
+    columns += [
+        "gpu_usd_per_hour",
+        "estimated_s",
+        *[f"{c}_s" for c in CATEGORIES],
+        *[f"energy_j_{c}" for c in CATEGORIES],
+    ]
     df = pd.DataFrame(rows, columns=columns)
     df["gpu_usd_per_hour"] = df["gpu_usd_per_hour"].astype(float)
     unpriced = sorted({str(n) for n in df.loc[df["gpu_usd_per_hour"].isna(), "gpu_name"]})
@@ -301,6 +330,9 @@ def price_usage(
     )
 
     total = _aggregate(df, [])
+    n = float(requests) if requests is not None and math.isfinite(requests) else 0.0
+    total["requests"] = n if requests is not None else float("nan")
+    total["usd_per_request"] = _ratio(total["cost_usd"].to_numpy(dtype=float), np.array([n]))
     tables = {name: _aggregate(df, keys) for name, keys in _GROUPS.items()}
     return CostBreakdown(
         total=total,
@@ -317,6 +349,7 @@ def price_usage(
 _SUMMED = (
     [
         "gpu_seconds",
+        "estimated_s",
         "energy_j",
         "input_tokens",
         "output_tokens",
@@ -365,6 +398,10 @@ def _aggregate(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     new["output_tokens_per_s_per_gpu"] = _ratio(outp, col["gpu_seconds"])
     new["industry_usd_per_1m_output"] = _ratio(col["gpu_cost_usd"], outp, m)
     new["industry_usd_per_1m_tokens"] = _ratio(col["gpu_cost_usd"], inp + outp, m)
+    # the figures that compare layouts: all-in per token, and the API providers' 3:1 blend
+    new["usd_per_1m_tokens"] = _ratio(col["cost_usd"], inp + outp, m)
+    b = BLEND_INPUT_PER_OUTPUT
+    new["blended_usd_per_1m_tokens"] = (b * new["usd_per_1m_input"] + new["usd_per_1m_output"]) / (b + 1.0)
     # energy per token per phase: busy (phase energy only) and all-in (with the overhead share)
     new["j_per_input_token_busy"] = _ratio(col["energy_j_prefill"] + col["energy_j_stranded_prefill"], inp)
     new["j_per_output_token_busy"] = _ratio(col["energy_j_decode"] + col["energy_j_stranded_decode"], outp)
@@ -539,14 +576,27 @@ def cost_breakdown(
     *,
     breakdown: Any = None,
     tokens: pd.DataFrame | None = None,
+    external: Any = None,
 ) -> CostBreakdown:
     """Cost and energy per token over ``window``: GPU-seconds and joules per category per GPU × pool
     × hour from helper A's :func:`analytics.attribution.phase_breakdown` (its ``raw`` table: the
     power model's apportioned energy, stranded time from SM / DRAM activity), tokens from
     :func:`token_counts`, priced by :func:`price_usage`. Pass ``breakdown`` (a PhaseBreakdown of the
     same window) to reuse one already computed, and ``tokens`` (its :func:`token_counts`) likewise. Trust labels and missing-data notes are the
-    attribution's, plus the pricing's own."""
+    attribution's, plus the pricing's own.
+
+    ``external``: the window's :class:`analytics.external.ExternalAttribution`; the GPUs without
+    any serving telemetry in the window (dcgm-exporter GPUs of vLLM / SGLang / Dynamo) are then
+    priced from it (:mod:`analytics.external_cost`: observed sample time, estimated phase split,
+    tokens and requests from the engine's counters; labelled estimated) instead of being left out."""
     from analytics.attribution import phase_breakdown
+    from analytics.external import gpu_id
+    from analytics.external_cost import (
+        external_requests,
+        external_usage,
+        gpus_without_telemetry,
+        served_tokens,
+    )
 
     prices = prices or load_prices()
     groups = iteration_groups(con, window) if breakdown is None and tokens is None else None
@@ -561,9 +611,29 @@ def cost_breakdown(
             f"{len(shares)} MIG instances priced at their compute slices / {MIG_SLICES} of their GPU's price; "
             "their energy is on the physical GPU's row"
         )
-    result = price_usage(usage_rows(pb.raw, tokens, model, shares), prices, trust=trust)
-
     raw = pb.raw
+    usages = usage_rows(raw, tokens, model, shares)
+    requests = _requests_finished(con, window)
+    ext_tokens: dict[str, float] = {}
+    external_gpus = gpus_without_telemetry(raw) if external is not None else set()
+    if external_gpus:
+        keep = [
+            gpu_id(*k) not in external_gpus
+            for k in zip(raw["node"], raw["source"], raw["device"], raw["index"], strict=True)
+        ]
+        usages = [u for u, k in zip(usages, keep, strict=True) if k]
+        usages += external_usage(external, external_gpus)
+        requests += external_requests(external, external_gpus)
+        ext_tokens = served_tokens(external)
+        trust.merge([external.trust])
+        trust.notes.append(
+            f"{len(external_gpus)} GPUs without phaselens telemetry priced from dcgm-exporter and engine metrics "
+            "(estimated): GPU-hours are their observed sample time, the phase split the engine-metrics work model "
+            "or their pool, tokens and requests the engines' counters"
+        )
+        raw = raw[keep]
+    result = price_usage(usages, prices, trust=trust, requests=requests)
+
     unattributed = float(raw["unattributed_s"].sum()) if "unattributed_s" in raw else 0.0
     if unattributed > 0:
         trust.notes.append(
@@ -584,8 +654,10 @@ def cost_breakdown(
         )
     unassigned = tokens[tokens["gpu_uuid"].isna()]
     result.tokens = {
-        "input_tokens_served": float(tokens["input_tokens"].sum()) if len(tokens) else 0.0,
-        "output_tokens_served": float(tokens["output_tokens"].sum()) if len(tokens) else 0.0,
+        "input_tokens_served": (float(tokens["input_tokens"].sum()) if len(tokens) else 0.0)
+        + ext_tokens.get("input_tokens", 0.0),
+        "output_tokens_served": (float(tokens["output_tokens"].sum()) if len(tokens) else 0.0)
+        + ext_tokens.get("output_tokens", 0.0),
         "input_tokens_counted": float(result.lines["input_tokens"].sum()),
         "output_tokens_counted": float(result.lines["output_tokens"].sum()),
         "input_tokens_unassigned": float(unassigned["input_tokens"].sum()) if len(unassigned) else 0.0,
@@ -596,9 +668,20 @@ def cost_breakdown(
     if lost_in > 0.5 or lost_out > 0.5:
         trust.notes.append(
             f"{lost_in:,.0f} input and {lost_out:,.0f} output tokens served in the window are on no GPU "
-            "the attribution covers (a worker without iterations or samples in their hour): not in $/1M tokens"
+            "the attribution covers (a worker without iterations or samples in their hour; an engine's counters "
+            "outside its GPUs' samples): not in $/1M tokens"
         )
     return result
+
+
+def _requests_finished(con: duckdb.DuckDBPyConnection, window: Window) -> float:
+    """Requests that finished in the window (any status: a failed request's GPU time is paid too)."""
+    pred, params = window.node_sql("node")
+    row = con.execute(
+        f"SELECT count(*) FROM requests WHERE {pred} AND finish_s >= ? AND finish_s < ?",
+        [*params, window.start_s, window.end_s],
+    ).fetchone()
+    return float(row[0]) if row else 0.0
 
 
 def _times(price: float | None, share: float) -> float | None:

@@ -44,7 +44,9 @@ Everything here is **estimated** from what those expose, and says how:
   interval power in the window × dt) by compute slices (``Ng`` of the profile), the rest by slices ×
   busy fraction.
 
-Public API: :func:`external_attribution` → :class:`ExternalAttribution`.
+Public API: :func:`external_attribution` → :class:`ExternalAttribution`. (Over 600 lines: one method —
+its SQL, engine matching, work and power fits — read top to bottom beside docs/analytics/external.md;
+its pricing is in :mod:`analytics.external_cost`.)
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +77,7 @@ ENGINE_COUNTERS = (
     "iteration_tokens_total_count",
     "prefill_seconds_sum",
     "decode_seconds_sum",
+    "requests_total",
 )
 ENGINE_GAUGES = ("requests_running", "requests_waiting")
 #: With fewer intervals than this, a GPU with several busy states gets one busy wattage: watts per
@@ -99,9 +102,12 @@ class ExternalAttribution:
     ``<state>_energy_j``, ``<state>_energy_share``; ``energy_j`` total.
     ``per_pool``: the same sums and shares per pool. ``engines``: per engine endpoint, its GPUs,
     role, fitted work model (``c_iter_s``, ``c_prompt_token_s``, ``c_gen_token_s``, ``fit_r2``,
-    ``fit_rel_rmse``, ``fit_intervals``), its work in the window and
-    the histogram-derived concurrencies. ``intervals``: every sample interval's state seconds and
-    energy. ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
+    ``fit_rel_rmse``, ``fit_intervals``), its work in the window,
+    the histogram-derived concurrencies, ``model`` and ``served_input_tokens``,
+    ``served_output_tokens``, ``served_requests`` (its counters over the window, as counted for
+    cost: :data:`SERVED`). ``intervals``: every sample interval's state seconds and energy, and its
+    share of its engine's tokens and requests (``input_tokens``, ``output_tokens``, ``requests``).
+    ``trust`` always carries ``estimated``; ``missing`` says what could not be done.
     """
 
     window: Window
@@ -153,7 +159,7 @@ def _json_value(v: Any) -> Any:
 # sample times, each taking the instance's last stored values (ASOF), from up to an hour before.
 _INTERVALS_SQL = """
 WITH x AS (
-    SELECT node, source, device, "index", ts_s, uuid, parent_uuid, mig_instance_id, mig_profile,
+    SELECT node, source, device, "index", ts_s, uuid, name, parent_uuid, mig_instance_id, mig_profile,
            k8s_pod, k8s_namespace, {role} AS role,
            gr_engine_active_pct, gpu_util_pct, sm_active_pct, power_w, energy_mj, power_limit_w,
            trust_label(node, source, emulated) AS trust
@@ -197,24 +203,27 @@ WHERE dt_s IS NOT NULL AND dt_s > 0
 ORDER BY node, source, device, "index", ts_s
 """
 
+# Engines that hold no GPU of their own are not read: a Dynamo frontend, and the bundled stack's
+# router (engine 'phaselens': its tokens are the bundled stack's, counted from its telemetry).
 _ENGINE_SQL = """
 SELECT endpoint, any_value(engine) AS engine, ts_s, metric, sum(value) AS value
 FROM engine_metrics
 WHERE {nodes} AND ts_s >= ? AND ts_s <= ? AND metric IN ({metrics}) AND value IS NOT NULL
-  AND (engine IS NULL OR engine <> 'dynamo')
+  AND (engine IS NULL OR engine NOT IN ('dynamo', 'phaselens'))
 GROUP BY endpoint, ts_s, metric
 ORDER BY endpoint, metric, ts_s
 """
 
 _ENGINE_LABELS_SQL = """
-SELECT endpoint, any_value(engine) AS engine,
+SELECT endpoint, any_value(engine) AS engine, mode(node) AS node,
        mode(labels->>'pod') AS pod,
        mode(labels->>'namespace') AS namespace,
        mode(labels->>'dynamo_component') AS dynamo_component,
        mode(labels->>'dynamo_namespace') AS dynamo_namespace,
+       mode(labels->>'model_name') AS model,
        count(*) AS n_rows
 FROM engine_metrics
-WHERE {nodes} AND ts_s >= ? AND ts_s < ? AND (engine IS NULL OR engine <> 'dynamo')
+WHERE {nodes} AND ts_s >= ? AND ts_s < ? AND (engine IS NULL OR engine NOT IN ('dynamo', 'phaselens'))
 GROUP BY endpoint
 ORDER BY endpoint
 """
@@ -318,7 +327,9 @@ def _assign_engines(
 ) -> dict[str, str]:
     """GPU key → engine endpoint: the ``engine_gpus`` mapping, else the engine's ``pod`` label
     matched to the GPU's Kubernetes pod (dcgm-exporter's pod attribution), else the one engine
-    endpoint scraped on the GPU's node."""
+    endpoint on the GPU's machine: the only engine whose URL has the host of the GPU's dcgm-exporter
+    URL, else the only engine stored under the GPU's node (the collector's node: an engine and a
+    dcgm-exporter it scrapes on localhost), else the only engine whose URL host is the node's name."""
     endpoints = set(labels["endpoint"]) if not labels.empty else set()
     out: dict[str, str] = {}
     ids = {g["gpu"]: _identifiers(g) for g in gpus.to_dict("records")}
@@ -344,10 +355,14 @@ def _assign_engines(
                 by_pod[pod] = ep
                 if isinstance(ns, str) and ns:
                     by_pod[f"{ns}/{pod}"] = ep
-    per_node: dict[str, list[str]] = {}
-    for ep in endpoints:
-        host = re.sub(r"^[a-z]+://", "", ep).split("/")[0].split(":")[0]
-        per_node.setdefault(host, []).append(ep)
+    per_host: dict[str, list[str]] = {}
+    for ep in sorted(endpoints):
+        per_host.setdefault(_host(ep), []).append(ep)
+    stored_on: dict[str, list[str]] = {}
+    if not labels.empty and "node" in labels:
+        for ep, node in zip(labels["endpoint"], labels["node"], strict=True):
+            if isinstance(node, str) and node:
+                stored_on.setdefault(node, []).append(ep)
     for g in gpus.to_dict("records"):
         k = g["gpu"]
         if k in out:
@@ -358,11 +373,26 @@ def _assign_engines(
         if ep:
             out[k] = ep
             continue
-        on_node = per_node.get(str(g["node"]), [])
-        if len(on_node) == 1:
-            out[k] = on_node[0]
-            notes.append(f"GPU {k}: engine {on_node[0]} taken as the only engine scraped on node {g['node']}")
+        source = str(g.get("source") or "")
+        exporter = _host(source.removeprefix("dcgm:")) if source.startswith("dcgm:") else None
+        for candidates, where in (
+            (
+                per_host.get(exporter, []) if exporter else [],
+                f"at the host of its dcgm-exporter ({exporter})",
+            ),
+            (stored_on.get(str(g["node"]), []), f"scraped on node {g['node']}"),
+            (per_host.get(str(g["node"]), []), f"at host {g['node']}"),
+        ):
+            if len(candidates) == 1:
+                out[k] = candidates[0]
+                notes.append(f"GPU {k}: engine {candidates[0]} taken as the only engine {where}")
+                break
     return out
+
+
+def _host(url: str) -> str:
+    """The host of a URL (``http://10.0.0.5:8000/metrics`` → ``10.0.0.5``)."""
+    return re.sub(r"^[a-z]+://", "", url).split("/")[0].split(":")[0]
 
 
 # --- fits ------------------------------------------------------------------------------------------------
@@ -428,6 +458,14 @@ class _Engine:
         inside = (a >= ts[0] - 1e-6) & (b <= ts[-1] + 1e-6)
         out = np.interp(b, ts, cum) - np.interp(a, ts, cum)
         return np.where(inside, out, np.nan)
+
+    def clipped_increase(self, metric: str, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """The counter's increase over the part of each ``(a, b]`` inside its scrapes (0 outside)."""
+        s = self.series.get(metric)
+        if s is None or len(s[0]) < 2:
+            return None
+        ts, cum = s
+        return np.interp(b, ts, cum) - np.interp(a, ts, cum)
 
     def span(self, metric: str, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
         """``(start, end)`` clipped to the metric's scrapes, as 1-element arrays for :meth:`increase`."""
@@ -513,9 +551,13 @@ def external_attribution(
     *,
     engine_gpus: Mapping[str, Sequence[str]] | None = None,
     roles: Mapping[str, str] | None = None,
+    gpus: Collection[GpuId] | None = None,
 ) -> ExternalAttribution:
     """Estimate, per GPU and per pool, the share of GPU time and energy spent in prefill, decode,
     other busy work and idle, from dcgm-exporter samples and engine ``/metrics`` (module docstring).
+
+    ``gpus``: only these GPUs (their :func:`gpu_id`; a MIG instance's physical GPU is kept for its
+    energy), e.g. those without phaselens telemetry in a window that also has a bundled stack.
 
     ``engine_gpus``: engine endpoint (as stored in ``engine_metrics.endpoint``) → the GPUs serving it
     (UUIDs, ``node/device`` or Kubernetes pods); without it, GPUs are matched to engines by the
@@ -525,6 +567,15 @@ def external_attribution(
     trust = Trust().add(ESTIMATED, "phase shares estimated from dcgm-exporter and engine metrics")
     missing: list[str] = []
     iv = _intervals(con, window)
+    if gpus is not None and not iv.empty:
+        wanted = set(gpus)
+        ids = pd.Series(
+            [gpu_id(*r) for r in zip(iv["node"], iv["source"], iv["device"], iv["index"], strict=True)],
+            index=iv.index,
+        )
+        keep = ids.isin(wanted)
+        parents = set(iv.loc[keep, "parent_uuid"].dropna())
+        iv = iv[keep | (iv["parent_uuid"].isna() & iv["uuid"].isin(parents))].reset_index(drop=True)
     values, labels = _engine_rows(con, window)
     if iv.empty:
         missing.append("no GPU samples (two or more per GPU) in the window")
@@ -564,6 +615,7 @@ def external_attribution(
             k8s_pod=("k8s_pod", "last"),
             k8s_namespace=("k8s_namespace", "last"),
             store_role=("role", "last"),
+            source=("source", "first"),
         )
         .reset_index()
     )
@@ -598,6 +650,8 @@ def external_attribution(
             )
     for state in STATES:
         iv[f"{state}_s"] = 0.0
+    for col in SERVED:
+        iv[col] = 0.0
     iv["idle_s"] = (iv["dt_s"] - iv["busy_s"]).clip(lower=0.0)
     iv["method"] = "busy-only"
     iv["pool"] = iv["gpu"].map(role_of)
@@ -638,6 +692,8 @@ def external_attribution(
         a = (iv.loc[mine, "ts_s"] - iv.loc[mine, "dt_s"]).to_numpy()
         b = iv.loc[mine, "ts_s"].to_numpy()
         span = (window.start_s, window.end_s)
+        _served(iv, mine, e, role, (a, b), window, row)
+        row["model"] = _model_of(labels, ep)
         p_inc = e.increase("prefill_seconds_sum", *e.span("prefill_seconds_sum", *span))
         d_inc = e.increase("decode_seconds_sum", *e.span("decode_seconds_sum", *span))
         work = {
@@ -716,6 +772,52 @@ def external_attribution(
     trust.notes += [n for n in dict.fromkeys(notes) if n not in trust.notes]
     engines_df = pd.DataFrame(engine_rows)
     return ExternalAttribution(window, per_gpu, per_pool, engines_df, iv, trust, missing)
+
+
+#: per interval, what the engine served on the GPU (its share of the engine's counters):
+#: column → (engine counter, the role whose engines do not count it)
+SERVED = {
+    "input_tokens": ("prompt_tokens_total", DECODE),  # a decode worker re-counts the prompts it was handed
+    "output_tokens": ("generation_tokens_total", PREFILL),  # a prefill worker's first token is the decode's
+    "requests": ("requests_total", PREFILL),  # a disaggregated request finishes on its decode worker
+}
+
+
+def _served(
+    iv: pd.DataFrame,
+    mine: pd.Index,
+    e: _Engine,
+    role: str | None,
+    intervals: tuple[np.ndarray, np.ndarray],
+    window: Window,
+    row: dict[str, Any],
+) -> None:
+    """Fill the :data:`SERVED` columns of an engine's GPU intervals: each counter's increase over the
+    interval (the part inside the engine's scrapes) shared evenly by the engine's GPUs; and the
+    engine row's window totals of them (``served_<column>``)."""
+    gpus = max(1, int(iv.loc[mine, "gpu"].nunique()))
+    for col, (metric, not_in) in SERVED.items():
+        inc = e.clipped_increase(metric, *intervals) if role != not_in else None
+        if inc is not None:
+            iv.loc[mine, col] = np.nan_to_num(inc) / gpus
+        whole = e.clipped_increase(metric, *e.span(metric, window.start_s, window.end_s))
+        row[f"served_{col}"] = _first(whole) if whole is not None and role != not_in else 0.0
+
+
+def _model_of(labels: pd.DataFrame, endpoint: str) -> str | None:
+    """The model an engine serves (its series' ``model_name`` label), None where it has none."""
+    if labels.empty or "model" not in labels:
+        return None
+    hit = labels.loc[labels["endpoint"] == endpoint, "model"]
+    return _text(hit.iloc[0]) if len(hit) else None
+
+
+GpuId = tuple[Any, ...]  # (node, source, device, index) of a GPU's sample rows
+
+
+def gpu_id(node: Any, source: Any, device: Any, index: Any) -> GpuId:
+    """A GPU's identity in the store, as the attribution's rows and the sample intervals carry it."""
+    return (str(node), str(source), str(device), None if index is None or pd.isna(index) else int(index))
 
 
 def _first(a: np.ndarray | None) -> float:
@@ -867,9 +969,12 @@ def _summarise(iv: pd.DataFrame, by: list[str], gpus: pd.DataFrame | None) -> pd
 
 __all__ = [
     "ENGINE_COUNTERS",
+    "SERVED",
     "STATES",
     "ExternalAttribution",
     "ExternalAttributionError",
+    "GpuId",
     "external_attribution",
+    "gpu_id",
     "nnls",
 ]

@@ -12,11 +12,15 @@ never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
   (the window average, :func:`analytics.throughput.throughput`, what ``phaselens analyze`` prints);
   beside it, by its own name, ``busy_value``: "tokens/s while serving (busy time)", ÷ the seconds
   with a request in flight (``busy_s``);
-* ``usd_per_1m_input`` / ``usd_per_1m_output``: the cost part's all-in $/1M tokens;
+* ``usd_per_1m_tokens`` / ``usd_per_request``: the window's cost ÷ its input + output tokens (× 1e6) and
+  ÷ the requests finished in it (the cost part's figures that compare periods and layouts; $/1M input
+  and output tokens depend on which side a pool's idle time is charged to);
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
 * ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
   bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
-  GPU's samples is ``unsampled``, in the GPU-time bar, never idle);
+  GPU's samples is ``unsampled``, in the GPU-time bar, never idle); stranded and host-bound ÷ the
+  GPU-seconds that have that split (not those of GPUs without phaselens telemetry, whose phases
+  are estimated: ``no_data`` where every GPU is such);
 * ``slo_attainment``: requests meeting both the TTFT and the TPOT SLO ÷ every request that arrived
   in the window (one failed, aborted or rejected misses: the latency part's ``attainment``).
 """
@@ -36,6 +40,7 @@ GPU_TIME = (
     ("productive_decode", "productive decode", ("decode_s",)),
     ("stranded", "stranded (busy, compute or bandwidth idle)", ("stranded_prefill_s", "stranded_decode_s")),
     ("host_bound", "host-bound", ("host_bound_s",)),
+    ("other_busy", "other busy (not engine work)", ("other_busy_s",)),
     ("idle", "idle", ("idle_s",)),
     ("unsampled", "unsampled (no samples)", ("unsampled_s",)),
 )
@@ -45,6 +50,7 @@ _SECONDS = (
     "stranded_prefill_s",
     "stranded_decode_s",
     "host_bound_s",
+    "other_busy_s",
     "idle_s",
     "unsampled_s",
 )
@@ -63,8 +69,8 @@ class FigureSpec:
 
 FIGURES = (
     FigureSpec("output_tokens_per_s", HEADLINE_LABEL, "tokens/s", True, "cost"),
-    FigureSpec("usd_per_1m_input", "$ per 1M input tokens", "$/1M tokens", False, "cost"),
-    FigureSpec("usd_per_1m_output", "$ per 1M output tokens", "$/1M tokens", False, "cost"),
+    FigureSpec("usd_per_1m_tokens", "$ per 1M tokens, all in", "$/1M tokens", False, "cost"),
+    FigureSpec("usd_per_request", "$ per request", "$/request", False, "cost"),
     FigureSpec("j_per_output_token", "Energy per output token, J", "J/token", False, "cost"),
     FigureSpec("stranded_share", "Stranded GPU-time, %", "ratio", False, "cost"),
     FigureSpec("host_bound_share", "Host-bound GPU-time, %", "ratio", False, "cost"),
@@ -112,21 +118,29 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
         rate = throughput(summary)
         out["output_tokens_per_s"] = (rate["output_tokens_per_s"], rate["no_data"])
         for key, why in (
-            ("usd_per_1m_input", "no input tokens in the window (or a GPU without a price)"),
-            ("usd_per_1m_output", "no output tokens in the window (or a GPU without a price)"),
+            ("usd_per_1m_tokens", "no tokens in the window (or a GPU without a price)"),
+            ("usd_per_request", "no request finished in the window (or a GPU without a price)"),
             ("j_per_output_token", "no output tokens in the window"),
         ):
             value = _num(total.get(key))
             out[key] = (value, None) if value is not None else (None, f"no data: {why}")
 
-        def share(*cols: str) -> tuple[float | None, str | None]:
+        def share(*cols: str, of: float = seconds) -> tuple[float | None, str | None]:
             vals = [_num(total.get(c)) for c in cols]
             if any(v is None for v in vals):
                 return None, "no data: GPU-time split unknown"
-            return sum(vals) / seconds, None  # type: ignore[arg-type]
+            if of <= 0:
+                return None, (
+                    "no data: the GPUs of the window have no phaselens telemetry; their phase split is estimated "
+                    "from dcgm-exporter and engine metrics, without a stranded or host-bound split"
+                )
+            return sum(vals) / of, None  # type: ignore[arg-type]
 
-        out["stranded_share"] = share("stranded_prefill_s", "stranded_decode_s")
-        out["host_bound_share"] = share("host_bound_s")
+        # stranded and host-bound time are of the GPU-time that has the split: not of an external
+        # fleet's GPUs, whose phases are estimated (analytics/external_cost.py)
+        split = seconds - (_num(total.get("estimated_s")) or 0.0)
+        out["stranded_share"] = share("stranded_prefill_s", "stranded_decode_s", of=split)
+        out["host_bound_share"] = share("host_bound_s", of=split)
         out["idle_share"] = share("idle_s")
     latency = (summary.get("parts") or {}).get("latency") or {}
     both = _num((latency.get("attainment") or {}).get("both"))
@@ -189,7 +203,16 @@ def _annual(summary: dict[str, Any], total: dict[str, Any], fleet_gpus: int) -> 
     if annual.get("fleet_gpus") == fleet_gpus and isinstance(annual.get("usd_per_year"), dict):
         return {k: _num(v) for k, v in annual["usd_per_year"].items()}
     scale = fleet_gpus * 3600.0 * HOURS_PER_YEAR / float(total["gpu_seconds"])
-    cats = ("prefill", "decode", "stranded_prefill", "stranded_decode", "host_bound", "idle", "unsampled")
+    cats = (
+        "prefill",
+        "decode",
+        "stranded_prefill",
+        "stranded_decode",
+        "host_bound",
+        "other_busy",
+        "idle",
+        "unsampled",
+    )
     out: dict[str, float | None] = {}
     for c in cats:
         usd = _num(total.get(f"cost_usd_{c}"))

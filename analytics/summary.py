@@ -78,11 +78,15 @@ def summarize(
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown; one grouped scan
     of the window's iterations (:func:`analytics.iteration_groups.iteration_groups`) serves the
-    phase breakdown, the token counts and the latency part.
+    phase breakdown, the token counts and the latency part. GPUs with samples but no phaselens
+    telemetry (dcgm-exporter under vLLM / SGLang / Dynamo) get the ``external`` part
+    (:func:`analytics.external.external_attribution`, estimated) and are priced from it.
     """
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
     from analytics.cost import cost_breakdown, load_prices, token_counts
+    from analytics.external import external_attribution
+    from analytics.external_cost import gpus_without_telemetry
     from analytics.intervals import IntervalTable
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
@@ -130,11 +134,24 @@ def summarize(
         if intervals is not None:
             intervals.__exit__(None, None, None)
     price_table = prices if prices is not None else load_prices()
+    # GPUs with samples but no phaselens telemetry (dcgm-exporter under vLLM / SGLang / Dynamo):
+    # their phase split, GPU-hours and tokens are estimated from the engines' own metrics
+    unattributed = gpus_without_telemetry(pb.raw) if pb is not None else set()
+    external = (
+        run("external", lambda: external_attribution(con, window, gpus=unattributed))
+        if unattributed
+        else None
+    )
     cost = (
         run(
             "cost",
             lambda: cost_breakdown(
-                con, window, price_table, breakdown=pb, tokens=token_counts(con, window, groups())
+                con,
+                window,
+                price_table,
+                breakdown=pb,
+                tokens=token_counts(con, window, groups()),
+                external=external,
             ),
         )
         if pb is not None
@@ -583,7 +600,23 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
     t = (parts.get("cost") or {}).get("total") or {}
     if not t:
         return []
-    out = ["", "Cost per token (GPU-hours at list price + energy × electricity × PUE)"]
+    labels = ", ".join(((parts.get("cost") or {}).get("trust") or {}).get("labels") or []) or "no data"
+    out = ["", f"Cost per token (GPU-hours at list price + energy × electricity × PUE; {labels})"]
+    requests = t.get("requests")
+    out.append(
+        f"  all in (compare layouts and periods by these): {_usd(t.get('usd_per_1m_tokens'))} per 1M tokens"
+        f" (input + output), {_usd(t.get('usd_per_request'))} per request"
+        f" ({'—' if requests is None or requests != requests else f'{requests:,.0f}'} finished)"
+    )
+    out.append(
+        f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
+        f" at {_cell(t.get('output_tokens_per_s_per_gpu'))} output tokens/s per GPU"
+    )
+    out.append(
+        f"  blended 3:1 (input:output, as Artificial Analysis compares API prices; follows the split by side):"
+        f" {_usd(t.get('blended_usd_per_1m_tokens'))} per 1M tokens"
+    )
+    out.append("  by side (a pool's idle time is on one side, so these depend on the layout):")
     out.append(
         f"  $/1M input tokens  {_usd(t.get('usd_per_1m_input'))}  = prefill {_usd(t.get('usd_per_1m_input_prefill'))}"
         f" + stranded {_usd(t.get('usd_per_1m_input_stranded'))} + host-bound {_usd(t.get('usd_per_1m_input_host_bound'))}"
@@ -593,10 +626,6 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
         f"  $/1M output tokens {_usd(t.get('usd_per_1m_output'))}  = decode {_usd(t.get('usd_per_1m_output_decode'))}"
         f" + stranded {_usd(t.get('usd_per_1m_output_stranded'))} + host-bound {_usd(t.get('usd_per_1m_output_host_bound'))}"
         f" + idle {_usd(t.get('usd_per_1m_output_idle'))}{_unsampled_usd(t, 'output')}"
-    )
-    out.append(
-        f"  industry figure (GPU $/h ÷ output tokens/s): {_usd(t.get('industry_usd_per_1m_output'))} per 1M output tokens"
-        f" at {_cell(t.get('output_tokens_per_s_per_gpu'))} output tokens/s per GPU"
     )
     out.append(
         f"  energy: {_cell(t.get('j_per_input_token'))} J per input token, {_cell(t.get('j_per_output_token'))} J per output"
@@ -614,10 +643,49 @@ def _cost_lines(parts: dict[str, Any]) -> list[str]:
 
 
 def _unsampled_usd(total: dict[str, Any], side: str) -> str:
-    """`` + unsampled (no samples) $x`` where the window has unsampled GPU time, else nothing."""
-    if not (total.get("unsampled_s") or 0) > 0:
-        return ""
-    return f" + unsampled (no samples) {_usd(total.get(f'usd_per_1m_{side}_unsampled'))}"
+    """`` + other busy $x + unsampled (no samples) $y`` for the categories with GPU time in the
+    window (an external fleet's unexplained busy time; gaps in samples), else nothing."""
+    return "".join(
+        f" + {name} {_usd(total.get(f'usd_per_1m_{side}_{c}'))}"
+        for c, name in (("other_busy", "other busy"), ("unsampled", "unsampled (no samples)"))
+        if (total.get(f"{c}_s") or 0) > 0
+    )
+
+
+def _external_lines(parts: dict[str, Any]) -> list[str]:
+    """The estimated phase split of the GPUs without phaselens telemetry, per pool, and the engines
+    whose counters gave their tokens."""
+    ext = parts.get("external") or {}
+    labels = ", ".join((ext.get("trust") or {}).get("labels") or []) or "estimated"
+    rows = [
+        [
+            str(p.get("pool") or "—"),
+            str(p.get("gpus", "—")),
+            f"{(p.get('span_s') or 0) / 3600:,.3f}",
+            *(_pct(p.get(f"{s}_share")) for s in ("prefill", "decode", "other_busy", "idle")),
+            f"{(p.get('energy_j') or 0) / 3.6e6:,.3g}",
+            str(p.get("method") or "—"),
+        ]
+        for p in ext.get("per_pool") or []
+    ]
+    head = ["pool", "GPUs", "GPU-h", "prefill", "decode", "other busy", "idle", "energy kWh", "method"]
+    title = f"GPU time by phase, GPUs without phaselens telemetry ({labels}: dcgm-exporter + engine metrics)"
+    out = _rows(title, head, rows)
+    engines = [
+        [
+            str(e.get("endpoint")),
+            str(e.get("engine") or "—"),
+            str(e.get("model") or "—"),
+            str(e.get("role") or "—"),
+            _cell(e.get("served_input_tokens")),
+            _cell(e.get("served_output_tokens")),
+            _cell(e.get("served_requests")),
+            _cell(e.get("fit_r2")),
+        ]
+        for e in ext.get("engines") or []
+    ]
+    head = ["engine", "kind", "model", "role", "input tokens", "output tokens", "requests", "fit R²"]
+    return out + _rows("Engines (their counters over the window)", head, engines)
 
 
 def _throughput_lines(summary: dict[str, Any]) -> list[str]:
@@ -784,6 +852,7 @@ def format_summary(
     lines += _gap_lines(parts, names, gpu_rows)
     lines += _idle_lines(parts)
     lines += _bimodal_lines(parts, names, gpu_rows)
+    lines += _external_lines(parts)
     lines += _cost_lines(parts)
     lines += _throughput_lines(summary)
     lines += _latency_lines(parts)

@@ -37,6 +37,8 @@ PHASE_FRACTIONS = {
     "idle": ("frac_idle",),
     "unsampled": ("frac_unsampled",),  # in gaps of the GPU's samples: not known, not idle
 }
+# the estimated states of GPUs without phaselens telemetry (analytics.external) → their phase label
+EXTERNAL_PHASES = ("prefill", "decode", "other_busy", "idle")
 # idle split fractions → their own metric (name, help)
 SHARES = {
     "frac_stranded_compute": (
@@ -128,6 +130,15 @@ def derived_samples(summary: dict[str, Any], overview: dict[str, Any]) -> list[S
                 if all(v is None for v in vals):
                     continue
                 add("phaselens_phase_time_ratio", sum(v or 0.0 for v in vals), phase=phase, **where)
+    external = parts.get("external") or {}  # GPUs without phaselens telemetry: estimated shares
+    etrust = _trust((external.get("trust") or {}).get("labels") or [])
+    for scope, rows in (("pool", external.get("per_pool") or []), ("gpu", external.get("per_gpu") or [])):
+        for r in rows:
+            where = {"scope": scope, "pool": str(r.get("pool") or ""), "trust": etrust}
+            if scope == "gpu":
+                where |= {"node": str(r.get("node") or ""), "gpu": str(r.get("gpu") or "")}
+            for phase in EXTERNAL_PHASES:
+                add("phaselens_phase_time_ratio", r.get(f"{phase}_share"), phase=phase, **where)
     uuids = {
         (str(r.get("node")), str(r.get("device")), r.get("index")): r["uuid"]
         for r in phases.get("per_gpu") or []
@@ -159,6 +170,9 @@ def derived_samples(summary: dict[str, Any], overview: dict[str, Any]) -> list[S
         add("phaselens_energy_per_token_joules", r.get("j_per_output_token"), phase="decode", **where)
         add("phaselens_cost_per_million_tokens_dollars", r.get("usd_per_1m_input"), kind="input", **where)
         add("phaselens_cost_per_million_tokens_dollars", r.get("usd_per_1m_output"), kind="output", **where)
+        add("phaselens_cost_per_million_tokens_dollars", r.get("usd_per_1m_tokens"), kind="all", **where)
+        if scope == "fleet":
+            add("phaselens_cost_per_request_dollars", r.get("usd_per_request"), **where)
     latency = parts.get("latency") or {}
     ltrust = _trust((latency.get("trust") or {}).get("labels") or [])
     if latency.get("requests"):
@@ -186,16 +200,19 @@ def derived_samples(summary: dict[str, Any], overview: dict[str, Any]) -> list[S
 # (name, help) of every derived metric, for HELP lines
 DERIVED_HELP = {
     "phaselens_phase_time_ratio": "Share of attributed GPU-time in each engine phase (prefill, decode, mixed, "
-    "host_bound, idle) over the export window.",
+    "host_bound, idle) over the export window; GPUs without phaselens telemetry (dcgm-exporter under "
+    "vLLM/SGLang/Dynamo) have estimated shares (trust label estimated; phase other_busy: busy, not engine work).",
     **{name: text for name, text in SHARES.values()},
     "phaselens_energy_per_token_joules": "Energy per token, J: phase=prefill per input token, phase=decode per "
     "output token (with the side's share of host-bound and idle energy).",
     "phaselens_cost_per_million_tokens_dollars": "All-in cost per 1M tokens, USD (GPU-hours at list price + "
-    "energy x electricity x PUE), kind=input|output.",
+    "energy x electricity x PUE), kind=input|output (the side's cost per token of that side) or all (all cost "
+    "per input + output token: the one to compare layouts and periods by).",
+    "phaselens_cost_per_request_dollars": "All-in cost of the export window per request finished in it, USD.",
     "phaselens_slo_attainment_ratio": "Share of the requests arrived in the export window meeting the SLO "
     "(slo=both|ttft|tpot); a failed, aborted or rejected request misses.",
     "phaselens_gpu_time_ratio": "Where the GPU-time goes (category=productive_prefill, productive_decode, "
-    "stranded, host_bound, idle; they sum to 1), for the fleet and per pool.",
+    "stranded, host_bound, other_busy, idle, unsampled; they sum to 1), for the fleet and per pool.",
     "phaselens_output_tokens_per_second": "Output tokens generated per second, the window average (output "
     "tokens in the export window / its length in seconds; the Overview's and phaselens analyze's headline), all GPUs.",
 }

@@ -400,6 +400,7 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
         COST_LABELS,
         annual_figure,
         cost_by_pool_figure,
+        cost_categories,
         cost_over_time_figure,
         part_labels,
         usd_text,
@@ -414,12 +415,18 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
         return "".join(out)
     labels = part_labels(cost)
     t = cost.get("total") or {}
+    requests = _num(t.get("requests"))
     out.append(
-        f"<p>The window cost <b>{usd_text(t.get('cost_usd'))}</b> for {_gpu_hours(t.get('gpu_seconds'))}: "
-        f"<b>{usd_text(t.get('usd_per_1m_input'))}</b> per 1M input tokens and "
-        f"<b>{usd_text(t.get('usd_per_1m_output'))}</b> per 1M output tokens, all in (GPU time at list price "
-        f"plus energy × electricity × PUE). The industry figure (GPU $/h ÷ output tokens/s, GPU time only): "
-        f"{usd_text(t.get('industry_usd_per_1m_output'))} per 1M output tokens.</p>"
+        f"<p>The window cost <b>{usd_text(t.get('cost_usd'))}</b> for {_gpu_hours(t.get('gpu_seconds'))} "
+        f"(GPU time at list price plus energy × electricity × PUE; {', '.join(labels) or 'no data'}): "
+        f"<b>{usd_text(t.get('usd_per_1m_tokens'))}</b> per 1M tokens all in (input + output) and "
+        f"<b>{usd_text(t.get('usd_per_request'))}</b> per request ({_amount(requests or 0.0)} finished) — "
+        "the figures to compare layouts and periods by. The industry figure (GPU $/h ÷ output tokens/s, GPU "
+        f"time only): {usd_text(t.get('industry_usd_per_1m_output'))} per 1M output tokens; blended 3:1 "
+        f"(input:output, as Artificial Analysis compares API prices): {usd_text(t.get('blended_usd_per_1m_tokens'))} "
+        f"per 1M tokens. By side: {usd_text(t.get('usd_per_1m_input'))} per 1M input tokens and "
+        f"{usd_text(t.get('usd_per_1m_output'))} per 1M output tokens (which side a pool's idle time is "
+        "charged to depends on the layout).</p>"
     )
     by_pool = sorted(cost["by_pool"], key=lambda r: _POOL_ORDER.get(str(r.get("pool")), 9))
     out.append(page.chart(cost_by_pool_figure(by_pool, labels=labels)))
@@ -432,7 +439,7 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
     energy_j = sum(_num(t.get(f"energy_j_{c}")) or 0.0 for c in COST_CATEGORIES)
     kwh = energy_j >= 3.6e6
     rows = []
-    for c in COST_CATEGORIES:
+    for c in cost_categories(t):
         usd = _num(t.get(f"cost_usd_{c}"))
         share = f"{100 * usd / total_usd:.1f} %" if usd is not None and total_usd > 0 else "—"
         seconds = _num(t.get(f"{c}_s")) or 0.0
@@ -458,9 +465,34 @@ def _cost(page: _Page, summary: dict[str, Any], ov: dict[str, Any] | None, simul
             "× GPUs × 8,760 h).</p>"
         )
         out.append(page.chart(annual_figure(annual, labels=labels)))
+    out.append(_external(parts.get("external") or {}))
     out.append(_prices(cost))
     out.append("</section>")
     return "".join(out)
+
+
+def _external(ext: dict[str, Any]) -> str:
+    """The estimated phase split of the GPUs without phaselens telemetry (nothing where none)."""
+    pools = ext.get("per_pool") or []
+    if not pools:
+        return ""
+    labels = (ext.get("trust") or {}).get("labels") or []
+    states = (("prefill", "prefill"), ("decode", "decode"), ("other_busy", "other busy"), ("idle", "idle"))
+    rows = "".join(
+        f'<tr><td>{_esc(str(p.get("pool") or "—"))}</td><td class="num">{int(p.get("gpus") or 0)}</td>'
+        f'<td class="num">{_amount((_num(p.get("span_s")) or 0.0) / 3600)}</td>'
+        + "".join(f'<td class="num">{_share_text(p.get(f"{s}_share"))}</td>' for s, _ in states)
+        + f"<td>{_esc(str(p.get('method') or '—'))}</td></tr>"
+        for p in pools
+    )
+    head = "".join(f"<th>{name}</th>" for _, name in states)
+    return (
+        f"<h3>GPUs without phaselens telemetry: phase split, estimated {''.join(_badge(x) for x in labels)}</h3>"
+        "<p>From dcgm-exporter's busy time and energy and the engines' own counters (vLLM, SGLang, Dynamo): "
+        "an aggregated engine's busy time is split by a work model fitted on its tokens, a pool's is its "
+        "phase; tokens and requests are the engines' counters.</p>"
+        f"<table><tr><th>pool</th><th>GPUs</th><th>GPU-hours</th>{head}<th>method</th></tr>{rows}</table>"
+    )
 
 
 def _annual(parts: dict[str, Any], ov: dict[str, Any] | None) -> dict[str, Any] | None:

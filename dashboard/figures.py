@@ -36,6 +36,7 @@ COST_CATEGORIES = (
     "stranded_prefill",
     "stranded_decode",
     "host_bound",
+    "other_busy",
     "idle",
     "unsampled",
 )
@@ -45,9 +46,12 @@ COST_LABELS = {
     "stranded_prefill": "stranded prefill bandwidth",
     "stranded_decode": "stranded decode compute",
     "host_bound": "host-bound",
+    "other_busy": "other busy (not engine work)",  # an external fleet's busy time no engine work explains
     "idle": "idle",
     "unsampled": "unsampled (no samples)",  # a gap in the GPU's samples: not known, not idle
 }
+#: cost categories shown in tables only where the window has time in them (external fleets only)
+OPTIONAL_COST = frozenset({"other_busy"})
 COST_COLOURS = {
     "prefill": PHASE_COLOURS["prefill"],
     "decode": PHASE_COLOURS["decode"],
@@ -55,6 +59,7 @@ COST_COLOURS = {
     "stranded_prefill": "#ef9a9a",
     "stranded_decode": "#c62828",
     "host_bound": "#8e6bbf",
+    "other_busy": "#cdbfe6",  # a paler host-bound: busy with work the engine does not report
     "idle": "#b0b7c3",
     "unsampled": "#e4e7ec",  # paler than idle: time with no data, not waste
 }
@@ -299,7 +304,7 @@ def figure_text(key: str, value: float | None) -> str:
     if key == "output_tokens_per_s":
         return f"{value:,.0f} tokens/s" if value >= 100 else f"{value:,.1f} tokens/s"
     if key.startswith("usd_"):
-        return f"${value:,.2f}" if value >= 1 else f"${value:,.4f}"
+        return usd_text(value)
     if key.startswith("j_per"):
         return f"{value:.3g} J"
     return f"{100 * value:.1f} %"
@@ -325,12 +330,13 @@ GPU_TIME_COLOURS = {  # the Cost page's colours (COST_COLOURS), so a category lo
     "productive_decode": COST_COLOURS["decode"],
     "stranded": COST_COLOURS["stranded_decode"],
     "host_bound": COST_COLOURS["host_bound"],
+    "other_busy": COST_COLOURS["other_busy"],
     "idle": COST_COLOURS["idle"],
     "unsampled": COST_COLOURS["unsampled"],
 }
 MIN_LABEL_SHARE = 0.06  # a bar segment narrower than this carries no text (it would overlap)
 #: GPU-time categories shown only where some row has time in them (no data, not a kind of waste)
-OPTIONAL_GPU_TIME = frozenset({"unsampled"})
+OPTIONAL_GPU_TIME = frozenset({"unsampled", "other_busy"})
 
 
 def gpu_time_colours(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, str]:
@@ -408,6 +414,12 @@ def gpu_time_figure(
 
 
 # -- cost ---------------------------------------------------------------------------------------------
+
+
+def cost_categories(total: Mapping[str, Any]) -> list[str]:
+    """The cost categories a table of ``total`` (a cost row) lists: every one, but those of
+    :data:`OPTIONAL_COST` without GPU time."""
+    return [c for c in COST_CATEGORIES if c not in OPTIONAL_COST or (_num(total.get(f"{c}_s")) or 0.0) > 0]
 
 
 def cost_stack(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:

@@ -97,23 +97,78 @@ def _price_controls(defaults: dict[str, Any], fleet_gpus: int) -> dict[str, Any]
 
 
 def _headline(total: dict[str, Any]) -> None:
+    """The figures that compare layouts and periods first, then the per-side split."""
     c1, c2, c3, c4 = st.columns(4)
     c1.metric(
         "Cost of the window", figures.usd_text(total.get("cost_usd")), help="GPU time plus energy × PUE"
     )
-    c2.metric("Per 1M input tokens", figures.usd_text(total.get("usd_per_1m_input")))
-    c3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")))
+    c2.metric(
+        "Per 1M tokens, all in",
+        figures.usd_text(total.get("usd_per_1m_tokens")),
+        help="the window's cost ÷ (input + output tokens) × 10⁶: compare layouts and periods by this",
+    )
+    requests = total.get("requests")
+    c3.metric(
+        "Per request",
+        figures.usd_text(total.get("usd_per_request")),
+        help=f"the window's cost ÷ the {requests or 0:,.0f} requests finished in it",
+    )
     c4.metric(
         "Industry $ per 1M output",
         figures.usd_text(total.get("industry_usd_per_1m_output")),
         help="GPU $/h ÷ (output tokens/s × 3600) × 10⁶: GPU time only, no energy, no split",
     )
+    d1, d2, d3, _ = st.columns(4)
+    d1.metric(
+        "Blended 3:1, per 1M tokens",
+        figures.usd_text(total.get("blended_usd_per_1m_tokens")),
+        help="(3 × $/1M input + $/1M output) ÷ 4, the blend Artificial Analysis compares API prices by; "
+        "it inherits the input/output split",
+    )
+    side = "which side a pool's idle time is charged to depends on the layout: compare layouts all in"
+    d2.metric("Per 1M input tokens", figures.usd_text(total.get("usd_per_1m_input")), help=side)
+    d3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")), help=side)
+
+
+def _external(summary: dict[str, Any]) -> None:
+    """The estimated phase split of the GPUs without phaselens telemetry (dcgm-exporter + engine metrics)."""
+    ext = (summary.get("parts") or {}).get("external") or {}
+    pools = ext.get("per_pool") or []
+    if not pools:
+        return
+    st.subheader("GPUs without phaselens telemetry: phase split, estimated")
+    common.trust_badges((ext.get("trust") or {}).get("labels") or [])
+    rows = [
+        {
+            "Pool": p.get("pool"),
+            "GPUs": p.get("gpus"),
+            "GPU-hours": (p.get("span_s") or 0.0) / 3600.0,
+            **{name: 100.0 * (p.get(f"{s}_share") or 0.0) for s, name in _STATES},
+            "Method": p.get("method"),
+        }
+        for p in pools
+    ]
+    pct = {name: st.column_config.NumberColumn(name, format="%.1f %%") for _, name in _STATES}
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        width="stretch",
+        column_config={"GPU-hours": st.column_config.NumberColumn("GPU-hours", format="%.4f"), **pct},
+    )
+    st.caption(
+        "From dcgm-exporter's busy time and the engines' own counters (vLLM, SGLang, Dynamo): an aggregated "
+        "engine's busy time is split by a work model fitted on its prompt and generated tokens; a prefill or "
+        "decode pool's is its phase. Tokens and requests are the engines' counters."
+    )
+
+
+_STATES = (("prefill", "Prefill"), ("decode", "Decode"), ("other_busy", "Other busy"), ("idle", "Idle"))
 
 
 def _category_table(total: dict[str, Any]) -> None:
     cost = float(total.get("cost_usd") or 0.0)
     rows = []
-    for c in figures.COST_CATEGORIES:
+    for c in figures.cost_categories(total):
         usd = total.get(f"cost_usd_{c}")
         rows.append(
             {
@@ -194,6 +249,7 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
             "The pool chart shows the selected pools; totals, hours and the projection cover every GPU."
         )
     _category_table(total)
+    _external(summary)
     annual = parts.get("annual")
     if annual:
         st.subheader("Annualised")

@@ -17,7 +17,7 @@ import streamlit as st
 from dashboard import common, figures, share_bar
 
 TILE_ROWS = (
-    ("output_tokens_per_s", "usd_per_1m_input", "usd_per_1m_output", "j_per_output_token"),
+    ("output_tokens_per_s", "usd_per_1m_tokens", "usd_per_request", "j_per_output_token"),
     ("stranded_share", "host_bound_share", "idle_share", "slo_attainment"),
 )
 

@@ -215,6 +215,15 @@ def test_engine_found_by_the_only_endpoint_on_the_gpus_node(fleet) -> None:
     assert any("only engine scraped on node" in n for n in res.trust.notes)
 
 
+def test_engine_scraped_on_localhost_is_the_one_of_the_gpus_on_the_collectors_node(fleet) -> None:
+    """A collector on the GPUs' machine scraping its engine at localhost: the URL host is never the
+    node's name, but both rows carry the collector's node."""
+    con = fleet(AGG_TIMES, agg_dcgm, {"http://localhost:8000/metrics": agg_engine})
+    res = external_attribution(con, window(AGG_TIMES))
+    assert res.gpu(UUID_A)["endpoint"] == "http://localhost:8000/metrics"
+    assert res.gpu(UUID_A)["prefill_s"] == pytest.approx(3.0)
+
+
 def test_energy_integrated_from_power_without_a_counter_and_flagged(fleet) -> None:
     times, dcgm, engine = agg_pages(1, power_w=[100.0, 200.0, 100.0, 300.0], energy=False)
     con = fleet(times, dcgm, {URL_A: engine})

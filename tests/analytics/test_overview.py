@@ -46,6 +46,8 @@ def _summary(
         "input_tokens": 20_000.0,
         "usd_per_1m_input": 0.5,
         "usd_per_1m_output": 2.0,
+        "usd_per_1m_tokens": 0.8,
+        "usd_per_request": 0.004,
         "j_per_output_token": 0.4,
         "j_per_input_token": 0.05,
     }
@@ -77,8 +79,8 @@ def _summary(
 def test_headline_figures_by_hand():
     h = headline(_summary())
     assert h["output_tokens_per_s"] == (50.0, None)  # 5000 tokens / 100 s
-    assert h["usd_per_1m_input"] == (0.5, None)
-    assert h["usd_per_1m_output"] == (2.0, None)
+    assert h["usd_per_1m_tokens"] == (0.8, None)  # all in: the figures that compare periods
+    assert h["usd_per_request"] == (0.004, None)
     assert h["j_per_output_token"] == (0.4, None)
     assert h["stranded_share"][0] == pytest.approx(50 / 200)  # (10 + 40) of 200 GPU-seconds
     assert h["host_bound_share"][0] == pytest.approx(30 / 200)
@@ -89,14 +91,14 @@ def test_headline_figures_by_hand():
 
 def test_trend_against_the_previous_period():
     prev = _summary(output_tokens=4000.0, both=0.75)
-    prev["parts"]["cost"]["total"]["usd_per_1m_output"] = 2.5
+    prev["parts"]["cost"]["total"]["usd_per_1m_tokens"] = 1.0
     out = overview(_summary(), prev)
     tps = out["figures"]["output_tokens_per_s"]
     assert (tps["value"], tps["previous"], tps["delta"]) == (50.0, 40.0, 10.0)
     assert tps["delta_ratio"] == pytest.approx(0.25)
     assert tps["trust"] == ["simulated"] and tps["higher_is_better"] is True
-    usd = out["figures"]["usd_per_1m_output"]
-    assert usd["delta"] == pytest.approx(-0.5) and usd["delta_ratio"] == pytest.approx(-0.2)
+    usd = out["figures"]["usd_per_1m_tokens"]
+    assert usd["delta"] == pytest.approx(-0.2) and usd["delta_ratio"] == pytest.approx(-0.2)
     assert usd["higher_is_better"] is False
     slo = out["figures"]["slo_attainment"]
     assert slo["delta"] == pytest.approx(0.15)
@@ -112,6 +114,7 @@ def test_gpu_time_shares_sum_to_one():
             "productive_decode": 0.30,
             "stranded": 0.25,
             "host_bound": 0.15,
+            "other_busy": 0.0,  # an external fleet's busy time no engine work explains
             "idle": 0.10,
             "unsampled": 0.0,
         }
@@ -177,7 +180,7 @@ def test_empty_window_is_no_data_never_zero():
         assert fig["no_data"].startswith("no data"), key
         assert fig["delta"] is None and fig["previous_no_data"] == "no data: before the scenario"
         assert fig["trust"] == []
-    assert "no GPU samples in the window" in out["figures"]["usd_per_1m_input"]["no_data"]
+    assert "no GPU samples in the window" in out["figures"]["usd_per_1m_tokens"]["no_data"]
     assert out["figures"]["slo_attainment"]["no_data"] == "no data: no request arrived in the window"
     assert out["empty"] is True
     assert out["gpu_time"]["shares"] is None and out["gpu_time"]["no_data"]
@@ -201,13 +204,14 @@ def test_previous_period_without_data_has_no_delta():
     assert "no GPU samples" in fig["previous_no_data"]
 
 
-def test_no_output_tokens_leaves_per_output_figures_without_data():
+def test_no_tokens_or_requests_leave_the_per_token_and_per_request_figures_without_data():
     s = _summary(output_tokens=0.0)
-    s["parts"]["cost"]["total"]["usd_per_1m_output"] = None
-    s["parts"]["cost"]["total"]["j_per_output_token"] = None
+    for key in ("usd_per_1m_tokens", "usd_per_request", "j_per_output_token"):
+        s["parts"]["cost"]["total"][key] = None
     h = headline(s)
     assert h["output_tokens_per_s"] == (0.0, None)  # a measured zero: GPU time, no tokens
-    assert h["usd_per_1m_output"][0] is None and "no output tokens" in h["usd_per_1m_output"][1]
+    assert h["usd_per_1m_tokens"][0] is None and "no tokens" in h["usd_per_1m_tokens"][1]
+    assert h["usd_per_request"][0] is None and "no request finished" in h["usd_per_request"][1]
     assert h["j_per_output_token"][0] is None
 
 

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard.common import plain_md
-from dashboard.figures import GPU_TIME_COLOURS
+from dashboard.figures import GPU_TIME_COLOURS, OPTIONAL_GPU_TIME
 from tests.collector.conftest import start_collector
 from tests.conftest import Fleet, stop_process
 from tests.dashboard.conftest import APP, GpuTimeBar
@@ -17,8 +17,8 @@ from tests.dashboard.conftest import APP, GpuTimeBar
 AGG, DISAGG = "agg:2xh100-sxm", "1p1d:h100-sxm"
 LABELS = [
     "Output tokens/s (window average)",
-    "$ per 1M input tokens",
-    "$ per 1M output tokens",
+    "$ per 1M tokens, all in",
+    "$ per request",
     "Energy per output token, J",
     "Stranded GPU-time, %",
     "Host-bound GPU-time, %",
@@ -58,7 +58,7 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     assert list(metrics) == LABELS
     assert all(v != "no data" for v in metrics.values()), metrics
     assert metrics["Output tokens/s (window average)"].endswith("tokens/s")
-    assert metrics["$ per 1M output tokens"].startswith("$")
+    assert metrics["$ per 1M tokens, all in"].startswith("$") and metrics["$ per request"].startswith("$")
     assert metrics["Energy per output token, J"].endswith(" J")
     assert metrics["SLO attainment, %"].endswith(" %")
     text = _texts(at)
@@ -80,8 +80,9 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-4)  # the shares of GPU-time sum to 100 %
     assert shares["productive_prefill"] > 0 and shares["productive_decode"] > 0
     # the legend: every category in stacking order, named, with its share (one bar); unsampled time
-    # only where the samples had gaps (none in a simulated scenario)
-    assert [key for key, _text in bar.legend] == [k for k in GPU_TIME_COLOURS if k != "unsampled"]
+    # only where the samples had gaps (none in a simulated scenario), other busy only for GPUs
+    # without phaselens telemetry (none here)
+    assert [key for key, _text in bar.legend] == [k for k in GPU_TIME_COLOURS if k not in OPTIONAL_GPU_TIME]
     legend = dict(bar.legend)
     assert legend["productive_prefill"].startswith("productive prefill ") and legend["host_bound"].startswith(
         "host-bound "

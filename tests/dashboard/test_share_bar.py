@@ -67,8 +67,11 @@ def test_one_bar_matches_the_plotly_chart_and_labels_what_fits():
     assert bar.labels[("all GPUs", "productive_decode")] == "45 %"
     assert bar.labels[("all GPUs", "host_bound")] == ""  # 3 % < 6 %
     assert bar.titles[("all GPUs", "host_bound")] == "host-bound: 3.0 % of GPU-time (all GPUs)"
-    # every category but unsampled time (no gaps in the samples here) in stacking order
-    assert [k for k, _ in bar.legend] == [k for k in figures.GPU_TIME_COLOURS if k != "unsampled"]
+    # every category but unsampled time (no gaps in the samples here) and other busy (no GPU without
+    # phaselens telemetry) in stacking order
+    assert [k for k, _ in bar.legend] == [
+        k for k in figures.GPU_TIME_COLOURS if k not in figures.OPTIONAL_GPU_TIME
+    ]
     assert dict(bar.legend)["stranded"] == "stranded 17.0 %"
     assert bar.trust == "SIMULATED · ESTIMATED" and share_bar.AXIS_TITLE in bar.text
     assert "<script" not in markup
@@ -109,9 +112,20 @@ def test_unsampled_time_shows_in_the_bar_and_the_chart_where_there_is_some():
     shares = dict(FLEET, idle=0.02, unsampled=0.03)  # 3 % of the GPU-time in gaps of the samples
     gpu_time = {"shares": shares, "per_pool": {}, "names": {**NAMES, "unsampled": "unsampled (no samples)"}}
     bar = GpuTimeBar.parse(share_bar.gpu_time_html(gpu_time, None, ["measured"]))
-    assert [k for k, _ in bar.legend] == list(figures.GPU_TIME_COLOURS)
+    assert [k for k, _ in bar.legend] == [k for k in figures.GPU_TIME_COLOURS if k != "other_busy"]
     assert dict(bar.legend)["unsampled"] == "unsampled (no samples) 3.0 %"
     assert bar.rows["all GPUs"]["unsampled"] == pytest.approx(0.03)
     fig = figures.gpu_time_figure(gpu_time, None, ["measured"])
     trace = next(t for t in fig.data if t.name == "unsampled (no samples)")
     assert trace.x[0] == pytest.approx(3.0) and trace.marker.color == figures.COST_COLOURS["unsampled"]
+
+
+def test_other_busy_time_shows_in_the_bar_where_there_is_some():
+    """An external fleet's busy time that no engine work explains (GPUs without phaselens telemetry)."""
+    shares = dict(FLEET, idle=0.02, other_busy=0.03)
+    names = {**NAMES, "other_busy": "other busy (not engine work)"}
+    bar = GpuTimeBar.parse(
+        share_bar.gpu_time_html({"shares": shares, "per_pool": {}, "names": names}, None, [])
+    )
+    assert [k for k, _ in bar.legend] == [k for k in figures.GPU_TIME_COLOURS if k != "unsampled"]
+    assert dict(bar.legend)["other_busy"] == "other busy (not engine work) 3.0 %"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from dashboard import figures
 from tests.conftest import Fleet
 from tests.dashboard.test_app import _values
 from tests.dashboard.views.conftest import DISAGG, figures_of, open_page, texts
@@ -45,12 +46,21 @@ def test_the_stack_by_pool_sums_to_the_total(dashboard_env: Fleet):
     names = {t["name"] for t in pools["data"] if t["type"] == "bar"}
     assert {"productive decode", "stranded decode compute", "idle"} <= names
     assert pools["layout"]["yaxis"]["title"]["text"] == "cost in the window, US $"
-    assert [m.label for m in at.metric] == [
+    assert [m.label for m in at.metric] == [  # the figures that compare layouts first
         "Cost of the window",
+        "Per 1M tokens, all in",
+        "Per request",
+        "Industry $ per 1M output",
+        "Blended 3:1, per 1M tokens",
         "Per 1M input tokens",
         "Per 1M output tokens",
-        "Industry $ per 1M output",
     ]
+    values = {m.label: m.value for m in at.metric}
+    total = cost["total"]
+    assert total["usd_per_1m_tokens"] > 0 and total["usd_per_request"] > 0
+    assert values["Per 1M tokens, all in"] == figures.usd_text(total["usd_per_1m_tokens"])
+    assert values["Per request"] == figures.usd_text(total["usd_per_request"])
+    assert "other busy" not in {r for r in at.dataframe[0].value["Category"]}  # no external GPU here
     text = texts(at)
     assert "Prices used" in text and "Mercatus" in text and "EIA" in text  # the price sources
     gpus = len({(r["node"], r["gpu"]) for r in cost["by_gpu"]})
