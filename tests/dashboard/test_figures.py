@@ -288,3 +288,10 @@ def test_modes_in_words_says_two_modes_one_or_none():
     assert figures.modes_in_words(row) == ("Modes", "0 % (10% of samples) and 24 % (90%)")
     assert figures.modes_in_words({"mode_low_pct": 40.0, "mode_high_pct": None}) == ("One mode", "40 %")
     assert figures.modes_in_words({"no_spread": True}) is None and figures.modes_in_words(None) is None
+
+
+def test_the_cost_categories_are_the_analytics_ones_in_order() -> None:
+    """The dashboard keeps its own copy (it reads data only through the API); it must not drift."""
+    from analytics.cost import CATEGORIES
+
+    assert figures.COST_CATEGORIES == CATEGORIES
