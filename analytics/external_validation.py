@@ -54,63 +54,14 @@ from collector.store import Store
 from serving.config import ModelConfig, preset
 from serving.devices.gpu_model import weight_bytes
 from serving.devices.gpu_specs import gpu_spec
+from serving.metrics import VLLM_ITERATION_TOKEN_BUCKETS, VLLM_REQUEST_TIME_BUCKETS_S, VLLM_TTFT_BUCKETS_S
 from serving.sim.layout import parse_layout
 from serving.sim.samples import replica_samples
 from serving.sim.simulator import Replica, SimResult, Simulation
-from serving.trace import TraceRequest, load_azure_trace, vendored_trace_path
+from serving.trace import SHARED_TRACE, TraceRequest, load_azure_trace, vendored_trace_path
 
-#: vLLM's bucket bounds (vllm/v1/metrics/loggers.py).
-REQUEST_TIME_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ENERGY_OFFSET_MJ = 3_600_000_000  # the counter counts since driver load, not since the run
 NODE = "gpu-node-1"  # the exporter's Hostname label
-SHARED_TRACE = "/work/shared/data/azure_llm_inference_2023_conv.csv"  # the full conversation trace
 NAMESPACE = "llm"
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -298,12 +249,12 @@ def _engine_view(
             np.add.at(step_tokens, idx, 1.0 if weights is None else weights)
     order = np.argsort(prompt_t, kind="stable")
     hists = {
-        "vllm:iteration_tokens_total": _Hist(ends, step_tokens, ITERATION_TOKEN_BUCKETS),
-        "vllm:time_to_first_token_seconds": _Hist(*obs["ttft"], TTFT_BUCKETS),
-        "vllm:e2e_request_latency_seconds": _Hist(*obs["e2e"], REQUEST_TIME_BUCKETS),
-        "vllm:request_queue_time_seconds": _Hist(*obs["queue"], REQUEST_TIME_BUCKETS),
-        "vllm:request_prefill_time_seconds": _Hist(*obs["prefill"], REQUEST_TIME_BUCKETS),
-        "vllm:request_decode_time_seconds": _Hist(*obs["decode"], REQUEST_TIME_BUCKETS),
+        "vllm:iteration_tokens_total": _Hist(ends, step_tokens, VLLM_ITERATION_TOKEN_BUCKETS),
+        "vllm:time_to_first_token_seconds": _Hist(*obs["ttft"], VLLM_TTFT_BUCKETS_S),
+        "vllm:e2e_request_latency_seconds": _Hist(*obs["e2e"], VLLM_REQUEST_TIME_BUCKETS_S),
+        "vllm:request_queue_time_seconds": _Hist(*obs["queue"], VLLM_REQUEST_TIME_BUCKETS_S),
+        "vllm:request_prefill_time_seconds": _Hist(*obs["prefill"], VLLM_REQUEST_TIME_BUCKETS_S),
+        "vllm:request_decode_time_seconds": _Hist(*obs["decode"], VLLM_REQUEST_TIME_BUCKETS_S),
     }
     kv_t = np.asarray([e["start_s"] for e in iters], dtype=float)
     kv_u = np.asarray([e["kv_blocks_used"] / max(1, e["kv_blocks_total"]) for e in iters], dtype=float)

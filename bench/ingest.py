@@ -62,6 +62,7 @@ import numpy as np
 import pyarrow as pa
 
 import collector
+from collector.captures import capture
 from collector.service import Collector, CollectorSettings
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult
 from collector.sources.dcgm import DcgmSource
@@ -173,13 +174,10 @@ def dict_results(polls: list[list[dict]]) -> list[SourceResult]:
     return results
 
 
-DCGM_PAGE = Path(__file__).resolve().parents[1] / "tests/collector/sources/data/dcgm-exporter-l4.prom"
-
-
 def dcgm_page(gpus: int = DEVICES) -> str:
-    """A dcgm-exporter page of ``gpus`` L4s: the real L4 scrape (tests' fixture), its GPU's series
+    """A dcgm-exporter page of ``gpus`` L4s: the real L4 scrape (collector/captures/), its GPU's series
     repeated per GPU with that GPU's labels (gpu, UUID, device, pci_bus_id)."""
-    text = DCGM_PAGE.read_text()
+    text = capture("dcgm-exporter-l4.prom")
     head = [line for line in text.splitlines() if line.startswith("#")]
     series = [line for line in text.splitlines() if line and not line.startswith("#")]
     out = list(head)

@@ -1,6 +1,6 @@
 """Overload: 429 rate, goodput and latency at 1x and 2x the sustainable rate, on a live emulated stack.
 
-Starts ``phaselens serve`` (``tests.serving.conftest.start_server``, as ``bench/sim_vs_live.py`` does):
+Starts ``phaselens serve`` (``serving.testing.start_server``, as ``bench/sim_vs_live.py`` does):
 one aggregated worker on ``emulated:h100-sxm`` modeling ``llama-3.1-70b`` (decode iterations paced to
 the modeled GPU time), ``--max-num-seqs`` 32, the default admission bound (one batch: 32 waiting).
 Every request has a ~64-token prompt and 64 output tokens (``ignore_eos``, greedy), sent
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving.devices.cpu import cpu_model_name  # noqa: E402
 from serving.loadgen import emulation_during, fetch_emulation, percentile, synthetic_prompt  # noqa: E402
+from serving.testing import start_server, stop_server  # noqa: E402
 
 EMULATED = ("--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-70b", "--max-model-len", "512")
 PROMPT_CHARS, OUTPUT_TOKENS = 63, 64  # 64 prompt tokens with BOS
@@ -187,8 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--settle-s", type=float, default=5.0, help="pause before each open-loop run (5)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-
-    from tests.serving.conftest import start_server, stop_server
 
     serve = [*EMULATED, "--workers", "1", "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-mb", "64"]
     if args.max_waiting_requests is not None:

@@ -30,9 +30,9 @@ from collector.store import Store  # noqa: E402
 from serving.config import preset  # noqa: E402
 from serving.sim.layout import parse_layout  # noqa: E402
 from serving.sim.simulator import Simulation  # noqa: E402
+from serving.trace import SHARED_TRACE as FULL_TRACE  # noqa: E402
 from serving.trace import TraceRequest, load_azure_trace, vendored_trace_path  # noqa: E402
 
-FULL_TRACE = ROOT.parent / "shared" / "data" / "azure_llm_inference_2023_conv.csv"
 CASES = (
     # (label, layout, copies of the trace interleaved, target wall s)
     ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1, 60.0),

@@ -12,7 +12,9 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from serving.pool import RequestState, WorkerPool
 
-_LATENCY_BUCKETS = (
+# vLLM's histogram bucket bounds (vllm/v1/metrics/loggers.py): the one copy in this project (the
+# router's histograms and analytics/external_validation.py's vLLM pages use these).
+VLLM_TTFT_BUCKETS_S = (
     0.001,
     0.005,
     0.01,
@@ -32,7 +34,36 @@ _LATENCY_BUCKETS = (
     20.0,
     40.0,
     80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
+VLLM_REQUEST_TIME_BUCKETS_S = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+VLLM_ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# The router's latency histograms: vLLM's TTFT bounds up to 80 s.
+_LATENCY_BUCKETS = VLLM_TTFT_BUCKETS_S[: VLLM_TTFT_BUCKETS_S.index(80.0) + 1]
 
 
 class _PoolCollector(Collector):

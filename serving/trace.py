@@ -18,6 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "AZURE_COLUMNS",
+    "SHARED_TRACE",
     "ClippedTrace",
     "TraceRequest",
     "clip_trace",
@@ -31,6 +32,10 @@ __all__ = [
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 """Columns an Azure LLM inference trace CSV must have (others are ignored)."""
+
+SHARED_TRACE = Path("/work/shared/data/azure_llm_inference_2023_conv.csv")
+"""The full Azure 2023 conversation trace where this project's machines keep it (not vendored; the
+benches and the external validation use it when present, else :func:`vendored_trace_path`)."""
 
 _TIMESTAMP_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:Z|[+-]00:?00)?$"

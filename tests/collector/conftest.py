@@ -1,46 +1,8 @@
-"""Fixtures that run the real collector: `phaselens collect` in a subprocess on a free port."""
+"""Fixtures that run the real collector: `phaselens collect` in a subprocess on a free port
+(collector/testing.py starts it; its names are re-exported here for the tests)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from pathlib import Path
+from collector.testing import collect_command, start_collector
 
-import httpx
-
-from tests.serving.conftest import free_port
-
-
-def collect_command(db: Path, port: int) -> list[str]:
-    """`phaselens collect` on `db` and `port`, without this host's NVML GPUs."""
-    return [
-        sys.executable,
-        "-m",
-        "collector.cli",
-        "collect",
-        "--db",
-        str(db),
-        "--port",
-        str(port),
-        "--no-nvml",
-    ]
-
-
-def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = collect_command(db, port)
-    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"collector exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("collector not ready")
+__all__ = ["collect_command", "start_collector"]

@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from collector.metrics_export import DERIVED_HELP, MetricsExporter
 from collector.overview import OverviewCache, OverviewService
 from collector.service import Collector, CollectorSettings
 from collector.store import Store
+from collector.store.synthetic import build, t0_ending_now
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import L4_PROM, TEXT, LocalServer, _handler
 from tests.collector.sources.test_prometheus_server import PROMETHEUS, RealProm, _free_port
@@ -43,10 +43,8 @@ class Live:
 
 
 def _build_live_store(path: Path) -> None:
-    """64 emulated GPUs, 60 s of 100 ms samples ending now, 2,000 requests (bench/analytics_data.py)."""
-    cmd = [sys.executable, "bench/analytics_data.py", str(path), "--samples", "38400", "--requests", "2000"]
-    done = subprocess.run([*cmd, "--end-now"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    """64 emulated GPUs, 60 s of 100 ms samples ending now, 2,000 requests (collector/store/synthetic.py)."""
+    build(path, samples=38_400, requests=2000, t0=t0_ending_now(38_400))
 
 
 @pytest.fixture(scope="module")

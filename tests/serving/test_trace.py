@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.trace import (
+    SHARED_TRACE,
     TraceRequest,
     clip_trace,
     load_azure_trace,
@@ -19,7 +20,6 @@ from serving.trace import (
     vendored_trace_path,
 )
 
-SHARED_TRACE = Path("/work/shared/data/azure_llm_inference_2023_conv.csv")
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 SMALL = (
     HEADER + "2023-11-16 18:15:46.6805900,374,44\n"

@@ -7,13 +7,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-DATA = Path(__file__).parent / "data"
-L4_PROM = (DATA / "dcgm-exporter-l4.prom").read_text()
+from collector.captures import CAPTURES_DIR, capture
+
+DATA = CAPTURES_DIR  # the captured pages (collector/captures/)
+L4_PROM = capture("dcgm-exporter-l4.prom")
 
 Response = tuple[int, str, str]  # status, body, content type
 Route = Response | Callable[[dict[str, list[str]]], Response]

@@ -85,7 +85,7 @@ def test_real_l4_scrape_maps_onto_device_sample_columns(dcgm, http_server: Local
     assert result.ok and not_unmapped(result) == [], result.errors
     assert unmapped(result) == L4_UNMAPPED
     (row,) = result.table_rows(TABLE_GPU_SAMPLES)
-    # Values read from tests/collector/sources/data/dcgm-exporter-l4.prom.
+    # Values read from collector/captures/dcgm-exporter-l4.prom.
     assert row["ts_s"] == 1_000.0
     assert row["node"] == HOST  # the collector's node (the default: this host) ...
     assert row["exporter_hostname"] == L4_NODE  # ... and the exporter's old `Hostname` label apart

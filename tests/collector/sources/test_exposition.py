@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
+from collector.captures import CAPTURES_DIR
 from collector.sources.base import SourceResult
 from collector.sources.exposition import (
     Sample,
@@ -22,7 +22,7 @@ from collector.sources.exposition import (
 )
 from tests.collector.sources import expositions as ex
 
-DATA = Path(__file__).parent / "data"
+DATA = CAPTURES_DIR
 
 
 def _key(samples: list[Sample]) -> list[tuple]:

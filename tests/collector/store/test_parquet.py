@@ -192,18 +192,16 @@ def test_an_export_of_the_version_5_shape_imports_its_device_attributes(tmp_path
 
 
 def test_mig_dcgm_and_engine_columns_survive_export_and_import(tmp_path: Path) -> None:
+    from collector.captures import capture
     from collector.sources import TABLE_ENGINE_METRICS, TABLE_GPU_SAMPLES
     from collector.sources.base import SourceResult
     from collector.sources.dcgm import rows_from_text
     from collector.sources.exposition import parse_exposition
     from collector.sources.prometheus import EngineMapper, _EngineRows
 
-    data = Path(__file__).parents[1] / "sources" / "data"
-    gpu = rows_from_text(
-        (data / "dcgm-exporter-a30-mig.prom").read_text(), source="dcgm:x", node="n1", ts_s=T0
-    )
+    gpu = rows_from_text(capture("dcgm-exporter-a30-mig.prom"), source="dcgm:x", node="n1", ts_s=T0)
     res = SourceResult("engine:x", T0)
-    samples = parse_exposition((data / "dynamo-vllm-worker.prom").read_text(), res)
+    samples = parse_exposition(capture("dynamo-vllm-worker.prom"), res)
     engine = _EngineRows(EngineMapper()).rows(samples, node="n1", endpoint="w:9090", ts_s=T0, result=res)
     with Store.open(tmp_path / "a.duckdb") as a:
         a.append("gpu_samples", gpu.table_rows(TABLE_GPU_SAMPLES))

@@ -1,17 +1,14 @@
 """The GPU model v2 (serving/devices/gpu_model.py): held-out fidelity against published serving
 measurements, tensor parallelism, links, KV capacity and hand-off, the gap-power model, errors.
 
-The held-out test recomputes the errors from the data in bench/fidelity_table.py (the same rows
-docs/FIDELITY.md shows) with the shipped profiles; nothing here is timed.
+The held-out test recomputes the errors from the published rows in serving/devices/published.py (the
+same rows docs/FIDELITY.md shows) with the shipped profiles; nothing here is timed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,32 +22,20 @@ from serving.devices import (
     DeviceValueError,
     EmulatedDevice,
     IterationWork,
+    calibration,
     gap_energy_j,
     gap_power_w,
     gap_sm_clock_mhz,
     kv_capacity_tokens,
     kv_transfer_s,
     predict_iteration,
+    published,
     shard_shape,
 )
 from serving.devices.gpu_model import DEFAULT_CONSTANTS, weight_bytes
 
 LLAMA_8B = preset("llama-3.1-8b")
 LLAMA_70B = preset("llama-3.1-70b")
-FIDELITY = Path(__file__).resolve().parents[3] / "bench" / "fidelity_table.py"
-
-
-def _fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity_table", FIDELITY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity_table"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def fidelity():
-    return _fidelity()
 
 
 def decode(batch: int, ctx: int = 1024) -> IterationWork:
@@ -68,41 +53,41 @@ def prefill(tokens: int) -> IterationWork:
 # --- held-out fidelity --------------------------------------------------------------------------
 
 
-def test_held_out_h100_a100_points_meet_15pct_except_the_named_misses(fidelity) -> None:
+def test_held_out_h100_a100_points_meet_15pct_except_the_named_misses() -> None:
     """Target: TTFT and TPOT (and vLLM e2e) within 15 % on every held-out H100/A100 point at TP 1-8.
     Where it is not met the point is in KNOWN_MISSES with its reason; anything else must hold."""
-    target = [p for p in fidelity.POINTS if p.role == "held-out" and p.gpu in ("h100-sxm", "a100-sxm-80gb")]
+    target = [p for p in published.POINTS if p.role == "held-out" and p.gpu in ("h100-sxm", "a100-sxm-80gb")]
     assert len(target) >= 40 and {p.tp for p in target} == {1, 2, 4, 8}
     misses = {}
     for p in target:
         err = p.error()
-        if abs(err) > fidelity.TARGET:
-            misses[fidelity.point_key(p)] = err
-    unexplained = set(misses) - set(fidelity.KNOWN_MISSES)
+        if abs(err) > published.TARGET:
+            misses[published.point_key(p)] = err
+    unexplained = set(misses) - set(published.KNOWN_MISSES)
     assert not unexplained, {k: f"{misses[k]:+.1%}" for k in unexplained}
-    met = [p for p in target if fidelity.point_key(p) not in fidelity.KNOWN_MISSES]
+    met = [p for p in target if published.point_key(p) not in published.KNOWN_MISSES]
     assert len(met) >= 0.6 * len(target)
     # every vLLM (the default profile) held-out point is met, on H200 too
-    for p in fidelity.POINTS:
+    for p in published.POINTS:
         if p.source == "vllm-ci" and p.role == "held-out":
-            assert abs(p.error()) <= fidelity.TARGET, p.what
+            assert abs(p.error()) <= published.TARGET, p.what
 
 
-def test_known_misses_are_still_misses_and_named(fidelity) -> None:
+def test_known_misses_are_still_misses_and_named() -> None:
     """KNOWN_MISSES lists only held-out points that really miss (so the list cannot go stale)."""
-    by_key = {fidelity.point_key(p): p for p in fidelity.POINTS}
-    for key, reason in fidelity.KNOWN_MISSES.items():
+    by_key = {published.point_key(p): p for p in published.POINTS}
+    for key, reason in published.KNOWN_MISSES.items():
         p = by_key[key]
         assert p.role == "held-out" and reason
-        assert abs(p.error()) > fidelity.TARGET, key
+        assert abs(p.error()) > published.TARGET, key
 
 
-def test_splitwise_prompt_cost_steps_with_the_tokens_per_iteration_not_the_prompt(fidelity) -> None:
+def test_splitwise_prompt_cost_steps_with_the_tokens_per_iteration_not_the_prompt() -> None:
     """Why the splitwise profile has a custom all-reduce with a size limit: at TP 4/8 the measured prompt
     time per token jumps between 2048 and 4096 tokens in one iteration, for one long prompt and for a
     batch of 512-token prompts alike (so it is the token count, not attention), and not at TP 2; the
     attention part (one 8192-token prompt minus 16 of 512) shrinks with TP as one rank's share does."""
-    rows = {r["tp"]: r for r in fidelity.prompt_step_evidence()}
+    rows = {r["tp"]: r for r in published.prompt_step_evidence()}
     assert set(rows) == {2, 4, 8}
     for series in ("one_prompt", "prompts_of_512"):
         for tp in (4, 8):
@@ -118,7 +103,7 @@ def test_splitwise_prompt_cost_steps_with_the_tokens_per_iteration_not_the_promp
 
     def ms(tokens: int, tp: int) -> float:
         est = predict_iteration(
-            "h100-sxm", fidelity.LLAMA2_70B, prefill(tokens), tp=tp, link="nvlink", profile=prof
+            "h100-sxm", published.LLAMA2_70B, prefill(tokens), tp=tp, link="nvlink", profile=prof
         )
         return est.time_s * 1e3
 
@@ -131,13 +116,13 @@ def test_splitwise_prompt_cost_steps_with_the_tokens_per_iteration_not_the_promp
             assert across < 1.15 * below
 
 
-def test_shipped_vllm_profile_is_the_fit_of_its_calibration_rows(fidelity) -> None:
+def test_shipped_vllm_profile_is_the_fit_of_its_calibration_rows() -> None:
     """The vllm profile's constants come from the fit on the calibration rows, not from a guess."""
-    fitted, _ = fidelity.fit_profile("vllm")
+    fitted, _ = calibration.fit_profile("vllm")
     shipped = PROFILES["vllm"]
     assert fitted.step_s == pytest.approx(shipped.step_s, rel=0.05)
     assert fitted.allreduce_overhead_s == pytest.approx(shipped.allreduce_overhead_s, rel=0.1)
-    for p in fidelity.calibration_points("vllm"):
+    for p in calibration.calibration_points("vllm"):
         assert abs(p.error()) < 0.05
 
 

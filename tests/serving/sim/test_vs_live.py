@@ -1,5 +1,5 @@
-"""The simulator against the live serving stack on small cases (bench/sim_vs_live.py runs them at
-size; figures in docs/BENCHMARKS.md, "sim_vs_live").
+"""The simulator against the live serving stack on small cases (serving/sim/live_compare.py;
+bench/sim_vs_live.py runs them at size; figures in docs/BENCHMARKS.md, "sim_vs_live").
 
 (a) a paced emulated GPU: the same requests live and simulated agree on latency, throughput and
 energy — a plumbing check (the live device is paced by the same GPU model the simulator runs, so this
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim_vs_live import (
+from serving.sim.device_model import FittedDeviceModel, measured_dispatch_delay_s
+from serving.sim.live_compare import (
     compare_emulated,
     compare_fitted,
     device_model_check,
@@ -29,7 +30,6 @@ from bench.sim_vs_live import (
     serve_args_emulated,
     warm_up,
 )
-from serving.sim.device_model import FittedDeviceModel, measured_dispatch_delay_s
 from tests.serving.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,381 @@
+"""Published serving measurements the GPU model is calibrated on and checked against (held out), as
+docs/FIDELITY.md shows: each figure a :class:`Point` with its source key (:data:`SOURCES`; nothing is
+fetched), the shapes those sources measured, the fidelity target and the points allowed to miss it.
+The fit is serving/devices/calibration.py; the tables bench/fidelity_table.py;
+tests/serving/devices/test_gpu_model.py recomputes the held-out errors from these rows.
+
+Conventions:
+
+* TTFT of an ``n``-token prompt = one prefill iteration of ``n`` tokens (one sequence, sampling one
+  token), host time included: ``attention_pairs = n (n + 1) / 2``.
+* TPOT (a mean token time over a generation of ``out`` tokens after an ``in``-token prompt) = the mean
+  wall time of the decode steps, the step producing token ``k + 1`` attending ``in + k`` tokens.
+* e2e = the prefill iteration plus every decode step.
+* ``busy``: GPU-busy time of one decode step at a locked SM clock (this project's H200 rows: step
+  time x GPU utilization).
+
+Every modeled figure comes from the public :func:`~serving.devices.gpu_model.predict_iteration` (TDP
+power limit, unlocked clocks unless a row says otherwise, default constants, tensor parallelism
+modeled with ``tp=`` over the GPU's NVLink).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from serving.config import ModelConfig, preset
+from serving.devices.base import IterationWork
+from serving.devices.gpu_model import (
+    DEFAULT_CONSTANTS,
+    PROFILES,
+    EmulationConstants,
+    EngineProfile,
+    predict_iteration,
+)
+
+LINK_OF = {"h100-sxm": "nvlink", "h200": "nvlink", "a100-sxm-80gb": "nvlink3"}
+
+# Shapes of the Llama 2 checkpoints some sources measured (Hugging Face config.json of
+# meta-llama/Llama-2-7b-hf and meta-llama/Llama-2-70b-hf); LLaMA-1 7B has the same shape as Llama-2-7B.
+LLAMA2_7B = ModelConfig(
+    name="llama-2-7b",
+    vocab_size=32_000,
+    hidden_size=4096,
+    intermediate_size=11_008,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=32,
+    max_position=4096,
+    rope_theta=10_000.0,
+)
+LLAMA2_70B = ModelConfig(
+    name="llama-2-70b",
+    vocab_size=32_000,
+    hidden_size=8192,
+    intermediate_size=28_672,
+    num_layers=80,
+    num_heads=64,
+    num_kv_heads=8,
+    max_position=4096,
+    rope_theta=10_000.0,
+)
+SHAPES: dict[str, ModelConfig] = {
+    "llama-3.1-8b": preset("llama-3.1-8b"),
+    "llama-3.1-70b": preset("llama-3.1-70b"),
+    "llama-2-7b": LLAMA2_7B,
+    "llama-2-70b": LLAMA2_70B,
+}
+
+Metric = Literal["ttft", "tpot", "e2e", "busy"]
+Role = Literal["calibration", "held-out", "reference"]
+
+
+# -- the model ---------------------------------------------------------------------------------------
+
+
+def prefill_work(tokens: int, seqs: int = 1) -> IterationWork:
+    """One prefill iteration of ``seqs`` prompts of ``tokens`` tokens each (each sampling one token)."""
+    return IterationWork(
+        "prefill",
+        prefill_tokens=seqs * tokens,
+        decode_seqs=0,
+        context_tokens=seqs * tokens,
+        batch_size=seqs,
+        attention_pairs=seqs * tokens * (tokens + 1) // 2,
+        sampled_seqs=seqs,
+    )
+
+
+def decode_work(batch: int, context: int) -> IterationWork:
+    """One decode iteration of ``batch`` sequences, each attending ``context`` tokens."""
+    return IterationWork(
+        "decode",
+        prefill_tokens=0,
+        decode_seqs=batch,
+        context_tokens=batch * context,
+        batch_size=batch,
+        attention_pairs=batch * context,
+        sampled_seqs=batch,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One published figure, how to model it, and whether the calibration saw it."""
+
+    source: str  # key into SOURCES
+    gpu: str
+    shape: str  # key into SHAPES
+    tp: int
+    metric: Metric
+    measured_ms: float
+    profile: str  # the engine profile that models this source's stack
+    role: Role
+    tokens: int = 0  # ttft: prompt tokens; tpot/e2e/busy: prompt (context) tokens per sequence
+    batch: int = 1
+    out_len: int = 0  # tpot/e2e: generated tokens per sequence
+    sm_clock_mhz: int | None = None  # busy: the locked clock
+    what: str = ""
+    note: str = ""
+
+    def modeled_ms(
+        self, profile: EngineProfile | None = None, constants: EmulationConstants = DEFAULT_CONSTANTS
+    ) -> float:
+        """The model's figure, with ``profile`` (default: the shipped one this point names)."""
+        prof = profile if profile is not None else PROFILES[self.profile]
+        shape = SHAPES[self.shape]
+
+        def run(work: IterationWork, clock: int | None = None) -> Any:
+            lock = (clock, clock) if clock else None
+            return predict_iteration(
+                self.gpu,
+                shape,
+                work,
+                sm_clock_range=lock,
+                constants=constants,
+                tp=self.tp,
+                link=LINK_OF[self.gpu],
+                profile=prof,
+            )
+
+        if self.metric == "busy":
+            return run(decode_work(self.batch, self.tokens), self.sm_clock_mhz).busy_s * 1e3
+        pre = run(prefill_work(self.tokens, self.batch)).time_s
+        if self.metric == "ttft":
+            return pre * 1e3
+        steps = [run(decode_work(self.batch, self.tokens + k)).time_s for k in range(1, self.out_len)]
+        if self.metric == "tpot":
+            return statistics.fmean(steps) * 1e3
+        return (pre + sum(steps)) * 1e3
+
+    def error(
+        self, profile: EngineProfile | None = None, constants: EmulationConstants = DEFAULT_CONSTANTS
+    ) -> float:
+        """(model - measured) / measured."""
+        return self.modeled_ms(profile, constants) / self.measured_ms - 1.0
+
+
+SOURCES: dict[str, str] = {
+    "phaselens-h200": "this project, docs/gpu/2026-11-30-h200-run2.json and -engine.json (engine rows)",
+    "vllm-ci": "vLLM nightly performance benchmark, latency tests (buildkite.com/vllm/performance-benchmark)",
+    "splitwise": "Splitwise profiling data, github.com/Mutinifni/splitwise-sim data/perf_model.csv",
+    "trtllm-0.5": "TensorRT-LLM docs/source/performance.md, 'Low Latency' tables (data from v0.5)",
+}
+
+POINTS: list[Point] = []
+
+# This project's engine on an H200 (llama-3.1-8b bf16, one GPU, eager PyTorch).
+for _n, _ms, _role, _note in (
+    (4096, 107.772, "calibration", "GPU-bound (util 97 %); fits eta_c"),
+    (8192, 222.82, "calibration", "GPU-bound (util 97 %); fits eta_c"),
+    (256, 35.129, "reference", "host-bound: util 39 %, ~30-35 ms host floor of that day's engine"),
+    (1024, 31.382, "reference", "partly host-bound: util 87 %"),
+):
+    POINTS.append(
+        Point(
+            "phaselens-h200",
+            "h200",
+            "llama-3.1-8b",
+            1,
+            "ttft",
+            _ms,
+            "phaselens-eager",
+            _role,
+            _n,
+            what=f"prefill {_n}, one step",
+            note=_note,
+        )
+    )
+# Decode batch 64 at context 1024: GPU-busy time = step time x GPU utilization, at the window's clock.
+for _file, _knob, _mhz, _ms, _role in (
+    ("run2", "default", 1980, 76.518 * 0.2226, "calibration"),
+    ("run2", "sm 990 MHz", 990, 40.639 * 0.7030, "calibration"),
+    ("run2", "cap 497 W", 1980, 32.735 * 0.3719, "held-out"),
+    ("run2", "cap 350 W", 1980, 37.591 * 0.4488, "held-out"),
+    ("run2", "sm 1410 MHz", 1410, 28.081 * 0.5840, "held-out"),
+    ("run2", "cap 200 W (408 MHz)", 405, 41.877 * 0.9377, "held-out"),
+    ("engine", "default", 1980, 72.711 * 0.1152, "held-out"),
+    ("engine", "cap 497 W", 1980, 38.846 * 0.2330, "held-out"),
+    ("engine", "cap 350 W", 1980, 49.750 * 0.2659, "held-out"),
+    ("engine", "sm 1410 MHz", 1410, 41.905 * 0.3548, "held-out"),
+    ("engine", "sm 990 MHz", 990, 40.020 * 0.6570, "held-out"),
+    ("engine", "cap 200 W (949 MHz)", 945, 42.202 * 0.7013, "held-out"),
+):
+    POINTS.append(
+        Point(
+            "phaselens-h200",
+            "h200",
+            "llama-3.1-8b",
+            1,
+            "busy",
+            round(_ms, 2),
+            "phaselens-eager",
+            _role,
+            1024,
+            64,
+            sm_clock_mhz=_mhz,
+            what=f"decode b64 GPU-busy, {_knob}",
+            note=f"{_file}: step x util; fits kernel_latency_cycles" if _role == "calibration" else _file,
+        )
+    )
+# vLLM CI latency test: batch 8, 32 input + 128 output tokens, end-to-end latency (median), bf16.
+for _gpu, _ms8, _ms70, _build, _role8, _role70 in (
+    ("h100-sxm", 997.365, 2444.3, 9555, "calibration", "calibration"),
+    ("h200", 834.014, 2075.36, 9513, "held-out", "held-out"),
+    ("a100-sxm-80gb", 1579.34, 3990.39, 9523, "held-out", "held-out"),
+):
+    for _shape, _tp, _ms, _role in (("llama-3.1-8b", 1, _ms8, _role8), ("llama-3.1-70b", 4, _ms70, _role70)):
+        POINTS.append(
+            Point(
+                "vllm-ci",
+                _gpu,
+                _shape,
+                _tp,
+                "e2e",
+                _ms,
+                "vllm",
+                _role,
+                32,
+                8,
+                128,
+                what=f"latency_{'llama8B_tp1' if _tp == 1 else 'llama70B_tp4'}: batch 8, 32 in / 128 out, e2e",
+                note=f"build {_build}",
+            )
+        )
+
+# Splitwise perf_model.csv (llama2-70b fp16, batch 1 prompts; token_time = mean of 127 decode steps after a
+# 512-token prompt): medians of the repeated rows, ms. Calibration: H100 TP 2 only.
+_SW_PROMPT = {  # (gpu, tp) -> {prompt tokens: prompt_time}
+    ("h100-sxm", 2): {128: 48.33, 1024: 157.95, 2048: 310.32, 4096: 642.66, 8192: 1339.84},
+    ("h100-sxm", 4): {128: 49.09, 1024: 105.61, 2048: 200.68, 4096: 463.46, 8192: 953.58},
+    # 256 tokens: the one short prompt the fit sees at TP > 2, where the prefill floor binds (the table's other
+    # 256- and 512-token rows are not points: the held-out set stays the 128-8192 rows)
+    ("h100-sxm", 8): {128: 58.19, 256: 51.66, 1024: 77.91, 2048: 136.80, 4096: 390.29, 8192: 844.89},
+    ("a100-sxm-80gb", 2): {128: 81.08, 1024: 377.06, 2048: 688.05, 4096: 1485.35, 8192: 2990.18},
+    ("a100-sxm-80gb", 4): {128: 63.65, 1024: 227.08, 2048: 403.33, 4096: 965.15, 8192: 2278.45},
+    ("a100-sxm-80gb", 8): {128: 65.35, 1024: 154.46, 2048: 274.22, 4096: 661.22, 8192: 1549.82},
+}
+_SW_TOKEN = {  # (gpu, tp) -> {batch: token_time}
+    ("h100-sxm", 2): {1: 37.00, 8: 40.40, 32: 52.30},
+    ("h100-sxm", 4): {1: 29.72, 8: 31.44, 32: 36.88},
+    ("h100-sxm", 8): {1: 29.76, 8: 32.50, 32: 38.62},
+    ("a100-sxm-80gb", 2): {1: 54.86, 8: 61.69, 32: 72.19},
+    ("a100-sxm-80gb", 4): {1: 44.99, 8: 45.80, 32: 52.35},
+    ("a100-sxm-80gb", 8): {1: 44.85, 8: 46.47, 32: 53.02},
+}
+# The same CSV's H100 prompt rows for a batch of 512-token prompts (batch 1, 2, 4, 8, 16: 512 ... 8192
+# tokens in one iteration), medians: not modeled as points (the per-prompt host cost the model charges per
+# sequence does not show on H100), used only as evidence of what the prompt time depends on
+# (prompt_step_evidence). The A100 rows of these batches cost ~batch x one prompt (TP 4: 126.97 / 253.93 ms
+# at batch 1 / 2), so they do not isolate the token count and are not used.
+_SW_PROMPT_BATCH512 = {  # (gpu, tp) -> {batch: prompt_time}
+    ("h100-sxm", 2): {1: 83.83, 2: 155.84, 4: 299.82, 8: 606.02, 16: 1191.98},
+    ("h100-sxm", 4): {1: 59.72, 2: 103.62, 4: 195.28, 8: 442.20, 16: 874.35},
+    ("h100-sxm", 8): {1: 53.86, 2: 76.89, 4: 132.64, 8: 371.63, 16: 811.93},
+}
+_SW_CALIBRATION = (
+    {("h100-sxm", 2, "ttft", 128), ("h100-sxm", 2, "ttft", 2048), ("h100-sxm", 8, "ttft", 4096)}
+    | {("h100-sxm", 8, "ttft", 256)}
+    | {("h100-sxm", 2, "tpot", b) for b in (1, 32)}
+    | {("h100-sxm", 8, "tpot", 1)}
+)
+for (_gpu, _tp), _d in _SW_PROMPT.items():
+    for _n, _ms in _d.items():
+        POINTS.append(
+            Point(
+                "splitwise",
+                _gpu,
+                "llama-2-70b",
+                _tp,
+                "ttft",
+                _ms,
+                "splitwise-2023",
+                "calibration" if (_gpu, _tp, "ttft", _n) in _SW_CALIBRATION else "held-out",
+                _n,
+                what=f"prompt {_n}, batch 1",
+                note="fp16",
+            )
+        )
+for (_gpu, _tp), _d in _SW_TOKEN.items():
+    for _b, _ms in _d.items():
+        POINTS.append(
+            Point(
+                "splitwise",
+                _gpu,
+                "llama-2-70b",
+                _tp,
+                "tpot",
+                _ms,
+                "splitwise-2023",
+                "calibration" if (_gpu, _tp, "tpot", _b) in _SW_CALIBRATION else "held-out",
+                512,
+                _b,
+                128,
+                what=f"token time, batch {_b}, prompt 512, 128 out",
+                note="fp16",
+            )
+        )
+# TensorRT-LLM v0.5 first-token latency, A100 FP16, batch 1 (the H100 rows are FP8: not comparable).
+for _shape, _tp, _n, _ms, _role in (
+    ("llama-2-7b", 1, 128, 16.0, "calibration"),
+    ("llama-2-7b", 1, 2048, 133.0, "calibration"),
+    ("llama-2-70b", 4, 128, 47.0, "calibration"),
+    ("llama-2-70b", 4, 2048, 377.0, "held-out"),
+):
+    POINTS.append(
+        Point(
+            "trtllm-0.5",
+            "a100-sxm-80gb",
+            _shape,
+            _tp,
+            "ttft",
+            _ms,
+            "trtllm-0.5",
+            _role,
+            _n,
+            what=f"1st token latency, input {_n}, batch 1",
+            note="fp16",
+        )
+    )
+
+
+# -- the target -----------------------------------------------------------------------------------------
+
+TARGET = 0.15  # |error| on every held-out H100/A100 point (TTFT, TPOT, e2e), TP 1-8
+
+
+def point_key(p: Point) -> tuple[str, str, int, str, int, int]:
+    """(source, gpu, tp, metric, tokens, batch): names a point in KNOWN_MISSES."""
+    return (p.source, p.gpu, p.tp, p.metric, p.tokens, p.batch)
+
+
+# Held-out points that miss the target, each with its reason (the test fails if another point misses or a
+# named one stops missing). None since the custom all-reduce and the prefill floor (docs/FIDELITY.md).
+KNOWN_MISSES: dict[tuple[str, str, int, str, int, int], str] = {}
+
+
+def prompt_step_evidence() -> list[dict[str, Any]]:
+    """Per H100 TP degree, from the Splitwise measurements alone (no GPU model): the prompt time per token
+    added between 1024 and 2048 tokens in one iteration (``below_us``), between 2048 and 4096 (``across_us``,
+    over the custom all-reduce's 3072-token limit for Llama-2-70B) and between 4096 and 8192 (``above_us``),
+    for one long prompt and for a batch of 512-token prompts; and ``attention_ms``, one 8192-token prompt
+    minus 16 prompts of 512 (the same tokens, 1/16 of the causal attention pairs) -- what the quadratic
+    (attention) part costs one rank (docs/FIDELITY.md, "What the Splitwise prompt times depend on")."""
+    out = []
+    for (gpu, tp), batched in _SW_PROMPT_BATCH512.items():
+        one = _SW_PROMPT[gpu, tp]
+        series = {
+            "one_prompt": {n: one[n] for n in (1024, 2048, 4096, 8192)},
+            "prompts_of_512": {512 * b: batched[b] for b in (2, 4, 8, 16)},
+        }
+        row: dict[str, Any] = {"gpu": gpu, "tp": tp, "attention_ms": one[8192] - batched[16]}
+        for name, t in series.items():
+            row[name] = {
+                "below_us": (t[2048] - t[1024]) / 1024 * 1e3,
+                "across_us": (t[4096] - t[2048]) / 2048 * 1e3,
+                "above_us": (t[8192] - t[4096]) / 4096 * 1e3,
+            }
+        out.append(row)
+    return out
