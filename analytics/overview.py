@@ -8,7 +8,7 @@ what ``GET /api/v1/analytics/summary`` answers) and returns JSON. A figure that 
 (an empty window, no requests, no previous period) is ``None`` with the reason in ``no_data`` —
 never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
 
-* ``output_tokens_per_s``: output tokens generated in the window ÷ the window's length in seconds
+* ``output_tokens_per_s``: output tokens generated in the window ÷ the seconds of it the GPUs were observed
   (the window average, :func:`analytics.throughput.throughput`, what ``phaselens analyze`` prints);
   beside it, by its own name, ``busy_value``: "tokens/s while serving (busy time)", ÷ the seconds
   with a request in flight (``busy_s``);

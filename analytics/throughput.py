@@ -3,7 +3,10 @@
 * **Output tokens/s (window average)** — the headline everywhere (``phaselens analyze``, the
   summary's ``throughput`` part, the Overview tile and ``GET /api/v1/analytics/overview``, the HTML
   report, ``phaselens_output_tokens_per_second`` on ``/metrics``): output tokens generated in the
-  window ÷ the window's length in seconds.
+  window ÷ the seconds of the window the GPUs were observed (``observed_s``: the window's length,
+  or the cost part's GPU-seconds ÷ its GPUs where the data covers less of it — a collector started
+  ten minutes into an hour's window). So the fleet's figure is the cost part's output tokens/s per
+  GPU × its GPUs, never a rate diluted by time nothing was observed.
 * **tokens/s while serving (busy time)** — output tokens ÷ the seconds of the window with at least
   one request in flight (the summary's ``serving`` part, :func:`analytics.summary.serving_span`). On
   bursty traffic it is far above the window average (188 against 67 tokens/s on a trace that served
@@ -20,6 +23,8 @@ from typing import Any
 
 #: the headline figure's name, with its unit
 HEADLINE_LABEL = "Output tokens/s (window average)"
+#: observed for at least this share of the window, the text calls it the whole window (sampling's edges)
+OBSERVED_WHOLE = 0.98
 #: the rate over the time with a request in flight, by its explicit name
 BUSY_LABEL = "tokens/s while serving (busy time)"
 
@@ -50,12 +55,14 @@ def throughput(summary: dict[str, Any]) -> dict[str, Any]:
     window_s = _num((summary.get("window") or {}).get("duration_s"))
     cost = parts.get("cost") or {}
     tokens = _num((cost.get("total") or {}).get("output_tokens"))
+    observed_s = observed_seconds(cost, window_s)
     busy_s = _num((parts.get("serving") or {}).get("span_s"))
     out: dict[str, Any] = {
         "label": HEADLINE_LABEL,
         "busy_label": BUSY_LABEL,
         "output_tokens": tokens,
         "window_s": window_s,
+        "observed_s": observed_s,
         "busy_s": busy_s if busy_s else None,
         "output_tokens_per_s": None,
         "output_tokens_per_s_busy": None,
@@ -67,15 +74,32 @@ def throughput(summary: dict[str, Any]) -> dict[str, Any]:
     if tokens is None:
         out["no_data"] = "no data: output tokens unknown (no GPU time or no cost part in the window)"
         return out
-    if not window_s:
+    if not window_s or not observed_s:
         out["no_data"] = "no data: the window has no length"
         return out
-    out["output_tokens_per_s"] = tokens / window_s
+    out["output_tokens_per_s"] = tokens / observed_s
     out["basis"] = f"{tokens:,.0f} output tokens over the {duration_text(window_s)} window"
+    whole = observed_s >= OBSERVED_WHOLE * window_s
+    if not whole:
+        out["basis"] = (
+            f"{tokens:,.0f} output tokens over the {duration_text(observed_s)} of the "
+            f"{duration_text(window_s)} window with its GPUs observed"
+        )
     if busy_s:
         out["output_tokens_per_s_busy"] = tokens / busy_s
         out["busy_basis"] = (
             f"over the {duration_text(busy_s)} with a request in flight "
-            f"({busy_s / window_s:.0%} of the window)"
+            f"({min(busy_s / observed_s, 1.0):.0%} of the {'window' if whole else 'observed time'})"
         )
     return out
+
+
+def observed_seconds(cost: dict[str, Any], window_s: float | None) -> float | None:
+    """The seconds of the window its GPUs were observed: the cost part's GPU-seconds ÷ its GPUs
+    (sampled time and the gaps inside it), at most the window's length; the window's length where
+    the cost part has no GPU time."""
+    gpu_s = _num((cost.get("total") or {}).get("gpu_seconds"))
+    gpus = len(cost.get("by_gpu") or [])
+    if not window_s or not gpu_s or not gpus:
+        return window_s
+    return min(window_s, gpu_s / gpus)

@@ -214,7 +214,7 @@ DERIVED_HELP = {
     "phaselens_gpu_time_ratio": "Where the GPU-time goes (category=productive_prefill, productive_decode, "
     "stranded, host_bound, other_busy, idle, unsampled; they sum to 1), for the fleet and per pool.",
     "phaselens_output_tokens_per_second": "Output tokens generated per second, the window average (output "
-    "tokens in the export window / its length in seconds; the Overview's and phaselens analyze's headline), all GPUs.",
+    "tokens in the export window / the seconds of it its GPUs were observed; the Overview's and phaselens analyze's headline), all GPUs.",
 }
 
 

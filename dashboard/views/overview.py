@@ -16,6 +16,12 @@ import streamlit as st
 
 from dashboard import common, figures, share_bar
 
+
+def _sentence(text: str) -> str:
+    """The first letter upper case, the rest as written (``str.capitalize`` lowers "GPUs")."""
+    return text[:1].upper() + text[1:]
+
+
 TILE_ROWS = (
     ("output_tokens_per_s", "usd_per_1m_tokens", "usd_per_request", "j_per_output_token"),
     ("stranded_share", "host_bound_share", "idle_share", "slo_attainment"),
@@ -63,7 +69,7 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
     else:
         help_lines.append(f"Previous period: {figures.figure_text(key, previous)}")
     if fig.get("basis"):
-        help_lines.insert(0, str(fig["basis"]).capitalize())
+        help_lines.insert(0, _sentence(str(fig["basis"])))
     busy = _busy_text(fig)
     if busy:
         help_lines.insert(1, busy)
@@ -83,7 +89,7 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         else:
             common.trust_badges(fig.get("trust") or [])
             if fig.get("basis"):
-                st.caption(str(fig["basis"]).capitalize())
+                st.caption(_sentence(str(fig["basis"])))
             if busy:
                 st.caption(busy)
         if value is not None and previous is None and any_previous:

@@ -146,8 +146,8 @@ def test_the_headline_tokens_per_s_is_the_window_average_on_every_surface(bursty
     db, sid = str(bursty["db"]), bursty["sid"]
     summary = json.loads(_analyze(capsys, "--db", db, "--dataset", sid, "--json"))
     t = summary["parts"]["throughput"]
-    window_s = summary["window"]["duration_s"]
-    assert t["output_tokens_per_s"] == pytest.approx(t["output_tokens"] / window_s)
+    assert t["observed_s"] == pytest.approx(summary["window"]["duration_s"], rel=0.02)
+    assert t["output_tokens_per_s"] == pytest.approx(t["output_tokens"] / t["observed_s"])
     assert t["output_tokens"] == 10 * 60  # the ten requests that were served
     # bursty: the rate while serving is several times the window average, and named as what it is
     assert t["output_tokens_per_s_busy"] > 5 * t["output_tokens_per_s"]
@@ -171,6 +171,25 @@ def test_the_headline_tokens_per_s_is_the_window_average_on_every_surface(bursty
         if s.name == "phaselens_output_tokens_per_second"
     ]
     assert gauge == pytest.approx(t["output_tokens_per_s"], rel=1e-12)
+
+
+def test_a_window_wider_than_the_data_does_not_dilute_the_headline(bursty: dict, capsys) -> None:
+    """An hour's window over a minute of data (a collector started late, a scenario looked at in a
+    wider window): the headline is over the seconds the GPUs were observed, so it equals the cost
+    part's output tokens/s per GPU × GPUs, on the same page -- not tokens ÷ the whole window."""
+    db, sid = str(bursty["db"]), bursty["sid"]
+    narrow = json.loads(_analyze(capsys, "--db", db, "--dataset", sid, "--json"))
+    w = narrow["window"]
+    args = ("--db", db, "--dataset", sid, "--start-s", str(w["start_s"] - 3000), "--end-s", str(w["end_s"]))
+    wide = json.loads(_analyze(capsys, *args, "--json"))
+    t, cost = wide["parts"]["throughput"], wide["parts"]["cost"]
+    assert wide["window"]["duration_s"] > 40 * t["observed_s"]
+    assert t["output_tokens_per_s"] == pytest.approx(
+        narrow["parts"]["throughput"]["output_tokens_per_s"], rel=1e-6
+    )
+    per_gpu = cost["total"]["output_tokens_per_s_per_gpu"]
+    assert t["output_tokens_per_s"] == pytest.approx(per_gpu * len(cost["by_gpu"]), rel=1e-9)
+    assert "with its GPUs observed" in _analyze(capsys, *args)
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,11 @@ def test_overview_is_the_default_page_with_every_figure_and_its_trust(dashboard_
     text = _texts(at)
     assert text.count(":violet-badge[simulated]") >= len(LABELS)  # a trust label on every tile
     # the headline is the window average; the rate while serving only under its own name
-    assert re.search(r"^[\d,]+ output tokens over the [\d.,]+ (s|min|h) window$", text, re.M)
+    assert re.search(
+        r"^[\d,]+ output tokens over the ([\d.,]+ (s|min|h) of the )?[\d.,]+ (s|min|h) window( with its GPUs observed)?$",
+        text,
+        re.M,
+    )
     assert re.search(r"^tokens/s while serving \(busy time\): [\d.,]+ tokens/s \(over the ", text, re.M)
     assert re.search(
         r"^[\d,]+ of [\d,]+ requests; 0 failed, each a miss$", text, re.M
