@@ -113,6 +113,15 @@ class LatencySummary:
         }
 
 
+def attainment_basis(latency: dict[str, Any]) -> str:
+    """SLO attainment's denominator in words, from a latency part's JSON form: "45 of 50 requests;
+    5 failed, each a miss" (or "; none failed") -- the one wording of the text, overview and report."""
+    met = int((latency.get("attainment") or {}).get("met") or 0)
+    requests, failed = int(latency.get("requests") or 0), int(latency.get("failed") or 0)
+    failures = f"{failed:,} failed, each a miss" if failed else "none failed"
+    return f"{met:,} of {requests:,} requests; {failures}"
+
+
 def _bucket_for(duration_s: float, max_buckets: int = 120) -> float:
     for b in _NICE_BUCKETS_S:
         if duration_s / b <= max_buckets:

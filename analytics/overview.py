@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analytics.cost import CATEGORIES, HOURS_PER_YEAR
+from analytics.latency import attainment_basis
 from analytics.throughput import HEADLINE_LABEL, throughput
 
 # GPU-time shown in the overview's bar: (key, readable name, the cost part's second columns)
@@ -332,11 +333,7 @@ def overview(
         }
         latency = (current.get("parts") or {}).get("latency") or {}
         if figures["slo_attainment"]["value"] is not None:  # the denominator: every request
-            att = latency.get("attainment") or {}
-            figures["slo_attainment"]["basis"] = (
-                f"{int(att.get('met') or 0):,} of {int(latency.get('requests') or 0):,} requests; "
-                f"{int(latency.get('failed') or 0):,} failed, each a miss"
-            )
+            figures["slo_attainment"]["basis"] = attainment_basis(latency)
     trust = list(((current or {}).get("trust") or {}).get("labels") or [])
     return {
         "window": (current or {}).get("window"),

@@ -24,6 +24,7 @@ import numpy as np
 
 from analytics.intervals import GAP_MIN_S, GAP_PERIODS, span_order
 from analytics.jsonable import json_safe
+from analytics.latency import attainment_basis
 from analytics.throughput import throughput
 from analytics.trust import Trust
 from analytics.window import Window
@@ -723,8 +724,7 @@ def _latency_lines(parts: dict[str, Any]) -> list[str]:
     if att:
         out.append(
             f"  SLO attainment (TTFT ≤ {_slo_ms(slo.get('ttft_s'))} ms and TPOT ≤ {_slo_ms(slo.get('tpot_s'))} ms):"
-            f" {_pct(att.get('both'))} ({att.get('met', 0):,} of {lat.get('requests', 0):,} requests;"
-            f" {lat.get('failed', 0):,} failed, each a miss)"
+            f" {_pct(att.get('both'))} ({attainment_basis(lat)})"
         )
     return out
 

@@ -537,6 +537,7 @@ def _prices(cost: dict[str, Any]) -> str:
 
 
 def _latency(page: _Page, summary: dict[str, Any], simulated: bool) -> str:
+    from analytics.latency import attainment_basis
     from dashboard.figures import attainment_over_time_figure, latency_over_time_figure, part_labels
 
     lat = (summary.get("parts") or {}).get("latency") or {}
@@ -552,8 +553,7 @@ def _latency(page: _Page, summary: dict[str, Any], simulated: bool) -> str:
     slo_text = f"TTFT ≤ {ttft_ms:g} ms, TPOT ≤ {tpot_ms:g} ms"
     out.append(
         f"<p><b>{_share_text(att.get('both'))}</b> of the requests met both SLOs ({_esc(slo_text)}): "
-        f"{int(att.get('met') or 0):,} of {int(lat.get('requests') or 0):,} requests; "
-        f"{int(lat.get('failed') or 0):,} failed, each a miss. {_share_text(att.get('ttft'))} met the TTFT "
+        f"{attainment_basis(lat)}. {_share_text(att.get('ttft'))} met the TTFT "
         f"SLO, {_share_text(att.get('tpot'))} the TPOT SLO.</p>"
     )
     rows = []

@@ -280,3 +280,15 @@ def test_a_live_window_narrowed_to_nodes(hand: duckdb.DuckDBPyConnection) -> Non
     assert latency_summary(hand, Window(0.0, 20.0, nodes=("n1",)), SLO).requests == 5
     assert latency_summary(hand, Window(0.0, 20.0, nodes=("n2", "n3")), SLO).requests == 0
     assert latency_summary(hand, Window(0.0, 20.0, "some-scenario"), SLO).requests == 0
+
+
+def test_attainment_basis_states_the_denominator_and_the_failures() -> None:
+    from analytics.latency import attainment_basis
+
+    assert attainment_basis({"requests": 20, "failed": 10, "attainment": {"met": 10}}) == (
+        "10 of 20 requests; 10 failed, each a miss"
+    )
+    assert (
+        attainment_basis({"requests": 50, "failed": 0, "attainment": {"met": 50}})
+        == "50 of 50 requests; none failed"
+    )
