@@ -50,7 +50,7 @@ _ERROR_TYPES = {
 }
 
 
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as JSON-safe dicts (NaN/NaT → null)."""
     rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
     for row in rows:
@@ -62,15 +62,16 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _error(
+def error_response(
     status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
+    """The API's JSON error, ``{"error": {"message", "type", "param", "code"}}``, with ``status``."""
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"message": message, "type": kind, "param": param, "code": status}
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def _param_of(e: Exception, allowed: set[str]) -> str | None:
+def param_of(e: Exception, allowed: set[str]) -> str | None:
     """The request parameter an analytics error is about: its ``param``, else the one its message
     starts with."""
     return getattr(e, "param", None) or next((p for p in sorted(allowed) if str(e).startswith(p)), None)
@@ -93,17 +94,17 @@ def _allowed_methods(app: FastAPI, request: Request) -> str:
     return ", ".join(sorted(methods - {"HEAD"})) or "none"
 
 
-def _control_denied(request: Request, token: str | None) -> JSONResponse | None:
+def control_denied(request: Request, token: str | None) -> JSONResponse | None:
     """The error response of a control request without the right bearer token, else None."""
     if not token:
-        return _error(
+        return error_response(
             403,
             "control endpoints are off: start the collector with `phaselens collect --control-token TOKEN` "
             "(or PHASELENS_CONTROL_TOKEN=TOKEN) and send `Authorization: Bearer TOKEN`",
         )
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return _error(
+        return error_response(
             401,
             "missing or wrong bearer token for the control endpoint (send `Authorization: Bearer TOKEN`, "
             "the collector's --control-token)",
@@ -117,23 +118,25 @@ async def _import_path(request: Request) -> Path | JSONResponse:
     try:
         body = await request.json()
     except (ValueError, RecursionError) as e:
-        return _error(400, f"request body is not valid JSON: {e}")
+        return error_response(400, f"request body is not valid JSON: {e}")
     if not isinstance(body, dict):
-        return _error(400, 'request body must be a JSON object: {"path": "<export directory>"}')
+        return error_response(400, 'request body must be a JSON object: {"path": "<export directory>"}')
     unknown = sorted(set(body) - set(_IMPORT_FIELDS))
     if unknown:
-        return _error(
+        return error_response(
             400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(_IMPORT_FIELDS)}", unknown[0]
         )
     path = body.get("path")
     if path is None:
-        return _error(
+        return error_response(
             400, "missing 'path': the export directory to import (absolute, on the collector's host)", "path"
         )
     if not isinstance(path, str) or not path.strip():
-        return _error(400, f"'path' must be a non-empty string, got {path!r}", "path")
+        return error_response(400, f"'path' must be a non-empty string, got {path!r}", "path")
     if "\x00" in path or not Path(path).is_absolute():
-        return _error(400, f"'path' must be an absolute path on the collector's host, got {path!r}", "path")
+        return error_response(
+            400, f"'path' must be an absolute path on the collector's host, got {path!r}", "path"
+        )
     return Path(path)
 
 
@@ -184,7 +187,9 @@ def create_collector_app(collector: Collector) -> FastAPI:
         """A query parameter of the wrong type (``limit=x``): a 400 in the API's error shape."""
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
+        return error_response(
+            400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -195,16 +200,16 @@ def create_collector_app(collector: Collector) -> FastAPI:
         elif exc.status_code == 405:
             allowed = _allowed_methods(app, request)
             message = f"method {method} is not allowed on {path}; allowed: {allowed}"
-            return _error(405, message, headers={"Allow": allowed})
+            return error_response(405, message, headers={"Allow": allowed})
         else:
             message = str(exc.detail)
-        return _error(exc.status_code, message, headers=exc.headers)
+        return error_response(exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         """Anything a route did not handle: a JSON 500 naming the error (and logged)."""
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _error(
+        return error_response(
             500, f"{request.method} {request.url.path} failed on the collector: {type(exc).__name__}: {exc}"
         )
 
@@ -222,18 +227,18 @@ def create_collector_app(collector: Collector) -> FastAPI:
     async def scenarios(limit: int = 1_000) -> Any:
         """Simulated scenarios, newest first (JSON fields as values)."""
         if not 1 <= limit <= MAX_ROWS:
-            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
+            return error_response(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
         try:  # off the event loop: a running import holds the store's lock
             df = await asyncio.to_thread(list_scenarios, collector.store, limit=limit)
         except StoreError as e:
-            return _error(400, str(e))
+            return error_response(400, str(e))
         json_cols = [c.name for c in collector.store.columns("scenarios") if c.is_json]
-        return {"scenarios": _decode_json(_records(df), json_cols), "truncated": len(df) == limit}
+        return {"scenarios": _decode_json(records(df), json_cols), "truncated": len(df) == limit}
 
     @app.post("/api/v1/import")
     async def import_export(request: Request) -> Any:
         """Merge a `phaselens store export` directory into the store (control endpoint)."""
-        denied = _control_denied(request, collector.settings.control_token)
+        denied = control_denied(request, collector.settings.control_token)
         if denied is not None:
             return denied
         path = await _import_path(request)
@@ -242,24 +247,26 @@ def create_collector_app(collector: Collector) -> FastAPI:
         try:
             job = collector.import_export(path)
         except CollectorNotRunning as e:
-            return _error(503, str(e))
+            return error_response(503, str(e))
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(job), IMPORT_TIMEOUT_S)
         except TimeoutError:
-            return _error(
+            return error_response(
                 504,
                 f"the import of {path} did not finish within {IMPORT_TIMEOUT_S:g} s; it is cancelled if it "
                 "had not started, else it commits whole or not at all (GET /api/v1/scenarios, /health)",
             )
         except CollectorNotRunning as e:
-            return _error(503, str(e))
+            return error_response(503, str(e))
         except ExportFormatError as e:
-            return _error(422, str(e), "path")
+            return error_response(422, str(e), "path")
         except StoreError as e:
-            return _error(500, f"import of {path} failed, nothing was imported: {e}")
+            return error_response(500, f"import of {path} failed, nothing was imported: {e}")
         except Exception as e:  # a JSON 500 naming the error, never a plain-text page
             log.exception("import of %s failed", path)
-            return _error(500, f"import of {path} failed, nothing was imported: {type(e).__name__}: {e}")
+            return error_response(
+                500, f"import of {path} failed, nothing was imported: {type(e).__name__}: {e}"
+            )
         return _import_body(path, result)
 
     return app

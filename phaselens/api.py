@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from collector.api import MAX_ROWS, _error, _param_of, _records, create_collector_app
+from collector.api import MAX_ROWS, create_collector_app, error_response, param_of, records
 from collector.service import Collector
 from collector.store import StoreError
 from collector.store.tables import TABLES
@@ -73,11 +73,11 @@ def create_service_app(collector: Collector) -> FastAPI:
 
         try:
             since = epoch_s("since_s", since_s, earliest_s=0.0)
-            return {"rows": _records(collector.store.latest_per_device(since_s=since))}
+            return {"rows": records(collector.store.latest_per_device(since_s=since))}
         except AnalyticsError as e:
-            return _error(400, str(e), e.param)
+            return error_response(400, str(e), e.param)
         except StoreError as e:
-            return _error(400, str(e))
+            return error_response(400, str(e))
 
     @app.get("/api/v1/tables/{table}")
     def table_range(
@@ -92,19 +92,21 @@ def create_service_app(collector: Collector) -> FastAPI:
         from analytics.window import AnalyticsError, epoch_s
 
         if table not in TABLES:
-            return _error(404, f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}", "table")
+            return error_response(
+                404, f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}", "table"
+            )
         if not 1 <= limit <= MAX_ROWS:
-            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
+            return error_response(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
         try:
             start_s = epoch_s("start", start, earliest_s=0.0)
             end_s = epoch_s("end", end, earliest_s=0.0)
         except AnalyticsError as e:
-            return _error(400, str(e), e.param)
+            return error_response(400, str(e), e.param)
         try:
             df = collector.store.range(table, start_s, end_s, device=device, node=node, limit=limit)
         except StoreError as e:
-            return _error(400, str(e))
-        return {"table": table, "rows": _records(df), "truncated": len(df) == limit}
+            return error_response(400, str(e))
+        return {"table": table, "rows": records(df), "truncated": len(df) == limit}
 
     def analytics_params(request: Request, allowed: set[str]) -> dict[str, Any] | JSONResponse:
         """The query parameters of an analytics read (``node`` repeatable), or the 400 naming an
@@ -115,7 +117,7 @@ def create_service_app(collector: Collector) -> FastAPI:
             params["node"] = q.getlist("node")
         unknown = set(params) - allowed
         if unknown:
-            return _error(
+            return error_response(
                 400,
                 f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}",
                 sorted(unknown)[0],
@@ -132,9 +134,9 @@ def create_service_app(collector: Collector) -> FastAPI:
             with collector.store.reader() as cur:
                 return run(cur, params)
         except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e), _param_of(e, allowed))
+            return error_response(400, str(e), param_of(e, allowed))
         except StoreError as e:
-            return _error(500, f"the analysis failed on the store: {e}")
+            return error_response(500, f"the analysis failed on the store: {e}")
 
     @app.get("/api/v1/analytics/summary")
     def analytics_summary(request: Request) -> Any:
@@ -154,7 +156,7 @@ def create_service_app(collector: Collector) -> FastAPI:
 
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
-    add_report_routes(app, collector, scheduler, _error)
+    add_report_routes(app, collector, scheduler, error_response)
 
     @app.get("/api/v1/analytics/overview")
     def analytics_overview(request: Request) -> Any:
@@ -168,9 +170,9 @@ def create_service_app(collector: Collector) -> FastAPI:
         try:
             got = overviews.get(params)
         except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e), _param_of(e, set(OVERVIEW_PARAMS)))
+            return error_response(400, str(e), param_of(e, set(OVERVIEW_PARAMS)))
         except StoreError as e:
-            return _error(500, f"the analysis failed on the store: {e}")
+            return error_response(500, f"the analysis failed on the store: {e}")
         return got.overview | {"computed_at_s": got.computed_at_s, "compute_s": got.compute_s}
 
     add_metrics_route(app, exporter)

@@ -529,9 +529,9 @@ def add_report_routes(
     async def make_report(request: Request) -> Any:
         token = collector.settings.control_token
         if token:
-            from collector.api import _control_denied
+            from collector.api import control_denied
 
-            denied = _control_denied(request, token)
+            denied = control_denied(request, token)
             if denied is not None:
                 return denied
         try:
