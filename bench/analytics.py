@@ -2,7 +2,7 @@
 
 The store (``bench/analytics_data.py``: 10 M GPU samples of 64 GPUs, ~18 M iterations, 1 M
 requests, ~20 M tokens, synthesised in DuckDB to the store's schema) is built once and cached
-next to the given path. Timed: ``analytics.cli.run_summary`` — the window resolved, every part
+next to the given path. Timed: ``analytics.reads.run_summary`` — the window resolved, every part
 computed (phase attribution with the per-GPU power fits, idle split, bimodality, cost, latency)
 and turned into the JSON the CLI and the collector's API return — on a read-only connection to the
 file, the way ``phaselens analyze --db`` reads it (wall time, and the process's CPU time, which a
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import duckdb  # noqa: E402
 from analytics_data import GPUS, PERIOD_S, SAMPLES, T0, ensure  # noqa: E402
 
-from analytics.cli import run_summary  # noqa: E402
+from analytics.reads import run_summary  # noqa: E402
 
 TARGET_S = 5.0
 STRETCH_S = 2.0

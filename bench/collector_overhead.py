@@ -23,7 +23,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collector.testing import start_collector  # noqa: E402
+from phaselens.testing import start_collector  # noqa: E402
 from serving.loadgen import run_load  # noqa: E402
 from serving.testing import start_server, stop_server  # noqa: E402
 from serving.trace import poisson_trace  # noqa: E402

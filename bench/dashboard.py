@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import httpx  # noqa: E402
 from analytics_data import GPUS, PERIOD_S, build  # noqa: E402
 
-from collector.overview import LIVE_STALE_S, LIVE_TTL_S  # noqa: E402
+from phaselens.overview import LIVE_STALE_S, LIVE_TTL_S  # noqa: E402
 
 SAMPLES = 1_000_000
 REQUESTS = 100_000
@@ -140,7 +140,7 @@ def main() -> int:
 
     port = _free_port()
     api = f"http://127.0.0.1:{port}"
-    collect = [sys.executable, "-m", "collector.cli", "collect", "--db", str(args.store), "--port", str(port)]
+    collect = [sys.executable, "-m", "phaselens.cli", "collect", "--db", str(args.store), "--port", str(port)]
     collect += ["--no-nvml", "--report-schedule", "off", "--metrics-interval-s", "3600"]
     collector = subprocess.Popen(collect, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trees = {"new": ROOT} | ({"old": args.baseline_tree.resolve()} if args.baseline_tree else {})

@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collector.simulate import ScenarioWriter  # noqa: E402
 from collector.store import Store  # noqa: E402
+from phaselens.cli.simulate import ScenarioWriter  # noqa: E402
 from serving.config import preset  # noqa: E402
 from serving.sim.layout import parse_layout  # noqa: E402
 from serving.sim.simulator import Simulation  # noqa: E402

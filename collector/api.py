@@ -1,17 +1,18 @@
-"""The collector's HTTP API: time-range reads of every table, latest values per device, health,
-simulated scenarios, and the import of Parquet exports.
+"""The collector's HTTP API: health, the tables, simulated scenarios, and the import of Parquet
+exports, with the API's error shape; the service process (phaselens/api.py) adds the reads (table
+ranges, latest values per device, the analytics, reports, GET /metrics) to this app.
 
-The dashboard, reports and CLI read the store only through here (DuckDB admits no second process
-beside the writer). ``POST /api/v1/import`` is a control endpoint (bearer token, ``phaselens collect
+The dashboard, reports and CLI read the store only through the service's API (DuckDB admits no
+second process beside the writer). ``POST /api/v1/import`` is a control endpoint (bearer token, ``phaselens collect
 --control-token`` or ``PHASELENS_CONTROL_TOKEN``): the writer thread merges the export, so a
 simulator (or another node) adds rows while the collector holds the file.
 
 Every error is JSON, ``{"error": {"message", "type", "param", "code"}}``: a bad parameter a 400
 naming it and what is allowed, an unknown route a 404 and a wrong method a 405 in the same shape,
 and any unexpected failure a 500 naming the error (logged), never a plain-text page. Time
-parameters are checked in one place (``analytics.window.epoch_s`` / ``parse_span_s``, through
-``analytics.cli.window_of`` for the analytics reads): finite, UTC epoch seconds up to 9999, spans
-in (0, 36500d].
+parameters (phaselens/api.py's reads) are checked in one place (``analytics.window.epoch_s`` /
+``parse_span_s``, through ``analytics.reads.window_of`` for the analytics reads): finite, UTC
+epoch seconds up to 9999, spans in (0, 36500d].
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from collector.metrics_export import MetricsExporter, add_metrics_route
-from collector.overview import OVERVIEW_PARAMS, OverviewService
-from collector.reports import add_report_routes
 from collector.service import Collector, CollectorNotRunning
 from collector.store import ExportFormatError, ImportResult, StoreError, list_scenarios
 from collector.store.tables import TABLES
@@ -44,10 +42,6 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 100_000
 IMPORT_TIMEOUT_S = 600.0  # how long POST /api/v1/import waits for the writer to merge an export
 _IMPORT_FIELDS = ("path",)
-_WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
-_PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
-_SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
-_HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
 _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -56,7 +50,7 @@ _ERROR_TYPES = {
 }
 
 
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as JSON-safe dicts (NaN/NaT → null)."""
     rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
     for row in rows:
@@ -68,15 +62,16 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _error(
+def error_response(
     status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
+    """The API's JSON error, ``{"error": {"message", "type", "param", "code"}}``, with ``status``."""
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"message": message, "type": kind, "param": param, "code": status}
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def _param_of(e: Exception, allowed: set[str]) -> str | None:
+def param_of(e: Exception, allowed: set[str]) -> str | None:
     """The request parameter an analytics error is about: its ``param``, else the one its message
     starts with."""
     return getattr(e, "param", None) or next((p for p in sorted(allowed) if str(e).startswith(p)), None)
@@ -99,17 +94,17 @@ def _allowed_methods(app: FastAPI, request: Request) -> str:
     return ", ".join(sorted(methods - {"HEAD"})) or "none"
 
 
-def _control_denied(request: Request, token: str | None) -> JSONResponse | None:
+def control_denied(request: Request, token: str | None) -> JSONResponse | None:
     """The error response of a control request without the right bearer token, else None."""
     if not token:
-        return _error(
+        return error_response(
             403,
             "control endpoints are off: start the collector with `phaselens collect --control-token TOKEN` "
             "(or PHASELENS_CONTROL_TOKEN=TOKEN) and send `Authorization: Bearer TOKEN`",
         )
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return _error(
+        return error_response(
             401,
             "missing or wrong bearer token for the control endpoint (send `Authorization: Bearer TOKEN`, "
             "the collector's --control-token)",
@@ -123,23 +118,25 @@ async def _import_path(request: Request) -> Path | JSONResponse:
     try:
         body = await request.json()
     except (ValueError, RecursionError) as e:
-        return _error(400, f"request body is not valid JSON: {e}")
+        return error_response(400, f"request body is not valid JSON: {e}")
     if not isinstance(body, dict):
-        return _error(400, 'request body must be a JSON object: {"path": "<export directory>"}')
+        return error_response(400, 'request body must be a JSON object: {"path": "<export directory>"}')
     unknown = sorted(set(body) - set(_IMPORT_FIELDS))
     if unknown:
-        return _error(
+        return error_response(
             400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(_IMPORT_FIELDS)}", unknown[0]
         )
     path = body.get("path")
     if path is None:
-        return _error(
+        return error_response(
             400, "missing 'path': the export directory to import (absolute, on the collector's host)", "path"
         )
     if not isinstance(path, str) or not path.strip():
-        return _error(400, f"'path' must be a non-empty string, got {path!r}", "path")
+        return error_response(400, f"'path' must be a non-empty string, got {path!r}", "path")
     if "\x00" in path or not Path(path).is_absolute():
-        return _error(400, f"'path' must be an absolute path on the collector's host, got {path!r}", "path")
+        return error_response(
+            400, f"'path' must be an absolute path on the collector's host, got {path!r}", "path"
+        )
     return Path(path)
 
 
@@ -168,20 +165,15 @@ def _decode_json(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[st
 
 
 def create_collector_app(collector: Collector) -> FastAPI:
-    """The app; the collector's threads run for the app's lifetime and are flushed at shutdown."""
-
-    overviews = OverviewService(collector.store, lambda: collector.stats.imports)
-    exporter = MetricsExporter(collector, overviews)
+    """The app; the collector's threads (and the jobs added to it) run for the app's lifetime and
+    are flushed at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collector.start()
-        exporter.start()
         try:
             yield
         finally:
-            overviews.close()
-            exporter.stop()
             collector.stop()
             try:
                 collector.store.close()
@@ -195,7 +187,9 @@ def create_collector_app(collector: Collector) -> FastAPI:
         """A query parameter of the wrong type (``limit=x``): a 400 in the API's error shape."""
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param)
+        return error_response(
+            400, f"invalid parameter '{param}': {first.get('msg', 'invalid value')}", param=param
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -206,16 +200,16 @@ def create_collector_app(collector: Collector) -> FastAPI:
         elif exc.status_code == 405:
             allowed = _allowed_methods(app, request)
             message = f"method {method} is not allowed on {path}; allowed: {allowed}"
-            return _error(405, message, headers={"Allow": allowed})
+            return error_response(405, message, headers={"Allow": allowed})
         else:
             message = str(exc.detail)
-        return _error(exc.status_code, message, headers=exc.headers)
+        return error_response(exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         """Anything a route did not handle: a JSON 500 naming the error (and logged)."""
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _error(
+        return error_response(
             500, f"{request.method} {request.url.path} failed on the collector: {type(exc).__name__}: {exc}"
         )
 
@@ -229,131 +223,22 @@ def create_collector_app(collector: Collector) -> FastAPI:
 
     # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store
     # (an import holds its lock while it runs) does not stall the event loop, /health or the others.
-    @app.get("/api/v1/latest")
-    def latest(since_s: str | None = None) -> Any:
-        """The newest sample of every GPU, from ``since_s`` (UTC epoch seconds) on when given."""
-        from analytics.window import AnalyticsError, epoch_s
-
-        try:
-            since = epoch_s("since_s", since_s, earliest_s=0.0)
-            return {"rows": _records(collector.store.latest_per_device(since_s=since))}
-        except AnalyticsError as e:
-            return _error(400, str(e), e.param)
-        except StoreError as e:
-            return _error(400, str(e))
-
-    @app.get("/api/v1/tables/{table}")
-    def table_range(
-        table: str,
-        start: str | None = None,
-        end: str | None = None,
-        device: str | None = None,
-        node: str | None = None,
-        limit: int = 10_000,
-    ) -> Any:
-        """Rows of `table` with time in [start, end) (UTC epoch seconds from 0 to 9999), oldest first."""
-        from analytics.window import AnalyticsError, epoch_s
-
-        if table not in TABLES:
-            return _error(404, f"unknown table {table!r}; tables: {', '.join(sorted(TABLES))}", "table")
-        if not 1 <= limit <= MAX_ROWS:
-            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
-        try:
-            start_s = epoch_s("start", start, earliest_s=0.0)
-            end_s = epoch_s("end", end, earliest_s=0.0)
-        except AnalyticsError as e:
-            return _error(400, str(e), e.param)
-        try:
-            df = collector.store.range(table, start_s, end_s, device=device, node=node, limit=limit)
-        except StoreError as e:
-            return _error(400, str(e))
-        return {"table": table, "rows": _records(df), "truncated": len(df) == limit}
-
     @app.get("/api/v1/scenarios")
     async def scenarios(limit: int = 1_000) -> Any:
         """Simulated scenarios, newest first (JSON fields as values)."""
         if not 1 <= limit <= MAX_ROWS:
-            return _error(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
+            return error_response(400, f"limit must be in [1, {MAX_ROWS}], got {limit}", "limit")
         try:  # off the event loop: a running import holds the store's lock
             df = await asyncio.to_thread(list_scenarios, collector.store, limit=limit)
         except StoreError as e:
-            return _error(400, str(e))
+            return error_response(400, str(e))
         json_cols = [c.name for c in collector.store.columns("scenarios") if c.is_json]
-        return {"scenarios": _decode_json(_records(df), json_cols), "truncated": len(df) == limit}
-
-    def analytics_params(request: Request, allowed: set[str]) -> dict[str, Any] | JSONResponse:
-        """The query parameters of an analytics read (``node`` repeatable), or the 400 naming an
-        unknown one."""
-        q = request.query_params
-        params: dict[str, Any] = {k: q.get(k) for k in q if k != "node"}
-        if q.getlist("node"):
-            params["node"] = q.getlist("node")
-        unknown = set(params) - allowed
-        if unknown:
-            return _error(
-                400,
-                f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}",
-                sorted(unknown)[0],
-            )
-        return params
-
-    def analytics_read(request: Request, allowed: set[str], run: Any) -> Any:
-        from analytics.window import AnalyticsError
-
-        params = analytics_params(request, allowed)
-        if isinstance(params, JSONResponse):
-            return params
-        try:
-            with collector.store.reader() as cur:
-                return run(cur, params)
-        except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e), _param_of(e, allowed))
-        except StoreError as e:
-            return _error(500, f"the analysis failed on the store: {e}")
-
-    @app.get("/api/v1/analytics/summary")
-    def analytics_summary(request: Request) -> Any:
-        """The analytics summary of a window (``phaselens analyze``'s JSON): query parameters
-        ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
-        ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``, and the prices
-        ``gpu_usd_per_hour`` (every GPU of the window), ``electricity_usd_per_kwh``, ``pue``."""
-        from analytics.cli import run_summary
-
-        return analytics_read(request, _SUMMARY_PARAMS, run_summary)
-
-    @app.get("/api/v1/analytics/histogram")
-    def analytics_histogram(request: Request) -> Any:
-        """SM activity and utilization % of the window's GPU samples, binned per pool (counts only,
-        never the samples): the summary's window parameters plus ``bin_pct`` (1, 2, 2.5, 5 or 10)."""
-        from analytics.cli import run_histogram
-
-        return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
-
-    add_report_routes(app, collector, _error)
-
-    @app.get("/api/v1/analytics/overview")
-    def analytics_overview(request: Request) -> Any:
-        """Headline figures of a window and of the period before it (the dashboard's Overview):
-        the query parameters of ``/api/v1/analytics/summary`` but the prices."""
-        from analytics.window import AnalyticsError
-
-        params = analytics_params(request, set(OVERVIEW_PARAMS))
-        if isinstance(params, JSONResponse):
-            return params
-        try:
-            got = overviews.get(params)
-        except (AnalyticsError, ValueError) as e:
-            return _error(400, str(e), _param_of(e, set(OVERVIEW_PARAMS)))
-        except StoreError as e:
-            return _error(500, f"the analysis failed on the store: {e}")
-        return got.overview | {"computed_at_s": got.computed_at_s, "compute_s": got.compute_s}
-
-    add_metrics_route(app, exporter)
+        return {"scenarios": _decode_json(records(df), json_cols), "truncated": len(df) == limit}
 
     @app.post("/api/v1/import")
     async def import_export(request: Request) -> Any:
         """Merge a `phaselens store export` directory into the store (control endpoint)."""
-        denied = _control_denied(request, collector.settings.control_token)
+        denied = control_denied(request, collector.settings.control_token)
         if denied is not None:
             return denied
         path = await _import_path(request)
@@ -362,24 +247,26 @@ def create_collector_app(collector: Collector) -> FastAPI:
         try:
             job = collector.import_export(path)
         except CollectorNotRunning as e:
-            return _error(503, str(e))
+            return error_response(503, str(e))
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(job), IMPORT_TIMEOUT_S)
         except TimeoutError:
-            return _error(
+            return error_response(
                 504,
                 f"the import of {path} did not finish within {IMPORT_TIMEOUT_S:g} s; it is cancelled if it "
                 "had not started, else it commits whole or not at all (GET /api/v1/scenarios, /health)",
             )
         except CollectorNotRunning as e:
-            return _error(503, str(e))
+            return error_response(503, str(e))
         except ExportFormatError as e:
-            return _error(422, str(e), "path")
+            return error_response(422, str(e), "path")
         except StoreError as e:
-            return _error(500, f"import of {path} failed, nothing was imported: {e}")
+            return error_response(500, f"import of {path} failed, nothing was imported: {e}")
         except Exception as e:  # a JSON 500 naming the error, never a plain-text page
             log.exception("import of %s failed", path)
-            return _error(500, f"import of {path} failed, nothing was imported: {type(e).__name__}: {e}")
+            return error_response(
+                500, f"import of {path} failed, nothing was imported: {type(e).__name__}: {e}"
+            )
         return _import_body(path, result)
 
     return app

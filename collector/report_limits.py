@@ -20,6 +20,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: the scheduled reports of ``phaselens collect`` without ``--report-schedule`` (phaselens/reports.py)
+DEFAULT_SCHEDULES = ("hourly=0 * * * *", "daily=0 6 * * *")
 DEFAULT_MAX_REPORTS = 2_000  # ~80 days of the default hourly + daily schedules
 DEFAULT_MAX_REPORT_MIB = 512.0
 DEFAULT_REPORT_BURST = 5  # manual reports made at once before the rate applies

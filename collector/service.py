@@ -9,6 +9,12 @@ sources stop reading meanwhile, so the stack's ring keeps what is not committed,
 
 Writes that do not come from a source (``import_export``: merging a Parquet export, e.g. a simulated
 scenario's) are jobs run by the writer thread between two drains, so nothing else writes meanwhile.
+
+The service process adds its jobs (phaselens/api.py: the report scheduler, the Prometheus export)
+with :meth:`Collector.add_job`: started after the writer, stopped before it, named in ``/health``.
+
+Over 600 lines: the writer's loop, its failure handling (held rows, gaps) and its jobs share the
+Collector's state; the sources and the store are their own modules.
 """
 
 from __future__ import annotations
@@ -23,10 +29,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from collector.report_limits import ReportLimits
-from collector.reports import DEFAULT_SCHEDULES, ReportScheduler, parse_schedules
+from collector.report_limits import DEFAULT_SCHEDULES, ReportLimits
 from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S, Backoff
 from collector.sources.base import Source, SourceResult
 from collector.sources.dcgm import DcgmSource
@@ -59,6 +64,13 @@ STORE_GAPS_KEPT = 20  # /health lists this many of the newest store gaps
 # While the disk refuses writes the held rows are tried again after a delay doubling from the flush
 # interval up to this (or 20 flush intervals): each try writes them all before the commit fails.
 RETRY_MAX_S = 10.0
+
+
+class ServiceJob(Protocol):
+    """Run beside the collector (the report scheduler, the metrics export): see :meth:`Collector.add_job`."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
 
 
 class CollectorNotRunning(Exception):
@@ -95,12 +107,12 @@ class CollectorSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
     control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
-    # scheduled reports, NAME=CRON (UTC; collector/reports.py); () for none
+    # scheduled reports, NAME=CRON (UTC; phaselens/reports.py); () for none
     report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     # reports kept (count, bytes; the oldest pruned) and the rate of manual ones (collector/report_limits.py)
     report_limits: ReportLimits = field(default_factory=ReportLimits)
     # GET /metrics: derived figures over the last metrics_window_s of live data, recomputed every
-    # metrics_interval_s (collector/metrics_export.py)
+    # metrics_interval_s (phaselens/metrics_export.py)
     metrics_window_s: float = 300.0
     metrics_interval_s: float = 15.0
 
@@ -187,10 +199,7 @@ class Collector:
         self._jobs_lock = threading.Lock()
         self._jobs_open = False
         self._wake = threading.Event()
-        schedules = parse_schedules(list(settings.report_schedules))
-        self.reports = ReportScheduler(
-            schedules, store, settings.node, self._submit, limits=settings.report_limits
-        )
+        self._service_jobs: list[tuple[ServiceJob, str | None]] = []  # add_job: (job, its /health key)
 
     def start(self) -> None:
         """Resume telemetry cursors from the store, then start the pollers and the writer."""
@@ -204,13 +213,15 @@ class Collector:
         self._threads.append(writer)
         with self._jobs_lock:
             self._jobs_open = not self._stop.is_set()
-        self.reports.start()
+        for job, _ in self._service_jobs:
+            job.start()
 
     def stop(self) -> None:
         """Stop polling, write everything still queued, checkpoint; safe to call twice."""
         if self._stop.is_set():
             return
-        self.reports.stop()
+        for job, _ in reversed(self._service_jobs):
+            job.stop()
         self._stop.set()
         self._wake.set()
         for t in self._threads:
@@ -293,7 +304,7 @@ class Collector:
         the store; the writer thread runs it between two drains (``import_parquet``: one
         transaction). The future gives the ImportResult, or raises the ExportFormatError/StoreError
         of an import that wrote nothing. CollectorNotRunning when the writer is not running."""
-        return self._submit(partial(self._import, Path(path)))
+        return self.submit(partial(self._import, Path(path)))
 
     def _import(self, path: Path) -> ImportResult:
         result = import_parquet(self.store, path)
@@ -303,8 +314,14 @@ class Collector:
         log.info("imported %s: %s", path, result.inserted)
         return result
 
-    def _submit(self, job: Callable[[], Any]) -> Future[Any]:
-        """Hand ``job`` to the writer thread and wake it; its future gives the result."""
+    def add_job(self, job: ServiceJob, health_key: str | None = None) -> None:
+        """Run ``job`` with the collector: started after the writer (in the order added), stopped
+        before it (in reverse); ``job.health()`` under ``health_key`` in :meth:`health` when given."""
+        self._service_jobs.append((job, health_key))
+
+    def submit(self, job: Callable[[], Any]) -> Future[Any]:
+        """Hand ``job`` to the writer thread and wake it (it runs between two drains, nothing else
+        writes meanwhile); its future gives the result. CollectorNotRunning when the writer is not."""
         fut: Future[Any] = Future()
         with self._jobs_lock:
             if not self._jobs_open:
@@ -594,5 +611,4 @@ class Collector:
                 "last_import_s": self.stats.last_import_s,
             },
             "sources": sources,
-            "reports": self.reports.health(),
-        }
+        } | {key: job.health() for job, key in self._service_jobs if key is not None}  # type: ignore[attr-defined]

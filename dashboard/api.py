@@ -2,8 +2,8 @@
 
 The dashboard never opens the DuckDB file (the collector is its only writer and DuckDB admits no
 reader beside it) and never talks to the serving stack; everything it shows comes through
-``phaselens collect``'s HTTP API (``collector/api.py``). The base URL is ``$PHASELENS_API_URL``
-(default ``http://127.0.0.1:8900``).
+``phaselens collect``'s HTTP API (``collector/api.py`` and ``phaselens/api.py``). The base URL is
+``$PHASELENS_API_URL`` (default ``http://127.0.0.1:8900``).
 
 Errors: :class:`ServiceUnavailable` when the collector cannot be reached (not running, wrong URL,
 timed out), :class:`ApiError` when it answered with an error (its JSON ``error.message``).

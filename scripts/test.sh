@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (ruff lint + format check, then pytest) in .venv, creating it if needed.
+# Runs the whole test suite (ruff lint + format check, the import contracts, then pytest) in .venv, creating it if needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -11,4 +11,6 @@ if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v a
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# the layers and contracts of docs/ARCHITECTURE.md ([tool.importlinter] in pyproject.toml)
+.venv/bin/lint-imports --no-logo
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,4 +1,4 @@
-"""`phaselens` command: serve, load (``phaselens demo`` is in ``collector.demo``)."""
+"""`phaselens` command: serve, load (``phaselens demo`` is in ``phaselens.demo``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Fixtures shared across packages: one ``phaselens demo`` (the real CLI as a subprocess) for the demo
-tests (tests/collector/test_demo.py) and the browser tests (tests/dashboard/test_browser.py), and one
+tests (tests/phaselens/test_demo.py) and the browser tests (tests/dashboard/test_browser.py), and one
 collector on a simulated fleet (``fleet``) for the dashboard and collector API tests. Each stops its
 processes after the last test that uses it."""
 
@@ -70,7 +70,7 @@ class DemoRun:
         return [
             sys.executable,
             "-m",
-            "collector.cli",
+            "phaselens.cli",
             "demo",
             "--db",
             str(self.db),
@@ -228,7 +228,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     sim = [
         sys.executable,
         "-m",
-        "collector.cli",
+        "phaselens.cli",
         "simulate",
         "--no-progress",
         "--limit",

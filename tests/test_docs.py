@@ -14,7 +14,7 @@ def _markdown_files() -> list[Path]:
     files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
     files += sorted(
         p
-        for pkg in ("serving", "collector", "analytics", "dashboard", "tests")
+        for pkg in ("serving", "collector", "analytics", "dashboard", "phaselens", "tests")
         for p in (REPO / pkg).rglob("README.md")
     )
     return files

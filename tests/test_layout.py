@@ -1,6 +1,6 @@
 """Tests and benches stay apart: no file under tests/ imports a bench script or loads one by its path,
 and no file under bench/ imports the tests (what both need lives in the packages: serving/testing.py,
-collector/testing.py, serving/sim/live_compare.py, serving/devices/published.py, collector/captures/,
+phaselens/testing.py, serving/sim/live_compare.py, serving/devices/published.py, collector/captures/,
 collector/store/synthetic.py). The scan reads the real files' syntax trees."""
 
 from __future__ import annotations

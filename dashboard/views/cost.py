@@ -16,7 +16,7 @@ import streamlit as st
 
 from dashboard import common, figures
 
-GPU_USD_RANGE = (0.0, 1000.0)  # analytics.cli.PRICE_PARAMS
+GPU_USD_RANGE = (0.0, 1000.0)  # analytics.reads.PRICE_PARAMS
 KWH_USD_RANGE = (0.0, 10.0)
 PUE_RANGE = (1.0, 5.0)
 

@@ -28,7 +28,7 @@ from analytics.bimodal import (
 )
 from analytics.trust import ESTIMATED, SIMULATED
 from analytics.window import resolve_window, scenarios
-from collector.cli import main
+from phaselens.cli import main
 from tests.analytics.test_attribution import (
     HAND_ITERATIONS,
     HAND_REQUESTS,

@@ -401,7 +401,7 @@ def test_cost_breakdown_of_an_empty_window(hand_store: duckdb.DuckDBPyConnection
 @pytest.fixture(scope="module")
 def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
     db = tmp_path_factory.mktemp("sim") / "sim.duckdb"
-    cmd = [sys.executable, "-m", "collector.cli", "simulate", "--no-progress", "--model", "llama-3.1-8b"]
+    cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--model", "llama-3.1-8b"]
     cmd += ["--layout", "agg:2xh100-sxm", "--layout", "1p1d:h100-sxm", "--duration", "120", "--db", str(db)]
     subprocess.run(cmd, check=True, capture_output=True)
     con = duckdb.connect(str(db), read_only=True)

@@ -26,7 +26,7 @@ from analytics.external_cost import external_usage
 from analytics.overview import overview
 from analytics.summary import summarize
 from analytics.window import Window
-from collector.cli import main
+from phaselens.cli import main
 from tests.analytics.test_cost import H100, NODE, PRICES, USD_PER_J, hand_store, make_store, sample  # noqa: F401
 from tests.analytics.test_external import AGG_TIMES, fleet, pool_dcgm, pool_engines, window  # noqa: F401
 from tests.collector.conftest import start_collector

@@ -17,7 +17,7 @@ from analytics.goodput import (
 )
 from analytics.trust import SIMULATED
 from analytics.window import AnalyticsError
-from collector.cli import main
+from phaselens.cli import main
 from serving.loadgen import RequestResult, build_report
 
 

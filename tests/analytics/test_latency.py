@@ -238,7 +238,7 @@ def test_histogram_percentiles_from_engine_metrics(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
     db = tmp_path_factory.mktemp("sim") / "sim.duckdb"
-    cmd = [sys.executable, "-m", "collector.cli", "simulate", "--no-progress", "--model", "llama-3.1-8b"]
+    cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--model", "llama-3.1-8b"]
     cmd += ["--layout", "1p1d:h100-sxm", "--duration", "120", "--slo-ttft-ms", "50", "--slo-tpot-ms", "8.5"]
     cmd += ["--db", str(db)]
     subprocess.run(cmd, check=True, capture_output=True)

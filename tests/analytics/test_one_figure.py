@@ -21,13 +21,13 @@ import pytest
 from analytics.bimodal import BIMODAL_RULE, bimodal_verdict
 from analytics.summary import format_summary, summarize
 from analytics.window import Window
-from collector.cli import main
-from collector.metrics_export import derived_samples
-from collector.overview import compute_overview
-from collector.report_html import _facts
-from collector.reports import build_report
 from collector.store import Store
 from dashboard import figures
+from dashboard.report_html import _facts
+from phaselens.cli import main
+from phaselens.metrics_export import derived_samples
+from phaselens.overview import compute_overview
+from phaselens.reports import build_report
 from tests.analytics.test_bimodal import _store_with_sm
 from tests.collector.conftest import start_collector
 from tests.conftest import stop_process

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from collector.cli import main
+from phaselens.cli import main
 from tests.collector.conftest import start_collector
 
 TOKEN = "analyze-token"

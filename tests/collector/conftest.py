@@ -1,8 +1,8 @@
 """Fixtures that run the real collector: `phaselens collect` in a subprocess on a free port
-(collector/testing.py starts it; its names are re-exported here for the tests)."""
+(phaselens/testing.py starts it; its names are re-exported here for the tests)."""
 
 from __future__ import annotations
 
-from collector.testing import collect_command, start_collector
+from phaselens.testing import collect_command, start_collector
 
 __all__ = ["collect_command", "start_collector"]

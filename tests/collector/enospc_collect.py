@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collector import cli
 from collector.store import store
+from phaselens import cli
 
 FLAG_ENV = "PHASELENS_TEST_DISK_FULL"
 

@@ -218,11 +218,11 @@ def test_an_unexpected_failure_is_a_json_500_naming_it(tmp_path):
     route should (a fault injected: nothing in the API fails so on purpose)."""
     import uvicorn
 
-    from collector.api import create_collector_app
     from collector.service import Collector, CollectorSettings
+    from phaselens.api import create_service_app
 
     settings = CollectorSettings(db_path=str(tmp_path / "boom.duckdb"), nvml=False, report_schedules=())
-    app = create_collector_app(Collector(settings, Store.open(settings.db_path)))
+    app = create_service_app(Collector(settings, Store.open(settings.db_path)))
 
     def sync_boom() -> None:
         raise OverflowError("timestamp out of range for platform time_t")

@@ -33,7 +33,7 @@ def _simulated_export(tmp_path: Path, scenario_id: str) -> Path:
         add_simulated_scenario(sim, scenario_id, T0)
     out = tmp_path / f"export-{scenario_id}"
     export = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "store", "export", str(out), "--db", str(db)],
+        [sys.executable, "-m", "phaselens.cli", "store", "export", str(out), "--db", str(db)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -205,7 +205,7 @@ def test_a_collector_refuses_a_simulated_node_name(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "collector.cli",
+            "phaselens.cli",
             "collect",
             "--db",
             str(tmp_path / "x.duckdb"),

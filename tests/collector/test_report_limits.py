@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from collector.cli import main
 from collector.report_limits import TokenBucket
+from phaselens.cli import main
 from tests.collector.conftest import start_collector
 
 

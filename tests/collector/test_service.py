@@ -143,7 +143,7 @@ def test_store_export_then_import_on_another_node(stack: Server, tmp_path: Path)
     wait_for(lambda: len(rows(url, "gpu_samples")) >= 5)
     proc.terminate()
     proc.wait(timeout=30)
-    cli = [sys.executable, "-m", "collector.cli", "store"]
+    cli = [sys.executable, "-m", "phaselens.cli", "store"]
     export = subprocess.run(
         [*cli, "export", str(tmp_path / "pq"), "--db", str(db)], capture_output=True, text=True
     )

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.cli import build_parser, collect_settings
 from collector.service import Collector, CollectorSettings
 from collector.sources.base import Source, SourceResult
 from collector.sources.serving_stack import TABLE_TELEMETRY
 from collector.store import RetentionPolicy, Store
+from phaselens.cli import build_parser
+from phaselens.cli.collect import collect_settings
 from serving.telemetry import SCHEMA, SCHEMA_VERSION
 
 

@@ -64,3 +64,53 @@ def test_imports_run_on_the_writer_beside_its_sources_and_a_failed_one_leaves_it
         assert health["writer"]["imports"] == 2 and health["writer"]["store_errors"] == 0
         assert _count(store, "scenarios") == 1 and _count(store, "gpu_samples WHERE node = 'sim:s1'") == 20
         assert _count(store, "host_samples") == collector.stats.rows_written["host_samples"]
+
+
+class Recorder:
+    """A service job (what phaselens/api.py adds: the report scheduler, the metrics export) that
+    notes when it starts and stops, and whether the writer took jobs at that moment."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, bool]], collector: Collector) -> None:
+        self.name, self.log, self.collector = name, log, collector
+
+    def _writer_open(self) -> bool:
+        try:
+            self.collector.submit(lambda: None).result(timeout=10)
+        except CollectorNotRunning:
+            return False
+        return True
+
+    def start(self) -> None:
+        self.log.append(("start", self.name, self._writer_open()))
+
+    def stop(self) -> None:
+        self.log.append(("stop", self.name, self._writer_open()))
+
+    def health(self) -> dict[str, str]:
+        return {"job": self.name}
+
+
+def test_service_jobs_start_after_the_writer_stop_before_it_and_report_health_by_name(
+    tmp_path: Path,
+) -> None:
+    settings = CollectorSettings(db_path=str(tmp_path / "main.duckdb"), nvml=False, flush_interval_s=0.05)
+    log: list[tuple[str, str, bool]] = []
+    with Store.open(settings.db_path) as store:
+        collector = Collector(settings, store, [])
+        first, second = Recorder("first", log, collector), Recorder("second", log, collector)
+        collector.add_job(first, health_key="first")
+        collector.add_job(second)
+        assert "reports" not in collector.health()  # the collector runs no report scheduler itself
+        collector.start()
+        try:
+            health = collector.health()
+            assert health["first"] == {"job": "first"}
+            assert "second" not in health
+        finally:
+            collector.stop()
+    assert log == [
+        ("start", "first", True),
+        ("start", "second", True),
+        ("stop", "second", True),
+        ("stop", "first", True),
+    ]

@@ -20,7 +20,7 @@ from tests.dashboard.conftest import APP, ARTIFACTS, ROOT
 
 pytestmark = pytest.mark.slow
 
-REPORT = [sys.executable, "-m", "collector.cli", "report", "--collector"]
+REPORT = [sys.executable, "-m", "phaselens.cli", "report", "--collector"]
 # at least n Plotly charts with a line of more than `length` path characters (a few points); on a
 # second run the live window also holds the first run's emulated GPUs (new UUIDs), their lines short
 CHARTS_DRAWN = """([n, length]) => [...document.querySelectorAll('.js-plotly-plot')].filter(

@@ -1,4 +1,4 @@
-"""`phaselens serve` and `phaselens load` from the command line (the demo: tests/collector/test_demo.py)."""
+"""`phaselens serve` and `phaselens load` from the command line (the demo: tests/phaselens/test_demo.py)."""
 
 from __future__ import annotations
 

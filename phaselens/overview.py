@@ -1,6 +1,6 @@
 """``GET /api/v1/analytics/overview``: the headline figures of a window and of the period of the
 same length before it (``analytics/overview.py``), computed from two analytics summaries and
-cached, so that several dashboard users and the Prometheus export (``collector/metrics_export.py``)
+cached, so that several dashboard users and the Prometheus export (``phaselens/metrics_export.py``)
 do not recompute them.
 
 Cache: a live window ending now is rounded to :data:`LIVE_ROUND_S` (its end moves on in steps) and
@@ -108,7 +108,7 @@ def previous_summary(
     """The summary (without :data:`SKIP_PARTS`) of the period of ``current``'s length just before
     it, with ``params``' other parameters; ``(None, why)`` when that period would start before the
     scenario ``current`` belongs to, or before 2000 (the earliest time a window may hold)."""
-    from analytics.cli import run_summary
+    from analytics.reads import run_summary
     from analytics.window import EARLIEST_S, LIVE, utc
 
     w = current["window"]
@@ -132,8 +132,8 @@ def compute_overview(con: Any, params: dict[str, Any]) -> OverviewResult:
     """Both summaries of ``params`` (those of ``GET /api/v1/analytics/summary``) on ``con`` and the
     overview of the two. The previous period is the window's length just before its start; for a
     scenario it must lie inside the scenario's span, else it is 'no data' with the reason."""
-    from analytics.cli import run_summary
     from analytics.overview import overview
+    from analytics.reads import run_summary
 
     t = time.perf_counter()
     current = run_summary(con, params, skip=SKIP_PARTS)

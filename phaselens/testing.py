@@ -19,7 +19,7 @@ def collect_command(db: Path, port: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "collector.cli",
+        "phaselens.cli",
         "collect",
         "--db",
         str(db),

@@ -5,7 +5,7 @@ every series; docs/grafana/phaselens.json charts them).
 Derived figures (phase time fractions, stranded / host-bound / idle shares, J/token, $/1M tokens,
 SLO attainment; per GPU, per pool and for the fleet, each with a ``trust`` label) come from a
 computation over the last ``metrics_window_s`` of live data that a thread repeats every
-``metrics_interval_s`` through the overview cache (``collector/overview.py``) — never on a scrape —
+``metrics_interval_s`` through the overview cache (``phaselens/overview.py``) — never on a scrape —
 while ``/metrics`` is being scraped (it idles after 10 minutes without a scrape).
 A scrape renders what the last computation left plus the collector's health, and never fails: if
 the last computation failed, the previous figures are exported with

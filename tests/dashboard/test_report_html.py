@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from analytics.cli import run_summary
 from analytics.histogram import activity_histogram
 from analytics.overview import FIGURES, overview
+from analytics.reads import run_summary
 from analytics.window import resolve_window
-from collector.overview import SKIP_PARTS
-from collector.report_html import PLOTLY_MARKER, render_html, standalone_html
-from collector.reports import build_report
 from collector.store import Store
 from dashboard.figures import figure_text
+from dashboard.report_html import PLOTLY_MARKER, render_html, standalone_html
+from phaselens.overview import SKIP_PARTS
+from phaselens.reports import build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -104,7 +104,7 @@ def _title(layout: dict) -> str:
 @pytest.fixture(scope="module")
 def store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("report_html") / "sim.duckdb"
-    cmd = [sys.executable, "-m", "collector.cli", "simulate", "--no-progress", "--limit", "40"]
+    cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--limit", "40"]
     done = subprocess.run(
         [*cmd, "--layout", "1p1d:h100-sxm", "--db", str(db)], capture_output=True, text=True, cwd=ROOT
     )

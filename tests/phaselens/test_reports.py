@@ -10,8 +10,9 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from collector.cli import main
-from collector.reports import (
+from collector.store import Store
+from phaselens.cli import main
+from phaselens.reports import (
     PLOTLY_MARKER,
     ReportError,
     ReportScheduler,
@@ -20,7 +21,6 @@ from collector.reports import (
     render_html,
     standalone_html,
 )
-from collector.store import Store
 from tests.collector.conftest import start_collector
 
 SUMMARY = {  # the shape of analytics' Summary.to_dict()
@@ -209,7 +209,7 @@ def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
 
 
 def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path, capsys):
-    from collector.cli import main
+    from phaselens.cli import main
 
     db = tmp_path / "absent" / "x.duckdb"
     assert main(["report", "--since", "24h", "--db", str(db)]) == 2

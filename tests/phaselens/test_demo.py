@@ -14,11 +14,11 @@ import httpx
 import psutil
 import pytest
 
-from collector.demo import Child, DemoPlan, Supervisor, trace_span_text
+from phaselens.demo import Child, DemoPlan, Supervisor, trace_span_text
 from tests.conftest import ROOT, SIM_REQUESTS, DemoRun, _free_port
 
 pytestmark = pytest.mark.slow
-DEMO = [sys.executable, "-m", "collector.cli", "demo"]
+DEMO = [sys.executable, "-m", "phaselens.cli", "demo"]
 
 
 def _grows(demo: DemoRun, table: str, start_s: float, at_least: int, timeout_s: float = 90.0) -> int:
@@ -87,7 +87,7 @@ def test_ctrl_c_stops_every_process_and_a_second_run_reuses_the_store(demo: Demo
     children = supervisor.children(recursive=True)
     # serving (router + 2 workers), collector, dashboard (and the replay's pass, unless between two)
     lines = [" ".join(c.cmdline()) for c in children]
-    for part in ("collector.cli serve", "collector.cli collect", "streamlit run"):
+    for part in ("phaselens.cli serve", "phaselens.cli collect", "streamlit run"):
         assert any(part in line for line in lines), lines
     assert len(children) >= 5, lines
     stopped_s = time.time()
@@ -168,7 +168,7 @@ def test_a_part_that_cannot_come_up_ends_the_demo_with_its_reason(tmp_path):
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys, args, message):
-    from collector.cli import main
+    from phaselens.cli import main
 
     assert main(["demo", "--db", str(tmp_path / "d.duckdb"), *args]) == 2
     assert message in capsys.readouterr().err
@@ -195,7 +195,7 @@ def _plan(where, *, replay: bool) -> DemoPlan:
 
 
 def test_the_replay_walks_the_trace_window_by_window_and_wraps():
-    from collector.demo import REPLAY_WINDOW_S, TRACE_SPAN_S, replay_argv
+    from phaselens.demo import REPLAY_WINDOW_S, TRACE_SPAN_S, replay_argv
 
     plan = _plan(ROOT, replay=True)
     windows = int(TRACE_SPAN_S // REPLAY_WINDOW_S)

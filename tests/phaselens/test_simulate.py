@@ -8,8 +8,8 @@ import duckdb
 import httpx
 import pytest
 
-from collector.cli import main
 from collector.store import Store
+from phaselens.cli import main
 from tests.collector.conftest import start_collector
 
 TOKEN = "sim-import-token"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from analytics.overview import overview
-from collector.overview import LIVE_ROUND_S, OverviewCache, cache_key
+from phaselens.overview import LIVE_ROUND_S, OverviewCache, cache_key
 from tests.collector.conftest import start_collector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
     db = tmp_path_factory.mktemp("overview") / "sim.duckdb"
-    cmd = [sys.executable, "-m", "collector.cli", "simulate", "--no-progress", "--limit", "60"]
+    cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--limit", "60"]
     done = subprocess.run(
         [*cmd, "--db", str(db), "--layout", "agg:2xh100-sxm"], capture_output=True, text=True, cwd=ROOT
     )
@@ -156,7 +156,7 @@ def test_cache_keys_round_live_windows_and_follow_imports():
 
 
 def test_a_rolling_live_window_answers_its_newest_result_while_recomputing(tmp_path, monkeypatch):
-    import collector.overview as ov
+    import phaselens.overview as ov
     from collector.store import Store
 
     with Store.open(tmp_path / "empty.duckdb") as store:

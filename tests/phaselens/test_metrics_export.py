@@ -20,11 +20,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.metrics_export import DERIVED_HELP, MetricsExporter
-from collector.overview import OverviewCache, OverviewService
 from collector.service import Collector, CollectorSettings
 from collector.store import Store
 from collector.store.synthetic import build, t0_ending_now
+from phaselens.metrics_export import DERIVED_HELP, MetricsExporter
+from phaselens.overview import OverviewCache, OverviewService
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import L4_PROM, TEXT, LocalServer, _handler
 from tests.collector.sources.test_prometheus_server import PROMETHEUS, RealProm, _free_port
@@ -260,7 +260,7 @@ def test_real_prometheus_scrapes_and_every_grafana_query_returns_data(live: Live
 
 def test_label_values_are_escaped_and_read_back_whole(tmp_path: Path):
     """A pool name with a quote, a backslash and a newline survives the text format."""
-    from collector.metrics_export import derived_samples
+    from phaselens.metrics_export import derived_samples
 
     odd = 'de"co\\de\npool'
     summary = {
@@ -289,7 +289,8 @@ def test_label_values_are_escaped_and_read_back_whole(tmp_path: Path):
 
 
 def test_export_window_and_interval_flags_and_bad_values_are_named():
-    from collector.cli import build_parser, collect_settings
+    from phaselens.cli import build_parser
+    from phaselens.cli.collect import collect_settings
 
     parse = build_parser().parse_args
     s = collect_settings(parse(["collect"]))

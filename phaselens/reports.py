@@ -14,7 +14,7 @@ fire time since then lies within the grace time runs once, at once, for that fir
 an older one is skipped (logged). A schedule that never ran has nothing to catch up.
 
 The page itself (headline figures against the previous period, the dashboard's charts per section,
-what is missing, the detailed tables folded) is rendered by ``collector/report_html.py``; this
+what is missing, the detailed tables folded) is rendered by ``dashboard/report_html.py``; this
 module makes the report (:func:`build_report`: the summary, plus the overview and the activity
 histogram of the same window), schedules, stores, lists and serves it.
 
@@ -26,8 +26,8 @@ Storage is bounded (``collector/report_limits.py``): at most ``--report-max-coun
 ``--report-max-mib`` together, the oldest pruned first after each report is stored (counted in
 /health ``reports.pruned``); ``POST /api/v1/reports`` is rate-limited (a token bucket, 429).
 
-Over 600 lines: the schedules, storage, routes and the ``phaselens report`` command share the
-:class:`Report` and its parameters; the page is ``report_html.py``, the bounds ``report_limits.py``.
+The page is ``dashboard/report_html.py``, the bounds ``collector/report_limits.py``, the ``phaselens
+report`` command ``phaselens/cli/report.py``.
 """
 
 from __future__ import annotations
@@ -40,20 +40,27 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from collector.report_html import PLOTLY_MARKER, render_html, standalone_html
-from collector.report_html import utc_text as _utc
-from collector.report_limits import Pruned, ReportBudget, ReportLimits, prune_reports, size_text, stored_size
+from collector.report_limits import (
+    DEFAULT_SCHEDULES,
+    Pruned,
+    ReportBudget,
+    ReportLimits,
+    prune_reports,
+    size_text,
+    stored_size,
+)
+from dashboard.report_html import PLOTLY_MARKER, render_html, standalone_html
+from dashboard.report_html import utc_text as _utc
 
-__all__ = [  # the page itself is collector/report_html.py; these names are imported from here
+__all__ = [  # the page itself is dashboard/report_html.py; these names are imported from here
+    "DEFAULT_SCHEDULES",
     "PLOTLY_MARKER",
     "Report",
     "ReportError",
     "ReportSchedule",
     "ReportScheduler",
-    "add_report_command",
     "add_report_routes",
     "build_report",
     "get_report",
@@ -67,7 +74,6 @@ __all__ = [  # the page itself is collector/report_html.py; these names are impo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEDULES = ("hourly=0 * * * *", "daily=0 6 * * *")
 MANUAL = "manual"
 WRITE_TIMEOUT_S = 120.0
 
@@ -191,10 +197,10 @@ class Report:
 
 
 def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title: str | None = None) -> Report:
-    """Run the analytics summary of ``params`` (``analytics.cli.run_summary``'s: dataset, since,
+    """Run the analytics summary of ``params`` (``analytics.reads.run_summary``'s: dataset, since,
     start_s, end_s, ...) on ``con`` and render it. A summary that fails is a report too, saying
     why (a scheduled run must leave a trace); bad parameters raise ReportError."""
-    from analytics.cli import run_summary, window_of
+    from analytics.reads import run_summary, window_of
     from analytics.window import AnalyticsError, scenarios
 
     params = {k: v for k, v in params.items() if v is not None}
@@ -232,7 +238,7 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
     named in the summary's ``missing`` (the rest of the report stands)."""
     from analytics.histogram import activity_histogram
     from analytics.overview import overview
-    from collector.overview import previous_summary
+    from phaselens.overview import previous_summary
 
     out: dict[str, Any] = {}
     missing = summary.setdefault("missing", {})
@@ -484,7 +490,9 @@ _POST_FIELDS = {
 }
 
 
-def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> None:
+def add_report_routes(
+    app: Any, collector: Any, scheduler: ReportScheduler, error: Callable[..., Any]
+) -> None:
     """``GET /api/v1/reports`` (newest first, no bodies), ``GET /api/v1/reports/{id}?format=html|json``
     (the self-contained page, or the summary JSON) and ``POST /api/v1/reports`` (make one now: a
     JSON body of run_summary's parameters, e.g. ``{"since": "24h"}``; it needs the control token
@@ -499,7 +507,7 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
         if not 1 <= limit <= 10_000:
             return error(400, f"limit must be in [1, 10000], got {limit}", "limit")
         listed = list_reports(collector.store, limit=limit, kind=kind)
-        health = collector.reports.budget.health()  # what is kept against the bounds, what was pruned
+        health = scheduler.budget.health()  # what is kept against the bounds, what was pruned
         return {"reports": listed} | {k: health[k] for k in ("stored", "max", "pruned")}
 
     @app.get("/api/v1/reports/{report_id}")
@@ -521,9 +529,9 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
     async def make_report(request: Request) -> Any:
         token = collector.settings.control_token
         if token:
-            from collector.api import _control_denied
+            from collector.api import control_denied
 
-            denied = _control_denied(request, token)
+            denied = control_denied(request, token)
             if denied is not None:
                 return denied
         try:
@@ -538,12 +546,12 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
                 400, f"unknown field(s) {', '.join(unknown)}; fields: {', '.join(sorted(_POST_FIELDS))}"
             )
         title = body.pop("title", None)
-        budget = collector.reports.budget
+        budget = scheduler.budget
         wait_s = budget.admit_manual()
         if wait_s:
             return error(429, budget.refusal(wait_s), headers={"Retry-After": str(math.ceil(wait_s))})
         try:
-            made = await asyncio.to_thread(collector.reports.run, body, kind=MANUAL, title=title)
+            made = await asyncio.to_thread(scheduler.run, body, kind=MANUAL, title=title)
         except ReportTooLarge as e:
             return error(507, str(e))
         except ReportError as e:
@@ -567,162 +575,3 @@ def add_report_routes(app: Any, collector: Any, error: Callable[..., Any]) -> No
     # the `phaselens` command does not pay for it: hand FastAPI the class itself
     make_report.__annotations__["request"] = Request
     app.post("/api/v1/reports")(make_report)
-
-
-# -- `phaselens report` -----------------------------------------------------------------------------------
-
-
-def add_report_command(sub: Any) -> None:
-    """``phaselens report --since 24h``: make an efficiency report now (through the running
-    collector, or on a store file with ``--db`` while no collector holds it)."""
-    import os
-
-    p = sub.add_parser("report", help="make an efficiency report now (HTML + JSON), stored with the others")
-    p.add_argument(
-        "--since",
-        default=None,
-        help="the window before now, e.g. 1h, 24h (the default on live data), 7d; on a scenario: before its end "
-        "(default: the whole scenario)",
-    )
-    p.add_argument("--dataset", default="live", help="live, a scenario id, or latest (the newest scenario)")
-    p.add_argument(
-        "--db", default=None, help="write into this store file directly (no collector may hold it)"
-    )
-    p.add_argument(
-        "--collector",
-        default=os.environ.get("PHASELENS_API_URL") or "http://127.0.0.1:8900",
-        metavar="URL",
-        help="the running collector that makes and stores it (default: $PHASELENS_API_URL or http://127.0.0.1:8900)",
-    )
-    p.add_argument("--token", default=None, help="the collector's control token, if it has one")
-    p.add_argument("--out", default=None, metavar="FILE.html", help="also save the self-contained page here")
-    p.add_argument("--json-out", default=None, metavar="FILE.json", help="also save the summary JSON here")
-    p.set_defaults(func=cmd_report)
-
-
-def cmd_report(args: Any) -> int:
-    import sys
-    from pathlib import Path
-
-    since = args.since if args.since is not None or args.dataset != "live" else "24h"
-    params = {"since": since, "dataset": args.dataset}
-    for flag, out in (("--out", args.out), ("--json-out", args.json_out)):
-        # refused before the report is made and stored, not with a traceback after
-        problem = _out_path_problem(out) if out else None
-        if problem:
-            print(f"phaselens report: error: {flag} {out}: {problem}", file=sys.stderr)
-            return 2
-    try:
-        if args.db:
-            made = _report_on_file(args.db, params)
-            where = f"stored in {args.db}"
-            page, summary = standalone_html(made.body), made.summary
-            rid, title, error = made.report_id, made.title, made.error
-        else:
-            info, page, summary = _report_through(
-                args.collector, params, args.token, want_page=bool(args.out)
-            )
-            rid, title, error = info["report_id"], info["title"], info.get("error")
-            where = f"stored by the collector: {args.collector.rstrip('/')}/api/v1/reports/{rid}"
-    except ReportError as e:
-        print(f"phaselens report: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        if args.out:
-            Path(args.out).write_text(page or "", encoding="utf-8")
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    except OSError as e:
-        print(f"phaselens report: error: report {rid} is {where}, but saving it failed: {e}", file=sys.stderr)
-        return 1
-    print(f"report {rid}: {title}; {where}" + (f"; page {args.out}" if args.out else ""))
-    if error:
-        print(f"phaselens report: warning: {error}", file=sys.stderr)
-    return 0
-
-
-def _out_path_problem(path: str) -> str | None:
-    """Why a file cannot be written at ``path`` (a folder there, or no folder to hold it), else None."""
-    p = Path(path)
-    if p.is_dir():
-        return "is a folder; give a file name, e.g. report.html"
-    if not p.resolve().parent.is_dir():
-        return f"the folder {p.resolve().parent} does not exist"
-    return None
-
-
-def _report_on_file(db: str, params: dict[str, Any]) -> Report:
-    from collector.store import Store, StoreError, StoreLockedError
-
-    if not Path(db).is_file():  # a report on a store that does not exist would create an empty one
-        raise ReportError(f"--db {db}: no such store file")
-    try:
-        store = Store.open(db)
-    except StoreLockedError as e:
-        raise ReportError(
-            f"{e}; a running collector holds it: drop --db to have the collector make the report"
-        ) from e
-    except StoreError as e:
-        raise ReportError(str(e)) from e
-    try:
-        with store.reader() as cur:
-            report = build_report(cur, params)
-        pruned = save_report(store, report, node=_hostname(), limits=ReportLimits())
-        if pruned is not None and pruned.count:
-            import sys
-
-            print(
-                f"phaselens report: note: pruned the {pruned.count} oldest reports ({size_text(pruned.bytes)}) "
-                f"to keep {pruned.kept_count} (at most {ReportLimits().max_count}, "
-                f"{size_text(ReportLimits().max_bytes)})",
-                file=sys.stderr,
-            )
-        return report
-    finally:
-        store.close()
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
-def _report_through(
-    url: str, params: dict[str, Any], token: str | None, *, want_page: bool
-) -> tuple[dict[str, Any], str | None, Any]:
-    import os
-
-    import httpx
-
-    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    base = url.rstrip("/")
-    try:
-        with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
-            r = c.post("/api/v1/reports", json=params)
-            if r.status_code in (401, 403):
-                raise ReportError(
-                    f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}. Pass the collector's "
-                    "control token with --token TOKEN or $PHASELENS_CONTROL_TOKEN (`phaselens demo` prints "
-                    "it as its 'control token')"
-                )
-            if r.status_code != 200:
-                raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}")
-            info = r.json()
-            detail = c.get(f"/api/v1/reports/{info['report_id']}", params={"format": "json"}).json()
-            page = c.get(f"/api/v1/reports/{info['report_id']}").text if want_page else None
-    except httpx.HTTPError as e:
-        raise ReportError(
-            f"cannot reach the collector at {base} ({e}); start `phaselens collect`, or pass --db FILE for a "
-            "store no collector holds"
-        ) from e
-    return info, page, detail.get("summary")
-
-
-def _message(r: Any) -> str:
-    try:
-        err = r.json().get("error", {})
-        return str(err.get("message", r.text[:300]))
-    except ValueError:
-        return r.text[:300]

@@ -1,17 +1,14 @@
-"""The `phaselens` command: the serving stack's commands plus `collect`."""
+"""``phaselens collect``: the service process (the collector, the DuckDB store's only writer, with
+its HTTP API, report scheduler and Prometheus export: :func:`phaselens.api.create_service_app`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import re
 import sys
 from typing import TYPE_CHECKING
 
-from analytics.cli import add_analyze_command
-from analytics.goodput import add_goodput_command
-from collector.demo import add_demo_command
 from collector.report_limits import (
     DEFAULT_MAX_REPORT_MIB,
     DEFAULT_MAX_REPORTS,
@@ -19,12 +16,16 @@ from collector.report_limits import (
     DEFAULT_REPORTS_PER_MIN,
     ReportLimits,
 )
-from collector.reports import add_report_command
-from collector.simulate import add_simulate_command
-from serving import cli as serving_cli
 
 if TYPE_CHECKING:
     from collector.service import CollectorSettings
+
+
+def add_collect_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``phaselens collect`` on the CLI's subparsers."""
+    collect = sub.add_parser("collect", help="run the collector service (the DuckDB store's only writer)")
+    _add_collect_arguments(collect)
+    collect.set_defaults(func=cmd_collect)
 
 
 def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,7 +113,7 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME=CRON",
         help="a scheduled efficiency report, cron syntax in UTC (repeatable; default: 'hourly=0 * * * *' "
-        "and 'daily=0 6 * * *'; 'off': none). Misfire policy: docs in collector/reports.py",
+        "and 'daily=0 6 * * *'; 'off': none). Misfire policy: docs in phaselens/reports.py",
     )
     p.add_argument(
         "--report-max-count",
@@ -150,10 +151,10 @@ def _report_max_bytes(mib: float) -> int:
 
 def collect_settings(args: argparse.Namespace) -> CollectorSettings:
     """The collector's settings from `phaselens collect` arguments; ValueError naming a bad one."""
-    from collector.reports import DEFAULT_SCHEDULES, ReportError, parse_schedules
     from collector.service import CollectorSettings
     from collector.store import RetentionPolicy, StoreError
     from collector.store.scenarios import is_simulated_node
+    from phaselens.reports import DEFAULT_SCHEDULES, ReportError, parse_schedules
 
     try:
         retention = RetentionPolicy(raw_days=args.raw_days, rollup_days=args.rollup_days)
@@ -228,9 +229,9 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
 def cmd_collect(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from collector.api import create_collector_app
     from collector.service import Collector
     from collector.store import WRITER_BUFFER_ROWS, Store, StoreError
+    from phaselens.api import create_service_app
 
     try:
         settings = collect_settings(args)
@@ -261,109 +262,5 @@ def cmd_collect(args: argparse.Namespace) -> int:
     )
     for note in collector.notes():
         print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
-    uvicorn.run(create_collector_app(collector), host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(create_service_app(collector), host=settings.host, port=settings.port, log_level="warning")
     return 0
-
-
-def cmd_store(args: argparse.Namespace) -> int:
-    """Export a store to hive-partitioned Parquet, or import such exports from other nodes.
-
-    Works on the file directly, so the collector writing it must be stopped first (DuckDB admits
-    one writing process; the error says so).
-    """
-    from collector.store import Store, StoreError, StoreLockedError, export_parquet, import_parquet
-
-    try:
-        with Store.open(args.db, read_only=args.action == "export") as store:
-            if args.action == "export":
-                res = export_parquet(store, args.dir, start=args.start, end=args.end)
-                print(f"exported {sum(res.rows.values())} rows to {res.out_dir}: {res.rows}")
-            else:
-                res = import_parquet(store, args.dir)
-                print(f"imported {res.inserted}; skipped duplicates {res.duplicates}")
-    except (StoreError, OSError, ValueError) as e:
-        hint = ""
-        if isinstance(e, StoreLockedError) and args.action == "import":
-            hint = (
-                "; or have the running collector merge it: POST /api/v1/import with "
-                '{"path": "<absolute export dir>"} and its control token (docs/STORE.md)'
-            )
-        print(f"phaselens store {args.action}: error: {e}{hint}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="phaselens", description="phase-aware GPU efficiency for LLM serving"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    serving_cli.add_commands(sub)
-    collect = sub.add_parser("collect", help="run the collector service (the DuckDB store's only writer)")
-    _add_collect_arguments(collect)
-    collect.set_defaults(func=cmd_collect)
-    store = sub.add_parser("store", help="export a store to Parquet (by date and node) or import exports")
-    store.add_argument("action", choices=("export", "import"))
-    store.add_argument("dir", help="the Parquet folder (hive-partitioned: <table>/date=.../node=...)")
-    store.add_argument("--db", default="phaselens.duckdb")
-    store.add_argument("--start", type=float, default=None, help="export from (UTC epoch s)")
-    store.add_argument("--end", type=float, default=None, help="export until (UTC epoch s)")
-    store.set_defaults(func=cmd_store)
-    add_simulate_command(sub)
-    add_analyze_command(sub)
-    add_goodput_command(sub)
-    add_report_command(sub)
-    add_demo_command(sub)
-    return parser
-
-
-# A value that starts with a dash and a digit: a negative number or span (``-5``, ``-0.5``, ``-5m``).
-_DASH_VALUE = re.compile(r"-\.?\d")
-
-
-def attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--since -5m`` → ``--since=-5m``: argparse takes a value that starts with a dash for an option
-    (``expected one argument``) unless it reads as a plain negative number, so the command's own
-    check never saw it; attached, the value reaches that check, which says what is allowed.
-
-    Only a long option of the chosen command that takes one value, followed by a token that starts
-    with a dash and a digit and is not itself one of the command's options, is attached.
-    """
-    commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    at = next((i for i, tok in enumerate(argv) if commands and tok in commands.choices), None)
-    if commands is None or at is None:
-        return list(argv)
-    options = commands.choices[argv[at]]._option_string_actions
-    out = list(argv[: at + 1])
-    i = at + 1
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            out += argv[i:]
-            break
-        action = options.get(tok)
-        nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if (
-            tok.startswith("--")
-            and action is not None
-            and action.nargs is None
-            and nxt is not None
-            and _DASH_VALUE.match(nxt)
-            and nxt not in options
-        ):
-            out.append(f"{tok}={nxt}")
-            i += 2
-            continue
-        out.append(tok)
-        i += 1
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(attach_dash_values(parser, sys.argv[1:] if argv is None else argv))
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.cli import attach_dash_values, build_parser, main
 from collector.store import Store
+from phaselens.cli import attach_dash_values, build_parser, main
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_scrape_limits_out_of_range_are_refused(flag, value, says, tmp_path, cap
 
 
 def test_scrape_limits_reach_the_sources():
-    from collector.cli import collect_settings
+    from phaselens.cli.collect import collect_settings
 
     limits = ["--scrape-timeout-s", "2", "--max-page-bytes", "65536", "--max-backoff-s", "3"]
     args = build_parser().parse_args(
