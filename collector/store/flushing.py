@@ -21,7 +21,7 @@ from collector.store.errors import FlushError, StoreError
 from collector.store.held import drop_oldest, invalidated, write_failure_cause
 from collector.store.telemetry_rows import BatchKey
 
-log = logging.getLogger("collector.store.store")
+log = logging.getLogger("collector.store.store")  # the store's own logger: one name for its messages
 
 # From this many pending wide rows on, a flush works out the devices rows on a thread of its own
 # while DuckDB inserts the samples (which keeps one core busy and releases the GIL).

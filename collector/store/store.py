@@ -64,7 +64,8 @@ from collector.store.arrow_input import (
     load_columns,
     rows_to_table,
 )
-from collector.store.columns import ColumnBlock, ColumnRun, block_names, build_columns, column_runs
+from collector.store.column_build import build_columns
+from collector.store.columns import ColumnBlock, ColumnRun, block_names, column_runs
 from collector.store.device_input import Span, device_input, device_spans
 from collector.store.devices import SPLIT_COLUMNS, DeviceRegistry
 from collector.store.errors import FlushError, StoreError, StoreLockedError
@@ -321,13 +322,7 @@ class Store(TelemetryWrites, Reads, Flushing):
         if table == "gpu_samples":
             return self._append_samples(self._input_table(table, rows, self._wide_samples))
         data = self._to_arrow(table, rows)
-        with self._lock:
-            self._writer()
-            if table == "devices":
-                with self._devices_lock:
-                    self._devices.note(data)
-            self._enqueue({table: data})
-        return data.num_rows
+        return self._enqueue_table(table, data)
 
     def append_columns(self, table: str, blocks: Sequence[ColumnBlock]) -> int:
         """Append rows given as columns (one :class:`~collector.store.columns.ColumnBlock` per
@@ -344,6 +339,11 @@ class Store(TelemetryWrites, Reads, Flushing):
             data = self._columns_table(table, blocks, self._wide_samples, runs)
             return self._append_samples(data, device_spans(runs))
         data = self._columns_arrow(table, blocks)
+        return self._enqueue_table(table, data)
+
+    def _enqueue_table(self, table: str, data: pa.Table) -> int:
+        """Queue converted rows of ``table`` (not ``gpu_samples``); a ``devices`` append also updates
+        the writer's registry. The rows taken."""
         with self._lock:
             self._writer()
             if table == "devices":
