@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analytics.cost import HOURS_PER_YEAR
+from analytics.cost_pricing import CATEGORIES, HOURS_PER_YEAR
 from analytics.throughput import HEADLINE_LABEL, throughput
 
 # GPU-time shown in the overview's bar: (key, readable name, the cost part's second columns)
@@ -203,16 +203,7 @@ def _annual(summary: dict[str, Any], total: dict[str, Any], fleet_gpus: int) -> 
     if annual.get("fleet_gpus") == fleet_gpus and isinstance(annual.get("usd_per_year"), dict):
         return {k: _num(v) for k, v in annual["usd_per_year"].items()}
     scale = fleet_gpus * 3600.0 * HOURS_PER_YEAR / float(total["gpu_seconds"])
-    cats = (
-        "prefill",
-        "decode",
-        "stranded_prefill",
-        "stranded_decode",
-        "host_bound",
-        "other_busy",
-        "idle",
-        "unsampled",
-    )
+    cats = CATEGORIES
     out: dict[str, float | None] = {}
     for c in cats:
         usd = _num(total.get(f"cost_usd_{c}"))
