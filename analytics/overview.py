@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analytics.cost import CATEGORIES, HOURS_PER_YEAR
+from analytics.cost_pricing import CATEGORIES, HOURS_PER_YEAR
 from analytics.latency import attainment_basis
 from analytics.throughput import HEADLINE_LABEL, throughput
 

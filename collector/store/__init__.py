@@ -5,6 +5,7 @@ Public API: :class:`Store` (``Store.open``), :class:`StoreError`, :class:`StoreL
 scenarios, :mod:`collector.store.scenarios`.
 """
 
+from collector.store.arrow_input import Column
 from collector.store.errors import ExportFormatError, FlushError, StoreError, StoreLockedError
 from collector.store.retention import (
     EXPORT_MANIFEST,
@@ -20,7 +21,8 @@ from collector.store.retention import (
 )
 from collector.store.scenarios import SIMULATED, delete_scenario, list_scenarios, scenario_node
 from collector.store.schema import LATEST_VERSION, MIGRATIONS, Migration
-from collector.store.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Column, Store, TelemetryIngest
+from collector.store.store import ROW_GROUP_ROWS, WRITER_BUFFER_ROWS, Store
+from collector.store.telemetry_writes import TelemetryIngest
 
 __all__ = [
     "EXPORT_MANIFEST",

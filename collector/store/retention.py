@@ -42,8 +42,9 @@ import duckdb
 from collector.store import gpu_keys, iteration_seconds
 from collector.store.devices import DEVICE_ATTRIBUTES, DEVICE_KEY, SPLIT_COLUMNS
 from collector.store.errors import ExportFormatError, StoreError
+from collector.store.reads import TimeLike, to_epoch_s
 from collector.store.schema import LATEST_VERSION, ROLLUP_AVG_MAX_METRICS, SIMULATED_NODE_PREFIX
-from collector.store.store import Store, TimeLike, to_epoch_s
+from collector.store.store import Store
 from collector.store.tables import TABLES
 
 BUCKET_S = 10.0

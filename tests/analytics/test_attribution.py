@@ -12,16 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analytics.attribution import (
+from analytics.attribution import STATES, gpu_buckets, gpu_intervals, phase_breakdown
+from analytics.power_model import (
     MODEL_TERMS,
-    STATES,
     PowerFit,
     bounded_lsq_gram,
-    gpu_buckets,
-    gpu_intervals,
     gpu_key,
     nnls_gram,
-    phase_breakdown,
     poor_fit_notes,
 )
 from analytics.trust import ESTIMATED, HOST_BOUND, MEASURED
@@ -621,7 +618,7 @@ def test_a_cpu_device_is_not_a_gpu(tmp_path):
 
 
 def test_the_coefficient_table_keys_each_fitted_gpu_by_its_identity_a_null_index_included():
-    from analytics.attribution import PowerFit, _coef_frame
+    from analytics.power_model import PowerFit, coef_frame
 
     stats = pd.DataFrame(
         {
@@ -636,7 +633,7 @@ def test_the_coefficient_table_keys_each_fitted_gpu_by_its_identity_a_null_index
         gpu_key("n1", "dcgm", "GPU-a", 0): PowerFit(fit, 0.9, 10, 1.0),
         gpu_key("n2", "local", "cpu", None): PowerFit(dict(fit, decode=200.0), 0.8, 10, 1.0),
     }  # GPU-b: not attributed, no fit
-    t = _coef_frame(fits, stats)
+    t = coef_frame(fits, stats)
     assert t.column_names == ["node", "source", "device", "index", *[f"w_{m}" for m in MODEL_TERMS]]
     assert t.to_pylist() == [
         {"node": "n1", "source": "dcgm", "device": "GPU-a", "index": 0, "w_prefill": 300.0, "w_decode": 0.0, "w_idle": 80.0},

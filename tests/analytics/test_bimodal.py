@@ -13,17 +13,19 @@ import pytest
 
 from analytics.attribution import STATES, IntervalTable, phase_breakdown
 from analytics.bimodal import (
-    _MIN_POINTS,
     CATEGORIES,
-    NO_SPREAD_STD_PCT,
-    SARLE_THRESHOLD,
-    _dip_and_modes,
     _min_gpu_values,
     _moments_sql,
     _points_sql,
     bimodality,
-    histogram_modes,
     idle_split,
+)
+from analytics.bimodal_stats import (
+    MIN_POINTS,
+    NO_SPREAD_STD_PCT,
+    SARLE_THRESHOLD,
+    dip_and_modes,
+    histogram_modes,
     sarle_coefficient,
 )
 from analytics.trust import ESTIMATED, SIMULATED
@@ -59,7 +61,7 @@ def test_a_pile_of_equal_values_with_rare_spikes_has_its_modes_at_the_pile_and_t
     # (both in the pile) kept two identical components: "0.527 % (50 %) / 0.527 % (50 %)".
     rng = np.random.default_rng(3)
     x = np.concatenate([np.full(1470, 0.527), rng.normal(44.0, 5.0, 97)])
-    out = _dip_and_modes(x)
+    out = dip_and_modes(x)
     assert out["bimodal"] is True
     assert out["mode_low_pct"] == pytest.approx(0.527) and out["mode_high_pct"] == pytest.approx(
         44.0, abs=1.5
@@ -99,7 +101,7 @@ def test_one_peaked_samples_get_one_mode(n):
 
 
 def test_values_within_one_histogram_bin_still_get_a_mode():
-    out = _dip_and_modes(np.array([20.0, 20.1, 20.05, 20.2, 20.15]))
+    out = dip_and_modes(np.array([20.0, 20.1, 20.05, 20.2, 20.15]))
     assert out["mode_low_pct"] == pytest.approx(20.1, abs=0.1) and out["dip"] is not None
     assert out["mode_high_pct"] is None and out["weight_low"] == 1.0
 
@@ -349,10 +351,10 @@ def test_the_draws_loosest_bound_as_a_constant_draws_the_same_values(sim, layout
             f"SELECT min(n) FROM (SELECT sum(sm_n) AS n FROM {iv.name} WHERE {where} "
             'GROUP BY node, source, device, "index" HAVING sum(sm_n) > 0)'
         ).fetchone()[0]
-        assert least == n_gpu and least > 4 * _MIN_POINTS
+        assert least == n_gpu and least > 4 * MIN_POINTS
         key = ["gh", "rh", "hour_s", "x"]
         drawn = [
-            con.execute(*_points_sql(iv, where, _MIN_POINTS, bound))
+            con.execute(*_points_sql(iv, where, MIN_POINTS, bound))
             .df()
             .sort_values(key)
             .reset_index(drop=True)

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from analytics.bimodal import BIMODAL_RULE, bimodal_verdict
+from analytics.bimodal_stats import BIMODAL_RULE, bimodal_verdict
 from analytics.summary import format_summary, summarize
 from analytics.window import Window
 from collector.store import Store

@@ -11,10 +11,11 @@ from typing import Any
 import duckdb
 import pytest
 
-from analytics.attribution import STATES, gpu_buckets, gpu_intervals, gpu_key, phase_breakdown
+from analytics.attribution import STATES, gpu_buckets, gpu_intervals, phase_breakdown
 from analytics.bimodal import CATEGORIES, idle_split
 from analytics.cost import PriceTable, cost_breakdown
 from analytics.intervals import GAP_MIN_S, GAP_PERIODS
+from analytics.power_model import gpu_key
 from analytics.summary import format_summary, summarize
 from analytics.window import Window
 from tests.analytics.test_attribution import NODE, iteration, make_store, request, samples

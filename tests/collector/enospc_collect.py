@@ -1,7 +1,7 @@
 """``phaselens collect`` (the real CLI, same arguments) whose store writes fail with
 ``OSError(ENOSPC)`` while the file named by ``$PHASELENS_TEST_DISK_FULL`` exists: a full disk where
 the test cannot mount a small one (tests/collector/test_disk_full.py). The failure is injected at
-``collector.store.store._insert``, the one place where the store writes rows to DuckDB.
+``collector.store.flushing._insert``, the one place where the store writes rows to DuckDB.
 
     python -m tests.collector.enospc_collect collect --db ... --serving ...
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collector.store import store
+from collector.store import flushing as store
 from phaselens import cli
 
 FLAG_ENV = "PHASELENS_TEST_DISK_FULL"

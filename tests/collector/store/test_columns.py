@@ -12,7 +12,8 @@ import pytest
 
 from collector.sources.base import SourceResult
 from collector.store import Store, StoreError
-from collector.store.columns import ColumnBlock, RepeatedColumns, build_columns
+from collector.store.column_build import build_columns
+from collector.store.columns import ColumnBlock, RepeatedColumns
 from collector.store.devices import STEADY_SAMPLE_COLUMNS
 
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from collector.store import FlushError, Store, StoreError
-from collector.store import store as store_module
+from collector.store import flushing as store_module
 from collector.store.held import write_failure_cause
 from tests.collector.store.test_background_flush import _batch, _count, _gpus, _hosts
 
