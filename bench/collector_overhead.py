@@ -2,20 +2,30 @@
 samples N emulated GPUs at 100 ms (sampling alone), then while also ingesting the telemetry of the
 stack under load. Baseline in the same run: the same process idle (no sources).
 
+First, against the same stack, the CPU per poll of the serving sources (`GET /v1/devices`,
+`GET /v1/telemetry`) with the HTTP client of ``--old-rev`` (its ``collector/sources/http.py``, read
+with ``git show``: the hand-written HTTP/1.1 client) and with this tree's (httpx), in alternated
+blocks of ``--polls`` polls each, in this process (CPU time of this thread: the stack is another
+process).
+
 Usage: python bench/collector_overhead.py [--gpus 8] [--seconds 30] [--json out.json]
+       [--old-rev REV] [--polls 200] [--rounds 6] [--clients-only]
 Target: < 2 % of one core for the sampling alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import psutil
@@ -23,6 +33,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from collector.sources.serving_stack import ServingDevicesSource, ServingTelemetrySource  # noqa: E402
 from phaselens.testing import start_collector  # noqa: E402
 from serving.loadgen import run_load  # noqa: E402
 from serving.testing import start_server, stop_server  # noqa: E402
@@ -38,19 +49,95 @@ def cpu_share(proc: subprocess.Popen, seconds: float) -> float:
     return ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
 
 
+#: main before the HTTP client became httpx: the hand-written HTTP/1.1 keep-alive client
+OLD_CLIENT_REV = "0e5f64aa01c107324a06488e85d265ec231c72ed"
+
+
+def old_http_module(rev: str, tmp: Path) -> ModuleType:
+    """``collector/sources/http.py`` as it was at ``rev`` (``git show``), imported as a module of
+    its own; it raises this tree's ``SourceUnavailable``/``PageTooLarge`` like the new one."""
+    text = subprocess.run(
+        ["git", "show", f"{rev}:collector/sources/http.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = tmp / "old_http.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("phaselens_old_http", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def client_cpu_per_poll(
+    url: str, old: ModuleType, polls: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """CPU seconds of this thread per poll of each serving source, per client (``old``, ``new``),
+    one list entry per block of ``polls`` polls; blocks alternate old/new ``rounds`` times."""
+    sources = {}
+    for client in ("old", "new"):
+        devices = ServingDevicesSource(url, host_interval_s=float("inf"))  # the HTTP and JSON only
+        telemetry = ServingTelemetrySource(url)
+        if client == "old":
+            for src in (devices, telemetry):
+                timeout_s = src._client._http.timeout_s
+                src._client._http = old.HttpClient(url, timeout_s=timeout_s, max_body_bytes=256 << 20)
+        sources[client] = {"devices": devices, "telemetry": telemetry}
+    out: dict[str, dict[str, list[float]]] = {c: {"devices": [], "telemetry": []} for c in sources}
+    for by_name in sources.values():  # warm up: connections open, caches filled
+        for src in by_name.values():
+            for _ in range(20):
+                assert src.poll(force=True).ok
+    for r in range(rounds):
+        for client in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            for name, src in sources[client].items():
+                t0 = time.thread_time()
+                for _ in range(polls):
+                    src.poll(force=True)
+                out[client][name].append((time.thread_time() - t0) / polls)
+    for by_name in sources.values():
+        for src in by_name.values():
+            assert src.health().status == "ok", src.health()
+            src.close()
+    return out
+
+
+def print_clients(per_poll: dict[str, dict[str, list[float]]], old_rev: str) -> dict[str, float]:
+    """Print the medians per source and client and their ratio; return them flat."""
+    flat: dict[str, float] = {}
+    print(f"CPU per poll of the serving sources (median of blocks; old = {old_rev[:10]}'s client):")
+    for name, rate in (("devices", 10), ("telemetry", 2)):
+        old, new = (statistics.median(per_poll[c][name]) for c in ("old", "new"))
+        flat |= {f"{name}_old_ms": old * 1e3, f"{name}_new_ms": new * 1e3, f"{name}_ratio": new / old}
+        print(
+            f"  GET /v1/{name:<9} old {old * 1e3:6.3f} ms  new {new * 1e3:6.3f} ms  new/old {new / old:4.2f}x"
+            f"  (at {rate}/s: {(new - old) * rate * 100:+.2f} % of one core)"
+        )
+    return flat
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--old-rev", default=OLD_CLIENT_REV, help="the commit whose HTTP client is 'old'")
+    ap.add_argument("--polls", type=int, default=200, help="polls per block of the client comparison")
+    ap.add_argument("--rounds", type=int, default=6, help="old/new blocks of the client comparison")
+    ap.add_argument("--clients-only", action="store_true", help="only the client comparison")
     args = ap.parse_args()
     out: dict[str, float | int] = {"gpus": args.gpus, "seconds": args.seconds}
     with tempfile.TemporaryDirectory() as tmp:
-        idle, _ = start_collector(Path(tmp) / "idle.duckdb")
-        time.sleep(2)
-        out["idle_core_share"] = cpu_share(idle, args.seconds / 2)
-        idle.terminate()
-        idle.wait(30)
+        old = old_http_module(args.old_rev, Path(tmp))
+        if not args.clients_only:
+            idle, _ = start_collector(Path(tmp) / "idle.duckdb")
+            time.sleep(2)
+            out["idle_core_share"] = cpu_share(idle, args.seconds / 2)
+            idle.terminate()
+            idle.wait(30)
 
         server = start_server(
             "--mode",
@@ -65,6 +152,12 @@ def main() -> int:
             "8",
         )
         try:
+            per_poll = client_cpu_per_poll(server.url, old, args.polls, args.rounds)
+            out |= print_clients(per_poll, args.old_rev)
+            if args.clients_only:
+                if args.json:
+                    Path(args.json).write_text(json.dumps(out, indent=1))
+                return 0
             proc, url = start_collector(Path(tmp) / "c.duckdb", "--serving", server.url)
             time.sleep(3)
             out["sampling_core_share"] = cpu_share(proc, args.seconds)

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from collector.sources.backoff import Backoff
-from collector.sources.base import TABLE_GPU_SAMPLES, Source, SourceResult, UnmappedFamilies
-from collector.sources.exposition import fetch_text, finite, parse_exposition
-from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
+from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult, UnmappedFamilies
+from collector.sources.exposition import PageSource, finite, parse_exposition
 from collector.store.columns import RepeatedColumns
 from collector.store.devices import STEADY_SAMPLE_COLUMNS
 from serving.devices.base import DeviceSample
@@ -328,43 +324,20 @@ class ClockGuard:
         return True
 
 
-class DcgmSource(Source):
+class DcgmSource(PageSource):
     """Scrapes one dcgm-exporter ``/metrics`` endpoint (use :meth:`many` for several).
 
-    ``node`` (default: this host) is the node of every row. dcgm-exporter refreshes its values every
-    30 s by default while this source may scrape every second: a GPU row whose values did not change
-    (and whose exporter timestamp, where the exposition has one, did not move) is not stored again;
-    such rows and scrapes are counted in :meth:`health_details` (``unchanged_rows``,
-    ``unchanged_scrapes``), not as errors.
+    ``node`` (default: this host) is the node of every row; ``scrape``: the page's deadline, size
+    limit, client, clock and backoff (:class:`~collector.sources.exposition.PageSource`).
+    dcgm-exporter refreshes its values every 30 s by default while this source may scrape every
+    second: a GPU row whose values did not change (and whose exporter timestamp, where the
+    exposition has one, did not move) is not stored again; such rows and scrapes are counted in
+    :meth:`health_details` (``unchanged_rows``, ``unchanged_scrapes``), not as errors.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        node: str | None = None,
-        interval_s: float = 1.0,
-        timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
-        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
-        clock: Callable[[], float] | None = None,
-        backoff: Backoff | None = None,
-        client: httpx.Client | None = None,
-        discovery_ttl_s: float = 60.0,
-    ) -> None:
-        super().__init__(
-            f"dcgm:{url}",
-            interval_s=interval_s,
-            clock=clock,
-            backoff=backoff,
-            discovery_ttl_s=discovery_ttl_s,
-        )
-        self.url = url
+    def __init__(self, url: str, *, node: str | None = None, interval_s: float = 1.0, **scrape: Any) -> None:
+        super().__init__(f"dcgm:{url}", url, interval_s=interval_s, **scrape)
         self.node = node or socket.gethostname()
-        self.timeout_s, self.max_page_bytes = timeout_s, max_page_bytes
-        self._client: HttpClient | httpx.Client = client or HttpClient(
-            url, timeout_s=timeout_s, max_body_bytes=max_page_bytes
-        )
-        self._own_client = client is None
         self._last: dict[tuple, tuple[float, tuple]] = {}  # per row key: (ts_s, values) last stored
         self._unmapped = UnmappedFamilies()
         self._repeats = RepeatedColumns(steady=STEADY_SAMPLE_COLUMNS)
@@ -414,14 +387,6 @@ class DcgmSource(Source):
             "unmapped_families": len(self._unmapped),
             "duplicate_series": self.duplicate_series,
         }
-
-    def _fetch(self) -> str:
-        """The page, within one deadline of ``timeout_s`` and at most ``max_page_bytes``."""
-        return fetch_text(self._client, self.url, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes)
-
-    def close(self) -> None:
-        if self._own_client:
-            self._client.close()
 
 
 def rows_from_text(

@@ -1,4 +1,5 @@
-"""Line-robust parsing of the Prometheus text exposition format, and the HTTP fetch it comes from.
+"""Line-robust parsing of the Prometheus text exposition format, the HTTP fetch it comes from and
+the base of the sources that scrape such a page (:class:`PageSource`).
 
 ``prometheus_client``'s parser stops at the first bad line. :func:`parse_exposition` parses the
 whole text first and, only when that raises, drops the bad lines one by one (counting each as
@@ -14,14 +15,15 @@ from __future__ import annotations
 
 import math
 import re
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.sources.base import PageTooLarge, SourceResult, SourceUnavailable
+from collector.sources.backoff import Backoff
+from collector.sources.base import Source, SourceResult, SourceUnavailable
 from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
 
 _SUFFIXES = {
@@ -78,24 +80,11 @@ def finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
 
 
-def fetch_text(
-    client: HttpClient | httpx.Client,
-    url: str,
-    *,
-    timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
-    max_bytes: int = DEFAULT_MAX_PAGE_BYTES,
-) -> str:
-    """GET ``url`` (an :class:`HttpClient` is bound to it) within one deadline of ``timeout_s`` and a
-    body of at most ``max_bytes``; raise :class:`SourceUnavailable` when it cannot be read
-    (``unreachable``, ``timeout``, ``http_status``) or :class:`PageTooLarge`.
-
-    An :class:`HttpClient` holds the deadline on every read. An ``httpx.Client`` (an in-process
-    transport: the ingest bench, the external validation) is read in a stream with the same size
-    limit and the deadline checked between its chunks."""
-    if isinstance(client, HttpClient):
-        status, body = client.get(what=url)
-    else:
-        status, body = _httpx_get(client, url, timeout_s, max_bytes)
+def fetch_text(client: HttpClient, url: str) -> str:
+    """GET the page of ``client`` (bound to ``url``) within its deadline and size limit; raise
+    :class:`SourceUnavailable` when it cannot be read (``unreachable``, ``timeout``,
+    ``http_status``) or :class:`~collector.sources.base.PageTooLarge`."""
+    status, body = client.get(what=url)
     if status != 200:
         raise SourceUnavailable("http_status", f"{url}: HTTP {status}: {_clip(_text(body[:400]))}")
     return _text(body)
@@ -105,27 +94,42 @@ def _text(body: bytes | bytearray) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def _httpx_get(client: httpx.Client, url: str, timeout_s: float, max_bytes: int) -> tuple[int, bytearray]:
-    deadline = time.monotonic() + timeout_s
-    try:
-        with client.stream("GET", url, timeout=timeout_s) as resp:
-            declared = resp.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_bytes:
-                raise PageTooLarge(f"{url}: a body of {declared} bytes, over the limit of {max_bytes} bytes")
-            body = bytearray()
-            for chunk in resp.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    raise PageTooLarge(f"{url}: a body over the limit of {max_bytes} bytes, read no further")
-                if time.monotonic() > deadline:
-                    raise SourceUnavailable(
-                        "timeout", f"{url}: no whole response within the {timeout_s:g} s deadline"
-                    )
-            return resp.status_code, body
-    except httpx.TimeoutException as e:
-        raise SourceUnavailable("timeout", f"{url}: timed out ({type(e).__name__})") from e
-    except httpx.HTTPError as e:
-        raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
+class PageSource(Source):
+    """A source that scrapes one exposition page (a dcgm-exporter's, an engine's ``/metrics``).
+
+    Each scrape ends by one deadline of ``timeout_s`` (connect, headers and body) and reads at most
+    ``max_page_bytes`` (:class:`~collector.sources.http.HttpClient`, its connection kept alive);
+    ``client``: an ``httpx.Client`` to send through instead (an in-process transport: the ingest
+    bench, the external validation), read with the same limits. ``clock``, ``backoff``,
+    ``discovery_ttl_s``: as :class:`~collector.sources.base.Source`'s.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        interval_s: float,
+        timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+        clock: Callable[[], float] | None = None,
+        backoff: Backoff | None = None,
+        client: httpx.Client | None = None,
+        discovery_ttl_s: float = 60.0,
+    ) -> None:
+        super().__init__(
+            name, interval_s=interval_s, clock=clock, backoff=backoff, discovery_ttl_s=discovery_ttl_s
+        )
+        self.url = url
+        self.timeout_s, self.max_page_bytes = timeout_s, max_page_bytes
+        self._client = HttpClient(url, timeout_s=timeout_s, max_body_bytes=max_page_bytes, client=client)
+
+    def _fetch(self) -> str:
+        """The page, within one deadline of ``timeout_s`` and at most ``max_page_bytes``."""
+        return fetch_text(self._client, self.url)
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def split_name(name: str, type_hint: str | None = None) -> tuple[str, str]:

@@ -59,8 +59,8 @@ from collector.sources.base import (
     UnmappedFamilies,
 )
 from collector.sources.dcgm import _FB_FIELDS, DCGM_FIELDS, ClockGuard, GpuRowBuilder, is_dcgm_field
-from collector.sources.exposition import Sample, fetch_text, finite, parse_exposition, split_name
-from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S, HttpClient
+from collector.sources.exposition import PageSource, Sample, finite, parse_exposition, split_name
+from collector.sources.http import HttpClient
 
 ENGINE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("vllm:", "vllm"),
@@ -456,11 +456,12 @@ def _row(node: str | None, endpoint: str, ts_s: float, p: EnginePoint, metric: s
     }
 
 
-class EngineScrapeSource(Source):
+class EngineScrapeSource(PageSource):
     """Scrapes one engine ``/metrics`` endpoint (vLLM, SGLang, Dynamo frontend, phaselens router).
 
     ``engine="auto"`` takes every known prefix and labels ``vllm:*`` rows ``phaselens`` when the
-    exposition also carries ``phaselens:*`` metrics (the bundled router).
+    exposition also carries ``phaselens:*`` metrics (the bundled router). ``scrape``: the page's
+    deadline, size limit, client, clock and backoff (:class:`~collector.sources.exposition.PageSource`).
     """
 
     def __init__(
@@ -472,30 +473,13 @@ class EngineScrapeSource(Source):
         interval_s: float = 5.0,
         include_buckets: bool = True,
         passthrough: bool = True,
-        timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S,
-        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
-        clock: Callable[[], float] | None = None,
-        backoff: Backoff | None = None,
-        client: httpx.Client | None = None,
-        discovery_ttl_s: float = 60.0,
+        **scrape: Any,
     ) -> None:
-        super().__init__(
-            f"engine:{url}",
-            interval_s=interval_s,
-            clock=clock,
-            backoff=backoff,
-            discovery_ttl_s=discovery_ttl_s,
-        )
-        self.url = url
+        super().__init__(f"engine:{url}", url, interval_s=interval_s, **scrape)
         self.node = node or _host(url)
         self._rows = _EngineRows(
             EngineMapper(engine, include_buckets=include_buckets, passthrough=passthrough)
         )
-        self.timeout_s, self.max_page_bytes = timeout_s, max_page_bytes
-        self._client: HttpClient | httpx.Client = client or HttpClient(
-            url, timeout_s=timeout_s, max_body_bytes=max_page_bytes
-        )
-        self._own_client = client is None
         self._clock_guard = ClockGuard()
         self._unmapped = UnmappedFamilies()
         self.detected_engines: set[str] = set()
@@ -526,14 +510,6 @@ class EngineScrapeSource(Source):
 
     def health_details(self) -> dict[str, Any]:
         return {"unmapped_families": len(self._unmapped), "duplicate_series": self._rows.duplicate_series}
-
-    def _fetch(self) -> str:
-        """The page, within one deadline of ``timeout_s`` and at most ``max_page_bytes``."""
-        return fetch_text(self._client, self.url, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes)
-
-    def close(self) -> None:
-        if self._own_client:
-            self._client.close()
 
 
 # --- Prometheus HTTP query API ----------------------------------------------------------------------
@@ -611,12 +587,9 @@ class PrometheusQuerySource(Source):
         self._engine_rows = _EngineRows(EngineMapper("auto", include_buckets=include_buckets))
         self._gpu_guard = ClockGuard()
         self._cursor_s: float | None = None  # end of the last window read
-        self._own_client = client is None
-        self._client: HttpClient | httpx.Client = client or HttpClient(
-            self.base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, headers=headers
+        self._client = HttpClient(
+            self.base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, headers=headers, client=client
         )
-        if client is not None and headers:
-            client.headers.update(headers)
 
     # --- Source ------------------------------------------------------------------------------------
 
@@ -657,21 +630,13 @@ class PrometheusQuerySource(Source):
         self._cursor_s = end
 
     def close(self) -> None:
-        if self._own_client:
-            self._client.close()
+        self._client.close()
 
     # --- HTTP ----------------------------------------------------------------------------------------
 
     def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
         url = self.base_url + path
-        if isinstance(self._client, HttpClient):  # one deadline, a size limit
-            status, raw = self._client.get(path, params, what=url, accept="application/json")
-        else:
-            try:
-                resp = self._client.get(url, params=params)
-            except httpx.HTTPError as e:
-                raise SourceUnavailable("unreachable", f"{url}: {type(e).__name__}: {e}") from e
-            status, raw = resp.status_code, resp.content
+        status, raw = self._client.get(path, params, what=url, accept="application/json")
         try:
             body = json.loads(raw)
         except ValueError:

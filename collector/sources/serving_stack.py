@@ -8,7 +8,6 @@ import socket
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
-from urllib.parse import urlsplit
 
 import psutil
 
@@ -49,13 +48,11 @@ MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
 class _JsonClient:
-    """Keep-alive GETs of JSON from one base URL (:class:`~collector.sources.http.HttpClient`: one
-    deadline of ``timeout_s`` per request, bodies of at most ``max_body_bytes``)."""
+    """Keep-alive GETs of JSON from one base URL, ``http://`` or ``https://``
+    (:class:`~collector.sources.http.HttpClient`: one deadline of ``timeout_s`` per request, bodies
+    of at most ``max_body_bytes``)."""
 
     def __init__(self, base_url: str, timeout_s: float, max_body_bytes: int = MAX_JSON_BYTES) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"serving URL must be http://host:port, got {base_url!r}")
         self._http = HttpClient(base_url, timeout_s=timeout_s, max_body_bytes=max_body_bytes)
 
     def get(self, path: str, what: str, **params: Any) -> Any:

@@ -269,3 +269,33 @@ def test_a_failed_source_is_retried_within_the_default_backoff_cap(sources, cloc
     assert src.backoff.max_s == DEFAULT_MAX_BACKOFF_S == 10.0
     assert all(abs(d - e) <= 0.1 * e + 1e-9 for d, e in zip(delays, [1, 2, 4, 8], strict=False)), delays
     assert all(9.0 - 1e-6 <= d <= 10.0 + 1e-6 for d in delays[4:]), delays
+
+
+def test_an_injected_client_of_the_query_source_sends_its_headers_within_the_size_limit(
+    sources, clock: FakeClock
+) -> None:
+    """Issue 21: the query source reads an injected httpx client through the same HttpClient: its
+    headers go with each request (the caller's client is left as it was) and an answer over the
+    limit is dropped as ``page_too_large`` (it was read whole, without a limit)."""
+    seen: list[httpx.Request] = []
+    answer = {"body": '{"status": "success", "data": {"resultType": "matrix", "result": []}}'}
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, text=answer["body"])
+
+    client = httpx.Client(transport=httpx.MockTransport(serve))
+    backoff = Backoff(base_s=1.0, max_s=8.0, jitter=0.0)
+    src = PrometheusQuerySource(
+        "http://prom:9090", clock=clock, backoff=backoff, client=client, headers={"X-Scope-OrgID": "team-a"}
+    )
+    sources.append(src)
+    assert src.poll().ok and src.health().status == "ok"
+    assert seen and all(r.headers["X-Scope-OrgID"] == "team-a" for r in seen)
+    assert "X-Scope-OrgID" not in client.headers
+    answer["body"] = answer["body"].replace("[]", "[" + " " * 2_000_000 + "]")
+    src2 = PrometheusQuerySource("http://prom:9090", clock=clock, client=client, max_body_bytes=1 << 20)
+    sources.append(src2)
+    result = src2.poll()
+    assert [e.kind for e in result.errors] == ["page_too_large"] and src2.health().status == "degraded"
+    client.close()

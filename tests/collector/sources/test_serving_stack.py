@@ -119,10 +119,12 @@ def test_failures_are_source_unavailable_with_a_kind(serve) -> None:
     with pytest.raises(SourceUnavailable, match="not JSON") as err:
         client.get("/v1/devices", "devices")
     assert err.value.kind == "bad_response"
-    with pytest.raises(SourceUnavailable, match="closed by the server") as err:
+    with pytest.raises(
+        SourceUnavailable, match="RemoteProtocolError: Server disconnected without sending a response"
+    ) as err:
         client.get("/v1/devices", "devices")  # truncated body; the retry's connection closes unanswered
     assert err.value.kind == "unreachable"
-    with pytest.raises(SourceUnavailable, match="bad status line") as err:
+    with pytest.raises(SourceUnavailable, match=r"RemoteProtocolError: .*status line") as err:
         client.get("/v1/devices", "devices")
     assert err.value.kind == "unreachable"
     assert client.status("/v1/devices") == 0
@@ -135,8 +137,24 @@ def test_unreachable_endpoint() -> None:
     with pytest.raises(SourceUnavailable, match="devices: ") as err:
         client.get("/v1/devices", "devices")
     assert err.value.kind == "unreachable"
-    with pytest.raises(ValueError, match="http://host:port"):
-        _JsonClient("https://x:1", timeout_s=1)
+    with pytest.raises(ValueError, match=r"http\(s\)://host"):
+        _JsonClient("ftp://x:1", timeout_s=1)
+
+
+@pytest.mark.timeout(60)
+def test_https_is_spoken_and_its_handshake_ends_by_the_deadline() -> None:
+    """Issue 21: the serving stack may be read over TLS (the hand-written client spoke http only);
+    a peer that never finishes the TLS handshake ends the request by its deadline too."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel accepts; nobody answers
+        client = _JsonClient(f"https://127.0.0.1:{listener.getsockname()[1]}", timeout_s=1.0)
+        with pytest.raises(SourceUnavailable, match="1 s deadline") as err:
+            client.get("/v1/devices", "devices")
+        assert err.value.kind == "timeout"
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            assert conn.recv(3)[:2] == b"\x16\x03"  # a TLS handshake record (the ClientHello)
+        client.close()
 
 
 # -- cursors restored from the store after a collector restart ------------------------------------
