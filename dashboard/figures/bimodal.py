@@ -20,8 +20,6 @@ from dashboard.figures.style import (
 )
 from dashboard.figures.text import as_float
 
-# -- bimodal ------------------------------------------------------------------------------------------
-
 
 def verdict_text(row: Mapping[str, Any] | None) -> str:
     """A bimodality row's verdict in words, as the analytics decided it (``verdict``:

@@ -143,6 +143,7 @@ def _stack_bars(fig: go.Figure, x: Sequence[Any], rows: Sequence[Mapping[str, An
 
 
 def pool_name(pool: Any) -> str:
+    """A pool as the charts name it: ``prefill pool``, ``no pool``."""
     return f"{pool} pool" if isinstance(pool, str) and pool else "no pool"
 
 

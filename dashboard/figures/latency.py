@@ -23,8 +23,6 @@ from dashboard.figures.style import (
 )
 from dashboard.figures.text import as_float, time_axis_title
 
-# -- latency ------------------------------------------------------------------------------------------
-
 
 def _positive(x: float) -> float:
     """A value for a log axis: NaN (a gap) unless > 0."""

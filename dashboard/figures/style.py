@@ -109,6 +109,7 @@ def part_labels(part: Mapping[str, Any] | None) -> list[str]:
 
 
 def apply_layout(fig: go.Figure, title: str, *, height: int = 380, legend_y: float = -0.22) -> None:
+    """The layout every chart shares: title at the top left, legend under the plot, light grid."""
     fig.update_layout(
         title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
         height=height,

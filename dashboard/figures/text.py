@@ -26,6 +26,7 @@ def usd_text(v: Any) -> str:
 
 
 def time_axis_title(simulated: bool) -> str:
+    """A time axis' title, saying when the times are a simulation's virtual time."""
     return "virtual time, UTC (simulated)" if simulated else "time, UTC"
 
 

@@ -9,6 +9,7 @@ from dashboard.report_html.text import esc, number_or_none, ordered_pools, pct_t
 
 
 def bimodal_section(page: Page, summary: dict[str, Any]) -> str:
+    """Bimodality per pool: each pool's activity histogram beside its facts (:func:`pool_facts`)."""
     from dashboard.figures import activity_histogram_figure, bimodal_pool_rows, part_labels
 
     parts = summary.get("parts") or {}

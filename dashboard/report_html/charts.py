@@ -12,6 +12,7 @@ class Page:
         self.charts = 0
 
     def chart(self, fig: Any) -> str:
+        """The div of ``fig`` (a Plotly figure), numbered on this page."""
         import plotly.io as pio
 
         div = pio.to_html(

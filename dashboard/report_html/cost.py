@@ -19,6 +19,7 @@ from dashboard.report_html.text import (
 
 
 def cost_section(page: Page, summary: dict[str, Any], ov: dict[str, Any] | None, simulated: bool) -> str:
+    """Where the money goes: the totals in words, the charts, the categories' table, the annual projection, the GPUs without telemetry and the prices."""
     from dashboard.figures import (
         COST_CATEGORIES,
         COST_LABELS,

@@ -21,6 +21,7 @@ from dashboard.report_html.text import (
 
 
 def header_html(summary: dict[str, Any], title: str, start_s: float | None, end_s: float | None) -> str:
+    """The title, the window, the data set and each trust label with its meaning."""
     from analytics.trust import MEANINGS
     from dashboard.figures import ordered_labels
 
@@ -46,6 +47,7 @@ def header_html(summary: dict[str, Any], title: str, start_s: float | None, end_
 
 
 def headline_section(ov: dict[str, Any] | None) -> str:
+    """At a glance: where the money goes in one sentence and the headline figures' tiles, against the previous period."""
     from analytics.overview import FIGURES
     from dashboard.figures import figure_text
 
@@ -122,6 +124,7 @@ def _delta_line(key: str, fig: dict[str, Any]) -> str:
 
 
 def gpu_time_section(page: Page, ov: dict[str, Any] | None) -> str:
+    """Where the GPU-time goes: a bar per pool and all GPUs."""
     from dashboard.figures import gpu_time_figure
 
     gt = (ov or {}).get("gpu_time") or {}

@@ -11,6 +11,7 @@ _SLO_TARGET = 0.9  # DistServe's goodput target, as on the Latency page
 
 
 def latency_section(page: Page, summary: dict[str, Any], simulated: bool) -> str:
+    """Latency and SLO attainment: the attainment in words, the percentiles' table and the charts over time."""
     from analytics.latency import attainment_basis
     from dashboard.figures import attainment_over_time_figure, latency_over_time_figure, part_labels
 

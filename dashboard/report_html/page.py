@@ -122,9 +122,6 @@ def render_html(
     )
 
 
-# -- the parts of the page ------------------------------------------------------------------------------
-
-
 def _is_empty(summary: dict[str, Any], ov: dict[str, Any] | None) -> bool:
     hist = summary.get("histogram") or {}
     lat = (summary.get("parts") or {}).get("latency") or {}

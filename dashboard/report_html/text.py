@@ -17,10 +17,12 @@ def utc_text(ts_s: float | None, fmt: str = "%Y-%m-%d %H:%M") -> str:
 
 
 def ordered_pools(keys: Any) -> list[str]:
+    """Pool names in the order prefill, decode, mixed, then the others by name."""
     return sorted((str(k) for k in keys), key=lambda p: (POOL_ORDER.get(p, 9), p))
 
 
 def esc(text: str) -> str:
+    """``text`` escaped for HTML (quotes too)."""
     return html.escape(text, quote=True)
 
 
@@ -32,10 +34,12 @@ def no_data_section(heading: str, summary: dict[str, Any], part: str, default_wh
 
 
 def badge(label: str) -> str:
+    """A trust label as a coloured badge."""
     return f'<span class="badge {esc(label)}">{esc(label)}</span>'
 
 
 def number_or_none(v: Any) -> float | None:
+    """A JSON number as a float; None for anything else, NaN or infinite."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v) if math.isfinite(v) else None
@@ -53,6 +57,7 @@ def range_text(start_s: float | None, end_s: float | None) -> str:
 
 
 def span_between_s(start_s: float | None, end_s: float | None) -> float | None:
+    """Seconds from ``start_s`` to ``end_s``; None when either is unknown."""
     return end_s - start_s if start_s is not None and end_s is not None else None
 
 
@@ -81,6 +86,7 @@ def gpu_hours_text(seconds: Any) -> str:
 
 
 def plural(n: int, word: str) -> str:
+    """``1 GPU``, ``2 GPUs``."""
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
@@ -94,15 +100,18 @@ def amount_text(v: float) -> str:
 
 
 def pct_text(v: float | None) -> str:
+    """A percentage cell: ``37 %``, ``—`` when unknown."""
     return "—" if v is None else f"{v:.0f} %"
 
 
 def share_text(v: Any) -> str:
+    """A share (0..1) as a percentage: ``91.5%``, ``—`` when unknown."""
     x = number_or_none(v)
     return "—" if x is None else f"{x:.1%}"
 
 
 def ms_text(v: Any) -> str:
+    """Seconds as milliseconds to read: ``1,234 ms``, ``12.5 ms``, ``—`` when unknown."""
     x = number_or_none(v)
     if x is None:
         return "—"

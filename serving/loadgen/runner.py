@@ -24,9 +24,6 @@ from serving.trace import (
 STOP_GRACE_S = 8.0  # on SIGINT/SIGTERM, how long requests in flight may still take (the demo waits 10 s)
 
 
-# ------------------------------------------------------------------------------------------- runner
-
-
 async def arun_load(
     base_url: str,
     requests: Sequence[TraceRequest],
