@@ -14,7 +14,7 @@ fire time since then lies within the grace time runs once, at once, for that fir
 an older one is skipped (logged). A schedule that never ran has nothing to catch up.
 
 The page itself (headline figures against the previous period, the dashboard's charts per section,
-what is missing, the detailed tables folded) is rendered by ``dashboard/report_html.py``; this
+what is missing, the detailed tables folded) is rendered by ``dashboard/report_html/``; this
 module makes the report (:func:`build_report`: the summary, plus the overview and the activity
 histogram of the same window), schedules, stores, lists and serves it.
 
@@ -26,7 +26,7 @@ Storage is bounded (``collector/report_limits.py``): at most ``--report-max-coun
 ``--report-max-mib`` together, the oldest pruned first after each report is stored (counted in
 /health ``reports.pruned``); ``POST /api/v1/reports`` is rate-limited (a token bucket, 429).
 
-The page is ``dashboard/report_html.py``, the bounds ``collector/report_limits.py``, the ``phaselens
+The page is ``dashboard/report_html/``, the bounds ``collector/report_limits.py``, the ``phaselens
 report`` command ``phaselens/cli/report.py``.
 """
 
@@ -54,7 +54,7 @@ from collector.report_limits import (
 from dashboard.report_html import PLOTLY_MARKER, render_html, standalone_html
 from dashboard.report_html import utc_text as _utc
 
-__all__ = [  # the page itself is dashboard/report_html.py; these names are imported from here
+__all__ = [  # the page itself is dashboard/report_html/; these names are imported from here
     "DEFAULT_SCHEDULES",
     "PLOTLY_MARKER",
     "Report",

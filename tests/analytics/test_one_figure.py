@@ -23,7 +23,7 @@ from analytics.summary import format_summary, summarize
 from analytics.window import Window
 from collector.store import Store
 from dashboard import figures
-from dashboard.report_html import _facts
+from dashboard.report_html.bimodal import pool_facts
 from phaselens.cli import main
 from phaselens.metrics_export import derived_samples
 from phaselens.overview import compute_overview
@@ -237,4 +237,4 @@ def test_a_significant_dip_with_one_mode_is_not_bimodal_on_any_surface(tmp_path:
         labels=[],
     )
     assert fig.layout.title.text == f"Decode pool — {pool['verdict']}"
-    assert f"<b>Bimodal?</b> {html.escape(pool['verdict'])}</li>" in _facts(None, pool, "decode")
+    assert f"<b>Bimodal?</b> {html.escape(pool['verdict'])}</li>" in pool_facts(None, pool, "decode")

@@ -1,4 +1,4 @@
-"""The figure builders of dashboard/figures.py on hand-made summary parts: traces, values, labels."""
+"""The figure builders of dashboard/figures/ on hand-made summary parts: traces, values, labels."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Overview's GPU-time bar in HTML (dashboard/share_bar.py) against the Plotly chart of the
-same data (dashboard/figures.py, in the reports): same rows, shares, colours and trust label."""
+same data (dashboard/figures/, in the reports): same rows, shares, colours and trust label."""
 
 from __future__ import annotations
 
