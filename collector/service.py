@@ -37,7 +37,8 @@ from collector.sources.base import Source, SourceResult
 from collector.sources.dcgm import DcgmSource
 from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S
 from collector.sources.local_gpus import LocalGpuSource
-from collector.sources.prometheus import EngineScrapeSource, PrometheusQuerySource
+from collector.sources.prometheus import EngineScrapeSource
+from collector.sources.prometheus_query import PrometheusQuerySource
 from collector.sources.serving_stack import (
     TABLE_TELEMETRY,
     TABLE_TELEMETRY_GAPS,

@@ -17,12 +17,8 @@ from collector.sources.base import (
     SourceUnavailable,
 )
 from collector.sources.dcgm import DCGM_FIELDS, GPU_ROW_COLUMNS, DcgmSource
-from collector.sources.prometheus import (
-    ENGINE_METRICS,
-    ENGINE_ROW_COLUMNS,
-    EngineScrapeSource,
-    PrometheusQuerySource,
-)
+from collector.sources.prometheus import ENGINE_METRICS, ENGINE_ROW_COLUMNS, EngineScrapeSource
+from collector.sources.prometheus_query import PrometheusQuerySource
 
 __all__ = [
     "DCGM_FIELDS",
