@@ -8,6 +8,11 @@ spec after a back-off (`restart_delay_s`, doubling to `max_restart_delay_s`, bac
 once a worker has run `stable_s`). The requests in flight on it fail and are never re-dispatched: the
 router cannot tell a crash a request caused (a poison request) from an external kill (OOM killer,
 operator), and retrying a poison request would take down one worker after another.
+
+Over 600 lines for a reason: :class:`WorkerPool` is one state machine — workers, their restarts and
+the requests in flight on them change together on one loop (a death fails its requests, a restart
+re-reads the layout, an abort reaches whichever worker holds the request); split by concern, each
+part would need the others' state and the invariants would no longer be in one place.
 """
 
 from __future__ import annotations
