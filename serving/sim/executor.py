@@ -6,13 +6,13 @@ live :class:`~serving.engine_core.EngineCore` driven in virtual time): for a sch
 under the pool's knobs (or an ``iteration_model``'s, e.g. a device model fitted on a live run), and the
 token 0 for every sampling sequence (a simulated request's length is its ``max_tokens``).
 
-The approximation: the GPU model sees the iteration's ``context_tokens`` and ``attention_pairs``
-rounded to ``CONTEXT_BITS`` significant bits (at most 2^-10 ≈ 0.1 % off each; values below 2^10
-exact); every other count is exact, and the iteration event keeps the exact counts. Only the
-attention kernel's FLOPs and KV bytes depend on the two, so an iteration's modeled time moves by
-less than 0.1 %. What it buys: a decode step's context grows with every token, so exact keys
-almost never repeat; rounded ones do, and a cached estimate costs a dict lookup instead of the model
-(docs/SIMULATOR.md has the hit rates and the measured effect on latencies).
+Estimates are cached per pool on the iteration's exact counts (the GPU model is deterministic, so
+results are those of the uncached model). ``context_bits`` (opt-in, off by default) rounds
+``context_tokens`` and ``attention_pairs`` to that many significant bits before the model (at most
+2^-bits off each; the iteration event keeps the exact counts): 10 bits raise the hit rate of the
+first 10 minutes of the conversation trace on 8 H100s from 32 % to 83 % and move each iteration's time by < 0.1 %,
+but, like any perturbation of iteration times (14 bits, < 0.006 %, does it too), they reorder
+arrivals and iteration ends and move tail latency percentiles by up to 4 % (docs/SIMULATOR.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
 
 CACHE_ENTRIES = 100_000  # estimates kept per executor (a pool's replicas share one)
-CONTEXT_BITS = None  # significant bits of context_tokens and attention_pairs the GPU model sees
+CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
 
 
 def round_bits(x: int, bits: int) -> int:

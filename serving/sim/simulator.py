@@ -18,6 +18,7 @@ reader would (cumulative counters differenced over each sample period).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -155,11 +156,8 @@ class _ReplicaEngine(EngineCore):
             stop_token_ids=sim.shape.eos_token_ids,
             time_offset_s=sim.start_s,
         )
-        self._token = sim._token
-        self._replica = replica
-
-    def _on_token(self, seq: Seq, token: int, ts_s: float, reason: str | None, first: bool) -> None:
-        self._token(self._replica, seq, ts_s, reason)
+        # each token straight to the simulation (an instance attribute: one call per token, the hot path)
+        self._on_token = functools.partial(sim._token, replica)
 
 
 @dataclass(slots=True)
@@ -468,12 +466,15 @@ class Simulation:
             replica.works.append((now, tally))
         t0 = self.start_s
         total = core.scheduler.blocks.num_blocks
-        for uuid, index in core.gpus:
-            self._emit(
-                replica.id,
-                iteration_event(replica.id, core.device_name, uuid, index, batch, execution, total, t0),
-                t0 + now,
-            )
+        event = None
+        for uuid, index in core.gpus:  # the ranks' events differ only in the GPU
+            if event is None:
+                event = iteration_event(
+                    replica.id, core.device_name, uuid, index, batch, execution, total, t0
+                )
+            else:
+                event = {**event, "gpu_uuid": uuid, "gpu_index": index}
+            self._emit(replica.id, event, t0 + now)
         heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, batch, execution)))
 
     def _iteration_done(self, payload: tuple[Replica, Batch, Execution], now: float) -> None:
@@ -482,7 +483,9 @@ class Simulation:
         replica.core.update(batch, execution)  # each token: _token
         self._kick(replica, now)
 
-    def _token(self, replica: Replica, seq: Seq, now: float, reason: str | None) -> None:
+    def _token(
+        self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool
+    ) -> None:
         """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released)."""
         req = self._states[seq.request_id]
         req.token_ts.append(now)
