@@ -329,23 +329,30 @@ class EngineCore:
 
     def update(self, batch: Batch, execution: Execution) -> StepResult | None:
         """Advance the batch's sequences by the iteration: each whose prompt or step completed gets
-        its token; a finished one is released, a hand-off one handed off (:meth:`_on_token`)."""
+        its token and, from it, its finish reason: "stop" (a stop token, or the model's EOS unless
+        ignored), "length" (max_tokens or the model's context reached) or None (it goes on). A
+        finished sequence is released, a hand-off one handed off (:meth:`_on_token`).
+
+        Once per token in the simulator: written for speed (locals, no per-token method but the hook).
+        """
         result = None
         if self._collects_outputs:
             result = self._result = StepResult(phase=batch.work.phase, end_s=execution.end_s)
         ts_s = execution.end_s
         tokens = execution.tokens
+        eos, max_model_len, on_token = self._stop_ids, self.cfg.max_model_len, self._on_token
         k = 0
+        token = 0  # a timing executor's token (tokens is None)
         for item in batch.sched.items:
             seq = item.seq
+            token_ids = seq.token_ids
+            n = len(token_ids)
             computed = seq.num_computed
-            was_prefill = computed < len(seq.token_ids) - 1 or computed < seq.num_prompt_tokens
+            was_prefill = computed < n - 1 or computed < seq.num_prompt_tokens
             computed = seq.num_computed = computed + item.num_new_tokens
-            if computed != len(seq.token_ids):
+            if computed != n:
                 continue  # a prompt chunk
-            if tokens is None:
-                token = 0
-            else:
+            if tokens is not None:
                 token = tokens[k]
                 k += 1
                 if isinstance(token, Exception):  # fail this request only; the batch goes on
@@ -353,28 +360,24 @@ class EngineCore:
                     self._failed(seq)
                     self.release(seq)
                     continue
-            seq.token_ids.append(token)
+            token_ids.append(token)
+            n += 1
             first = was_prefill and seq.prefill_end_s is None
             if first:
                 seq.prefill_end_s = ts_s
-            reason = self.finish_reason(seq, token)
-            self._on_token(seq, token, ts_s, reason, first)
+            params = seq.params
+            if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
+                reason = "stop"
+            elif n - seq.num_prompt_tokens >= params.max_tokens or n >= max_model_len:
+                reason = "length"
+            else:
+                reason = None
+            on_token(seq, token, ts_s, reason, first)
             if reason is not None or seq.handoff:
                 self.release(seq)
         self.iterations += 1
         self._result = None
         return result
-
-    def finish_reason(self, seq: Sequence, token: int) -> str | None:
-        """ "stop" (a stop token, or the model's EOS unless ignored), "length" (max_tokens or the
-        model's context reached) or None (the request goes on)."""
-        params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self._stop_ids):
-            return "stop"
-        n = len(seq.token_ids)
-        if n - seq.num_prompt_tokens >= params.max_tokens or n >= self.cfg.max_model_len:
-            return "length"
-        return None
 
     def _on_token(self, seq: Sequence, token: int, ts_s: float, reason: str | None, first: bool) -> None:
         """A sequence got ``token`` at ``ts_s`` (its first from this engine if ``first``): the token

@@ -114,7 +114,7 @@ def runs():
 def test_the_live_engine_runs_the_shared_step() -> None:
     from serving.engine import Engine
 
-    for name in ("step", "begin", "update", "finish_reason", "emit_iteration", "admit_imports"):
+    for name in ("step", "begin", "update", "emit_iteration", "admit_imports"):
         assert getattr(Engine, name) is getattr(EngineCore, name), name
 
 
