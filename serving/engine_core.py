@@ -116,10 +116,19 @@ def admit_handoffs(scheduler: Scheduler, pending: list[Any], key: Callable[[Any]
     Returns the admitted entries and removes them from ``pending``."""
     admitted, still = [], []
     room = scheduler.cfg.max_num_seqs - len(scheduler.running)
+    blocks = scheduler.blocks
+    block_size, free = blocks.block_size, blocks.num_free
     for entry in pending:
-        if room > 0 and scheduler.add_running(key(entry)):
+        seq = key(entry)
+        # the blocks it lacks, counted here first: an overloaded decode engine has many waiting
+        if (
+            room > 0
+            and -(-len(seq.token_ids) // block_size) - len(seq.block_table) <= free
+            and scheduler.add_running(seq)
+        ):
             admitted.append(entry)
             room -= 1
+            free = blocks.num_free
         else:
             still.append(entry)
     pending[:] = still
@@ -202,7 +211,7 @@ class EngineCore:
         self._stop_ids = frozenset(stop_token_ids)
         self._seqs: dict[str, Sequence] = {}
         self._pending_imports: list[tuple[Sequence, Any, dict[str, Any]]] = []  # (seq, kv, meta)
-        self._pending_min_blocks = math.inf  # fewest blocks any pending hand-off needs (a quick "none fits")
+        self._pending_min_blocks = math.inf  # a lower bound on the blocks any pending hand-off needs
         self._result: StepResult | None = None
         self.iterations = 0
 
@@ -272,10 +281,11 @@ class EngineCore:
             return  # none can fit: the common case of a saturated decode engine, in O(1)
         for seq, kv, _meta in admit_handoffs(s, self._pending_imports, _entry_seq):
             self._imported(seq, kv)
-        blocks_for = s.blocks.blocks_for
-        self._pending_min_blocks = min(
-            (blocks_for(len(p[0].token_ids)) for p in self._pending_imports), default=math.inf
-        )
+        # Each hand-off left needed more blocks than were free when it was tried, and the free
+        # count only fell during the pass: none fits until blocks are freed (unless the seats ran
+        # out first and some were not tried).
+        seats_left = len(s.running) < s.cfg.max_num_seqs
+        self._pending_min_blocks = s.blocks.num_free + 1 if seats_left else 0
 
     def _imported(self, seq: Sequence, kv: Any) -> None:
         """A hand-off was admitted (its blocks allocated): the live engine copies its KV in."""
