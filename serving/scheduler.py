@@ -52,6 +52,7 @@ class IterationTally(NamedTuple):
 class SchedulerOutput:
     items: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    work: IterationTally | None = None  # the tally, counted by `Scheduler.schedule` as it chose
 
     @property
     def prefill_tokens(self) -> int:
@@ -66,7 +67,10 @@ class SchedulerOutput:
         return _phase(self.prefill_tokens, self.decode_seqs)
 
     def tally(self) -> IterationTally:
-        """The iteration's work in one pass (what a device model needs to time it)."""
+        """The iteration's work (what a device model needs to time it); valid until the iteration's
+        update advances its sequences."""
+        if self.work is not None:
+            return self.work
         prefill = decode = context = pairs = sampled = 0
         for item in self.items:
             seq, n = item.seq, item.num_new_tokens
@@ -153,49 +157,93 @@ class Scheduler:
         return victim
 
     def schedule(self) -> SchedulerOutput:
-        """Choose the sequences and token counts of the next iteration."""
+        """Choose the sequences and token counts of the next iteration, and tally its work.
+
+        Hot in the simulator (once per simulated iteration): sequence state is read from its fields
+        rather than through properties, and a decode looks for a block only when it crosses into a
+        new one.
+        """
         out = SchedulerOutput()
+        items = out.items
         budget = self.cfg.max_num_batched_tokens
-        scheduled: set[int] = set()
+        blocks, running_status = self.blocks, SeqStatus.RUNNING
+        block_size = blocks.block_size
+        prefill = decode = context = pairs = sampled = 0
+        decodes: list[Sequence] = []
+        chunks: list[Sequence] = []  # running sequences part-way through a (chunked) prompt
+        for seq in self.running:
+            computed, n = seq.num_computed, len(seq.token_ids)
+            if computed < n - 1 or computed < seq.num_prompt_tokens:  # Sequence.in_prefill
+                chunks.append(seq)
+            else:
+                decodes.append(seq)
         # Decodes first: each needs one token and possibly one more block.
-        blocks, running = self.blocks, SeqStatus.RUNNING
-        for seq in [s for s in self.running if not s.in_prefill]:
-            if seq.status is not running:  # preempted below to make room for an earlier one
+        for seq in decodes:
+            if seq.status is not running_status:  # preempted below to make room for an earlier one
                 continue
             n = len(seq.token_ids)
-            while not blocks.can_grow(seq, n):
-                if self._preempt_last(out) is seq:
-                    break
-            if seq.status is not running or budget < 1:
+            if n > len(seq.block_table) * block_size:  # crosses into a new block
+                while not blocks.can_grow(seq, n):
+                    if self._preempt_last(out) is seq:
+                        break
+                if seq.status is not running_status or budget < 1:
+                    continue
+                blocks.grow(seq, n)
+            elif budget < 1:
                 continue
-            blocks.grow(seq, n)
-            out.items.append(ScheduledSeq(seq, 1))
-            scheduled.add(id(seq))
+            items.append(ScheduledSeq(seq, 1))
             budget -= 1
+            decode += 1
+            context += n
+            pairs += n
+            sampled += 1
         # Running sequences part-way through a chunked prompt.
-        for seq in self.running:
-            if id(seq) in scheduled or budget <= 0:
-                continue
-            n = min(seq.num_pending, budget)
-            if self.blocks.can_grow(seq, seq.num_computed + n):
-                self.blocks.grow(seq, seq.num_computed + n)
-                out.items.append(ScheduledSeq(seq, n))
-                budget -= n
-        # Admissions, in arrival order; stop at the first that does not fit.
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
-            n = seq.num_pending
-            if n > budget:
-                if self.cfg.chunked_prefill:
-                    n = budget
-                elif out.items:  # without chunking a long prompt runs alone
-                    break
-            if not self.blocks.can_grow(seq, seq.num_computed + n):
+        for seq in chunks:
+            if budget <= 0:
                 break
-            self.waiting.popleft()
-            self.blocks.grow(seq, seq.num_computed + n)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            out.items.append(ScheduledSeq(seq, n))
+            if seq.status is not running_status:  # preempted by a decode above
+                continue
+            computed, total = seq.num_computed, len(seq.token_ids)
+            n = min(total - computed, budget)
+            ctx = computed + n
+            if blocks.can_grow(seq, ctx):
+                blocks.grow(seq, ctx)
+                items.append(ScheduledSeq(seq, n))
+                budget -= n
+                prefill += n
+                context += ctx
+                pairs += n * ctx - n * (n - 1) // 2
+                sampled += ctx == total
+        # Admissions, in arrival order; stop at the first that does not fit.
+        waiting, running = self.waiting, self.running
+        max_seqs, chunked = self.cfg.max_num_seqs, self.cfg.chunked_prefill
+        while waiting and budget > 0 and len(running) < max_seqs:
+            seq = waiting[0]
+            computed, total = seq.num_computed, len(seq.token_ids)
+            n = total - computed
+            if n > budget:
+                if chunked:
+                    n = budget
+                elif items:  # without chunking a long prompt runs alone
+                    break
+            ctx = computed + n
+            if not blocks.can_grow(seq, ctx):
+                break
+            in_prefill = computed < total - 1 or computed < seq.num_prompt_tokens
+            waiting.popleft()
+            blocks.grow(seq, ctx)
+            seq.status = running_status
+            running.append(seq)
+            items.append(ScheduledSeq(seq, n))
             budget -= n
+            context += ctx
+            pairs += n * ctx - n * (n - 1) // 2
+            sampled += ctx == total
+            if in_prefill:
+                prefill += n
+            else:
+                decode += 1
+        out.work = IterationTally(
+            _phase(prefill, decode), prefill, decode, context, len(items), pairs, sampled
+        )
         return out

@@ -56,13 +56,17 @@ class TelemetryEmitter:
         self.dropped_batches = 0
 
     def emit(self, event_type: str, **fields: Any) -> None:
-        if event_type not in EVENT_TYPES:
-            raise ValueError(f"unknown telemetry event type {event_type!r}; allowed: {EVENT_TYPES}")
+        self.put({"type": event_type, **fields})
+
+    def put(self, event: Event) -> None:
+        """Queue a built event (its ``type`` one of EVENT_TYPES)."""
+        if event.get("type") not in EVENT_TYPES:
+            raise ValueError(f"unknown telemetry event type {event.get('type')!r}; allowed: {EVENT_TYPES}")
         with self._lock:
             if len(self._pending) >= self._max_pending:
                 self._pending.popleft()
                 self.dropped_events += 1
-            self._pending.append({"type": event_type, **fields})
+            self._pending.append(event)
             due = len(self._pending) >= self._max_batch
         if due:
             self.flush()
@@ -78,20 +82,26 @@ class TelemetryEmitter:
             if not self._pending:
                 return
             events = [self._pending.popleft() for _ in range(min(len(self._pending), self._max_batch))]
-            batch = {
-                "schema": SCHEMA,
-                "version": SCHEMA_VERSION,
-                "source": self.source,
-                "seq": self._next_seq,
-                "sent_s": time.time(),
-                "dropped_events_total": self.dropped_events,
-                "events": events,
-            }
+            batch = envelope(self.source, self._next_seq, time.time(), self.dropped_events, events)
             self._next_seq += 1
         try:
             self._sink(batch)
         except Exception:
             self.dropped_batches += 1
+
+
+def envelope(source: str, seq: int, sent_s: float, dropped_events_total: int, events: list[Event]) -> Batch:
+    """A telemetry batch: ``events`` of ``source`` in its ``seq``-th batch (the live emitter's and the
+    simulator's, one format)."""
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "source": source,
+        "seq": seq,
+        "sent_s": sent_s,
+        "dropped_events_total": dropped_events_total,
+        "events": events,
+    }
 
 
 def validate_batch(batch: Any) -> Batch:

@@ -18,6 +18,7 @@ reader would (cumulative counters differenced over each sample period).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -31,16 +32,17 @@ import numpy as np
 
 from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import IterationWork
-from serving.devices.gpu_model import kv_transfer_s, predict_iteration
+from serving.devices.gpu_model import kv_transfer_s
 from serving.devices.gpu_specs import gpu_spec
+from serving.engine_core import Batch, EngineCore, Execution, iteration_event
 from serving.routing import choose_route
 from serving.scheduler import AdmissionError, Scheduler
 from serving.sequence import Sequence as Seq
+from serving.sim.executor import GpuModelExecutor
 from serving.sim.layout import Layout, PoolSpec, check_layout
+from serving.telemetry import envelope
 from serving.trace import TraceRequest
 
-TELEMETRY_SCHEMA = "phaselens.telemetry"
-TELEMETRY_VERSION = 1
 BATCH_EVENTS = 4096  # events per telemetry batch (the live stack batches by time; the size is free)
 BF16_BYTES = 2
 
@@ -95,20 +97,19 @@ class SimGpu:
 
 
 class Replica:
-    """One engine (a worker) of the deployment on ``tp`` GPUs, in virtual time."""
+    """One engine (a worker) of the deployment on ``tp`` GPUs, in virtual time: the live engine's
+    step (:class:`~serving.engine_core.EngineCore`) with the GPU model as its executor."""
 
     __slots__ = (
         "busy",
+        "core",
         "engine_cfg",
         "gpus",
         "id",
         "inflight",
         "intervals",
         "iterations",
-        "pending",
         "pool",
-        "running_iteration",
-        "scheduler",
         "works",
     )
 
@@ -117,11 +118,9 @@ class Replica:
         self.pool = pool
         self.gpus = gpus
         self.engine_cfg = engine_cfg
-        self.scheduler = Scheduler(engine_cfg)
+        self.core: _ReplicaEngine | None = None  # set by the Simulation
         self.inflight: set[str] = set()
-        self.pending: list[Seq] = []  # handed-off sequences waiting for KV blocks
         self.busy = False
-        self.running_iteration: Any = None
         self.intervals = Busy()
         self.iterations = 0
         self.works: list[Any] | None = None  # each iteration's tally, when the run records them
@@ -131,11 +130,34 @@ class Replica:
         return self.pool.role
 
     @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
     def load(self) -> tuple[int, float]:
-        return len(self.inflight), self.scheduler.blocks.usage
+        return len(self.inflight), self.core.scheduler.blocks.usage
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self.pending)
+        return self.core.has_work()
+
+
+class _ReplicaEngine(EngineCore):
+    """A replica's engine: the shared step; each token goes to the simulation's request state."""
+
+    _collects_outputs = False
+
+    def __init__(self, sim: Simulation, replica: Replica, executor: GpuModelExecutor, device: str) -> None:
+        super().__init__(
+            replica.engine_cfg,
+            executor,
+            worker_id=replica.id,
+            device=device,
+            gpus=[(g.uuid, g.index) for g in replica.gpus],
+            stop_token_ids=sim.shape.eos_token_ids,
+            time_offset_s=sim.start_s,
+        )
+        # each token straight to the simulation (an instance attribute: one call per token, the hot path)
+        self._on_token = functools.partial(sim._token, replica)
 
 
 @dataclass(slots=True)
@@ -234,7 +256,16 @@ class Simulation:
         self.iteration_model = iteration_model
         self.replicas: list[Replica] = []
         index = 0
+        device = f"simulated:{self.spec.key}"
         for pool in layout.pools:
+            executor = GpuModelExecutor(
+                self.spec,
+                shape,
+                pool,
+                link=layout.tp_link,
+                profile=layout.profile,
+                iteration_model=iteration_model,
+            )
             blocks = pool.kv_blocks or max(1, self.capacity[pool.role] // block_size)
             cfg = EngineConfig(
                 block_size=block_size,
@@ -249,6 +280,7 @@ class Simulation:
                 index += pool.tp
                 replica = Replica(f"worker-{len(self.replicas)}", pool, gpus, cfg)
                 replica.works = [] if record_work else None
+                replica.core = _ReplicaEngine(self, replica, executor, device)
                 self.replicas.append(replica)
         self._by_role = {
             role: [r for r in self.replicas if r.role == role] for role in ("prefill", "decode", "mixed")
@@ -262,7 +294,6 @@ class Simulation:
         self._stats = RequestStats()
         self._pending_events: dict[str, list[dict[str, Any]]] = {}
         self._seq: dict[str, int] = {}
-        self._predict_cache: dict[tuple[Any, ...], Any] = {}
 
     # -- telemetry -------------------------------------------------------------------------------
 
@@ -278,15 +309,7 @@ class Simulation:
             return
         seq = self._seq.get(source, 0)
         self._seq[source] = seq + 1
-        batch = {
-            "schema": TELEMETRY_SCHEMA,
-            "version": TELEMETRY_VERSION,
-            "source": source,
-            "seq": seq,
-            "sent_s": now_s,
-            "dropped_events_total": 0,
-            "events": events,
-        }
+        batch = envelope(source, seq, now_s, 0, events)
         self._pending_events[source] = []
         self._batches_emitted += 1
         if self._on_batch is None:
@@ -378,16 +401,14 @@ class Simulation:
         if route is None:  # pragma: no cover - check_layout guarantees a path
             raise SimulationError("the layout has no prefill+decode pair and no mixed pool")
         req.prefill, req.decode = route.prefill, route.decode
-        seq = Seq(
-            rid,
-            [0] * req.prompt_tokens,
-            req.prompt_tokens,
-            self._params(req.output_tokens),
-            req.arrival_s,
-            handoff=route.disaggregated,
-        )
         try:
-            route.prefill.scheduler.add(seq)
+            route.prefill.core.add_request(
+                rid,
+                [0] * req.prompt_tokens,
+                self._params(req.output_tokens),
+                arrival_s=req.arrival_s,
+                handoff=route.disaggregated,
+            )
         except AdmissionError as e:
             self._fail(req, str(e), now)
             return
@@ -397,65 +418,38 @@ class Simulation:
         self._states[rid] = req
         self._kick(route.prefill, now)
 
-    def _kv_arrived(self, payload: tuple[_Request, Seq], now: float) -> None:
-        req, seq = payload
+    def _kv_arrived(self, payload: tuple[_Request, list[int], SamplingParams], now: float) -> None:
+        req, token_ids, params = payload
         req.kv_transfer_end_s = now
         replica = req.decode
-        replica.pending.append(seq)
+        replica.core.queue_prefilled(
+            req.request_id, token_ids, req.prompt_tokens, params, req.prompt_tokens, arrival_s=req.arrival_s
+        )
         self._kick(replica, now)
 
     def _kick(self, replica: Replica, now: float) -> None:
         """Start ``replica``'s next iteration at ``now`` if it is idle and has something to run."""
-        if replica.busy or not replica.has_work():
+        if replica.busy:
             return
-        if (
-            replica.pending
-        ):  # hand-offs in arrival order; the first that does not fit waits, and those after it
-            admitted = 0
-            for seq in replica.pending:
-                if not replica.scheduler.add_running(seq):
-                    break
-                admitted += 1
-            if admitted:
-                del replica.pending[:admitted]
-        sched = replica.scheduler.schedule()
-        if not sched.items:
+        core = replica.core
+        if not core.has_work():
+            return
+        batch = core.begin(now)  # hand-offs admitted, the iteration scheduled
+        if batch is None:
             return  # waiting for blocks: a finishing sequence or an arrival kicks it again
-        tally = sched.tally()
+        execution = core.executor.execute(batch)
+        est = execution.estimate
+        end = execution.end_s
+        tally = batch.work
         pool = replica.pool
-        key = (tally, pool.power_limit_w, pool.sm_clock_mhz, pool.tp)
-        est = self._predict_cache.get(key)
-        if est is None and self.iteration_model is not None:
-            est = self.iteration_model(IterationWork(*tally), pool)
-        elif est is None:
-            est = predict_iteration(
-                self.spec,
-                self.shape,
-                IterationWork(*tally),
-                power_limit_w=pool.power_limit_w,
-                sm_clock_range=pool.sm_clock_mhz,
-                tp=pool.tp,
-                link=self.layout.tp_link,
-                profile=self.layout.profile,
-            )
-            if len(self._predict_cache) < 20_000:
-                self._predict_cache[key] = est
-        end = now + est.time_s
-        busy_start = end - est.busy_s
-        blocks = replica.scheduler.blocks
-        kv_blocks_used = blocks.num_blocks - blocks.num_free
-        for item in sched.items:
-            seq = item.seq
-            if seq.first_scheduled_s is None:
-                seq.first_scheduled_s = now
-            if seq.in_prefill and seq.prefill_start_s is None:
-                seq.prefill_start_s = now
-        for victim in sched.preempted:
-            state = self._states.get(victim.request_id)
-            if state is not None:
-                state.preemptions += 1
+        if batch.sched.preempted:
+            for victim in batch.sched.preempted:
+                state = self._states.get(victim.request_id)
+                if state is not None:
+                    state.preemptions += 1
+        busy_s = est.busy_s
         iv = replica.intervals
-        iv.start_s.append(busy_start)
+        iv.start_s.append(end - busy_s)
         iv.end_s.append(end)
         iv.power_w.append(est.power_w)
         iv.sm_clock_mhz.append(est.sm_clock_mhz)
@@ -463,7 +457,7 @@ class Simulation:
         iv.sm_occupancy.append(est.sm_occupancy)
         iv.tensor_active.append(est.tensor_active)
         iv.dram_active.append(est.dram_active)
-        iv.mem_active.append(min(1.0, est.memory_s / est.busy_s) if est.busy_s > 0 else 0.0)
+        iv.mem_active.append(min(1.0, est.memory_s / busy_s) if busy_s > 0 else 0.0)
         iv.capped.append(est.power_capped)
         iv.kv_bytes.append(tally.context_tokens * self._kv_bytes_per_token // pool.tp)
         replica.busy = True
@@ -471,60 +465,39 @@ class Simulation:
         if replica.works is not None:
             replica.works.append((now, tally))
         t0 = self.start_s
-        for g in replica.gpus:
-            self._emit(
-                replica.id,
-                {
-                    "type": "iteration",
-                    "worker": replica.id,
-                    "device": f"simulated:{self.spec.key}",
-                    "gpu_uuid": g.uuid,
-                    "gpu_index": g.index,
-                    "start_s": t0 + now,
-                    "end_s": t0 + end,
-                    "phase": tally.phase,
-                    "batch_size": tally.batch_size,
-                    "prefill_tokens": tally.prefill_tokens,
-                    "decode_seqs": tally.decode_seqs,
-                    "context_tokens": tally.context_tokens,
-                    "kv_blocks_used": kv_blocks_used,
-                    "kv_blocks_total": blocks.num_blocks,
-                    "preempted": len(sched.preempted),
-                    "compute_s": est.busy_s,
-                    "pacing_s": 0.0,
-                    "modeled_s": est.time_s,
-                    "lag_s": 0.0,
-                    "host_s": est.host_s,
-                    "tp": pool.tp,
-                },
-                t0 + now,
-            )
-        heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, sched)))
+        total = core.scheduler.blocks.num_blocks
+        event = None
+        for uuid, index in core.gpus:  # the ranks' events differ only in the GPU
+            if event is None:
+                event = iteration_event(
+                    replica.id, core.device_name, uuid, index, batch, execution, total, t0
+                )
+            else:
+                event = {**event, "gpu_uuid": uuid, "gpu_index": index}
+            self._emit(replica.id, event, t0 + now)
+        heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, batch, execution)))
 
-    def _iteration_done(self, payload: tuple[Replica, Any], now: float) -> None:
-        replica, sched = payload
+    def _iteration_done(self, payload: tuple[Replica, Batch, Execution], now: float) -> None:
+        replica, batch, execution = payload
         replica.busy = False
-        states = self._states
-        for item in sched.items:
-            seq = item.seq
-            seq.num_computed += item.num_new_tokens
-            if seq.num_computed != seq.num_tokens:
-                continue  # a prompt chunk
-            seq.token_ids.append(0)
-            req = states[seq.request_id]
-            req.token_ts.append(now)
-            if req.prefill_end_s is None:
-                req.prefill_end_s = now
-                req.first_scheduled_s = seq.first_scheduled_s
-                req.prefill_start_s = seq.prefill_start_s
-            if len(req.token_ts) >= req.output_tokens:
-                replica.scheduler.finish(seq)
-                self._finish(req, now)
-            elif seq.handoff:
-                replica.scheduler.finish(seq)
-                replica.inflight.discard(req.request_id)
-                self._hand_off(req, seq, now)
+        replica.core.update(batch, execution)  # each token: _token
         self._kick(replica, now)
+
+    def _token(
+        self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool
+    ) -> None:
+        """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released)."""
+        req = self._states[seq.request_id]
+        req.token_ts.append(now)
+        if req.prefill_end_s is None:
+            req.prefill_end_s = now
+            req.first_scheduled_s = seq.first_scheduled_s
+            req.prefill_start_s = seq.prefill_start_s
+        if reason is not None:
+            self._finish(req, now)
+        elif seq.handoff:
+            replica.inflight.discard(req.request_id)
+            self._hand_off(req, seq, now)
 
     def _hand_off(self, req: _Request, seq: Seq, now: float) -> None:
         """Ship the prompt's KV to the decode replica over the layout's link."""
@@ -538,16 +511,9 @@ class Simulation:
         nbytes = req.prompt_tokens * self._kv_bytes_per_token
         req.kv_transfer_start_s = now
         req.kv_transfer_bytes = nbytes
-        decode_seq = Seq(
-            req.request_id,
-            list(seq.token_ids),
-            req.prompt_tokens,
-            seq.params,
-            req.arrival_s,
-        )
-        decode_seq.num_computed = req.prompt_tokens
         done = now + kv_transfer_s(self.shape, req.prompt_tokens, self.layout.kv_link, tp=req.decode.pool.tp)
-        heapq.heappush(self._heap, (done, _KV_DONE, next(self._counter), (req, decode_seq)))
+        payload = (req, list(seq.token_ids), seq.params)
+        heapq.heappush(self._heap, (done, _KV_DONE, next(self._counter), payload))
 
     def _finish(self, req: _Request, now: float) -> None:
         self._finished += 1

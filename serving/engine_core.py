@@ -1,0 +1,446 @@
+"""One engine step, shared by the live engine and the simulator (torch-free).
+
+The loop of an engine, live or simulated, is::
+
+    def step(self):
+        batch = self.begin(self.clock())           # admit hand-offs, schedule, stamp
+        if batch is None:
+            return StepResult()
+        execution = self.executor.execute(batch)    # the model (live) or the GPU model's timing
+        result = self.update(batch, execution)      # tokens, finishes, hand-offs
+        self.emit_iteration(batch, execution)       # the iteration event
+        return result
+
+What differs is only the executor: :class:`serving.engine.Engine` runs the torch model and samples
+(`serving.engine.TorchExecutor`); the simulator (:mod:`serving.sim.simulator`) uses
+:class:`serving.sim.executor.GpuModelExecutor`, which returns the GPU model's time for the batch and
+the token 0 for every sampling sequence. Admission, hand-off admission (:func:`admit_handoffs`),
+preemption (the :class:`~serving.scheduler.Scheduler`), token bookkeeping, finish reasons and the
+iteration event (:func:`iteration_event`) exist here once. The simulator starts an iteration with
+:meth:`EngineCore.begin` and completes it with :meth:`EngineCore.update` at its end in virtual time;
+nothing between the two touches the batch's sequences.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from serving.config import EngineConfig, SamplingParams
+from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
+from serving.sequence import Sequence
+from serving.telemetry import TelemetryEmitter
+
+
+@dataclass(slots=True)
+class TokenOutput:
+    """A token produced for a request in one iteration."""
+
+    request_id: str
+    token_id: int
+    ts_s: float
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+    meta: dict[str, Any] | None = None  # timings, sent with a request's first token from this worker
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A prefilled request leaving this engine for a decode worker, with its KV."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + first token
+    num_prompt_tokens: int
+    params: SamplingParams
+    kv: Any  # live: torch.Tensor [2, layers, prompt tokens, kv_heads, head_dim]; None without a KV cache
+    meta: dict[str, Any]
+
+
+@dataclass(slots=True)
+class StepResult:
+    outputs: list[TokenOutput] = field(default_factory=list)
+    handoffs: list[Handoff] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (request id, message): dropped requests
+    phase: str = "idle"
+    end_s: float | None = None  # when the iteration ended (on the engine's clock); None: nothing ran
+
+
+@dataclass(slots=True)
+class Batch:
+    """One iteration, as scheduled: what the executor runs."""
+
+    sched: SchedulerOutput
+    work: IterationTally
+    start_s: float  # on the engine's clock
+    kv_blocks_used: int  # after the iteration's blocks were allocated
+
+
+@dataclass(slots=True)
+class Execution:
+    """What an executor reports for a batch."""
+
+    end_s: float  # on the engine's clock
+    tokens: list[Any] | None  # one per sampling sequence, in batch order (an Exception fails that
+    # request); None: token 0 for each (a timing executor: no model, lengths from max_tokens)
+    compute_s: float
+    pacing_s: float = 0.0
+    modeled_s: float | None = None
+    lag_s: float | None = None
+    extra: dict[str, Any] | None = None  # iteration-event fields beyond the live engine's (host_s, tp)
+    estimate: Any = None  # a timing executor's IterationEstimate (the simulator's busy intervals)
+
+
+class Executor(Protocol):
+    """Runs a scheduled batch: the model's forward pass and sampling, or a model of its time."""
+
+    def execute(self, batch: Batch) -> Execution: ...
+
+
+class VirtualClock:
+    """A clock that moves only when told (an engine driven in virtual time)."""
+
+    __slots__ = ("now_s",)
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def admit_handoffs(scheduler: Scheduler, pending: list[Any], key: Callable[[Any], Sequence]) -> list[Any]:
+    """Admit handed-off sequences (their KV arrived) in arrival order, skipping past any whose blocks
+    are not free yet (it waits; a smaller one behind it does not: no head-of-line blocking).
+    Returns the admitted entries and removes them from ``pending``."""
+    admitted, still = [], []
+    room = scheduler.cfg.max_num_seqs - len(scheduler.running)
+    blocks = scheduler.blocks
+    block_size, free = blocks.block_size, blocks.num_free
+    for entry in pending:
+        seq = key(entry)
+        # the blocks it lacks, counted here first: an overloaded decode engine has many waiting
+        if (
+            room > 0
+            and -(-len(seq.token_ids) // block_size) - len(seq.block_table) <= free
+            and scheduler.add_running(seq)
+        ):
+            admitted.append(entry)
+            room -= 1
+            free = blocks.num_free
+        else:
+            still.append(entry)
+    pending[:] = still
+    return admitted
+
+
+def iteration_event(
+    worker: str,
+    device: str,
+    gpu_uuid: str,
+    gpu_index: int,
+    batch: Batch,
+    execution: Execution,
+    kv_blocks_total: int,
+    time_offset_s: float = 0.0,
+) -> dict[str, Any]:
+    """The ``iteration`` telemetry event of one GPU (docs/TELEMETRY.md)."""
+    work = batch.work
+    event = {
+        "type": "iteration",
+        "worker": worker,
+        "device": device,
+        "gpu_uuid": gpu_uuid,
+        "gpu_index": gpu_index,
+        "start_s": time_offset_s + batch.start_s,
+        "end_s": time_offset_s + execution.end_s,
+        "phase": work.phase,
+        "batch_size": work.batch_size,
+        "prefill_tokens": work.prefill_tokens,
+        "decode_seqs": work.decode_seqs,
+        "context_tokens": work.context_tokens,
+        "kv_blocks_used": batch.kv_blocks_used,
+        "kv_blocks_total": kv_blocks_total,
+        "preempted": len(batch.sched.preempted),
+        "compute_s": execution.compute_s,
+        "pacing_s": execution.pacing_s,
+        "modeled_s": execution.modeled_s,
+        "lag_s": execution.lag_s,
+    }
+    if execution.extra:
+        event.update(execution.extra)
+    return event
+
+
+class EngineCore:
+    """A continuous-batching engine's bookkeeping around a pluggable executor (see the module).
+
+    Requests come in with :meth:`add_request` (from a client) or :meth:`add_prefilled` (a KV
+    hand-off from a prefill engine); ``while core.has_work(): core.step()``. ``gpus`` are the
+    (uuid, index) of the GPUs the engine runs on (one iteration event each); ``device`` names the
+    device kind in those events; ``time_offset_s`` is added to the times in them (a virtual clock
+    running from 0 keeps full precision; the events carry epoch seconds); ``stop_token_ids`` are the
+    model's end-of-sequence ids (a request stops at one unless it ignores EOS).
+    """
+
+    _collects_outputs = True  # a subclass that takes every token in _on_token builds no StepResult
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        executor: Executor,
+        *,
+        worker_id: str = "worker-0",
+        device: str = "",
+        gpus: Iterable[tuple[str, int]] = (),
+        telemetry: TelemetryEmitter | None = None,
+        stop_token_ids: Iterable[int] = (),
+        clock: Callable[[], float] = time.time,
+        time_offset_s: float = 0.0,
+    ) -> None:
+        self.cfg = cfg
+        self.executor = executor
+        self.worker_id = worker_id
+        self.device_name = device
+        self.gpus = list(gpus)
+        self.telemetry = telemetry
+        self.clock = clock
+        self.time_offset_s = time_offset_s
+        self.scheduler = Scheduler(cfg)
+        self._stop_ids = frozenset(stop_token_ids)
+        self._seqs: dict[str, Sequence] = {}
+        self._pending_imports: list[tuple[Sequence, Any, dict[str, Any]]] = []  # (seq, kv, meta)
+        self._pending_min_blocks = math.inf  # a lower bound on the blocks any pending hand-off needs
+        self._result: StepResult | None = None
+        self.iterations = 0
+
+    # -- requests in -------------------------------------------------------------------------
+
+    def check_admissible(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        self.scheduler.check_admissible(num_prompt_tokens, max_tokens)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival_s: float | None = None,
+        handoff: bool = False,
+    ) -> Sequence:
+        """Queue a new request; `handoff` stops it after the first token and hands it off."""
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in this engine")
+        seq = Sequence(
+            request_id,
+            list(prompt_ids),
+            len(prompt_ids),
+            params,
+            self.clock() if arrival_s is None else arrival_s,
+            handoff,
+        )
+        self.scheduler.add(seq)
+        self._seqs[request_id] = seq
+        return seq
+
+    def queue_prefilled(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        num_prompt_tokens: int,
+        params: SamplingParams,
+        num_computed: int,
+        *,
+        kv: Any = None,
+        meta: dict[str, Any] | None = None,
+        arrival_s: float | None = None,
+    ) -> Sequence:
+        """Queue a request whose first ``num_computed`` tokens' KV was computed elsewhere; it joins
+        the running batch at the next step whose blocks allow (:func:`admit_handoffs`)."""
+        self.scheduler.check_admissible(num_prompt_tokens, params.max_tokens)
+        seq = Sequence(
+            request_id,
+            list(token_ids),
+            num_prompt_tokens,
+            params,
+            self.clock() if arrival_s is None else arrival_s,
+        )
+        seq.num_computed = num_computed
+        self._seqs[request_id] = seq
+        self._pending_imports.append((seq, kv, meta or {}))
+        need = self.scheduler.blocks.blocks_for(len(seq.token_ids))
+        if need < self._pending_min_blocks:
+            self._pending_min_blocks = need
+        return seq
+
+    def admit_imports(self) -> None:
+        """Admit the pending hand-offs that fit now (:func:`admit_handoffs`)."""
+        s = self.scheduler
+        if len(s.running) >= s.cfg.max_num_seqs or s.blocks.num_free < self._pending_min_blocks:
+            return  # none can fit: the common case of a saturated decode engine, in O(1)
+        for seq, kv, _meta in admit_handoffs(s, self._pending_imports, _entry_seq):
+            self._imported(seq, kv)
+        # Each hand-off left needed more blocks than were free when it was tried, and the free
+        # count only fell during the pass: none fits until blocks are freed (unless the seats ran
+        # out first and some were not tried).
+        seats_left = len(s.running) < s.cfg.max_num_seqs
+        self._pending_min_blocks = s.blocks.num_free + 1 if seats_left else 0
+
+    def _imported(self, seq: Sequence, kv: Any) -> None:
+        """A hand-off was admitted (its blocks allocated): the live engine copies its KV in."""
+
+    def abort(self, request_id: str) -> bool:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self._pending_imports = [p for p in self._pending_imports if p[0] is not seq]
+        self.scheduler.finish(seq)
+        return True
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self._pending_imports)
+
+    @property
+    def num_pending_imports(self) -> int:
+        return len(self._pending_imports)
+
+    # -- one iteration ---------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        """Run one iteration: schedule, execute, update, report."""
+        batch = self.begin(self.clock())
+        if batch is None:
+            return StepResult()
+        execution = self.executor.execute(batch)
+        result = self.update(batch, execution)
+        self.emit_iteration(batch, execution)
+        return result
+
+    def begin(self, now_s: float) -> Batch | None:
+        """Admit hand-offs, schedule the next iteration and stamp its sequences; None: nothing to run."""
+        if self._pending_imports:
+            self.admit_imports()
+        sched = self.scheduler.schedule()
+        if not sched.items:
+            return None
+        for item in sched.items:
+            seq = item.seq
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now_s
+            if seq.prefill_start_s is None and (
+                seq.num_computed < len(seq.token_ids) - 1 or seq.num_computed < seq.num_prompt_tokens
+            ):
+                seq.prefill_start_s = now_s
+        blocks = self.scheduler.blocks
+        return Batch(sched, sched.tally(), now_s, blocks.num_blocks - blocks.num_free)
+
+    def update(self, batch: Batch, execution: Execution) -> StepResult | None:
+        """Advance the batch's sequences by the iteration: each whose prompt or step completed gets
+        its token and, from it, its finish reason: "stop" (a stop token, or the model's EOS unless
+        ignored), "length" (max_tokens or the model's context reached) or None (it goes on). A
+        finished sequence is released, a hand-off one handed off (:meth:`_on_token`).
+
+        Once per token in the simulator: written for speed (locals, no per-token method but the hook).
+        """
+        result = None
+        if self._collects_outputs:
+            result = self._result = StepResult(phase=batch.work.phase, end_s=execution.end_s)
+        ts_s = execution.end_s
+        tokens = execution.tokens
+        eos, max_model_len, on_token = self._stop_ids, self.cfg.max_model_len, self._on_token
+        k = 0
+        token = 0  # a timing executor's token (tokens is None)
+        for item in batch.sched.items:
+            seq = item.seq
+            token_ids = seq.token_ids
+            n = len(token_ids)
+            computed = seq.num_computed
+            was_prefill = computed < n - 1 or computed < seq.num_prompt_tokens
+            computed = seq.num_computed = computed + item.num_new_tokens
+            if computed != n:
+                continue  # a prompt chunk
+            if tokens is not None:
+                token = tokens[k]
+                k += 1
+                if isinstance(token, Exception):  # fail this request only; the batch goes on
+                    result.errors.append((seq.request_id, str(token)))
+                    self._failed(seq)
+                    self.release(seq)
+                    continue
+            token_ids.append(token)
+            n += 1
+            first = was_prefill and seq.prefill_end_s is None
+            if first:
+                seq.prefill_end_s = ts_s
+            params = seq.params
+            if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
+                reason = "stop"
+            elif n - seq.num_prompt_tokens >= params.max_tokens or n >= max_model_len:
+                reason = "length"
+            else:
+                reason = None
+            on_token(seq, token, ts_s, reason, first)
+            if reason is not None or seq.handoff:
+                self.release(seq)
+        self.iterations += 1
+        self._result = None
+        return result
+
+    def _on_token(self, seq: Sequence, token: int, ts_s: float, reason: str | None, first: bool) -> None:
+        """A sequence got ``token`` at ``ts_s`` (its first from this engine if ``first``): the token
+        output with its timings (sent with a request's first token from this engine, and with the
+        last when it was preempted), and the hand-off of a prefill-only request."""
+        result = self._result
+        meta = None
+        if first:
+            meta = {
+                "worker": self.worker_id,
+                "arrival_s": seq.arrival_s,
+                "first_scheduled_s": seq.first_scheduled_s,
+                "prefill_start_s": seq.prefill_start_s,
+                "prefill_end_s": ts_s,
+                "num_preemptions": seq.num_preemptions,
+            }
+        if reason is not None and seq.num_preemptions:
+            meta = {**(meta or {}), "num_preemptions": seq.num_preemptions}
+        result.outputs.append(TokenOutput(seq.request_id, token, ts_s, reason, meta))
+        if reason is None and seq.handoff:
+            result.handoffs.append(self._export(seq, meta or {}))
+
+    def _export(self, seq: Sequence, meta: dict[str, Any]) -> Handoff:
+        """The hand-off of ``seq`` (before its blocks are released); the live engine adds the KV."""
+        return Handoff(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params, None, meta)
+
+    def _failed(self, seq: Sequence) -> None:
+        """A sequence's sampling failed (before its blocks are released)."""
+
+    def release(self, seq: Sequence) -> None:
+        """Drop a finished, handed-off or failed sequence and free its blocks."""
+        self.scheduler.finish(seq)
+        self._seqs.pop(seq.request_id, None)
+
+    def emit_iteration(self, batch: Batch, execution: Execution) -> None:
+        """Emit the iteration event of each of the engine's GPUs."""
+        if self.telemetry is None:
+            return
+        total = self.scheduler.blocks.num_blocks
+        for uuid, index in self.gpus:
+            self.telemetry.put(
+                iteration_event(
+                    self.worker_id,
+                    self.device_name,
+                    uuid,
+                    index,
+                    batch,
+                    execution,
+                    total,
+                    self.time_offset_s,
+                )
+            )
+
+
+def _entry_seq(entry: tuple[Sequence, Any, dict[str, Any]]) -> Sequence:
+    return entry[0]

@@ -1,0 +1,125 @@
+"""The simulator's executor: an iteration's time, power and activities from the GPU model, no model math.
+
+:class:`GpuModelExecutor` is the :class:`serving.engine_core.Executor` of a simulated replica (and of a
+live :class:`~serving.engine_core.EngineCore` driven in virtual time): for a scheduled batch it returns
+:func:`serving.devices.gpu_model.predict_iteration`'s estimate of the batch's work on the pool's GPU
+under the pool's knobs (or an ``iteration_model``'s, e.g. a device model fitted on a live run), and the
+token 0 for every sampling sequence (a simulated request's length is its ``max_tokens``).
+
+Estimates are cached per pool on the iteration's exact counts (the GPU model is deterministic, so
+results are those of the uncached model). ``context_bits`` (opt-in, off by default) rounds
+``context_tokens`` and ``attention_pairs`` to that many significant bits before the model (at most
+2^-bits off each; the iteration event keeps the exact counts): 10 bits raise the hit rate of the
+first 10 minutes of the conversation trace on 8 H100s from 32 % to 83 % and move each iteration's time by < 0.1 %,
+but, like any perturbation of iteration times (14 bits, < 0.006 %, does it too), they reorder
+arrivals and iteration ends and move tail latency percentiles by up to 4 % (docs/SIMULATOR.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from serving.config import ModelConfig
+from serving.devices.base import IterationWork
+from serving.devices.gpu_model import IterationEstimate, predict_iteration
+from serving.devices.gpu_specs import GpuSpec
+from serving.engine_core import Batch, Execution
+from serving.scheduler import IterationTally
+from serving.sim.layout import PoolSpec
+
+CACHE_ENTRIES = 100_000  # estimates kept per executor (a pool's replicas share one)
+CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
+
+
+def round_bits(x: int, bits: int) -> int:
+    """``x`` rounded to ``bits`` significant bits (half up); exact below ``2**bits``."""
+    shift = x.bit_length() - bits
+    if shift <= 0:
+        return x
+    return ((x + (1 << (shift - 1))) >> shift) << shift
+
+
+class GpuModelExecutor:
+    """Times batches with the GPU model for one pool of a layout (its GPU, TP, power limit, clocks)."""
+
+    __slots__ = (
+        "_cache",
+        "context_bits",
+        "hits",
+        "iteration_model",
+        "link",
+        "misses",
+        "pool",
+        "profile",
+        "shape",
+        "spec",
+    )
+
+    def __init__(
+        self,
+        spec: GpuSpec,
+        shape: ModelConfig,
+        pool: PoolSpec,
+        *,
+        link: str = "nvlink",
+        profile: str | None = None,
+        iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
+        context_bits: int | None = CONTEXT_BITS,
+    ) -> None:
+        """``context_bits``: the rounding of the attention counts (see the module); None: exact."""
+        self.spec = spec
+        self.shape = shape
+        self.pool = pool
+        self.link = link
+        self.profile = profile
+        self.iteration_model = iteration_model
+        self.context_bits = context_bits
+        self._cache: dict[tuple[int, ...], IterationEstimate] = {}
+        self.hits = self.misses = 0
+
+    def estimate(self, work: IterationTally) -> Any:
+        """The estimate of an iteration of ``work`` (cached: the GPU model is deterministic)."""
+        if self.iteration_model is not None:  # may be random (jittered): never cached
+            return self.iteration_model(IterationWork(*work), self.pool)
+        bits = self.context_bits
+        if bits is None:
+            key = work
+        else:
+            key = work._replace(
+                context_tokens=round_bits(work.context_tokens, bits),
+                attention_pairs=round_bits(work.attention_pairs, bits),
+            )
+        est = self._cache.get(key)
+        if est is not None:
+            self.hits += 1
+            return est
+        self.misses += 1
+        pool = self.pool
+        est = predict_iteration(
+            self.spec,
+            self.shape,
+            IterationWork(*key),
+            power_limit_w=pool.power_limit_w,
+            sm_clock_range=pool.sm_clock_mhz,
+            tp=pool.tp,
+            link=self.link,
+            profile=self.profile,
+        )
+        if len(self._cache) < CACHE_ENTRIES:
+            self._cache[key] = est
+        return est
+
+    def execute(self, batch: Batch) -> Execution:
+        """The batch's execution in virtual time: it ends ``time_s`` after it starts."""
+        est = self.estimate(batch.work)
+        return Execution(
+            end_s=batch.start_s + est.time_s,
+            tokens=None,
+            compute_s=est.busy_s,
+            pacing_s=0.0,
+            modeled_s=est.time_s,
+            lag_s=0.0,
+            extra={"host_s": est.host_s, "tp": self.pool.tp},
+            estimate=est,
+        )
