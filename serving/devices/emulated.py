@@ -14,6 +14,11 @@ Two layers:
 
 The equations, the constants and their calibration against H200 measurements are in
 ``docs/EMULATION.md``.
+
+Over 600 lines for a reason: :class:`EmulatedDevice` is one Device implementation whose parts share
+one lock and one state — the knobs with NVML's bounds and errors, the pacing of each iteration, the
+busy history and the cumulative counters a snapshot reads; the model itself is
+:mod:`serving.devices.gpu_model`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ and the discrete-event simulator (``serving.sim``). Everything here is pure and 
   (boost clock and elevated power through short gaps, true idle only after a sustained one); they take
   floats or numpy arrays.
 
-The equations, constants and their sources are in ``docs/EMULATION.md``; the calibration against
+Its parts live beside it and are re-exported here: :mod:`serving.devices.model_constants`,
+:mod:`serving.devices.engine_profiles`, :mod:`serving.devices.links`. The equations, constants
+and their sources are in ``docs/EMULATION.md``; the calibration against
 published serving measurements is ``bench/fidelity_table.py`` / ``docs/FIDELITY.md``.
 
 Energy: ``IterationEstimate.power_w`` is the mean power while the GPU is busy, so the busy energy is
@@ -31,440 +33,48 @@ from typing import Any, Literal
 
 import numpy as np
 
-from serving.config import ConfigError, ModelConfig
+from serving.config import ModelConfig
 from serving.devices.base import IterationWork
-from serving.devices.errors import DeviceValueError
+from serving.devices.engine_profiles import DEFAULT_PROFILE, PROFILES, EngineProfile, engine_profile
 from serving.devices.gpu_specs import GpuSpec, gpu_spec
+from serving.devices.links import LINKS, LinkSpec, kv_capacity_tokens, kv_transfer_s, link_spec, shard_shape
+from serving.devices.model_constants import (
+    ALLOWED_TP,
+    BF16_BYTES,
+    CONTEXT_BYTES,
+    DEFAULT_CONSTANTS,
+    EmulationConstants,
+)
 
 Bound = Literal["compute", "memory", "overhead", "comm"]
 
-BF16_BYTES = 2
-ALLOWED_TP = (1, 2, 4, 8)
-CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack per GPU
-
-
-# --- constants ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EmulationConstants:
-    """The GPU model's fitted constants (docs/EMULATION.md says where each comes from).
-
-    Power figures are fractions of the GPU's dynamic range ``tdp_w - idle_w`` so one set serves
-    every GPU in :data:`~serving.devices.gpu_specs.GPU_SPECS`. Engine-specific figures (host time,
-    kernel counts) live in :class:`EngineProfile`, not here.
-    """
-
-    gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
-    # (gpu key, efficiency) where a GPU generation's GEMMs reach a different share of its own peak
-    # (see gemm_efficiency_for); every other GPU uses gemm_efficiency
-    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.75),)
-    memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
-    gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
-    activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
-    overhead_s: float = 2.0e-4  # GPU-side per iteration: sampling, synchronisation (clock-insensitive)
-    # Per-kernel fixed GPU time (launch ramp, tail, inter-kernel bubble) in SM cycles: a kernel's
-    # latency floor scales with 1/f, which is what makes small-batch decode slow with the SM clock.
-    kernel_latency_cycles: float = 15000.0
-    iteration_kernels: float = 12.0  # kernels per iteration outside the layers (embed, norm, head, sample)
-    # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
-    compute_power: float = 0.95  # SM power through a compute-bound kernel
-    stream_power: float = 0.09  # SM power through a memory-bound kernel (load issue, L2, NoC)
-    latency_power: float = 0.04  # SM power through kernel ramp/tail and communication waits
-    hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
-    busy_power: float = 0.08  # clock-independent power whenever a kernel runs
-    # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
-    voltage_offset: float = 0.31  # v0
-    voltage_floor: float = 0.68
-    # activity counters (GPM-like), calibrated to the H200 readings of this engine
-    sm_active_compute: float = 0.55  # SM-active fraction through compute-bound kernels
-    sm_active_memory: float = 0.25  # ... through memory-bound kernels
-    sm_occupancy_compute: float = 0.20
-    sm_occupancy_memory: float = 0.40
-    tensor_active_scale: float = 0.37  # tensor-active fraction per unit of tensor-pipe time
-    # the GPU between iterations (see gap_power_w)
-    gap_power: float = 0.10  # power above idle at the held (boost) clock, fraction of D at f_max
-    gap_hold_s: float = 1.0  # the clock and power stay up this long after the last kernel
-    gap_decay_s: float = 0.5  # then fall to idle with this time constant (power); the clock drops at hold
-    # memory
-    activation_reserve_tokens: int = 8192  # tokens of activations reserved (vLLM max_num_batched_tokens)
-
-    def gemm_efficiency_for(self, gpu_key: str) -> float:
-        """Achieved share of ``gpu_key``'s dense tensor peak in compute-bound GEMMs and attention.
-
-        A GPU property (one per generation), so every engine on that GPU uses it; an engine whose
-        GEMMs differ scales it (``EngineProfile.gemm_efficiency_by_gpu``). Hopper (H100/H200):
-        :attr:`gemm_efficiency` (0.65 of the 989 TF/s dense peak), fitted on this project's H200
-        prefill rows. Ampere (A100): 0.75 of its 312 TF/s peak, fitted on the TensorRT-LLM v0.5 A100
-        calibration rows (bench/fidelity_table.py, ``gpu.gemm_a100``). Ampere's ``mma.sync``
-        GEMMs were mature in every 2023 library and reach a larger share of a 3.2x lower peak than
-        Hopper's, whose dense peak needs ``wgmma`` kernels kept fed at the TDP.
-        """
-        for key, eff in self.gemm_efficiency_by_gpu:
-            if key == gpu_key:
-                return eff
-        return self.gemm_efficiency
-
-
-DEFAULT_CONSTANTS = EmulationConstants()
-
-
-# --- engine profiles --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EngineProfile:
-    """A serving engine's cost around the GPU work of one iteration.
-
-    Host time (GPU idle, placed before the iteration's GPU work):
-    ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_token_s *
-    prefill tokens + per_tp_rank_s * (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
-    kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
-    per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
-    ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
-    than :meth:`EmulationConstants.gemm_efficiency_for` (e.g. a 2023 stack without Hopper kernels).
-
-    ``allreduce_step_scale``: a ring all-reduce of ``N`` ranks takes ``2 (N - 1)`` steps, each paying
-    a latency before its chunk moves (the alpha-beta model of a ring collective). NCCL's own tuning
-    model (``src/graph/tuning.cc``, ``hwLat``) prices a ring step on NVLink at 0.6 us (LL protocol),
-    1.9 us (LL128) or 3.4 us (Simple), plus a base latency per call. The engine's per-step latency is
-    ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
-    and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
-    stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
-    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.84: 5.8 us per step on NVLink 4) is
-    above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
-
-    ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
-    and streams that head's K/V from HBM itself, so under grouped-query attention each KV head is
-    read once per query head of its group (``num_heads / num_kv_heads`` times; 8x for Llama-2-70B)
-    instead of once. The 2023 decode kernels were written that way (vLLM's PagedAttention v1 and
-    FasterTransformer's masked multi-head attention launch a grid over (heads, sequences)); a
-    GQA-aware kernel (FlashInfer, FlashAttention-2 with GQA packing) reads each KV head once. It
-    makes a large decode batch cost more at low TP, where each GPU holds more query heads.
-
-    ``custom_allreduce_max_bytes``: the engine runs its own peer-to-peer all-reduce kernel for
-    messages up to this size and NCCL's ring above it. The 2023 NVIDIA stacks allocate one
-    peer-visible buffer for their custom all-reduce and use it only while the message fits:
-    ``CUSTOM_AR_SIZE_THRESHOLD = 50331648`` bytes (48 MiB) in FasterTransformer
-    (``src/fastertransformer/kernels/custom_ar_kernels.h``, ``utils/custom_ar_comm.cc``) and
-    TensorRT-LLM (``cpp/tensorrt_llm/kernels/customAllReduceKernels.h``). Their "two-shot" kernel
-    (messages above 192 KiB) has each rank load its ``1/N`` slice from all ``N`` ranks and reduce
-    it, then load the ``N - 1`` reduced slices back: every rank loads the whole message twice,
-    whatever ``N``, on a fixed grid (``MAX_ALL_REDUCE_BLOCKS = 24`` thread blocks). So the custom
-    all-reduce moves ``S`` bytes in ``S / (link bandwidth x efficiency x allreduce_bandwidth_scale)``
-    at every TP degree, where the ring moves ``2 (N - 1) / N x S`` per GPU; beyond the buffer the
-    ring (NCCL) at ``fallback_allreduce_bandwidth_scale`` of the link. A prefill all-reduces
-    ``tokens x hidden x 2`` bytes per call: for Llama-2-70B (hidden 8192) the switch is at 3072
-    tokens per iteration, where Splitwise's prompt time per token jumps at TP 4 and 8, for one
-    long prompt and for a batch of 512-token prompts alike (docs/FIDELITY.md). ``None`` (the
-    default): the ring at ``allreduce_bandwidth_scale`` for every message. The per-call latency
-    (``allreduce_step_scale``, ``allreduce_overhead_s``) is the same for both.
-
-    ``prefill_floor_cycles_per_layer``: an iteration that computes prompt tokens keeps the GPU busy
-    for at least ``layers x prefill_floor_cycles_per_layer`` SM cycles; its GPU work runs *under* that
-    floor (the larger of the two counts, not their sum). Splitwise's prompt times at TP 4/8 barely grow
-    from 128 to 256 tokens (H100 TP 4: 49.1 -> 51.0 ms) while one rank's GPU work grows by 4-15 ms:
-    a fixed cost of the 2023 stack's prefill path that overlaps the GPU work (as an eager stack's
-    kernel issue does). It is priced in SM cycles like the same stack's decode floor
-    (``kernels_per_layer`` x the GPU's kernel latency), so it is 1.4x longer on an A100 (1410 vs
-    1980 MHz) -- checked only by the A100 rows, which no fit sees; whether it is the host's issue
-    or the GPU's own latency the data do not say. 0 (the default): no floor.
-    """
-
-    name: str
-    step_s: float = 0.0  # host time per iteration
-    per_seq_s: float = 0.0  # ... per sequence in the batch
-    per_prefill_seq_s: float = 0.0  # ... per sequence prefilling in this iteration
-    per_prefill_token_s: float = 0.0  # ... per prompt token computed
-    per_tp_rank_s: float = 0.0  # ... per tensor-parallel rank beyond the first
-    per_layer_s: float = 0.0  # ... per model layer (eager launches that do not overlap the GPU)
-    kernels_per_layer: float = 1.0  # small (latency-bound) GPU kernels per layer
-    allreduce_overhead_s: float = 0.0  # per all-reduce call, beyond the link's ring latency
-    allreduce_bandwidth_scale: float = 1.0  # achieved share of the link's all-reduce bandwidth
-    allreduce_step_scale: float = 1.0  # ring-step latency of the engine's collective / the link's latency
-    custom_allreduce_max_bytes: float | None = None  # largest message of a custom all-reduce (see above)
-    fallback_allreduce_bandwidth_scale: float = 1.0  # the ring's share of the link beyond that size
-    prefill_floor_cycles_per_layer: float = 0.0  # least GPU-busy time of a prefill iteration (see above)
-    gqa_unaware_attention: bool = False  # attention reads K/V once per query head (see above)
-    # (gpu key, factor) pairs scaling the GPU's GEMM efficiency for this engine's kernels
-    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = ()
-    description: str = ""
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.custom_allreduce_max_bytes is not None and not self.custom_allreduce_max_bytes > 0:
-            raise DeviceValueError(
-                f"engine profile {self.name!r}: custom_allreduce_max_bytes must be > 0 bytes or None, "
-                f"got {self.custom_allreduce_max_bytes!r}"
-            )
-        if not self.prefill_floor_cycles_per_layer >= 0:
-            raise DeviceValueError(
-                f"engine profile {self.name!r}: prefill_floor_cycles_per_layer must be >= 0 SM cycles, "
-                f"got {self.prefill_floor_cycles_per_layer!r}"
-            )
-        for field in ("allreduce_bandwidth_scale", "fallback_allreduce_bandwidth_scale"):
-            value = getattr(self, field)
-            if not 0 < value <= 1:
-                raise DeviceValueError(
-                    f"engine profile {self.name!r}: {field} must be in (0, 1] (a share of the link's "
-                    f"bandwidth), got {value!r}"
-                )
-
-    def gemm_scale(self, gpu_key: str) -> float:
-        """The factor on the GPU model's GEMM efficiency for this engine on ``gpu_key``."""
-        for key, factor in self.gemm_efficiency_by_gpu:
-            if key == gpu_key:
-                return factor
-        return 1.0
-
-    def host_s(self, work: IterationWork, tp: int = 1, layers: int = 0) -> float:
-        """Host (GPU-idle) time of one iteration of ``work`` at tensor-parallel degree ``tp`` for a
-        model of ``layers`` layers."""
-        decode = max(0, work.decode_seqs)
-        prefill_seqs = max(0, work.batch_size - decode)
-        return (
-            self.step_s
-            + self.per_seq_s * max(0, work.batch_size)
-            + self.per_prefill_seq_s * prefill_seqs
-            + self.per_prefill_token_s * max(0, work.prefill_tokens)
-            + self.per_tp_rank_s * (tp - 1)
-            + self.per_layer_s * layers
-        )
-
-
-PROFILES: dict[str, EngineProfile] = {
-    "lean": EngineProfile(
-        name="lean",
-        kernels_per_layer=1.0,
-        description="no host time (v1's behaviour) and one small kernel per layer: the GPU's own time for "
-        "a perfectly fed engine",
-        source="none (the roofline of the GPU model)",
-    ),
-    "vllm": EngineProfile(
-        name="vllm",
-        step_s=9.77e-4,
-        kernels_per_layer=5.0,
-        allreduce_overhead_s=6.3e-6,
-        description="vLLM (CUDA graphs for decode, custom all-reduce): host time per step fitted; the "
-        "per-sequence and per-token host costs are not identifiable from the published runs (all batch 8) "
-        "and are left at 0",
-        source="fit on vLLM CI latency_llama8B_tp1 and latency_llama70B_tp4 (H100, build 9555); "
-        "bench/fidelity_table.py",
-    ),
-    "phaselens-eager": EngineProfile(
-        name="phaselens-eager",
-        kernels_per_layer=46.0,
-        description="this project's engine, eager PyTorch (no CUDA graphs): launch-bound decode",
-        source="docs/gpu/2026-11-30-h200-decode-profile.txt: ~740 kernels per llama-3.2-1b (16-layer) "
-        "decode step; its launches overlap the GPU work, so no serialized host time is modeled",
-    ),
-    "splitwise-2023": EngineProfile(
-        name="splitwise-2023",
-        per_seq_s=2.0e-4,
-        per_prefill_seq_s=9.6e-3,
-        kernels_per_layer=16.9,
-        allreduce_bandwidth_scale=0.264,
-        allreduce_step_scale=3.84,
-        custom_allreduce_max_bytes=50_331_648.0,
-        fallback_allreduce_bandwidth_scale=0.223,
-        prefill_floor_cycles_per_layer=9.9e5,
-        gqa_unaware_attention=True,
-        description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs; a custom all-reduce "
-        "up to 48 MiB at ~26 % of NVLink bandwidth per message, NCCL's ring beyond at ~22 %; ~3.8 link "
-        "latencies per ring step; decode attention reading K/V per query head; a prefill floor of "
-        "~1M SM cycles per layer that the prompt's GPU work runs under)",
-        source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
-        "256/4096 + token b1; bench/fidelity_table.py; the 48 MiB limit is FasterTransformer's and "
-        "TensorRT-LLM's CUSTOM_AR_SIZE_THRESHOLD",
-    ),
-    "trtllm-0.5": EngineProfile(
-        name="trtllm-0.5",
-        per_prefill_seq_s=6.3e-3,
-        kernels_per_layer=5.0,
-        allreduce_overhead_s=7.7e-5,
-        description="TensorRT-LLM v0.5 (fused kernels; GEMMs at the GPU's own efficiency)",
-        source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128 "
-        "(with the A100 GEMM efficiency of EmulationConstants); bench/fidelity_table.py",
-    ),
-}
-DEFAULT_PROFILE = "vllm"
-
-
-def engine_profile(profile: str | EngineProfile | None) -> EngineProfile:
-    """Resolve ``profile`` (a name in :data:`PROFILES`, a profile, or ``None`` = DEFAULT_PROFILE)."""
-    if profile is None:
-        return PROFILES[DEFAULT_PROFILE]
-    if isinstance(profile, EngineProfile):
-        return profile
-    try:
-        return PROFILES[profile]
-    except KeyError:
-        raise DeviceValueError(
-            f"unknown engine profile {profile!r}; allowed: {', '.join(PROFILES)}"
-        ) from None
-
-
-# --- links ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSpec:
-    """A GPU-to-GPU link: bandwidth per GPU per direction, latency, and the source of the figures.
-
-    ``latency_s`` is one message's latency: a KV hand-off pays it once, a ring all-reduce of ``N``
-    ranks once per ring step (``2 (N - 1)`` steps, NCCL's ring latency model). ``efficiency`` is the
-    achieved share of ``bandwidth_bytes_s`` for large transfers (all-reduce bus bandwidth, KV
-    hand-off).
-    """
-
-    name: str
-    bandwidth_bytes_s: float
-    latency_s: float
-    efficiency: float
-    source: str
-
-
-LINKS: dict[str, LinkSpec] = {
-    "nvlink": LinkSpec(
-        name="nvlink",
-        bandwidth_bytes_s=450e9,
-        latency_s=1.5e-6,
-        efficiency=0.80,
-        source="NVLink 4 (H100/H200 SXM): 900 GB/s total per GPU = 450 GB/s per direction (NVIDIA "
-        "H100 datasheet); ~360 GB/s NCCL all-reduce bus bandwidth on 8xH100",
-    ),
-    "nvlink3": LinkSpec(
-        name="nvlink3",
-        bandwidth_bytes_s=300e9,
-        latency_s=2.0e-6,
-        efficiency=0.80,
-        source="NVLink 3 (A100 SXM): 600 GB/s total per GPU = 300 GB/s per direction (NVIDIA A100 datasheet)",
-    ),
-    "infiniband": LinkSpec(
-        name="infiniband",
-        bandwidth_bytes_s=50e9,
-        latency_s=5.0e-6,
-        efficiency=0.85,
-        source="NDR InfiniBand 400 Gb/s per NIC (ConnectX-7) = 50 GB/s per direction, one NIC per GPU",
-    ),
-    "pcie5": LinkSpec(
-        name="pcie5",
-        bandwidth_bytes_s=64e9,
-        latency_s=3.0e-6,
-        efficiency=0.80,
-        source="PCIe 5.0 x16: 32 GT/s x 16 lanes ~ 64 GB/s per direction (PCI-SIG)",
-    ),
-}
-
-
-def link_spec(link: str | LinkSpec) -> LinkSpec:
-    """Resolve ``link`` (a name in :data:`LINKS` or a spec)."""
-    if isinstance(link, LinkSpec):
-        return link
-    try:
-        return LINKS[link]
-    except KeyError:
-        raise DeviceValueError(f"unknown link {link!r}; allowed: {', '.join(LINKS)}") from None
-
-
-# --- tensor parallelism -----------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=128)
-def shard_shape(shape: ModelConfig, tp: int) -> ModelConfig:
-    """The per-GPU shard of ``shape`` under Megatron-style tensor parallelism of degree ``tp``.
-
-    Query heads, MLP width and vocabulary are split ``tp`` ways; KV heads too, unless there are
-    fewer than ``tp`` of them: then each rank holds one (replicated, as vLLM does). Hidden size and
-    layers are unchanged. ``tp`` must be 1, 2, 4 or 8 and divide the query heads.
-    """
-    if tp not in ALLOWED_TP or shape.num_heads % tp:
-        raise DeviceValueError(
-            f"{shape.name}: tensor-parallel degree {tp!r} is not allowed; allowed: one of "
-            f"{', '.join(map(str, ALLOWED_TP))} that divides the {shape.num_heads} query heads"
-        )
-    if tp == 1:
-        return shape
-    kv = shape.num_kv_heads // tp if shape.num_kv_heads >= tp else 1
-    try:
-        return replace(
-            shape,
-            name=f"{shape.name}/tp{tp}",
-            vocab_size=-(-shape.vocab_size // tp),
-            intermediate_size=-(-shape.intermediate_size // tp),
-            num_heads=shape.num_heads // tp,
-            num_kv_heads=kv,
-            head_dim_override=shape.head_dim,
-        )
-    except ConfigError as e:
-        raise DeviceValueError(f"{shape.name} cannot be split {tp} ways: {e}") from e
-
-
-def kv_transfer_s(
-    shape: ModelConfig, num_tokens: int, link: str | LinkSpec = "nvlink", *, tp: int = 1
-) -> float:
-    """Seconds to hand ``num_tokens`` tokens of a prefilled sequence's KV cache (bf16, all layers)
-    from a prefill GPU to a decode GPU over ``link``.
-
-    Each of the ``tp`` ranks sends its own shard over its own link in parallel, so the time is one
-    rank's: ``latency_s + shard KV bytes / (bandwidth_bytes_s * efficiency)``.
-    """
-    spec = link_spec(link)
-    if num_tokens <= 0:
-        return 0.0
-    nbytes = shard_shape(shape, tp).kv_bytes_per_token(BF16_BYTES) * num_tokens
-    return spec.latency_s + nbytes / (spec.bandwidth_bytes_s * spec.efficiency)
-
-
-def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f} GB"
-
-
-def kv_capacity_tokens(
-    gpu: str | GpuSpec,
-    shape: ModelConfig,
-    *,
-    tp: int = 1,
-    gpu_memory_utilization: float = 0.9,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-) -> int:
-    """KV-cache tokens that fit on each GPU after the shard's bf16 weights and the reserves.
-
-    Usable memory = ``memory_bytes * gpu_memory_utilization`` (as vLLM budgets it) minus the
-    shard's weights, the CUDA context (512 MiB) and an activation reserve of
-    ``activation_reserve_tokens`` tokens through one layer. Raises :class:`DeviceValueError` when
-    the weights (or the reserves) do not fit, naming the smallest tensor-parallel degree that would.
-    """
-    spec = gpu_spec(gpu)
-    if not 0 < gpu_memory_utilization <= 1:
-        raise DeviceValueError(f"gpu_memory_utilization {gpu_memory_utilization!r} is outside (0, 1]")
-    shard = shard_shape(shape, tp)
-    budget = spec.memory_bytes * gpu_memory_utilization
-    free = budget - _reserve_bytes(shard, constants) - shard.param_count() * BF16_BYTES
-    per_token = shard.kv_bytes_per_token(BF16_BYTES)
-    if free < per_token:
-        weights = shard.param_count() * BF16_BYTES
-        hint = ""
-        for t in ALLOWED_TP:
-            if t <= tp or shape.num_heads % t:
-                continue
-            s = shard_shape(shape, t)
-            if budget - _reserve_bytes(s, constants) - s.param_count() * BF16_BYTES >= per_token:
-                hint = f"; use tp ≥ {t}"
-                break
-        else:
-            hint = "; no tensor-parallel degree up to 8 fits"
-        raise DeviceValueError(
-            f"{shape.name} at TP {tp} needs {_gb(weights)} of bf16 weights per GPU; an {spec.name} "
-            f"holds {_gb(spec.memory_bytes)} ({_gb(budget)} at gpu_memory_utilization "
-            f"{gpu_memory_utilization:g}, less {_gb(_reserve_bytes(shard, constants))} reserved){hint}"
-        )
-    return int(free // per_token)
-
-
-def _reserve_bytes(shard: ModelConfig, c: EmulationConstants) -> float:
-    act = c.activation_reserve_tokens * (4 * shard.hidden_size + 2 * shard.intermediate_size) * BF16_BYTES
-    return CONTEXT_BYTES + act
+#: the GPU model's public names: its own and those of its parts (engine profiles, links and
+#: shards, constants), so callers import the model from one place
+__all__ = [
+    "ALLOWED_TP",
+    "BF16_BYTES",
+    "CONTEXT_BYTES",
+    "DEFAULT_CONSTANTS",
+    "DEFAULT_PROFILE",
+    "LINKS",
+    "PROFILES",
+    "Bound",
+    "EmulationConstants",
+    "EngineProfile",
+    "IterationEstimate",
+    "LinkSpec",
+    "engine_profile",
+    "estimate_at_clock",
+    "gap_energy_j",
+    "gap_power_w",
+    "gap_sm_clock_mhz",
+    "kv_capacity_tokens",
+    "kv_transfer_s",
+    "link_spec",
+    "predict_iteration",
+    "shard_shape",
+    "weight_bytes",
+]
 
 
 # --- the GPU between iterations ---------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""The GPU model's constants (serving/devices/gpu_model.py): the calibrated EmulationConstants and
+the fixed sizes every part of the model uses; their sources are in docs/EMULATION.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BF16_BYTES = 2
+ALLOWED_TP = (1, 2, 4, 8)
+CONTEXT_BYTES = 512 * 2**20  # CUDA context and allocator slack per GPU
+
+
+# --- constants ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmulationConstants:
+    """The GPU model's fitted constants (docs/EMULATION.md says where each comes from).
+
+    Power figures are fractions of the GPU's dynamic range ``tdp_w - idle_w`` so one set serves
+    every GPU in :data:`~serving.devices.gpu_specs.GPU_SPECS`. Engine-specific figures (host time,
+    kernel counts) live in :class:`EngineProfile`, not here.
+    """
+
+    gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
+    # (gpu key, efficiency) where a GPU generation's GEMMs reach a different share of its own peak
+    # (see gemm_efficiency_for); every other GPU uses gemm_efficiency
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.75),)
+    memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
+    gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
+    activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
+    overhead_s: float = 2.0e-4  # GPU-side per iteration: sampling, synchronisation (clock-insensitive)
+    # Per-kernel fixed GPU time (launch ramp, tail, inter-kernel bubble) in SM cycles: a kernel's
+    # latency floor scales with 1/f, which is what makes small-batch decode slow with the SM clock.
+    kernel_latency_cycles: float = 15000.0
+    iteration_kernels: float = 12.0  # kernels per iteration outside the layers (embed, norm, head, sample)
+    # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
+    compute_power: float = 0.95  # SM power through a compute-bound kernel
+    stream_power: float = 0.09  # SM power through a memory-bound kernel (load issue, L2, NoC)
+    latency_power: float = 0.04  # SM power through kernel ramp/tail and communication waits
+    hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
+    busy_power: float = 0.08  # clock-independent power whenever a kernel runs
+    # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
+    voltage_offset: float = 0.31  # v0
+    voltage_floor: float = 0.68
+    # activity counters (GPM-like), calibrated to the H200 readings of this engine
+    sm_active_compute: float = 0.55  # SM-active fraction through compute-bound kernels
+    sm_active_memory: float = 0.25  # ... through memory-bound kernels
+    sm_occupancy_compute: float = 0.20
+    sm_occupancy_memory: float = 0.40
+    tensor_active_scale: float = 0.37  # tensor-active fraction per unit of tensor-pipe time
+    # the GPU between iterations (see gap_power_w)
+    gap_power: float = 0.10  # power above idle at the held (boost) clock, fraction of D at f_max
+    gap_hold_s: float = 1.0  # the clock and power stay up this long after the last kernel
+    gap_decay_s: float = 0.5  # then fall to idle with this time constant (power); the clock drops at hold
+    # memory
+    activation_reserve_tokens: int = 8192  # tokens of activations reserved (vLLM max_num_batched_tokens)
+
+    def gemm_efficiency_for(self, gpu_key: str) -> float:
+        """Achieved share of ``gpu_key``'s dense tensor peak in compute-bound GEMMs and attention.
+
+        A GPU property (one per generation), so every engine on that GPU uses it; an engine whose
+        GEMMs differ scales it (``EngineProfile.gemm_efficiency_by_gpu``). Hopper (H100/H200):
+        :attr:`gemm_efficiency` (0.65 of the 989 TF/s dense peak), fitted on this project's H200
+        prefill rows. Ampere (A100): 0.75 of its 312 TF/s peak, fitted on the TensorRT-LLM v0.5 A100
+        calibration rows (bench/fidelity_table.py, ``gpu.gemm_a100``). Ampere's ``mma.sync``
+        GEMMs were mature in every 2023 library and reach a larger share of a 3.2x lower peak than
+        Hopper's, whose dense peak needs ``wgmma`` kernels kept fed at the TDP.
+        """
+        for key, eff in self.gemm_efficiency_by_gpu:
+            if key == gpu_key:
+                return eff
+        return self.gemm_efficiency
+
+
+DEFAULT_CONSTANTS = EmulationConstants()
