@@ -371,13 +371,14 @@ def _derived(p: EnginePoint, value: float) -> EnginePoint:
     return EnginePoint(p.engine, p.base, p.kind, p.suffix, p.labels, value)
 
 
-def _host(url_or_instance: str) -> str | None:
+def host_of(url_or_instance: str) -> str | None:
+    """The host name of a URL or a Prometheus ``instance`` label (``host:port``); None without one."""
     if "://" not in url_or_instance:
         url_or_instance = "//" + url_or_instance
     return urlsplit(url_or_instance).hostname
 
 
-class _EngineRows:
+class EngineRows:
     """Shared by both sources: points of one snapshot → raw rows + per-interval rows.
 
     A snapshot with two series under one natural key (engine, metric, labels: the same series twice
@@ -467,8 +468,8 @@ class EngineScrapeSource(PageSource):
         **scrape: Any,
     ) -> None:
         super().__init__(f"engine:{url}", url, interval_s=interval_s, **scrape)
-        self.node = node or _host(url)
-        self._rows = _EngineRows(
+        self.node = node or host_of(url)
+        self._rows = EngineRows(
             EngineMapper(engine, include_buckets=include_buckets, passthrough=passthrough)
         )
         self._clock_guard = ClockGuard()

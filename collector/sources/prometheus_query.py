@@ -32,9 +32,9 @@ from collector.sources.prometheus import (
     DeltaTracker,
     EngineMapper,
     EnginePoint,
+    EngineRows,
     EngineScrapeSource,
-    _EngineRows,
-    _host,
+    host_of,
 )
 
 #: The largest query answer read (a window of ``max_points`` steps of a fleet's DCGM and engine
@@ -106,7 +106,7 @@ class PrometheusQuerySource(Source):
             self.queries["dcgm"] = _dcgm_query()
         if engines:
             self.queries["engine"] = _engine_query(include_buckets)
-        self._engine_rows = _EngineRows(EngineMapper("auto", include_buckets=include_buckets))
+        self._engine_rows = EngineRows(EngineMapper("auto", include_buckets=include_buckets))
         self._gpu_guard = ClockGuard()
         self._cursor_s: float | None = None  # end of the last window read
         self._client = HttpClient(
@@ -225,7 +225,7 @@ class PrometheusQuerySource(Source):
             b = by_ts.get(ts)
             if b is None:
                 b = by_ts[ts] = GpuRowBuilder(self.name, None, result)
-            b.add(name, labels, value, ts, default_node=_host(labels.get("instance", "")))
+            b.add(name, labels, value, ts, default_node=host_of(labels.get("instance", "")))
         rows = []
         for ts in sorted(by_ts):
             for key, row in by_ts[ts].rows():
@@ -244,7 +244,7 @@ class PrometheusQuerySource(Source):
         rows = []
         for endpoint, ts in sorted(snapshots, key=lambda k: (k[1], k[0])):
             rows += self._engine_rows.rows(
-                snapshots[(endpoint, ts)], node=_host(endpoint), endpoint=endpoint, ts_s=ts, result=result
+                snapshots[(endpoint, ts)], node=host_of(endpoint), endpoint=endpoint, ts_s=ts, result=result
             )
         result.add_samples(TABLE_ENGINE_METRICS, rows)
 

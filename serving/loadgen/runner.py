@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import httpx
 from tqdm import tqdm
@@ -21,6 +22,8 @@ from serving.trace import (
     TraceRequest,
 )
 
+P = ParamSpec("P")
+T = TypeVar("T")
 STOP_GRACE_S = 8.0  # on SIGINT/SIGTERM, how long requests in flight may still take (the demo waits 10 s)
 
 
@@ -112,14 +115,19 @@ async def arun_load(
     return report
 
 
-def run_load(base_url: str, requests: Sequence[TraceRequest], **options: Any) -> LoadReport:
-    """Replay ``requests`` against ``base_url`` and return the report (runs its own event loop).
+def _in_own_loop(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """``fn`` run to completion in an event loop of its own, with ``fn``'s parameters and types."""
 
-    ``options`` are :func:`arun_load`'s keyword arguments (``model``, ``max_concurrency``,
-    ``timeout_s``, ``progress``, ``seed``, ``clipped``, ``stop_grace_s``), with its semantics; call
-    that one from inside a running event loop.
-    """
-    return asyncio.run(arun_load(base_url, requests, **options))
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+#: :func:`arun_load` with its parameters, run in its own event loop (call ``arun_load`` from inside a
+#: running loop)
+run_load = _in_own_loop(arun_load)
 
 
 async def _sleep_until(deadline: float, stop: asyncio.Event | None = None) -> bool:

@@ -28,6 +28,7 @@ from phaselens.overview import OverviewCache, OverviewService
 from tests.collector.conftest import start_collector
 from tests.collector.sources.conftest import L4_PROM, TEXT, LocalServer, _handler
 from tests.collector.sources.test_prometheus_server import PROMETHEUS, RealProm, _free_port
+from tests.conftest import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "docs" / "grafana" / "phaselens.json"
@@ -249,12 +250,7 @@ def test_real_prometheus_scrapes_and_every_grafana_query_returns_data(live: Live
         print((tmp_path / "prometheus.log").read_text()[-4000:])
         raise
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
         log.close()
 
 

@@ -22,6 +22,7 @@ import pytest
 from collector.sources import TABLE_ENGINE_METRICS, TABLE_GPU_SAMPLES, PrometheusQuerySource
 from tests.collector.sources import expositions as ex
 from tests.collector.sources.conftest import L4_PROM, TEXT, LocalServer, _handler
+from tests.conftest import stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -112,12 +113,7 @@ def real_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealProm]:
         print((tmp / "prometheus.log").read_text()[-4000:])
         raise
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
         log.close()
         httpd.shutdown()
         httpd.server_close()

@@ -197,12 +197,12 @@ def test_mig_dcgm_and_engine_columns_survive_export_and_import(tmp_path: Path) -
     from collector.sources.base import SourceResult
     from collector.sources.dcgm import rows_from_text
     from collector.sources.exposition import parse_exposition
-    from collector.sources.prometheus import EngineMapper, _EngineRows
+    from collector.sources.prometheus import EngineMapper, EngineRows
 
     gpu = rows_from_text(capture("dcgm-exporter-a30-mig.prom"), source="dcgm:x", node="n1", ts_s=T0)
     res = SourceResult("engine:x", T0)
     samples = parse_exposition(capture("dynamo-vllm-worker.prom"), res)
-    engine = _EngineRows(EngineMapper()).rows(samples, node="n1", endpoint="w:9090", ts_s=T0, result=res)
+    engine = EngineRows(EngineMapper()).rows(samples, node="n1", endpoint="w:9090", ts_s=T0, result=res)
     with Store.open(tmp_path / "a.duckdb") as a:
         a.append("gpu_samples", gpu.table_rows(TABLE_GPU_SAMPLES))
         a.append(TABLE_ENGINE_METRICS, engine)
