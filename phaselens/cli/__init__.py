@@ -14,6 +14,7 @@ import sys
 from phaselens.cli.analyze import add_analyze_command
 from phaselens.cli.collect import add_collect_command
 from phaselens.cli.demo import add_demo_command
+from phaselens.cli.export import add_export_command
 from phaselens.cli.goodput import add_goodput_command
 from phaselens.cli.report import add_report_command
 from phaselens.cli.simulate import add_simulate_command
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_command(sub)
     add_goodput_command(sub)
     add_report_command(sub)
+    add_export_command(sub)
     add_demo_command(sub)
     return parser
 
