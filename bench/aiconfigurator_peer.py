@@ -71,6 +71,7 @@ class PeerConfig:
     tpot_s: float
     power_w: float | None  # its column; 0.0 means none stated
     engine: dict[str, dict[str, str]] = field(default_factory=dict)  # per role: the args it deploys
+    deploy: dict[str, Any] = field(default_factory=dict)  # its generated DynamoGraphDeployment
 
 
 @dataclass
@@ -138,7 +139,8 @@ def ask_peer(
 def _peer_config(mode_dir: Path, mode: str, gpus: int, gpu: str) -> PeerConfig:
     with open(mode_dir / "best_config_topn.csv", newline="") as f:
         row = next(csv.DictReader(f))
-    engine = _deployed_args(mode_dir / "top1" / "k8s_deploy.yaml")
+    deploy = yaml.safe_load((mode_dir / "top1" / "k8s_deploy.yaml").read_text())
+    engine = _deployed_args(deploy)
     if mode == "agg":
         tp = int(row["tp"]) * int(row["pp"])
         replicas = gpus // tp
@@ -173,12 +175,12 @@ def _peer_config(mode_dir: Path, mode: str, gpus: int, gpu: str) -> PeerConfig:
         tpot_s=float(row["tpot"]) / 1e3,
         power_w=power or None,
         engine=engine,
+        deploy=deploy,
     )
 
 
-def _deployed_args(path: Path) -> dict[str, dict[str, str]]:
-    """Per role, the flag -> value of the vLLM workers in AIConfigurator's generated DGD."""
-    doc = yaml.safe_load(path.read_text())
+def _deployed_args(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per role, the flag -> value of the vLLM workers in a generated DGD (and their replicas and GPUs)."""
     out: dict[str, dict[str, str]] = {}
     for svc in doc["spec"]["services"].values():
         if svc.get("componentType") != "worker":
@@ -188,6 +190,7 @@ def _deployed_args(path: Path) -> dict[str, dict[str, str]]:
             a: (args[i + 1] if i + 1 < len(args) else "") for i, a in enumerate(args) if a.startswith("--")
         }
         flags["replicas"] = str(svc.get("replicas", 1))
+        flags["gpu"] = str(svc.get("resources", {}).get("limits", {}).get("gpu"))
         out[svc.get("subComponentType") or "mixed"] = flags
     return out
 
@@ -213,6 +216,25 @@ def goodput_tokens_per_s_per_gpu(
         initial_rate_rps=start_rps, min_rate_rps=0.01, max_rate_rps=100.0, target=target, gpus=gpus,
     )  # fmt: skip
     return result.goodput_rps, result.goodput_rps * osl / gpus
+
+
+EXPORT_FIELDS = ("replicas", "gpu", "--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens")
+
+
+def export_differences(peer: PeerConfig) -> list[str]:
+    """Where ``phaselens export --format dynamo`` of the same layout differs from AIConfigurator's
+    generated DGD in what decides the deployment (services, replicas, GPUs, TP, engine limits)."""
+    from phaselens.export import export_document, export_spec
+
+    ours = _deployed_args(export_document(export_spec(peer.layout, SIM_MODEL), "dynamo"))
+    if set(ours) != set(peer.engine):
+        return [f"worker roles {sorted(ours)} vs its {sorted(peer.engine)}"]
+    return [
+        f"{role} {key}: {ours[role].get(key)} vs its {peer.engine[role].get(key)}"
+        for role in ours
+        for key in EXPORT_FIELDS
+        if ours[role].get(key) != peer.engine[role].get(key)
+    ]
 
 
 def phaselens_column(rec: dict[str, Any]) -> dict[str, Any]:
@@ -299,6 +321,9 @@ def print_question(isl: int, osl: int, answer: PeerAnswer, sims: dict[str, SimSu
         print(f"{label:44}" + "".join(f"{cell(answer.best[m], sims[m]):>28}" for m in answer.best))
     for mode, peer in answer.best.items():
         print(f"  {mode} simulated as {peer.layout}")
+        diff = export_differences(peer)
+        print(f"  {mode}: phaselens export of it vs its generated DGD: " + ("; ".join(diff) if diff else
+              f"same workers, replicas, GPUs, TP and engine limits ({', '.join(EXPORT_FIELDS)})"))  # fmt: skip
         for note in compare(peer, sims[mode], slo):
             print(f"  {mode}: {note}")
     agg, dis = sims["agg"], sims["disagg"]
