@@ -10,6 +10,8 @@ import yaml
 
 from collector.store import Store
 from phaselens.cli import main
+from tests.collector.conftest import start_collector
+from tests.conftest import stop_process
 
 RID = "rec-1764900000-a1b2c3"
 
@@ -67,8 +69,7 @@ def test_bad_input_is_a_clear_error(
     assert err.startswith("phaselens export: error: ") and message in err
 
 
-def test_export_a_stored_recommendation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    db = tmp_path / "store.duckdb"
+def _store_recommendation(db: Path) -> None:
     with Store.open(db) as store:
         store.append(
             "recommendations",
@@ -81,6 +82,11 @@ def test_export_a_stored_recommendation(tmp_path: Path, capsys: pytest.CaptureFi
             }],
         )  # fmt: skip
         store.flush()
+
+
+def test_export_a_stored_recommendation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "store.duckdb"
+    _store_recommendation(db)
     out = tmp_path / "pcs.yaml"
     assert main(["export", RID, "--db", str(db), "--format", "grove", "--out", str(out)]) == 0
     assert f"from recommendation {RID}" in capsys.readouterr().out
@@ -93,3 +99,27 @@ def test_export_a_stored_recommendation(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["export", RID, "--db", str(tmp_path / "none.duckdb"), "--format", "grove"]) == 2
     assert "no such store file" in capsys.readouterr().err
     assert json.loads(json.dumps(doc))  # plain data all through
+
+
+def test_export_a_recommendation_through_the_running_collector(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip(
+        "phaselens.recommend_api",
+        reason="the collector serves /api/v1/recommendations/{id} once issue 22's routes are in",
+    )
+    db = tmp_path / "store.duckdb"
+    _store_recommendation(db)
+    proc, url = start_collector(db, "--report-schedule", "off")
+    try:
+        out = tmp_path / "dgd.yaml"
+        assert main(["export", RID, "--collector", url, "--format", "dynamo", "--out", str(out)]) == 0
+        assert f"from recommendation {RID}" in capsys.readouterr().out
+        services = yaml.safe_load(out.read_text())["spec"]["services"]
+        assert (
+            services["VllmPrefillWorker"]["replicas"] == 3 and services["VllmDecodeWorker"]["replicas"] == 1
+        )
+        assert main(["export", "rec-0-000000", "--collector", url, "--format", "dynamo"]) == 2
+        assert "answered 404: no recommendation 'rec-0-000000'" in capsys.readouterr().err
+    finally:
+        stop_process(proc)
