@@ -145,7 +145,7 @@ def spec_from_recommendation(rec: dict[str, Any], **options: Any) -> ExportSpec:
         raise ExportError(f"recommendation {rid}: its proposed JSON names no 'model'; pass --model")
     spec = export_spec(str(proposed["layout"]), str(model), recommendation_id=rid, **options)
     gpus = proposed.get("gpus")
-    if gpus is not None and int(gpus) != spec.layout.gpus:
+    if gpus is not None and (not isinstance(gpus, int | float) or int(gpus) != spec.layout.gpus):
         raise ExportError(
             f"recommendation {rid}: proposed says {gpus} GPUs but its layout {spec.layout_text!r} "
             f"uses {spec.layout.gpus}"

@@ -5,7 +5,11 @@ The CRD's ``openAPIV3Schema`` of the document's version is checked with jsonsche
 changes that make it say what the API server enforces: an object schema with ``properties`` and
 neither ``additionalProperties`` nor ``x-kubernetes-preserve-unknown-fields`` refuses unknown
 fields (the server prunes or, strictly, rejects them; plain JSON Schema would let a misspelt
-field through), and ``x-kubernetes-int-or-string`` admits an integer or a string.
+field through), ``x-kubernetes-int-or-string`` admits an integer or a string, and ``nullable``
+admits null. Not checked: the CEL rules of ``x-kubernetes-validations`` (the API server evaluates
+them; the published DGD and PodCliqueSet CRDs have 3 and 7, none on a field the exports set
+except ``sharedMemory``, whose rule, no ``size`` when ``disabled``, they keep) and the
+``format`` of strings and integers.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ def _strict(node: Any) -> None:
         return
     if node.get("x-kubernetes-int-or-string") and "anyOf" not in node:
         node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("nullable") and isinstance(node.get("type"), str):
+        node["type"] = [node["type"], "null"]
     if (
-        node.get("type") == "object"
+        node.get("type") in ("object", ["object", "null"])
         and "properties" in node
         and "additionalProperties" not in node
         and not node.get("x-kubernetes-preserve-unknown-fields")

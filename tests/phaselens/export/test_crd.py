@@ -40,6 +40,7 @@ TOY_CRD = {
                                 "properties": {
                                     "mode": {"type": "string", "enum": ["a", "b"]},
                                     "size": {"x-kubernetes-int-or-string": True},
+                                    "note": {"type": "string", "nullable": True},
                                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                                     "raw": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                                             "properties": {"known": {"type": "integer"}}},
@@ -71,7 +72,7 @@ def test_the_validator_refuses_what_the_api_server_refuses() -> None:
         mode="a", size="10Gi", labels={"x": "y"}, raw={"known": 1, "anything": [1]}, parts=[{"name": "p"}]
     )
     assert validation_errors(good, TOY_CRD) == []
-    assert validation_errors(_widget(size=3, parts=[]), TOY_CRD) == []
+    assert validation_errors(_widget(size=3, note=None, parts=[]), TOY_CRD) == []
     cases = {
         "spec.parts.0: Additional properties are not allowed ('cuont' was unexpected)": _widget(
             parts=[{"name": "p", "cuont": 2}]
@@ -81,6 +82,7 @@ def test_the_validator_refuses_what_the_api_server_refuses() -> None:
         "spec.mode: 'c' is not one of ['a', 'b']": _widget(mode="c", parts=[]),
         "spec.labels.x: 1 is not of type 'string'": _widget(labels={"x": 1}, parts=[]),
         "spec.size: [1] is not valid under any of the given schemas": _widget(size=[1], parts=[]),
+        "spec.note: 5 is not of type 'string', 'null'": _widget(note=5, parts=[]),
     }
     for message, doc in cases.items():
         assert validation_errors(doc, TOY_CRD) == [message]

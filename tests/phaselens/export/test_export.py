@@ -128,6 +128,10 @@ def test_a_recommendation_exports_its_proposed_layout() -> None:
         spec_from_recommendation(
             {**rec, "proposed": {"layout": "3p1d:h100-sxm:tp2", "model": "llama-3.1-70b", "gpus": 4}}
         )
+    with pytest.raises(ExportError, match="says eight GPUs but its layout"):
+        spec_from_recommendation(
+            {**rec, "proposed": {"layout": "3p1d:h100-sxm:tp2", "model": "llama-3.1-70b", "gpus": "eight"}}
+        )
     with pytest.raises(ExportError, match="names no 'model'; pass --model"):
         spec_from_recommendation({**rec, "proposed": {"layout": "3p1d:h100-sxm:tp2"}})
     with pytest.raises(ExportError, match="only layout ones export"):
