@@ -215,10 +215,10 @@ def observe_engine_histograms(con: duckdb.DuckDBPyConnection, window: Window) ->
     hist = df[df["metric"].str.startswith(_HIST)]
     if hist.empty:
         raise AnalyticsError(
-            f"no per-request length histograms in the window ({window.label()}): neither requests rows "
-            "nor engine_metrics input_sequence_tokens / output_sequence_tokens (vLLM request_prompt_tokens "
-            "/ request_generation_tokens, Dynamo input/output_sequence_tokens) at two scrapes or more; "
-            "SGLang's metrics carry no per-request lengths"
+            f"nothing to observe in the window ({window.label()}): no requests rows, and no engine "
+            "per-request length histograms (vLLM request_prompt_tokens / request_generation_tokens, Dynamo "
+            "input/output_sequence_tokens) scraped twice or more in it (SGLang's metrics carry no "
+            "per-request lengths); widen --since or pick another dataset"
         )
     trust = Trust()
     if window.simulated:
