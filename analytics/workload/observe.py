@@ -70,10 +70,12 @@ FROM requests
 WHERE {nodes} AND arrival_s >= ? AND arrival_s < ? AND prompt_tokens > 0 AND output_tokens > 0
 """
 
+# (a sample of the FROM clause is taken before WHERE: the window's rows are sampled in a subquery)
 _PAIRS_SQL = """
-SELECT prompt_tokens, output_tokens FROM requests
-WHERE {nodes} AND arrival_s >= ? AND arrival_s < ? AND prompt_tokens > 0 AND output_tokens > 0
-USING SAMPLE reservoir({n} ROWS) REPEATABLE ({seed})
+SELECT prompt_tokens, output_tokens FROM (
+    SELECT prompt_tokens, output_tokens FROM requests
+    WHERE {nodes} AND arrival_s >= ? AND arrival_s < ? AND prompt_tokens > 0 AND output_tokens > 0
+) USING SAMPLE reservoir({n} ROWS) REPEATABLE ({seed})
 """
 
 
