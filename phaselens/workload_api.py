@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import Request
+
 from analytics.window import AnalyticsError
 
 #: query parameters (and POST fields) of a workload read
@@ -129,8 +131,6 @@ def save_workload(store: Any, result: dict[str, Any], node: str) -> dict[str, st
 def add_workload_routes(app: Any, collector: Any, error: Callable[..., Any]) -> None:
     """The workload routes on the service's app (``error(status, message, param)``: the API's JSON
     errors)."""
-    from fastapi import Request
-
     from collector.api import param_of
     from collector.store import StoreError
 

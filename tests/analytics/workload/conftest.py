@@ -57,7 +57,7 @@ def simulate_into(trace: list[TraceRequest], db: Path, csv: Path) -> str:
             "--trace",
             str(csv),
             "--layout",
-            "agg:4xh100-sxm",
+            "agg:1xh100-sxm",
             "--sample-period-s",
             "5",
             "--db",
