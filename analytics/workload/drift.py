@@ -12,8 +12,8 @@ prompt, output  Wasserstein-1 distance of the token-count           ≥ 0.5 doub
 burstiness      ``|log2(new burstiness CV / old)|``                 ≥ log2 1.5
 ==============  =================================================  ==========================
 
-The same workload observed twice moves a few hundredths (sampling noise); a doubled rate scores
-1.71, prompts twice as long 2.0.
+The same workload drawn twice scores about 0.1 (sampling noise); a doubled rate about 1.7, prompts
+twice as long about 2 (docs/RECOMMENDATIONS.md, "Workload").
 """
 
 from __future__ import annotations
