@@ -71,6 +71,8 @@ def run_workload(con: Any, params: dict[str, Any]) -> dict[str, Any]:
             f"unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(sorted(WORKLOAD_PARAMS))}",
             unknown[0],
         )
+    if isinstance(params.get("node"), str):  # a JSON body may name one node as a string
+        params = params | {"node": [params["node"]]}
     seed = _seed(params)
     rate_scale = _number(params, "rate_scale", 0.0, 1000.0, 1.0, "multiplies the observed rate")
     window = window_of(con, params)

@@ -110,6 +110,10 @@ def test_the_service_api_computes_stores_and_lists_workloads(store_file, capsys)
             ({"dataset": "nope"}, "dataset"),
             ({"bogus": "1"}, "bogus"),
             ({"since": "-1h"}, "since"),
+            ({"start_s": "1e400"}, "start_s"),
+            ({"dataset": "latest", "seed": "-1"}, "seed"),
+            ({"dataset": "latest", "duration_s": "nan"}, "duration_s"),
+            ({"dataset": "latest", "source": "logs"}, "source"),
         ):
             r = httpx.get(f"{url}/api/v1/workload", params=params, timeout=60)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
