@@ -33,6 +33,20 @@ def _histogram(name: str, values: np.ndarray) -> list[str]:
     return lines
 
 
+def dynamo_frontend_page(trace, now_s: float) -> str:
+    """A Dynamo frontend's page: the same requests as :func:`vllm_page`, under Dynamo's names."""
+    done = [r for r in trace if T0_S + r.arrival_s <= now_s]
+    prompt = np.array([r.prompt_tokens for r in done], dtype=float)
+    output = np.array([r.output_tokens for r in done], dtype=float)
+    page = "\n".join(
+        [
+            *_histogram("dynamo_frontend_input_sequence_tokens", prompt),
+            *_histogram("dynamo_frontend_output_sequence_tokens", output),
+        ]
+    )
+    return page.replace(BASE, 'model="llama-3.1-8b"') + "\n"
+
+
 def vllm_page(trace, now_s: float) -> str:
     """vLLM's page at ``now_s``: every request of ``trace`` that arrived by then counted (a request's
     lengths are observed when it finishes; here, as it arrives: the test is of the reading)."""
@@ -56,21 +70,26 @@ def vllm_page(trace, now_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def scrape_into_store(server: LocalServer, trace, db) -> None:
-    """Scrape the page every 10 s of the trace's time (and one before it) into ``db``."""
+def scrape_into_store(server: LocalServer, trace, db, pages=(vllm_page,)) -> None:
+    """Scrape the pages (each at its own path) every 10 s of the trace's time (and once before it)
+    into ``db``."""
     clock = {"now": T0_S - SCRAPE_S}
-    url = server.url + "/metrics"
-    server.routes["/metrics"] = lambda _q: (200, vllm_page(trace, clock["now"]), TEXT)
-    src = EngineScrapeSource(url, node="gpu-node-1", clock=lambda: clock["now"])
+    sources = []
+    for k, page in enumerate(pages):
+        path = f"/{k}/metrics"
+        server.routes[path] = lambda _q, page=page: (200, page(trace, clock["now"]), TEXT)
+        sources.append(EngineScrapeSource(server.url + path, node="gpu-node-1", clock=lambda: clock["now"]))
     rows = []
     try:
         while clock["now"] <= T0_S + 300.0:
-            res = src.poll(force=True)
-            assert res.ok and not [e for e in res.errors if e.kind != "unmapped"], res.errors
-            rows += res.table_rows("engine_metrics")
+            for src in sources:
+                res = src.poll(force=True)
+                assert res.ok and not [e for e in res.errors if e.kind != "unmapped"], res.errors
+                rows += res.table_rows("engine_metrics")
             clock["now"] += SCRAPE_S
     finally:
-        src.close()
+        for src in sources:
+            src.close()
     with Store.open(db) as store:
         store.append("engine_metrics", rows)
         store.flush()
@@ -115,3 +134,15 @@ def test_a_vllm_fleets_histograms_give_its_rate_lengths_and_prefix_reuse(http_se
     assert 0.5 < found["poisson"].dispersion_index < 1.8
     assert found["bursty"].dispersion_index > 3.0
     assert found["bursty"].burstiness_cv > 1.7 > found["poisson"].burstiness_cv
+
+
+def test_behind_a_dynamo_frontend_each_request_counts_once(http_server, tmp_path):  # noqa: F811
+    trace = known_trace(1.0, seed=23)
+    db = tmp_path / "dynamo.duckdb"
+    scrape_into_store(http_server, trace, db, pages=(dynamo_frontend_page, vllm_page))
+    with Store.open(db, read_only=True) as store, store.reader() as con:
+        w = observe(con, Window(T0_S - 60.0, T0_S + 310.0), source="engine_histograms")
+    assert w.request_count == len(trace)  # the frontend's histograms alone, not the worker's as well
+    assert any("Dynamo frontend" in n for n in w.trust.notes)
+    assert w.prompt_tokens.mean == pytest.approx(np.mean([r.prompt_tokens for r in trace]), rel=1e-6)
+    assert w.prefix_reuse_ratio == pytest.approx(PREFIX_HIT_SHARE, abs=0.01)  # the vLLM worker's cache
