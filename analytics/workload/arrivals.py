@@ -19,8 +19,9 @@ import numpy as np
 from analytics.workload.model import RateCurve
 
 #: Interval lengths the rate curve may use (s); the finest that keeps enough arrivals per interval.
-CURVE_INTERVALS_S = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-MAX_CURVE_INTERVALS = 96
+CURVE_INTERVALS_S = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0)
+#: at most this many intervals (a day at 1 min, 60 days at 1 h)
+MAX_CURVE_INTERVALS = 1440
 #: arrivals per interval a curve wants (first choice, then the fallback) before it is trusted
 MIN_PER_INTERVAL = (100, 30)
 #: expected arrivals per count of the dispersion index
@@ -29,7 +30,7 @@ DISPERSION_TARGET = 20.0
 
 def curve_interval_s(duration_s: float, requests: int) -> float:
     """The rate curve's interval for ``requests`` arrivals over ``duration_s``: the finest of
-    :data:`CURVE_INTERVALS_S` with at most 96 intervals and about 100 (else 30) arrivals in each;
+    :data:`CURVE_INTERVALS_S` with at most 1,440 intervals and about 100 (else 30) arrivals in each;
     the whole window (a constant rate) when no interval has enough."""
     rate = requests / duration_s if duration_s > 0 else 0.0
     for need in MIN_PER_INTERVAL:

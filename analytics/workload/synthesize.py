@@ -11,6 +11,7 @@ observed, so the synthesized workload is shown (and stored) next to the observed
 from __future__ import annotations
 
 import csv
+import gc
 import math
 import time
 from collections.abc import Sequence
@@ -62,7 +63,14 @@ def synthesize_trace(
     u = _renewal(rng, shape, expected)
     times = np.interp(u, lam, edges)
     prompt, output = workload.lengths.sample(rng, len(times))
-    return [TraceRequest(float(t), int(p), int(o)) for t, p, o in zip(times, prompt, output, strict=True)]
+    columns = zip(times.tolist(), prompt.tolist(), output.tolist(), strict=True)
+    collecting = gc.isenabled()
+    gc.disable()  # a million small objects, none of them cyclic: the collector's passes cost 2/3 of the time
+    try:
+        return [TraceRequest(t, p, o) for t, p, o in columns]
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _renewal(rng: np.random.Generator, shape: float, until: float) -> np.ndarray:
@@ -106,16 +114,14 @@ def describe_trace(
     output = np.asarray([r.output_tokens for r in keep], dtype=np.int64)
     pi = 1 + np.ceil(BINS_PER_DOUBLING * np.log2(np.maximum(prompt, 1))).astype(np.int64)
     oi = 1 + np.ceil(BINS_PER_DOUBLING * np.log2(np.maximum(output, 1))).astype(np.int64)
-    cells: dict[tuple[int, int], float] = {}
-    for i, j in zip(pi.tolist(), oi.tolist(), strict=True):
-        cells[(i, j)] = cells.get((i, j), 0.0) + 1.0
+    keys, counts = np.unique(pi * 4096 + oi, return_counts=True)  # a bin index stays below 4096
     edges = log_edges(int(max(pi.max(initial=0), oi.max(initial=0))) + 2)
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(keep), size=min(RETAINED_PAIRS, len(keep)), replace=False) if keep else []
     lengths = JointLengths(
         edges,
         edges,
-        [(i, j, c) for (i, j), c in sorted(cells.items())],
+        [(k // 4096, k % 4096, float(c)) for k, c in zip(keys.tolist(), counts.tolist(), strict=True)],
         True,
         [(int(prompt[k]), int(output[k])) for k in pick],
     )
