@@ -119,3 +119,46 @@ def test_bad_input_gets_a_clear_error(simulated):
         synthesize_trace(w, rate_scale=1e5)
     with pytest.raises(AnalyticsError, match="no requests"):
         describe_trace([])
+
+
+def test_a_live_window_reads_the_live_nodes_only(tmp_path):
+    """Live request rows (as the collector stores the bundled router's) next to a scenario's: the live
+    window observes the live ones, labelled measured; a node filter narrows it."""
+    import time
+
+    from collector.store import Store
+
+    now = time.time()
+    trace = known_trace(1.0, seed=41)[:600]
+    rows = [
+        {
+            "node": node,
+            "source": "router",
+            "request_id": f"{node}-{i}",
+            "arrival_s": now - 400 + r.arrival_s,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "status": "ok",
+        }
+        for node in ("box-1", "sim:other")
+        for i, r in enumerate(trace)
+    ]
+    rows.append(
+        {"node": "box-2", "source": "router", "request_id": "x", "arrival_s": now - 10, "status": "error"}
+    )
+    db = tmp_path / "live.duckdb"
+    with Store.open(db) as store:
+        store.append("requests", rows)
+        store.flush()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        w = observe(con, resolve_window(con, since_s=600.0))
+        one = observe(con, resolve_window(con, since_s=600.0, nodes=["box-1"]))
+    finally:
+        con.close()
+    assert w.request_count == len(trace) + 1 and w.trust.labels == {
+        "measured"
+    }  # the failed one is an arrival
+    assert any("without prompt or output tokens" in n for n in w.trust.notes)
+    assert one.request_count == len(trace) and not one.trust.notes
+    assert one.prompt_tokens.p50 == pytest.approx(np.percentile([r.prompt_tokens for r in trace], 50))
