@@ -187,6 +187,21 @@ def _num(x: Any, fmt: str = "{:.3g}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
+def _spread(w: dict[str, Any]) -> str:
+    rps = sorted(w["rate_curve"]["rps"])
+    if not rps:
+        return "—"
+    return " / ".join(_num(x) for x in (rps[0], rps[len(rps) // 2], rps[-1]))
+
+
+def _busiest(w: dict[str, Any]) -> str:
+    hours = [(r, h) for h, r in enumerate(w["hourly_rps"]) if r is not None]
+    if not hours:
+        return "—"
+    rate, hour = max(hours)
+    return f"{hour:02d}:00 {_num(rate)}"
+
+
 def _lengths(w: dict[str, Any], axis: str) -> str:
     s = w[f"{axis}_tokens"]
     return (
@@ -203,7 +218,8 @@ def text_lines(result: dict[str, Any]) -> list[str]:
     rows = [
         ["requests", f"{o['request_count']:,}", f"{s['request_count']:,}"],
         ["mean rate, req/s", _num(o["mean_rps"]), _num(s["mean_rps"])],
-        [f"peak rate ({curve_s:g} s), req/s", _num(o["peak_rps"]), _num(s["peak_rps"])],
+        [f"rate per {curve_s:g} s: min / median / max", _spread(o), _spread(s)],
+        ["busiest UTC hour, req/s", _busiest(o), _busiest(s)],
         ["inter-arrival CV (Poisson 1)", _num(o["interarrival_cv"]), _num(s["interarrival_cv"])],
         ["burstiness CV (rate curve out)", _num(o["burstiness_cv"]), _num(s["burstiness_cv"])],
         ["Gamma shape of the gaps", _num(o["gamma_shape"]), _num(s["gamma_shape"])],
