@@ -25,6 +25,7 @@ from collector.store.tables import TABLES
 from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
+from phaselens.workload_api import add_workload_routes
 
 _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
 _PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
@@ -176,5 +177,6 @@ def create_service_app(collector: Collector) -> FastAPI:
         return got.overview | {"computed_at_s": got.computed_at_s, "compute_s": got.compute_s}
 
     add_metrics_route(app, exporter)
+    add_workload_routes(app, collector, error_response)
 
     return app

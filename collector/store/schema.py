@@ -399,6 +399,43 @@ FROM gpu_sample_rows r JOIN gpu_keys k ON r.gpu_key = k.gpu_key;
 # Rows from before (NULL) are joined to their requests by the readers (analytics.cost.token_counts).
 _V12_TOKEN_WORKER = "ALTER TABLE tokens ADD COLUMN worker VARCHAR;"
 
+# Workloads (analytics/workload/): one row per description of a window's workload, ``kind``
+# 'observed' (from requests rows or engine histograms) or 'synthesized' (a trace made from an observed
+# one, measured back: ``observed_id`` names it), so the two are stored and shown side by side. The
+# summary columns carry units in their names; ``details`` holds the whole description (rate curve,
+# hourly rates, the joint length histogram, retained length pairs) and ``trust`` its labels and notes.
+_V13_WORKLOADS = """
+CREATE TABLE workloads (
+    workload_id           VARCHAR NOT NULL,
+    node                  VARCHAR NOT NULL,   -- the collector (or host) that stored it
+    ts_s                  DOUBLE  NOT NULL,   -- when it was stored
+    kind                  VARCHAR NOT NULL,   -- observed | synthesized
+    source                VARCHAR NOT NULL,   -- requests | engine_histograms | trace
+    dataset               VARCHAR NOT NULL,   -- live | a scenario id
+    start_s               DOUBLE  NOT NULL,   -- the window observed (UTC epoch s)
+    end_s                 DOUBLE  NOT NULL,
+    observed_id           VARCHAR,            -- synthesized: the observed workload it follows
+    request_count         BIGINT,
+    mean_rps              DOUBLE,
+    peak_rps              DOUBLE,
+    interarrival_cv       DOUBLE,
+    burstiness_cv         DOUBLE,
+    gamma_shape           DOUBLE,
+    dispersion_index      DOUBLE,
+    prompt_tokens_mean    DOUBLE,
+    prompt_tokens_p50     DOUBLE,
+    prompt_tokens_p90     DOUBLE,
+    prompt_tokens_p99     DOUBLE,
+    output_tokens_mean    DOUBLE,
+    output_tokens_p50     DOUBLE,
+    output_tokens_p90     DOUBLE,
+    output_tokens_p99     DOUBLE,
+    prefix_reuse_ratio    DOUBLE,             -- 0-1; NULL: not known (details say why)
+    trust                 JSON    NOT NULL,   -- {"labels": [...], "notes": [...]}
+    details               JSON
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", V2_TELEMETRY),
@@ -422,6 +459,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         iteration_seconds.DDL + iteration_seconds.rebuild_sql() + ";",
     ),
     Migration(12, "tokens.worker: the worker that generated the token", _V12_TOKEN_WORKER),
+    Migration(13, "workloads: observed and synthesized workload descriptions", _V13_WORKLOADS),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

@@ -62,6 +62,7 @@ TABLES: dict[str, TableSpec] = {
             "actions", "ts_s", ("action_id",), generated_id="action_id", defaults={"rolled_back": False}
         ),
         TableSpec("reports", "ts_s", ("report_id",), generated_id="report_id"),
+        TableSpec("workloads", "ts_s", ("workload_id",), generated_id="workload_id"),
         # one row per simulated scenario; its rows elsewhere have node 'sim:<scenario_id>'
         TableSpec("scenarios", "created_s", ("scenario_id",), defaults={"label": "simulated"}),
     )

@@ -19,6 +19,7 @@ from phaselens.cli.goodput import add_goodput_command
 from phaselens.cli.report import add_report_command
 from phaselens.cli.simulate import add_simulate_command
 from phaselens.cli.store import add_store_command
+from phaselens.cli.workload import add_workload_command
 from serving import cli as serving_cli
 
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_goodput_command(sub)
     add_report_command(sub)
     add_export_command(sub)
+    add_workload_command(sub)
     add_demo_command(sub)
     return parser
 
