@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -123,6 +124,7 @@ class ApplyRun:
         *,
         stop: threading.Event | None = None,
         allowed_urls: list[str] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         if not token:
             raise ApplyError(
@@ -142,6 +144,7 @@ class ApplyRun:
         self.step_rows: list[dict[str, Any]] = []
         self.guard = GuardSpec()
         self.log: list[str] = []
+        self.on_note = on_note
 
     # -- planning ------------------------------------------------------------------------------------
 
@@ -253,6 +256,8 @@ class ApplyRun:
 
     def _note(self, text: str) -> None:
         self.log.append(text)
+        if self.on_note is not None:
+            self.on_note(text)
 
     def _execute(self) -> dict[str, Any]:
         assert self.plan is not None

@@ -12,6 +12,7 @@ import re
 import sys
 
 from phaselens.cli.analyze import add_analyze_command
+from phaselens.cli.apply import add_apply_commands
 from phaselens.cli.collect import add_collect_command
 from phaselens.cli.demo import add_demo_command
 from phaselens.cli.goodput import add_goodput_command
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_goodput_command(sub)
     add_report_command(sub)
     add_demo_command(sub)
+    add_apply_commands(sub)  # apply, rollback
     return parser
 
 
