@@ -20,7 +20,7 @@ def recommendation_row(
     status: str = "proposed",
     kind: str = "layout",
     confidence: str = "high",
-    saving_usd_per_h: float = -1.0,
+    saving_usd_per_h: float = 1.0,
     node: str = "test",
 ) -> dict[str, Any]:
     """A ``recommendations`` row for the bundled stack at ``stack_url``: ``current`` → ``proposed``."""
@@ -41,7 +41,7 @@ def recommendation_row(
         "rationale": "test input",
         "est_tokens_per_j_change_pct": 10.0,
         "est_latency_change_pct": -10.0,
-        "est_cost_change_usd_per_h": saving_usd_per_h,
+        "est_cost_change_usd_per_h": -saving_usd_per_h,  # a saving is a negative change
         "status": status,
         "details": {
             "inputs": {"slo": slo or {"ttft_s": 5.0, "tpot_s": 0.5, "target": 0.9}},

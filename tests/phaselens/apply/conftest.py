@@ -22,7 +22,7 @@ from serving.trace import poisson_trace
 __all__ = ["TOKEN", "background_load", "reset_layout", "roles", "write_recs"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")  # one stack for the directory; each test resets its layout
 def stack() -> Iterator[Server]:
     server = start_server(*serve_args_emulated(2))
     yield server
