@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from analytics.trust import EMULATED, HOST_BOUND
 from serving.sim.summary import SloSpec, slo_meets
 
 DEFAULT_GUARD_S = 30.0
+HOST_BOUND_SHARE = 0.05  # a window with more lagged emulated iterations is labelled host-bound
 DEFAULT_MAX_ERROR_RATE = 0.05
 # the figures of a window compared against details.predicted (realised vs predicted)
 COMPARED = ("goodput_rps_per_gpu", "output_tokens_per_s_per_gpu", "ttft_p90_s", "tpot_p90_s", "j_per_token")
@@ -67,9 +69,12 @@ def measure(
     slo: SloSpec,
     gpus: int,
     energy_j: float | None = None,
-    trust: str = "emulated",
+    trust: str = EMULATED,
+    host_bound_share: float | None = None,
 ) -> dict[str, Any]:
-    """The window [start_s, end_s)'s figures (METRICS of the recommendation contract, plus counts)."""
+    """The window [start_s, end_s)'s figures (METRICS of the recommendation contract, plus counts).
+    ``host_bound_share``: the emulated iterations of the window the host could not keep pace with;
+    over :data:`HOST_BOUND_SHARE` the figures are labelled host-bound as well."""
     window_s = max(end_s - start_s, 1e-9)
     arrived = [e for e in events if start_s <= e["arrival_s"] < end_s and e.get("status") != "aborted"]
     ok = [e for e in arrived if e.get("status") == "ok"]
@@ -106,7 +111,8 @@ def measure(
         "tpot_p99_s": _pct(ok_tpot, 99),
         "energy_j": energy_j,
         "j_per_token": energy_j / tokens if energy_j is not None and tokens else None,
-        "trust": trust,
+        "host_bound_share": host_bound_share,
+        "trust": [trust, HOST_BOUND] if (host_bound_share or 0) > HOST_BOUND_SHARE else [trust],
     }
 
 

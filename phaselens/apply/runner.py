@@ -265,7 +265,7 @@ class ApplyRun:
         with StackClient(plan.stack_url, self.token) as stack:
             start = time.time()
             events = stack.request_events()
-            baseline = self._measure(events, start - o.guard_s, start, None, sum(plan.before.values()))
+            baseline = self._measure(events, start - o.guard_s, start, None, None, sum(plan.before.values()))
             done: list[tuple[Step, dict[str, Any], str | None]] = []  # (step, its row, added worker id)
             previous = baseline
             for i, (step, row) in enumerate(zip(plan.steps, self.step_rows, strict=True), 1):
@@ -300,10 +300,23 @@ class ApplyRun:
         return None
 
     def _measure(
-        self, events: list[dict[str, Any]], start_s: float, end_s: float, energy_j: float | None, gpus: int
+        self,
+        events: list[dict[str, Any]],
+        start_s: float,
+        end_s: float,
+        energy_j: float | None,
+        host_bound: float | None,
+        gpus: int,
     ) -> dict[str, Any]:
         return measure(
-            events, start_s, end_s, slo=self.guard.slo, gpus=gpus, energy_j=energy_j, trust=self.trust
+            events,
+            start_s,
+            end_s,
+            slo=self.guard.slo,
+            gpus=gpus,
+            energy_j=energy_j,
+            trust=self.trust,
+            host_bound_share=host_bound,
         )
 
     def _guard_window(
@@ -312,19 +325,18 @@ class ApplyRun:
         """Wait out a guard window after step ``index``, measure it, write its ``guard`` row."""
         o, p = self.options, self.progress
         gpus = sum(counts(live_workers(stack.layout())).values())
-        _, e0 = stack.energy_j()
+        c0 = stack.counters()
         start = time.time()
         p.state, p.guard_ends_at_s = "guarding", start + o.guard_s
         while time.time() < p.guard_ends_at_s and not self.stop.is_set():
             events += stack.request_events()
             time.sleep(min(0.25, max(0.0, p.guard_ends_at_s - time.time())))
         end = time.time()
-        _, e1 = stack.energy_j()
+        c1 = stack.counters()
         p.guard_ends_at_s = None
         self.stop.wait(o.settle_s)
         events += stack.request_events()
-        energy = sum(e1[w] - e0[w] for w in e1 if w in e0) if e1 and set(e1) == set(e0) else None
-        metrics = self._measure(events, start, end, energy, gpus)
+        metrics = self._measure(events, start, end, *window_counters(c0, c1), gpus)
         passed, why = judge(metrics, self.guard)
         self._note(f"guard after step {index}: {'passed' if passed else 'BREACH'}: {why}")
         row = self.audit.row(
@@ -408,6 +420,21 @@ class ApplyRun:
             "log": self.log,
             **self.summary(),
         }
+
+
+def window_counters(
+    c0: dict[str, dict[str, float]], c1: dict[str, dict[str, float]]
+) -> tuple[float | None, float | None]:
+    """(energy J, host-bound share of the emulated iterations) between two device reads of the
+    same workers (None where a worker came or went, or nothing reports it)."""
+    if not c1 or set(c0) != set(c1):
+        return None, None
+    energy = [
+        c1[w]["energy_j"] - c0[w]["energy_j"] for w in c1 if "energy_j" in c1[w] and "energy_j" in c0[w]
+    ]
+    iters = sum(c1[w].get("iterations", 0) - c0[w].get("iterations", 0) for w in c1)
+    lagged = sum(c1[w].get("lagged", 0) - c0[w].get("lagged", 0) for w in c1)
+    return (sum(energy) if len(energy) == len(c1) else None), (lagged / iters if iters else None)
 
 
 def _after(roles: dict[str, int], step: Step) -> dict[str, int]:

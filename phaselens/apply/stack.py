@@ -105,14 +105,18 @@ class StackClient:
                 return out
             out += [ev for b in fresh for ev in b["events"] if ev.get("type") == "request"]
 
-    def energy_j(self) -> tuple[float, dict[str, float]]:
-        """(sample time, energy J by worker) of every device that reports an energy counter."""
+    def counters(self) -> dict[str, dict[str, float]]:
+        """By worker: its device's energy counter (``energy_j``) and, emulated, its iterations and
+        the lagged ones (the host could not keep pace: ``iterations``, ``lagged``)."""
         body = self._call("GET", "/v1/devices")
-        energy: dict[str, float] = {}
-        ts = 0.0
+        out: dict[str, dict[str, float]] = {}
         for d in body.get("devices", []):
-            sample = d.get("sample") or {}
+            sample, emu = d.get("sample") or {}, d.get("emulation") or {}
+            item: dict[str, float] = {}
             if sample.get("energy_mj") is not None:
-                energy[d["worker"]] = float(sample["energy_mj"]) / 1000.0
-                ts = max(ts, float(sample.get("ts_s") or 0.0))
-        return ts, energy
+                item["energy_j"] = float(sample["energy_mj"]) / 1000.0
+            if emu:
+                item["iterations"] = float(emu.get("iterations") or 0)
+                item["lagged"] = float(emu.get("lagged_iterations") or 0)
+            out[d["worker"]] = item
+        return out
