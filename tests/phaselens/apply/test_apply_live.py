@@ -98,7 +98,9 @@ def test_apply_passes_its_guard_stores_realised_and_rollback_restores(
     assert final["action"] == "realised"
     realised = final["after"]["realised"]
     assert realised["trust"][0] == "emulated" and realised["gpus"] == 2 and realised["output_tokens"] > 0
-    assert realised["j_per_token"] > 0 and realised["ttft_p90_s"] > 0 and 0 <= realised["host_bound_share"] <= 1
+    assert (
+        realised["j_per_token"] > 0 and realised["ttft_p90_s"] > 0 and 0 <= realised["host_bound_share"] <= 1
+    )
     cmp = final["after"]["comparison"]["figures"]
     assert cmp["ttft_p90_s"]["predicted"] == 0.1 and cmp["ttft_p90_s"]["error_pct"] is not None
     assert cmp["goodput_rps_per_gpu"]["predicted"] is None  # not predicted: not compared
