@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from phaselens.apply.testing import recommendation_row
+from phaselens.cli import main
 from phaselens.testing import start_collector
 from serving.testing import Server
 from tests.conftest import stop_process
@@ -51,7 +52,7 @@ def service(stack: Server, tmp_path: Path) -> Iterator[tuple[str, dict, dict]]:
 
 
 def test_apply_api_tokens_dry_run_one_at_a_time_progress_rollback_and_auto_apply(
-    stack: Server, service: tuple[str, dict, dict]
+    stack: Server, service: tuple[str, dict, dict], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, rec, unsure = service
     rid = rec["recommendation_id"]
@@ -94,6 +95,40 @@ def test_apply_api_tokens_dry_run_one_at_a_time_progress_rollback_and_auto_apply
         assert back.status_code == 200 and back.json()["outcome"] == "rolled_back", back.text
         assert roles(stack) == ["mixed", "mixed"]
         assert c.post("/api/v1/actions/act-nope/rollback", headers=AUTH).status_code == 404
+        assert c.post(f"/api/v1/actions/{rid}/rollback").status_code == 401
+
+        # the CLI through the collector: it posts, then follows the rows until the apply ends
+        other = unsure["recommendation_id"]
+        assert main(["apply", other, "--collector", url, "--token", "wrong"]) == 2
+        assert "answered 401" in capsys.readouterr().err
+        assert main(["apply", other, "--collector", url, "--token", TOKEN]) == 0
+        assert "dry run: nothing changed" in capsys.readouterr().out and roles(stack) == ["mixed", "mixed"]
+        cli = [
+            "apply",
+            other,
+            "--collector",
+            url,
+            "--token",
+            TOKEN,
+            "--execute",
+            "--guard-s",
+            "1",
+            "--settle-s",
+            "0.2",
+        ]
+        assert main(cli) == 0
+        out = capsys.readouterr().out
+        assert (
+            "guard [applied]" in out
+            and "realised [applied]" in out
+            and out.rstrip().endswith("every guard window passed")
+        )
+        assert roles(stack) == ["decode", "prefill"]
+        assert main(["rollback", other, "--collector", url, "--token", TOKEN]) == 0
+        assert "rolled_back: the stack has 2 mixed" in capsys.readouterr().out and roles(stack) == [
+            "mixed",
+            "mixed",
+        ]
 
         # each skip reason once (while the apply ran, the policy may also have skipped: guard window open)
         decisions = [r for r in c.get("/api/v1/actions").json()["actions"] if r["action"].startswith("auto_")]
