@@ -17,7 +17,7 @@ code: :func:`phaselens.apply.guard.measure` on the simulated request events) —
 the live window, the figure held to 15 %. The baseline measured in the same run: the 2-mixed layout's
 window before the apply (its own prediction beside it). Results: docs/BENCHMARKS.md, "apply_live".
 
-    PYTHONPATH=. .venv/bin/python bench/apply_live.py                  # ~2.5 min on 2 cores
+    PYTHONPATH=. .venv/bin/python bench/apply_live.py                  # ~3 min on 2 cores
     PYTHONPATH=. .venv/bin/python bench/apply_live.py --rate 3 --guard-s 40
 """
 

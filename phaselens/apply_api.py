@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from typing import Any
 
 from collector.api import control_denied, error_response
@@ -136,11 +137,18 @@ def add_apply_routes(app: Any, collector: Collector) -> ApplyCoordinator:
     return coordinator
 
 
-def enable_auto_apply(app: Any, collector: Collector, policy: AutoApplyPolicy) -> AutoApplyJob:
+def enable_auto_apply(
+    app: Any, collector: Collector, policy: AutoApplyPolicy, recommend: Callable[[], str | None] | None = None
+) -> AutoApplyJob:
     """Run the auto-apply ``policy`` as a job of the service (``phaselens collect --auto-apply``; call
-    before the app starts). Its ``recommend`` hook is None until the recommender is wired in."""
+    before the app starts). ``recommend``: the hook that stores a fresh recommendation from the latest
+    window before each decision (the recommender's; None: decide on the newest stored one)."""
     job = AutoApplyJob(
-        policy, app.state.apply_coordinator, app.state.apply_audit, list(collector.settings.serving_urls)
+        policy,
+        app.state.apply_coordinator,
+        app.state.apply_audit,
+        list(collector.settings.serving_urls),
+        recommend=recommend,
     )
     collector.add_job(job, health_key="auto_apply")
     app.state.auto_apply = job

@@ -279,7 +279,12 @@ class ApplyRun:
                 after = dict(row["after"]) | {"worker": added or step.worker, "done_at_s": time.time()}
                 self.audit.update(row["action_id"], status="applied", after=after)
                 done.append((step, row, added))
-                metrics, passed, why = self._guard_window(stack, events, i, previous)
+                try:
+                    metrics, passed, why = self._guard_window(stack, events, i, previous)
+                except (StackError, ApplyError) as e:  # the stack stopped answering mid-window
+                    return self._roll_back(
+                        stack, done, f"guard window after step {i} could not be read: {e}", start
+                    )
                 if self.stop.is_set():
                     return self._roll_back(stack, done, "the service stopped during the guard window", start)
                 if not passed:
@@ -324,7 +329,7 @@ class ApplyRun:
     ) -> tuple[dict[str, Any], bool, str]:
         """Wait out a guard window after step ``index``, measure it, write its ``guard`` row."""
         o, p = self.options, self.progress
-        gpus = sum(counts(live_workers(stack.layout())).values())
+        gpus = sum(roles_now(stack).values())
         c0 = stack.counters()
         start = time.time()
         p.state, p.guard_ends_at_s = "guarding", start + o.guard_s
@@ -366,7 +371,7 @@ class ApplyRun:
         now = time.time()
         for _, row, _ in done:
             self.audit.update(row["action_id"], status="rolled_back", rolled_back=True, rolled_back_at_s=now)
-        roles = counts(live_workers(stack.layout())) if ok else None
+        roles = roles_now(stack) if ok else None
         summary = self.audit.row(
             "rollback",
             actor=self.options.actor,
@@ -420,6 +425,13 @@ class ApplyRun:
             "log": self.log,
             **self.summary(),
         }
+
+
+def roles_now(stack: StackClient) -> dict[str, int]:
+    """The stack's ready workers per role (any other state left out; never raises for one)."""
+    return counts(
+        [(w["id"], w["role"]) for w in stack.layout().get("workers", []) if w.get("state") == "ready"]
+    )
 
 
 def window_counters(
@@ -521,7 +533,7 @@ def rollback_apply(
             raise ApplyError(str(e), 401 if e.status == 401 else 502) from e
         steps = plan_steps(workers, before, max_steps=o.max_steps, max_add=o.max_add)
         ok, failures = execute_steps(audit, stack, steps, rec_id, o, None, "rollback")
-        roles = counts(live_workers(stack.layout())) if ok else None
+        roles = roles_now(stack) if ok else None
     now = time.time()
     for r in audit.actions(recommendation_id=rec_id):
         if (
