@@ -97,3 +97,44 @@ def test_quiet_hours_wrap_midnight_and_bad_ones_are_refused() -> None:
             assert "START-END in whole UTC hours" in str(e)
         else:
             raise AssertionError(bad)
+
+
+def test_collect_auto_apply_flags_are_off_by_default_and_checked() -> None:
+    from phaselens.apply.policy import auto_apply_policy
+    from phaselens.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert auto_apply_policy(parse(["collect", "--serving", "http://127.0.0.1:8000"])) is None
+    on = auto_apply_policy(
+        parse(
+            [
+                "collect",
+                "--serving",
+                "http://x:1",
+                "--auto-apply",
+                "--auto-apply-max-per-day",
+                "2",
+                "--auto-apply-quiet-hours",
+                "22-6",
+                "--auto-apply-min-confidence",
+                "high",
+                "--auto-apply-dry-run",
+            ]
+        )
+    )
+    assert on is not None and on.max_per_day == 2 and on.quiet_hours == (22, 6) and on.dry_run
+    for argv, message in (
+        (["--auto-apply"], "--auto-apply needs the stack to apply to: --serving URL"),
+        (
+            ["--serving", "u", "--auto-apply", "--auto-apply-min-confidence", "sure"],
+            "allowed: low, medium, high",
+        ),
+        (["--serving", "u", "--auto-apply", "--auto-apply-max-per-day", "0"], "must be in [1, 100]"),
+        (["--serving", "u", "--auto-apply", "--auto-apply-guard-s", "0"], "guard_s must be in (0, 3600]"),
+    ):
+        try:
+            auto_apply_policy(parse(["collect", *argv]))
+        except ValueError as e:
+            assert message in str(e), (argv, str(e))
+        else:
+            raise AssertionError(argv)
