@@ -22,6 +22,7 @@ from collector.api import MAX_ROWS, create_collector_app, error_response, param_
 from collector.service import Collector
 from collector.store import StoreError
 from collector.store.tables import TABLES
+from phaselens.apply_api import add_apply_routes
 from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
@@ -158,6 +159,7 @@ def create_service_app(collector: Collector) -> FastAPI:
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
     add_report_routes(app, collector, scheduler, error_response)
+    add_apply_routes(app, collector)  # apply/rollback recommendations, the actions audit
 
     @app.get("/api/v1/analytics/overview")
     def analytics_overview(request: Request) -> Any:

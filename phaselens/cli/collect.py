@@ -140,6 +140,9 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         help=f"POST /api/v1/reports: this many a minute after a burst (default {DEFAULT_REPORTS_PER_MIN:g}; "
         "beyond: 429 with Retry-After)",
     )
+    from phaselens.apply.policy import add_auto_apply_arguments
+
+    add_auto_apply_arguments(p)
 
 
 def _report_max_bytes(mib: float) -> int:
@@ -232,9 +235,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from collector.service import Collector
     from collector.store import WRITER_BUFFER_ROWS, Store, StoreError
     from phaselens.api import create_service_app
+    from phaselens.apply.policy import auto_apply_policy
+    from phaselens.apply_api import enable_auto_apply
 
     try:
         settings = collect_settings(args)
+        policy = auto_apply_policy(args)
     except ValueError as e:
         print(f"phaselens collect: error: {e}", file=sys.stderr)
         return 2
@@ -262,5 +268,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     )
     for note in collector.notes():
         print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
-    uvicorn.run(create_service_app(collector), host=settings.host, port=settings.port, log_level="warning")
+    app = create_service_app(collector)
+    if policy is not None:
+        enable_auto_apply(app, collector, policy)
+        print(f"phaselens collect: auto-apply on: {policy.describe()}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0
