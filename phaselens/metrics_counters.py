@@ -117,16 +117,35 @@ class Step:
 @dataclass(slots=True)
 class Totals:
     """The running totals: ``sums`` (every step's increment added) and ``exported`` (their running
-    maximum, what a scrape shows: never decreasing)."""
+    maximum, what a scrape shows: never decreasing). A series is born at 0: it is exported as 0 for
+    ``hold_s`` after the step that found it, then with its value, so that every Prometheus scraping
+    at least that often sees its start and ``rate()``/``increase()`` count its first step too
+    (Prometheus takes a new series' first sample as its starting point)."""
 
+    hold_s: float = 60.0
     sums: dict[Key, float] = field(default_factory=dict)
     exported: dict[Key, float] = field(default_factory=dict)
+    born: dict[Key, float] = field(default_factory=dict)  # series still shown at 0: when found
 
-    def add(self, step: Step) -> None:
+    def add(self, step: Step, now_s: float) -> None:
         for key, inc in step.increments.items():
             s = self.sums.get(key, 0.0) + inc
             self.sums[key] = s
-            self.exported[key] = max(self.exported.get(key, 0.0), s)
+            if key not in self.exported:
+                self.exported[key] = 0.0
+                self.born[key] = now_s
+            elif key not in self.born:
+                self.exported[key] = max(self.exported[key], s)
+
+    def release(self, now_s: float) -> None:
+        """The series born ``hold_s`` or more before ``now_s`` take their values."""
+        for key in [k for k, t in self.born.items() if now_s - t >= self.hold_s]:
+            self.exported[key] = max(self.exported[key], self.sums[key])
+            del self.born[key]
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _num(v: Any) -> float:
@@ -207,8 +226,11 @@ def _gpu_rows(con: Any, start_s: float, end_s: float, trust: dict[str, list[str]
                 ("phaselens_gpu_energy_joules", f"energy_j_{cat}"),
                 ("phaselens_gpu_cost_dollars", f"cost_usd_{cat}"),
             ):
+                v = r.get(col)
+                if family == "phaselens_gpu_cost_dollars" and not _finite(v):
+                    continue  # a GPU without a price: no dollar series, never a made-up 0
                 key = (family, (*labels, label))
-                out[key] = out.get(key, 0.0) + _num(r.get(col))
+                out[key] = out.get(key, 0.0) + _num(v)
         for side in ("input", "output"):
             key = ("phaselens_tokens", (*labels, side))
             out[key] = out.get(key, 0.0) + _num(r.get(f"{side}_tokens"))

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # so a collector that no Prometheus scrapes spends nothing on counting (it catches up on the next).
 IDLE_AFTER_S = 600.0
 IDLE_AFTER_SCRAPES = 3
+BORN_HOLD_STEPS = 4  # a new series is exported as 0 for this many --metrics-interval-s (60 s by default)
 
 
 @dataclass(slots=True)
@@ -72,7 +73,7 @@ class MetricsExporter(PromCollector):
         *,
         window_s: float | None = None,
         interval_s: float | None = None,
-        settle_s: float = SETTLE_S,
+        settle_s: float | None = None,
         lookback_s: float = LOOKBACK_S,
     ) -> None:
         settings = collector.settings
@@ -84,13 +85,17 @@ class MetricsExporter(PromCollector):
         self.interval_s = float(
             interval_s if interval_s is not None else getattr(settings, "metrics_interval_s", 15.0)
         )
-        self.settle_s = float(settle_s)
+        self.settle_s = float(
+            settle_s if settle_s is not None else getattr(settings, "metrics_settle_s", SETTLE_S)
+        )
         self.lookback_s = float(lookback_s)
         self.state_file = state_path(getattr(settings, "db_path", None))
         start, how = load_cursor(self.state_file, time.time(), settle_s=self.settle_s)
         log.info("metrics counters: %s", how)
         start = math.floor(start)
         self.snapshot = Snapshot(start_s=start, end_s=start)
+        # new series show 0 this long first (a Prometheus scraping at least this often sees them start)
+        self.snapshot.totals.hold_s = max(BORN_HOLD_STEPS * self.interval_s, 0.0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._kick = threading.Event()  # a scrape wakes an idle refresh thread
@@ -125,7 +130,7 @@ class MetricsExporter(PromCollector):
         with self._lock:
             s = self.snapshot
             if end > start:
-                s.totals.add(step)
+                s.totals.add(step, time.time())
                 s.end_s = end
                 for part, labels in step.trust.items():
                     if labels:  # a step without data keeps the labels known
@@ -177,6 +182,7 @@ class MetricsExporter(PromCollector):
         """Every family of the exposition (called by ``generate_latest`` on each scrape)."""
         with self._lock:
             s = self.snapshot
+            s.totals.release(time.time())
             values = dict(s.totals.exported)
             trust = dict(s.trust)
             state = (s.up, s.ok_total, s.error_total, s.last_success_s, s.last_compute_s)
