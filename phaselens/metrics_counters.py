@@ -179,19 +179,22 @@ def gpu_identities(con: Any) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def _window(con: Any, start_s: float, end_s: float) -> Any:
+def _window(con: Any, start_s: float, end_s: float, dataset: str = "live") -> Any:
     from analytics.reads import window_of
 
-    return window_of(con, {"dataset": "live", "start_s": start_s, "end_s": end_s})
+    return window_of(con, {"dataset": dataset, "start_s": start_s, "end_s": end_s})
 
 
-def _gpu_rows(con: Any, start_s: float, end_s: float, trust: dict[str, list[str]] | None) -> dict[Key, float]:
+def _gpu_rows(
+    con: Any, start_s: float, end_s: float, trust: dict[str, list[str]] | None, dataset: str = "live"
+) -> dict[Key, float]:
     """The per-GPU counter values of ``[start_s, end_s)``: seconds, joules, dollars per category and
     tokens, from the summary's priced cost lines (``trust`` receives the parts' trust labels)."""
     from analytics.summary import summarize
 
     objects: dict[str, Any] = {}
-    summary = summarize(con, _window(con, start_s, end_s), skip=frozenset({"bimodal"}), objects=objects)
+    window = _window(con, start_s, end_s, dataset)
+    summary = summarize(con, window, skip=frozenset({"bimodal"}), objects=objects)
     if trust is not None:
         for name, part in TRUST_PARTS.items():
             trust[name] = list(((summary.parts.get(part) or {}).get("trust") or {}).get("labels") or [])
@@ -237,18 +240,27 @@ def _gpu_rows(con: Any, start_s: float, end_s: float, trust: dict[str, list[str]
     return out
 
 
-def count_step(con: Any, start_s: float, end_s: float, *, lookback_s: float = LOOKBACK_S) -> Step:
-    """Count ``[start_s, end_s)`` of the live data on ``con`` (a store reader cursor): the per-GPU
-    values as ``T([start - L, end)) - T([start - L, start))``, requests by arrival ``R`` earlier,
-    control actions and events by their time."""
+def count_step(
+    con: Any,
+    start_s: float,
+    end_s: float,
+    *,
+    lookback_s: float = LOOKBACK_S,
+    request_settle_s: float = REQUEST_SETTLE_S,
+    dataset: str = "live",
+) -> Step:
+    """Count ``[start_s, end_s)`` of the live data (or a simulated ``dataset``) on ``con`` (a store
+    reader cursor): the per-GPU values as ``T([start - L, end)) - T([start - L, start))``, requests
+    by arrival ``request_settle_s`` earlier, control actions and events by their time."""
     from analytics.latency import latency_summary
 
     step = Step(start_s, end_s)
-    big = _gpu_rows(con, start_s - lookback_s, end_s, step.trust)
-    small = _gpu_rows(con, start_s - lookback_s, start_s, None)
+    big = _gpu_rows(con, start_s - lookback_s, end_s, step.trust, dataset)
+    small = _gpu_rows(con, start_s - lookback_s, start_s, None, dataset)
     for key in big.keys() | small.keys():
         step.add(key, big.get(key, 0.0) - small.get(key, 0.0))
-    lat = latency_summary(con, _window(con, start_s - REQUEST_SETTLE_S, end_s - REQUEST_SETTLE_S))
+    r = request_settle_s
+    lat = latency_summary(con, _window(con, start_s - r, end_s - r, dataset))
     att = lat.to_dict().get("attainment") or {}
     n = _num(att.get("requests"))
     step.add(("phaselens_requests", ()), n)

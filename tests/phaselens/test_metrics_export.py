@@ -381,6 +381,10 @@ def test_export_window_and_interval_flags_and_bad_values_are_named():
         collect_settings(parse(["collect", "--metrics-window-s", "5"]))
     with pytest.raises(ValueError, match=r"--metrics-interval-s must be in \[1, 3600\] s, got 0"):
         collect_settings(parse(["collect", "--metrics-interval-s", "0"]))
+    assert collect_settings(parse(["collect"])).metrics_settle_s == 30.0
+    assert collect_settings(parse(["collect", "--metrics-settle-s", "0"])).metrics_settle_s == 0.0
+    with pytest.raises(ValueError, match=r"--metrics-settle-s must be in \[0, 3600\] s, got -1"):
+        collect_settings(parse(["collect", "--metrics-settle-s", "-1"]))
 
 
 def test_nothing_is_counted_until_someone_scrapes(live: Live, tmp_path: Path):
