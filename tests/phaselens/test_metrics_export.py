@@ -122,14 +122,17 @@ def _sum(fams: dict, name: str, **labels: str) -> float:
     )
 
 
-def _wait_counted(url: str, data: Data, timeout_s: float = 120) -> dict:
-    """Scrape until the counters have passed the data's end (and its requests' settle lag)."""
+def _wait_counted(url: str, data: Data, timeout_s: float = 120, *, born: bool = True) -> dict:
+    """Scrape until the counters have passed the data's end (and its requests' settle lag); with
+    ``born``, until the series found then show their values too."""
     deadline = time.monotonic() + timeout_s
     while True:
         fams = _families(httpx.get(f"{url}/metrics").text)
         if "phaselens_counters_end_timestamp_seconds" in fams:
             end = _value(fams, "phaselens_counters_end_timestamp_seconds")
             if end > data.end_s + REQUEST_SETTLE_S + 1:
+                if not born:
+                    return fams
                 # new series are born at 0 for BORN_HOLD_STEPS intervals (1 s here), then have their values
                 time.sleep(BORN_HOLD_STEPS + 0.5)
                 return _families(httpx.get(f"{url}/metrics").text)
@@ -475,7 +478,10 @@ def test_prometheus_sums_two_collectors_and_every_dashboard_query_returns_series
         )
         prom = RealProm(f"http://{web}", LocalServer(url=""), "")
         prom.wait_for('count(up{job="phaselens"} == 1) == 2', timeout_s=60)
-        each = [_wait_counted(url, source_data) for url in urls]
+        for url in urls:
+            _wait_counted(url, source_data, born=False)
+        time.sleep(BORN_HOLD_STEPS + 0.5)  # both collectors' new series have their values
+        each = [_families(httpx.get(f"{url}/metrics").text) for url in urls]
         # the stores' GPUs (the dcgm L4 keeps counting live: left out)
         want = sum(_sum(f, "phaselens_gpu_seconds_total", Hostname=HOST) for f in each)
         assert want == pytest.approx(2 * _sum(each[0], "phaselens_gpu_seconds_total", Hostname=HOST))
