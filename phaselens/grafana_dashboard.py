@@ -78,6 +78,21 @@ def _colour_overrides(colours: dict[str, str], names: dict[str, str] | None = No
     return out
 
 
+def _trust_column() -> dict[str, Any]:
+    """The trust table's ``trust`` column: each label in the badge colour the pages give it."""
+    options = {
+        label: {"color": hex_colour, "index": i, "text": label}
+        for i, (label, (_name, hex_colour)) in enumerate(TRUST_COLOURS.items())
+    }
+    return {
+        "matcher": {"id": "byName", "options": "trust"},
+        "properties": [
+            {"id": "mappings", "value": [{"type": "value", "options": options}]},
+            {"id": "custom.cellOptions", "value": {"type": "color-text"}},
+        ],
+    }
+
+
 def _stat(title: str, desc: str, expr: str, unit: str, x: int, y: int, **kw: Any) -> g.Stat:
     return g.Stat(
         title=title,
@@ -308,7 +323,7 @@ def panels() -> list[g.Panel]:
             targets=[_t("max by (part, trust) (phaselens_trust) == 1", "{{part}}: {{trust}}", instant=True)],
             gridPos=g.GridPos(h=8, w=12, x=12, y=30),
             transformations=[{"id": "labelsToFields", "options": {"mode": "columns"}}],
-            overrides=_colour_overrides({k: v[1] for k, v in TRUST_COLOURS.items()}),
+            overrides=[_trust_column()],
         ),
     ]
     out.append(

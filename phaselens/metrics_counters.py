@@ -199,12 +199,9 @@ def _gpu_rows(
         for name, part in TRUST_PARTS.items():
             trust[name] = list(((summary.parts.get(part) or {}).get("trust") or {}).get("labels") or [])
     cost = objects.get("cost")
-    if cost is None:
-        # no GPU interval in the window (nothing to count) or a failure (raised: counted and retried)
-        why = summary.missing.get("cost") or summary.missing.get("phases") or summary.missing.get("intervals")
-        if why and "no " not in why.lower():
-            raise RuntimeError(f"the cost part failed: {why}")
-        return {}
+    if cost is None:  # a window without samples still has its (empty) cost part: this is a failure
+        missing = "; ".join(f"{k}: {v}" for k, v in summary.missing.items()) or "no reason given"
+        raise RuntimeError(f"the summary of [{start_s:.0f}, {end_s:.0f}) has no cost part ({missing})")
     lines = cost.lines
     out: dict[Key, float] = {}
     if lines is None or lines.empty:

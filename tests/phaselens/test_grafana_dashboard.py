@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from dashboard.figures.style import COST_COLOURS, PHASE_COLOURS
+from dashboard.figures.style import COST_COLOURS, PHASE_COLOURS, TRUST_COLOURS
 from phaselens import grafana_dashboard as gd
 from phaselens.metrics_counters import CATEGORY_LABEL
 
@@ -79,6 +79,11 @@ def test_categories_and_pools_have_the_pages_colours():
         colours = _overrides(by_title[title])
         assert colours == {label: COST_COLOURS[cat] for cat, label in CATEGORY_LABEL.items()}, title
         assert by_title[title]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (trust,) = by_title["Trust of the figures"]["fieldConfig"]["overrides"]
+    (mapping,) = next(p["value"] for p in trust["properties"] if p["id"] == "mappings")
+    assert {k: v["color"] for k, v in mapping["options"].items()} == {
+        k: v[1] for k, v in TRUST_COLOURS.items()
+    }
     pools = _overrides(by_title["Stranded share per pool"])
     assert {k: pools[k] for k in ("prefill", "decode", "mixed")} == {
         k: PHASE_COLOURS[k] for k in ("prefill", "decode", "mixed")
