@@ -414,9 +414,9 @@ def test_nothing_is_counted_until_someone_scrapes(live: Live, tmp_path: Path):
 # -- a real Prometheus ----------------------------------------------------------------------------
 
 
-def _dashboard_queries() -> list[tuple[str, str]]:
+def _dashboard_queries(**values: str) -> list[tuple[str, str]]:
     """(where, PromQL) of every panel target, variable and annotation of the dashboard, with the
-    variables set to All (``.*``) and Grafana's rate interval to a minute."""
+    variables set to ``values`` (default All: ``.*``) and Grafana's rate interval to a minute."""
     dash = json.loads(GRAFANA.read_text())
     out = []
     for panel in dash["panels"]:
@@ -429,7 +429,9 @@ def _dashboard_queries() -> list[tuple[str, str]]:
     for a in dash["annotations"]["list"]:
         if a.get("expr"):
             out.append((f"annotation {a['name']}", a["expr"].replace("[2m]", "[10m]")))
-    subst = {"$__rate_interval": "1m", "$node": ".*", "$pool": ".*", "$gpu": ".*", "$model": ".*"}
+    subst = {"$__rate_interval": "1m"} | {
+        f"${v}": values.get(v, ".*") for v in ("node", "pool", "gpu", "model")
+    }
     for k, v in subst.items():
         out = [(w, q.replace(k, v)) for w, q in out]
     return out
@@ -499,6 +501,12 @@ def test_prometheus_sums_two_collectors_and_every_dashboard_query_returns_series
             assert got, f"{where}: {query} returned nothing"
             if where in ("Output tokens/s", "$ per 1M tokens (all in)", "Stranded $ per hour"):
                 assert float(got[0]["value"][1]) > 0, f"{where}: {query} = {got}"
+        # one node, pool and GPU picked (GPU-bench-50 is a decode GPU): the per-GPU panels still answer
+        for where, query in _dashboard_queries(node=HOST, pool="decode", gpu="GPU-bench-50"):
+            if "GPU-bench-50" in query:
+                assert prom.wait_for(query, timeout_s=30), f"{where}: {query} returned nothing"
+        none = _dashboard_queries(pool="prefill", gpu="GPU-bench-50")  # a decode GPU is in no prefill pool
+        assert not prom.instant(next(q for w, q in none if w == "GPU-time by category"))
         prom.wait_for('ALERTS{alertname="PhaselensStrandedDollarsPerHourHigh", alertstate="firing"}')
     except AssertionError:
         log.flush()
