@@ -322,3 +322,14 @@ def save_cursor(path: Path | None, counted_until_s: float) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"counted_until_s": counted_until_s, "saved_at_s": time.time()}))
     tmp.replace(path)
+
+
+def drop_cursor(path: Path | None) -> None:
+    """Remove a saved cursor that could not be updated (a restart then starts afresh rather than
+    counting again from a stale point); a failure to remove it is logged."""
+    if path is None:
+        return
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.error("metrics counters: stale cursor %s left (a restart counts again from it): %s", path, e)

@@ -32,6 +32,7 @@ from phaselens.metrics_counters import (
     SETTLE_S,
     Totals,
     count_step,
+    drop_cursor,
     load_cursor,
     save_cursor,
     state_path,
@@ -143,8 +144,9 @@ class MetricsExporter(PromCollector):
         if end > start:
             try:
                 save_cursor(self.state_file, end)
-            except OSError as e:  # counting goes on; a restart would start afresh
+            except OSError as e:  # counting goes on; a restart must not resume from a stale cursor
                 log.warning("metrics counters: cursor not saved to %s: %s", self.state_file, e)
+                drop_cursor(self.state_file)
         return True
 
     def _scraped_recently(self) -> bool:

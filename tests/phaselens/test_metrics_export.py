@@ -311,6 +311,22 @@ def test_a_restart_resumes_where_the_last_process_stopped(live: Live, tmp_path: 
     assert sum(v for (n, _), v in first.items() if n == "phaselens_gpu_seconds") < total / 2
 
 
+def test_a_cursor_that_cannot_be_saved_is_not_left_stale(live: Live, tmp_path: Path):
+    db = tmp_path / "c.duckdb"
+    _copy(Data(live.db_copy, live.data.t0, live.data.end_s), db)
+    store, exporter = _exporter(db, window_s=10.0)
+    try:
+        state = exporter.state_file
+        assert state is not None and state.exists()
+        assert exporter.refresh()  # counted 10 s: the cursor saved
+        assert json.loads(state.read_text())["counted_until_s"] == exporter.snapshot.end_s
+        state.with_name(state.name + ".tmp").mkdir()  # the next save cannot write its temporary file
+        assert exporter.refresh()  # the counting goes on ...
+        assert not state.exists()  # ... and no stale cursor is left for a restart to count from again
+    finally:
+        store.close()
+
+
 def test_a_scrape_never_counts(live: Live, tmp_path: Path):
     db = tmp_path / "s.duckdb"
     _copy(Data(live.db_copy, live.data.t0, live.data.end_s), db)
