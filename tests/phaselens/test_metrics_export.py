@@ -309,6 +309,10 @@ def test_a_restart_resumes_where_the_last_process_stopped(live: Live, tmp_path: 
             assert both == pytest.approx(v, rel=1e-6, abs=1e-6), (name, labels)
     total = sum(v for (n, _), v in whole.items() if n == "phaselens_gpu_seconds")
     assert sum(v for (n, _), v in first.items() if n == "phaselens_gpu_seconds") < total / 2
+    for name in ("phaselens_gpu_energy_joules", "phaselens_gpu_cost_dollars"):
+        # each window fits its own power model: the split between categories moves, their sum does not
+        both = sum(v for (n, _), v in [*first.items(), *second.items()] if n == name)
+        assert both == pytest.approx(sum(v for (n, _), v in whole.items() if n == name), rel=1e-6), name
 
 
 def test_a_cursor_that_cannot_be_saved_is_not_left_stale(live: Live, tmp_path: Path):
