@@ -7,9 +7,10 @@ adds it to the running totals; the cursor ``c`` moves on only when the step succ
 counted twice or skipped. A step is counted as the difference of two summaries that start at the
 same point, ``T([c - L, e)) - T([c - L, c))`` (``L`` = :data:`LOOKBACK_S`): the analytics drop the
 sample interval that straddles a window's start, so plain consecutive windows would lose one
-sampling period per GPU at every boundary (1 % of GPU-time at 10 steps a minute on 100 ms samples,
-far more on a dcgm-exporter's 15 s). The difference keeps it: GPU-seconds, joules, dollars and
-tokens then sum over the steps to the summary of their union (tests/phaselens/test_metrics_export.py).
+sampling period per GPU at every boundary (0.5 % of GPU-time at 15 s steps on 100 ms samples, about
+5 % on 1 s samples). The difference keeps it (``L`` must exceed the GPUs' sampling period): GPU-seconds,
+joules, dollars and tokens then sum over the steps to the summary of their union
+(tests/phaselens/test_metrics_export.py).
 A category's share of a step can come out a little negative (each window fits its own power model
 and bucket grid): a counter exports the running maximum of its running sum, so it never decreases
 and catches up with the sum as soon as the sum passes it again.
