@@ -71,9 +71,13 @@ def summarize(
     slo: Any = None,
     fleet_gpus: int | None = None,
     skip: frozenset[str] = frozenset(),
+    objects: dict[str, Any] | None = None,
 ) -> Summary:
     """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
+    ``objects``, when given, receives each part's result object by name (e.g. the cost part's
+    :class:`~analytics.cost_pricing.CostBreakdown` with its priced ``lines``, which
+    phaselens/metrics_counters.py counts per GPU, pool and model).
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown; one grouped scan
@@ -107,6 +111,8 @@ def summarize(
         finally:
             out.seconds[name] = time.perf_counter() - t
         _add(out, name, result)
+        if objects is not None:
+            objects[name] = result
         return result
 
     groups = functools.cache(lambda: iteration_groups(con, window))  # computed by the first part to ask

@@ -2,7 +2,7 @@
 
 * **Output tokens/s (window average)** — the headline everywhere (``phaselens analyze``, the
   summary's ``throughput`` part, the Overview tile and ``GET /api/v1/analytics/overview``, the HTML
-  report, ``phaselens_output_tokens_per_second`` on ``/metrics``): output tokens generated in the
+  report, ``rate(phaselens_tokens_total{side="output"})`` of ``/metrics``): output tokens generated in the
   window ÷ the seconds of the window the GPUs were observed (``observed_s``: the window's length,
   or the cost part's GPU-seconds ÷ its GPUs where the data covers less of it — a collector started
   ten minutes into an hour's window). So the fleet's figure is the cost part's output tokens/s per

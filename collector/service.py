@@ -112,10 +112,11 @@ class CollectorSettings:
     report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     # reports kept (count, bytes; the oldest pruned) and the rate of manual ones (collector/report_limits.py)
     report_limits: ReportLimits = field(default_factory=ReportLimits)
-    # GET /metrics: derived figures over the last metrics_window_s of live data, recomputed every
-    # metrics_interval_s (phaselens/metrics_export.py)
+    # GET /metrics: counters of the live data, counted one step (at most metrics_window_s of data)
+    # every metrics_interval_s (phaselens/metrics_export.py)
     metrics_window_s: float = 300.0
     metrics_interval_s: float = 15.0
+    metrics_settle_s: float = 30.0  # data is counted once it is this old
 
     def build_sources(self) -> list[Source]:
         sources: list[Source] = []

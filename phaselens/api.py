@@ -59,7 +59,7 @@ def create_service_app(collector: Collector) -> FastAPI:
         limits=settings.report_limits,
     )
     overviews = OverviewService(collector.store, lambda: collector.stats.imports)
-    exporter = MetricsExporter(collector, overviews)
+    exporter = MetricsExporter(collector)
     # started in this order after the writer, stopped in reverse before it
     collector.add_job(scheduler, health_key="reports")
     collector.add_job(exporter)

@@ -99,13 +99,21 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         "--metrics-window-s",
         type=float,
         default=300.0,
-        help="GET /metrics exports derived figures over this many s of recent live data (default 300)",
+        help="GET /metrics counts at most this many s of live data per step (a backlog is caught up in "
+        "steps of it; default 300)",
     )
     p.add_argument(
         "--metrics-interval-s",
         type=float,
         default=15.0,
-        help="recompute the derived figures of GET /metrics every this many s (default 15)",
+        help="GET /metrics counts the settled live data one step every this many s (default 15)",
+    )
+    p.add_argument(
+        "--metrics-settle-s",
+        type=float,
+        default=30.0,
+        help="GET /metrics counts live data once it is this many s old (telemetry and samples still "
+        "arriving; default 30)",
     )
     p.add_argument(
         "--report-schedule",
@@ -189,6 +197,7 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         control_token=args.control_token or os.environ.get("PHASELENS_CONTROL_TOKEN") or None,
         metrics_window_s=args.metrics_window_s,
         metrics_interval_s=args.metrics_interval_s,
+        metrics_settle_s=args.metrics_settle_s,
         report_schedules=() if [x.strip().lower() for x in schedules] == ["off"] else schedules,
         report_limits=ReportLimits(
             max_count=args.report_max_count,
@@ -208,6 +217,8 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         raise ValueError(f"--metrics-window-s must be in [10, 86400] s, got {settings.metrics_window_s:g}")
     if not 1 <= settings.metrics_interval_s <= 3600:
         raise ValueError(f"--metrics-interval-s must be in [1, 3600] s, got {settings.metrics_interval_s:g}")
+    if not 0 <= settings.metrics_settle_s <= 3600:
+        raise ValueError(f"--metrics-settle-s must be in [0, 3600] s, got {settings.metrics_settle_s:g}")
     if not 0.01 <= settings.gpu_interval_s <= 60 or not 0.05 <= settings.flush_interval_s <= 60:
         raise ValueError("--gpu-interval must be in [0.01, 60] s and --flush-interval in [0.05, 60] s")
     if not 0.1 <= settings.scrape_timeout_s <= 300:

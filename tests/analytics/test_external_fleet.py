@@ -119,7 +119,7 @@ def external_fleet(http_server: LocalServer, tmp_path: Path) -> Iterator[tuple[s
     proc, url = start_collector(
         db,
         *("--node", "gpu-node-1", "--dcgm", dcgm, "--engine", vllm),
-        *("--dcgm-interval-s", "0.5", "--metrics-interval-s", "1"),
+        *("--dcgm-interval-s", "0.5", "--metrics-interval-s", "1", "--metrics-settle-s", "0"),
     )
     try:
         deadline = time.monotonic() + 120
@@ -154,19 +154,14 @@ def _check(summary: dict, *, priced: bool = True) -> None:
     assert t["gpu_seconds"] == pytest.approx(pool["span_s"], rel=1e-6)
 
 
-def _metrics(url: str) -> dict[tuple[str, str, str], float]:
-    """``(metric, scope, phase or kind) → value`` of the collector's /metrics series with an
-    estimated trust label, once the derived figures are computed (the first scrape starts them)."""
+def _metrics(url: str) -> dict[str, list]:
+    """The collector's /metrics samples by family, once its GPU counters hold values (the first
+    scrape starts the counting; new series show 0 for their first 4 intervals)."""
     deadline = time.monotonic() + 90
     while True:
         text = httpx.get(f"{url}/metrics", timeout=30).text
-        got = {
-            (f.name, s.labels.get("scope", ""), s.labels.get("phase") or s.labels.get("kind") or ""): s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if "estimated" in s.labels.get("trust", "")
-        }
-        if got or time.monotonic() > deadline:
+        got = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        if any(s.value > 0 for s in got.get("phaselens_gpu_seconds", [])) or time.monotonic() > deadline:
             return got
         time.sleep(1.0)
 
@@ -210,11 +205,22 @@ def test_a_vllm_fleet_on_dcgm_exporter_gets_gpu_hours_cost_and_energy_per_token(
     assert fig["idle_share"]["value"] > 0.1
     assert ov["gpu_time"]["shares"]["productive_decode"] > 0 and ov["gpu_time"]["shares"]["idle"] > 0.1
 
-    # Prometheus export: the estimated phase split and energy per token (no $: an L4 has no default price)
+    # Prometheus export: the estimated phase split's GPU-seconds, joules and tokens of the L4 under
+    # dcgm-exporter's labels and the engine's model (no $ series: an L4 has no default price)
     m = _metrics(url)
-    assert m[("phaselens_phase_time_ratio", "pool", "prefill")] > 0.02
-    assert m[("phaselens_phase_time_ratio", "pool", "decode")] > 0.1
-    assert m[("phaselens_energy_per_token_joules", "fleet", "decode")] > 0
+    seconds: dict[str, float] = {}
+    for s in m["phaselens_gpu_seconds"]:
+        assert (s.labels["gpu"], s.labels["pool"], s.labels["model"]) == ("0", "mixed", "Qwen/Qwen3-8B")
+        assert s.labels["Hostname"] == "i-030791dc5a37cd257" and s.labels["gpu_name"] == "NVIDIA L4"
+        seconds[s.labels["category"]] = seconds.get(s.labels["category"], 0.0) + s.value
+    total = sum(seconds.values())
+    assert seconds["productive_prefill"] / total > 0.02 and seconds["productive_decode"] / total > 0.1
+    joules = sum(s.value for s in m["phaselens_gpu_energy_joules"])
+    output = sum(s.value for s in m["phaselens_tokens"] if s.labels["side"] == "output")
+    assert joules > 0 and output > 0  # J per output token: their rates' ratio
+    assert "phaselens_gpu_cost_dollars" not in m
+    trust = {(s.labels["part"], s.labels["trust"]): s.value for s in m["phaselens_trust"]}
+    assert trust[("cost", "estimated")] == 1.0 and trust[("gpu_time", "estimated")] == 1.0
 
     # the report: the cost section with the estimated split
     page = tmp_path / "report.html"

@@ -25,7 +25,7 @@ from collector.store import Store
 from dashboard import figures
 from dashboard.report_html.bimodal import pool_facts
 from phaselens.cli import main
-from phaselens.metrics_export import derived_samples
+from phaselens.metrics_counters import count_step
 from phaselens.overview import compute_overview
 from phaselens.reports import build_report
 from tests.analytics.test_bimodal import _store_with_sm
@@ -103,12 +103,12 @@ def test_failed_requests_miss_the_slo_on_every_surface(bursty: dict, capsys, tmp
     assert '<div class="prev">10 of 20 requests; 10 failed, each a miss</div>' in report.body
     assert "<b>50.0%</b> of the requests met both SLOs" in report.body
     assert "10 of 20 requests; 10 failed, each a miss." in report.body
-    gauges = {
-        s.labels["slo"]: s.value
-        for s in derived_samples(result.current, result.overview)
-        if s.name == "phaselens_slo_attainment_ratio"
-    }
-    assert gauges["both"] == 0.5
+    # /metrics: the counters of the same window (requests and those meeting the SLO) give the same 0.5
+    w = result.current["window"]
+    with Store.open(bursty["db"], read_only=True) as store, store.reader() as cur:
+        step = count_step(cur, w["start_s"], w["end_s"], request_settle_s=0.0, dataset=sid)
+    met = step.increments[("phaselens_requests_slo_met", ("both",))]
+    assert met / step.increments[("phaselens_requests", ())] == 0.5
     copy = tmp_path / "served.duckdb"
     shutil.copy(bursty["db"], copy)
     proc, url = start_collector(copy)
@@ -165,12 +165,16 @@ def test_the_headline_tokens_per_s_is_the_window_average_on_every_surface(bursty
     assert tile == f"{printed} tokens/s"
     assert f'<div class="value">{tile}</div>' in report.body
     assert "tokens/s while serving (busy time): " in report.body
-    (gauge,) = [
-        s.value
-        for s in derived_samples(result.current, result.overview)
-        if s.name == "phaselens_output_tokens_per_second"
-    ]
-    assert gauge == pytest.approx(t["output_tokens_per_s"], rel=1e-12)
+    # /metrics: the output tokens counted over the same window are the headline's numerator
+    w = result.current["window"]
+    with Store.open(bursty["db"], read_only=True) as store, store.reader() as cur:
+        step = count_step(cur, w["start_s"], w["end_s"], dataset=sid)
+    counted = sum(
+        v
+        for (name, labels), v in step.increments.items()
+        if name == "phaselens_tokens" and labels[-1] == "output"
+    )
+    assert counted == pytest.approx(t["output_tokens"], rel=1e-12)
 
 
 def test_a_window_wider_than_the_data_does_not_dilute_the_headline(bursty: dict, capsys) -> None:
