@@ -24,6 +24,7 @@ from collector.store import StoreError
 from collector.store.tables import TABLES
 from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
+from phaselens.recommend_api import add_recommend_routes
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
 
 _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
@@ -157,6 +158,7 @@ def create_service_app(collector: Collector) -> FastAPI:
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
 
     add_report_routes(app, collector, scheduler, error_response)
+    add_recommend_routes(app, collector, error_response)
 
     @app.get("/api/v1/analytics/overview")
     def analytics_overview(request: Request) -> Any:

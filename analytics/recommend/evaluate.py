@@ -186,7 +186,18 @@ def _bottleneck(
             f"TPOT: {tpot_miss:.0%} of requests miss {slo.tpot_s * 1e3:g} ms (p90 {s.tpot_p90_s * 1e3:.1f} ms): "
             f"{where} ({loads})"
         )
-    return "mixed", (f"both: TTFT misses {ttft_miss:.0%}, TPOT misses {tpot_miss:.0%} of requests ({loads})")
+    both = f"TTFT misses {ttft_miss:.0%}, TPOT misses {tpot_miss:.0%} of requests"
+    if not agg:  # both SLOs miss: the saturated pool is the cause (a full decode pool holds back hand-offs)
+        p = busy.get("prefill", 0.0)
+        d = max(busy.get("decode", 0.0), kv.get("decode", 0.0))
+        if d - p > 0.3:
+            return (
+                "decode",
+                f"{both}: the decode pool is saturated (batch / KV) and holds back hand-offs ({loads})",
+            )
+        if p - d > 0.3:
+            return "prefill", f"{both}: the prefill pool is saturated and queues ({loads})"
+    return "mixed", f"both: {both} ({loads})"
 
 
 def metrics(
@@ -251,9 +262,12 @@ def run_slice(
     with_goodput: bool = True,
     max_evals: int = 7,
     rel_tol: float = 0.1,
+    max_rate_rps: float | None = None,
 ) -> SliceRun:
     """Simulate ``trace`` (a slice, from 0) on the layout at its own rate, then (``with_goodput``)
-    search the goodput by scaling it: the first point of the sweep is that run."""
+    search the goodput by scaling it: the first point of the sweep is that run. ``max_rate_rps``
+    caps the rates tried (the layout's capacity bound: above it a finite slice can pass only
+    because its requests end before the queue builds)."""
     layout = parse_layout(layout_text)
     base_rate = (len(trace) - 1) / (trace[-1].arrival_s - trace[0].arrival_s)
     first = evaluation_of(simulate(layout, shape, trace), slo, prices)
@@ -273,7 +287,7 @@ def run_slice(
         measure,
         initial_rate_rps=base_rate,
         min_rate_rps=base_rate / 8,
-        max_rate_rps=base_rate * 64,
+        max_rate_rps=max(base_rate, min(base_rate * 64, max_rate_rps or float("inf"))),
         target=slo.target,
         rel_tol=rel_tol,
         max_evals=max_evals,

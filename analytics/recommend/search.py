@@ -122,7 +122,7 @@ def _hour(args: tuple[str, ModelConfig, Sequence[TraceRequest], SloTarget, Price
 
 
 def _slice(args: tuple[Any, ...]) -> SliceRun:
-    layout_text, shape, trace, slo, prices, with_goodput, rel_tol, max_evals = args
+    layout_text, shape, trace, slo, prices, with_goodput, rel_tol, max_evals, max_rate = args
     return run_slice(
         layout_text,
         shape,
@@ -132,6 +132,7 @@ def _slice(args: tuple[Any, ...]) -> SliceRun:
         with_goodput=with_goodput,
         rel_tol=rel_tol,
         max_evals=max_evals,
+        max_rate_rps=max_rate,
     )
 
 
@@ -191,6 +192,7 @@ class _Search:
                 goodput,
                 o.goodput_rel_tol,
                 o.goodput_max_evals,
+                s.bound.rate_rps * BOUND_SLACK if s.bound else None,
             )
             for s in items
         ]

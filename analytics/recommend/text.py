@@ -14,6 +14,22 @@ def _f(x: Any, scale: float = 1.0, digits: int = 1) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}f}"
 
 
+_SHORT = (
+    ("max_num_batched_tokens=", "mbt="),
+    ("max_num_seqs=", "seqs="),
+    ("chunked_prefill=off", "nochunk"),
+    ("prefill.", "p."),
+    ("decode.", "d."),
+)
+
+
+def short_layout(text: str) -> str:
+    """A layout string with the engine settings' names shortened (the table's legend says how)."""
+    for long, short in _SHORT:
+        text = text.replace(long, short)
+    return text
+
+
 def _pct(x: Any) -> str:
     return "—" if x is None else f"{x:+.1f} %"
 
@@ -55,7 +71,7 @@ def format_recommendation(row: dict[str, Any], *, all_candidates: bool = False) 
         meets = {True: "yes", False: "no", None: "—"}[c.get("meets_slo")]
         attain = c.get("slo_attainment")
         lines.append(
-            f"{mark}{c['layout'][:58]:<58} {c['gpus']:>4} {_f(c.get('goodput_rps_per_gpu'), 1, 3):>8} "
+            f"{mark}{short_layout(c['layout'])[:58]:<58} {c['gpus']:>4} {_f(c.get('goodput_rps_per_gpu'), 1, 3):>8} "
             f"{_f(c.get('output_tokens_per_s_per_gpu')):>7} {_f(c.get('output_tokens_per_s_per_user')):>6} "
             f"{_f(c.get('ttft_p90_s'), 1e3, 0):>8} {_f(c.get('tpot_p90_s'), 1e3):>8} "
             f"{'—' if attain is None else f'{attain:.1%}':>7} {_f(c.get('usd_per_1m_tokens'), 1, 2):>6} "
@@ -64,7 +80,8 @@ def format_recommendation(row: dict[str, Any], *, all_candidates: bool = False) 
         )
     lines.append(
         "  * chosen, c current, P on the Pareto front of tokens/s per GPU vs per user; goodput from the screening slice, "
-        "the rest from the whole trace where 'on' says trace"
+        "the rest from the whole trace where 'on' says trace; mbt = max_num_batched_tokens (the chunk), seqs = "
+        "max_num_seqs, p./d. = prefill/decode pool"
     )
     if pruned and not all_candidates:
         lines.append("  pruned before simulation: " + "; ".join(f"{n} {why}" for why, n in pruned.items()))
