@@ -1,0 +1,103 @@
+"""Time to recommend a layout over 1 h of traffic: ``phaselens recommend``'s search
+(analytics.recommend.recommend) on the Azure 2023 conversation trace hour (``serving.trace.SHARED_TRACE``;
+the vendored 2,000-request slice where it is absent), llama-3.1-70b on 8 H100s (current layout
+``agg:8xh100-sxm:tp2``), TTFT <= 1 s, TPOT <= 30 ms, 90 %. Baseline in the same run: the unpruned
+search — every candidate of the same grid (every structure at every GPU count up to the budget,
+every engine setting: ``candidates.all_settings``) simulated once on the whole hour (no goodput
+search, so the baseline is cheaper than a real unpruned search and the ratio is a lower bound) —
+timed on ``--baseline-sample`` candidates spread over the grid and extrapolated by count.
+
+    PYTHONPATH=. .venv/bin/python bench/recommend.py [--workers 2] [--baseline-sample 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analytics.recommend import RecommendInputs, SearchOptions, SloTarget, recommend
+from analytics.recommend.candidates import all_settings, structures
+from analytics.recommend.evaluate import evaluation_of, simulate
+from analytics.recommend.inputs import min_gpus
+from serving.config import preset
+from serving.sim.layout import parse_layout
+from serving.trace import SHARED_TRACE, load_azure_trace, vendored_trace_path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--layout", default="agg:8xh100-sxm:tp2")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--baseline-sample", type=int, default=4)
+    args = ap.parse_args()
+    path = SHARED_TRACE if SHARED_TRACE.is_file() else vendored_trace_path()
+    trace = load_azure_trace(path, duration_s=args.duration)
+    shape = preset("llama-3.1-70b")
+    slo = SloTarget(1.0, 0.03)
+    print(
+        f"trace {path.name}: {len(trace):,} requests over {trace[-1].arrival_s:.0f} s; host {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    rec = recommend(
+        RecommendInputs(trace, "llama-3.1-70b", args.layout, slo, trace_desc=path.name),
+        SearchOptions(workers=args.workers),
+        progress=lambda m: print(" ", m, flush=True),
+    )
+    wall = time.perf_counter() - t0
+    print(
+        f"recommend: {wall:.1f} s wall, {time.process_time() - cpu0:.1f} s CPU (this process), {rec.result.sims} simulations"
+    )
+    print(f"  proposed: {rec.proposed.layout} (stay: {rec.stay})\n  {rec.rationale}")
+    print(f"  same budget: {rec.result.same_budget.layout if rec.result.same_budget else None}")
+    print(f"  least budget: {rec.result.least_budget.layout if rec.result.least_budget else None}")
+    by = {c["layout"]: c for c in rec.candidates}
+    flip = [
+        by.get(k)
+        for k in (
+            "agg:8xh100-sxm:tp4:max_num_batched_tokens=8192:max_num_seqs=256",
+            "agg:8xh100-sxm:tp4:max_num_batched_tokens=256:max_num_seqs=256",
+        )
+    ]
+    dis = max(
+        (
+            c
+            for c in rec.candidates
+            if c["mode"] == "disaggregated" and c["gpus"] == 8 and c["goodput_rps_per_gpu"]
+        ),
+        key=lambda c: c["goodput_rps_per_gpu"],
+        default=None,
+    )
+    if dis and all(f and f["goodput_rps_per_gpu"] for f in flip):
+        print(
+            f"  verdict on disaggregation ({dis['layout']}): {dis['goodput_rps_per_gpu'] / flip[0]['goodput_rps_per_gpu']:.2f}x vs agg TP4 "
+            f"8192-token chunks, {dis['goodput_rps_per_gpu'] / flip[1]['goodput_rps_per_gpu']:.2f}x vs 256-token chunks (goodput per GPU)"
+        )
+    grid = [
+        c.layout
+        for n in range(min_gpus(shape, ["h100-sxm"]) or 1, 9)
+        for st in structures(shape, ["h100-sxm"], n)
+        for c in all_settings(st)
+    ]
+    step = max(1, len(grid) // max(1, args.baseline_sample))
+    sample = grid[::step][: args.baseline_sample]
+    t1 = time.perf_counter()
+    for text in sample:
+        evaluation_of(simulate(parse_layout(text), shape, trace), slo, rec.inputs.prices)
+    per = (time.perf_counter() - t1) / len(sample)
+    base = per * len(grid)
+    print(
+        f"baseline (unpruned): {len(grid)} candidates x the whole trace; {len(sample)} timed, {per:.1f} s each -> "
+        f"{base:.0f} s extrapolated; ratio {base / wall:.1f}x (the pruned search: {wall:.1f} s, target < 60 s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
