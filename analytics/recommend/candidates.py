@@ -158,8 +158,11 @@ def coarse(structure: Structure) -> list[Candidate]:
     return [base.with_setting("prefill", Settings()).with_setting("decode", Settings())]
 
 
-def fine_settings(best: Candidate) -> Iterator[Candidate]:
-    """Settings around ``best``, one knob at a time (coarse to fine: the chunk, then the batch)."""
+def fine_settings(best: Candidate, peak_in_flight: float | None = None) -> Iterator[Candidate]:
+    """Settings around ``best``, one knob at a time (coarse to fine: the chunk, then the batch).
+    ``peak_in_flight``: the most requests a replica held at once in ``best``'s run; a
+    ``max_num_seqs`` at or above it changes nothing there, so only lower ones are tried."""
+    seqs = [n for n in MAX_SEQS if peak_in_flight is None or n < peak_in_flight]
     if best.structure.aggregated:
         s = best.setting("mixed")
         for c in MIXED_CHUNKS:
@@ -167,10 +170,10 @@ def fine_settings(best: Candidate) -> Iterator[Candidate]:
         yield best.with_setting(
             "mixed", replace(s, chunked_prefill=False, max_num_batched_tokens=DEFAULT_TOKENS)
         )
-        for n in MAX_SEQS:
+        for n in seqs:
             yield best.with_setting("mixed", replace(s, max_num_seqs=n))
     else:
-        for n in MAX_SEQS:
+        for n in seqs:
             yield best.with_setting("decode", replace(best.setting("decode"), max_num_seqs=n))
         for t in PREFILL_TOKENS:
             yield best.with_setting("prefill", replace(best.setting("prefill"), max_num_batched_tokens=t))

@@ -67,6 +67,9 @@ class Evaluation:
     bottleneck_text: str
     wall_s: float
     output_tokens_per_s: float
+    peak_in_flight_per_replica: float = (
+        0.0  # the most requests in the system at once ÷ replicas that batch them
+    )
 
     @property
     def attainment(self) -> float:
@@ -147,7 +150,21 @@ def evaluation_of(result: SimResult, slo: SloTarget, prices: PriceTable) -> Eval
         bottleneck_text=text,
         wall_s=result.wall_s,
         output_tokens_per_s=s.output_tokens_per_s,
+        peak_in_flight_per_replica=_peak_in_flight(result)
+        / max(1, sum(p.replicas for p in layout.pools if p.role != "prefill")),
     )
+
+
+def _peak_in_flight(result: SimResult) -> int:
+    """The most requests between arrival and finish at once (the ok ones)."""
+    st = result.stats
+    start, end = np.frombuffer(st.arrival_s, dtype=np.float64), np.frombuffer(st.finish_s, dtype=np.float64)
+    if not len(start):
+        return 0
+    times = np.concatenate([start, end])
+    steps = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
+    order = np.lexsort((steps, times))  # at equal times a finish (-1) goes before an arrival
+    return int(np.cumsum(steps[order]).max())
 
 
 def _bottleneck(
@@ -273,6 +290,10 @@ def run_slice(
     first = evaluation_of(simulate(layout, shape, trace), slo, prices)
     run = SliceRun(layout_text, first)
     if not with_goodput:
+        return run
+    if not first.meets(slo.target):
+        # its goodput is under the slice's own rate: it cannot be the best, so no search for it
+        run.notes.append(f"goodput < {base_rate:.3g} req/s (misses the SLOs at the slice's own rate)")
         return run
 
     def measure(rate: float) -> Measurement:

@@ -7,12 +7,16 @@ Stages (docs/RECOMMENDATIONS.md, "Search and confidence"):
    those that cannot meet an SLO unloaded or cannot carry the trace's mean rate.
 2. **Slice**: the busiest window of the trace (:func:`busiest_slice`, ``slice_requests`` requests),
    rebased to 0. At the budget, candidates in order of their bound per GPU are simulated on it at
-   its own rate and their goodput searched by scaling it (``find_goodput``, ±10 %, ≤ 7 runs);
+   its own rate and their goodput searched by scaling it (``find_goodput``, ±10 %, ≤ 7 runs; rates
+   capped at the bound × ``BOUND_SLACK`` and where the slice still lasts ``STEADY_LIFETIMES`` request
+   lifetimes (TTFT + output × TPOT at the SLOs); a candidate missing the SLOs at the slice's own
+   rate gets no search: it cannot be the best);
    a candidate whose bound per GPU (× ``BOUND_SLACK``) is under the best goodput per GPU found is
    dominated and skipped. The settings of the best ``refine`` structures are then searched one
    knob at a time (``candidates.fine_settings``). Below the budget, GPU counts are tried from the
    cheapest up; each candidate is run once at the slice's rate, and the first count with a candidate
-   meeting the SLOs is the least budget (its settings refined the same way).
+   meeting the SLOs is the least budget: those that meet have their goodput searched and their
+   settings refined the same way (dominance judged within that GPU count), the best goodput wins.
 3. **Hour**: the current layout, the best at the budget and the least budget are simulated on the
    whole trace; a finalist that misses the SLOs there gives way to the next (``max_hour_runs``).
 
@@ -44,6 +48,9 @@ from analytics.recommend.inputs import RecommendInputs, SloTarget, min_gpus
 from serving.config import ModelConfig
 from serving.sim.layout import parse_layout
 from serving.trace import TraceRequest
+
+#: the goodput search's rates keep the slice at least this many request lifetimes long
+STEADY_LIFETIMES = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +163,10 @@ class _Search:
         self.workload = WorkloadStats.of(inputs.trace, quantile=inputs.slo.target)
         self.slice = busiest_slice(inputs.trace, options.slice_requests)
         self.extra = layout_wide_options(inputs.current_layout)  # type: ignore[arg-type]
+        # the slice is a steady state only while it lasts several request lifetimes (TTFT + output × TPOT
+        # at the SLOs): faster, every request is in flight at once and a finite slice passes any layout
+        life_s = self.slo.ttft_s + self.workload.output_mean * self.slo.tpot_s
+        self.max_rate_rps = len(self.slice) / (STEADY_LIFETIMES * life_s)
         self.scored: dict[str, Scored] = {}
         self.sims = 0
         self.best_goodput = 0.0
@@ -192,7 +203,7 @@ class _Search:
                 goodput,
                 o.goodput_rel_tol,
                 o.goodput_max_evals,
-                s.bound.rate_rps * BOUND_SLACK if s.bound else None,
+                min(s.bound.rate_rps * BOUND_SLACK if s.bound else float("inf"), self.max_rate_rps),
             )
             for s in items
         ]
@@ -230,7 +241,8 @@ class _Search:
             seen_structures.append(s.candidate.structure)
             if len(seen_structures) > self.opt.refine:
                 break
-            fresh = [x for c in fine_settings(s.candidate) if (x := self.consider(c))]
+            peak = s.slice_run.at_load.peak_in_flight_per_replica  # type: ignore[union-attr]
+            fresh = [x for c in fine_settings(s.candidate, peak) if (x := self.consider(c))]
             self.say(f"  refining {s.candidate.structure.text()}: {len(fresh)} settings")
             if goodput:
                 self.run_bounded(fresh)
@@ -284,9 +296,14 @@ class _Search:
                 continue
             self.say(f"at {n} {gpu}: {len(group)} candidates after the capacity bound")
             self.run(group, goodput=False)
-            if any(s.slice_run.at_load.meets(self.slo.target) for s in group):  # type: ignore[union-attr]
-                self.refine(group, goodput=False)
-                return max((s for s in group if s.slice_run), key=lambda s: self._rank(s, False))
+            meeting = [s for s in group if s.slice_run.at_load.meets(self.slo.target)]  # type: ignore[union-attr]
+            if meeting:
+                # the goodput of those that meet the SLOs ranks them; dominance only within this GPU count
+                saved, self.best_goodput = self.best_goodput, 0.0
+                self.run(meeting, goodput=True)
+                self.refine(group, goodput=True)
+                self.best_goodput = saved
+                return max((s for s in group if s.slice_run), key=lambda s: self._rank(s, True))
         return None
 
     def current(self) -> Scored:

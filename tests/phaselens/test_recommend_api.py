@@ -14,7 +14,7 @@ from tests.collector.conftest import start_collector
 
 ARGS = [
     "--layout", "agg:1xh100-sxm", "--model", "llama-3.1-8b", "--slo-ttft-ms", "500", "--slo-tpot-ms", "20",
-    "--poisson", "20", "--num-requests", "40", "--prompt-tokens", "32:128", "--output-tokens", "8:32",
+    "--poisson", "20", "--num-requests", "40", "--prompt-tokens", "32:128", "--output-tokens", "4:16",
     "--slice-requests", "40",
 ]  # fmt: skip
 

@@ -95,12 +95,39 @@ def test_the_bottleneck_is_named_per_pool():
     assert ok.bottleneck == "none" and "meets the SLOs" in ok.bottleneck_text
 
 
+def test_prefill_heavy_under_tight_slos_recommends_a_disaggregated_layout():
+    """Long prompts, short outputs, TTFT <= 500 ms and TPOT <= 15 ms on 4 H100s (8B): the current
+    aggregated layout (vLLM's 8192-token chunks) misses the TPOT SLO — its decode steps carry prefill
+    chunks — and three prefill replicas feeding one decode replica meet both."""
+    trace = poisson_trace(7.0, 80, prompt_tokens=(7000, 8000), output_tokens=(32, 64), seed=1)
+    rec = recommend(
+        RecommendInputs(trace, "llama-3.1-8b", "agg:4xh100-sxm", SloTarget(0.5, 0.015)),
+        SearchOptions(slice_requests=80),
+    )
+    assert not rec.stay and rec.proposed.mode == "disaggregated", rec.rationale
+    assert rec.proposed.layout.startswith("3p1d:") and rec.predicted["slo_attainment"] >= 0.9
+    cur = rec.candidates[0]
+    assert cur["current"] and cur["meets_slo"] is False and cur["bottleneck"] == "decode"
+    assert "prefill chunks riding in it" in cur["bottleneck_text"]
+    assert (
+        "the current layout misses the SLOs" in rec.rationale
+        and "Bottleneck of the proposed layout" in rec.rationale
+    )
+    # the search tried the engine settings that decide it: aggregated with small chunks, ranked below
+    small = [
+        c for c in rec.candidates if c["layout"].startswith("agg:4xh100-sxm:tp2:max_num_batched_tokens=512")
+    ]
+    assert small and small[0]["goodput_rps_per_gpu"] <= rec.predicted["goodput_rps_per_gpu"]
+
+
 def test_light_short_prompts_keep_the_aggregated_layout_and_say_why():
-    rec = recommend(_inputs(gpu_budget=2), SearchOptions(slice_requests=150))
-    assert rec.proposed.mode == "aggregated", rec.rationale
+    light = poisson_trace(5.0, 150, prompt_tokens=(32, 256), output_tokens=(4, 16), seed=2)
+    rec = recommend(_inputs(trace=light, gpu_budget=2), SearchOptions(slice_requests=150, refine=1))
+    assert rec.stay and rec.proposed.layout == "agg:1xh100-sxm", rec.rationale
+    assert rec.rationale.startswith("stay as is (aggregated)")
     disagg = [c for c in rec.candidates if c["mode"] == "disaggregated"]
     assert disagg and all(c["layout"] != rec.proposed.layout for c in disagg)
-    assert rec.rationale and rec.bottleneck in ("none", "prefill", "decode", "mixed")
+    assert rec.bottleneck == "none" and rec.est_cost_change_usd_per_h == 0.0
     assert rec.confidence["level"] == "low" and "not checked" in rec.confidence["text"]
     cur = rec.candidates[0]
     assert cur["current"] and cur["evaluated_on"] == "trace" and cur["meets_slo"] is True
