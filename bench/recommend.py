@@ -23,11 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics.recommend import RecommendInputs, SearchOptions, SloTarget, recommend
 from analytics.recommend.candidates import all_settings, structures
-from analytics.recommend.evaluate import evaluation_of, simulate
+from analytics.recommend.evaluate import evaluation_of, run_slice, simulate
 from analytics.recommend.inputs import min_gpus
 from serving.config import preset
 from serving.sim.layout import parse_layout
 from serving.trace import SHARED_TRACE, load_azure_trace, vendored_trace_path
+
+FLIP = (
+    "2p1d:h100-sxm:prefill.tp=2:decode.tp=4",
+    "agg:8xh100-sxm:tp4",
+    "agg:8xh100-sxm:tp4:max_num_batched_tokens=256",
+)
 
 
 def _cpu_s() -> float:
@@ -42,6 +48,7 @@ def main() -> int:
     ap.add_argument("--layout", default="agg:8xh100-sxm:tp2")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--baseline-sample", type=int, default=4)
+    ap.add_argument("--table", action="store_true", help="print the candidate table")
     args = ap.parse_args()
     path = SHARED_TRACE if SHARED_TRACE.is_file() else vendored_trace_path()
     trace = load_azure_trace(path, duration_s=args.duration)
@@ -64,28 +71,24 @@ def main() -> int:
     print(f"  proposed: {rec.proposed.layout} (stay: {rec.stay})\n  {rec.rationale}")
     print(f"  same budget: {rec.result.same_budget.layout if rec.result.same_budget else None}")
     print(f"  least budget: {rec.result.least_budget.layout if rec.result.least_budget else None}")
-    by = {c["layout"]: c for c in rec.candidates}
-    flip = [
-        by.get(k)
-        for k in (
-            "agg:8xh100-sxm:tp4:max_num_batched_tokens=8192:max_num_seqs=256",
-            "agg:8xh100-sxm:tp4:max_num_batched_tokens=256:max_num_seqs=256",
-        )
-    ]
-    dis = max(
-        (
-            c
-            for c in rec.candidates
-            if c["mode"] == "disaggregated" and c["gpus"] == 8 and c["goodput_rps_per_gpu"]
-        ),
-        key=lambda c: c["goodput_rps_per_gpu"],
-        default=None,
+    if args.table:
+        from analytics.recommend.records import recommendation_row
+        from analytics.recommend.text import format_recommendation
+
+        print(format_recommendation(recommendation_row(rec, node="bench"), all_candidates=True))
+    # the check: the verdict on disaggregation flips with the aggregated layout's chunk size
+    first = load_azure_trace(path, limit=300)
+    g = {
+        text: run_slice(
+            text, shape, first, slo, rec.inputs.prices, rel_tol=0.05, max_evals=9
+        ).goodput_rps_per_gpu
+        for text in FLIP
+    }
+    d, big, small = (g[t] for t in FLIP)
+    print(
+        f"verdict on disaggregation, the first 300 requests: {FLIP[0]} carries {d / big:.2f}x the goodput per GPU of "
+        f"{FLIP[1]} and {d / small:.2f}x that of {FLIP[2]} ({d:.3f} / {big:.3f} / {small:.3f} req/s per GPU)"
     )
-    if dis and all(f and f["goodput_rps_per_gpu"] for f in flip):
-        print(
-            f"  verdict on disaggregation ({dis['layout']}): {dis['goodput_rps_per_gpu'] / flip[0]['goodput_rps_per_gpu']:.2f}x vs agg TP4 "
-            f"8192-token chunks, {dis['goodput_rps_per_gpu'] / flip[1]['goodput_rps_per_gpu']:.2f}x vs 256-token chunks (goodput per GPU)"
-        )
     grid = [
         c.layout
         for n in range(min_gpus(shape, ["h100-sxm"]) or 1, 9)

@@ -132,12 +132,17 @@ def layout_wide_options(current: Layout) -> tuple[str, ...]:
 
 
 def structures(
-    shape: ModelConfig, gpus: Sequence[str], budget: int, *, extra: tuple[str, ...] = ()
+    shape: ModelConfig,
+    gpus: Sequence[str],
+    budget: int,
+    *,
+    extra: tuple[str, ...] = (),
+    gpu_memory_utilization: float = 0.9,
 ) -> Iterator[Structure]:
     """Every structure on exactly ``budget`` GPUs of one type of ``gpus``: aggregated ``budget/tp``
     replicas of TP ``tp``; xPyD with a TP per pool (x·tp_p + y·tp_d = budget)."""
     for gpu in gpus:
-        tps = tp_degrees(shape, gpu, budget)
+        tps = tp_degrees(shape, gpu, budget, gpu_memory_utilization)
         for tp in tps:
             if budget % tp == 0:
                 yield Structure(gpu, (("mixed", budget // tp, tp),), extra)

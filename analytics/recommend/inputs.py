@@ -105,7 +105,7 @@ class RecommendInputs:
             raise RecommendError(
                 f"the GPU budget must be a whole number >= 1, got {self.gpu_budget!r}", "gpu_budget"
             )
-        least = min_gpus(self.shape, self.allowed_gpus)
+        least = min_gpus(self.shape, self.allowed_gpus, layout.gpu_memory_utilization)
         if least is None or least > self.gpu_budget:
             need = (
                 "no TP degree of " + "/".join(map(str, TP_DEGREES)) + " fits"
@@ -162,23 +162,27 @@ class RecommendInputs:
         }
 
 
-def fits(shape: ModelConfig, gpu: str, tp: int) -> bool:
+def fits(shape: ModelConfig, gpu: str, tp: int, gpu_memory_utilization: float = 0.9) -> bool:
     """Whether one replica of ``shape`` at TP ``tp`` runs on ``gpu`` (``check_layout``'s rules)."""
     try:
-        check_layout(parse_layout(f"agg:{tp}x{gpu}:tp{tp}"), shape)
+        check_layout(
+            parse_layout(f"agg:{tp}x{gpu}:tp{tp}:gpu_memory_utilization={gpu_memory_utilization:g}"), shape
+        )
     except (LayoutError, ConfigError):
         return False
     return True
 
 
-def tp_degrees(shape: ModelConfig, gpu: str, budget: int) -> list[int]:
+def tp_degrees(shape: ModelConfig, gpu: str, budget: int, gpu_memory_utilization: float = 0.9) -> list[int]:
     """The TP degrees of :data:`TP_DEGREES` at most ``budget`` that fit ``shape`` on ``gpu``."""
-    return [tp for tp in TP_DEGREES if tp <= budget and fits(shape, gpu, tp)]
+    return [tp for tp in TP_DEGREES if tp <= budget and fits(shape, gpu, tp, gpu_memory_utilization)]
 
 
-def min_gpus(shape: ModelConfig, gpus: Sequence[str]) -> int | None:
+def min_gpus(shape: ModelConfig, gpus: Sequence[str], gpu_memory_utilization: float = 0.9) -> int | None:
     """The fewest GPUs one replica of ``shape`` needs on any of ``gpus``; None when none fits."""
-    found = [tp for g in gpus if g in GPU_SPECS for tp in TP_DEGREES if fits(shape, g, tp)]
+    found = [
+        tp for g in gpus if g in GPU_SPECS for tp in TP_DEGREES if fits(shape, g, tp, gpu_memory_utilization)
+    ]
     return min(found) if found else None
 
 

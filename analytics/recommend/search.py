@@ -163,6 +163,7 @@ class _Search:
         self.workload = WorkloadStats.of(inputs.trace, quantile=inputs.slo.target)
         self.slice = busiest_slice(inputs.trace, options.slice_requests)
         self.extra = layout_wide_options(inputs.current_layout)  # type: ignore[arg-type]
+        self.gmu = inputs.current_layout.gpu_memory_utilization  # type: ignore[union-attr]
         # the slice is a steady state only while it lasts several request lifetimes (TTFT + output × TPOT
         # at the SLOs): faster, every request is in flight at once and a finite slice passes any layout
         life_s = self.slo.ttft_s + self.workload.output_mean * self.slo.tpot_s
@@ -265,7 +266,13 @@ class _Search:
         budget = self.inputs.gpu_budget
         group = [
             x
-            for st in structures(self.shape, self.inputs.allowed_gpus, budget, extra=self.extra)  # type: ignore[arg-type]
+            for st in structures(
+                self.shape,
+                self.inputs.allowed_gpus,
+                budget,
+                extra=self.extra,
+                gpu_memory_utilization=self.gmu,
+            )  # type: ignore[arg-type]
             for c in coarse(st)
             if (x := self.consider(c))
         ]
@@ -277,7 +284,7 @@ class _Search:
 
     def least(self) -> Scored | None:
         budget = self.inputs.gpu_budget
-        lo = min_gpus(self.shape, self.inputs.allowed_gpus) or budget
+        lo = min_gpus(self.shape, self.inputs.allowed_gpus, self.gmu) or budget
         counts = sorted(
             (
                 (n * (self.inputs.prices.gpu_price(_gpu_name(g)) or 1.0), n, g)
@@ -288,7 +295,7 @@ class _Search:
         for _, n, gpu in counts:
             group = [
                 x
-                for st in structures(self.shape, [gpu], n, extra=self.extra)
+                for st in structures(self.shape, [gpu], n, extra=self.extra, gpu_memory_utilization=self.gmu)
                 for c in coarse(st)
                 if (x := self.consider(c))
             ]
