@@ -64,3 +64,42 @@ def test_bad_cli_input_is_refused(tmp_path, capsys):
     assert "unknown GPU b300" in capsys.readouterr().err
     assert main(["recommend", *ARGS, "--db", str(tmp_path / "none.duckdb")]) == 2
     assert "no such store file" in capsys.readouterr().err and not (tmp_path / "none.duckdb").exists()
+
+
+def test_one_search_at_a_time_and_the_control_token(tmp_path, monkeypatch):
+    """Two POSTs at once: one makes the recommendation, the other gets 409; with a control token a
+    POST without it is refused before anything runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.delenv("PHASELENS_CONTROL_TOKEN", raising=False)
+    proc, url = start_collector(tmp_path / "t.duckdb", "--control-token", "tok-1", "--report-schedule", "off")
+    body = {
+        "layout": "agg:2xh100-sxm",
+        "model": "llama-3.1-8b",
+        "slo_ttft_ms": 500,
+        "slo_tpot_ms": 15,
+        "poisson": 7,
+        "num_requests": 60,
+        "prompt_tokens": [7000, 8000],
+        "output_tokens": [32, 64],
+    }
+    auth = {"Authorization": "Bearer tok-1"}
+    try:
+        assert httpx.post(f"{url}/api/v1/recommendations", json=body).status_code == 401
+        with ThreadPoolExecutor(2) as pool:
+            got = list(
+                pool.map(
+                    lambda _: httpx.post(
+                        f"{url}/api/v1/recommendations", json=body, headers=auth, timeout=300
+                    ),
+                    range(2),
+                )
+            )
+        assert sorted(r.status_code for r in got) == [200, 409]
+        busy = next(r for r in got if r.status_code == 409)
+        assert "one runs at a time" in busy.json()["error"]["message"]
+        listed = httpx.get(f"{url}/api/v1/recommendations").json()["recommendations"]
+        assert len(listed) == 1 and listed[0]["target"] == "scenario:trace"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

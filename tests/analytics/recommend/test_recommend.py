@@ -132,3 +132,18 @@ def test_light_short_prompts_keep_the_aggregated_layout_and_say_why():
     cur = rec.candidates[0]
     assert cur["current"] and cur["evaluated_on"] == "trace" and cur["meets_slo"] is True
     assert {"goodput_rps_per_gpu", "usd_per_1m_tokens", "j_per_token", "usd_per_year", "pareto"} <= set(cur)
+
+
+def test_candidates_cover_the_budget_the_tp_per_pool_and_the_allowed_gpus():
+    from analytics.recommend.candidates import coarse, structures
+
+    shape = preset("llama-3.1-70b")
+    found = list(structures(shape, ["h100-sxm", "h200"], 8))
+    assert all(s.gpus == 8 for s in found)
+    texts = {c.layout.split(":max_num")[0].split(":prefill.max")[0] for s in found for c in coarse(s)}
+    assert {"agg:8xh100-sxm:tp2", "agg:8xh100-sxm:tp4", "agg:8xh100-sxm:tp8", "agg:8xh200:tp2"} <= texts
+    assert "2p1d:h100-sxm:prefill.tp=2:decode.tp=4" in texts and "1p2d:h200:prefill.tp=4:decode.tp=2" in texts
+    # 70B bf16 fits neither one H100 nor one H200 at the default 0.9 memory utilization
+    assert not any(":tp1" in t or "tp=1" in t for t in texts)
+    # every coarse candidate parses and keeps the GPU count
+    assert all(parse_layout(c.layout).gpus == 8 for s in found for c in coarse(s))
