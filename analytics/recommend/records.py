@@ -66,9 +66,10 @@ def recommendation_row(
         "current": _layout_json(inputs.current, inputs.model),
         "proposed": _layout_json(rec.proposed.layout, inputs.model),
         "rationale": rec.rationale,
-        "est_tokens_per_j_change_pct": rec.est_tokens_per_j_change_pct,
-        "est_latency_change_pct": rec.est_latency_change_pct,
-        "est_cost_change_usd_per_h": rec.est_cost_change_usd_per_h,
+        # NaN (an unpriced GPU) is stored as NULL: JSON has no NaN
+        "est_tokens_per_j_change_pct": json_safe(rec.est_tokens_per_j_change_pct),
+        "est_latency_change_pct": json_safe(rec.est_latency_change_pct),
+        "est_cost_change_usd_per_h": json_safe(rec.est_cost_change_usd_per_h),
         "status": "proposed",
         "details": json_safe(details),
     }

@@ -71,18 +71,18 @@ def test_confidence_from_a_live_emulated_stack():
     try:
         warm_up(server.url)
         blocks = kv_blocks_of(server.url)
-        trace = poisson(2.0, 12, seed=5)
+        trace = poisson(4.0, 10, seed=5)
         measured, label = measure_live(server.url, trace)
     finally:
         stop_server(server)
-    assert label == "emulated" and measured["requests"] == 12
+    assert label == "emulated" and measured["requests"] == 10
     layout = f"agg:1x{EMULATED_GPU}:{ENGINE_OPTIONS}:kv_blocks={blocks}:gpu_memory_utilization=0.96"
     rec = recommend(
         RecommendInputs(trace, "llama-3.1-70b", layout, SloTarget(2.0, 0.2), measured=measured),
-        SearchOptions(slice_requests=12),
+        SearchOptions(slice_requests=10),
     )
     errors = rec.confidence["replay_error_pct"]
     assert all(isinstance(errors[k], float) for k in ("ttft_p90", "tpot_p90", "output_tokens_per_s")), errors
     worst = max(abs(v) for v in errors.values())
     assert rec.confidence["level"] == ("high" if worst <= 10 else "medium" if worst <= 25 else "low")
-    assert "off by" in rec.confidence["text"] and rec.measured["requests"] == 12
+    assert "off by" in rec.confidence["text"] and rec.measured["requests"] == 10
