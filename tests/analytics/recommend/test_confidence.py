@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.recommend import RecommendInputs, SearchOptions, SloTarget, recommend
-from analytics.recommend.confidence import HIGH_PCT, MEDIUM_PCT, confidence, measure_live, measured_figures
+from analytics.recommend.confidence import HIGH_PCT, MEDIUM_PCT, confidence, measured_figures
 from serving.sim.live_compare import (
     EMULATED_GPU,
     ENGINE_OPTIONS,
     kv_blocks_of,
-    poisson,
     serve_args_emulated,
     warm_up,
 )
@@ -64,25 +62,59 @@ def test_measured_figures_of_request_events():
         measured_figures(events[2:])
 
 
-def test_confidence_from_a_live_emulated_stack():
-    """The current layout is the emulated stack's (70B on one emulated H200): its replay of the
-    same requests against what the stack measured, shown with the recommendation."""
+def test_confidence_from_a_live_emulated_stack(tmp_path, capsys):
+    """``phaselens recommend --measure-url``: the current layout is the emulated stack's (70B on one
+    emulated H200); the trace is replayed on it, the simulator replays the same requests, and the
+    error between them is the recommendation's confidence, stored with what was measured."""
+    import json
+
+    from collector.store import Store
+    from phaselens.cli import main
+
+    db = tmp_path / "c.duckdb"
+    Store.open(db).close()
     server = start_server(*serve_args_emulated())
     try:
         warm_up(server.url)
         blocks = kv_blocks_of(server.url)
-        trace = poisson(4.0, 10, seed=5)
-        measured, label = measure_live(server.url, trace)
+        layout = f"agg:1x{EMULATED_GPU}:{ENGINE_OPTIONS}:kv_blocks={blocks}:gpu_memory_utilization=0.96"
+        args = ["--layout", layout, "--slo-ttft-ms", "2000", "--slo-tpot-ms", "200", "--slice-requests", "10"]
+        trace_args = [
+            "--poisson",
+            "4",
+            "--num-requests",
+            "10",
+            "--prompt-tokens",
+            "32:384",
+            "--output-tokens",
+            "16:64",
+        ]
+        rc = main(
+            [
+                "recommend",
+                *args,
+                *trace_args,
+                "--seed",
+                "5",
+                "--measure-url",
+                server.url,
+                "--db",
+                str(db),
+                "--json",
+            ]
+        )
     finally:
         stop_server(server)
-    assert label == "emulated" and measured["requests"] == 10
-    layout = f"agg:1x{EMULATED_GPU}:{ENGINE_OPTIONS}:kv_blocks={blocks}:gpu_memory_utilization=0.96"
-    rec = recommend(
-        RecommendInputs(trace, "llama-3.1-70b", layout, SloTarget(2.0, 0.2), measured=measured),
-        SearchOptions(slice_requests=10),
-    )
-    errors = rec.confidence["replay_error_pct"]
+    assert rc == 0, capsys.readouterr().err
+    row = json.loads(capsys.readouterr().out)
+    measured, conf = row["details"]["measured"], row["details"]["confidence"]
+    assert measured["requests"] == 10 and measured["trust"] == "emulated"
+    errors = conf["replay_error_pct"]
     assert all(isinstance(errors[k], float) for k in ("ttft_p90", "tpot_p90", "output_tokens_per_s")), errors
     worst = max(abs(v) for v in errors.values())
-    assert rec.confidence["level"] == ("high" if worst <= 10 else "medium" if worst <= 25 else "low")
-    assert "off by" in rec.confidence["text"] and rec.measured["requests"] == 10
+    assert conf["level"] == ("high" if worst <= 10 else "medium" if worst <= 25 else "low")
+    print(conf)
+    assert "off by" in conf["text"]
+    with Store.open(db) as store, store.reader() as cur:
+        stored = cur.execute("SELECT details->'confidence'->>'level' FROM recommendations").fetchall()
+    assert stored == [(conf["level"],)]

@@ -60,7 +60,7 @@ def test_the_chunk_size_flips_the_verdict_on_disaggregation():
     """The issue's check (70B on 8 H100s, TTFT <= 1 s, TPOT <= 30 ms): against the aggregated layout
     with vLLM's 8192-token chunks a disaggregated layout carries more goodput per GPU; against the
     same aggregated layout with 256-token chunks it carries less."""
-    trace = load_azure_trace(vendored_trace_path(), limit=300)
+    trace = load_azure_trace(vendored_trace_path(), limit=200)
     shape, slo, prices = preset("llama-3.1-70b"), SloTarget(1.0, 0.03), load_prices()
 
     def goodput(layout: str) -> float:
