@@ -62,6 +62,11 @@ def test_a_recommendation_is_stored_and_served(tmp_path, capsys):
 def test_bad_cli_input_is_refused(tmp_path, capsys):
     assert main(["recommend", *ARGS, "--allow-gpu", "b300"]) == 2
     assert "unknown GPU b300" in capsys.readouterr().err
+    assert main(["recommend", *ARGS, "--slo-tpot-ms", "0"]) == 2
+    assert "TPOT SLO must be a number of seconds > 0" in capsys.readouterr().err
+    small = ["--layout", "agg:2xh100-sxm:tp2", "--gpu-budget", "1", "--poisson", "2", "--num-requests", "5"]
+    assert main(["recommend", *small]) == 2
+    assert "a budget of 1 GPU(s) is too small for llama-3.1-70b on h100-sxm" in capsys.readouterr().err
     assert main(["recommend", *ARGS, "--db", str(tmp_path / "none.duckdb")]) == 2
     assert "no such store file" in capsys.readouterr().err and not (tmp_path / "none.duckdb").exists()
 
