@@ -121,3 +121,16 @@ def confidence(current_predicted: dict[str, Any], measured: dict[str, Any] | Non
         "margin_pct": max(worst, 0.0),
         "text": text,
     }
+
+
+def measured_from_store(con: Any, start_s: float, end_s: float, node: str | None = None) -> dict[str, float]:
+    """:func:`measured_figures` of the store's ``requests`` rows arriving in ``[start_s, end_s)``
+    (one ``node``, or all): what the current layout did over the window the trace was taken from."""
+    where = "arrival_s >= ? AND arrival_s < ?" + (" AND node = ?" if node else "")
+    params = [start_s, end_s, *([node] if node else [])]
+    rows = con.execute(
+        f"SELECT arrival_s, first_token_s, finish_s, output_tokens, status FROM requests WHERE {where}",
+        params,
+    ).fetchall()
+    names = ("arrival_s", "first_token_s", "finish_s", "output_tokens", "status")
+    return measured_figures([dict(zip(names, r, strict=True)) for r in rows])

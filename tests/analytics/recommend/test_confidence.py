@@ -118,3 +118,24 @@ def test_confidence_from_a_live_emulated_stack(tmp_path, capsys):
     with Store.open(db) as store, store.reader() as cur:
         stored = cur.execute("SELECT details->'confidence'->>'level' FROM recommendations").fetchall()
     assert stored == [(conf["level"],)]
+
+
+def test_measured_figures_of_a_store_window(tmp_path):
+    from analytics.recommend.confidence import measured_from_store
+    from collector.store import Store
+
+    rows = [
+        {"node": "n", "source": "s", "request_id": f"r{i}", "arrival_s": 100.0 + i, "first_token_s": 100.2 + i,
+         "finish_s": 101.2 + i, "prompt_tokens": 50, "output_tokens": 11, "status": "ok"}
+        for i in range(5)
+    ]  # fmt: skip
+    rows.append({"node": "n", "source": "s", "request_id": "late", "arrival_s": 500.0, "status": "ok"})
+    with Store.open(tmp_path / "m.duckdb") as store:
+        store.append("requests", rows)
+        store.flush()
+        with store.reader() as cur:
+            m = measured_from_store(cur, 100.0, 200.0)
+    assert (
+        m["requests"] == 5 and m["ttft_p90_s"] == pytest.approx(0.2) and m["tpot_p50_s"] == pytest.approx(0.1)
+    )
+    assert m["output_tokens_per_s"] == pytest.approx(55 / 5.2)
