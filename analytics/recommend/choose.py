@@ -163,7 +163,7 @@ def choose(inputs: RecommendInputs, result: SearchResult, options: SearchOptions
     if proposed is None and same is not None and same.hour is not None and same.hour.meets(target):
         g_same = same.goodput_rps_per_gpu or 0.0
         gain = (g_same / g_cur - 1.0) * 100.0 if g_cur > 0 else float("inf")
-        if same.layout == cur.layout:
+        if same is cur:
             pass
         elif not cur_ev.meets(target):
             proposed = same

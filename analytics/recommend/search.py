@@ -27,6 +27,7 @@ the settings are searched one knob at a time from the coarse best, not jointly.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +47,7 @@ from analytics.recommend.candidates import (
 from analytics.recommend.evaluate import Evaluation, SliceRun, evaluation_of, rebase, run_slice, simulate
 from analytics.recommend.inputs import RecommendInputs, SloTarget, min_gpus
 from serving.config import ModelConfig
-from serving.sim.layout import parse_layout
+from serving.sim.layout import Layout, parse_layout
 from serving.trace import TraceRequest
 
 #: the goodput search's rates keep the slice at least this many request lifetimes long
@@ -105,6 +106,13 @@ class SearchResult:
     sims: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def same_key(layout: Layout) -> str:
+    """What makes two layouts the same deployment: ``Layout.describe()`` without the name."""
+    d = layout.describe()
+    d.pop("name", None)
+    return json.dumps(d, sort_keys=True)
 
 
 def busiest_slice(trace: Sequence[TraceRequest], n: int) -> list[TraceRequest]:
@@ -169,6 +177,7 @@ class _Search:
         life_s = self.slo.ttft_s + self.workload.output_mean * self.slo.tpot_s
         self.max_rate_rps = len(self.slice) / (STEADY_LIFETIMES * life_s)
         self.scored: dict[str, Scored] = {}
+        self.keys: set[str] = set()
         self.sims = 0
         self.best_goodput = 0.0
 
@@ -177,9 +186,11 @@ class _Search:
     def consider(self, c: Candidate) -> Scored | None:
         """Bound ``c``; None when it was seen or is pruned (recorded with the reason)."""
         text = c.layout
-        if text in self.scored:
-            return None
         layout = parse_layout(text)
+        key = same_key(layout)
+        if text in self.scored or key in self.keys:  # the same deployment under another spelling
+            return None
+        self.keys.add(key)
         sc = Scored(c, text, layout.gpus, layout.gpu, layout.mode)
         self.scored[text] = sc
         b = sc.bound = layout_bound(layout, self.shape, self.workload, self.slo.tpot_s, self.slo.ttft_s)
@@ -317,6 +328,7 @@ class _Search:
         layout = self.inputs.current_layout
         sc = Scored(None, self.inputs.current, layout.gpus, layout.gpu, layout.mode)  # type: ignore[union-attr]
         sc.bound = layout_bound(layout, self.shape, self.workload, self.slo.tpot_s, self.slo.ttft_s)  # type: ignore[arg-type]
+        self.keys.add(same_key(layout))  # type: ignore[arg-type]
         self.run([sc], goodput=True)
         return sc
 
