@@ -37,6 +37,17 @@ def test_a_recommendation_is_stored_and_served(tmp_path, capsys):
         assert got["details"]["confidence"]["level"] in ("high", "medium", "low")
         assert httpx.get(f"{url}/api/v1/recommendations/nope").status_code == 404
         assert httpx.get(f"{url}/api/v1/recommendations", params={"status": "maybe"}).status_code == 400
+        paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+        assert (
+            set(paths["/api/v1/recommendations"]) == {"get", "post"}
+            and "/api/v1/recommendations/{recommendation_id}" in paths
+        )
+        garbled = httpx.post(
+            f"{url}/api/v1/recommendations",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
+        assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
         bad = httpx.post(f"{url}/api/v1/recommendations", json={"layout": "agg:1xb300", "poisson": 2})
         assert bad.status_code == 400 and "unknown GPU" in bad.json()["error"]["message"]
         # through the collector: the search runs there, the older proposal for the target is superseded
