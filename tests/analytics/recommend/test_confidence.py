@@ -1,0 +1,141 @@
+"""The confidence of a recommendation: the replay on the current layout against what was measured
+on it — thresholds, the text of a 30 % miss, the measured figures of request events, a change that
+and the replay against a live emulated stack."""
+
+from __future__ import annotations
+
+import pytest
+
+from analytics.recommend.confidence import HIGH_PCT, MEDIUM_PCT, confidence, measured_figures
+from serving.sim.live_compare import (
+    EMULATED_GPU,
+    ENGINE_OPTIONS,
+    kv_blocks_of,
+    serve_args_emulated,
+    warm_up,
+)
+from serving.testing import start_server, stop_server
+
+PRED = {"ttft_p90_s": 0.2, "tpot_p90_s": 0.02, "output_tokens_per_s": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("scale", "level"),
+    [
+        (1.05, "high"),
+        (1.0 + HIGH_PCT / 100 - 1e-6, "high"),
+        (1.2, "medium"),
+        (1.0 + MEDIUM_PCT / 100 + 0.01, "low"),
+    ],
+)
+def test_levels_follow_the_documented_thresholds(scale, level):
+    measured = {k: v / scale for k, v in PRED.items()}
+    c = confidence(PRED, measured)
+    assert c["level"] == level
+    assert c["replay_error_pct"]["ttft_p90"] == pytest.approx((scale - 1) * 100)
+
+
+def test_a_30_percent_miss_says_so_and_nothing_measured_is_low():
+    c = confidence(PRED, {"ttft_p90_s": 0.2, "tpot_p90_s": 0.02, "output_tokens_per_s": 100 / 1.3 * 1.0})
+    assert c["level"] == "low" and "misses today's measurements by 30 % (output_tokens_per_s)" in c["text"]
+    assert c["margin_pct"] == pytest.approx(30.0)
+    none = confidence(PRED, None)
+    assert none["level"] == "low" and none["replay_error_pct"] == {
+        "ttft_p90": None,
+        "tpot_p90": None,
+        "output_tokens_per_s": None,
+    }
+    assert "not checked" in none["text"] and none["margin_pct"] == 15.0
+
+
+def test_measured_figures_of_request_events():
+    events = [
+        {"status": "ok", "arrival_s": 0.0, "first_token_s": 0.1, "finish_s": 1.1, "output_tokens": 11},
+        {"status": "ok", "arrival_s": 1.0, "first_token_s": 1.3, "finish_s": 2.3, "output_tokens": 6},
+        {"status": "error", "arrival_s": 1.5, "first_token_s": None, "finish_s": 1.5, "output_tokens": 0},
+    ]
+    m = measured_figures(events)
+    assert m["requests"] == 2 and m["ttft_p50_s"] == pytest.approx(0.2)
+    assert m["tpot_p50_s"] == pytest.approx((0.1 + 0.2) / 2)
+    assert m["output_tokens_per_s"] == pytest.approx(17 / 2.3)
+    with pytest.raises(ValueError, match="no ok request"):
+        measured_figures(events[2:])
+
+
+def test_confidence_from_a_live_emulated_stack(tmp_path, capsys):
+    """``phaselens recommend --measure-url``: the current layout is the emulated stack's (70B on one
+    emulated H200); the trace is replayed on it, the simulator replays the same requests, and the
+    error between them is the recommendation's confidence, stored with what was measured."""
+    import json
+
+    from collector.store import Store
+    from phaselens.cli import main
+
+    db = tmp_path / "c.duckdb"
+    Store.open(db).close()
+    server = start_server(*serve_args_emulated())
+    try:
+        warm_up(server.url)
+        blocks = kv_blocks_of(server.url)
+        layout = f"agg:1x{EMULATED_GPU}:{ENGINE_OPTIONS}:kv_blocks={blocks}:gpu_memory_utilization=0.96"
+        args = ["--layout", layout, "--slo-ttft-ms", "2000", "--slo-tpot-ms", "200", "--slice-requests", "10"]
+        trace_args = [
+            "--poisson",
+            "4",
+            "--num-requests",
+            "10",
+            "--prompt-tokens",
+            "32:384",
+            "--output-tokens",
+            "16:64",
+        ]
+        rc = main(
+            [
+                "recommend",
+                *args,
+                *trace_args,
+                "--seed",
+                "5",
+                "--measure-url",
+                server.url,
+                "--db",
+                str(db),
+                "--json",
+            ]
+        )
+    finally:
+        stop_server(server)
+    assert rc == 0, capsys.readouterr().err
+    row = json.loads(capsys.readouterr().out)
+    measured, conf = row["details"]["measured"], row["details"]["confidence"]
+    assert measured["requests"] == 10 and measured["trust"] == "emulated"
+    errors = conf["replay_error_pct"]
+    assert all(isinstance(errors[k], float) for k in ("ttft_p90", "tpot_p90", "output_tokens_per_s")), errors
+    worst = max(abs(v) for v in errors.values())
+    assert conf["level"] == ("high" if worst <= 10 else "medium" if worst <= 25 else "low")
+    print(conf)
+    assert "off by" in conf["text"]
+    with Store.open(db) as store, store.reader() as cur:
+        stored = cur.execute("SELECT details->'confidence'->>'level' FROM recommendations").fetchall()
+    assert stored == [(conf["level"],)]
+
+
+def test_measured_figures_of_a_store_window(tmp_path):
+    from analytics.recommend.confidence import measured_from_store
+    from collector.store import Store
+
+    rows = [
+        {"node": "n", "source": "s", "request_id": f"r{i}", "arrival_s": 100.0 + i, "first_token_s": 100.2 + i,
+         "finish_s": 101.2 + i, "prompt_tokens": 50, "output_tokens": 11, "status": "ok"}
+        for i in range(5)
+    ]  # fmt: skip
+    rows.append({"node": "n", "source": "s", "request_id": "late", "arrival_s": 500.0, "status": "ok"})
+    with Store.open(tmp_path / "m.duckdb") as store:
+        store.append("requests", rows)
+        store.flush()
+        with store.reader() as cur:
+            m = measured_from_store(cur, 100.0, 200.0)
+    assert (
+        m["requests"] == 5 and m["ttft_p90_s"] == pytest.approx(0.2) and m["tpot_p50_s"] == pytest.approx(0.1)
+    )
+    assert m["output_tokens_per_s"] == pytest.approx(55 / 5.2)
