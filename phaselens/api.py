@@ -25,6 +25,7 @@ from collector.store.tables import TABLES
 from phaselens.apply_api import add_apply_routes
 from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
+from phaselens.recommend_api import add_recommend_routes
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
 from phaselens.workload_api import add_workload_routes
 
@@ -160,6 +161,7 @@ def create_service_app(collector: Collector) -> FastAPI:
 
     add_report_routes(app, collector, scheduler, error_response)
     add_apply_routes(app, collector)  # apply/rollback recommendations, the actions audit
+    add_recommend_routes(app, collector, error_response)
 
     @app.get("/api/v1/analytics/overview")
     def analytics_overview(request: Request) -> Any:

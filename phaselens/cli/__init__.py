@@ -17,6 +17,7 @@ from phaselens.cli.collect import add_collect_command
 from phaselens.cli.demo import add_demo_command
 from phaselens.cli.export import add_export_command
 from phaselens.cli.goodput import add_goodput_command
+from phaselens.cli.recommend import add_recommend_command
 from phaselens.cli.report import add_report_command
 from phaselens.cli.simulate import add_simulate_command
 from phaselens.cli.store import add_store_command
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_command(sub)
     add_analyze_command(sub)
     add_goodput_command(sub)
+    add_recommend_command(sub)
     add_report_command(sub)
     add_export_command(sub)
     add_workload_command(sub)
