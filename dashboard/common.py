@@ -358,6 +358,11 @@ def plain_md(text: str) -> str:
     return re.sub(r":(?=[\w+-])", r"\\:", text)
 
 
+def text_md(text: str) -> str:
+    """:func:`plain_md` with dollar signs escaped too (two of them in one text would be read as LaTeX)."""
+    return plain_md(text).replace("$", "\\$")
+
+
 # -- trust labels ------------------------------------------------------------------------------------
 
 

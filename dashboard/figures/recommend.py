@@ -310,7 +310,9 @@ def headline_text(rec: Mapping[str, Any] | None, *, target_note: str | None = No
     return f"Best recommendation{where}: {money} your SLOs ({slo}) with {layout} — confidence {level}"
 
 
-def _matches(target: str, dataset: str | None) -> bool:
+def is_for_dataset(target: str, dataset: str | None) -> bool:
+    """A recommendation's ``target`` is about the data set (``live``: a ``stack:`` or ``fleet:``
+    target; a scenario id: ``scenario:<id>``; None: any)."""
     if dataset is None:
         return True
     if dataset == "live":
@@ -325,7 +327,7 @@ def best_recommendation(
     hour, newest first among equals; those for ``dataset`` (``live``: a ``stack:`` or ``fleet:``
     target; a scenario id: ``scenario:<id>``) before any other. None when none is proposed."""
     proposed = [r for r in recs if r.get("status") == "proposed" and r.get("kind", "layout") == "layout"]
-    own = [r for r in proposed if _matches(str(r.get("target") or ""), dataset)]
+    own = [r for r in proposed if is_for_dataset(str(r.get("target") or ""), dataset)]
     pool: Sequence[Mapping[str, Any]] = own or proposed
     if not pool:
         return None
