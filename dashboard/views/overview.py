@@ -137,6 +137,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     with common.service_errors():
         params = _params(sel, fleet_gpus)
         body = _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+    with common.service_errors():  # about the data set, whatever the window holds
+        recommendation_headline(sel)
     if body.get("empty"):
         common.empty_window("GPU time, tokens or requests", sel)
         return
@@ -149,8 +151,6 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
             )
         )
     money = body.get("money") or {}
-    with common.service_errors():
-        recommendation_headline(sel)
     if money.get("sentence"):
         # the waste as measured, by its own name: not what a change is known to recover at the SLOs
         st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
