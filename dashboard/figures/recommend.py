@@ -334,3 +334,30 @@ def best_recommendation(
     return max(
         pool, key=lambda r: (-(_num(r.get("est_cost_change_usd_per_h")) or 0.0), _num(r.get("ts_s")) or 0.0)
     )
+
+
+def guard_text(guard: Mapping[str, Any] | None) -> str:
+    """An apply's guard (``GuardSpec.describe()``) in words: ``a 30 s window after each step; it breaches
+    under 90 % of requests meeting TTFT ≤ 1 s and TPOT ≤ 30 ms, or over 5 % errors (judged from 1
+    request)``."""
+    g = dict(guard or {})
+    slo = g.get("slo") or {}
+    meets = slo_text({"details": {"inputs": {"slo": {k: slo.get(k) for k in ("ttft_s", "tpot_s")}}}})
+    target, err = _num(slo.get("target")), _num(g.get("max_error_rate"))
+    window = _num(g.get("window_s"))
+    return (
+        (f"a {window:g} s window after each step" if window is not None else "a window after each step")
+        + (
+            f"; it breaches under {100 * target:.0f} % of requests meeting {meets}"
+            if target is not None
+            else ""
+        )
+        + (f", or over {100 * err:g} % errors" if err is not None else "")
+        + (
+            f" (judged from {g['min_requests']} request{'s' if g['min_requests'] != 1 else ''}; "
+            "fewer: not judged)"
+            if g.get("min_requests") is not None
+            else ""
+        )
+        + "; a breach rolls every applied step back"
+    )

@@ -148,9 +148,10 @@ def _impact(rec: dict[str, Any]) -> None:
     fleet = (d.get("inputs") or {}).get("fleet_gpus")
     cols = st.columns(5)
     cols[0].metric(
-        f"Saving a year (fleet of {fleet} GPUs)" if fleet else "Saving a year",
+        "Saving a year",
         "—" if saving is None else rf.usd_text(saving),
-        help="The current layout's simulated $/year minus the recommended one's, at the SLOs.",
+        help="The current layout's simulated $/year minus the recommended one's, at the SLOs"
+        + (f", for a fleet of {fleet} GPUs." if fleet else "."),
         border=True,
     )
     for col, (key, what, fmt, lower) in zip(
@@ -210,9 +211,8 @@ def _plan_view(plan: dict[str, Any]) -> None:
             hide_index=True,
             width="stretch",
         )
-    guard = plan.get("guard")
-    if guard:
-        st.caption(f"Guard after each step: {common.plain_md(str(guard))}")
+    if plan.get("guard"):
+        st.caption(common.plain_md(f"Guard: {rf.guard_text(plan['guard'])}."))
 
 
 def _apply_section(rec: dict[str, Any]) -> None:
@@ -238,9 +238,20 @@ def _apply_section(rec: dict[str, Any]) -> None:
         plan = plans.get(rid)
         if plan:
             _plan_view(plan)
+            guard_s = st.number_input(
+                "Guard window after each step, s",
+                1.0,
+                3600.0,
+                30.0,
+                key="apply_guard_s",
+                help="How long the live traffic is watched after each step before the next (breach: roll back)",
+            )
             c1, c2, _ = st.columns([1, 1, 3])
             if c1.button("Execute this plan", type="primary", key="apply_execute", icon=":material/check:"):
-                started = _control(lambda: common.control_client().apply(rid, dry_run=False), "The apply")
+                started = _control(
+                    lambda: common.control_client().apply(rid, dry_run=False, guard_s=float(guard_s)),
+                    "The apply",
+                )
                 if started:
                     st.session_state[RUNNING] = rid
                     plans.pop(rid, None)

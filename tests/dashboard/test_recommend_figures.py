@@ -142,3 +142,16 @@ def test_candidate_rows_mark_the_choice_and_leave_out_the_pruned_unless_asked():
     impact = {r["Figure"]: r for r in rf.impact_rows(REC)}
     assert impact["$ a year (fleet)"]["Change"] == "-6.4 %"
     assert impact["TTFT p90, ms"]["Recommended (simulated)"] == "500"
+
+
+def test_the_guard_in_words():
+    guard = {
+        "window_s": 30.0,
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.03, "target": 0.9},
+        "max_error_rate": 0.05,
+        "min_requests": 1,
+    }
+    assert rf.guard_text(guard) == (
+        "a 30 s window after each step; it breaches under 90 % of requests meeting TTFT ≤ 1 s and TPOT ≤ 30 ms, "
+        "or over 5 % errors (judged from 1 request; fewer: not judged); a breach rolls every applied step back"
+    )
