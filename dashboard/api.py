@@ -199,6 +199,13 @@ class CollectorApi:
         more for an hour of traffic: the read waits up to ``read_timeout_s``)."""
         return self.post("/api/v1/recommendations", body, read_timeout_s=read_timeout_s)
 
+    def save_workload(self, **params: Any) -> dict[str, Any]:
+        """``POST /api/v1/workload``: observe a window's workload, synthesize a trace that follows it,
+        store both descriptions; the answer (``observed``, ``synthesized``, ``synthesis``, ``window``)
+        with their ids (``observed_id``, ``synthesized_id``)."""
+        body = {k: v for k, v in params.items() if v is not None}
+        return self.post("/api/v1/workload", body, read_timeout_s=300.0)
+
     def apply(self, recommendation_id: str, *, dry_run: bool = True, **options: Any) -> dict[str, Any]:
         """``POST /api/v1/recommendations/{id}/apply``: the plan (a dry run by default: nothing
         changes) or the start of its execution; the plan, its action ids and the guard."""

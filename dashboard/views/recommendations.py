@@ -61,12 +61,50 @@ def _defaults(rec: dict[str, Any] | None) -> dict[str, Any]:
         "ttft_ms": float(slo.get("ttft_s") or 1.0) * 1e3,
         "tpot_ms": float(slo.get("tpot_s") or 0.03) * 1e3,
         "target_pct": float(slo.get("target") or 0.9) * 100,
-        "for": (rec or {}).get("target") or "",
+        "for": (rec or {}).get("target") or _stack_target(),
+    }
+
+
+def _stack_target() -> str:
+    """``stack:<URL>`` of the bundled stack the collector reads (its ``serving-telemetry:`` source), or ''."""
+    try:
+        sources = common.client().health().get("sources") or []
+    except (ApiError, ServiceUnavailable):
+        return ""
+    urls = [str(s.get("name", "")).removeprefix("serving-telemetry:") for s in sources]
+    return next((f"stack:{u}" for u, s in zip(urls, sources, strict=True) if s.get("name") != u), "")
+
+
+def observed_traffic(api: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The traffic of a stored window, as the recommendation's inline trace: the service observes
+    the window's workload and stores it (``POST /api/v1/workload``), and the same trace it synthesized
+    (same workload, duration and seed) is drawn here. The body's ``requests``, ``trace_desc``,
+    ``workload_id`` (the stored observed workload: the daily report checks drift against it) and
+    ``window``."""
+    from analytics.workload.model import Workload
+    from analytics.workload.synthesize import synthesize_trace
+
+    got = api.save_workload(**params)
+    syn = got["synthesis"]
+    trace = synthesize_trace(
+        Workload.from_dict(got["observed"]),
+        duration_s=float(syn["duration_s"]),
+        rate_scale=float(syn["rate_scale"]),
+        seed=int(syn["seed"]),
+    )
+    w = got.get("window") or {}
+    return {
+        "requests": [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens] for r in trace],
+        "trace_desc": f"synthesized from the observed workload {got['observed_id']} of "
+        f"{params.get('dataset', 'live')} ({len(trace):,} requests in {float(syn['duration_s']):,.0f} s)",
+        "workload_id": got["observed_id"],
+        "window": [w.get("start_s"), w.get("end_s")] if w.get("start_s") is not None else None,
     }
 
 
 def make_body(form: dict[str, Any]) -> dict[str, Any]:
-    """The ``POST /api/v1/recommendations`` body of the form's values."""
+    """The ``POST /api/v1/recommendations`` body of the form's values (without the observed traffic,
+    which :func:`observed_traffic` adds)."""
     body: dict[str, Any] = {
         "layout": form["layout"].strip(),
         "model": form["model"].strip(),
@@ -80,9 +118,32 @@ def make_body(form: dict[str, Any]) -> dict[str, Any]:
         body["target"] = form["for"].strip()
     if form["trace"] == "poisson":
         body |= {"poisson": float(form["rate"]), "num_requests": int(form["requests"])}
-    else:
+    elif form["trace"] == "azure":
         body["duration"] = float(form["duration_s"])
     return body
+
+
+def _windows() -> dict[str, dict[str, Any]]:
+    """The stored windows whose traffic a recommendation can be made for: the live data's last
+    hour, and each simulated scenario (whole)."""
+    out: dict[str, dict[str, Any]] = {"live data, the last hour": {"dataset": "live", "since": "1h"}}
+    try:
+        for sc in common.client().scenarios()[:20]:
+            out[f"scenario {sc['scenario_id']} ({sc.get('name')})"] = {"dataset": sc["scenario_id"]}
+    except (ApiError, ServiceUnavailable):
+        pass
+    return out
+
+
+def _make(form: dict[str, Any], windows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    api = common.control_client()
+    body = make_body(form)
+    if form["trace"] == "observed":
+        traffic = _control(lambda: observed_traffic(api, windows[form["window"]]), "Observing the traffic")
+        if traffic is None:
+            return None
+        body |= {k: v for k, v in traffic.items() if v is not None}
+    return _control(lambda: api.make_recommendation(body), "Making a recommendation")
 
 
 def _make_form(rec: dict[str, Any] | None) -> None:
@@ -107,13 +168,26 @@ def _make_form(rec: dict[str, Any] | None) -> None:
         )
         trace = st.radio(
             "Traffic",
-            ["poisson", "azure"],
-            format_func={"poisson": "Poisson arrivals", "azure": "the Azure conversation trace"}.get,
+            ["observed", "poisson", "azure"],
+            format_func={
+                "observed": "observed (a stored window)",
+                "poisson": "Poisson arrivals",
+                "azure": "the Azure conversation trace",
+            }.get,
             horizontal=True,
             key="mk_trace",
         )
         form["trace"] = trace
-        if trace == "poisson":
+        windows = _windows() if trace == "observed" else {}
+        if trace == "observed":
+            form["window"] = st.selectbox(
+                "Window",
+                list(windows),
+                key="mk_window",
+                help="Its workload is observed and stored (POST /api/v1/workload); a trace that follows it is "
+                "searched on; the reports say when the traffic has drifted from it",
+            )
+        elif trace == "poisson":
             c1, c2 = st.columns(2)
             form["rate"] = c1.number_input("Rate, req/s", 0.01, 10_000.0, 4.0, key="mk_rate")
             form["requests"] = c2.number_input("Requests", 2, 100_000, 200, key="mk_requests")
@@ -129,10 +203,7 @@ def _make_form(rec: dict[str, Any] | None) -> None:
         )
         if st.button("Make it", type="primary", key="make_rec", disabled=not form["layout"].strip()):
             with st.spinner("Searching layouts by simulation ..."):
-                made = _control(
-                    lambda: common.control_client().make_recommendation(make_body(form)),
-                    "Making a recommendation",
-                )
+                made = _make(form, windows)
             if made:
                 st.session_state[PICK] = made["recommendation_id"]
                 st.success(f"Made {made['recommendation_id']}: {rf.proposed_layout(made)}")

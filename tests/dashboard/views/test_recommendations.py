@@ -99,6 +99,7 @@ def test_make_a_recommendation_needs_the_token_and_stores_one(env: Service):
     before = len(httpx.get(f"{env.url}/api/v1/recommendations", timeout=30).json()["recommendations"])
     at.text_input(key="mk_layout").set_value("agg:1xh100-sxm")
     at.text_input(key="mk_model").set_value("llama-3.1-8b")
+    at.radio(key="mk_trace").set_value("poisson").run()
     at.number_input(key="mk_requests").set_value(20)
     at.text_input(key="mk_for").set_value("fleet:lab")
     at.button(key="make_rec").click().run()
@@ -134,3 +135,29 @@ def test_the_overview_headline_is_the_recommendation_s_saving(env: Service):
     assert headline == "#### " + text_md(rf.headline_text(rec))  # colons and $ escaped for markdown
     assert headline.startswith("#### Best recommendation") and "confidence low" in headline
     assert [p.proto.page for p in at.get("page_link")] == ["recommendations"]  # the page's URL path
+
+
+def test_make_a_recommendation_for_the_observed_traffic_of_a_scenario(env: Service):
+    """The scenario's workload observed and stored, the recommendation made on a trace that follows it
+    and naming it (so a report can tell when the traffic has drifted from it)."""
+    at = open_page("recommendations")
+    at.text_input(key="control_token").set_value(TOKEN).run()
+    assert at.radio(key="mk_trace").value == "observed"  # the default: the traffic seen
+    window = next(o for o in at.selectbox(key="mk_window").options if env.scenario in o)
+    at.selectbox(key="mk_window").set_value(window)
+    at.text_input(key="mk_layout").set_value("agg:2xh100-sxm")
+    at.text_input(key="mk_model").set_value("llama-3.1-8b")
+    at.text_input(key="mk_for").set_value(f"scenario:{env.scenario}")
+    at.button(key="make_rec").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    newest = httpx.get(f"{env.url}/api/v1/recommendations", timeout=30).json()["recommendations"][0]
+    rec = _rec(env, newest["recommendation_id"])
+    inputs = rec["details"]["inputs"]
+    stored = httpx.get(f"{env.url}/api/v1/workloads", params={"kind": "observed"}, timeout=30).json()
+    (observed,) = [w for w in stored["workloads"] if w["workload_id"] == inputs["workload_id"]]
+    assert observed["dataset"] == env.scenario and observed["request_count"] == 60
+    # the trace searched on follows the observed workload: as many requests over the same span
+    assert inputs["trace"]["requests"] == pytest.approx(60, rel=0.35)
+    assert inputs["trace"]["desc"].startswith(
+        f"synthesized from the observed workload {observed['workload_id']}"
+    )
