@@ -161,3 +161,17 @@ def test_make_a_recommendation_for_the_observed_traffic_of_a_scenario(env: Servi
     assert inputs["trace"]["desc"].startswith(
         f"synthesized from the observed workload {observed['workload_id']}"
     )
+    # a report of the scenario carries it and checks drift against the workload it names: none
+    made = httpx.post(
+        f"{env.url}/api/v1/reports",
+        json={"dataset": env.scenario},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+    )
+    assert made.status_code == 200, made.text
+    report = httpx.get(
+        f"{env.url}/api/v1/reports/{made.json()['report_id']}", params={"format": "json"}, timeout=60
+    ).json()
+    part = report["summary"]["recommendation"]
+    assert part["best"]["recommendation_id"] == rec["recommendation_id"]
+    assert part["staleness"]["workload_id"] == inputs["workload_id"] and part["staleness"]["stale"] is False
