@@ -30,6 +30,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("bimodal.py", "Bimodal", ":material/bar_chart:"),
     ("cost.py", "Cost", ":material/payments:"),
     ("latency.py", "Latency", ":material/timer:"),
+    ("recommendations.py", "Recommendations", ":material/lightbulb:"),
     ("reports.py", "Reports", ":material/description:"),
     ("health.py", "Health", ":material/monitor_heart:"),
 )

@@ -109,6 +109,39 @@ def client() -> CollectorApi:
     return _client(api_url())
 
 
+CONTROL_TOKEN_KEY = "control_token"
+
+
+def control_client() -> CollectorApi:
+    """The client for control requests (POSTs): the shared one, which sends
+    ``$PHASELENS_CONTROL_TOKEN``, or — when a token was typed in this session
+    (:func:`control_token_input`) — a client of this session's that sends that one."""
+    typed = st.session_state.get(CONTROL_TOKEN_KEY)
+    if not typed:
+        return client()
+    cached = st.session_state.get("_control_client")
+    if cached is None or cached.token != typed or cached.base_url != api_url():
+        cached = CollectorApi(api_url(), token=typed)
+        st.session_state["_control_client"] = cached
+    return cached
+
+
+def control_token_input() -> None:
+    """Where the dashboard has no control token (``$PHASELENS_CONTROL_TOKEN`` unset), a field to type
+    the collector's for this browser session (never stored)."""
+    if client().token:
+        return
+    with st.expander("Control token", icon=":material/key:"):
+        st.text_input(
+            "The collector's control token",
+            type="password",
+            key=CONTROL_TOKEN_KEY,
+            help="Sent as `Authorization: Bearer` with making, applying and rolling back, when the collector "
+            "has one (`phaselens collect --control-token`); kept in this browser session only. Or start the "
+            "dashboard with PHASELENS_CONTROL_TOKEN set.",
+        )
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=64)
 def _read_live(url: str, table: str, start_s: float | None, end_s: float | None, max_rows: int) -> TableRead:
     """Live rows: read node by node (the live nodes that have devices), so that a scenario's rows
@@ -292,7 +325,7 @@ def service_errors() -> Iterator[None]:
         st.stop()
     except ApiError as e:
         st.error(
-            f"**The phaselens service refused a request**: {e.message}\n\n_`GET {e.path}` → {e.status}_",
+            f"**The phaselens service refused a request**: {e.message}\n\n_`{e.method} {e.path}` → {e.status}_",
             icon=":material/error:",
         )
         st.stop()
@@ -323,6 +356,11 @@ def plain_md(text: str) -> str:
     frontend fetches and loads its 0.26 MB emoji library for any text with ``:word:`` in it, which
     clock times and layout names look like."""
     return re.sub(r":(?=[\w+-])", r"\\:", text)
+
+
+def text_md(text: str) -> str:
+    """:func:`plain_md` with dollar signs escaped too (two of them in one text would be read as LaTeX)."""
+    return plain_md(text).replace("$", "\\$")
 
 
 # -- trust labels ------------------------------------------------------------------------------------

@@ -233,12 +233,14 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
 
 def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], window: Any) -> dict[str, Any]:
     """What the page adds to the summary: ``overview`` (the headline figures against the previous
-    period, ``analytics.overview``) and ``histogram`` (the window's binned SM activity and
+    period, ``analytics.overview``), ``recommendation`` (the best layout recommendation, its saving,
+    its staleness and the auto-apply decisions: ``phaselens/report_recommend.py``) and ``histogram`` (the window's binned SM activity and
     utilization per pool, ``analytics.histogram``), each on ``con``. One that fails is left out and
     named in the summary's ``missing`` (the rest of the report stands)."""
     from analytics.histogram import activity_histogram
     from analytics.overview import overview
     from phaselens.overview import previous_summary
+    from phaselens.report_recommend import recommendation_part
 
     out: dict[str, Any] = {}
     missing = summary.setdefault("missing", {})
@@ -252,6 +254,11 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
         log.exception("report: the previous period's summary failed")
         missing["previous_period"] = f"{type(e).__name__}: {e}"
         out["overview"] = overview(summary, None, previous_missing=f"no data: {type(e).__name__}: {e}")
+    try:  # the best recommendation, its saving, whether it is stale; auto-apply decisions
+        out["recommendation"] = recommendation_part(con, params, window)
+    except Exception as e:
+        log.exception("report: the recommendation part failed")
+        missing["recommendation"] = f"{type(e).__name__}: {e}"
     try:
         out["histogram"] = activity_histogram(con, window).to_dict()
     except Exception as e:

@@ -13,6 +13,7 @@ from dashboard.report_html.charts import Page
 from dashboard.report_html.cost import cost_section
 from dashboard.report_html.headline import gpu_time_section, header_html, headline_section
 from dashboard.report_html.latency import latency_section
+from dashboard.report_html.recommend import recommendation_section
 from dashboard.report_html.text import esc, number_or_none
 
 PLOTLY_MARKER = "<!--phaselens:plotly.js-->"
@@ -100,6 +101,7 @@ def render_html(
         simulated = str(window.get("dataset") or "live") != "live"
         out += [
             headline_section(ov),
+            recommendation_section(summary),
             gpu_time_section(page, ov),
             bimodal_section(page, summary),
             cost_section(page, summary, ov, simulated),

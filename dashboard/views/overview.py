@@ -15,12 +15,18 @@ from typing import Any
 import streamlit as st
 
 from dashboard import common, figures, share_bar
+from dashboard.api import ApiError
+from dashboard.figures import recommend as rf
 
 
 def _sentence(text: str) -> str:
     """The first letter upper case, the rest as written (``str.capitalize`` lowers "GPUs")."""
     return text[:1].upper() + text[1:]
 
+
+WASTE_LABEL = (
+    "Waste in this window (stranded, idle or host-bound GPU-time; not a saving a change is known to recover):"
+)
 
 TILE_ROWS = (
     ("output_tokens_per_s", "usd_per_1m_tokens", "usd_per_request", "j_per_output_token"),
@@ -43,6 +49,36 @@ def _params(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
         if nodes:
             params["node"] = nodes
     return params
+
+
+@st.cache_data(ttl=10.0, show_spinner=False, max_entries=16)
+def _best_recommendation(url: str, dataset: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The best proposed recommendation (with its details) and, when it is not about this data set,
+    its target; (None, None) when none is proposed or the service has no recommendations."""
+    api = common.client()
+    try:
+        best = rf.best_recommendation(api.recommendations(status="proposed", limit=500), dataset)
+        if best is None:
+            return None, None
+        rec = api.recommendation(best["recommendation_id"])
+    except ApiError:  # a service without the recommendations routes
+        return None, None
+    target = str(rec.get("target") or "")
+    return rec, None if rf.is_for_dataset(target, dataset) else target
+
+
+def recommendation_headline(sel: common.Selection) -> None:
+    """The headline: what the best recommendation saves at the SLOs (and how sure), linking to the
+    Recommendations page; or that there is none and how to make one."""
+    rec, other = _best_recommendation(common.api_url(), sel.dataset)
+    st.markdown(f"#### {common.text_md(rf.headline_text(rec, target_note=other))}")
+    if rec is not None:
+        common.trust_badges([str(rf.details_of(rec).get("trust") or "simulated")])
+    st.page_link(
+        "views/recommendations.py",
+        label="Recommendations: candidates, confidence, apply" if rec else "Recommendations: make one",
+        icon=":material/lightbulb:",
+    )
 
 
 def _utc(ts_s: float) -> str:
@@ -101,6 +137,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     with common.service_errors():
         params = _params(sel, fleet_gpus)
         body = _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+    with common.service_errors():  # about the data set, whatever the window holds
+        recommendation_headline(sel)
     if body.get("empty"):
         common.empty_window("GPU time, tokens or requests", sel)
         return
@@ -114,7 +152,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         )
     money = body.get("money") or {}
     if money.get("sentence"):
-        st.markdown(f"#### {money['sentence']}")
+        # the waste as measured, by its own name: not what a change is known to recover at the SLOs
+        st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
         common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
     any_previous = any(f.get("previous") is not None for f in tiles.values())
     if not any_previous:

@@ -24,7 +24,7 @@ def _make_now() -> None:
         span = st.selectbox("Window", list(MAKE_SPANS), index=1, key="make_span")
         if st.button("Make it", type="primary", key="make_report"):
             with common.service_errors(), st.spinner("Running the analysis ..."):
-                made = common.client().make_report(since=MAKE_SPANS[span])
+                made = common.control_client().make_report(since=MAKE_SPANS[span])
             st.session_state["report_pick"] = made["report_id"]
             st.success(f"Made: {made['title']}")
 

@@ -7,6 +7,7 @@ Plotly, and a report made with ``phaselens report`` renders offline."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -233,5 +234,70 @@ def test_a_report_renders_offline_in_chromium(chromium: str, report: Report):
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
             assert not errors, errors
             assert not outside, f"the report asked for external URLs: {outside}"
+        finally:
+            browser.close()
+
+
+# the Recommendations page drawn: its Pareto chart with points, the current layout named in it
+PARETO_DRAWN = """() => [...document.querySelectorAll('.js-plotly-plot')].some(
+  p => p.querySelectorAll('.scatterlayer .point').length >= 3 && p.textContent.includes('current layout'))"""
+
+
+def test_the_recommendations_page_shows_one_and_its_dry_run_plan(chromium: str, demo: DemoRun):
+    """A recommendation for the demo's stack (1 prefill + 1 decode emulated H100s) made through the
+    running collector with `phaselens recommend --collector`: the page draws its Pareto chart (the
+    current layout marked, labelled simulated), the candidates, the confidence; Apply shows the
+    dry-run plan from the stack's layout (nothing changes: the execution is tests/phaselens/apply's)."""
+    from playwright.sync_api import sync_playwright
+
+    demo.ensure_up()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phaselens.cli",
+            "recommend",
+            "--collector",
+            demo.collector_url,
+            f"--token={demo.token}",
+            "--for",
+            f"stack:{demo.serve_url}",
+            "--layout",
+            "1p1d:h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--poisson",
+            "2",
+            "--num-requests",
+            "60",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(done.stdout)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(f"{demo.dashboard_url}/recommendations")
+            _wait(page, PARETO_DRAWN, "the Pareto chart with the current layout", timeout_s=120)
+            _wait(page, SETTLED, "the page's script run finished")
+            assert page.get_by_text("SIMULATED").count() >= 1  # the trust label in the chart
+            assert page.get_by_text(rec["recommendation_id"]).count() >= 1
+            assert page.get_by_text("Confidence", exact=False).count() >= 1
+            assert page.locator('[data-testid="stDataFrame"]').count() >= 1  # the candidates
+            page.get_by_role("button", name="Apply…").click()
+            page.get_by_text("Dry-run plan").wait_for(timeout=60_000)
+            _wait(page, SETTLED, "the dry run's script run finished")
+            plan = page.locator('[data-testid="stCode"]').first.inner_text()
+            assert f"stack {demo.serve_url}: 1 prefill + 1 decode → " in plan, plan
+            assert page.get_by_role("button", name="Execute this plan").count() == 1
+            assert not _python_errors(page)
+            page.screenshot(path=str(ARTIFACTS / "recommendations-dry-run.png"), full_page=True)
         finally:
             browser.close()
