@@ -15,10 +15,10 @@ than the limit. Either raises :class:`~collector.sources.base.PageTooLarge`.
 
 One pool of one connection per :class:`HttpClient` (one per source, one base URL) keeps its
 connection alive between polls; a kept-alive connection the server closed meanwhile is retried
-once. The pool is used directly rather than through ``httpx.Client``: the request's target, headers
-and timeouts are built once per path, and httpx's request and response objects, URL merging and
-cookies cost ~0.5 ms of CPU a GET on top of httpcore's (h11's parser), a third of a 10 Hz
-``/v1/devices`` poll (``bench/collector_overhead.py``; docs/BENCHMARKS.md, collector_overhead).
+once. The pool is used directly rather than through ``httpx.Client``, whose request and response
+objects, URL merging and cookies cost ~0.5 ms of CPU a GET on top of httpcore's (h11's parser),
+over a quarter of a 10 Hz ``/v1/devices`` poll; a request without params is built once
+(``bench/collector_overhead.py``; docs/BENCHMARKS.md, collector_overhead).
 An injected ``httpx.Client`` (an in-process transport) is read through httpx with the same limits.
 """
 
@@ -182,8 +182,8 @@ class HttpClient:
             (b"Host", netloc.encode("ascii") if netloc.isascii() else netloc.encode("idna")),
             *((k.encode("latin-1"), v.encode("latin-1")) for k, v in self._headers.items()),
         ]
-        # per path and Accept, the request's target and headers (a keyed dict, built once)
-        self._requests: dict[tuple[str, str], tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        # the requests without params, per path and Accept (a keyed dict, each built once)
+        self._requests: dict[tuple[str, str], httpcore.Request] = {}
         # the deadline bounds every socket operation (the backend); the pool waits no longer either
         self._extensions = {"timeout": {"pool": timeout_s}}
 
@@ -223,19 +223,23 @@ class HttpClient:
             self._deadline.at_s = float("inf")
 
     def _request(self, path: str, params: Mapping[str, Any] | None, accept: str) -> httpcore.Request:
-        """The GET of ``path`` with ``params``: its target and headers built once per path."""
-        key = (path, accept)
-        built = self._requests.get(key)
-        if built is None:
-            target = quote((self._path + path) or "/", safe=_SAFE_TARGET)
-            headers = [*self._wire_headers, (b"Accept", accept.encode("latin-1"))]
-            built = self._requests[key] = (target.encode("ascii"), headers)
-        target, headers = built
-        query = "&".join(q for q in (self._query, urlencode(params or {}, doseq=True)) if q)
+        """The GET of ``path`` with ``params``; one without params is built once and sent again
+        (an httpcore request with no body holds nothing a send changes)."""
+        if params:
+            return self._build(path, urlencode(params, doseq=True), accept)
+        request = self._requests.get((path, accept))
+        if request is None:
+            request = self._requests[(path, accept)] = self._build(path, "", accept)
+        return request
+
+    def _build(self, path: str, query: str, accept: str) -> httpcore.Request:
+        target = quote((self._path + path) or "/", safe=_SAFE_TARGET)
+        query = "&".join(q for q in (self._query, query) if q)
         if query:
-            target += b"?" + quote(query, safe=_SAFE_TARGET).encode("ascii")
+            target += "?" + quote(query, safe=_SAFE_TARGET)
         scheme, host, port = self._origin
-        url = httpcore.URL(scheme=scheme, host=host, port=port, target=target)
+        url = httpcore.URL(scheme=scheme, host=host, port=port, target=target.encode("ascii"))
+        headers = [*self._wire_headers, (b"Accept", accept.encode("latin-1"))]
         return httpcore.Request(b"GET", url, headers=headers, extensions=self._extensions)
 
     def _get(
