@@ -3,13 +3,14 @@ samples N emulated GPUs at 100 ms (sampling alone), then while also ingesting th
 stack under load. Baseline in the same run: the same process idle (no sources).
 
 First, against the same stack, the CPU per poll of the serving sources (`GET /v1/devices`,
-`GET /v1/telemetry`) with the HTTP client of ``--old-rev`` (its ``collector/sources/http.py``, read
-with ``git show``: the hand-written HTTP/1.1 client) and with this tree's (httpx), in alternated
-blocks of ``--polls`` polls each, in this process (CPU time of this thread: the stack is another
-process).
+`GET /v1/telemetry`) with this tree's HTTP client (``new``: httpcore's connection pool) and with
+the clients of the baseline revisions (their ``collector/sources/http.py``, read with ``git show``):
+``hand`` (``--hand-rev``: the hand-written HTTP/1.1 client) and ``httpx`` (``--httpx-rev``: the
+first httpx version, an ``httpx.Client``), in alternated blocks of ``--polls`` polls each, in this
+process (CPU time of this thread: the stack is another process).
 
 Usage: python bench/collector_overhead.py [--gpus 8] [--seconds 30] [--json out.json]
-       [--old-rev REV] [--polls 200] [--rounds 6] [--clients-only]
+       [--hand-rev REV] [--httpx-rev REV] [--polls 200] [--rounds 6] [--clients-only]
 Target: < 2 % of one core for the sampling alone.
 """
 
@@ -50,12 +51,14 @@ def cpu_share(proc: subprocess.Popen, seconds: float) -> float:
 
 
 #: main before the HTTP client became httpx: the hand-written HTTP/1.1 keep-alive client
-OLD_CLIENT_REV = "0e5f64aa01c107324a06488e85d265ec231c72ed"
+HAND_CLIENT_REV = "0e5f64aa01c107324a06488e85d265ec231c72ed"
+#: main with the first httpx client (an ``httpx.Client`` whose transport's pool held the deadline)
+HTTPX_CLIENT_REV = "e9b9d193ab22559e358a511f8757413fbc30674e"
 
 
-def old_http_module(rev: str, tmp: Path) -> ModuleType:
+def http_module_at(rev: str, tmp: Path, name: str) -> ModuleType:
     """``collector/sources/http.py`` as it was at ``rev`` (``git show``), imported as a module of
-    its own; it raises this tree's ``SourceUnavailable``/``PageTooLarge`` like the new one."""
+    its own; it raises this tree's ``SourceUnavailable``/``PageTooLarge`` like this tree's."""
     text = subprocess.run(
         ["git", "show", f"{rev}:collector/sources/http.py"],
         cwd=ROOT,
@@ -63,9 +66,9 @@ def old_http_module(rev: str, tmp: Path) -> ModuleType:
         capture_output=True,
         text=True,
     ).stdout
-    path = tmp / "old_http.py"
+    path = tmp / f"{name}_http.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("phaselens_old_http", path)
+    spec = importlib.util.spec_from_file_location(f"phaselens_{name}_http", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,26 +76,30 @@ def old_http_module(rev: str, tmp: Path) -> ModuleType:
 
 
 def client_cpu_per_poll(
-    url: str, old: ModuleType, polls: int, rounds: int
+    url: str, baselines: dict[str, ModuleType], polls: int, rounds: int
 ) -> dict[str, dict[str, list[float]]]:
-    """CPU seconds of this thread per poll of each serving source, per client (``old``, ``new``),
-    one list entry per block of ``polls`` polls; blocks alternate old/new ``rounds`` times."""
+    """CPU seconds of this thread per poll of each serving source, per client (``baselines``' and
+    ``new``), one list entry per block of ``polls`` polls; the order of the clients is rotated
+    every round, ``rounds`` rounds."""
     sources = {}
-    for client in ("old", "new"):
+    for client in [*baselines, "new"]:
         devices = ServingDevicesSource(url, host_interval_s=float("inf"))  # the HTTP and JSON only
         telemetry = ServingTelemetrySource(url)
-        if client == "old":
+        if client in baselines:
             for src in (devices, telemetry):
                 timeout_s = src._client._http.timeout_s
-                src._client._http = old.HttpClient(url, timeout_s=timeout_s, max_body_bytes=256 << 20)
+                src._client._http = baselines[client].HttpClient(
+                    url, timeout_s=timeout_s, max_body_bytes=256 << 20
+                )
         sources[client] = {"devices": devices, "telemetry": telemetry}
     out: dict[str, dict[str, list[float]]] = {c: {"devices": [], "telemetry": []} for c in sources}
     for by_name in sources.values():  # warm up: connections open, caches filled
         for src in by_name.values():
             for _ in range(20):
                 assert src.poll(force=True).ok
+    order = list(sources)
     for r in range(rounds):
-        for client in ("old", "new") if r % 2 == 0 else ("new", "old"):
+        for client in order[r % len(order) :] + order[: r % len(order)]:
             for name, src in sources[client].items():
                 t0 = time.thread_time()
                 for _ in range(polls):
@@ -105,17 +112,20 @@ def client_cpu_per_poll(
     return out
 
 
-def print_clients(per_poll: dict[str, dict[str, list[float]]], old_rev: str) -> dict[str, float]:
-    """Print the medians per source and client and their ratio; return them flat."""
+def print_clients(per_poll: dict[str, dict[str, list[float]]], revs: dict[str, str]) -> dict[str, float]:
+    """Print the medians per source and client and the ratios to this tree's; return them flat."""
     flat: dict[str, float] = {}
-    print(f"CPU per poll of the serving sources (median of blocks; old = {old_rev[:10]}'s client):")
+    named = ", ".join(f"{c} = {rev[:10]}'s client" for c, rev in revs.items())
+    print(f"CPU per poll of the serving sources (median of blocks; new = this tree's; {named}):")
     for name, rate in (("devices", 10), ("telemetry", 2)):
-        old, new = (statistics.median(per_poll[c][name]) for c in ("old", "new"))
-        flat |= {f"{name}_old_ms": old * 1e3, f"{name}_new_ms": new * 1e3, f"{name}_ratio": new / old}
-        print(
-            f"  GET /v1/{name:<9} old {old * 1e3:6.3f} ms  new {new * 1e3:6.3f} ms  new/old {new / old:4.2f}x"
-            f"  (at {rate}/s: {(new - old) * rate * 100:+.2f} % of one core)"
-        )
+        med = {c: statistics.median(per_poll[c][name]) for c in per_poll}
+        flat |= {f"{name}_{c}_ms": s * 1e3 for c, s in med.items()}
+        cells = "  ".join(f"{c} {s * 1e3:6.3f} ms" for c, s in med.items())
+        ratios = "  ".join(f"new/{c} {med['new'] / med[c]:4.2f}x" for c in revs)
+        flat |= {f"{name}_new_over_{c}": med["new"] / med[c] for c in revs}
+        print(f"  GET /v1/{name:<9} {cells}  {ratios}")
+        for c in revs:
+            print(f"    at {rate}/s, new vs {c}: {(med['new'] - med[c]) * rate * 100:+.2f} % of one core")
     return flat
 
 
@@ -124,14 +134,16 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--old-rev", default=OLD_CLIENT_REV, help="the commit whose HTTP client is 'old'")
+    ap.add_argument("--hand-rev", default=HAND_CLIENT_REV, help="the commit of the hand-written client")
+    ap.add_argument("--httpx-rev", default=HTTPX_CLIENT_REV, help="the commit of the httpx.Client client")
     ap.add_argument("--polls", type=int, default=200, help="polls per block of the client comparison")
     ap.add_argument("--rounds", type=int, default=6, help="old/new blocks of the client comparison")
     ap.add_argument("--clients-only", action="store_true", help="only the client comparison")
     args = ap.parse_args()
     out: dict[str, float | int] = {"gpus": args.gpus, "seconds": args.seconds}
     with tempfile.TemporaryDirectory() as tmp:
-        old = old_http_module(args.old_rev, Path(tmp))
+        revs = {"hand": args.hand_rev, "httpx": args.httpx_rev}
+        baselines = {c: http_module_at(rev, Path(tmp), c) for c, rev in revs.items()}
         if not args.clients_only:
             idle, _ = start_collector(Path(tmp) / "idle.duckdb")
             time.sleep(2)
@@ -152,8 +164,8 @@ def main() -> int:
             "8",
         )
         try:
-            per_poll = client_cpu_per_poll(server.url, old, args.polls, args.rounds)
-            out |= print_clients(per_poll, args.old_rev)
+            per_poll = client_cpu_per_poll(server.url, baselines, args.polls, args.rounds)
+            out |= print_clients(per_poll, revs)
             if args.clients_only:
                 if args.json:
                     Path(args.json).write_text(json.dumps(out, indent=1))

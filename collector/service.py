@@ -13,15 +13,14 @@ scenario's) are jobs run by the writer thread between two drains, so nothing els
 The service process adds its jobs (phaselens/api.py: the report scheduler, the Prometheus export)
 with :meth:`Collector.add_job`: started after the writer, stopped before it, named in ``/health``.
 
-Over 600 lines: the writer's loop, its failure handling (held rows, gaps) and its jobs share the
-Collector's state; the sources and the store are their own modules.
+What it samples and where it writes (:class:`CollectorSettings`, which builds the sources) is in
+collector/settings.py; the sources and the store are their own modules.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,24 +30,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from collector.report_limits import DEFAULT_SCHEDULES, ReportLimits
-from collector.sources.backoff import DEFAULT_MAX_BACKOFF_S, Backoff
+from collector.settings import CollectorSettings
 from collector.sources.base import Source, SourceResult
-from collector.sources.dcgm import DcgmSource
-from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOUT_S
 from collector.sources.local_gpus import LocalGpuSource
-from collector.sources.prometheus import EngineScrapeSource
-from collector.sources.prometheus_query import PrometheusQuerySource
-from collector.sources.serving_stack import (
-    TABLE_TELEMETRY,
-    TABLE_TELEMETRY_GAPS,
-    ServingDevicesSource,
-    ServingTelemetrySource,
-)
+from collector.sources.serving_stack import TABLE_TELEMETRY, TABLE_TELEMETRY_GAPS, ServingTelemetrySource
 from collector.store import (
     FlushError,
     ImportResult,
-    RetentionPolicy,
     Store,
     StoreError,
     TelemetryIngest,
@@ -76,79 +64,6 @@ class ServiceJob(Protocol):
 
 class CollectorNotRunning(Exception):
     """A job was handed to the writer thread while it is not running (not started, or stopping)."""
-
-
-@dataclass(slots=True)
-class CollectorSettings:
-    """What `phaselens collect` samples and where it writes."""
-
-    db_path: str = "phaselens.duckdb"
-    host: str = "127.0.0.1"
-    port: int = 8900
-    node: str = field(default_factory=socket.gethostname)
-    serving_urls: list[str] = field(default_factory=list)
-    dcgm_urls: list[str] = field(default_factory=list)
-    engine_urls: list[str] = field(default_factory=list)
-    prometheus_url: str | None = None
-    nvml: bool = True  # sample this host's NVIDIA GPUs when NVML is there
-    gpu_interval_s: float = 0.1
-    telemetry_interval_s: float = 0.5
-    scrape_interval_s: float = 1.0
-    dcgm_interval_s: float = 1.0  # dcgm-exporter scrape period (unchanged refreshes are not stored again)
-    # one deadline per dcgm/engine scrape (connect + headers + body) and the largest page read; a
-    # larger page is dropped and counted (pages_too_large), the source degraded
-    scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S
-    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
-    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S  # the longest wait before a failed source is retried
-    flush_interval_s: float = 1.0  # commit (to DuckDB's WAL): the most a kill -9 can lose
-    checkpoint_interval_s: float = 60.0  # fold the WAL into the file
-    max_queue: int = 10_000  # poll results waiting for the writer; beyond it the oldest are dropped
-    # rows the store holds while the disk refuses writes (None: its default, 2 write buffers)
-    max_held_rows: int | None = None
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-    retention_interval_s: float = 600.0  # how often raw samples past retention are rolled up (also at start)
-    control_token: str | None = None  # bearer token of the control endpoints (POST /api/v1/import); None: off
-    # scheduled reports, NAME=CRON (UTC; phaselens/reports.py); () for none
-    report_schedules: tuple[str, ...] = DEFAULT_SCHEDULES
-    # reports kept (count, bytes; the oldest pruned) and the rate of manual ones (collector/report_limits.py)
-    report_limits: ReportLimits = field(default_factory=ReportLimits)
-    # GET /metrics: counters of the live data, counted one step (at most metrics_window_s of data)
-    # every metrics_interval_s (phaselens/metrics_export.py)
-    metrics_window_s: float = 300.0
-    metrics_interval_s: float = 15.0
-    metrics_settle_s: float = 30.0  # data is counted once it is this old
-
-    def build_sources(self) -> list[Source]:
-        sources: list[Source] = []
-
-        def backoff() -> Backoff:  # one per source: each has its own failures
-            return Backoff(max_s=max(self.max_backoff_s, Backoff.base_s))
-
-        if self.nvml:
-            local = LocalGpuSource(node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
-            if local.available():
-                sources.append(local)
-        for url in self.serving_urls:
-            sources.append(
-                ServingTelemetrySource(
-                    url, node=self.node, interval_s=self.telemetry_interval_s, backoff=backoff()
-                )
-            )
-            sources.append(
-                ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
-            )
-        page = {"timeout_s": self.scrape_timeout_s, "max_page_bytes": self.max_page_bytes}
-        sources += [
-            DcgmSource(u, node=self.node, interval_s=self.dcgm_interval_s, backoff=backoff(), **page)
-            for u in self.dcgm_urls
-        ]
-        sources += [
-            EngineScrapeSource(u, interval_s=self.scrape_interval_s, backoff=backoff(), **page)
-            for u in self.engine_urls
-        ]
-        if self.prometheus_url:
-            sources.append(PrometheusQuerySource(self.prometheus_url, interval_s=15.0, backoff=backoff()))
-        return sources
 
 
 @dataclass(slots=True)
@@ -614,3 +529,6 @@ class Collector:
             },
             "sources": sources,
         } | {key: job.health() for job, key in self._service_jobs if key is not None}  # type: ignore[attr-defined]
+
+
+__all__ = ["Collector", "CollectorNotRunning", "CollectorSettings", "ServiceJob", "WriterStats"]

@@ -84,13 +84,7 @@ def phase_bands(iterations: pd.DataFrame, start_s: float, end_s: float, slices: 
     share = busy.sum(axis=0) / width
     dominant = np.array(PHASES)[busy.argmax(axis=0)]
     labels = np.where(share < IDLE_BELOW, IDLE, dominant)
-    bands: list[Band] = []
-    run_start = 0
-    for i in range(1, slices + 1):
-        if i == slices or labels[i] != labels[run_start]:
-            bands.append(Band(start_s + run_start * width, start_s + i * width, str(labels[run_start])))
-            run_start = i
-    return bands
+    return _bands_of(labels, start_s, width)
 
 
 def _spread(out: np.ndarray, s: np.ndarray, e: np.ndarray, origin_s: float, width: float) -> None:
@@ -146,8 +140,14 @@ def bands_from_samples(
     mean = np.divide(total, count, out=np.zeros(slices), where=count > 0)
     busy_phase = role if role in ("prefill", "decode") else "mixed"
     labels = np.where((count > 0) & (mean >= IDLE_BELOW), busy_phase, IDLE)
+    return _bands_of(labels, start_s, width)
+
+
+def _bands_of(labels: np.ndarray, start_s: float, width: float) -> list[Band]:
+    """One band per run of equal labels over slices of ``width`` seconds from ``start_s``."""
     bands: list[Band] = []
     run_start = 0
+    slices = len(labels)
     for i in range(1, slices + 1):
         if i == slices or labels[i] != labels[run_start]:
             bands.append(Band(start_s + run_start * width, start_s + i * width, str(labels[run_start])))

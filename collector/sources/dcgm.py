@@ -31,7 +31,7 @@ from typing import Any
 from collector.sources.base import TABLE_GPU_SAMPLES, SourceResult, UnmappedFamilies
 from collector.sources.exposition import PageSource, finite, parse_exposition
 from collector.store.columns import RepeatedColumns
-from collector.store.devices import STEADY_SAMPLE_COLUMNS
+from collector.store.devices import PLACEMENT_ATTRIBUTES, STEADY_SAMPLE_COLUMNS
 from serving.devices.base import DeviceSample
 
 
@@ -93,13 +93,7 @@ GPU_ROW_COLUMNS: tuple[str, ...] = (
     "gr_engine_active_pct",
     "pcie_tx_bytes_per_s",
     "pcie_rx_bytes_per_s",
-    "k8s_pod",
-    "k8s_namespace",
-    "k8s_container",
-    "parent_uuid",
-    "mig_instance_id",
-    "mig_profile",
-    "exporter_hostname",
+    *PLACEMENT_ATTRIBUTES,
 )
 
 # DCGM blank sentinels (dcgm_structs.h): int64 blanks start at 0x7ffffffffffffff0 (≈ 9.22e18),

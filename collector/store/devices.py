@@ -24,11 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 DEVICE_KEY: tuple[str, ...] = ("node", "source", "device", "index")
-DEVICE_ATTRIBUTES: tuple[str, ...] = (
-    "kind",
-    "uuid",
-    "name",
-    "emulated",
+#: Where an exporter's GPU runs (its Kubernetes pod, its MIG parent and instance, the exporter's
+#: host): the devices attributes a dcgm-exporter page carries beside the sample.
+PLACEMENT_ATTRIBUTES: tuple[str, ...] = (
     "k8s_pod",
     "k8s_namespace",
     "k8s_container",
@@ -36,6 +34,13 @@ DEVICE_ATTRIBUTES: tuple[str, ...] = (
     "mig_instance_id",
     "mig_profile",
     "exporter_hostname",
+)
+DEVICE_ATTRIBUTES: tuple[str, ...] = (
+    "kind",
+    "uuid",
+    "name",
+    "emulated",
+    *PLACEMENT_ATTRIBUTES,
     "worker",  # the serving worker owning the GPU, and its role (prefill | decode | mixed)
     "role",
 )

@@ -8,6 +8,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from analytics.cost_pricing import CATEGORIES
+
 PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
 # Trust labels (analytics/trust.py, docs/STORE.md) -> badge colour (Streamlit's palette) and hex.
 TRUST_COLOURS = {
@@ -20,16 +22,7 @@ TRUST_COLOURS = {
 TRUST_ORDER = tuple(TRUST_COLOURS)
 
 #: the cost categories of analytics/cost.py, in stacking order, with what to call them
-COST_CATEGORIES = (
-    "prefill",
-    "decode",
-    "stranded_prefill",
-    "stranded_decode",
-    "host_bound",
-    "other_busy",
-    "idle",
-    "unsampled",
-)
+COST_CATEGORIES = CATEGORIES
 COST_LABELS = {
     "prefill": "productive prefill",
     "decode": "productive decode",

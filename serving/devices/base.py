@@ -236,6 +236,24 @@ class Device(ABC):
         return f"{type(self).__name__}({self.spec!r})"
 
 
+class CudaIndexDevice(Device):
+    """A CUDA GPU named by its index ``_index``: spec and torch device ``cuda:<index>``."""
+
+    _index: int
+
+    @property
+    def spec(self) -> str:
+        return f"cuda:{self._index}"
+
+    @property
+    def kind(self) -> DeviceKind:
+        return "cuda"
+
+    @property
+    def torch_device(self) -> str:
+        return f"cuda:{self._index}"
+
+
 def _or_none(getter: Callable[[], T]) -> T | None:
     """Call a knob getter; an unsupported knob reads as ``None``."""
     try:

@@ -22,6 +22,10 @@ Energy: ``IterationEstimate.power_w`` is the mean power while the GPU is busy, s
 priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
 ``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
 back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
+
+Just over 600 lines for a reason: what is left is one model (an iteration's time, power and clock,
+and the GPU between iterations, from the same roofline and power curve); its separable parts are
+already the modules above.
 """
 
 from __future__ import annotations

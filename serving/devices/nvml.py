@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serving.devices.base import Device, DeviceKind, DeviceSample, PowerLimitConstraints
+from serving.devices.base import CudaIndexDevice, DeviceSample, PowerLimitConstraints
 from serving.devices.errors import (
     DeviceError,
     DeviceLostError,
@@ -108,7 +108,7 @@ def _mw_to_w(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000.0
 
 
-class NvmlDevice(Device):
+class NvmlDevice(CudaIndexDevice):
     """GPU number ``index`` as NVML sees it (spec ``cuda:<index>``)."""
 
     def __init__(self, index: int, *, nvml: Any | None = None) -> None:
@@ -143,18 +143,6 @@ class NvmlDevice(Device):
             self._clock_reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons
 
     # --- identity ----------------------------------------------------------------------------
-
-    @property
-    def spec(self) -> str:
-        return f"cuda:{self._index}"
-
-    @property
-    def kind(self) -> DeviceKind:
-        return "cuda"
-
-    @property
-    def torch_device(self) -> str:
-        return f"cuda:{self._index}"
 
     @property
     def index(self) -> int:

@@ -281,42 +281,36 @@ _SW_CALIBRATION = (
     | {("h100-sxm", 2, "tpot", b) for b in (1, 32)}
     | {("h100-sxm", 8, "tpot", 1)}
 )
-for (_gpu, _tp), _d in _SW_PROMPT.items():
-    for _n, _ms in _d.items():
-        POINTS.append(
-            Point(
-                "splitwise",
-                _gpu,
-                "llama-2-70b",
-                _tp,
-                "ttft",
-                _ms,
-                "splitwise-2023",
-                "calibration" if (_gpu, _tp, "ttft", _n) in _SW_CALIBRATION else "held-out",
-                _n,
-                what=f"prompt {_n}, batch 1",
-                note="fp16",
-            )
-        )
-for (_gpu, _tp), _d in _SW_TOKEN.items():
-    for _b, _ms in _d.items():
-        POINTS.append(
-            Point(
-                "splitwise",
-                _gpu,
-                "llama-2-70b",
-                _tp,
-                "tpot",
-                _ms,
-                "splitwise-2023",
-                "calibration" if (_gpu, _tp, "tpot", _b) in _SW_CALIBRATION else "held-out",
-                512,
-                _b,
-                128,
-                what=f"token time, batch {_b}, prompt 512, 128 out",
-                note="fp16",
-            )
-        )
+
+
+def _splitwise(figure: str, gpu: str, tp: int, ms: float, key: int, *sizes: int, what: str) -> Point:
+    """A Splitwise llama-2-70b fp16 point; ``key`` (prompt tokens or batch) picks calibration rows."""
+    role = "calibration" if (gpu, tp, figure, key) in _SW_CALIBRATION else "held-out"
+    return Point(
+        "splitwise",
+        gpu,
+        "llama-2-70b",
+        tp,
+        figure,
+        ms,
+        "splitwise-2023",
+        role,
+        *sizes,
+        what=what,
+        note="fp16",
+    )
+
+
+POINTS += [
+    _splitwise("ttft", gpu, tp, ms, n, n, what=f"prompt {n}, batch 1")
+    for (gpu, tp), by_prompt in _SW_PROMPT.items()
+    for n, ms in by_prompt.items()
+]
+POINTS += [
+    _splitwise("tpot", gpu, tp, ms, b, 512, b, 128, what=f"token time, batch {b}, prompt 512, 128 out")
+    for (gpu, tp), by_batch in _SW_TOKEN.items()
+    for b, ms in by_batch.items()
+]
 # TensorRT-LLM v0.5 first-token latency, A100 FP16, batch 1 (the H100 rows are FP8: not comparable).
 for _shape, _tp, _n, _ms, _role in (
     ("llama-2-7b", 1, 128, 16.0, "calibration"),

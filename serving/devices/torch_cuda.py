@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from serving.devices.base import Device, DeviceKind, DeviceSample
+from serving.devices.base import CudaIndexDevice, DeviceSample
 
 
 def torch_cuda_device_count() -> int:
@@ -20,7 +20,7 @@ def torch_cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-class TorchCudaDevice(Device):
+class TorchCudaDevice(CudaIndexDevice):
     """GPU number ``index`` through torch (spec ``cuda:<index>``); memory only."""
 
     def __init__(self, index: int) -> None:
@@ -29,18 +29,6 @@ class TorchCudaDevice(Device):
         self._torch = torch
         self._index = index
         self._name = torch.cuda.get_device_name(index)
-
-    @property
-    def spec(self) -> str:
-        return f"cuda:{self._index}"
-
-    @property
-    def kind(self) -> DeviceKind:
-        return "cuda"
-
-    @property
-    def torch_device(self) -> str:
-        return f"cuda:{self._index}"
 
     def snapshot(self) -> DeviceSample:
         """Sample device memory (used = total - free, as the driver reports it)."""

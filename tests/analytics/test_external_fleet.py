@@ -109,7 +109,8 @@ def vllm_page(w: Workload) -> str:
 
 @pytest.fixture
 def external_fleet(http_server: LocalServer, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:  # noqa: F811
-    """A collector scraping the two pages (dcgm-exporter every 0.5 s, vLLM every 1 s) for ~20 s."""
+    """A collector scraping the two pages (dcgm-exporter every 0.5 s, vLLM every 1 s) for ~12 s: two
+    cycles of the three phases, ≥ 10 s of GPU samples (the checks want ≥ ~8 s)."""
     w = Workload(time.monotonic())
     dcgm = http_server.serve_text("/dcgm/metrics", "")
     http_server.routes["/dcgm/metrics"] = lambda _q: (200, dcgm_page(w), TEXT)
@@ -123,7 +124,7 @@ def external_fleet(http_server: LocalServer, tmp_path: Path) -> Iterator[tuple[s
     )
     try:
         deadline = time.monotonic() + 120
-        while http_server.hits.get("/vllm/metrics", 0) < 20 and time.monotonic() < deadline:
+        while http_server.hits.get("/vllm/metrics", 0) < 12 and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(2.0)  # the last scrapes flushed
         yield proc, url, db

@@ -11,8 +11,10 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +76,24 @@ def chromium() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Any]:
+    """One headless Chromium for the module's tests (each opens its own context)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+# the sidebar's link to the page titled ``arg`` is the current page
+CURRENT_PAGE = """(title) => [...document.querySelectorAll('[data-testid="stSidebarNavLink"][aria-current="page"]')]
+  .some(a => a.textContent.trim().endsWith(title))"""
+
+
 def _python_errors(page) -> list[str]:
     """What the page shows of a Python exception (Streamlit's exception box, a traceback)."""
     shown = [page.locator('[data-testid="stException"]').all_inner_texts()]
@@ -114,41 +134,38 @@ def report(demo: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Report:
     return Report(out, done.stdout)
 
 
-def test_every_page_renders_in_chromium(chromium: str, demo: DemoRun, report: Report):
+def test_every_page_renders_in_chromium(browser, demo: DemoRun, report: Report):
     """(``report`` is for the Reports page.)"""
-    from playwright.sync_api import sync_playwright
-
     scenario = demo.wait_for_scenario()
     pages = dashboard_pages()
     assert {"gpus.py", "reports.py", "health.py"} <= {file for file, _title in pages}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2000})
-            # live data first: the emulated prefill and decode GPUs, charted as they are sampled
-            page.goto(f"{demo.dashboard_url}/gpus")  # the Overview is the default page
-            _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
-            assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
-            assert not _python_errors(page)
-            page.wait_for_timeout(500)
-            page.screenshot(path=str(ARTIFACTS / "live-gpus.png"), full_page=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 2000})
+    try:
+        page = context.new_page()
+        # live data first: the emulated prefill and decode GPUs, charted as they are sampled
+        page.goto(f"{demo.dashboard_url}/gpus")  # the Overview is the default page
+        _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
+        assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
+        assert not _python_errors(page)
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "live-gpus.png"), full_page=True)
 
-            # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
-            page.goto(f"{demo.dashboard_url}/gpus?dataset={scenario['scenario_id']}")
-            _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
-            assert page.get_by_text("SIMULATED").count() >= 8
-            for file, title in pages:
-                nav = page.locator('[data-testid="stSidebarNav"]')
-                nav.get_by_role("link", name=title, exact=True).click()
-                _wait(page, SETTLED, f"page {title}: its script run finished")
-                page.wait_for_timeout(1500)  # charts and iframes draw after the run
-                _wait(page, SETTLED, f"page {title}: its script run finished")
-                errors = _python_errors(page)
-                page.screenshot(path=str(ARTIFACTS / f"{file.removesuffix('.py')}.png"), full_page=True)
-                assert not errors, f"page {title} ({file}) shows a Python exception: {errors}"
-        finally:
-            browser.close()
+        # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
+        page.goto(f"{demo.dashboard_url}/gpus?dataset={scenario['scenario_id']}")
+        _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
+        assert page.get_by_text("SIMULATED").count() >= 8
+        for file, title in pages:
+            nav = page.locator('[data-testid="stSidebarNav"]')
+            nav.get_by_role("link", name=title, exact=True).click()
+            _wait(page, CURRENT_PAGE, f"page {title}: the current page", title)
+            page.wait_for_timeout(500)  # its run has started; charts and iframes draw after it
+            _wait(page, SETTLED, f"page {title}: its script run finished")
+            errors = _python_errors(page)
+            page.screenshot(path=str(ARTIFACTS / f"{file.removesuffix('.py')}.png"), full_page=True)
+            assert not errors, f"page {title} ({file}) shows a Python exception: {errors}"
+    finally:
+        context.close()
     for file, _title in pages:
         assert (ARTIFACTS / f"{file.removesuffix('.py')}.png").stat().st_size > 10_000
 
@@ -165,77 +182,70 @@ BAR = """() => [...document.querySelectorAll('.pl-gpu-time .pl-seg')].map(
 SCRIPTS = """() => performance.getEntriesByType('resource').map(r => r.name).filter(n => n.includes('.js'))"""
 
 
-def test_the_overview_draws_its_bar_without_plotly(chromium: str, demo: DemoRun):
+def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
     """A first visit of the Overview (a fresh browser context): the GPU-time bar is HTML with its
     segments' shares, labels and hover titles, the page never fetches Plotly's bundle (nor the emoji
     library, which a clock time in a caption would pull in)."""
-    from playwright.sync_api import sync_playwright
-
     scenario = demo.wait_for_scenario()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
-        try:
-            page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
-            page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
-            _wait(page, OVERVIEW_DRAWN, "the Overview's tiles and GPU-time bar")
-            segments = page.evaluate(BAR)
-            assert sum(share for _k, share, *_ in segments) == pytest.approx(1.0, abs=1e-3)
-            widths = {key: width for key, _s, _t, _title, width in segments}
-            bar_width = page.locator(".pl-gpu-time .pl-bar").first.bounding_box()["width"]
-            for key, share, text, title, width in segments:
-                assert width == pytest.approx(share * bar_width, abs=2.0), (key, widths)
-                assert text in ("", f"{100 * share:.0f} %") and title.endswith("of GPU-time (all GPUs)")
-            assert page.locator(".pl-gpu-time [data-testid=trust]").inner_text() == "SIMULATED"
-            assert page.get_by_text("share of GPU-time, %").count() == 1
-            assert page.get_by_text(re.compile(r"\d\d:\d\d:\d\d UTC")).count() >= 1  # escaped colons show
-            assert not _python_errors(page)
-            page.wait_for_timeout(1000)  # anything else the page would fetch
-            fetched = page.evaluate(SCRIPTS)
-            assert not [n for n in fetched if "PlotlyChart" in n or "remark-emoji" in n], fetched
-            page.screenshot(path=str(ARTIFACTS / "overview-first-visit.png"), full_page=True)
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    try:
+        page = context.new_page()
+        page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
+        _wait(page, OVERVIEW_DRAWN, "the Overview's tiles and GPU-time bar")
+        segments = page.evaluate(BAR)
+        assert sum(share for _k, share, *_ in segments) == pytest.approx(1.0, abs=1e-3)
+        widths = {key: width for key, _s, _t, _title, width in segments}
+        bar_width = page.locator(".pl-gpu-time .pl-bar").first.bounding_box()["width"]
+        for key, share, text, title, width in segments:
+            assert width == pytest.approx(share * bar_width, abs=2.0), (key, widths)
+            assert text in ("", f"{100 * share:.0f} %") and title.endswith("of GPU-time (all GPUs)")
+        assert page.locator(".pl-gpu-time [data-testid=trust]").inner_text() == "SIMULATED"
+        assert page.get_by_text("share of GPU-time, %").count() == 1
+        assert page.get_by_text(re.compile(r"\d\d:\d\d:\d\d UTC")).count() >= 1  # escaped colons show
+        assert not _python_errors(page)
+        page.wait_for_timeout(1000)  # anything else the page would fetch
+        fetched = page.evaluate(SCRIPTS)
+        assert not [n for n in fetched if "PlotlyChart" in n or "remark-emoji" in n], fetched
+        page.screenshot(path=str(ARTIFACTS / "overview-first-visit.png"), full_page=True)
+    finally:
+        context.close()
 
 
-def test_a_report_renders_offline_in_chromium(chromium: str, report: Report):
+def test_a_report_renders_offline_in_chromium(browser, report: Report):
     """`phaselens report --out FILE` opened with the network cut and every request watched: the page
     asks for nothing outside itself, and its Plotly charts draw."""
-    from playwright.sync_api import sync_playwright
-
     page_file = report.path
     assert f"page {page_file}" in report.said
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
-        try:
-            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 1600})
-            outside: list[str] = []
+    context = browser.new_context(offline=True, viewport={"width": 1200, "height": 1600})
+    try:
+        outside: list[str] = []
 
-            def block(route) -> None:
-                url = route.request.url
-                if url.startswith(("file:", "data:", "blob:", "about:")):
-                    route.continue_()
-                else:
-                    outside.append(url)
-                    route.abort()
+        def block(route) -> None:
+            url = route.request.url
+            if url.startswith(("file:", "data:", "blob:", "about:")):
+                route.continue_()
+            else:
+                outside.append(url)
+                route.abort()
 
-            context.route("**/*", block)
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(page_file.as_uri())
-            page.get_by_text("Efficiency report").first.wait_for(timeout=30_000)
-            assert page.locator(".js-plotly-plot").count() > 0, "the report has no Plotly chart"
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))",
-                timeout=30_000,
-            )
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-            assert not errors, errors
-            assert not outside, f"the report asked for external URLs: {outside}"
-        finally:
-            browser.close()
+        context.route("**/*", block)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(page_file.as_uri())
+        page.get_by_text("Efficiency report").first.wait_for(timeout=30_000)
+        assert page.locator(".js-plotly-plot").count() > 0, "the report has no Plotly chart"
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))",
+            timeout=30_000,
+        )
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        assert not errors, errors
+        assert not outside, f"the report asked for external URLs: {outside}"
+    finally:
+        context.close()
 
 
 # the Recommendations page drawn: its Pareto chart with points, the current layout named in it
@@ -243,13 +253,11 @@ PARETO_DRAWN = """() => [...document.querySelectorAll('.js-plotly-plot')].some(
   p => p.querySelectorAll('.scatterlayer .point').length >= 3 && p.textContent.includes('current layout'))"""
 
 
-def test_the_recommendations_page_shows_one_and_its_dry_run_plan(chromium: str, demo: DemoRun):
+def test_the_recommendations_page_shows_one_and_its_dry_run_plan(browser, demo: DemoRun):
     """A recommendation for the demo's stack (1 prefill + 1 decode emulated H100s) made through the
     running collector with `phaselens recommend --collector`: the page draws its Pareto chart (the
     current layout marked, labelled simulated), the candidates, the confidence; Apply shows the
     dry-run plan from the stack's layout (nothing changes: the execution is tests/phaselens/apply's)."""
-    from playwright.sync_api import sync_playwright
-
     demo.ensure_up()
     done = subprocess.run(
         [
@@ -280,24 +288,23 @@ def test_the_recommendations_page_shows_one_and_its_dry_run_plan(chromium: str, 
     assert done.returncode == 0, done.stderr
     rec = json.loads(done.stdout)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"], headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2400})
-            page.goto(f"{demo.dashboard_url}/recommendations")
-            _wait(page, PARETO_DRAWN, "the Pareto chart with the current layout", timeout_s=120)
-            _wait(page, SETTLED, "the page's script run finished")
-            assert page.get_by_text("SIMULATED").count() >= 1  # the trust label in the chart
-            assert page.get_by_text(rec["recommendation_id"]).count() >= 1
-            assert page.get_by_text("Confidence", exact=False).count() >= 1
-            assert page.locator('[data-testid="stDataFrame"]').count() >= 1  # the candidates
-            page.get_by_role("button", name="Apply…").click()
-            page.get_by_text("Dry-run plan").wait_for(timeout=60_000)
-            _wait(page, SETTLED, "the dry run's script run finished")
-            plan = page.locator('[data-testid="stCode"]').first.inner_text()
-            assert f"stack {demo.serve_url}: 1 prefill + 1 decode → " in plan, plan
-            assert page.get_by_role("button", name="Execute this plan").count() == 1
-            assert not _python_errors(page)
-            page.screenshot(path=str(ARTIFACTS / "recommendations-dry-run.png"), full_page=True)
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    try:
+        page = context.new_page()
+        page.goto(f"{demo.dashboard_url}/recommendations")
+        _wait(page, PARETO_DRAWN, "the Pareto chart with the current layout", timeout_s=120)
+        _wait(page, SETTLED, "the page's script run finished")
+        assert page.get_by_text("SIMULATED").count() >= 1  # the trust label in the chart
+        assert page.get_by_text(rec["recommendation_id"]).count() >= 1
+        assert page.get_by_text("Confidence", exact=False).count() >= 1
+        assert page.locator('[data-testid="stDataFrame"]').count() >= 1  # the candidates
+        page.get_by_role("button", name="Apply…").click()
+        page.get_by_text("Dry-run plan").wait_for(timeout=60_000)
+        _wait(page, SETTLED, "the dry run's script run finished")
+        plan = page.locator('[data-testid="stCode"]').first.inner_text()
+        assert f"stack {demo.serve_url}: 1 prefill + 1 decode → " in plan, plan
+        assert page.get_by_role("button", name="Execute this plan").count() == 1
+        assert not _python_errors(page)
+        page.screenshot(path=str(ARTIFACTS / "recommendations-dry-run.png"), full_page=True)
+    finally:
+        context.close()

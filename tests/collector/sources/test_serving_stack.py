@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from collector.sources.base import SourceUnavailable
+from collector.sources.http import HttpClient
 from collector.sources.serving_stack import _JsonClient
 
 CLOSE = b""  # scripted "answer": close the connection without responding
@@ -89,6 +90,23 @@ def test_keep_alive_gets_with_content_length_and_chunked_bodies(serve) -> None:
     first = server.requests[0].decode()
     assert first.startswith("GET /base/v1/devices HTTP/1.1\r\n") and f"Host: {server.url[7:-5]}\r\n" in first
     assert server.requests[1].startswith(b"GET /base/v1/telemetry?after=router%3A3 HTTP/1.1\r\n")
+    client.close()
+
+
+def test_the_request_line_has_the_base_path_its_query_and_the_params(serve) -> None:
+    """Issue 21 (httpcore's pool directly): the target is the base URL's path and query, then the
+    params, percent-encoded; a request without params is built once and sent again as it was."""
+    server = serve([ok(b"1"), ok(b"2"), ok(b"3")])
+    client = HttpClient(server.url + "?tenant=a", timeout_s=5, headers={"X-Scope-OrgID": "team-a"})
+    assert client.get("/v1/telemetry", {"after": "router:3,worker-0:12"}, accept="application/json")[0] == 200
+    assert [client.get("/v1/devices")[1] for _ in range(2)] == [bytearray(b"2"), bytearray(b"3")]
+    first, second, third = server.requests
+    assert first.startswith(b"GET /base/v1/telemetry?tenant=a&after=router%3A3%2Cworker-0%3A12 HTTP/1.1\r\n")
+    port = server.url.split(":")[2].split("/")[0]
+    for header in (f"Host: 127.0.0.1:{port}", "Accept: application/json", "X-Scope-OrgID: team-a"):
+        assert f"\r\n{header}\r\n".encode() in first, (header, first)
+    assert second == third and second.startswith(b"GET /base/v1/devices?tenant=a HTTP/1.1\r\n")
+    assert b"\r\nAccept: */*\r\n" in second and server.connections == 1
     client.close()
 
 
