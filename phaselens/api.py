@@ -30,6 +30,7 @@ _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
 _PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
 _SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 _HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
+_GPU_SERIES_PARAMS = _WINDOW_PARAMS | {"max_points"}
 
 
 class _Closing:
@@ -155,6 +156,16 @@ def create_service_app(collector: Collector) -> FastAPI:
         from analytics.reads import run_histogram
 
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
+
+    @app.get("/api/v1/analytics/gpu-series")
+    def analytics_gpu_series(request: Request) -> Any:
+        """Per-GPU means of SM / tensor / DRAM activity, utilization, memory used, temperature, SM
+        clock, power and power limit per time bucket, computed in the store: the summary's window
+        parameters plus ``max_points`` (values per metric, GPUs x buckets; 100 to 200,000, default
+        6,000), which sets the bucket width."""
+        from analytics.reads import run_gpu_series
+
+        return analytics_read(request, _GPU_SERIES_PARAMS, run_gpu_series)
 
     add_report_routes(app, collector, scheduler, error_response)
 

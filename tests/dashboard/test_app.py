@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.figures.gpus import PANELS
 from tests.collector.conftest import start_collector
 from tests.conftest import Fleet, stop_process
 from tests.dashboard.conftest import APP
@@ -45,30 +46,40 @@ def _texts(at: AppTest) -> str:
     )
 
 
-def test_gpus_page_charts_each_gpu_of_a_scenario_over_its_phases(dashboard_env: Fleet):
+def _traces(fig: dict) -> list[str]:
+    """The names of a chart's lines (the TP groups, the power limit)."""
+    return [t.get("name") for t in fig["data"]]
+
+
+def test_gpus_page_draws_one_chart_per_metric_with_every_gpu(dashboard_env: Fleet):
     at = _app(dashboard_env.scenarios[DISAGG])
     assert not at.exception
     assert at.sidebar.selectbox(key="dataset").value == dashboard_env.scenarios[DISAGG]
     figs = _figures(at)
-    assert len(figs) == 2
+    metrics = [f["layout"]["meta"]["metric"] for f in figs]
+    assert sorted(metrics) == sorted(p.metric for p in PANELS)  # one chart per metric, in two columns
+    assert {f["layout"]["meta"]["mode"] for f in figs} == {"lines"}  # 2 GPUs: lines, not a heatmap
     titles = [f["layout"]["title"]["text"] for f in figs]
-    assert any("prefill pool" in t for t in titles) and any("decode pool" in t for t in titles)
+    assert "SM activity, %" in titles and "Tensor core activity, %" in titles and "Temperature, °C" in titles
     for fig in figs:
-        names = {t["name"] for t in fig["data"]}
-        assert {"SM activity", "utilization", "power", "power limit", "SM clock"} <= names
-        assert {"decode phase", "prefill phase"} & names  # phase bands with their legend
-        assert fig["layout"]["shapes"], "phase bands drawn"
-        assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])  # trust label in the chart
-        units = {fig["layout"][k]["title"]["text"] for k in ("yaxis", "yaxis2", "yaxis3")}
-        assert units == {"activity, %", "power, W", "SM clock, MHz"}
-        assert "simulated" in fig["layout"]["xaxis3"]["title"]["text"]
-        power = next(t for t in fig["data"] if t["name"] == "power")
-        assert 50 < max(_values(power["y"])) <= 700  # an H100's watts, under its limit
+        groups = [n for n in _traces(fig) if n != "power limit"]
+        assert len(groups) == 2 and groups == ["worker-0 · prefill · GPU 0", "worker-1 · decode · GPU 1"]
+        assert "simulated" in fig["layout"]["xaxis"]["title"]["text"]
+        assert not fig["layout"].get("annotations")  # the trust label is the page's, shown once
+    power = next(f for f in figs if f["layout"]["meta"]["metric"] == "power_w")
+    limit = next(t for t in power["data"] if t["name"] == "power limit")
+    assert limit["line"]["shape"] == "hv" and set(_values(limit["y"])) == {700.0}
+    lo, hi = power["layout"]["yaxis"]["range"]
+    assert lo == 0 and 700 < hi < 760  # the limit within the axis, the axis fitted to it
+    drawn = [v for t in power["data"] if t["name"] != "power limit" for v in _values(t["y"]) if v == v]
+    assert 50 < max(drawn) <= 700
+    clock = next(f for f in figs if f["layout"]["meta"]["metric"] == "sm_clock_mhz")
+    assert clock["layout"]["yaxis"]["range"][0] > 0  # fitted to the clocks, not from zero
     table = at.dataframe[0].value
     assert len(table) == 2 and set(table["pool"]) == {"prefill", "decode"}
-    busy = dict(zip(table["pool"], table["busy"], strict=True))
-    assert busy["decode"] > busy["prefill"]  # the decode GPU of 1p1d is the busy one
-    assert ":violet-badge[simulated]" in _texts(at)
+    sm = dict(zip(table["pool"], table["sm_active_pct"], strict=True))
+    assert 0 < sm["decode"] < 100 and 0 < sm["prefill"] < 100
+    assert _texts(at).count(":violet-badge[simulated]") == 1
 
 
 def test_pool_and_gpu_filters_narrow_the_charts(dashboard_env: Fleet):
@@ -76,13 +87,15 @@ def test_pool_and_gpu_filters_narrow_the_charts(dashboard_env: Fleet):
     at.sidebar.multiselect(key=f"pools_{dashboard_env.scenarios[DISAGG]}").select("decode").run()
     assert not at.exception
     figs = _figures(at)
-    assert len(figs) == 1 and "decode pool" in figs[0]["layout"]["title"]["text"]
+    assert len(figs) == len(PANELS)
+    assert all([n for n in _traces(f) if n != "power limit"] == [_traces(f)[0]] for f in figs)
+    assert "decode" in _traces(figs[0])[0]
     at = _app(dashboard_env.scenarios[AGG])
     gpus = at.sidebar.multiselect(key=f"gpus_{dashboard_env.scenarios[AGG]}")
     assert len(gpus.options) == 2
     gpus.select(gpus.options[1]).run()
     figs = _figures(at)
-    assert len(figs) == 1 and figs[0]["layout"]["title"]["text"].startswith("worker-1")
+    assert _traces(figs[0]) == [_traces(figs[0])[0]] and _traces(figs[0])[0].startswith("worker-1")
 
 
 def test_scenario_time_range_and_an_empty_live_window(dashboard_env: Fleet):

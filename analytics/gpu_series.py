@@ -1,0 +1,317 @@
+"""GPU metrics over time, bucketed in DuckDB for charts of a whole fleet: the dashboard's GPUs page.
+
+:func:`gpu_series` averages a window's GPU samples per GPU and time bucket, in the store, so that a
+chart gets at most ``max_points`` values per metric (GPUs x buckets) whatever the window: 64 GPUs over
+an hour of 100 ms samples (2.3 M rows) leave the store as 64 x 60 one-minute means per metric.
+
+The bucket width is the smallest of :data:`BUCKET_STEPS_S` (0.1 s ... 1 day, then whole days) for
+which the window's buckets times its GPUs fit ``max_points``; buckets are aligned to multiples of the
+width in epoch time (a 10 s bucket is a rollup bucket), computed on whole milliseconds so that
+floating point never moves a sample across a boundary. A bucket's value is the mean of the samples in
+it that have the metric (NULL where none has); a GPU's ``means`` are over the whole window.
+
+Raw ``gpu_samples`` older than the raw retention are folded into ``gpu_samples_10s`` and deleted
+(collector/store/retention.py), so the read takes both: the raw rows where they are kept, the 10 s
+rollup rows (their ``avg_*``, weighted by their ``samples``, placed at the bucket's middle) where they
+replaced them; a long window past the raw retention is read from the rollup alone. Each GPU comes
+with its device attributes (``devices``, the newest row before the window's end: worker, role,
+UUID, name), which is how a page groups the GPUs of one tensor-parallel replica (same worker).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from analytics.trust import HOST_BOUND, Trust
+from analytics.window import AnalyticsError, Window
+
+#: metrics of the series, in the order pages show them
+SERIES_METRICS: tuple[str, ...] = (
+    "sm_active_pct",
+    "tensor_active_pct",
+    "dram_active_pct",
+    "gpu_util_pct",
+    "mem_used_bytes",
+    "temperature_c",
+    "sm_clock_mhz",
+    "power_w",
+    "power_limit_w",
+)
+DEFAULT_MAX_POINTS = 6_000
+MIN_MAX_POINTS = 100
+MAX_MAX_POINTS = 200_000
+_DAY_S = 86_400.0
+#: bucket widths, s (past the last one: whole days); each >= 10 s is a multiple of the 10 s rollup
+BUCKET_STEPS_S: tuple[float, ...] = (
+    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+    3600.0, 7200.0, 10_800.0, 21_600.0, 43_200.0, _DAY_S,
+)  # fmt: skip
+ROLLUP_BUCKET_S = 10.0
+_DIGITS = 3  # decimals of a value in the answer (its JSON stays small; a chart shows fewer)
+
+_GPU = 'node, source, device, "index"'
+_SQL = """
+WITH s AS (
+    SELECT {gpu}, (round(ts_s * 1000)::BIGINT // $bucket_ms) AS b, 1.0 AS w,
+           trust_label(node, source, emulated) AS trust, host_bound_pct AS hb, FALSE AS rolled,
+           {raw_metrics}
+    FROM gpu_samples WHERE {pred} AND ts_s >= $start AND ts_s < $end
+    UNION ALL
+    SELECT {gpu}, (round((bucket_start_s + {half}) * 1000)::BIGINT // $bucket_ms) AS b,
+           samples::DOUBLE AS w, trust_label(node, source, emulated), avg_host_bound_pct, TRUE,
+           {rollup_metrics}
+    FROM gpu_samples_10s
+    WHERE {pred} AND bucket_start_s + {half} >= $start AND bucket_start_s + {half} < $end AND samples > 0
+)
+SELECT {gpu}, b, GROUPING(b) AS whole, sum(w) AS n, list(DISTINCT trust) AS trust,
+       max(hb) AS hb, bool_or(rolled) AS rolled, bool_or(NOT rolled) AS raw,
+       {aggregates}
+FROM s
+GROUP BY GROUPING SETS (({gpu}, b), ({gpu}))
+"""
+_DEVICES_SQL = """
+SELECT node, source, device, "index", uuid, name, worker, role
+FROM devices WHERE {pred} AND since_s < $end
+QUALIFY row_number() OVER (PARTITION BY node, source, device, "index" ORDER BY since_s DESC) = 1
+"""
+
+
+@dataclass(slots=True)
+class GpuSeries:
+    """Per GPU and time bucket, the mean of each metric of :data:`SERIES_METRICS`.
+
+    ``times_s``: the buckets' starts (every bucket of the window, empty ones too); ``gpus``: one dict
+    per GPU (``key`` node|source|device|index, ``node``, ``source``, ``device``, ``index``, ``uuid``,
+    ``name``, ``worker``, ``role``, ``trust``), ordered by role, worker and index; ``series[metric]``:
+    one list per GPU of one value per bucket (NaN where the bucket has none); ``samples``: the samples
+    per GPU and bucket; ``means[metric]``: per GPU, the mean over the window."""
+
+    window: Window
+    bucket_s: float
+    max_points: int
+    times_s: list[float]
+    gpus: list[dict[str, Any]]
+    series: dict[str, list[list[float]]]
+    samples: list[list[float]]
+    means: dict[str, list[float]]
+    sources: list[str] = field(default_factory=list)
+    trust: Trust = field(default_factory=Trust)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def points_per_metric(self) -> int:
+        return len(self.gpus) * len(self.times_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        from analytics.jsonable import json_safe
+
+        return json_safe(
+            {
+                "window": self.window.describe(),
+                "bucket_s": self.bucket_s,
+                "max_points": self.max_points,
+                "points_per_metric": self.points_per_metric,
+                "sources": self.sources,
+                "times_s": self.times_s,
+                "gpus": self.gpus,
+                "metrics": list(SERIES_METRICS),
+                "series": self.series,
+                "samples": self.samples,
+                "means": self.means,
+                "trust": self.trust.to_dict(),
+                "missing": self.missing,
+            }
+        )
+
+
+def check_max_points(value: Any) -> int:
+    """``value`` as the most values per metric; AnalyticsError naming the allowed range otherwise."""
+    try:
+        n = int(str(value))
+    except (TypeError, ValueError):
+        n = -1
+    if not MIN_MAX_POINTS <= n <= MAX_MAX_POINTS:
+        raise AnalyticsError(
+            f"max_points must be a whole number in [{MIN_MAX_POINTS}, {MAX_MAX_POINTS}] "
+            f"(values per metric: GPUs x time buckets), got {value!r}",
+            "max_points",
+        )
+    return n
+
+
+def _bucket_count(start_s: float, end_s: float, bucket_s: float) -> int:
+    ms = round(bucket_s * 1000)
+    return (math.ceil(end_s * 1000) - 1) // ms - round(start_s * 1000) // ms + 1
+
+
+def bucket_s_for(start_s: float, end_s: float, gpus: int, max_points: int) -> float:
+    """The narrowest bucket width (:data:`BUCKET_STEPS_S`, then whole days) whose buckets over
+    ``[start_s, end_s)`` times ``gpus`` fit ``max_points``."""
+    per_gpu = max(1, max_points // max(1, gpus))
+    for step in BUCKET_STEPS_S:
+        if _bucket_count(start_s, end_s, step) <= per_gpu:
+            return step
+    days = math.ceil((end_s - start_s) / _DAY_S / max(1, per_gpu - 1))
+    while _bucket_count(start_s, end_s, days * _DAY_S) > per_gpu:
+        days += 1
+    return days * _DAY_S
+
+
+def _named(window: Window, column: str, params: dict[str, Any]) -> str:
+    pred, values = window.node_sql(column)
+    for i, v in enumerate(values):
+        pred = pred.replace("?", f"$node{i}", 1)
+        params[f"node{i}"] = v
+    return pred
+
+
+def gpu_series(
+    con: duckdb.DuckDBPyConnection, window: Window, *, max_points: int = DEFAULT_MAX_POINTS
+) -> GpuSeries:
+    """The window's GPU samples as per-GPU means per time bucket (see the module's docstring), at
+    most ``max_points`` values per metric; AnalyticsError when the window has more GPUs than that."""
+    max_points = check_max_points(max_points)
+    params: dict[str, Any] = {"start": window.start_s, "end": window.end_s}
+    pred = _named(window, "node", params)
+    gpus_found = con.execute(
+        f"SELECT count(*) FROM (SELECT DISTINCT {_GPU} FROM gpu_samples WHERE {pred} "
+        "AND ts_s >= $start AND ts_s < $end UNION SELECT DISTINCT "
+        f"{_GPU} FROM gpu_samples_10s WHERE {pred} AND bucket_start_s + 5 >= $start "
+        "AND bucket_start_s + 5 < $end)",
+        params,
+    ).fetchone()
+    n_gpus = int(gpus_found[0]) if gpus_found else 0
+    if n_gpus > max_points:
+        raise AnalyticsError(
+            f"max_points={max_points} is fewer than the window's {n_gpus} GPUs (one value per GPU and "
+            f"bucket at the least); ask for max_points >= {n_gpus}",
+            "max_points",
+        )
+    bucket_s = bucket_s_for(window.start_s, window.end_s, n_gpus, max_points)
+    bucket_ms = round(bucket_s * 1000)
+    first = round(window.start_s * 1000) // bucket_ms
+    n_buckets = _bucket_count(window.start_s, window.end_s, bucket_s)
+    times_s = [(first + i) * bucket_ms / 1000.0 for i in range(n_buckets)]
+    result = GpuSeries(window, bucket_s, max_points, times_s, [], {}, [], {})
+    if n_gpus == 0:
+        result.series = {m: [] for m in SERIES_METRICS}
+        result.means = {m: [] for m in SERIES_METRICS}
+        result.missing.append("no GPU samples in the window")
+        return result
+    sql = _SQL.format(
+        gpu=_GPU,
+        pred=pred,
+        half=ROLLUP_BUCKET_S / 2,
+        raw_metrics=", ".join(f"{m}::DOUBLE AS {m}" for m in SERIES_METRICS),
+        rollup_metrics=", ".join(f"avg_{m}::DOUBLE" for m in SERIES_METRICS),
+        aggregates=", ".join(
+            f"sum({m} * w) FILTER (WHERE isfinite({m})) / sum(w) FILTER (WHERE isfinite({m})) AS {m}"
+            for m in SERIES_METRICS
+        ),
+    )
+    df = con.execute(sql, params | {"bucket_ms": bucket_ms}).df()
+    devices = con.execute(
+        _DEVICES_SQL.format(pred=pred), {k: v for k, v in params.items() if k != "start"}
+    ).df()
+    _fill(result, df, devices, first)
+    return result
+
+
+def _gpu_key(node: Any, source: Any, device: Any, index: Any) -> str:
+    idx = "" if index is None or (isinstance(index, float) and math.isnan(index)) else int(index)
+    return f"{node}|{source}|{device}|{idx}"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _fill(result: GpuSeries, df: Any, devices: Any, first: int) -> None:
+    """Matrices of ``result`` from the grouped rows ``df`` (per GPU and bucket, and per GPU)."""
+    attrs = {_gpu_key(r.node, r.source, r.device, r.index): r for r in devices.itertuples(index=False)}
+    whole = df[df["whole"] != 0]
+    gpus = []
+    for r in whole.itertuples(index=False):
+        key = _gpu_key(r.node, r.source, r.device, r.index)
+        a = attrs.get(key)
+        idx = (
+            None if r.index is None or (isinstance(r.index, float) and math.isnan(r.index)) else int(r.index)
+        )
+        labels = [str(x) for x in (r.trust if r.trust is not None else [])]
+        for label in labels:
+            result.trust.add(label)
+        if r.hb is not None and not math.isnan(r.hb) and r.hb > 0:
+            result.trust.add(HOST_BOUND, "samples from emulated windows the host could not keep pace with")
+            labels.append(HOST_BOUND)
+        gpus.append(
+            {
+                "key": key,
+                "node": r.node,
+                "source": r.source,
+                "device": r.device,
+                "index": idx,
+                "uuid": _text(getattr(a, "uuid", None)),
+                "name": _text(getattr(a, "name", None)),
+                "worker": _text(getattr(a, "worker", None)),
+                "role": _text(getattr(a, "role", None)),
+                "trust": sorted(set(labels)),
+                "_rolled": bool(r.rolled),
+                "_raw": bool(r.raw),
+                "_means": [getattr(r, m) for m in [*SERIES_METRICS]],
+            }
+        )
+    order = {"prefill": 0, "decode": 1, "mixed": 2}
+    gpus.sort(
+        key=lambda g: (
+            g["node"],
+            order.get(g["role"] or "", 3),
+            _natural(g["worker"] or ""),
+            g["index"] if g["index"] is not None else -1,
+            g["device"],
+        )
+    )
+    row_of = {g["key"]: i for i, g in enumerate(gpus)}
+    n = len(result.times_s)
+    series = {m: [[math.nan] * n for _ in gpus] for m in SERIES_METRICS}
+    samples = [[0.0] * n for _ in gpus]
+    parts = df[df["whole"] == 0]
+    keys = [
+        _gpu_key(*k)
+        for k in zip(parts["node"], parts["source"], parts["device"], parts["index"], strict=True)
+    ]
+    cols = {m: parts[m].to_numpy() for m in SERIES_METRICS}
+    buckets = parts["b"].to_numpy()
+    counts = parts["n"].to_numpy()
+    for j, key in enumerate(keys):
+        row, col = row_of[key], int(buckets[j]) - first
+        if not 0 <= col < n:
+            continue
+        samples[row][col] = float(counts[j])
+        for m in SERIES_METRICS:
+            series[m][row][col] = round(float(cols[m][j]), _DIGITS)
+    result.series = series
+    result.samples = samples
+    result.means = {m: [float(g["_means"][i]) for g in gpus] for i, m in enumerate(SERIES_METRICS)}
+    rolled = any([g.pop("_rolled") for g in gpus])
+    raw = any([g.pop("_raw") for g in gpus])
+    for g in gpus:
+        g.pop("_means")
+    result.gpus = gpus
+    result.sources = (["gpu_samples"] if raw else []) + (["gpu_samples_10s"] if rolled else [])
+    if rolled:
+        result.trust.notes.append("older samples from the 10 s rollup (means weighted by their samples)")
+    for m in SERIES_METRICS:
+        if all(math.isnan(v) for v in result.means[m]):
+            result.missing.append(f"{m}: not in the window's samples (the source does not report it)")
+    result.trust.notes.append(f"means per GPU and {result.bucket_s:g} s bucket")
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    """``worker-10`` after ``worker-9``."""
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
