@@ -54,24 +54,43 @@ ROLLUP_BUCKET_S = 10.0
 _DIGITS = 3  # decimals of a value in the answer (its JSON stays small; a chart shows fewer)
 
 _GPU = 'node, source, device, "index"'
+# The raw samples grouped per GPU key and bucket on the keyed rows (gpu_sample_rows: no join per
+# row; NaN is stored as NULL, so avg/count skip a missing value), then joined to their identity and
+# merged with the 10 s rollup rows as (sum, count) per metric: exact means over both.
 _SQL = """
-WITH s AS (
-    SELECT {gpu}, (round(ts_s * 1000)::BIGINT // $bucket_ms) AS b, 1.0 AS w,
-           trust_label(node, source, emulated) AS trust, host_bound_pct AS hb, FALSE AS rolled,
-           {raw_metrics}
-    FROM gpu_samples WHERE {pred} AND ts_s >= $start AND ts_s < $end
+WITH k AS (SELECT gpu_key, node, source, device, "index", emulated FROM gpu_keys WHERE {pred}),
+raw AS (
+    SELECT gpu_key, (round(ts_s * 1000)::BIGINT // $bucket_ms) AS b, count(*) AS n,
+           max(host_bound_pct) AS hb, {raw_aggregates}
+    FROM gpu_sample_rows
+    WHERE gpu_key IN (SELECT gpu_key FROM k) AND ts_s >= $start AND ts_s < $end
+    GROUP BY ALL
+),
+parts AS (
+    SELECT k.node, k.source, k.device, k."index", k.emulated, raw.b, raw.n::DOUBLE AS n, raw.hb,
+           FALSE AS rolled, {raw_parts}
+    FROM raw JOIN k USING (gpu_key)
     UNION ALL
-    SELECT {gpu}, (round((bucket_start_s + {half}) * 1000)::BIGINT // $bucket_ms) AS b,
-           samples::DOUBLE AS w, trust_label(node, source, emulated), avg_host_bound_pct, TRUE,
-           {rollup_metrics}
+    SELECT {gpu}, emulated, (round((bucket_start_s + {half}) * 1000)::BIGINT // $bucket_ms),
+           samples::DOUBLE, avg_host_bound_pct, TRUE, {rollup_parts}
     FROM gpu_samples_10s
     WHERE {pred} AND bucket_start_s + {half} >= $start AND bucket_start_s + {half} < $end AND samples > 0
 )
-SELECT {gpu}, b, GROUPING(b) AS whole, sum(w) AS n, list(DISTINCT trust) AS trust,
-       max(hb) AS hb, bool_or(rolled) AS rolled, bool_or(NOT rolled) AS raw,
-       {aggregates}
-FROM s
-GROUP BY GROUPING SETS (({gpu}, b), ({gpu}))
+SELECT {gpu}, b, sum(n) AS n, max(hb) AS hb, bool_or(rolled) AS rolled, bool_or(NOT rolled) AS raw,
+       list(DISTINCT trust_label(node, source, emulated)) AS trust, {sums}
+FROM parts
+GROUP BY {gpu}, b
+"""
+_COUNT_SQL = """
+SELECT count(*) FROM (
+    SELECT DISTINCT k.node, k.source, k.device, k."index"
+    FROM (SELECT DISTINCT gpu_key FROM gpu_sample_rows
+          WHERE gpu_key IN (SELECT gpu_key FROM gpu_keys WHERE {pred}) AND ts_s >= $start AND ts_s < $end) r
+    JOIN gpu_keys k USING (gpu_key)
+    UNION
+    SELECT DISTINCT {gpu} FROM gpu_samples_10s
+    WHERE {pred} AND bucket_start_s + {half} >= $start AND bucket_start_s + {half} < $end
+)
 """
 _DEVICES_SQL = """
 SELECT node, source, device, "index", uuid, name, worker, role
@@ -109,7 +128,7 @@ class GpuSeries:
     def to_dict(self) -> dict[str, Any]:
         from analytics.jsonable import json_safe
 
-        return json_safe(
+        small = json_safe(
             {
                 "window": self.window.describe(),
                 "bucket_s": self.bucket_s,
@@ -119,13 +138,13 @@ class GpuSeries:
                 "times_s": self.times_s,
                 "gpus": self.gpus,
                 "metrics": list(SERIES_METRICS),
-                "series": self.series,
-                "samples": self.samples,
                 "means": self.means,
                 "trust": self.trust.to_dict(),
                 "missing": self.missing,
             }
         )
+        # the matrices hold plain floats and None already (see _fill): no walk over every value
+        return small | {"series": self.series, "samples": self.samples}
 
 
 def check_max_points(value: Any) -> int:
@@ -178,11 +197,7 @@ def gpu_series(
     params: dict[str, Any] = {"start": window.start_s, "end": window.end_s}
     pred = _named(window, "node", params)
     gpus_found = con.execute(
-        f"SELECT count(*) FROM (SELECT DISTINCT {_GPU} FROM gpu_samples WHERE {pred} "
-        "AND ts_s >= $start AND ts_s < $end UNION SELECT DISTINCT "
-        f"{_GPU} FROM gpu_samples_10s WHERE {pred} AND bucket_start_s + 5 >= $start "
-        "AND bucket_start_s + 5 < $end)",
-        params,
+        _COUNT_SQL.format(gpu=_GPU, pred=pred, half=ROLLUP_BUCKET_S / 2), params
     ).fetchone()
     n_gpus = int(gpus_found[0]) if gpus_found else 0
     if n_gpus > max_points:
@@ -196,7 +211,7 @@ def gpu_series(
     first = round(window.start_s * 1000) // bucket_ms
     n_buckets = _bucket_count(window.start_s, window.end_s, bucket_s)
     times_s = [(first + i) * bucket_ms / 1000.0 for i in range(n_buckets)]
-    result = GpuSeries(window, bucket_s, max_points, times_s, [], {}, [], {})
+    result = GpuSeries(window, bucket_s, max_points, times_s, [], {}, [], {})  # filled below
     if n_gpus == 0:
         result.series = {m: [] for m in SERIES_METRICS}
         result.means = {m: [] for m in SERIES_METRICS}
@@ -206,12 +221,15 @@ def gpu_series(
         gpu=_GPU,
         pred=pred,
         half=ROLLUP_BUCKET_S / 2,
-        raw_metrics=", ".join(f"{m}::DOUBLE AS {m}" for m in SERIES_METRICS),
-        rollup_metrics=", ".join(f"avg_{m}::DOUBLE" for m in SERIES_METRICS),
-        aggregates=", ".join(
-            f"sum({m} * w) FILTER (WHERE isfinite({m})) / sum(w) FILTER (WHERE isfinite({m})) AS {m}"
+        raw_aggregates=", ".join(f"avg({m}) AS {m}, count({m}) AS {m}__n" for m in SERIES_METRICS),
+        raw_parts=", ".join(
+            f"raw.{m} * raw.{m}__n AS {m}__s, raw.{m}__n::DOUBLE AS {m}__n" for m in SERIES_METRICS
+        ),
+        rollup_parts=", ".join(
+            f"avg_{m} * samples, CASE WHEN avg_{m} IS NOT NULL THEN samples::DOUBLE END"
             for m in SERIES_METRICS
         ),
+        sums=", ".join(f"sum({m}__s) AS {m}__s, sum({m}__n) AS {m}__n" for m in SERIES_METRICS),
     )
     df = con.execute(sql, params | {"bucket_ms": bucket_ms}).df()
     devices = con.execute(
@@ -231,37 +249,41 @@ def _text(value: Any) -> str | None:
 
 
 def _fill(result: GpuSeries, df: Any, devices: Any, first: int) -> None:
-    """Matrices of ``result`` from the grouped rows ``df`` (per GPU and bucket, and per GPU)."""
+    """Matrices of ``result`` from the rows ``df`` (per GPU and bucket: samples, and per metric the
+    sum and count of its values) and the GPUs' ``devices`` attributes."""
+    import numpy as np
+
     attrs = {_gpu_key(r.node, r.source, r.device, r.index): r for r in devices.itertuples(index=False)}
-    whole = df[df["whole"] != 0]
+    keys = [_gpu_key(*k) for k in zip(df["node"], df["source"], df["device"], df["index"], strict=True)]
+    labels_of: dict[str, set[str]] = {}
+    for key, trust, hb in zip(keys, df["trust"], df["hb"].fillna(0.0), strict=True):
+        labels = labels_of.setdefault(key, set())
+        labels.update(str(x) for x in (trust if trust is not None else []))
+        if hb > 0:
+            labels.add(HOST_BOUND)
+    firsts = df.assign(_key=keys).drop_duplicates("_key")
     gpus = []
-    for r in whole.itertuples(index=False):
-        key = _gpu_key(r.node, r.source, r.device, r.index)
+    for key, node, source, device, idx in zip(
+        firsts["_key"], firsts["node"], firsts["source"], firsts["device"], firsts["index"], strict=True
+    ):
         a = attrs.get(key)
-        idx = (
-            None if r.index is None or (isinstance(r.index, float) and math.isnan(r.index)) else int(r.index)
-        )
-        labels = [str(x) for x in (r.trust if r.trust is not None else [])]
-        for label in labels:
+        labels = labels_of[key]
+        for label in labels - {HOST_BOUND}:
             result.trust.add(label)
-        if r.hb is not None and not math.isnan(r.hb) and r.hb > 0:
+        if HOST_BOUND in labels:
             result.trust.add(HOST_BOUND, "samples from emulated windows the host could not keep pace with")
-            labels.append(HOST_BOUND)
         gpus.append(
             {
                 "key": key,
-                "node": r.node,
-                "source": r.source,
-                "device": r.device,
-                "index": idx,
+                "node": node,
+                "source": source,
+                "device": device,
+                "index": None if idx is None or pd_isna(idx) else int(idx),
                 "uuid": _text(getattr(a, "uuid", None)),
                 "name": _text(getattr(a, "name", None)),
                 "worker": _text(getattr(a, "worker", None)),
                 "role": _text(getattr(a, "role", None)),
-                "trust": sorted(set(labels)),
-                "_rolled": bool(r.rolled),
-                "_raw": bool(r.raw),
-                "_means": [getattr(r, m) for m in [*SERIES_METRICS]],
+                "trust": sorted(labels),
             }
         )
     order = {"prefill": 0, "decode": 1, "mixed": 2}
@@ -276,31 +298,27 @@ def _fill(result: GpuSeries, df: Any, devices: Any, first: int) -> None:
     )
     row_of = {g["key"]: i for i, g in enumerate(gpus)}
     n = len(result.times_s)
-    series = {m: [[math.nan] * n for _ in gpus] for m in SERIES_METRICS}
-    samples = [[0.0] * n for _ in gpus]
-    parts = df[df["whole"] == 0]
-    keys = [
-        _gpu_key(*k)
-        for k in zip(parts["node"], parts["source"], parts["device"], parts["index"], strict=True)
-    ]
-    cols = {m: parts[m].to_numpy() for m in SERIES_METRICS}
-    buckets = parts["b"].to_numpy()
-    counts = parts["n"].to_numpy()
-    for j, key in enumerate(keys):
-        row, col = row_of[key], int(buckets[j]) - first
-        if not 0 <= col < n:
-            continue
-        samples[row][col] = float(counts[j])
-        for m in SERIES_METRICS:
-            series[m][row][col] = round(float(cols[m][j]), _DIGITS)
-    result.series = series
-    result.samples = samples
-    result.means = {m: [float(g["_means"][i]) for g in gpus] for i, m in enumerate(SERIES_METRICS)}
-    rolled = any([g.pop("_rolled") for g in gpus])
-    raw = any([g.pop("_raw") for g in gpus])
-    for g in gpus:
-        g.pop("_means")
+    rows = np.asarray([row_of[k] for k in keys], dtype=np.int64)
+    cols = df["b"].to_numpy(dtype=np.int64) - first
+    inside = (cols >= 0) & (cols < n)
+    rows, cols = rows[inside], cols[inside]
+    samples = np.zeros((len(gpus), n))
+    samples[rows, cols] = df["n"].to_numpy(dtype=float)[inside]
+    result.samples = samples.tolist()
+    for m in SERIES_METRICS:
+        sums = np.zeros((len(gpus), n))
+        counts = np.zeros((len(gpus), n))
+        sums[rows, cols] = df[f"{m}__s"].to_numpy(dtype=float, na_value=0.0)[inside]
+        counts[rows, cols] = df[f"{m}__n"].to_numpy(dtype=float, na_value=0.0)[inside]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.round(np.where(counts > 0, sums / counts, np.nan), _DIGITS)
+        # JSON-ready: None where a bucket has no value (json_safe would walk every cell)
+        result.series[m] = np.where(np.isnan(values), None, values).tolist()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            totals = counts.sum(axis=1)
+            result.means[m] = np.where(totals > 0, sums.sum(axis=1) / totals, np.nan).tolist()
     result.gpus = gpus
+    rolled, raw = bool(df["rolled"].any()), bool(df["raw"].any())
     result.sources = (["gpu_samples"] if raw else []) + (["gpu_samples_10s"] if rolled else [])
     if rolled:
         result.trust.notes.append("older samples from the 10 s rollup (means weighted by their samples)")
@@ -308,6 +326,13 @@ def _fill(result: GpuSeries, df: Any, devices: Any, first: int) -> None:
         if all(math.isnan(v) for v in result.means[m]):
             result.missing.append(f"{m}: not in the window's samples (the source does not report it)")
     result.trust.notes.append(f"means per GPU and {result.bucket_s:g} s bucket")
+
+
+def pd_isna(value: Any) -> bool:
+    """A missing value of a pandas cell (None, NaN, pd.NA)."""
+    import pandas as pd
+
+    return bool(pd.isna(value))
 
 
 def _natural(text: str) -> tuple[Any, ...]:

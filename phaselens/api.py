@@ -12,11 +12,12 @@ the CLI), and the collector imports nothing from the analytics layer above it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from collector.api import MAX_ROWS, create_collector_app, error_response, param_of, records
 from collector.service import Collector
@@ -165,7 +166,11 @@ def create_service_app(collector: Collector) -> FastAPI:
         6,000), which sets the bucket width."""
         from analytics.reads import run_gpu_series
 
-        return analytics_read(request, _GPU_SERIES_PARAMS, run_gpu_series)
+        got = analytics_read(request, _GPU_SERIES_PARAMS, run_gpu_series)
+        if isinstance(got, JSONResponse):
+            return got
+        # tens of thousands of plain numbers: json.dumps, not FastAPI's encoder walking each one
+        return Response(json.dumps(got, allow_nan=False), media_type="application/json")
 
     add_report_routes(app, collector, scheduler, error_response)
 

@@ -1,5 +1,6 @@
-"""Fleet charts of GPU metrics: one figure per metric with every GPU, from the JSON of
-``GET /api/v1/analytics/gpu-series`` (per-GPU means per time bucket, computed in the store).
+"""Fleet charts of GPU metrics, the data side: which panels, TP groups and their colours, axis
+ranges, from the JSON of ``GET /api/v1/analytics/gpu-series`` (per-GPU means per time bucket,
+computed in the store). The charts themselves are SVG (:mod:`dashboard.figures.gpu_svg`).
 
 Few GPUs (up to :data:`HEATMAP_ABOVE_GPUS`) are drawn as lines, one per tensor-parallel group (the
 GPUs of one worker: a replica), the group's mean, so that a TP group is shown once; past that, a
@@ -19,11 +20,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from dashboard.figures.style import PHASE_COLOURS, apply_layout
-from dashboard.figures.text import time_axis_title
+from dashboard.figures.style import PHASE_COLOURS
 
 HEATMAP_ABOVE_GPUS = 16
 UNKNOWN_POOL_COLOUR = "#5c6b8a"
@@ -52,7 +50,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("mem_used_bytes", "Memory used", "GiB", 1.0 / GIB, decimals=2),
     Panel("temperature_c", "Temperature", "°C", from_zero=False),
     Panel("sm_clock_mhz", "SM clock", "MHz", from_zero=False, decimals=0),
-    Panel("power_w", "Power (limit: step line)", "W", decimals=0),
+    Panel("power_w", "Power (dashed: the power limit)", "W", decimals=0),
 )
 
 
@@ -126,7 +124,9 @@ def tp_groups(gpus: Sequence[Mapping[str, Any]], *, with_node: bool = False) -> 
     return groups
 
 
-def _matrix(series: Mapping[str, Any], metric: str, rows: Sequence[int]) -> np.ndarray:
+def matrix(series: Mapping[str, Any], metric: str, rows: Sequence[int]) -> np.ndarray:
+    """The values of ``metric`` for the series' GPUs ``rows`` (in that order), one column per
+    bucket, NaN where a bucket has none."""
     values = series.get("series", {}).get(metric) or []
     out = np.full((len(rows), len(series.get("times_s") or [])), np.nan)
     for k, r in enumerate(rows):
@@ -144,12 +144,9 @@ def data_span(series: Mapping[str, Any]) -> slice:
     return slice(int(have[0]), int(have[-1]) + 1) if have.size else slice(0, 0)
 
 
-def _times(series: Mapping[str, Any], span: slice) -> pd.DatetimeIndex:
-    half = float(series.get("bucket_s") or 0.0) / 2
-    return pd.to_datetime(np.asarray(series["times_s"][span], dtype=float) + half, unit="s")
-
-
-def _fit(values: np.ndarray, from_zero: bool, limit: float | None = None) -> list[float] | None:
+def fit_range(values: np.ndarray, from_zero: bool, limit: float | None = None) -> list[float] | None:
+    """An axis range fitted to the finite ``values`` (and ``limit``), a little padding around them;
+    from zero for quantities that start there. None without any value."""
     finite = values[np.isfinite(values)]
     if limit is not None and math.isfinite(limit):
         finite = np.append(finite, limit)
@@ -163,168 +160,6 @@ def _fit(values: np.ndarray, from_zero: bool, limit: float | None = None) -> lis
 def use_heatmap(series: Mapping[str, Any]) -> bool:
     """A heatmap past :data:`HEATMAP_ABOVE_GPUS` GPUs, lines below."""
     return len(series.get("gpus") or []) > HEATMAP_ABOVE_GPUS
-
-
-def panel_figure(
-    series: Mapping[str, Any], panel: Panel, groups: Sequence[Group], *, simulated: bool, height: int = 330
-) -> go.Figure | None:
-    """The chart of ``panel`` over every GPU of ``series`` (None: no GPU has the metric)."""
-    span = data_span(series)
-    rows = [r for g in groups for r in g.rows]
-    z = _matrix(series, panel.metric, rows)[:, span] * panel.scale
-    if not np.isfinite(z).any():
-        return None
-    x = _times(series, span)
-    limit = None
-    if panel.metric == "power_w":
-        lim = _matrix(series, "power_limit_w", rows)[:, span]
-        limit = (
-            np.nanmax(np.where(np.isfinite(lim), lim, -np.inf), axis=0) if np.isfinite(lim).any() else None
-        )
-        if limit is not None:
-            limit = np.where(np.isfinite(limit), limit, np.nan)
-    title = f"{panel.title}, {panel.unit}"
-    if use_heatmap(series):
-        gpus = series.get("gpus") or []
-        names = [f"GPU {gpus[r].get('index')} · {gpus[r].get('device')}" for r in rows]
-        fig = _heatmap(x, z, panel, groups, limit, names)
-    else:
-        fig = _lines(x, z, panel, groups, limit)
-    apply_layout(fig, title, height=height)
-    fig.update_layout(margin={"l": 70, "r": 20, "t": 40, "b": 36}, showlegend=False, hovermode="closest")
-    bottom = "xaxis2" if "xaxis2" in fig.layout else "xaxis"
-    fig.layout[bottom].title = {"text": time_axis_title(simulated), "font": {"size": 11}}
-    fig.layout.meta = {"metric": panel.metric, "mode": "heatmap" if use_heatmap(series) else "lines"}
-    return fig
-
-
-def _lines(
-    x: pd.DatetimeIndex, z: np.ndarray, panel: Panel, groups: Sequence[Group], limit: Any
-) -> go.Figure:
-    fig = go.Figure()
-    k = 0
-    for g in groups:
-        block = z[k : k + len(g.rows)]
-        k += len(g.rows)
-        with np.errstate(all="ignore"):
-            mean = np.nanmean(np.where(np.isfinite(block), block, np.nan), axis=0) if block.size else block
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=mean,
-                mode="lines",
-                name=g.label,
-                line={"color": g.colour, "width": 1.6},
-                hovertemplate=f"%{{y:.{panel.decimals}f}} {panel.unit}<extra>{g.label}</extra>",
-                connectgaps=False,
-            )
-        )
-    top = None
-    if limit is not None and np.isfinite(limit).any():
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=limit,
-                mode="lines",
-                name="power limit",
-                line={"color": LIMIT_COLOUR, "width": 1.4, "dash": "dash", "shape": "hv"},
-                hovertemplate="limit %{y:.0f} W<extra></extra>",
-            )
-        )
-        top = float(np.nanmax(limit))
-    fig.update_yaxes(range=_fit(z, panel.from_zero, top), title_text=panel.unit)
-    return fig
-
-
-def _heatmap(
-    x: pd.DatetimeIndex,
-    z: np.ndarray,
-    panel: Panel,
-    groups: Sequence[Group],
-    limit: Any,
-    names: Sequence[str],
-) -> go.Figure:
-    labels, ticks, ticktext, rules = [], [], [], []
-    k = 0
-    for g in groups:
-        ticks.append(k + (len(g.rows) - 1) / 2)
-        ticktext.append(g.short)
-        if k:
-            rules.append(k - 0.5)
-        labels += [f"{g.short} · {names[k + i]}" for i in range(len(g.rows))]
-        k += len(g.rows)
-    finite = z[np.isfinite(z)]
-    zmin = 0.0 if panel.from_zero else float(finite.min())
-    zmax = float(finite.max())
-    if limit is not None and np.isfinite(limit).any():
-        zmax = max(zmax, float(np.nanmax(limit)))
-    if zmax <= zmin:
-        zmax = zmin + 1.0
-    has_limit = limit is not None and np.isfinite(limit).any()
-    fig = (
-        make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.2, 0.8], vertical_spacing=0.04)
-        if has_limit
-        else go.Figure()
-    )
-    heat = go.Heatmap(
-        x=x,
-        y=list(range(len(labels))),
-        z=z,
-        zmin=zmin,
-        zmax=zmax,
-        colorscale="Viridis",
-        customdata=np.asarray(labels, dtype=object)[:, None].repeat(len(x), axis=1),
-        hovertemplate=f"%{{customdata}}<br>%{{x}}<br>%{{z:.{panel.decimals}f}} {panel.unit}<extra></extra>",
-        colorbar={
-            "title": {"text": panel.unit, "side": "right"},
-            "thickness": 12,
-            "len": 0.8 if has_limit else 1.0,
-            "y": 0.4 if has_limit else 0.5,
-        },
-        hoverongaps=False,
-    )
-    row = {"row": 2, "col": 1} if has_limit else {}
-    fig.add_trace(heat, **row)
-    if has_limit:
-        with np.errstate(all="ignore"):
-            mean = np.nanmean(z, axis=0)
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=mean,
-                mode="lines",
-                name="mean of the GPUs",
-                line={"color": "#1f77b4", "width": 1.4},
-                hovertemplate="mean %{y:.0f} W<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=limit,
-                mode="lines",
-                name="power limit",
-                line={"color": LIMIT_COLOUR, "width": 1.4, "dash": "dash", "shape": "hv"},
-                hovertemplate="limit %{y:.0f} W<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
-        fig.update_yaxes(range=_fit(mean, True, float(np.nanmax(limit))), title_text="W", row=1, col=1)
-    yaxis = {
-        "tickvals": ticks,
-        "ticktext": ticktext,
-        "autorange": "reversed",
-        "showgrid": False,
-        "tickfont": {"size": 10},
-    }
-    fig.update_yaxes(**yaxis, **row)
-    for y in rules:
-        fig.add_hline(y=y, line={"color": "white", "width": 2}, **row)
-    fig.update_layout(plot_bgcolor="#f4f4f4")
-    return fig
 
 
 def legend_html(groups: Sequence[Group]) -> str:

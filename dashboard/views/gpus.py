@@ -3,7 +3,8 @@ utilization, memory used, temperature, SM clock, and power with its limit — an
 tensor-parallel group (the GPUs of one worker) in the table above them.
 
 Up to 16 GPUs the charts draw one line per TP group (its GPUs' mean, in its pool's colour); past
-that, a GPU x time heatmap with the rows grouped by worker. The data is ``GET
+that, a GPU x time heatmap with the rows grouped by worker. The charts are inline SVG
+(:mod:`dashboard.figures.gpu_svg`): the page never loads Plotly's bundle. The data is ``GET
 /api/v1/analytics/gpu-series``: per-GPU means per time bucket computed in the store, at most
 :data:`MAX_POINTS` values per chart whatever the window (64 GPUs x an hour of 100 ms samples included).
 """
@@ -13,18 +14,10 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import common
-from dashboard.figures.gpus import (
-    HEATMAP_ABOVE_GPUS,
-    PANELS,
-    group_rows,
-    legend_html,
-    panel_figure,
-    tp_groups,
-    use_heatmap,
-)
+from dashboard.figures.gpu_svg import panels_html
+from dashboard.figures.gpus import HEATMAP_ABOVE_GPUS, PANELS, group_rows, legend_html, tp_groups, use_heatmap
 
 MAX_POINTS = 6_000  # values per chart (GPUs x time buckets), bucketed by the service
-COLUMNS = 2  # charts side by side
 
 
 def _bucket_text(bucket_s: float) -> str:
@@ -99,15 +92,8 @@ def render(sel: common.Selection) -> None:
     _table(series, groups)
     if not use_heatmap(series):
         st.markdown(legend_html(groups), unsafe_allow_html=True)
-    drawn = 0
-    cols = st.columns(COLUMNS)
-    for panel in PANELS:
-        fig = panel_figure(series, panel, groups, simulated=sel.simulated)
-        if fig is None:
-            continue
-        with cols[drawn % COLUMNS]:
-            st.plotly_chart(fig, width="stretch", key=f"gpus_{panel.metric}", config={"displaylogo": False})
-        drawn += 1
+    grid, _drawn = panels_html(series, PANELS, groups, simulated=sel.simulated)
+    st.markdown(grid, unsafe_allow_html=True)
     absent = [m for m in series.get("missing", []) if ":" in m]
     if absent:
         st.caption("Not charted: " + "; ".join(absent))
