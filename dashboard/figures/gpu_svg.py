@@ -293,6 +293,14 @@ def panel_svg(
 ) -> str | None:
     """One panel's markup: its title and an SVG of ``panel``'s metric over every GPU of ``series``
     (lines per TP group, or a heatmap past the threshold); None when no GPU has the metric."""
+    with warnings.catch_warnings():  # means and maxima of buckets without samples: NaN, as meant
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _panel_svg(series, panel, groups, simulated=simulated)
+
+
+def _panel_svg(
+    series: Mapping[str, Any], panel: Panel, groups: Sequence[Group], *, simulated: bool
+) -> str | None:
     span = data_span(series)
     rows = [r for g in groups for r in g.rows]
     z = matrix(series, panel.metric, rows)[:, span] * panel.scale
