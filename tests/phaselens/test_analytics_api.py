@@ -79,6 +79,21 @@ def test_gpu_series_is_bucketed_by_the_service_within_max_points(fleet: Fleet):
     assert finer["bucket_s"] < body["bucket_s"] and finer["points_per_metric"] <= 20_000
 
 
+def test_gpu_series_agrees_with_the_summary_of_the_same_window(fleet: Fleet):
+    """The GPUs page's figures and `phaselens analyze` (the summary) on one window: each GPU's
+    mean SM activity agrees with the summary's (a mean over the sample intervals there, over the
+    samples here: within 1 %), its samples with the summary's intervals (one interval per sample
+    after the first)."""
+    sid = fleet.scenarios[AGG]
+    series = _get(fleet, "gpu-series", dataset=sid).json()
+    summary = _get(fleet, "summary", dataset=sid).json()
+    rows = {r["gpu"]: r for r in summary["parts"]["bimodal"]["table"] if r["scope"] == "gpu"}
+    assert len(rows) == len(series["gpus"]) == 2
+    for i, gpu in enumerate(series["gpus"]):
+        assert series["means"]["sm_active_pct"][i] == pytest.approx(rows[gpu["key"]]["mean_sm_pct"], rel=0.01)
+        assert sum(series["samples"][i]) - rows[gpu["key"]]["n"] in (0, 1)
+
+
 @pytest.mark.parametrize(
     ("path", "params", "param", "says"),
     [
