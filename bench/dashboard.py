@@ -311,14 +311,18 @@ def _browser(chromium: str, urls: dict[str, str], repeats: int) -> dict[str, tup
 GPUS_LAYOUT = "8p8d:h100-sxm:tp4"  # 64 GPUs: 8 prefill and 8 decode replicas of TP 4
 GPUS_REQUESTS = 3600  # Poisson at 1 req/s: one hour of virtual time
 # the page settled: at least n charts each drawn with its data — the new page's SVG panels (a
-# heatmap's image or a line), the old page's Plotly charts (a line with points) — and Streamlit's
-# run over (its status widget gone)
+# heatmap's image or a line), the old page's Plotly charts (all laid out, those in the viewport
+# drawn with their lines) — and Streamlit's run over (its status widget gone)
 GPUS_SETTLED = """(n) => {
   const svg = [...document.querySelectorAll('figure.pl-panel')].filter(p =>
     p.querySelector('image') || p.querySelector('polyline.pl-line'));
-  const plots = svg.length ? svg : [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
-    p.querySelector('.heatmaplayer image')
-    || [...p.querySelectorAll('.scatterlayer path.js-line')].some(l => (l.getAttribute('d') || '').length > 200));
+  // Plotly (the old page) draws a chart's traces once it scrolls into view: all n laid out, and
+  // those in view drawn with their lines
+  const plotly = [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.querySelector('.main-svg'));
+  const inView = plotly.filter(p => p.getBoundingClientRect().bottom <= window.innerHeight);
+  const drawn = inView.length > 0 && inView.every(p => [...p.querySelectorAll('.scatterlayer path.js-line')]
+    .some(l => (l.getAttribute('d') || '').length > 200));
+  const plots = svg.length ? svg : (drawn ? plotly : []);
   return plots.length >= n && document.querySelector('[data-testid="stStatusWidget"]') === null
       && document.querySelector('[data-testid="stException"]') === null;
 }"""
