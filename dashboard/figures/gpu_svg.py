@@ -129,14 +129,23 @@ def _polyline(f: _Frame, t: np.ndarray, v: np.ndarray, attrs: str, *, step: bool
         xs, ys = f.x(t[run]), f.y(v[run])
         if step:  # hold each value until the next bucket (a limit is a step, not a ramp)
             xs = np.repeat(xs, 2)[1:]
-            xs = np.append(xs, f.x(t[run[-1]] + (t[1] - t[0] if len(t) > 1 else 0)))
+            xs = np.append(xs, min(f.x(t[run[-1]] + (t[1] - t[0] if len(t) > 1 else 0)), f.x0 + f.w))
             ys = np.repeat(ys, 2)
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(xs, ys, strict=True))
         out.append(f"<polyline points='{pts}' {attrs}/>")
     return "".join(out)
 
 
-def _value_axis(f: _Frame, ticks: Sequence[float], decimals: int, unit: str) -> str:
+def _tick_decimals(ticks: Sequence[float]) -> int:
+    """Decimals that tell ``ticks`` apart: none for whole numbers (``4``, not ``4.0``)."""
+    for d in range(3):
+        if all(abs(v * 10**d - round(v * 10**d)) < 1e-6 for v in ticks):
+            return d
+    return 3
+
+
+def _value_axis(f: _Frame, ticks: Sequence[float], unit: str) -> str:
+    decimals = _tick_decimals(ticks)
     parts = []
     for v in ticks:
         y = float(f.y(v))
@@ -186,7 +195,7 @@ def _lines(
     top = float(np.nanmax(limit)) if limit is not None and np.isfinite(limit).any() else None
     lo, hi = fit_range(z, panel.from_zero, top) or [0.0, 1.0]
     f = _Frame(LEFT_LINES, TOP, WIDTH - LEFT_LINES - RIGHT_LINES, HEIGHT - TOP - BOTTOM, t[0], t[-1], lo, hi)
-    parts = [_value_axis(f, nice_ticks(lo, hi), panel.decimals, panel.unit)]
+    parts = [_value_axis(f, nice_ticks(lo, hi), panel.unit)]
     k = 0
     for g in groups:
         block = z[k : k + len(g.rows)]
@@ -229,7 +238,7 @@ def _heatmap(
             mean = np.nanmean(z, axis=0)
         s_lo, s_hi = fit_range(mean, True, float(np.nanmax(limit))) or [0.0, 1.0]
         s = _Frame(x0, TOP, w, strip - 12, f.t0, f.t1, s_lo, s_hi)
-        parts.append(_value_axis(s, nice_ticks(s_lo, s_hi, 2), 0, "W"))
+        parts.append(_value_axis(s, nice_ticks(s_lo, s_hi, 2), "W"))
         mean_attrs = "class='pl-mean' fill='none' stroke='#1f77b4' stroke-width='1.4'"
         parts.append(f"<g><title>mean of the GPUs</title>{_polyline(s, t, mean, mean_attrs)}</g>")
         parts.append(_limit_line(s, t, limit))
@@ -280,10 +289,12 @@ def _colour_bar(f: _Frame, lo: float, hi: float, panel: Panel) -> str:
         f"<defs><linearGradient id='{gid}' x1='0' x2='0' y1='0' y2='1'>{stops}</linearGradient></defs>",
         f"<rect x='{x}' y='{f.y0}' width='10' height='{f.h}' fill='url(#{gid})'/>",
     ]
-    for v in nice_ticks(lo, hi, 4):
+    ticks = nice_ticks(lo, hi, 4)
+    decimals = _tick_decimals(ticks)
+    for v in ticks:
         y = f.y0 + f.h - (v - lo) / (hi - lo) * f.h
         parts.append(
-            f"<text x='{x + 14}' y='{y + 4:.1f}' font-size='10.5' fill='{TEXT}'>{_num(v, panel.decimals if v % 1 else 0)}</text>"
+            f"<text x='{x + 14}' y='{y + 4:.1f}' font-size='10.5' fill='{TEXT}'>{_num(v, decimals)}</text>"
         )
     return "".join(parts)
 
