@@ -43,6 +43,7 @@ SERIES_METRICS: tuple[str, ...] = (
 )
 DEFAULT_MAX_POINTS = 6_000
 MIN_MAX_POINTS = 100
+MIN_MAX_BUCKETS = 10
 MAX_MAX_POINTS = 200_000
 _DAY_S = 86_400.0
 #: bucket widths, s (past the last one: whole days); each >= 10 s is a multiple of the 10 s rollup
@@ -167,10 +168,32 @@ def _bucket_count(start_s: float, end_s: float, bucket_s: float) -> int:
     return (math.ceil(end_s * 1000) - 1) // ms - round(start_s * 1000) // ms + 1
 
 
-def bucket_s_for(start_s: float, end_s: float, gpus: int, max_points: int) -> float:
+def check_max_buckets(value: Any) -> int | None:
+    """``value`` as the most time buckets (None: as many as ``max_points`` allows); AnalyticsError
+    naming the allowed range otherwise."""
+    if value is None:
+        return None
+    try:
+        n = int(str(value))
+    except (TypeError, ValueError):
+        n = -1
+    if not MIN_MAX_BUCKETS <= n <= MAX_MAX_POINTS:
+        raise AnalyticsError(
+            f"max_buckets must be a whole number in [{MIN_MAX_BUCKETS}, {MAX_MAX_POINTS}] (time buckets "
+            f"per GPU), got {value!r}",
+            "max_buckets",
+        )
+    return n
+
+
+def bucket_s_for(
+    start_s: float, end_s: float, gpus: int, max_points: int, max_buckets: int | None = None
+) -> float:
     """The narrowest bucket width (:data:`BUCKET_STEPS_S`, then whole days) whose buckets over
-    ``[start_s, end_s)`` times ``gpus`` fit ``max_points``."""
+    ``[start_s, end_s)`` times ``gpus`` fit ``max_points`` (and whose count fits ``max_buckets``)."""
     per_gpu = max(1, max_points // max(1, gpus))
+    if max_buckets is not None:
+        per_gpu = max(1, min(per_gpu, max_buckets))
     for step in BUCKET_STEPS_S:
         if _bucket_count(start_s, end_s, step) <= per_gpu:
             return step
@@ -189,11 +212,17 @@ def _named(window: Window, column: str, params: dict[str, Any]) -> str:
 
 
 def gpu_series(
-    con: duckdb.DuckDBPyConnection, window: Window, *, max_points: int = DEFAULT_MAX_POINTS
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    *,
+    max_points: int = DEFAULT_MAX_POINTS,
+    max_buckets: int | None = None,
 ) -> GpuSeries:
     """The window's GPU samples as per-GPU means per time bucket (see the module's docstring), at
-    most ``max_points`` values per metric; AnalyticsError when the window has more GPUs than that."""
+    most ``max_points`` values per metric and ``max_buckets`` buckets per GPU (a chart's width: fewer,
+    wider buckets for few GPUs); AnalyticsError when the window has more GPUs than ``max_points``."""
     max_points = check_max_points(max_points)
+    max_buckets = check_max_buckets(max_buckets)
     params: dict[str, Any] = {"start": window.start_s, "end": window.end_s}
     pred = _named(window, "node", params)
     gpus_found = con.execute(
@@ -206,7 +235,7 @@ def gpu_series(
             f"bucket at the least); ask for max_points >= {n_gpus}",
             "max_points",
         )
-    bucket_s = bucket_s_for(window.start_s, window.end_s, n_gpus, max_points)
+    bucket_s = bucket_s_for(window.start_s, window.end_s, n_gpus, max_points, max_buckets)
     bucket_ms = round(bucket_s * 1000)
     first = round(window.start_s * 1000) // bucket_ms
     n_buckets = _bucket_count(window.start_s, window.end_s, bucket_s)

@@ -211,11 +211,14 @@ def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 def run_gpu_series(con: Any, params: dict[str, Any]) -> dict[str, Any]:
     """Per-GPU means per time bucket of the window of ``params`` (the summary's window parameters
-    plus ``max_points``, the most values per metric): :func:`analytics.gpu_series.gpu_series`'s JSON."""
-    from analytics.gpu_series import DEFAULT_MAX_POINTS, check_max_points, gpu_series
+    plus ``max_points``, the most values per metric, and ``max_buckets``, the most time buckets):
+    :func:`analytics.gpu_series.gpu_series`'s JSON."""
+    from analytics.gpu_series import DEFAULT_MAX_POINTS, check_max_buckets, check_max_points, gpu_series
 
     max_points = check_max_points(params.get("max_points", DEFAULT_MAX_POINTS))
-    return gpu_series(con, window_of(con, params), max_points=max_points).to_dict()
+    max_buckets = check_max_buckets(params.get("max_buckets"))
+    window = window_of(con, params)
+    return gpu_series(con, window, max_points=max_points, max_buckets=max_buckets).to_dict()
 
 
 def no_data_hint(con: Any, summary: dict[str, Any]) -> str | None:

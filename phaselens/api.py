@@ -31,7 +31,7 @@ _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
 _PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
 _SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 _HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
-_GPU_SERIES_PARAMS = _WINDOW_PARAMS | {"max_points"}
+_GPU_SERIES_PARAMS = _WINDOW_PARAMS | {"max_points", "max_buckets"}
 
 
 class _Closing:
@@ -163,7 +163,8 @@ def create_service_app(collector: Collector) -> FastAPI:
         """Per-GPU means of SM / tensor / DRAM activity, utilization, memory used, temperature, SM
         clock, power and power limit per time bucket, computed in the store: the summary's window
         parameters plus ``max_points`` (values per metric, GPUs x buckets; 100 to 200,000, default
-        6,000), which sets the bucket width."""
+        6,000) and ``max_buckets`` (time buckets per GPU, 10 to 200,000; default: as many as
+        ``max_points`` allows), which set the bucket width."""
         from analytics.reads import run_gpu_series
 
         got = analytics_read(request, _GPU_SERIES_PARAMS, run_gpu_series)

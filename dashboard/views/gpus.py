@@ -18,6 +18,7 @@ from dashboard.figures.gpu_svg import panels_html
 from dashboard.figures.gpus import HEATMAP_ABOVE_GPUS, PANELS, group_rows, legend_html, tp_groups, use_heatmap
 
 MAX_POINTS = 6_000  # values per chart (GPUs x time buckets), bucketed by the service
+MAX_BUCKETS = 240  # time buckets per GPU: a line's points at about 2 px apart on a half-width chart
 
 
 def _bucket_text(bucket_s: float) -> str:
@@ -71,7 +72,7 @@ def _table(series: dict, groups: list) -> None:
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     with common.service_errors():
-        series = common.analytics(sel, "gpu_series", max_points=MAX_POINTS)
+        series = common.analytics(sel, "gpu_series", max_points=MAX_POINTS, max_buckets=MAX_BUCKETS)
     series = _selected(series, sel)
     if not series["gpus"]:
         common.empty_window("GPU samples", sel)

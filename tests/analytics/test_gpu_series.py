@@ -65,6 +65,20 @@ def test_values_per_metric_are_bounded_by_max_points(stores, max_points):
     assert s.times_s[-1] < WINDOW.end_s <= s.times_s[-1] + s.bucket_s
 
 
+def test_max_buckets_caps_the_time_buckets_per_gpu(stores):
+    with stores["raw"].reader() as con:
+        s = gpu_series(con, WINDOW, max_points=200_000, max_buckets=20)
+        assert s.bucket_s == 5.0 and len(s.times_s) == 12  # 2 s buckets would be 30 > 20
+        assert (
+            gpu_series(con, WINDOW, max_points=200_000).bucket_s == 0.1
+        )  # uncapped: the samples' own period
+        with pytest.raises(
+            AnalyticsError, match=r"max_buckets must be a whole number in \[10, 200000\]"
+        ) as e:
+            gpu_series(con, WINDOW, max_buckets=5)
+        assert e.value.param == "max_buckets"
+
+
 def test_bucket_means_equal_the_raw_samples_means(stores):
     with stores["raw"].reader() as con:
         s = gpu_series(con, WINDOW, max_points=2_000)  # 64 GPUs x 30 buckets of 2 s

@@ -104,6 +104,12 @@ def test_gpu_series_agrees_with_the_summary_of_the_same_window(fleet: Fleet):
             "max_points must be a whole number in [100, 200000]",
         ),
         ("gpu-series", {"max_points": "lots"}, "max_points", "got 'lots'"),
+        (
+            "gpu-series",
+            {"max_buckets": "0"},
+            "max_buckets",
+            "max_buckets must be a whole number in [10, 200000]",
+        ),
         ("gpu-series", {"bin_pct": "5"}, "bin_pct", "unknown parameter(s) bin_pct"),
         ("histogram", {"bin_pct": "3"}, "bin_pct", "bin_pct must be one of 1, 2, 2.5, 5, 10"),
         ("histogram", {"fleet_gpus": "4"}, "fleet_gpus", "unknown parameter(s) fleet_gpus"),
