@@ -5,7 +5,8 @@ chart gets at most ``max_points`` values per metric (GPUs x buckets) whatever th
 an hour of 100 ms samples (2.3 M rows) leave the store as 64 x 60 one-minute means per metric.
 
 The bucket width is the smallest of :data:`BUCKET_STEPS_S` (0.1 s ... 1 day, then whole days) for
-which the window's buckets times its GPUs fit ``max_points``; buckets are aligned to multiples of the
+which the buckets over the span the window's samples cover (not the window: a live hour whose samples
+are its last 3 minutes gets buckets for those minutes) times its GPUs fit ``max_points``; buckets are aligned to multiples of the
 width in epoch time (a 10 s bucket is a rollup bucket), computed on whole milliseconds so that
 floating point never moves a sample across a boundary. A bucket's value is the mean of the samples in
 it that have the metric (NULL where none has); a GPU's ``means`` are over the whole window.
@@ -82,16 +83,22 @@ SELECT {gpu}, b, sum(n) AS n, max(hb) AS hb, bool_or(rolled) AS rolled, bool_or(
 FROM parts
 GROUP BY {gpu}, b
 """
+# The window's GPUs and the span its samples cover (the buckets fit the data, not the window: a live
+# hour whose samples are the last 3 minutes gets buckets for those minutes).
 _COUNT_SQL = """
-SELECT count(*) FROM (
-    SELECT DISTINCT k.node, k.source, k.device, k."index"
-    FROM (SELECT DISTINCT gpu_key FROM gpu_sample_rows
-          WHERE gpu_key IN (SELECT gpu_key FROM gpu_keys WHERE {pred}) AND ts_s >= $start AND ts_s < $end) r
-    JOIN gpu_keys k USING (gpu_key)
-    UNION
-    SELECT DISTINCT {gpu} FROM gpu_samples_10s
+WITH r AS (
+    SELECT gpu_key, min(ts_s) AS t0, max(ts_s) AS t1 FROM gpu_sample_rows
+    WHERE gpu_key IN (SELECT gpu_key FROM gpu_keys WHERE {pred}) AND ts_s >= $start AND ts_s < $end
+    GROUP BY gpu_key
+),
+g AS (
+    SELECT k.node, k.source, k.device, k."index", r.t0, r.t1 FROM r JOIN gpu_keys k USING (gpu_key)
+    UNION ALL
+    SELECT {gpu}, min(bucket_start_s + {half}), max(bucket_start_s + {half}) FROM gpu_samples_10s
     WHERE {pred} AND bucket_start_s + {half} >= $start AND bucket_start_s + {half} < $end
+    GROUP BY ALL
 )
+SELECT count(DISTINCT (node, source, device, "index")), min(t0), max(t1) FROM g
 """
 _DEVICES_SQL = """
 SELECT node, source, device, "index", uuid, name, worker, role
@@ -104,7 +111,8 @@ QUALIFY row_number() OVER (PARTITION BY node, source, device, "index" ORDER BY s
 class GpuSeries:
     """Per GPU and time bucket, the mean of each metric of :data:`SERIES_METRICS`.
 
-    ``times_s``: the buckets' starts (every bucket of the window, empty ones too); ``gpus``: one dict
+    ``times_s``: the buckets' starts (every bucket from the window's first sample to its last,
+    empty ones too); ``gpus``: one dict
     per GPU (``key`` node|source|device|index, ``node``, ``source``, ``device``, ``index``, ``uuid``,
     ``name``, ``worker``, ``role``, ``trust``), ordered by role, worker and index; ``series[metric]``:
     one list per GPU of one value per bucket (NaN where the bucket has none); ``samples``: the samples
@@ -229,16 +237,19 @@ def gpu_series(
         _COUNT_SQL.format(gpu=_GPU, pred=pred, half=ROLLUP_BUCKET_S / 2), params
     ).fetchone()
     n_gpus = int(gpus_found[0]) if gpus_found else 0
+    # buckets over the samples' span (the last sample inside: the span's end is exclusive)
+    data_start = float(gpus_found[1]) if n_gpus else window.start_s
+    data_end = min(float(gpus_found[2]) + 1e-3, window.end_s) if n_gpus else window.end_s
     if n_gpus > max_points:
         raise AnalyticsError(
             f"max_points={max_points} is fewer than the window's {n_gpus} GPUs (one value per GPU and "
             f"bucket at the least); ask for max_points >= {n_gpus}",
             "max_points",
         )
-    bucket_s = bucket_s_for(window.start_s, window.end_s, n_gpus, max_points, max_buckets)
+    bucket_s = bucket_s_for(data_start, data_end, n_gpus, max_points, max_buckets)
     bucket_ms = round(bucket_s * 1000)
-    first = round(window.start_s * 1000) // bucket_ms
-    n_buckets = _bucket_count(window.start_s, window.end_s, bucket_s)
+    first = round(data_start * 1000) // bucket_ms
+    n_buckets = _bucket_count(data_start, data_end, bucket_s)
     times_s = [(first + i) * bucket_ms / 1000.0 for i in range(n_buckets)]
     result = GpuSeries(window, bucket_s, max_points, times_s, [], {}, [], {})  # filled below
     if n_gpus == 0:
