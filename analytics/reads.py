@@ -209,6 +209,18 @@ def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:
     return activity_histogram(con, window_of(con, params), bin_pct=bin_pct).to_dict()
 
 
+def run_gpu_series(con: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Per-GPU means per time bucket of the window of ``params`` (the summary's window parameters
+    plus ``max_points``, the most values per metric, and ``max_buckets``, the most time buckets):
+    :func:`analytics.gpu_series.gpu_series`'s JSON."""
+    from analytics.gpu_series import DEFAULT_MAX_POINTS, check_max_buckets, check_max_points, gpu_series
+
+    max_points = check_max_points(params.get("max_points", DEFAULT_MAX_POINTS))
+    max_buckets = check_max_buckets(params.get("max_buckets"))
+    window = window_of(con, params)
+    return gpu_series(con, window, max_points=max_points, max_buckets=max_buckets).to_dict()
+
+
 def no_data_hint(con: Any, summary: dict[str, Any]) -> str | None:
     """Where a live window found nothing (no trust label), what the store does hold: the simulated
     scenarios to pass as ``--dataset``, and the span of its live samples (None: the window has data,

@@ -29,6 +29,18 @@ between the two (A B B A ...), so that both see the same host load.
 
     PYTHONPATH=. .venv/bin/python bench/dashboard.py [--store /tmp/phaselens-dash.duckdb] [--repeats 5]
         [--baseline-tree /tmp/phaselens-old]
+
+``--page gpus`` times the GPUs page instead, on a simulated 64-GPU fleet (``phaselens simulate
+--layout 8p8d:h100-sxm:tp4``, Poisson arrivals for one hour of virtual time: 2.3 M GPU samples at
+100 ms): the settled page (every chart drawn with its data, Streamlit's run finished) in a fresh
+browser context, first visit of the page after the dashboard started and served one visit of the
+Health page (``cold``: the page's caches empty, the service computes the series) and a second
+visit (``warm``), with the JSON the page's API read took
+(``GET /api/v1/analytics/gpu-series``). With ``--baseline-tree`` (e.g. ``git archive <main> | tar -x
+-C DIR``) the old page, one chart per GPU from the raw samples, is timed in the same run on the same
+collector, and the ratio printed:
+
+    PYTHONPATH=. .venv/bin/python bench/dashboard.py --page gpus --repeats 3 --baseline-tree /tmp/phaselens-old
 """
 
 from __future__ import annotations
@@ -131,7 +143,10 @@ def main() -> int:
         type=Path,
         help="another checkout of this repository: its dashboard is visited alternately with this one",
     )
+    ap.add_argument("--page", choices=("overview", "gpus"), default="overview", help="the page to time")
     args = ap.parse_args()
+    if args.page == "gpus":
+        return gpus_main(args)
 
     span_s = (SAMPLES // GPUS) * PERIOD_S
     t = time.perf_counter()
@@ -289,6 +304,150 @@ def _browser(chromium: str, urls: dict[str, str], repeats: int) -> dict[str, tup
             f"JavaScript fetched [{name}] (p50 per visit): {n:.0f} files, {mb:.2f} MB; Plotly bundle in {plotly} of {len(got)} visits"
         )
     return out
+
+
+# -- the GPUs page -------------------------------------------------------------------------------------
+
+GPUS_LAYOUT = "8p8d:h100-sxm:tp4"  # 64 GPUs: 8 prefill and 8 decode replicas of TP 4
+GPUS_REQUESTS = 3600  # Poisson at 1 req/s: one hour of virtual time
+# the page settled: at least n charts each drawn with its data — the new page's SVG panels (a
+# heatmap's image or a line), the old page's Plotly charts (all laid out, those in the viewport
+# drawn with their lines) — and Streamlit's run over (its status widget gone)
+GPUS_SETTLED = """(n) => {
+  const svg = [...document.querySelectorAll('figure.pl-panel')].filter(p =>
+    p.querySelector('image') || p.querySelector('polyline.pl-line'));
+  // Plotly (the old page) draws a chart's traces once it scrolls into view: all n laid out, and
+  // those in view drawn with their lines
+  const plotly = [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.querySelector('.main-svg'));
+  const inView = plotly.filter(p => p.getBoundingClientRect().bottom <= window.innerHeight);
+  const drawn = inView.length > 0 && inView.every(p => [...p.querySelectorAll('.scatterlayer path.js-line')]
+    .some(l => (l.getAttribute('d') || '').length > 200));
+  const plots = svg.length ? svg : (drawn ? plotly : []);
+  return plots.length >= n && document.querySelector('[data-testid="stStatusWidget"]') === null
+      && document.querySelector('[data-testid="stException"]') === null;
+}"""
+CHARTS = {"new": 8, "old": 16}  # the new page: one chart per metric; the old one: a chart per GPU, 16 at most
+
+
+def _simulate_fleet(store: Path) -> str:
+    """The 64-GPU hour, simulated into ``store`` (replaced); its scenario id."""
+    for p in (store, Path(str(store) + ".wal")):
+        p.unlink(missing_ok=True)
+    run = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--layout", GPUS_LAYOUT]
+    run += ["--poisson", "1.0", "--num-requests", str(GPUS_REQUESTS), "--db", str(store)]
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"phaselens simulate failed: {done.stderr[-2000:]}")
+    line = next(x for x in done.stdout.splitlines() if x.startswith("scenario "))
+    print(line)
+    return line.split()[1].rstrip(":")
+
+
+def _gpus_visit(browser: object, url: str, charts: int) -> float:
+    """Seconds from navigation until the GPUs page settled (:data:`GPUS_SETTLED`), fresh context."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2600})  # type: ignore[attr-defined]
+    try:
+        page = ctx.new_page()
+        t = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function(GPUS_SETTLED, arg=charts, timeout=600_000)
+        return time.perf_counter() - t
+    finally:
+        ctx.close()
+
+
+def _warm_up(browser: object, url: str) -> None:
+    """One visit of the Health page: Streamlit's script runner, its imports and the sidebar's reads
+    happen here, not in the first timed visit (as a dashboard already in use has them)."""
+    ctx = browser.new_context()  # type: ignore[attr-defined]
+    try:
+        page = ctx.new_page()
+        page.goto(f"{url}/health")
+        page.get_by_role("heading", name="Health").first.wait_for(timeout=120_000)
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stStatusWidget\"]') === null", timeout=120_000
+        )
+    finally:
+        ctx.close()
+
+
+def gpus_main(args: argparse.Namespace) -> int:
+    """The GPUs page at 64 GPUs x 1 h of 100 ms samples: new vs old (``--baseline-tree``)."""
+    from playwright.sync_api import sync_playwright
+
+    store = (
+        args.store.with_name("phaselens-gpus64.duckdb")
+        if args.store.name == "phaselens-dash.duckdb"
+        else args.store
+    )
+    t = time.perf_counter()
+    sid = _simulate_fleet(store)
+    print(f"store {store}: simulated in {time.perf_counter() - t:.1f} s")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}"
+    collect = [sys.executable, "-m", "phaselens.cli", "collect", "--db", str(store), "--port", str(port)]
+    collect += ["--no-nvml", "--report-schedule", "off", "--metrics-interval-s", "3600"]
+    collector = subprocess.Popen(collect, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trees = {"new": ROOT} | ({"old": args.baseline_tree.resolve()} if args.baseline_tree else {})
+    cold: dict[str, list[float]] = {name: [] for name in trees}
+    warm: dict[str, list[float]] = {name: [] for name in trees}
+    api_s: list[float] = []
+    try:
+        _wait_http(f"{api}/health", collector, "the collector")
+        with httpx.Client(base_url=api, timeout=300) as client:
+            params = {"dataset": sid, "max_points": 6000}
+            _timed_get(client, "/api/v1/analytics/gpu-series", params)  # DuckDB's caches
+            for _ in range(args.repeats):
+                api_s.append(_timed_get(client, "/api/v1/analytics/gpu-series", params))
+            body = client.get("/api/v1/analytics/gpu-series", params=params)
+            got = body.json()
+            print(
+                f"gpu-series: {len(got['gpus'])} GPUs x {len(got['times_s'])} buckets of {got['bucket_s']:g} s "
+                f"= {got['points_per_metric']:,} values per metric, {len(body.content) / 1e6:.2f} MB JSON"
+            )
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"], headless=True)
+            try:
+                for i in range(args.repeats):
+                    for name in list(trees) if i % 2 == 0 else list(trees)[::-1]:
+                        url, proc = _dashboard(trees[name], api)
+                        try:
+                            _wait_http(f"{url}/_stcore/health", proc, f"the dashboard ({name})")
+                            _warm_up(browser, url)
+                            page = f"{url}/gpus?dataset={sid}"
+                            cold[name].append(_gpus_visit(browser, page, CHARTS[name]))
+                            warm[name].append(_gpus_visit(browser, page, CHARTS[name]))
+                            print(
+                                f"  visit {i + 1} [{name}]: cold {cold[name][-1]:.2f} s, warm {warm[name][-1]:.2f} s"
+                            )
+                        finally:
+                            proc.terminate()
+                            proc.wait(30)
+            finally:
+                browser.close()
+    finally:
+        collector.terminate()
+        try:
+            collector.wait(30)
+        except subprocess.TimeoutExpired:
+            collector.kill()
+    p50 = statistics.median
+    print(f"service GET /api/v1/analytics/gpu-series (64 GPUs, 1 h, 2.3 M samples): {_pcts(api_s)}")
+    for name in trees:
+        where = f" [{name}: {trees[name]}]"
+        print(
+            f"GPUs page settled, cold (first visit after the dashboard started){where}: {_pcts(cold[name])}"
+        )
+        print(f"GPUs page settled, warm (second visit){where}: {_pcts(warm[name])}")
+    verdict = "met" if p50(cold["new"]) < TARGET_S else "NOT met"
+    print(
+        f"target: GPUs page < {TARGET_S:g} s at 64 GPUs x 1 h, cold: {verdict} (p50 {p50(cold['new']):.2f} s)"
+    )
+    if "old" in trees:
+        for kind, got in (("cold", cold), ("warm", warm)):
+            print(f"ratio new / old settled, {kind} (p50): {p50(got['new']) / p50(got['old']):.3f}")
+    print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -163,6 +163,11 @@ class CollectorApi:
         summary's window parameters plus ``bin_pct``)."""
         return self.get("/api/v1/analytics/histogram", params)
 
+    def gpu_series(self, **params: Any) -> dict[str, Any]:
+        """``GET /api/v1/analytics/gpu-series``: per-GPU means of the GPU metrics per time bucket,
+        computed by the service (the summary's window parameters plus ``max_points``)."""
+        return self.get("/api/v1/analytics/gpu-series", params)
+
     def overview(self, **params: Any) -> dict[str, Any]:
         """``GET /api/v1/analytics/overview``: headline figures of a window and of the period
         before it (the summary's query parameters)."""

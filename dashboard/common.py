@@ -216,11 +216,11 @@ def _analytics_scenario(url: str, what: str, params: tuple[tuple[str, Any], ...]
 
 
 def analytics(sel: Selection, what: str = "summary", **extra: Any) -> dict[str, Any]:
-    """``GET /api/v1/analytics/<what>`` (``summary`` or ``histogram``) of the selection's window,
+    """``GET /api/v1/analytics/<what>`` (``summary``, ``histogram`` or ``gpu_series``) of the selection's window,
     with ``extra`` query parameters (SLOs, prices, fleet size); answers are reused (live for a
     couple of seconds, a scenario's for an hour)."""
-    if what not in ("summary", "histogram"):
-        raise ValueError(f"unknown analytics read {what!r}; reads: summary, histogram")
+    if what not in ("summary", "histogram", "gpu_series"):
+        raise ValueError(f"unknown analytics read {what!r}; reads: summary, histogram, gpu_series")
     params = window_params(sel) | {k: v for k, v in extra.items() if v is not None}
     read = _analytics_scenario if sel.simulated else _analytics_live
     return read(api_url(), what, tuple(sorted(params.items())))

@@ -12,11 +12,12 @@ the CLI), and the collector imports nothing from the analytics layer above it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from collector.api import MAX_ROWS, create_collector_app, error_response, param_of, records
 from collector.service import Collector
@@ -33,6 +34,7 @@ _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
 _PRICE_PARAMS = {"gpu_usd_per_hour", "electricity_usd_per_kwh", "pue"}
 _SUMMARY_PARAMS = _WINDOW_PARAMS | _PRICE_PARAMS | {"slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}
 _HISTOGRAM_PARAMS = _WINDOW_PARAMS | {"bin_pct"}
+_GPU_SERIES_PARAMS = _WINDOW_PARAMS | {"max_points", "max_buckets"}
 
 
 class _Closing:
@@ -158,6 +160,21 @@ def create_service_app(collector: Collector) -> FastAPI:
         from analytics.reads import run_histogram
 
         return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
+
+    @app.get("/api/v1/analytics/gpu-series")
+    def analytics_gpu_series(request: Request) -> Any:
+        """Per-GPU means of SM / tensor / DRAM activity, utilization, memory used, temperature, SM
+        clock, power and power limit per time bucket, computed in the store: the summary's window
+        parameters plus ``max_points`` (values per metric, GPUs x buckets; 100 to 200,000, default
+        6,000) and ``max_buckets`` (time buckets per GPU, 10 to 200,000; default: as many as
+        ``max_points`` allows), which set the bucket width."""
+        from analytics.reads import run_gpu_series
+
+        got = analytics_read(request, _GPU_SERIES_PARAMS, run_gpu_series)
+        if isinstance(got, JSONResponse):
+            return got
+        # tens of thousands of plain numbers: json.dumps, not FastAPI's encoder walking each one
+        return Response(json.dumps(got, allow_nan=False), media_type="application/json")
 
     add_report_routes(app, collector, scheduler, error_response)
     add_apply_routes(app, collector)  # apply/rollback recommendations, the actions audit

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import json
+from html.parser import HTMLParser
 
 import httpx
-import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.figures.gpus import PANELS
 from tests.collector.conftest import start_collector
 from tests.conftest import Fleet, stop_process
 from tests.dashboard.conftest import APP
@@ -26,17 +25,6 @@ def _app(dataset: str | None = None, page: str = "views/gpus.py") -> AppTest:
     return at.run()
 
 
-def _figures(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def _values(array: list | dict) -> list:
-    """A trace's values: a list, or Plotly's typed array (``{"dtype", "bdata"}``, base64)."""
-    if isinstance(array, dict):
-        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"])).tolist()
-    return list(array)
-
-
 def _texts(at: AppTest) -> str:
     return "\n".join(
         str(e.value)
@@ -45,56 +33,99 @@ def _texts(at: AppTest) -> str:
     )
 
 
-def test_gpus_page_charts_each_gpu_of_a_scenario_over_its_phases(dashboard_env: Fleet):
+class _Panels(HTMLParser):
+    """The GPUs page's SVG panels read back from its markup: per panel its attributes, the groups
+    its lines are drawn for, its power limit and heatmap group labels, and its x-axis title."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.panels: list[dict] = []
+        self._in: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        cls = a.get("class") or ""
+        if tag == "figure" and cls == "pl-panel":
+            self.panels.append(a | {"lines": [], "limits": [], "groups": [], "texts": [], "points": []})
+        elif not self.panels:
+            return
+        elif tag == "polyline" and cls == "pl-line":
+            self.panels[-1]["lines"].append(a["data-group"])
+            self.panels[-1]["points"].append(a["points"])
+        elif tag == "polyline" and cls == "pl-limit":
+            self.panels[-1]["limits"].append(float(a["data-limit-w"]))
+        self._in = "group" if tag == "text" and cls == "pl-group" else "text" if tag == "text" else None
+
+    def handle_data(self, data: str) -> None:
+        if self.panels and self._in:
+            self.panels[-1]["groups" if self._in == "group" else "texts"].append(data)
+            self._in = None
+
+
+def _panels(at: AppTest) -> list[dict]:
+    parser = _Panels()
+    for m in at.markdown:
+        if "pl-panel" in m.value:
+            parser.feed(m.value)
+    return parser.panels
+
+
+def _xs(panel: dict) -> list[float]:
+    return [float(p.split(",")[0]) for pts in panel["points"] for p in pts.split()]
+
+
+def test_gpus_page_draws_one_chart_per_metric_with_every_gpu(dashboard_env: Fleet):
     at = _app(dashboard_env.scenarios[DISAGG])
     assert not at.exception
     assert at.sidebar.selectbox(key="dataset").value == dashboard_env.scenarios[DISAGG]
-    figs = _figures(at)
-    assert len(figs) == 2
-    titles = [f["layout"]["title"]["text"] for f in figs]
-    assert any("prefill pool" in t for t in titles) and any("decode pool" in t for t in titles)
-    for fig in figs:
-        names = {t["name"] for t in fig["data"]}
-        assert {"SM activity", "utilization", "power", "power limit", "SM clock"} <= names
-        assert {"decode phase", "prefill phase"} & names  # phase bands with their legend
-        assert fig["layout"]["shapes"], "phase bands drawn"
-        assert any("SIMULATED" in a["text"] for a in fig["layout"]["annotations"])  # trust label in the chart
-        units = {fig["layout"][k]["title"]["text"] for k in ("yaxis", "yaxis2", "yaxis3")}
-        assert units == {"activity, %", "power, W", "SM clock, MHz"}
-        assert "simulated" in fig["layout"]["xaxis3"]["title"]["text"]
-        power = next(t for t in fig["data"] if t["name"] == "power")
-        assert 50 < max(_values(power["y"])) <= 700  # an H100's watts, under its limit
+    assert not at.get("plotly_chart")  # SVG: the page never loads Plotly
+    panels = _panels(at)
+    assert [p["data-metric"] for p in panels] == [p.metric for p in PANELS]  # one chart per metric
+    assert {p["data-mode"] for p in panels} == {"lines"}  # 2 GPUs: lines, not a heatmap
+    for panel in panels:  # a line per TP group (here a GPU each), each group once
+        assert panel["lines"] == ["worker-0 · prefill · GPU 0", "worker-1 · decode · GPU 1"]
+        assert "virtual time, UTC (simulated)" in panel["texts"]
+    power = next(p for p in panels if p["data-metric"] == "power_w")
+    assert power["limits"] == [700.0]  # the limit's step line
+    assert float(power["data-y-min"]) == 0 and 700 < float(power["data-y-max"]) < 760  # within the axis
+    clock = next(p for p in panels if p["data-metric"] == "sm_clock_mhz")
+    assert float(clock["data-y-min"]) > 0  # fitted to the clocks, not from zero
     table = at.dataframe[0].value
     assert len(table) == 2 and set(table["pool"]) == {"prefill", "decode"}
-    busy = dict(zip(table["pool"], table["busy"], strict=True))
-    assert busy["decode"] > busy["prefill"]  # the decode GPU of 1p1d is the busy one
-    assert ":violet-badge[simulated]" in _texts(at)
+    sm = dict(zip(table["pool"], table["sm_active_pct"], strict=True))
+    assert 0 < sm["decode"] < 100 and 0 < sm["prefill"] < 100
+    assert 50 < table["power_w"].max() < 700 and set(table["power_limit_w"]) == {700.0}
+    assert _texts(at).count(":violet-badge[simulated]") == 1  # the page's trust label, once
 
 
 def test_pool_and_gpu_filters_narrow_the_charts(dashboard_env: Fleet):
     at = _app(dashboard_env.scenarios[DISAGG])
     at.sidebar.multiselect(key=f"pools_{dashboard_env.scenarios[DISAGG]}").select("decode").run()
     assert not at.exception
-    figs = _figures(at)
-    assert len(figs) == 1 and "decode pool" in figs[0]["layout"]["title"]["text"]
+    panels = _panels(at)
+    assert len(panels) == len(PANELS)
+    assert all(p["lines"] == ["worker-1 · decode · GPU 1"] for p in panels)
     at = _app(dashboard_env.scenarios[AGG])
     gpus = at.sidebar.multiselect(key=f"gpus_{dashboard_env.scenarios[AGG]}")
     assert len(gpus.options) == 2
     gpus.select(gpus.options[1]).run()
-    figs = _figures(at)
-    assert len(figs) == 1 and figs[0]["layout"]["title"]["text"].startswith("worker-1")
+    panels = _panels(at)
+    assert len(panels[0]["lines"]) == 1 and panels[0]["lines"][0].startswith("worker-1")
 
 
 def test_scenario_time_range_and_an_empty_live_window(dashboard_env: Fleet):
     sid = dashboard_env.scenarios[AGG]
     at = _app(sid)
-    full = _figures(at)[0]
+    full = _panels(at)[0]
+    ticks_full = [t for t in full["texts"] if t.count(":") == 2]
     at.sidebar.slider(key=f"range_{sid}").set_range(10.0, 20.0).run()
-    part = _figures(at)[0]
-    span = lambda f: (min(_values(f["data"][0]["x"])), max(_values(f["data"][0]["x"])))  # noqa: E731
-    assert span(full)[0] < span(part)[0] < span(part)[1] < span(full)[1]
+    part = _panels(at)[0]
+    ticks_part = [t for t in part["texts"] if t.count(":") == 2]
+    # the axis fits the narrower window: finer ticks, and the line spans the plot as before
+    assert ticks_part != ticks_full and len(ticks_part) >= 2
+    assert max(_xs(part)) - min(_xs(part)) > 0.9 * (max(_xs(full)) - min(_xs(full)))
     at.sidebar.selectbox(key="dataset").set_value("live").run()
-    assert not at.exception and not at.get("plotly_chart")
+    assert not at.exception and not _panels(at)
     assert "No GPU samples in this window" in at.info[0].value  # a message, not an empty chart
 
 

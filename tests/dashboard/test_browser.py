@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import DemoRun
@@ -24,10 +27,9 @@ from tests.dashboard.conftest import APP, ARTIFACTS, ROOT
 pytestmark = pytest.mark.slow
 
 REPORT = [sys.executable, "-m", "phaselens.cli", "report", "--collector"]
-# at least n Plotly charts with a line of more than `length` path characters (a few points); on a
-# second run the live window also holds the first run's emulated GPUs (new UUIDs), their lines short
-CHARTS_DRAWN = """([n, length]) => [...document.querySelectorAll('.js-plotly-plot')].filter(
-  p => [...p.querySelectorAll('.scatterlayer path.js-line')].some(l => (l.getAttribute('d') || '').length > length)
+# at least n of the GPUs page's SVG panels drawn with a line (a TP group's)
+GPU_LINES_DRAWN = """(n) => [...document.querySelectorAll('figure.pl-panel')].filter(
+  p => [...p.querySelectorAll('polyline.pl-line')].some(l => (l.getAttribute('points') || '').length > 40)
 ).length >= n"""
 # the script has finished its run (Streamlit shows its status widget while a run is in progress)
 SETTLED = """() => document.querySelector('[data-testid="stMain"] [data-testid="stVerticalBlock"]') !== null
@@ -145,16 +147,18 @@ def test_every_page_renders_in_chromium(browser, demo: DemoRun, report: Report):
         page = context.new_page()
         # live data first: the emulated prefill and decode GPUs, charted as they are sampled
         page.goto(f"{demo.dashboard_url}/gpus")  # the Overview is the default page
-        _wait(page, CHARTS_DRAWN, "the live GPUs' 2 charts drawn with data", [2, 60])
-        assert page.get_by_text("EMULATED").count() >= 2  # the trust label in each chart
+        _wait(page, GPU_LINES_DRAWN, "the live GPUs' charts drawn with data", 4)
+        assert page.get_by_text("emulated", exact=True).count() == 1  # the page's trust label, once
         assert not _python_errors(page)
         page.wait_for_timeout(500)
         page.screenshot(path=str(ARTIFACTS / "live-gpus.png"), full_page=True)
 
-        # the simulated fleet: 8 GPUs, labelled simulated; its data set carries over to each page
+        # the simulated fleet: 8 GPUs (4 TP groups), labelled simulated; its data set carries over
         page.goto(f"{demo.dashboard_url}/gpus?dataset={scenario['scenario_id']}")
-        _wait(page, CHARTS_DRAWN, "the simulated fleet's 8 charts drawn with data", [8, 1000])
-        assert page.get_by_text("SIMULATED").count() >= 8
+        _wait(page, GPU_LINES_DRAWN, "the simulated fleet's 8 charts (one per metric) drawn", 8)
+        assert page.get_by_text("simulated", exact=True).count() == 1
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "sim-gpus.png"), full_page=True)
         for file, title in pages:
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.get_by_role("link", name=title, exact=True).click()
@@ -308,3 +312,92 @@ def test_the_recommendations_page_shows_one_and_its_dry_run_plan(browser, demo: 
         page.screenshot(path=str(ARTIFACTS / "recommendations-dry-run.png"), full_page=True)
     finally:
         context.close()
+
+
+# the GPUs page drawn: n SVG panels, each with a heatmap's image or a line, and the script run over
+GPU_PANELS_DRAWN = """(n) => {
+  const panels = [...document.querySelectorAll('figure.pl-panel')];
+  return panels.length === n && panels.every(p => p.querySelector('svg image, svg polyline.pl-line'))
+    && document.querySelector('[data-testid="stStatusWidget"]') === null;
+}"""
+# per panel: its title, mode, the heatmap's group labels, and the panel's drawn size
+GPU_PANELS = """() => [...document.querySelectorAll('figure.pl-panel')].map(p => [
+  p.querySelector('figcaption').textContent, p.dataset.mode,
+  [...p.querySelectorAll('text.pl-group')].map(t => t.textContent),
+  p.querySelector('svg').getBoundingClientRect().height,
+])"""
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_gpus_page_of_a_64_gpu_fleet_in_chromium(browser, tmp_path):
+    """A simulated 64-GPU fleet (8 replicas of TP 8): one chart per metric, each a GPU x time heatmap
+    whose rows are grouped by worker (each TP group labelled once), no chart per GPU. Its own small
+    collector and dashboard: merging a scenario into the demo's would change the newest scenario its
+    tests read."""
+    from dashboard.figures.gpus import PANELS
+    from phaselens.testing import start_collector
+    from tests.conftest import _free_port, stop_process
+
+    db = tmp_path / "fleet64.duckdb"
+    sim = [
+        sys.executable,
+        "-m",
+        "phaselens.cli",
+        "simulate",
+        "--no-progress",
+        "--layout",
+        "agg:64xh100-sxm:tp8",
+    ]
+    done = subprocess.run([*sim, "--limit", "60", "--db", str(db)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    sid = re.search(r"scenario (\S+): ", done.stdout).group(1)
+    collector, url = start_collector(db)
+    port = _free_port()
+    streamlit = [sys.executable, "-m", "streamlit", "run", APP, "--server.headless=true"]
+    streamlit += [
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+    ]
+    env = {**os.environ, "PHASELENS_API_URL": url}
+    dash = subprocess.Popen(
+        streamlit, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while not _answers(f"{base}/_stcore/health"):
+            assert dash.poll() is None and time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.3)
+        context = browser.new_context(viewport={"width": 1400, "height": 2600})
+        try:
+            page = context.new_page()
+            page.goto(f"{base}/gpus?dataset={sid}")
+            _wait(page, GPU_PANELS_DRAWN, "the 64 GPUs' charts, one per metric", len(PANELS))
+            panels = page.evaluate(GPU_PANELS)
+            titles = [t for t, *_ in panels]
+            assert titles == [f"{p.title}, {p.unit}" for p in PANELS], titles
+            assert {mode for _t, mode, *_ in panels} == {"heatmap"}  # 64 GPUs: heatmaps, not 64 lines
+            for title, _mode, groups, height in panels:
+                assert groups == [f"worker-{i} · mixed" for i in range(8)], (
+                    title,
+                    groups,
+                )  # each TP group once
+                assert 150 < height < 450, (title, height)  # a panel, not a 600 px stack per GPU
+            assert page.locator(".js-plotly-plot").count() == 0
+            assert page.get_by_text("64 GPUs in 8 TP groups", exact=False).count() == 1
+            assert page.get_by_text("simulated", exact=True).count() == 1  # the trust label, once
+            assert not _python_errors(page)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "gpus-64.png"), full_page=True)
+        finally:
+            context.close()
+    finally:
+        stop_process(dash)
+        stop_process(collector)

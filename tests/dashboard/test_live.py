@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.figures.gpus import PANELS
 from serving.loadgen import run_load
 from serving.trace import poisson_trace
 from tests.collector.conftest import start_collector
@@ -43,16 +43,13 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
         assert not at.exception
         assert at.sidebar.selectbox(key="dataset").value == "live"  # live GPUs: the default data set
         at.sidebar.selectbox(key="live_range").set_value("last 5 minutes").run()
-        figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-        assert len(figs) == 2  # the prefill and the decode worker's GPU
-        assert all(any("EMULATED" in a["text"] for a in f["layout"]["annotations"]) for f in figs)
-        assert all(f["layout"]["xaxis3"]["title"]["text"] == "time, UTC" for f in figs)
-        phases = {t["name"] for f in figs for t in f["data"]}
-        # bands from the live iterations: a slice's band is the phase holding most of its busy time,
-        # left idle under 5 % busy — 8 short prompts may not reach that on the prefill GPU of a
-        # 5-minute window (a loaded host spreads them), decode always does
-        assert "decode phase" in phases
-        assert ":orange-badge[emulated]" in "\n".join(m.value for m in at.markdown)
+        grid = "".join(m.value for m in at.markdown if "pl-panel" in m.value)
+        assert grid.count("<figure class='pl-panel'") == len(PANELS)  # one chart per metric
+        # the prefill and the decode worker's GPU: a line each, on every chart; times in UTC
+        assert grid.count("class='pl-line' data-group=") >= 2 * len(PANELS)
+        assert grid.count(">time, UTC<") == len(PANELS)
+        texts = "\n".join(m.value for m in at.markdown)
+        assert texts.count(":orange-badge[emulated]") == 1  # the page's trust label, shown once
         at.switch_page("views/health.py").run()
         sources = at.dataframe[0].value
         assert len(sources) == 2 and set(sources["Status"]) == {"ok"}

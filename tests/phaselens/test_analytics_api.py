@@ -1,4 +1,4 @@
-"""The collector's analytics reads: GET /api/v1/analytics/histogram, and the summary's price
+"""The collector's analytics reads: GET /api/v1/analytics/histogram and /gpu-series, and the summary's price
 parameters — real HTTP against a collector on a simulated fleet (the dashboard tests' fixture)."""
 
 from __future__ import annotations
@@ -42,9 +42,75 @@ def test_histogram_counts_every_sample_of_each_pool(fleet: Fleet):
     assert body["trust"]["labels"] == ["simulated"]
 
 
+def test_gpu_series_is_bucketed_by_the_service_within_max_points(fleet: Fleet):
+    """The GPU series of a scenario: at most max_points values per metric, each bucket the mean of
+    the raw samples in it (read back through GET /api/v1/tables/gpu_samples)."""
+    sid = fleet.scenarios[DISAGG]
+    r = _get(fleet, "gpu-series", dataset=sid, max_points=200)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    n_gpus, n_buckets = len(body["gpus"]), len(body["times_s"])
+    assert n_gpus == 2 and n_gpus * n_buckets == body["points_per_metric"] <= 200
+    assert [g["role"] for g in body["gpus"]] == ["prefill", "decode"] and body["trust"]["labels"] == [
+        "simulated"
+    ]
+    raw = httpx.get(
+        f"{fleet.url}/api/v1/tables/gpu_samples",
+        params={
+            "node": f"sim:{sid}",
+            "start": body["window"]["start_s"],
+            "end": body["window"]["end_s"],
+            "limit": 100_000,
+        },
+        timeout=60,
+    ).json()["rows"]
+    bucket_ms = round(body["bucket_s"] * 1000)
+    first = round(body["times_s"][0] * 1000) // bucket_ms
+    for row, gpu in enumerate(body["gpus"]):
+        mine = [x for x in raw if x["index"] == gpu["index"] and x["device"] == gpu["device"]]
+        per_bucket: dict[int, list[float]] = {}
+        for x in mine:
+            per_bucket.setdefault(round(x["ts_s"] * 1000) // bucket_ms - first, []).append(x["power_w"])
+        for col, values in per_bucket.items():
+            assert body["series"]["power_w"][row][col] == pytest.approx(sum(values) / len(values), abs=1e-3)
+            assert body["samples"][row][col] == len(values)
+        assert sum(body["samples"][row]) == len(mine) > 0
+    finer = _get(fleet, "gpu-series", dataset=sid, max_points=20_000).json()
+    assert finer["bucket_s"] < body["bucket_s"] and finer["points_per_metric"] <= 20_000
+
+
+def test_gpu_series_agrees_with_the_summary_of_the_same_window(fleet: Fleet):
+    """The GPUs page's figures and `phaselens analyze` (the summary) on one window: each GPU's
+    mean SM activity agrees with the summary's (a mean over the sample intervals there, over the
+    samples here: within 1 %), its samples with the summary's intervals (one interval per sample
+    after the first)."""
+    sid = fleet.scenarios[AGG]
+    series = _get(fleet, "gpu-series", dataset=sid).json()
+    summary = _get(fleet, "summary", dataset=sid).json()
+    rows = {r["gpu"]: r for r in summary["parts"]["bimodal"]["table"] if r["scope"] == "gpu"}
+    assert len(rows) == len(series["gpus"]) == 2
+    for i, gpu in enumerate(series["gpus"]):
+        assert series["means"]["sm_active_pct"][i] == pytest.approx(rows[gpu["key"]]["mean_sm_pct"], rel=0.01)
+        assert sum(series["samples"][i]) - rows[gpu["key"]]["n"] in (0, 1)
+
+
 @pytest.mark.parametrize(
     ("path", "params", "param", "says"),
     [
+        (
+            "gpu-series",
+            {"max_points": "50"},
+            "max_points",
+            "max_points must be a whole number in [100, 200000]",
+        ),
+        ("gpu-series", {"max_points": "lots"}, "max_points", "got 'lots'"),
+        (
+            "gpu-series",
+            {"max_buckets": "0"},
+            "max_buckets",
+            "max_buckets must be a whole number in [10, 200000]",
+        ),
+        ("gpu-series", {"bin_pct": "5"}, "bin_pct", "unknown parameter(s) bin_pct"),
         ("histogram", {"bin_pct": "3"}, "bin_pct", "bin_pct must be one of 1, 2, 2.5, 5, 10"),
         ("histogram", {"fleet_gpus": "4"}, "fleet_gpus", "unknown parameter(s) fleet_gpus"),
         (

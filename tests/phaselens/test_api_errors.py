@@ -17,7 +17,7 @@ from tests.collector.conftest import start_collector
 from tests.serving.conftest import free_port
 
 SHAPE = {"message", "type", "param", "code"}
-ANALYTICS = ("summary", "overview", "histogram")
+ANALYTICS = ("summary", "overview", "histogram", "gpu-series")
 NOW_S = time.time()
 
 
