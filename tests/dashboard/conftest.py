@@ -3,10 +3,12 @@ a real store holding two simulated scenarios (``fleet``, tests/conftest.py)."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import Fleet
@@ -88,3 +90,10 @@ class _BarParser(HTMLParser):
                 self.bar.labels[(self.row, what[4:])] += data
             if what:
                 return
+
+
+def plotly_values(array: list | dict) -> list:
+    """A Plotly trace's values: a list, or Plotly's typed array (``{"dtype", "bdata"}``, base64)."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"])).tolist()
+    return list(array)

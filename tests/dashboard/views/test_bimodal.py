@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.conftest import Fleet
-from tests.dashboard.test_app import _values
+from tests.dashboard.conftest import plotly_values as _values
 from tests.dashboard.views.conftest import AGG, DISAGG, figures_of, open_page, texts
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from dashboard import figures
 from tests.conftest import Fleet
-from tests.dashboard.test_app import _values
+from tests.dashboard.conftest import plotly_values as _values
 from tests.dashboard.views.conftest import DISAGG, figures_of, open_page, texts
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import Fleet
-from tests.dashboard.test_app import _values
+from tests.dashboard.conftest import plotly_values as _values
 from tests.dashboard.views.conftest import AGG, figures_of, open_page, texts
 
 
