@@ -77,7 +77,13 @@ def main() -> int:
             writer = ScenarioWriter(store, f"bench{i}")
             t0 = time.perf_counter()
             sim = Simulation(
-                layout, shape, requests, start_s=1.8e9, scenario=f"bench{i}", on_batch=writer.on_batch
+                layout,
+                shape,
+                requests,
+                start_s=1.8e9,
+                scenario=f"bench{i}",
+                on_batch=writer.on_batch,
+                columnar=True,
             )
             result = sim.run()
             counts = writer.finish(result)

@@ -33,6 +33,7 @@ from serving.config import EngineConfig, SamplingParams
 from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
+from serving.telemetry_columns import iteration_event_of
 
 
 @dataclass(slots=True)
@@ -135,6 +136,29 @@ def admit_handoffs(scheduler: Scheduler, pending: list[Any], key: Callable[[Any]
     return admitted
 
 
+def iteration_values(
+    batch: Batch, execution: Execution, kv_blocks_total: int, time_offset_s: float = 0.0
+) -> tuple[Any, ...]:
+    """The iteration's values of its ``iteration`` events (``ITERATION_VALUE_FIELDS``, in order)."""
+    work = batch.work
+    return (
+        time_offset_s + batch.start_s,
+        time_offset_s + execution.end_s,
+        work.phase,
+        work.batch_size,
+        work.prefill_tokens,
+        work.decode_seqs,
+        work.context_tokens,
+        batch.kv_blocks_used,
+        kv_blocks_total,
+        len(batch.sched.preempted),
+        execution.compute_s,
+        execution.pacing_s,
+        execution.modeled_s,
+        execution.lag_s,
+    )
+
+
 def iteration_event(
     worker: str,
     device: str,
@@ -146,31 +170,8 @@ def iteration_event(
     time_offset_s: float = 0.0,
 ) -> dict[str, Any]:
     """The ``iteration`` telemetry event of one GPU (docs/TELEMETRY.md)."""
-    work = batch.work
-    event = {
-        "type": "iteration",
-        "worker": worker,
-        "device": device,
-        "gpu_uuid": gpu_uuid,
-        "gpu_index": gpu_index,
-        "start_s": time_offset_s + batch.start_s,
-        "end_s": time_offset_s + execution.end_s,
-        "phase": work.phase,
-        "batch_size": work.batch_size,
-        "prefill_tokens": work.prefill_tokens,
-        "decode_seqs": work.decode_seqs,
-        "context_tokens": work.context_tokens,
-        "kv_blocks_used": batch.kv_blocks_used,
-        "kv_blocks_total": kv_blocks_total,
-        "preempted": len(batch.sched.preempted),
-        "compute_s": execution.compute_s,
-        "pacing_s": execution.pacing_s,
-        "modeled_s": execution.modeled_s,
-        "lag_s": execution.lag_s,
-    }
-    if execution.extra:
-        event.update(execution.extra)
-    return event
+    values = iteration_values(batch, execution, kv_blocks_total, time_offset_s)
+    return iteration_event_of(worker, device, gpu_uuid, gpu_index, values, execution.extra)
 
 
 class EngineCore:

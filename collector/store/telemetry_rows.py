@@ -221,13 +221,41 @@ class TelemetryColumns:
         split.iterations += taken["iteration"]
         split.requests += taken["request"]
         split.control_events += taken["control"]
-        dropped = batch.get("dropped_events_total")
+        self._batch_row(
+            source,
+            seq,
+            sent_s,
+            received_s,
+            len(batch["events"]),
+            split,
+            batch.get("dropped_events_total"),
+            endpoint,
+        )
+
+    def add_counted(self, batch: Any, split: BatchSplit, received_s: float, endpoint: str | None) -> None:
+        """Count a batch of ``n`` iteration events whose rows are written elsewhere (as columns: every
+        event passed the checks) and add its telemetry_batches row."""
+        split.iterations += batch.n
+        source, seq, sent_s = split.key[1], split.key[2], split.key[3]
+        self._batch_row(source, seq, sent_s, received_s, batch.n, split, batch.dropped_events_total, endpoint)
+
+    def _batch_row(
+        self,
+        source: str,
+        seq: int,
+        sent_s: float,
+        received_s: float,
+        events: int,
+        split: BatchSplit,
+        dropped: Any,
+        endpoint: str | None,
+    ) -> None:
         row = {
             "source": source,
             "seq": seq,
             "sent_s": sent_s,
             "received_s": received_s,
-            "events": len(batch["events"]),
+            "events": events,
             "rejected_events": split.rejected_events,
             "dropped_events_total": dropped if _is_int(dropped) else None,
             "endpoint": endpoint,

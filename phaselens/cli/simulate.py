@@ -55,8 +55,9 @@ class ScenarioWriter:
         self._buffer: list[dict[str, Any]] = []
         self._per_write = batches_per_write
 
-    def on_batch(self, batch: dict[str, Any]) -> None:
-        """Take one telemetry batch; every ``batches_per_write`` go to the store together."""
+    def on_batch(self, batch: Any) -> None:
+        """Take one telemetry batch (an envelope, or a worker's ``IterationBatch`` from a columnar
+        ``Simulation``); every ``batches_per_write`` go to the store together."""
         self._buffer.append(batch)
         if len(self._buffer) >= self._per_write:
             self._write_batches()
@@ -67,7 +68,7 @@ class ScenarioWriter:
         t = time.perf_counter()
         batches, self._buffer = self._buffer, []
         ingests = self.store.append_telemetry_batches(
-            batches, self.node, received_s=batches[-1]["sent_s"], endpoint="simulator"
+            batches, self.node, received_s=_sent_s(batches[-1]), endpoint="simulator"
         )
         for key in ("iterations", "requests", "tokens", "control_events"):
             self.counts[key] += sum(getattr(i, key) for i in ingests)
@@ -163,6 +164,10 @@ def store_simulation(
     for batch in result.batches:
         writer.on_batch(batch)
     return writer.finish(result, sample_period_s=sample_period_s, summary=summary, trace=trace, name=name)
+
+
+def _sent_s(batch: Any) -> float:
+    return batch["sent_s"] if isinstance(batch, dict) else batch.sent_s
 
 
 def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
@@ -403,6 +408,7 @@ def _run(
                 scenario=sid,
                 progress=bar.update,
                 on_batch=writer.on_batch if writer is not None else _drop,
+                columnar=True,
             ).run()
             bar.close()
             summary = summarize(result, slo)

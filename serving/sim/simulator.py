@@ -34,13 +34,14 @@ from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import IterationWork
 from serving.devices.gpu_model import kv_transfer_s
 from serving.devices.gpu_specs import gpu_spec
-from serving.engine_core import Batch, EngineCore, Execution, iteration_event
+from serving.engine_core import Batch, EngineCore, Execution, iteration_values
 from serving.routing import choose_route
 from serving.scheduler import AdmissionError, Scheduler
 from serving.sequence import Sequence as Seq
 from serving.sim.executor import GpuModelExecutor
 from serving.sim.layout import Layout, PoolSpec, check_layout
 from serving.telemetry import envelope
+from serving.telemetry_columns import IterationBatch
 from serving.trace import TraceRequest
 
 BATCH_EVENTS = 4096  # events per telemetry batch (the live stack batches by time; the size is free)
@@ -94,6 +95,17 @@ class RequestStats:
 class SimGpu:
     index: int
     uuid: str
+
+
+@dataclass(slots=True)
+class _IterationRows:
+    """A replica's iteration events not yet in a batch: one row of values per iteration
+    (:func:`~serving.engine_core.iteration_values`), ``skip`` GPUs of the first already sent."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    extras: list[dict[str, Any] | None] = field(default_factory=list)
+    skip: int = 0
+    events: int = 0  # events pending: len(rows) * tp - skip
 
 
 class Replica:
@@ -219,7 +231,9 @@ class Simulation:
     keeps none: a fleet's hour is millions of events). ``dispatch_delay_s`` is the front end's
     time from a request's arrival to its engine seeing it (the live router's HTTP handling,
     tokenization and pipe to the worker; 0: none): each request reaches routing and its engine
-    that much after its arrival, which its telemetry and TTFT still count from.
+    that much after its arrival, which its telemetry and TTFT still count from. ``columnar``:
+    ``on_batch`` takes each worker's batch as a :class:`~serving.telemetry_columns.IterationBatch`
+    (the same events, kept as columns: what the store writes fastest) rather than its envelope.
     """
 
     def __init__(
@@ -236,6 +250,7 @@ class Simulation:
         iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
         on_batch: Callable[[dict[str, Any]], None] | None = None,
         dispatch_delay_s: float = 0.0,
+        columnar: bool = False,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -282,6 +297,7 @@ class Simulation:
                 replica.works = [] if record_work else None
                 replica.core = _ReplicaEngine(self, replica, executor, device)
                 self.replicas.append(replica)
+        self._replicas_by_id = {r.id: r for r in self.replicas}
         self._by_role = {
             role: [r for r in self.replicas if r.role == role] for role in ("prefill", "decode", "mixed")
         }
@@ -292,7 +308,9 @@ class Simulation:
         self._on_batch = on_batch
         self._batches_emitted = 0
         self._stats = RequestStats()
-        self._pending_events: dict[str, list[dict[str, Any]]] = {}
+        self._columnar = columnar and on_batch is not None
+        # per source, in the order of its first event: the router's events, a worker's iteration rows
+        self._pending_events: dict[str, list[dict[str, Any]] | _IterationRows] = {}
         self._seq: dict[str, int] = {}
 
     # -- telemetry -------------------------------------------------------------------------------
@@ -305,17 +323,61 @@ class Simulation:
 
     def _flush_source(self, source: str, now_s: float) -> None:
         events = self._pending_events.get(source)
+        if isinstance(events, _IterationRows):
+            if events.events:
+                self._flush_iterations(source, events, now_s, events.events)
+            return
         if not events:
             return
+        self._pending_events[source] = []
+        self._deliver(envelope(source, self._next_seq(source), now_s, 0, events))
+
+    def _next_seq(self, source: str) -> int:
         seq = self._seq.get(source, 0)
         self._seq[source] = seq + 1
-        batch = envelope(source, seq, now_s, 0, events)
-        self._pending_events[source] = []
+        return seq
+
+    def _deliver(self, batch: dict[str, Any] | IterationBatch) -> None:
         self._batches_emitted += 1
         if self._on_batch is None:
             self._batches.append(batch)
         else:
             self._on_batch(batch)
+
+    def _emit_iteration(self, replica: Replica, values: tuple[Any, ...], extra: Any, now_s: float) -> None:
+        """Queue an iteration's events (one per GPU of ``replica``); a full batch goes out."""
+        pending = self._pending_events.get(replica.id)
+        if pending is None:
+            pending = self._pending_events[replica.id] = _IterationRows()
+        pending.rows.append(values)
+        pending.extras.append(extra)
+        pending.events += len(replica.gpus)
+        if pending.events >= BATCH_EVENTS:  # the batch ends with its BATCH_EVENTS-th event
+            self._flush_iterations(replica.id, pending, now_s, BATCH_EVENTS)
+
+    def _flush_iterations(self, source: str, pending: _IterationRows, now_s: float, n: int) -> None:
+        replica = self._replicas_by_id[source]
+        core = replica.core
+        tp = len(core.gpus)
+        end = pending.skip + n  # events of the rows taken, counted from rows[0]'s first GPU
+        taken = -(-end // tp)
+        batch = IterationBatch(
+            source,
+            self._next_seq(source),
+            now_s,
+            source,
+            core.device_name,
+            tuple(core.gpus),
+            pending.rows[:taken],
+            pending.extras[:taken],
+            n,
+            pending.skip,
+        )
+        keep = taken - (1 if end % tp else 0)  # a row whose last GPUs are not sent stays
+        del pending.rows[:keep], pending.extras[:keep]
+        pending.skip = end % tp
+        pending.events -= n
+        self._deliver(batch if self._columnar else batch.envelope())
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -465,16 +527,8 @@ class Simulation:
         if replica.works is not None:
             replica.works.append((now, tally))
         t0 = self.start_s
-        total = core.scheduler.blocks.num_blocks
-        event = None
-        for uuid, index in core.gpus:  # the ranks' events differ only in the GPU
-            if event is None:
-                event = iteration_event(
-                    replica.id, core.device_name, uuid, index, batch, execution, total, t0
-                )
-            else:
-                event = {**event, "gpu_uuid": uuid, "gpu_index": index}
-            self._emit(replica.id, event, t0 + now)
+        values = iteration_values(batch, execution, core.scheduler.blocks.num_blocks, t0)
+        self._emit_iteration(replica, values, execution.extra, t0 + now)
         heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, batch, execution)))
 
     def _iteration_done(self, payload: tuple[Replica, Batch, Execution], now: float) -> None:
