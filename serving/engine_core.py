@@ -325,10 +325,9 @@ class EngineCore:
         if self._pending_imports:
             self.admit_imports()
         sched = self.scheduler.schedule()
-        if not sched.items:
+        if not sched.seqs:
             return None
-        for item in sched.items:
-            seq = item.seq
+        for seq in sched.seqs:
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
             if seq.prefill_start_s is None and (
@@ -354,13 +353,13 @@ class EngineCore:
         eos, max_model_len, on_token = self._stop_ids, self.cfg.max_model_len, self._on_token
         k = 0
         token = 0  # a timing executor's token (tokens is None)
-        for item in batch.sched.items:
-            seq = item.seq
+        sched = batch.sched
+        for seq, new in zip(sched.seqs, sched.num_new, strict=True):
             token_ids = seq.token_ids
             n = len(token_ids)
             computed = seq.num_computed
             was_prefill = computed < n - 1 or computed < seq.num_prompt_tokens
-            computed = seq.num_computed = computed + item.num_new_tokens
+            computed = seq.num_computed = computed + new
             if computed != n:
                 continue  # a prompt chunk
             if tokens is not None:

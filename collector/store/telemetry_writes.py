@@ -9,6 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from collector.store.arrow_input import conform, one_table
 from collector.store.columns import ColumnBlock
 from collector.store.iteration_columns import IterationBlocks, check_iteration_envelope, columns_fit
@@ -108,6 +111,9 @@ class TelemetryWrites:
                 table: self._columns_arrow(table, [ColumnBlock.of(values, {"node": node})])
                 for table, values in out.columns().items()
             }
+            tokens = out.tokens_table()
+            if tokens is not None:
+                parts["tokens"] = conform("tokens", _with_node(tokens, node), self._table_columns("tokens"))
             if columnar:
                 data = conform("iterations", columnar.table(node), self._table_columns("iterations"))
                 parts["iterations"] = (
@@ -165,3 +171,9 @@ class TelemetryWrites:
         ]
         if rows:
             self.append("ingest_errors", rows)
+
+
+def _with_node(data: pa.Table, node: str) -> pa.Table:
+    """``data`` with a ``node`` column of ``node`` on every row (dictionary-encoded)."""
+    codes = pa.array(np.zeros(data.num_rows, dtype=np.int32))
+    return data.append_column("node", pa.DictionaryArray.from_arrays(codes, pa.array([node])))
