@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collector.store import Store  # noqa: E402
-from phaselens.cli.simulate import ScenarioWriter  # noqa: E402
+from phaselens.cli.simulate import WRITE_BUFFER_ROWS, ScenarioWriter  # noqa: E402
 from serving.config import preset  # noqa: E402
 from serving.sim.layout import parse_layout  # noqa: E402
 from serving.sim.simulator import Simulation  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> int:
         requests = tile(load_azure_trace(path, duration_s=args.duration), copies)
         layout = parse_layout(layout_text)
         with tempfile.TemporaryDirectory() as tmp:
-            store = Store.open(Path(tmp) / "bench.duckdb")
+            store = Store.open(Path(tmp) / "bench.duckdb", buffer_rows=WRITE_BUFFER_ROWS)
             writer = ScenarioWriter(store, f"bench{i}")
             t0 = time.perf_counter()
             sim = Simulation(

@@ -229,8 +229,10 @@ class EngineCore:
         *,
         arrival_s: float | None = None,
         handoff: bool = False,
+        token_times: list[float] | None = None,
     ) -> Sequence:
-        """Queue a new request; `handoff` stops it after the first token and hands it off."""
+        """Queue a new request; `handoff` stops it after the first token and hands it off;
+        ``token_times``: where its plain tokens' times go (see :meth:`update`)."""
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in this engine")
         seq = Sequence(
@@ -241,6 +243,7 @@ class EngineCore:
             self.clock() if arrival_s is None else arrival_s,
             handoff,
         )
+        seq.token_times = token_times
         self.scheduler.add(seq)
         self._seqs[request_id] = seq
         return seq
@@ -256,6 +259,7 @@ class EngineCore:
         kv: Any = None,
         meta: dict[str, Any] | None = None,
         arrival_s: float | None = None,
+        token_times: list[float] | None = None,
     ) -> Sequence:
         """Queue a request whose first ``num_computed`` tokens' KV was computed elsewhere; it joins
         the running batch at the next step whose blocks allow (:func:`admit_handoffs`)."""
@@ -268,6 +272,7 @@ class EngineCore:
             self.clock() if arrival_s is None else arrival_s,
         )
         seq.num_computed = num_computed
+        seq.token_times = token_times
         self._seqs[request_id] = seq
         self._pending_imports.append((seq, kv, meta or {}))
         need = self.scheduler.blocks.blocks_for(len(seq.token_ids))
@@ -341,7 +346,9 @@ class EngineCore:
         """Advance the batch's sequences by the iteration: each whose prompt or step completed gets
         its token and, from it, its finish reason: "stop" (a stop token, or the model's EOS unless
         ignored), "length" (max_tokens or the model's context reached) or None (it goes on). A
-        finished sequence is released, a hand-off one handed off (:meth:`_on_token`).
+        finished sequence is released, a hand-off one handed off (:meth:`_on_token`). A sequence
+        given ``token_times`` (the simulator's) has a token that is neither its first, last nor a
+        hand-off's recorded there as its time alone; the hook sees every other token.
 
         Once per token in the simulator: written for speed (locals, no per-token method but the hook).
         """
@@ -382,9 +389,13 @@ class EngineCore:
                 reason = "length"
             else:
                 reason = None
-            on_token(seq, token, ts_s, reason, first)
             if reason is not None or seq.handoff:
+                on_token(seq, token, ts_s, reason, first)
                 self.release(seq)
+            elif first or (times := seq.token_times) is None:
+                on_token(seq, token, ts_s, reason, first)
+            else:  # a sequence that records its token times: a plain token is just its time
+                times.append(ts_s)
         self.iterations += 1
         self._result = None
         return result

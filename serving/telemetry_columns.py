@@ -108,16 +108,21 @@ class IterationBatch:
         one plain kind (a None, a bool, mixed types) comes back with dtype object; the caller checks."""
         if self._columns is not None:
             return self._columns
-        tp = len(self.gpus)
-        event = np.arange(self.skip, self.skip + self.n)
-        it, rank = (event, None) if tp == 1 else (event // tp, event % tp)
+        tp, n, skip = len(self.gpus), self.n, self.skip
+        whole = skip == 0 and n == len(self.rows) * tp  # every GPU of every row (the usual batch)
+        if whole:
+            it = rank = None
+        else:
+            event = np.arange(skip, skip + n)
+            it, rank = event // tp, event % tp
         cols: dict[str, Any] = {}
         uuids = np.array([g[0] for g in self.gpus], dtype=object)
         indexes = np.array([g[1] for g in self.gpus], dtype=np.int64)
-        cols["gpu_uuid"] = uuids[rank] if rank is not None else np.repeat(uuids, self.n)
-        cols["gpu_index"] = indexes[rank] if rank is not None else np.repeat(indexes, self.n)
+        cols["gpu_uuid"] = np.tile(uuids, len(self.rows)) if whole else uuids[rank]
+        cols["gpu_index"] = np.tile(indexes, len(self.rows)) if whole else indexes[rank]
         for name, values in zip(ITERATION_VALUE_FIELDS, zip(*self.rows, strict=True), strict=True):
-            cols[name] = _column(values)[it]
+            column = _column(values)
+            cols[name] = (column if tp == 1 else np.repeat(column, tp)) if whole else column[it]
         self._columns = cols
         return cols
 

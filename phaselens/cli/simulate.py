@@ -37,6 +37,11 @@ def new_scenario_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+# rows a simulated run's store holds before it writes them on a background flush (DuckDB's work
+# then overlaps the simulation's; two buffers at most: ~50 MB)
+WRITE_BUFFER_ROWS = 500_000
+
+
 class ScenarioWriter:
     """Stores one simulated run as a scenario while it runs: pass :meth:`on_batch` to the
     :class:`~serving.sim.simulator.Simulation` (its telemetry batches go through the store's live
@@ -508,7 +513,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
                 "--collector needs the collector's control token: --token T or PHASELENS_CONTROL_TOKEN"
             )
         tmp = tempfile.TemporaryDirectory(prefix="phaselens-sim-")
-        store = Store.open(Path(tmp.name) / "scenario.duckdb")
+        store = Store.open(Path(tmp.name) / "scenario.duckdb", buffer_rows=WRITE_BUFFER_ROWS)
         out_dir = Path(args.out) if args.out else Path(tmp.name) / "export"
 
         def finish() -> None:
@@ -527,7 +532,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
         return _Sink(store, where, finish, close, None if args.out else f"--collector {args.collector}")
     db = args.db or "phaselens.duckdb"
     try:
-        store = Store.open(db)
+        store = Store.open(db, buffer_rows=WRITE_BUFFER_ROWS)
     except StoreLockedError as e:
         return _error(
             f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:PORT (its --port; 8900 "

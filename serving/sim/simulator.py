@@ -470,6 +470,7 @@ class Simulation:
                 self._params(req.output_tokens),
                 arrival_s=req.arrival_s,
                 handoff=route.disaggregated,
+                token_times=req.token_ts,
             )
         except AdmissionError as e:
             self._fail(req, str(e), now)
@@ -485,7 +486,13 @@ class Simulation:
         req.kv_transfer_end_s = now
         replica = req.decode
         replica.core.queue_prefilled(
-            req.request_id, token_ids, req.prompt_tokens, params, req.prompt_tokens, arrival_s=req.arrival_s
+            req.request_id,
+            token_ids,
+            req.prompt_tokens,
+            params,
+            req.prompt_tokens,
+            arrival_s=req.arrival_s,
+            token_times=req.token_ts,
         )
         self._kick(replica, now)
 
@@ -540,7 +547,9 @@ class Simulation:
     def _token(
         self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool
     ) -> None:
-        """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released)."""
+        """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released).
+        Its first, last and hand-off tokens only: the engine records the others' times in
+        ``seq.token_times``, the request's ``token_ts``."""
         req = self._states[seq.request_id]
         req.token_ts.append(now)
         if req.prefill_end_s is None:
@@ -587,7 +596,8 @@ class Simulation:
         def at(t: float | None) -> float | None:
             return None if t is None else t0 + t
 
-        tokens = (np.asarray(req.token_ts) + t0).tolist() if req.token_ts else []
+        times = np.asarray(req.token_ts)
+        tokens = (times + t0).tolist() if req.token_ts else []
         if status == "ok" and tokens:
             st = self._stats
             st.arrival_s.append(t0 + req.arrival_s)
@@ -596,7 +606,7 @@ class Simulation:
             st.prompt_tokens.append(req.prompt_tokens)
             st.output_tokens.append(len(tokens))
             if len(req.token_ts) > 1:
-                st.itl_s.frombytes(np.diff(np.asarray(req.token_ts)).tobytes())
+                st.itl_s.frombytes(np.diff(times).tobytes())
         self._emit(
             "router",
             {
