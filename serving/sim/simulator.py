@@ -23,7 +23,6 @@ import heapq
 import itertools
 import math
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from serving.scheduler import AdmissionError, Scheduler
 from serving.sequence import Sequence as Seq
 from serving.sim.executor import GpuModelExecutor
 from serving.sim.layout import Layout, PoolSpec, check_layout
+from serving.sim.records import Busy, RequestStats
 from serving.telemetry import envelope
 from serving.telemetry_columns import IterationBatch
 from serving.trace import TraceRequest
@@ -52,43 +52,6 @@ _ARRIVAL, _KV_DONE, _ITER_DONE = 0, 1, 2  # event kinds; at equal times, arrival
 
 class SimulationError(ValueError):
     """The simulation cannot run (bad trace, layout or options); the message says what and why."""
-
-
-def _doubles() -> array:
-    return array("d")
-
-
-@dataclass(slots=True)
-class Busy:
-    """A replica's GPU busy intervals (one per iteration), as compact columns; every rank of the
-    replica runs the same iteration, so its GPUs share them. Times are virtual seconds since the
-    run's ``start_s``."""
-
-    start_s: array = field(default_factory=_doubles)
-    end_s: array = field(default_factory=_doubles)
-    power_w: array = field(default_factory=_doubles)
-    sm_clock_mhz: array = field(default_factory=lambda: array("i"))
-    sm_active: array = field(default_factory=_doubles)
-    sm_occupancy: array = field(default_factory=_doubles)
-    tensor_active: array = field(default_factory=_doubles)
-    dram_active: array = field(default_factory=_doubles)
-    mem_active: array = field(default_factory=_doubles)
-    capped: array = field(default_factory=lambda: array("b"))
-    kv_bytes: array = field(default_factory=lambda: array("q"))  # KV in use during the iteration (per GPU)
-
-
-@dataclass(slots=True)
-class RequestStats:
-    """Per request that finished ok, compact columns for the run's summary (epoch seconds), and
-    every inter-token gap; filled whether or not the telemetry batches are kept (failed requests
-    are counted in ``SimResult.failed``)."""
-
-    arrival_s: array = field(default_factory=_doubles)
-    first_token_s: array = field(default_factory=_doubles)
-    finish_s: array = field(default_factory=_doubles)
-    prompt_tokens: array = field(default_factory=lambda: array("q"))
-    output_tokens: array = field(default_factory=lambda: array("q"))
-    itl_s: array = field(default_factory=_doubles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +391,8 @@ class Simulation:
                     last_progress = wall
                     self.progress(min(now, total_s), total_s)
         end_s = t0 + max(now, total_s)
+        for replica in self.replicas:
+            replica.intervals.settle()
         for source in list(self._pending_events):
             self._flush_source(source, end_s)
         if self.progress is not None:
@@ -516,19 +481,9 @@ class Simulation:
                 state = self._states.get(victim.request_id)
                 if state is not None:
                     state.preemptions += 1
-        busy_s = est.busy_s
-        iv = replica.intervals
-        iv.start_s.append(end - busy_s)
-        iv.end_s.append(end)
-        iv.power_w.append(est.power_w)
-        iv.sm_clock_mhz.append(est.sm_clock_mhz)
-        iv.sm_active.append(est.sm_active)
-        iv.sm_occupancy.append(est.sm_occupancy)
-        iv.tensor_active.append(est.tensor_active)
-        iv.dram_active.append(est.dram_active)
-        iv.mem_active.append(min(1.0, est.memory_s / busy_s) if busy_s > 0 else 0.0)
-        iv.capped.append(est.power_capped)
-        iv.kv_bytes.append(tally.context_tokens * self._kv_bytes_per_token // pool.tp)
+        replica.intervals.add(
+            end - est.busy_s, end, est, tally.context_tokens * self._kv_bytes_per_token // pool.tp
+        )
         replica.busy = True
         replica.iterations += 1
         if replica.works is not None:
