@@ -185,18 +185,22 @@ def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Tabl
     data: dict[str, Any] = {}
     for key, values in cols.columns.items():
         data[key] = pa.array(values) if isinstance(values, np.ndarray) else pa.array(values, type=pa.int32())
+
+    def same(value: str | None) -> pa.Array:  # one value on every row, repeated in C
+        return pa.repeat(pa.scalar(value, pa.string()), n)
+
     data.update(
-        node=pa.array([node] * n, pa.string()),
-        source=pa.array([SIMULATED] * n, pa.string()),
-        device=pa.array([f"simulated:{spec_key}"] * n, pa.string()),
-        kind=pa.array(["simulated"] * n, pa.string()),
+        node=same(node),
+        source=same(SIMULATED),
+        device=same(f"simulated:{spec_key}"),
+        kind=same("simulated"),
         index=pa.array(np.full(n, cols.index, dtype=np.int32)),
-        uuid=pa.array([cols.uuid] * n, pa.string()),
-        name=pa.array([f"{gpu_name} (simulated)"] * n, pa.string()),
+        uuid=same(cols.uuid),
+        name=same(f"{gpu_name} (simulated)"),
         emulated=pa.array(np.ones(n, dtype=bool)),
         lost=pa.array(np.zeros(n, dtype=bool)),
-        worker=pa.array([cols.worker] * n, pa.string()),
-        role=pa.array([cols.role] * n, pa.string()),
+        worker=same(cols.worker),
+        role=same(cols.role),
     )
     return pa.table(data)
 
