@@ -6,7 +6,8 @@ then writes everything the product stores into a fresh DuckDB store through the 
 ``phaselens simulate --db`` runs (telemetry through ``Store.append_telemetry_batches``, GPU samples
 every 100 ms, the scenario row), CHECKPOINT included. Printed per case: wall time of the
 simulation and of the write, simulated s per wall s, iterations per wall s, rows written, and the
-ratio against the targets (< 60 s for 8 GPUs, < 600 s for 64 GPUs; stretch 15 s).
+ratio against the targets (issue 21: 1 h on 8 GPUs in <= 10 s, 64 GPUs in <= 120 s, the write included;
+the 3P1D case keeps the earlier < 60 s).
 
     PYTHONPATH=. .venv/bin/python bench/simulate.py                 # the three cases of the issue
     PYTHONPATH=. .venv/bin/python bench/simulate.py --duration 600  # a shorter slice
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collector.store import Store  # noqa: E402
-from phaselens.cli.simulate import ScenarioWriter  # noqa: E402
+from phaselens.cli.simulate import WRITE_BUFFER_ROWS, ScenarioWriter  # noqa: E402
 from serving.config import preset  # noqa: E402
 from serving.sim.layout import parse_layout  # noqa: E402
 from serving.sim.simulator import Simulation  # noqa: E402
@@ -35,9 +36,9 @@ from serving.trace import TraceRequest, load_azure_trace, vendored_trace_path  #
 
 CASES = (
     # (label, layout, copies of the trace interleaved, target wall s)
-    ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1, 60.0),
+    ("8 x H100, 70B TP2, aggregated", "agg:8xh100-sxm:tp2", 1, 10.0),
     ("8 x H100, 70B TP2, 3P1D", "3p1d:h100-sxm:tp2", 1, 60.0),
-    ("64 x H100, 70B TP2, aggregated, the hour's traffic x8", "agg:64xh100-sxm:tp2", 8, 600.0),
+    ("64 x H100, 70B TP2, aggregated, the hour's traffic x8", "agg:64xh100-sxm:tp2", 8, 120.0),
 )
 
 
@@ -73,11 +74,17 @@ def main() -> int:
         requests = tile(load_azure_trace(path, duration_s=args.duration), copies)
         layout = parse_layout(layout_text)
         with tempfile.TemporaryDirectory() as tmp:
-            store = Store.open(Path(tmp) / "bench.duckdb")
+            store = Store.open(Path(tmp) / "bench.duckdb", buffer_rows=WRITE_BUFFER_ROWS)
             writer = ScenarioWriter(store, f"bench{i}")
             t0 = time.perf_counter()
             sim = Simulation(
-                layout, shape, requests, start_s=1.8e9, scenario=f"bench{i}", on_batch=writer.on_batch
+                layout,
+                shape,
+                requests,
+                start_s=1.8e9,
+                scenario=f"bench{i}",
+                on_batch=writer.on_batch,
+                columnar=True,
             )
             result = sim.run()
             counts = writer.finish(result)
@@ -97,7 +104,7 @@ def main() -> int:
             f"{counts.get('iterations', 0):,} iterations, {counts.get('gpu_samples', 0):,} GPU samples; "
             f"{rows / write_s:,.0f} rows/s; telemetry streamed to the store during the run)\n"
             f"  total    {total:6.1f} s  = {total / target_s:.2f}x the {target_s:g} s target "
-            f"({'met' if total < target_s else 'NOT met'}; stretch 15 s {'met' if total < 15 else 'not met'}); "
+            f"({'met' if total <= target_s else 'NOT met'}); "
             f"peak RSS so far {rss_mb:,.0f} MB"
         )
     return 0

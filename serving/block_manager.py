@@ -52,7 +52,10 @@ class BlockManager:
             return
         if need > len(self._free):
             raise OutOfBlocksError(f"{seq.request_id}: needs {need} blocks, {len(self._free)} free")
-        seq.block_table.extend(heapq.heappop(self._free) for _ in range(need))
+        if need == 1:  # a decode crossing into a new block
+            seq.block_table.append(heapq.heappop(self._free))
+        else:
+            seq.block_table.extend([heapq.heappop(self._free) for _ in range(need)])
 
     def free(self, seq: Sequence) -> None:
         """Return all of `seq`'s blocks."""

@@ -51,7 +51,8 @@ class TorchExecutor:
         positions: list[int] = []
         logits_idx: list[int] = []
         samplers: list[tuple[SamplingParams, int, list[int]]] = []
-        for item in sched.items:
+        items = sched.items
+        for item in items:
             seq, n = item.seq, item.num_new_tokens
             ids.extend(seq.token_ids[seq.num_computed : seq.num_computed + n])
             positions.extend(range(seq.num_computed, seq.num_computed + n))
@@ -60,9 +61,9 @@ class TorchExecutor:
                 history = seq.output_ids if seq.params.penalized else []  # penalties count these
                 samplers.append((seq.params, seq.num_output_tokens, history))  # seeded draws key on the index
         batch = AttentionBatch.build(
-            [i.num_new_tokens for i in sched.items],
-            [i.context_len for i in sched.items],
-            [i.seq.block_table for i in sched.items],
+            [i.num_new_tokens for i in items],
+            [i.context_len for i in items],
+            [i.seq.block_table for i in items],
             self.block_size,
             dev,
         )

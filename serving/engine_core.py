@@ -33,6 +33,7 @@ from serving.config import EngineConfig, SamplingParams
 from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
+from serving.telemetry_columns import iteration_event_of
 
 
 @dataclass(slots=True)
@@ -135,6 +136,29 @@ def admit_handoffs(scheduler: Scheduler, pending: list[Any], key: Callable[[Any]
     return admitted
 
 
+def iteration_values(
+    batch: Batch, execution: Execution, kv_blocks_total: int, time_offset_s: float = 0.0
+) -> tuple[Any, ...]:
+    """The iteration's values of its ``iteration`` events (``ITERATION_VALUE_FIELDS``, in order)."""
+    work = batch.work
+    return (
+        time_offset_s + batch.start_s,
+        time_offset_s + execution.end_s,
+        work.phase,
+        work.batch_size,
+        work.prefill_tokens,
+        work.decode_seqs,
+        work.context_tokens,
+        batch.kv_blocks_used,
+        kv_blocks_total,
+        len(batch.sched.preempted),
+        execution.compute_s,
+        execution.pacing_s,
+        execution.modeled_s,
+        execution.lag_s,
+    )
+
+
 def iteration_event(
     worker: str,
     device: str,
@@ -146,31 +170,8 @@ def iteration_event(
     time_offset_s: float = 0.0,
 ) -> dict[str, Any]:
     """The ``iteration`` telemetry event of one GPU (docs/TELEMETRY.md)."""
-    work = batch.work
-    event = {
-        "type": "iteration",
-        "worker": worker,
-        "device": device,
-        "gpu_uuid": gpu_uuid,
-        "gpu_index": gpu_index,
-        "start_s": time_offset_s + batch.start_s,
-        "end_s": time_offset_s + execution.end_s,
-        "phase": work.phase,
-        "batch_size": work.batch_size,
-        "prefill_tokens": work.prefill_tokens,
-        "decode_seqs": work.decode_seqs,
-        "context_tokens": work.context_tokens,
-        "kv_blocks_used": batch.kv_blocks_used,
-        "kv_blocks_total": kv_blocks_total,
-        "preempted": len(batch.sched.preempted),
-        "compute_s": execution.compute_s,
-        "pacing_s": execution.pacing_s,
-        "modeled_s": execution.modeled_s,
-        "lag_s": execution.lag_s,
-    }
-    if execution.extra:
-        event.update(execution.extra)
-    return event
+    values = iteration_values(batch, execution, kv_blocks_total, time_offset_s)
+    return iteration_event_of(worker, device, gpu_uuid, gpu_index, values, execution.extra)
 
 
 class EngineCore:
@@ -228,8 +229,10 @@ class EngineCore:
         *,
         arrival_s: float | None = None,
         handoff: bool = False,
+        token_times: list[float] | None = None,
     ) -> Sequence:
-        """Queue a new request; `handoff` stops it after the first token and hands it off."""
+        """Queue a new request; `handoff` stops it after the first token and hands it off;
+        ``token_times``: where its plain tokens' times go (see :meth:`update`)."""
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in this engine")
         seq = Sequence(
@@ -240,6 +243,7 @@ class EngineCore:
             self.clock() if arrival_s is None else arrival_s,
             handoff,
         )
+        seq.token_times = token_times
         self.scheduler.add(seq)
         self._seqs[request_id] = seq
         return seq
@@ -255,6 +259,7 @@ class EngineCore:
         kv: Any = None,
         meta: dict[str, Any] | None = None,
         arrival_s: float | None = None,
+        token_times: list[float] | None = None,
     ) -> Sequence:
         """Queue a request whose first ``num_computed`` tokens' KV was computed elsewhere; it joins
         the running batch at the next step whose blocks allow (:func:`admit_handoffs`)."""
@@ -267,6 +272,7 @@ class EngineCore:
             self.clock() if arrival_s is None else arrival_s,
         )
         seq.num_computed = num_computed
+        seq.token_times = token_times
         self._seqs[request_id] = seq
         self._pending_imports.append((seq, kv, meta or {}))
         need = self.scheduler.blocks.blocks_for(len(seq.token_ids))
@@ -324,10 +330,9 @@ class EngineCore:
         if self._pending_imports:
             self.admit_imports()
         sched = self.scheduler.schedule()
-        if not sched.items:
+        if not sched.seqs:
             return None
-        for item in sched.items:
-            seq = item.seq
+        for seq in sched.seqs:
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now_s
             if seq.prefill_start_s is None and (
@@ -341,7 +346,9 @@ class EngineCore:
         """Advance the batch's sequences by the iteration: each whose prompt or step completed gets
         its token and, from it, its finish reason: "stop" (a stop token, or the model's EOS unless
         ignored), "length" (max_tokens or the model's context reached) or None (it goes on). A
-        finished sequence is released, a hand-off one handed off (:meth:`_on_token`).
+        finished sequence is released, a hand-off one handed off (:meth:`_on_token`). A sequence
+        given ``token_times`` (the simulator's) has a token that is neither its first, last nor a
+        hand-off's recorded there as its time alone; the hook sees every other token.
 
         Once per token in the simulator: written for speed (locals, no per-token method but the hook).
         """
@@ -353,13 +360,13 @@ class EngineCore:
         eos, max_model_len, on_token = self._stop_ids, self.cfg.max_model_len, self._on_token
         k = 0
         token = 0  # a timing executor's token (tokens is None)
-        for item in batch.sched.items:
-            seq = item.seq
+        sched = batch.sched
+        for seq, new in zip(sched.seqs, sched.num_new, strict=True):
             token_ids = seq.token_ids
             n = len(token_ids)
             computed = seq.num_computed
             was_prefill = computed < n - 1 or computed < seq.num_prompt_tokens
-            computed = seq.num_computed = computed + item.num_new_tokens
+            computed = seq.num_computed = computed + new
             if computed != n:
                 continue  # a prompt chunk
             if tokens is not None:
@@ -382,9 +389,13 @@ class EngineCore:
                 reason = "length"
             else:
                 reason = None
-            on_token(seq, token, ts_s, reason, first)
             if reason is not None or seq.handoff:
+                on_token(seq, token, ts_s, reason, first)
                 self.release(seq)
+            elif first or (times := seq.token_times) is None:
+                on_token(seq, token, ts_s, reason, first)
+            else:  # a sequence that records its token times: a plain token is just its time
+                times.append(ts_s)
         self.iterations += 1
         self._result = None
         return result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from serving.block_manager import BlockManager
@@ -48,19 +48,36 @@ class IterationTally(NamedTuple):
     sampled_seqs: int  # sequences that sample a token (their prompt or chunk is complete)
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
-    items: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    work: IterationTally | None = None  # the tally, counted by `Scheduler.schedule` as it chose
+    """The sequences of an iteration and their new tokens (``seqs[i]`` runs ``num_new[i]``), the
+    sequences preempted to make room, and the iteration's tally. ``items`` is the same as
+    :class:`ScheduledSeq` objects (the live engine's model input reads those; the simulator's
+    per-token loops read the two lists)."""
+
+    __slots__ = ("num_new", "preempted", "seqs", "work")
+
+    def __init__(
+        self,
+        items: list[ScheduledSeq] | None = None,
+        preempted: list[Sequence] | None = None,
+        work: IterationTally | None = None,
+    ) -> None:
+        self.seqs: list[Sequence] = [i.seq for i in items] if items else []
+        self.num_new: list[int] = [i.num_new_tokens for i in items] if items else []
+        self.preempted: list[Sequence] = [] if preempted is None else preempted
+        self.work = work  # the tally, counted by `Scheduler.schedule` as it chose
+
+    @property
+    def items(self) -> list[ScheduledSeq]:
+        return [ScheduledSeq(seq, n) for seq, n in zip(self.seqs, self.num_new, strict=True)]
 
     @property
     def prefill_tokens(self) -> int:
-        return sum(i.num_new_tokens for i in self.items if i.seq.in_prefill)
+        return sum(n for seq, n in zip(self.seqs, self.num_new, strict=True) if seq.in_prefill)
 
     @property
     def decode_seqs(self) -> int:
-        return sum(1 for i in self.items if not i.seq.in_prefill)
+        return sum(1 for seq in self.seqs if not seq.in_prefill)
 
     @property
     def phase(self) -> str:
@@ -72,8 +89,7 @@ class SchedulerOutput:
         if self.work is not None:
             return self.work
         prefill = decode = context = pairs = sampled = 0
-        for item in self.items:
-            seq, n = item.seq, item.num_new_tokens
+        for seq, n in zip(self.seqs, self.num_new, strict=True):
             ctx = seq.num_computed + n
             context += ctx
             pairs += n * ctx - n * (n - 1) // 2
@@ -84,7 +100,7 @@ class SchedulerOutput:
             else:
                 decode += 1
         return IterationTally(
-            _phase(prefill, decode), prefill, decode, context, len(self.items), pairs, sampled
+            _phase(prefill, decode), prefill, decode, context, len(self.seqs), pairs, sampled
         )
 
 
@@ -164,7 +180,7 @@ class Scheduler:
         new one.
         """
         out = SchedulerOutput()
-        items = out.items
+        items, news = out.seqs, out.num_new
         budget = self.cfg.max_num_batched_tokens
         blocks, running_status = self.blocks, SeqStatus.RUNNING
         block_size = blocks.block_size
@@ -191,7 +207,8 @@ class Scheduler:
                 blocks.grow(seq, n)
             elif budget < 1:
                 continue
-            items.append(ScheduledSeq(seq, 1))
+            items.append(seq)
+            news.append(1)
             budget -= 1
             decode += 1
             context += n
@@ -208,7 +225,8 @@ class Scheduler:
             ctx = computed + n
             if blocks.can_grow(seq, ctx):
                 blocks.grow(seq, ctx)
-                items.append(ScheduledSeq(seq, n))
+                items.append(seq)
+                news.append(n)
                 budget -= n
                 prefill += n
                 context += ctx
@@ -234,7 +252,8 @@ class Scheduler:
             blocks.grow(seq, ctx)
             seq.status = running_status
             running.append(seq)
-            items.append(ScheduledSeq(seq, n))
+            items.append(seq)
+            news.append(n)
             budget -= n
             context += ctx
             pairs += n * ctx - n * (n - 1) // 2

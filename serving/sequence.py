@@ -36,6 +36,7 @@ class Sequence:
     first_scheduled_s: float | None = None
     prefill_start_s: float | None = None
     prefill_end_s: float | None = None
+    token_times: list[float] | None = None  # where the engine records plain tokens' times (the simulator)
 
     @property
     def num_tokens(self) -> int:

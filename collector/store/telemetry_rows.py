@@ -11,9 +11,11 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import sub
+from itertools import chain, repeat
 from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
 
 from serving.telemetry import validate_batch
 
@@ -157,7 +159,10 @@ class TelemetryColumns:
     def __init__(self) -> None:
         self._events: dict[str, list[dict[str, Any]]] = {t: [] for t in self._TABLES}
         self._base: dict[str, tuple[list[str], list[int]]] = {t: ([], []) for t in self._TABLES}
-        self._tokens: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["tokens"]}
+        # per request event with tokens: its id, its worker, its token times (one list each)
+        self._token_requests: list[str] = []
+        self._token_workers: list[str | None] = []
+        self._token_ts: list[list[Any]] = []
         self._batches: dict[str, list[Any]] = {c: [] for c in TABLE_COLUMNS["telemetry_batches"]}
 
     def columns(self) -> dict[str, dict[str, list[Any]]]:
@@ -175,9 +180,41 @@ class TelemetryColumns:
             for name in fields:
                 cols[name] = [e.get(name) for e in events]
             out[table] = cols
-        if self._tokens["idx"]:
-            out["tokens"] = self._tokens
         return out
+
+    def tokens_table(self) -> pa.Table | None:
+        """The ``tokens`` rows (without ``node``) as an Arrow table, built with numpy: ``idx``
+        counts each request's tokens from 0, ``itl_s`` is each token's time less the one before
+        it (NULL for the first); ``request_id`` and ``worker`` are dictionary-encoded (one value per
+        request, not per token). None when no request carried tokens."""
+        lists = self._token_ts
+        if not lists:
+            return None
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        total = int(lengths.sum())
+        ts = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=total)
+        starts = np.cumsum(lengths) - lengths  # each request's first row
+        idx = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+        itl = np.empty(total, dtype=np.float64)
+        itl[1:] = ts[1:] - ts[:-1]
+        first = np.zeros(total, dtype=bool)
+        first[starts] = True
+        requests, request_codes = _codes(self._token_requests)
+        workers, worker_codes = _codes(self._token_workers)
+        return pa.Table.from_arrays(
+            [
+                pa.DictionaryArray.from_arrays(
+                    pa.array(np.repeat(request_codes, lengths)), pa.array(requests, type=pa.string())
+                ),
+                pa.array(idx),
+                pa.array(ts),
+                pa.array(itl, mask=first),
+                pa.DictionaryArray.from_arrays(
+                    pa.array(np.repeat(worker_codes, lengths)), pa.array(workers, type=pa.string())
+                ),
+            ],
+            names=["request_id", "idx", "ts_s", "itl_s", "worker"],
+        )
 
     def add(self, batch: dict[str, Any], split: BatchSplit, received_s: float, endpoint: str | None) -> None:
         """Split an accepted batch (``split`` from :func:`check_envelope`) into the tables; each bad
@@ -185,14 +222,6 @@ class TelemetryColumns:
         if split.key is None:
             raise ValueError(f"telemetry batch of {split.source!r} was refused: {split.rejected_batch}")
         source, seq, sent_s = split.key[1], split.key[2], split.key[3]
-        tk = self._tokens
-        tk_rid, tk_idx, tk_ts, tk_itl, tk_worker = (
-            tk["request_id"],
-            tk["idx"],
-            tk["ts_s"],
-            tk["itl_s"],
-            tk["worker"],
-        )
         taken = {t: 0 for t in self._TABLES}
         for event in batch["events"]:
             problem = _check_event(event)
@@ -203,17 +232,13 @@ class TelemetryColumns:
             self._events[etype].append(event)
             taken[etype] += 1
             if etype == "request":
-                token_ts = event.get("token_ts_s") or []
-                n = len(token_ts)
-                if n:
-                    tk_rid.extend(repeat(event["request_id"], n))
-                    tk_idx.extend(range(n))
-                    tk_ts.extend(token_ts)
-                    tk_itl.append(None)
-                    tk_itl.extend(map(sub, token_ts[1:], token_ts[:-1]))
+                token_ts = event.get("token_ts_s")
+                if token_ts:
+                    self._token_requests.append(event["request_id"])
                     # the worker that generated them: the decode worker, else the only one
-                    tk_worker.extend(repeat(event.get("decode_worker") or event.get("prefill_worker"), n))
-                    split.tokens += n
+                    self._token_workers.append(event.get("decode_worker") or event.get("prefill_worker"))
+                    self._token_ts.append(token_ts)
+                    split.tokens += len(token_ts)
         for etype, n in taken.items():
             sources, seqs = self._base[etype]
             sources.extend(repeat(source, n))
@@ -221,13 +246,41 @@ class TelemetryColumns:
         split.iterations += taken["iteration"]
         split.requests += taken["request"]
         split.control_events += taken["control"]
-        dropped = batch.get("dropped_events_total")
+        self._batch_row(
+            source,
+            seq,
+            sent_s,
+            received_s,
+            len(batch["events"]),
+            split,
+            batch.get("dropped_events_total"),
+            endpoint,
+        )
+
+    def add_counted(self, batch: Any, split: BatchSplit, received_s: float, endpoint: str | None) -> None:
+        """Count a batch of ``n`` iteration events whose rows are written elsewhere (as columns: every
+        event passed the checks) and add its telemetry_batches row."""
+        split.iterations += batch.n
+        source, seq, sent_s = split.key[1], split.key[2], split.key[3]
+        self._batch_row(source, seq, sent_s, received_s, batch.n, split, batch.dropped_events_total, endpoint)
+
+    def _batch_row(
+        self,
+        source: str,
+        seq: int,
+        sent_s: float,
+        received_s: float,
+        events: int,
+        split: BatchSplit,
+        dropped: Any,
+        endpoint: str | None,
+    ) -> None:
         row = {
             "source": source,
             "seq": seq,
             "sent_s": sent_s,
             "received_s": received_s,
-            "events": len(batch["events"]),
+            "events": events,
             "rejected_events": split.rejected_events,
             "dropped_events_total": dropped if _is_int(dropped) else None,
             "endpoint": endpoint,
@@ -237,6 +290,13 @@ class TelemetryColumns:
 
 
 _REQUEST_ROW_FIELDS = tuple(f for f in REQUEST_FIELDS if f != "token_ts_s")
+
+
+def _codes(values: list[str | None]) -> tuple[list[str | None], np.ndarray]:
+    """The distinct values (first seen first) and each value's index into them."""
+    code: dict[str | None, int] = {}
+    indices = np.fromiter((code.setdefault(v, len(code)) for v in values), dtype=np.int32, count=len(values))
+    return list(code), indices
 
 
 def _check_event(event: Any) -> tuple[str, str] | None:

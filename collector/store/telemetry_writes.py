@@ -9,9 +9,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
+from collector.store.arrow_input import conform, one_table
 from collector.store.columns import ColumnBlock
+from collector.store.iteration_columns import IterationBlocks, check_iteration_envelope, columns_fit
 from collector.store.telemetry_rows import BatchKey, TelemetryColumns, check_envelope
 from serving.telemetry import Gap
+from serving.telemetry_columns import IterationBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +67,14 @@ class TelemetryWrites:
         :meth:`telemetry_cursors`.
         """
         now = time.time() if received_s is None else received_s
-        splits = [check_envelope(b, node, now) for b in batches]
+        splits = [
+            check_iteration_envelope(b, node, now)
+            if type(b) is IterationBatch
+            else check_envelope(b, node, now)
+            for b in batches
+        ]
         out = TelemetryColumns()
+        columnar = IterationBlocks()
         errors: Counter[tuple[str, str, str]] = Counter()
         results: list[TelemetryIngest] = []
         with self._lock:
@@ -75,7 +87,13 @@ class TelemetryWrites:
                 if split.key is not None:
                     seen.add(split.key)
                     keys.append(split.key)
-                    out.add(batch, split, now, endpoint)
+                    if type(batch) is not IterationBatch:
+                        out.add(batch, split, now, endpoint)
+                    elif (cols := columns_fit(batch)) is not None:  # every event passes: as columns
+                        columnar.add(batch, cols)
+                        out.add_counted(batch, split, now, endpoint)
+                    else:  # event by event, each bad one left out and counted
+                        out.add(batch.envelope(), split, now, endpoint)
                 for (kind, message), count in split.errors.items():
                     errors[split.source, kind, message] += count
                 results.append(
@@ -93,6 +111,14 @@ class TelemetryWrites:
                 table: self._columns_arrow(table, [ColumnBlock.of(values, {"node": node})])
                 for table, values in out.columns().items()
             }
+            tokens = out.tokens_table()
+            if tokens is not None:
+                parts["tokens"] = conform("tokens", _with_node(tokens, node), self._table_columns("tokens"))
+            if columnar:
+                data = conform("iterations", columnar.table(node), self._table_columns("iterations"))
+                parts["iterations"] = (
+                    one_table([parts["iterations"], data]) if "iterations" in parts else data
+                )
             if errors:
                 rows = [
                     {"node": node, "source": src, "ts_s": now, "kind": kind, "message": msg, "count": n}
@@ -145,3 +171,9 @@ class TelemetryWrites:
         ]
         if rows:
             self.append("ingest_errors", rows)
+
+
+def _with_node(data: pa.Table, node: str) -> pa.Table:
+    """``data`` with a ``node`` column of ``node`` on every row (dictionary-encoded)."""
+    codes = pa.array(np.zeros(data.num_rows, dtype=np.int32))
+    return data.append_column("node", pa.DictionaryArray.from_arrays(codes, pa.array([node])))

@@ -37,6 +37,11 @@ def new_scenario_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+# rows a simulated run's store holds before it writes them on a background flush (DuckDB's work
+# then overlaps the simulation's; two buffers at most: ~50 MB)
+WRITE_BUFFER_ROWS = 500_000
+
+
 class ScenarioWriter:
     """Stores one simulated run as a scenario while it runs: pass :meth:`on_batch` to the
     :class:`~serving.sim.simulator.Simulation` (its telemetry batches go through the store's live
@@ -55,8 +60,9 @@ class ScenarioWriter:
         self._buffer: list[dict[str, Any]] = []
         self._per_write = batches_per_write
 
-    def on_batch(self, batch: dict[str, Any]) -> None:
-        """Take one telemetry batch; every ``batches_per_write`` go to the store together."""
+    def on_batch(self, batch: Any) -> None:
+        """Take one telemetry batch (an envelope, or a worker's ``IterationBatch`` from a columnar
+        ``Simulation``); every ``batches_per_write`` go to the store together."""
         self._buffer.append(batch)
         if len(self._buffer) >= self._per_write:
             self._write_batches()
@@ -67,7 +73,7 @@ class ScenarioWriter:
         t = time.perf_counter()
         batches, self._buffer = self._buffer, []
         ingests = self.store.append_telemetry_batches(
-            batches, self.node, received_s=batches[-1]["sent_s"], endpoint="simulator"
+            batches, self.node, received_s=_sent_s(batches[-1]), endpoint="simulator"
         )
         for key in ("iterations", "requests", "tokens", "control_events"):
             self.counts[key] += sum(getattr(i, key) for i in ingests)
@@ -165,6 +171,10 @@ def store_simulation(
     return writer.finish(result, sample_period_s=sample_period_s, summary=summary, trace=trace, name=name)
 
 
+def _sent_s(batch: Any) -> float:
+    return batch["sent_s"] if isinstance(batch, dict) else batch.sent_s
+
+
 def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
     import numpy as np
     import pyarrow as pa
@@ -175,18 +185,22 @@ def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Tabl
     data: dict[str, Any] = {}
     for key, values in cols.columns.items():
         data[key] = pa.array(values) if isinstance(values, np.ndarray) else pa.array(values, type=pa.int32())
+
+    def same(value: str | None) -> pa.Array:  # one value on every row, repeated in C
+        return pa.repeat(pa.scalar(value, pa.string()), n)
+
     data.update(
-        node=pa.array([node] * n, pa.string()),
-        source=pa.array([SIMULATED] * n, pa.string()),
-        device=pa.array([f"simulated:{spec_key}"] * n, pa.string()),
-        kind=pa.array(["simulated"] * n, pa.string()),
+        node=same(node),
+        source=same(SIMULATED),
+        device=same(f"simulated:{spec_key}"),
+        kind=same("simulated"),
         index=pa.array(np.full(n, cols.index, dtype=np.int32)),
-        uuid=pa.array([cols.uuid] * n, pa.string()),
-        name=pa.array([f"{gpu_name} (simulated)"] * n, pa.string()),
+        uuid=same(cols.uuid),
+        name=same(f"{gpu_name} (simulated)"),
         emulated=pa.array(np.ones(n, dtype=bool)),
         lost=pa.array(np.zeros(n, dtype=bool)),
-        worker=pa.array([cols.worker] * n, pa.string()),
-        role=pa.array([cols.role] * n, pa.string()),
+        worker=same(cols.worker),
+        role=same(cols.role),
     )
     return pa.table(data)
 
@@ -403,6 +417,7 @@ def _run(
                 scenario=sid,
                 progress=bar.update,
                 on_batch=writer.on_batch if writer is not None else _drop,
+                columnar=True,
             ).run()
             bar.close()
             summary = summarize(result, slo)
@@ -502,7 +517,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
                 "--collector needs the collector's control token: --token T or PHASELENS_CONTROL_TOKEN"
             )
         tmp = tempfile.TemporaryDirectory(prefix="phaselens-sim-")
-        store = Store.open(Path(tmp.name) / "scenario.duckdb")
+        store = Store.open(Path(tmp.name) / "scenario.duckdb", buffer_rows=WRITE_BUFFER_ROWS)
         out_dir = Path(args.out) if args.out else Path(tmp.name) / "export"
 
         def finish() -> None:
@@ -521,7 +536,7 @@ def _open_sink(args: argparse.Namespace) -> _Sink | int | None:
         return _Sink(store, where, finish, close, None if args.out else f"--collector {args.collector}")
     db = args.db or "phaselens.duckdb"
     try:
-        store = Store.open(db)
+        store = Store.open(db, buffer_rows=WRITE_BUFFER_ROWS)
     except StoreLockedError as e:
         return _error(
             f"{e}. A running collector holds {db}: pass --collector http://127.0.0.1:PORT (its --port; 8900 "

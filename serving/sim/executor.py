@@ -28,7 +28,7 @@ from serving.engine_core import Batch, Execution
 from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
 
-CACHE_ENTRIES = 100_000  # estimates kept per executor (a pool's replicas share one)
+CACHE_ENTRIES = 250_000  # estimates kept per executor (a pool's replicas share one; ~0.4 kB each)
 CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
 
 
@@ -75,13 +75,19 @@ class GpuModelExecutor:
         self.profile = profile
         self.iteration_model = iteration_model
         self.context_bits = context_bits
-        self._cache: dict[tuple[int, ...], IterationEstimate] = {}
+        self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any]]] = {}
         self.hits = self.misses = 0
 
     def estimate(self, work: IterationTally) -> Any:
         """The estimate of an iteration of ``work`` (cached: the GPU model is deterministic)."""
+        return self._entry(work)[0]
+
+    def _entry(self, work: IterationTally) -> tuple[Any, dict[str, Any]]:
+        """The estimate of ``work`` and its iteration-event fields beyond the live engine's (one
+        dict per cache entry, shared by the executions it times: read, never changed)."""
         if self.iteration_model is not None:  # may be random (jittered): never cached
-            return self.iteration_model(IterationWork(*work), self.pool)
+            est = self.iteration_model(IterationWork(*work), self.pool)
+            return est, {"host_s": est.host_s, "tp": self.pool.tp}
         bits = self.context_bits
         if bits is None:
             key = work
@@ -90,10 +96,10 @@ class GpuModelExecutor:
                 context_tokens=round_bits(work.context_tokens, bits),
                 attention_pairs=round_bits(work.attention_pairs, bits),
             )
-        est = self._cache.get(key)
-        if est is not None:
+        entry = self._cache.get(key)
+        if entry is not None:
             self.hits += 1
-            return est
+            return entry
         self.misses += 1
         pool = self.pool
         est = predict_iteration(
@@ -106,20 +112,14 @@ class GpuModelExecutor:
             link=self.link,
             profile=self.profile,
         )
+        entry = (est, {"host_s": est.host_s, "tp": pool.tp})
         if len(self._cache) < CACHE_ENTRIES:
-            self._cache[key] = est
-        return est
+            self._cache[key] = entry
+        return entry
 
     def execute(self, batch: Batch) -> Execution:
         """The batch's execution in virtual time: it ends ``time_s`` after it starts."""
-        est = self.estimate(batch.work)
-        return Execution(
-            end_s=batch.start_s + est.time_s,
-            tokens=None,
-            compute_s=est.busy_s,
-            pacing_s=0.0,
-            modeled_s=est.time_s,
-            lag_s=0.0,
-            extra={"host_s": est.host_s, "tp": self.pool.tp},
-            estimate=est,
-        )
+        est, extra = self._entry(batch.work)
+        time_s = est.time_s
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate)
+        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est)

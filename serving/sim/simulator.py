@@ -23,7 +23,6 @@ import heapq
 import itertools
 import math
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,13 +33,15 @@ from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import IterationWork
 from serving.devices.gpu_model import kv_transfer_s
 from serving.devices.gpu_specs import gpu_spec
-from serving.engine_core import Batch, EngineCore, Execution, iteration_event
+from serving.engine_core import Batch, EngineCore, Execution, iteration_values
 from serving.routing import choose_route
 from serving.scheduler import AdmissionError, Scheduler
 from serving.sequence import Sequence as Seq
 from serving.sim.executor import GpuModelExecutor
 from serving.sim.layout import Layout, PoolSpec, check_layout
+from serving.sim.records import Busy, RequestStats
 from serving.telemetry import envelope
+from serving.telemetry_columns import IterationBatch
 from serving.trace import TraceRequest
 
 BATCH_EVENTS = 4096  # events per telemetry batch (the live stack batches by time; the size is free)
@@ -53,47 +54,21 @@ class SimulationError(ValueError):
     """The simulation cannot run (bad trace, layout or options); the message says what and why."""
 
 
-def _doubles() -> array:
-    return array("d")
-
-
-@dataclass(slots=True)
-class Busy:
-    """A replica's GPU busy intervals (one per iteration), as compact columns; every rank of the
-    replica runs the same iteration, so its GPUs share them. Times are virtual seconds since the
-    run's ``start_s``."""
-
-    start_s: array = field(default_factory=_doubles)
-    end_s: array = field(default_factory=_doubles)
-    power_w: array = field(default_factory=_doubles)
-    sm_clock_mhz: array = field(default_factory=lambda: array("i"))
-    sm_active: array = field(default_factory=_doubles)
-    sm_occupancy: array = field(default_factory=_doubles)
-    tensor_active: array = field(default_factory=_doubles)
-    dram_active: array = field(default_factory=_doubles)
-    mem_active: array = field(default_factory=_doubles)
-    capped: array = field(default_factory=lambda: array("b"))
-    kv_bytes: array = field(default_factory=lambda: array("q"))  # KV in use during the iteration (per GPU)
-
-
-@dataclass(slots=True)
-class RequestStats:
-    """Per request that finished ok, compact columns for the run's summary (epoch seconds), and
-    every inter-token gap; filled whether or not the telemetry batches are kept (failed requests
-    are counted in ``SimResult.failed``)."""
-
-    arrival_s: array = field(default_factory=_doubles)
-    first_token_s: array = field(default_factory=_doubles)
-    finish_s: array = field(default_factory=_doubles)
-    prompt_tokens: array = field(default_factory=lambda: array("q"))
-    output_tokens: array = field(default_factory=lambda: array("q"))
-    itl_s: array = field(default_factory=_doubles)
-
-
 @dataclass(frozen=True, slots=True)
 class SimGpu:
     index: int
     uuid: str
+
+
+@dataclass(slots=True)
+class _IterationRows:
+    """A replica's iteration events not yet in a batch: one row of values per iteration
+    (:func:`~serving.engine_core.iteration_values`), ``skip`` GPUs of the first already sent."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    extras: list[dict[str, Any] | None] = field(default_factory=list)
+    skip: int = 0
+    events: int = 0  # events pending: len(rows) * tp - skip
 
 
 class Replica:
@@ -219,7 +194,9 @@ class Simulation:
     keeps none: a fleet's hour is millions of events). ``dispatch_delay_s`` is the front end's
     time from a request's arrival to its engine seeing it (the live router's HTTP handling,
     tokenization and pipe to the worker; 0: none): each request reaches routing and its engine
-    that much after its arrival, which its telemetry and TTFT still count from.
+    that much after its arrival, which its telemetry and TTFT still count from. ``columnar``:
+    ``on_batch`` takes each worker's batch as a :class:`~serving.telemetry_columns.IterationBatch`
+    (the same events, kept as columns: what the store writes fastest) rather than its envelope.
     """
 
     def __init__(
@@ -236,6 +213,7 @@ class Simulation:
         iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
         on_batch: Callable[[dict[str, Any]], None] | None = None,
         dispatch_delay_s: float = 0.0,
+        columnar: bool = False,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -282,6 +260,7 @@ class Simulation:
                 replica.works = [] if record_work else None
                 replica.core = _ReplicaEngine(self, replica, executor, device)
                 self.replicas.append(replica)
+        self._replicas_by_id = {r.id: r for r in self.replicas}
         self._by_role = {
             role: [r for r in self.replicas if r.role == role] for role in ("prefill", "decode", "mixed")
         }
@@ -292,7 +271,9 @@ class Simulation:
         self._on_batch = on_batch
         self._batches_emitted = 0
         self._stats = RequestStats()
-        self._pending_events: dict[str, list[dict[str, Any]]] = {}
+        self._columnar = columnar and on_batch is not None
+        # per source, in the order of its first event: the router's events, a worker's iteration rows
+        self._pending_events: dict[str, list[dict[str, Any]] | _IterationRows] = {}
         self._seq: dict[str, int] = {}
 
     # -- telemetry -------------------------------------------------------------------------------
@@ -305,17 +286,61 @@ class Simulation:
 
     def _flush_source(self, source: str, now_s: float) -> None:
         events = self._pending_events.get(source)
+        if isinstance(events, _IterationRows):
+            if events.events:
+                self._flush_iterations(source, events, now_s, events.events)
+            return
         if not events:
             return
+        self._pending_events[source] = []
+        self._deliver(envelope(source, self._next_seq(source), now_s, 0, events))
+
+    def _next_seq(self, source: str) -> int:
         seq = self._seq.get(source, 0)
         self._seq[source] = seq + 1
-        batch = envelope(source, seq, now_s, 0, events)
-        self._pending_events[source] = []
+        return seq
+
+    def _deliver(self, batch: dict[str, Any] | IterationBatch) -> None:
         self._batches_emitted += 1
         if self._on_batch is None:
             self._batches.append(batch)
         else:
             self._on_batch(batch)
+
+    def _emit_iteration(self, replica: Replica, values: tuple[Any, ...], extra: Any, now_s: float) -> None:
+        """Queue an iteration's events (one per GPU of ``replica``); a full batch goes out."""
+        pending = self._pending_events.get(replica.id)
+        if pending is None:
+            pending = self._pending_events[replica.id] = _IterationRows()
+        pending.rows.append(values)
+        pending.extras.append(extra)
+        pending.events += len(replica.gpus)
+        if pending.events >= BATCH_EVENTS:  # the batch ends with its BATCH_EVENTS-th event
+            self._flush_iterations(replica.id, pending, now_s, BATCH_EVENTS)
+
+    def _flush_iterations(self, source: str, pending: _IterationRows, now_s: float, n: int) -> None:
+        replica = self._replicas_by_id[source]
+        core = replica.core
+        tp = len(core.gpus)
+        end = pending.skip + n  # events of the rows taken, counted from rows[0]'s first GPU
+        taken = -(-end // tp)
+        batch = IterationBatch(
+            source,
+            self._next_seq(source),
+            now_s,
+            source,
+            core.device_name,
+            tuple(core.gpus),
+            pending.rows[:taken],
+            pending.extras[:taken],
+            n,
+            pending.skip,
+        )
+        keep = taken - (1 if end % tp else 0)  # a row whose last GPUs are not sent stays
+        del pending.rows[:keep], pending.extras[:keep]
+        pending.skip = end % tp
+        pending.events -= n
+        self._deliver(batch if self._columnar else batch.envelope())
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -366,6 +391,8 @@ class Simulation:
                     last_progress = wall
                     self.progress(min(now, total_s), total_s)
         end_s = t0 + max(now, total_s)
+        for replica in self.replicas:
+            replica.intervals.settle()
         for source in list(self._pending_events):
             self._flush_source(source, end_s)
         if self.progress is not None:
@@ -408,6 +435,7 @@ class Simulation:
                 self._params(req.output_tokens),
                 arrival_s=req.arrival_s,
                 handoff=route.disaggregated,
+                token_times=req.token_ts,
             )
         except AdmissionError as e:
             self._fail(req, str(e), now)
@@ -423,7 +451,13 @@ class Simulation:
         req.kv_transfer_end_s = now
         replica = req.decode
         replica.core.queue_prefilled(
-            req.request_id, token_ids, req.prompt_tokens, params, req.prompt_tokens, arrival_s=req.arrival_s
+            req.request_id,
+            token_ids,
+            req.prompt_tokens,
+            params,
+            req.prompt_tokens,
+            arrival_s=req.arrival_s,
+            token_times=req.token_ts,
         )
         self._kick(replica, now)
 
@@ -447,34 +481,16 @@ class Simulation:
                 state = self._states.get(victim.request_id)
                 if state is not None:
                     state.preemptions += 1
-        busy_s = est.busy_s
-        iv = replica.intervals
-        iv.start_s.append(end - busy_s)
-        iv.end_s.append(end)
-        iv.power_w.append(est.power_w)
-        iv.sm_clock_mhz.append(est.sm_clock_mhz)
-        iv.sm_active.append(est.sm_active)
-        iv.sm_occupancy.append(est.sm_occupancy)
-        iv.tensor_active.append(est.tensor_active)
-        iv.dram_active.append(est.dram_active)
-        iv.mem_active.append(min(1.0, est.memory_s / busy_s) if busy_s > 0 else 0.0)
-        iv.capped.append(est.power_capped)
-        iv.kv_bytes.append(tally.context_tokens * self._kv_bytes_per_token // pool.tp)
+        replica.intervals.add(
+            end - est.busy_s, end, est, tally.context_tokens * self._kv_bytes_per_token // pool.tp
+        )
         replica.busy = True
         replica.iterations += 1
         if replica.works is not None:
             replica.works.append((now, tally))
         t0 = self.start_s
-        total = core.scheduler.blocks.num_blocks
-        event = None
-        for uuid, index in core.gpus:  # the ranks' events differ only in the GPU
-            if event is None:
-                event = iteration_event(
-                    replica.id, core.device_name, uuid, index, batch, execution, total, t0
-                )
-            else:
-                event = {**event, "gpu_uuid": uuid, "gpu_index": index}
-            self._emit(replica.id, event, t0 + now)
+        values = iteration_values(batch, execution, core.scheduler.blocks.num_blocks, t0)
+        self._emit_iteration(replica, values, execution.extra, t0 + now)
         heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, batch, execution)))
 
     def _iteration_done(self, payload: tuple[Replica, Batch, Execution], now: float) -> None:
@@ -486,7 +502,9 @@ class Simulation:
     def _token(
         self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool
     ) -> None:
-        """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released)."""
+        """``seq`` got a token at ``now`` on ``replica``; ``reason``: it finished (and is released).
+        Its first, last and hand-off tokens only: the engine records the others' times in
+        ``seq.token_times``, the request's ``token_ts``."""
         req = self._states[seq.request_id]
         req.token_ts.append(now)
         if req.prefill_end_s is None:
@@ -533,7 +551,8 @@ class Simulation:
         def at(t: float | None) -> float | None:
             return None if t is None else t0 + t
 
-        tokens = (np.asarray(req.token_ts) + t0).tolist() if req.token_ts else []
+        times = np.asarray(req.token_ts)
+        tokens = (times + t0).tolist() if req.token_ts else []
         if status == "ok" and tokens:
             st = self._stats
             st.arrival_s.append(t0 + req.arrival_s)
@@ -542,7 +561,7 @@ class Simulation:
             st.prompt_tokens.append(req.prompt_tokens)
             st.output_tokens.append(len(tokens))
             if len(req.token_ts) > 1:
-                st.itl_s.frombytes(np.diff(np.asarray(req.token_ts)).tobytes())
+                st.itl_s.frombytes(np.diff(times).tobytes())
         self._emit(
             "router",
             {
