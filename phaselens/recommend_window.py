@@ -211,3 +211,46 @@ def recommend_window(
     else:
         submit(write)
     return row
+
+
+#: the auto-apply job's search budget: a small slice, one refinement, two whole-trace runs
+AUTO_APPLY_SEARCH = {"slice_requests": 100, "refine": 1, "max_hour_runs": 2, "goodput_max_evals": 4}
+
+
+def window_recommender(collector: Any, policy: Any) -> Callable[[], str | None]:
+    """The auto-apply job's ``recommend`` hook (``phaselens collect --auto-apply``): a fresh
+    recommendation from the last ``policy.window_s`` of the watched stack's traffic at the policy's
+    SLOs, with :data:`AUTO_APPLY_SEARCH`'s budget, stored (workload and row) on the collector's
+    writer; its id. A collector watching several stacks keeps them in one live window (their
+    workers would mix): then nothing is re-recommended (None) and the job decides on the stored."""
+    import logging
+
+    from analytics.recommend.search import SearchOptions
+
+    log = logging.getLogger(__name__)
+    urls = sorted({u.rstrip("/") for u in collector.settings.serving_urls})
+
+    def recommend_now() -> str | None:
+        if len(urls) != 1:
+            log.info(
+                "auto-apply: %d stacks watched; not re-recommending (one live window each needs one)",
+                len(urls),
+            )
+            return None
+        body = {
+            "since": f"{policy.window_s:g}s",
+            "slo_ttft_ms": policy.slo_ttft_ms,
+            "slo_tpot_ms": policy.slo_tpot_ms,
+            "target": f"stack:{urls[0]}",
+        }
+        row = recommend_window(
+            collector.store,
+            body,
+            options=SearchOptions(**AUTO_APPLY_SEARCH),
+            serving_urls=urls,
+            node=collector.settings.node,
+            submit=lambda write: collector.submit(write).result(timeout=120),
+        )
+        return str(row["recommendation_id"])
+
+    return recommend_now
