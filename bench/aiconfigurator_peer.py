@@ -374,7 +374,10 @@ def print_phaselens(rec: dict[str, Any], osl: int, answer: PeerAnswer) -> None:
     """The phaselens column beside AIConfigurator's pick."""
     c = phaselens_column(rec)
     good = c["goodput_rps_per_gpu"]
-    print(f"phaselens recommend() (simulated; confidence {c['confidence']}): {c['layout']}")
+    trace = ((rec.get("details") or {}).get("inputs") or {}).get("trace") or {}
+    print(
+        f"phaselens recommend() on {trace.get('desc', 'the trace')} (simulated; confidence {c['confidence']}): {c['layout']}"
+    )
     for label, value in (
         ("goodput/GPU at the SLOs, req/s (tokens/s/GPU)", f"{_f(good, fmt='.3f')} ({_f(good, osl)})" if good else "—"),
         ("tokens/s/GPU, tokens/s/user", f"{_f(c['tokens_per_s_per_gpu'])}, {_f(c['tokens_per_s_per_user'], fmt='.1f')}"),
@@ -440,6 +443,11 @@ def main() -> int:
                 isl, osl, picked.request_rate_rps, answer.best["agg"].layout, n=args.requests, slo=slo
             )
         print_question(isl, osl, answer, sims, slo, goodput, ours)
+        if rec is None and not args.no_recommend:
+            # the same question at the load its pick sustains at the SLOs (the simulator's goodput)
+            rate = goodput[answer.chosen][0]
+            at_goodput = ask_phaselens(isl, osl, rate, answer.best["agg"].layout, n=args.requests, slo=slo)
+            print_phaselens(at_goodput, osl, answer)
     return 0
 
 
