@@ -17,6 +17,7 @@ from analytics.window import AnalyticsError
 from phaselens.cli import main
 from serving.sim.layout import parse_layout
 from tests.collector.conftest import start_collector
+from tests.collector.sources.conftest import http_server  # noqa: F401
 
 SLO = ["--slo-ttft-ms", "500", "--slo-tpot-ms", "20", "--slice-requests", "40"]
 TOKEN = "window-token"
@@ -140,3 +141,34 @@ def test_a_stored_layout_is_written_back_as_the_same_layout():
         }
     with pytest.raises(AnalyticsError):
         layout_from_describe({"gpu": "h100-sxm", "pools": [{"role": "prefill", "replicas": 1, "tp": 1}]})
+
+
+def test_an_external_fleets_window_gives_a_synthesized_trace_labelled_estimated(http_server, tmp_path):  # noqa: F811
+    """Engine histograms only (a vLLM page scraped by the collector's source into a real store): the
+    trace is synthesized from the observed workload (estimated), nothing is measured per request, the
+    layout must be given, the target is the fleet."""
+    from analytics.recommend.search import SearchOptions
+    from collector.store import Store
+    from phaselens.recommend_window import recommend_window
+    from tests.analytics.workload.conftest import known_trace
+    from tests.analytics.workload.test_engine_histograms import T0_S, scrape_into_store
+
+    trace = known_trace(1.0, seed=41)
+    db = tmp_path / "fleet.duckdb"
+    scrape_into_store(http_server, trace, db)
+    window = {"start_s": T0_S - 60.0, "end_s": T0_S + 310.0, "slo_ttft_ms": 2000, "slo_tpot_ms": 50}
+    with Store.open(db) as store:
+        with pytest.raises(AnalyticsError, match="external fleet's layout is not in the store"):
+            recommend_window(store, window)
+        row = recommend_window(
+            store,
+            window | {"layout": "agg:1xh100-sxm", "model": "llama-3.1-8b"},
+            options=SearchOptions(slice_requests=40, refine=0, max_hour_runs=2),
+        )
+    inputs = row["details"]["inputs"]
+    how = inputs["from_window"]
+    assert row["target"] == "fleet:live" and how["trace_trust"] == "estimated"
+    assert "synthesized from the engine histograms" in how["trace"]
+    assert abs(inputs["trace"]["requests"] - len(trace)) < 0.15 * len(trace)
+    assert row["details"]["measured"] is None and row["details"]["confidence"]["level"] == "low"
+    assert "no per-request latency" in how["measured_note"] and inputs["workload_id"].startswith("wl-")
