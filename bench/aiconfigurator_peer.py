@@ -342,7 +342,7 @@ def print_question(isl: int, osl: int, answer: PeerAnswer, sims: dict[str, SimSu
         + (" (agrees)" if sim_pick == answer.chosen else " (DISAGREES)")
     )
     if rec is not None:
-        print_phaselens(rec, osl, answer)
+        print_phaselens(rec, osl, answer, goodput.get("phaselens"))
 
 
 def ask_phaselens(
@@ -370,8 +370,11 @@ def ask_phaselens(
     return recommendation_row(rec, node="bench")
 
 
-def print_phaselens(rec: dict[str, Any], osl: int, answer: PeerAnswer) -> None:
-    """The phaselens column beside AIConfigurator's pick."""
+def print_phaselens(
+    rec: dict[str, Any], osl: int, answer: PeerAnswer, same_search: tuple[float, float] | None = None
+) -> None:
+    """The phaselens column beside AIConfigurator's pick; ``same_search``: the goodput of its
+    layout by the table's own search (req/s, tokens/s/GPU), to compare like with like."""
     c = phaselens_column(rec)
     good = c["goodput_rps_per_gpu"]
     trace = ((rec.get("details") or {}).get("inputs") or {}).get("trace") or {}
@@ -386,6 +389,10 @@ def print_phaselens(rec: dict[str, Any], osl: int, answer: PeerAnswer) -> None:
         ("J/token (in+out)", _f(c["j_per_token"], fmt=".3f")),
     ):  # fmt: skip
         print(f"  {label:46}{value}")
+    if same_search is not None:
+        print(
+            f"  {'goodput by the table search (5 %), req/s (tok/s/GPU)':46}{same_search[0]:.2f} ({same_search[1]:,.0f})"
+        )
     print(f"  rationale: {c['rationale']}")
     chosen = answer.best[answer.chosen].layout
     print(
@@ -437,17 +444,26 @@ def main() -> int:
         }
         print(f"  goodput searches: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
         ours = rec
+        search = dict(isl=isl, osl=osl, n=args.requests, slo=slo)
         if ours is None and not args.no_recommend:
             picked = answer.best[answer.chosen]
             ours = ask_phaselens(
                 isl, osl, picked.request_rate_rps, answer.best["agg"].layout, n=args.requests, slo=slo
             )
+        if ours is not None:
+            mine = (ours.get("proposed") or {}).get("layout")
+            if mine:
+                goodput["phaselens"] = goodput_tokens_per_s_per_gpu(
+                    mine, start_rps=goodput[answer.chosen][0], **search
+                )
         print_question(isl, osl, answer, sims, slo, goodput, ours)
         if rec is None and not args.no_recommend:
             # the same question at the load its pick sustains at the SLOs (the simulator's goodput)
             rate = goodput[answer.chosen][0]
             at_goodput = ask_phaselens(isl, osl, rate, answer.best["agg"].layout, n=args.requests, slo=slo)
-            print_phaselens(at_goodput, osl, answer)
+            mine = at_goodput["proposed"]["layout"]
+            again = goodput_tokens_per_s_per_gpu(mine, start_rps=rate, **search)
+            print_phaselens(at_goodput, osl, answer, again)
     return 0
 
 
