@@ -58,8 +58,20 @@ def _stored(db, rid: str) -> tuple[dict, list[tuple]]:
     return row, wl
 
 
-def test_recommend_on_a_stored_scenario_window(scenario_db, capsys):
+def test_recommend_on_a_stored_scenario_window(scenario_db, capsys, monkeypatch):
     db, sid, t0, t1 = scenario_db
+    monkeypatch.delenv("PHASELENS_API_URL", raising=False)
+    for argv, text in (
+        (["--db", str(db), "--dataset", "nope"], "unknown data set 'nope'"),
+        (["--dataset", "latest"], "a stored window is read from --db FILE or through --collector URL"),
+        (
+            ["--db", str(db), "--dataset", "latest", "--poisson", "2"],
+            "give a stored window (--since/--dataset) or a trace",
+        ),
+        (["--poisson", "2"], "give the current layout (--layout"),
+    ):
+        assert main(["recommend", *argv]) == 2, argv
+        assert text in capsys.readouterr().err, argv
     assert main(["recommend", "--db", str(db), "--dataset", "latest", *SLO]) == 0
     out = capsys.readouterr().out
     assert f"trace: the 60 requests observed in {sid}" in out and "(simulated)" in out
