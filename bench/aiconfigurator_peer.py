@@ -12,7 +12,11 @@ and where the two disagree.
 
     python bench/aiconfigurator_peer.py                        # both questions (installs the peer once)
     python bench/aiconfigurator_peer.py --isl 4000 --osl 500 --requests 400
-    python bench/aiconfigurator_peer.py --rec-json rec.json    # a phaselens recommendation beside them
+    python bench/aiconfigurator_peer.py --rec-json rec.json    # a stored phaselens recommendation instead
+
+For each question it also runs phaselens's own answer, ``analytics.recommend.recommend`` (what
+``phaselens recommend`` runs) on the same model, 8 GPUs, fixed ISL/OSL Poisson trace (at the rate
+AIConfigurator claims for its pick) and SLOs, and prints it beside (``--no-recommend`` skips it).
 
 The peer's venv: ``python3 -m venv .venv-aic && .venv-aic/bin/pip install aiconfigurator==0.12.0``
 (what :func:`ensure_peer` runs when it is missing). Figures: docs/BENCHMARKS.md.
@@ -240,8 +244,8 @@ def export_differences(peer: PeerConfig) -> list[str]:
 def phaselens_column(rec: dict[str, Any]) -> dict[str, Any]:
     """The phaselens answer for the table, from a layout recommendation as the service stores it
     (the shared contract: ``proposed`` = {"layout", ...}, ``details.predicted`` = METRICS with
-    ``details.confidence``). The lead plugs ``recommend()``'s result in here; ``--rec-json`` reads
-    one saved from ``GET /api/v1/recommendations/{id}``."""
+    ``details.confidence``): :func:`ask_phaselens`'s row, or ``--rec-json``, one saved from
+    ``GET /api/v1/recommendations/{id}``."""
     proposed = rec.get("proposed") or {}
     details = rec.get("details") or {}
     proposed = json.loads(proposed) if isinstance(proposed, str) else proposed
@@ -250,6 +254,7 @@ def phaselens_column(rec: dict[str, Any]) -> dict[str, Any]:
     confidence = details.get("confidence") or {}
     return {
         "layout": proposed.get("layout"),
+        "goodput_rps_per_gpu": predicted.get("goodput_rps_per_gpu"),
         "tokens_per_s_per_gpu": predicted.get("output_tokens_per_s_per_gpu"),
         "tokens_per_s_per_user": predicted.get("output_tokens_per_s_per_user"),
         "ttft_p90_s": predicted.get("ttft_p90_s"),
@@ -337,8 +342,63 @@ def print_question(isl: int, osl: int, answer: PeerAnswer, sims: dict[str, SimSu
         + (" (agrees)" if sim_pick == answer.chosen else " (DISAGREES)")
     )
     if rec is not None:
-        col = phaselens_column(rec)
-        print("phaselens recommendation: " + ", ".join(f"{k} {v}" for k, v in col.items() if v is not None))
+        print_phaselens(rec, osl, answer, goodput.get("phaselens"))
+
+
+def ask_phaselens(
+    isl: int, osl: int, rate_rps: float, current: str, *, n: int, slo: SloSpec, target: float = 0.9
+) -> dict[str, Any]:
+    """phaselens's answer to the same question: ``analytics.recommend.recommend`` (what ``phaselens
+    recommend`` runs) for llama-3.1-70b on the 8 GPUs of ``current`` (AIConfigurator's agg layout),
+    the fixed ISL/OSL Poisson trace at ``rate_rps`` (the rate AIConfigurator claims for its pick) and
+    the SLOs; the stored row's form (``recommendation_row``). Nothing is measured for a question
+    asked on paper, so its confidence is ``low`` ("not checked"), as it says."""
+    from analytics.recommend import RecommendInputs, SearchOptions, SloTarget, recommend
+    from analytics.recommend.records import recommendation_row
+
+    inputs = RecommendInputs(
+        trace=poisson_trace(rate_rps, n, prompt_tokens=isl, output_tokens=osl, seed=0),
+        model=SIM_MODEL,
+        current=current,
+        slo=SloTarget(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, target=target),
+        target="scenario:aiconfigurator-peer",
+        trace_desc=f"Poisson {rate_rps:.2f} req/s, {n} requests, ISL {isl} / OSL {osl} fixed",
+    )
+    t0 = time.perf_counter()
+    rec = recommend(inputs, SearchOptions(), progress=lambda m: print(f"  recommend: {m}", file=sys.stderr))
+    print(f"  phaselens recommend(): {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
+    return recommendation_row(rec, node="bench")
+
+
+def print_phaselens(
+    rec: dict[str, Any], osl: int, answer: PeerAnswer, same_search: tuple[float, float] | None = None
+) -> None:
+    """The phaselens column beside AIConfigurator's pick; ``same_search``: the goodput of its
+    layout by the table's own search (req/s, tokens/s/GPU), to compare like with like."""
+    c = phaselens_column(rec)
+    good = c["goodput_rps_per_gpu"]
+    trace = ((rec.get("details") or {}).get("inputs") or {}).get("trace") or {}
+    print(
+        f"phaselens recommend() on {trace.get('desc', 'the trace')} (simulated; confidence {c['confidence']}): {c['layout']}"
+    )
+    for label, value in (
+        ("goodput/GPU at the SLOs, req/s (tokens/s/GPU)", f"{_f(good, fmt='.3f')} ({_f(good, osl)})" if good else "—"),
+        ("tokens/s/GPU, tokens/s/user", f"{_f(c['tokens_per_s_per_gpu'])}, {_f(c['tokens_per_s_per_user'], fmt='.1f')}"),
+        ("TTFT p90 / TPOT p90, ms", f"{_f(c['ttft_p90_s'], 1e3)} / {_f(c['tpot_p90_s'], 1e3, '.1f')}"),
+        ("SLO attainment (whole trace)", _f(c["slo_attainment"], fmt=".1%")),
+        ("J/token (in+out)", _f(c["j_per_token"], fmt=".3f")),
+    ):  # fmt: skip
+        print(f"  {label:46}{value}")
+    if same_search is not None:
+        print(
+            f"  {'goodput by the table search (5 %), req/s (tok/s/GPU)':46}{same_search[0]:.2f} ({same_search[1]:,.0f})"
+        )
+    print(f"  rationale: {c['rationale']}")
+    chosen = answer.best[answer.chosen].layout
+    print(
+        f"  {PEER} picks {answer.chosen} {chosen}; phaselens "
+        + ("the same layout" if c["layout"] == chosen else f"{c['layout']} (they differ)")
+    )
 
 
 def main() -> int:
@@ -354,6 +414,9 @@ def main() -> int:
     ap.add_argument("--venv", type=Path, default=PEER_VENV, help=f"the peer's venv ({PEER_VENV.name})")
     ap.add_argument(
         "--rec-json", type=Path, default=None, help="a phaselens recommendation (JSON) to show beside"
+    )
+    ap.add_argument(
+        "--no-recommend", action="store_true", help="skip phaselens's recommend() for each question"
     )
     args = ap.parse_args()
     slo = SloSpec(ttft_s=args.ttft_ms / 1e3, tpot_s=args.tpot_ms / 1e3)
@@ -380,8 +443,27 @@ def main() -> int:
             for mode, peer in answer.best.items()
         }
         print(f"  goodput searches: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
-        # the lead plugs phaselens's recommend() for the same question here: rec = recommend(...)
-        print_question(isl, osl, answer, sims, slo, goodput, rec)
+        ours = rec
+        search = dict(isl=isl, osl=osl, n=args.requests, slo=slo)
+        if ours is None and not args.no_recommend:
+            picked = answer.best[answer.chosen]
+            ours = ask_phaselens(
+                isl, osl, picked.request_rate_rps, answer.best["agg"].layout, n=args.requests, slo=slo
+            )
+        if ours is not None:
+            mine = (ours.get("proposed") or {}).get("layout")
+            if mine:
+                goodput["phaselens"] = goodput_tokens_per_s_per_gpu(
+                    mine, start_rps=goodput[answer.chosen][0], **search
+                )
+        print_question(isl, osl, answer, sims, slo, goodput, ours)
+        if rec is None and not args.no_recommend:
+            # the same question at the load its pick sustains at the SLOs (the simulator's goodput)
+            rate = goodput[answer.chosen][0]
+            at_goodput = ask_phaselens(isl, osl, rate, answer.best["agg"].layout, n=args.requests, slo=slo)
+            mine = at_goodput["proposed"]["layout"]
+            again = goodput_tokens_per_s_per_gpu(mine, start_rps=rate, **search)
+            print_phaselens(at_goodput, osl, answer, again)
     return 0
 
 

@@ -1,7 +1,9 @@
 """The service API's layout recommendations (issue 22): ``GET /api/v1/recommendations[?status=]``
 (newest first, without details), ``GET /api/v1/recommendations/{id}`` (with details) and
 ``POST /api/v1/recommendations`` (make one now: a JSON body of
-``analytics.recommend.inputs.BODY_FIELDS``; the control token when the collector has one). The search
+``analytics.recommend.inputs.BODY_FIELDS``, or a stored window — ``since``, ``dataset``,
+``start_s``, ``end_s``, ``node``: phaselens/recommend_window.py — with the same SLO and budget
+fields; the control token when the collector has one). The search
 runs in a worker thread, one at a time: a POST while one runs gets 409. The row is written by the
 collector's writer thread (``Collector.submit``)."""
 
@@ -20,6 +22,8 @@ from analytics.recommend.records import (
     save_recommendation,
 )
 from analytics.recommend.search import SearchOptions
+from analytics.window import AnalyticsError
+from phaselens.recommend_window import is_window_body, recommend_window
 
 WRITE_TIMEOUT_S = 60.0
 
@@ -50,6 +54,14 @@ def add_recommend_routes(app: Any, collector: Any, error: Callable[..., Any]) ->
 
     def run(body: Any) -> dict[str, Any]:
         try:
+            if is_window_body(body):  # a stored window: trace, measured figures, layout from the store
+                return recommend_window(
+                    collector.store,
+                    body,
+                    serving_urls=collector.settings.serving_urls,
+                    node=collector.settings.node,
+                    submit=lambda write: collector.submit(write).result(timeout=WRITE_TIMEOUT_S),
+                )
             inputs, min_gain = inputs_from_body(body)
             rec = recommend(inputs, SearchOptions(min_gain_pct=min_gain))
             row = recommendation_row(rec, node=collector.settings.node)
@@ -76,7 +88,7 @@ def add_recommend_routes(app: Any, collector: Any, error: Callable[..., Any]) ->
             return error(409, "a recommendation is being made; retry when it is done (one runs at a time)")
         try:
             row = await asyncio.to_thread(run, body)
-        except RecommendError as e:
+        except AnalyticsError as e:  # RecommendError too: a bad field, an empty or unknown window
             return error(400, str(e), e.param)
         except Exception as e:  # the writer refused (stopping) or the store failed
             return error(503, f"the recommendation could not be made or stored: {type(e).__name__}: {e}")

@@ -123,11 +123,19 @@ def confidence(current_predicted: dict[str, Any], measured: dict[str, Any] | Non
     }
 
 
-def measured_from_store(con: Any, start_s: float, end_s: float, node: str | None = None) -> dict[str, float]:
+def measured_from_store(
+    con: Any, start_s: float, end_s: float, node: str | None = None, *, window: Any = None
+) -> dict[str, float]:
     """:func:`measured_figures` of the store's ``requests`` rows arriving in ``[start_s, end_s)``
-    (one ``node``, or all): what the current layout did over the window the trace was taken from."""
+    (one ``node``, or all; or the nodes of ``window``, an ``analytics.window.Window``: a live window
+    leaves the simulated scenarios' rows out): what the current layout did over the window the
+    trace was taken from."""
     where = "arrival_s >= ? AND arrival_s < ?" + (" AND node = ?" if node else "")
     params = [start_s, end_s, *([node] if node else [])]
+    if window is not None:
+        nodes, node_params = window.node_sql("node")
+        where += f" AND {nodes}"
+        params += node_params
     rows = con.execute(
         f"SELECT arrival_s, first_token_s, finish_s, output_tokens, status FROM requests WHERE {where}",
         params,

@@ -25,6 +25,7 @@ from analytics.workload.model import (
     Workload,
     log_edges,
 )
+from serving.trace import TraceRequest
 
 AUTO = "auto"
 #: pairs of (prompt, output) tokens kept from a requests window (a reservoir sample; the joint exactly)
@@ -347,3 +348,25 @@ def _prefix_reuse(
     for metric, value, _n in rows:
         return float(value), f"mean of the engines' {metric} gauge over the window"
     return None, "not known: the engines export no prefix-cache counters or hit-ratio gauge in the window"
+
+
+# -- the window's requests as a trace -------------------------------------------------------------
+
+_TRACE_SQL = """
+SELECT arrival_s, prompt_tokens, output_tokens FROM requests
+WHERE {nodes} AND arrival_s >= ? AND arrival_s < ? AND prompt_tokens > 0 AND output_tokens > 0
+ORDER BY arrival_s
+"""
+
+
+def requests_trace(con: duckdb.DuckDBPyConnection, window: Window) -> list[TraceRequest]:
+    """The window's requests as a trace to replay (``serving.trace.TraceRequest``, arrivals in seconds
+    from the window's first, in arrival order): each one's own arrival and token counts, so a
+    simulation of it sees the observed traffic itself. Requests without prompt and output tokens
+    (failed before a token) are left out, as from :func:`observe_requests`' lengths."""
+    nodes, params = window.node_sql("node")
+    rows = con.execute(_TRACE_SQL.format(nodes=nodes), [*params, window.start_s, window.end_s]).fetchall()
+    if not rows:
+        return []
+    t0 = float(rows[0][0])
+    return [TraceRequest(float(a) - t0, int(p), int(o)) for a, p, o in rows]

@@ -9,9 +9,10 @@ guard windows, rollback and audit as ``phaselens apply`` — when
 
 Every decision about a recommendation is an ``actions`` row: ``auto_apply`` (it was applied; the
 apply's own rows follow) or ``auto_apply_skip`` (why not), ``dry_run`` as the policy says; the same
-skip is not written again for the same recommendation. Re-recommending from the latest window is a
-hook (``recommend``: a callable that stores a fresh recommendation before each decision), wired by
-the service once the recommender exists.
+skip is not written again for the same recommendation. Before each decision the job re-recommends
+from the stack's latest window (``recommend``: a callable that stores a fresh recommendation;
+``phaselens collect --auto-apply`` wires ``phaselens.recommend_window.window_recommender``: the last
+``window_s`` of traffic, the policy's SLOs, a small search budget).
 """
 
 from __future__ import annotations
@@ -45,9 +46,18 @@ class AutoApplyPolicy:
     quiet_hours: tuple[int, int] | None = None  # UTC [start, end) hours, may wrap midnight
     dry_run: bool = False
     guard_s: float = DEFAULT_GUARD_S
+    # the re-recommendation before each decision: the last window_s of the stack's traffic, these SLOs
+    window_s: float = 600.0
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 30.0
 
     def check(self) -> None:
         """ValueError naming the policy flag out of range."""
+        if not 10 <= self.window_s <= 86_400:
+            raise ValueError(f"--auto-apply-window-s must be in [10, 86400], got {self.window_s:g}")
+        for flag, value in (("ttft", self.slo_ttft_ms), ("tpot", self.slo_tpot_ms)):
+            if not 0 < value <= 600_000:
+                raise ValueError(f"--auto-apply-slo-{flag}-ms must be in (0, 600000] ms, got {value:g}")
         if not 1 <= self.interval_s <= 86_400:
             raise ValueError(f"--auto-apply-interval-s must be in [1, 86400], got {self.interval_s:g}")
         if self.min_confidence not in CONFIDENCE:
@@ -74,6 +84,9 @@ class AutoApplyPolicy:
             "quiet_hours_utc": list(self.quiet_hours) if self.quiet_hours else None,
             "dry_run": self.dry_run,
             "guard_s": self.guard_s,
+            "window_s": self.window_s,
+            "slo_ttft_ms": self.slo_ttft_ms,
+            "slo_tpot_ms": self.slo_tpot_ms,
         }
 
 
@@ -165,10 +178,12 @@ class AutoApplyJob:
         """One decision: the newest proposed recommendation for a watched stack, applied or skipped
         (why); recorded as an ``actions`` row. ``wait``: run the apply here (tests)."""
         now = time.time() if now_s is None else now_s
+        fresh: dict[str, Any] = {}
         if self.recommend is not None:
             try:
-                self.recommend()
-            except Exception as e:
+                fresh["recommended"] = self.recommend()
+            except Exception as e:  # an empty window, a stack gone: decide on the stored ones
+                fresh["recommend_error"] = f"{type(e).__name__}: {e}"
                 log.warning("auto-apply: re-recommending failed: %s", e)
         rec = next((r for t in self.targets if (r := self.audit.newest_proposed(t)) is not None), None)
         if rec is None:
@@ -176,6 +191,7 @@ class AutoApplyJob:
                 "ts_s": now,
                 "decision": "none",
                 "reason": "no proposed layout recommendation for the stack",
+                **fresh,
             }
             return self.last
         rec_id = rec["recommendation_id"]
@@ -185,6 +201,7 @@ class AutoApplyJob:
             "recommendation_id": rec_id,
             "decision": "skip" if why else "apply",
             "reason": why,
+            **fresh,
         }
         p = self.policy
         if why is None:
@@ -256,6 +273,24 @@ def add_auto_apply_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--auto-apply-guard-s", type=float, default=d.guard_s, help="guard window after each step, s (30)"
     )
+    g.add_argument(
+        "--auto-apply-window-s",
+        type=float,
+        default=d.window_s,
+        help="before each decision, re-recommend from the stack's last this many s of traffic (600)",
+    )
+    g.add_argument(
+        "--auto-apply-slo-ttft-ms",
+        type=float,
+        default=d.slo_ttft_ms,
+        help="the re-recommendation's TTFT SLO (1000)",
+    )
+    g.add_argument(
+        "--auto-apply-slo-tpot-ms",
+        type=float,
+        default=d.slo_tpot_ms,
+        help="the re-recommendation's TPOT SLO (30)",
+    )
 
 
 def auto_apply_policy(args: argparse.Namespace) -> AutoApplyPolicy | None:
@@ -270,6 +305,9 @@ def auto_apply_policy(args: argparse.Namespace) -> AutoApplyPolicy | None:
         quiet_hours=parse_quiet_hours(args.auto_apply_quiet_hours),
         dry_run=args.auto_apply_dry_run,
         guard_s=args.auto_apply_guard_s,
+        window_s=args.auto_apply_window_s,
+        slo_ttft_ms=args.auto_apply_slo_ttft_ms,
+        slo_tpot_ms=args.auto_apply_slo_tpot_ms,
     )
     try:
         policy.check()

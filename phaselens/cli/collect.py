@@ -281,7 +281,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
     app = create_service_app(collector)
     if policy is not None:
-        enable_auto_apply(app, collector, policy)
+        from phaselens.recommend_window import window_recommender
+
+        enable_auto_apply(app, collector, policy, recommend=window_recommender(collector, policy))
         print(f"phaselens collect: auto-apply on: {policy.describe()}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     return 0

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from analytics.recommend.text import format_recommendation
+
 
 def add_recommend_command(sub: Any) -> None:
     """Register ``phaselens recommend``."""
@@ -28,8 +30,27 @@ def add_recommend_command(sub: Any) -> None:
             "is, and why) and the confidence. Every figure is simulated."
         ),
     )
-    p.add_argument("--layout", required=True, help="the current layout, e.g. agg:8xh100-sxm:tp2")
-    p.add_argument("--model", default="llama-3.1-70b", help="model shape (llama-3.1-70b)")
+    p.add_argument(
+        "--layout",
+        default=None,
+        help="the current layout, e.g. agg:8xh100-sxm:tp2 (required with a trace option; from a stored "
+        "window: read from the store unless given)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model shape (llama-3.1-70b; from a stored window: the scenario's, or the shape the stack's "
+        "emulated GPUs model)",
+    )
+    w = p.add_argument_group(
+        "a stored window (instead of a trace option): its observed requests are the trace, its measured "
+        "figures the confidence; the workload is stored and the layout, model and target read from the store"
+    )
+    w.add_argument(
+        "--since", default=None, help="the window before now (live: 1h) or before a scenario's end"
+    )
+    w.add_argument("--dataset", default=None, help="live, a scenario id, or latest (the newest scenario)")
+    w.add_argument("--node", action="append", default=None, help="only this node's rows (live; repeatable)")
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="TTFT SLO, ms (1000)")
     p.add_argument("--slo-tpot-ms", type=float, default=30.0, help="TPOT SLO, ms (30)")
     p.add_argument("--target", type=float, default=0.9, help="attainment to hold, (0, 1] (0.9)")
@@ -87,7 +108,7 @@ def _body(
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "layout": args.layout,
-        "model": args.model,
+        "model": args.model or "llama-3.1-70b",
         "slo_ttft_ms": args.slo_ttft_ms,
         "slo_tpot_ms": args.slo_tpot_ms,
         "slo_target": args.target,
@@ -106,11 +127,18 @@ def _body(
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Run ``phaselens recommend``; 2 on bad input, 1 when storing failed, else 0."""
     from analytics.recommend.inputs import RecommendError, inputs_from_body
-    from analytics.recommend.text import format_recommendation
     from serving.loadgen import build_trace, trace_option_error
 
     if args.db and args.collector:
         return _error("give --db FILE or --collector URL, not both")
+    if args.since is not None or args.dataset is not None:
+        return _from_window(args)
+    if args.node:
+        return _error("--node narrows a stored window: give --since or --dataset with it")
+    if not args.layout:
+        return _error(
+            "give the current layout (--layout, e.g. agg:8xh100-sxm:tp2), or a stored window (--since / --dataset)"
+        )
     message = trace_option_error(args)
     if message:
         return _error(message)
@@ -228,3 +256,110 @@ def _message(r: Any) -> str:
         return str(r.json().get("error", {}).get("message", r.text[:300]))
     except ValueError:
         return r.text[:300]
+
+
+_TRACE_FLAGS = ("trace", "poisson", "duration", "num_requests", "limit")
+
+
+def _from_window(args: argparse.Namespace) -> int:
+    """``phaselens recommend --since/--dataset``: the recommendation of a stored window, made and
+    stored through the collector (``--collector``) or on a store file (``--db``)."""
+    from analytics.window import AnalyticsError
+
+    if not (args.db or args.collector):
+        return _error(
+            "a stored window is read from --db FILE or through --collector URL (or $PHASELENS_API_URL)"
+        )
+    if args.measure_url:
+        return _error(
+            "--measure-url replays a trace; a stored window's measured figures are its own requests"
+        )
+    given = [f"--{k.replace('_', '-')}" for k in _TRACE_FLAGS if getattr(args, k, None) not in (None, False)]
+    if given:
+        return _error(f"give a stored window (--since/--dataset) or a trace ({given[0]}), not both")
+    measured = None
+    if args.measured is not None:
+        try:
+            measured = json.loads(args.measured.read_text())
+        except (OSError, ValueError) as e:
+            return _error(f"--measured {args.measured}: {e}")
+    body: dict[str, Any] = {
+        "since": args.since,
+        "dataset": args.dataset,
+        "node": args.node,
+        "layout": args.layout,
+        "model": args.model,
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_tpot_ms": args.slo_tpot_ms,
+        "slo_target": args.target,
+        "gpu_budget": args.gpu_budget,
+        "allowed_gpus": args.allow_gpu,
+        "fleet_gpus": args.fleet_gpus,
+        "min_gain_pct": args.min_gain_pct,
+        "target": args.target_name,
+        "measured": measured,
+    }
+    body = {k: v for k, v in body.items() if v is not None}
+    try:
+        if args.collector:
+            row = _through(args.collector, body, args.token)
+            where = f"stored by the collector: {args.collector.rstrip('/')}/api/v1/recommendations/{row['recommendation_id']}"
+        else:
+            row = _window_on_file(args, body)
+            where = f"stored in {args.db} as {row['recommendation_id']}"
+    except AnalyticsError as e:
+        return _error(str(e))
+    except _StoreFailed as e:
+        return _error(str(e), 1)
+    if args.json:
+        print(json.dumps(row, indent=1))
+    else:
+        print(format_window(row))
+        print(format_recommendation(row, all_candidates=args.all))
+        print(where)
+    return 0
+
+
+def format_window(row: dict[str, Any]) -> str:
+    """Where a window's recommendation came from: the window, the stored workload, the layout."""
+    from analytics.window import utc
+
+    inputs = row["details"]["inputs"]
+    how = inputs.get("from_window") or {}
+    win = inputs.get("window") or {}
+    lines = [
+        f"window: {how.get('dataset', '?')}, {utc(win['start_s'])} – {utc(win['end_s'], same_day_as=win['start_s'])}"
+        if win.get("start_s") is not None
+        else "window: ?",
+        f"trace: {how.get('trace', '?')} ({how.get('trace_trust', '?')})",
+        f"workload stored: {inputs.get('workload_id')} (observed), {how.get('synthesized_workload_id')} (synthesized)",
+        f"current layout: {inputs.get('current')} — {how.get('layout_from', '?')}",
+        f"model: {inputs.get('model')} — {how.get('model_from', 'given')}",
+    ]
+    if how.get("measured_note"):
+        lines.append(how["measured_note"])
+    return "\n".join(lines)
+
+
+def _window_on_file(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    from analytics.recommend.search import SearchOptions
+    from collector.store import Store, StoreError, StoreLockedError
+    from phaselens.recommend_window import recommend_window
+
+    if not Path(args.db).is_file():
+        raise _StoreFailed(f"--db {args.db}: no such store file")
+    try:
+        store = Store.open(args.db)
+    except StoreLockedError as e:
+        raise _StoreFailed(f"{e}; a running collector holds it: use --collector URL") from e
+    except StoreError as e:
+        raise _StoreFailed(str(e)) from e
+    try:
+        return recommend_window(
+            store,
+            body,
+            options=SearchOptions(workers=max(1, args.workers), slice_requests=max(10, args.slice_requests)),
+            progress=lambda m: print(m, file=sys.stderr),
+        )
+    finally:
+        store.close()

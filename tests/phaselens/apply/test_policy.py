@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from collector.store import Store
 from collector.store.updates import set_recommendation_status
 from phaselens.apply.audit import Audit
@@ -138,3 +140,52 @@ def test_collect_auto_apply_flags_are_off_by_default_and_checked() -> None:
             assert message in str(e), (argv, str(e))
         else:
             raise AssertionError(argv)
+
+
+def test_collect_auto_apply_re_recommends_from_the_stacks_latest_window(
+    stack: Server, tmp_path: Path, monkeypatch
+) -> None:
+    """``phaselens collect --auto-apply``: before each decision the job runs the recommender over the
+    watched stack's last window (its requests as the trace, its devices' roles as the current
+    layout, its measured figures as the confidence), stores the row and decides on it (dry run)."""
+    import httpx
+
+    from tests.collector.conftest import start_collector
+
+    reset_layout(stack)
+    monkeypatch.delenv("PHASELENS_CONTROL_TOKEN", raising=False)
+    proc, url = start_collector(
+        tmp_path / "c.duckdb", "--serving", stack.url, "--control-token", TOKEN, "--report-schedule", "off",
+        "--auto-apply", "--auto-apply-dry-run", "--auto-apply-interval-s", "3", "--auto-apply-window-s", "60",
+        "--auto-apply-min-confidence", "low", "--auto-apply-slo-ttft-ms", "5000", "--auto-apply-slo-tpot-ms", "500",
+    )  # fmt: skip
+    try:
+        with background_load(stack.url):
+            deadline = time.monotonic() + 120
+            while True:
+                state = httpx.get(f"{url}/api/v1/actions", timeout=10).json()["auto_apply"]
+                last = state.get("last_decision") or {}
+                if last.get("recommended"):
+                    break
+                assert time.monotonic() < deadline, state
+                time.sleep(0.5)
+        rid = last["recommended"]
+        assert last["recommendation_id"] == rid  # the decision is on the fresh recommendation
+        rec = httpx.get(f"{url}/api/v1/recommendations/{rid}", timeout=10).json()
+        inputs = rec["details"]["inputs"]
+        assert rec["target"] == f"stack:{stack.url}" and inputs["model"] == "llama-3.1-70b"
+        assert inputs["workload_id"].startswith("wl-")
+        assert inputs["window"]["end_s"] - inputs["window"]["start_s"] == pytest.approx(60.0)
+        assert (
+            rec["current"]["layout"].startswith("agg:2xh200:")
+            and "(2 mixed)" in inputs["from_window"]["layout_from"]
+        )
+        assert (
+            rec["details"]["measured"]["trust"] == "emulated" and rec["details"]["measured"]["requests"] >= 2
+        )
+        assert rec["details"]["confidence"]["level"] in ("high", "medium", "low")
+        assert roles(stack) == ["mixed", "mixed"]  # a dry run changes nothing
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reset_layout(stack)
