@@ -15,6 +15,7 @@ from pathlib import Path
 
 from collector.store import Store, iteration_seconds
 
+NODE = "bench"  # the node every row of the data carries
 GPUS = 64
 SAMPLES = 10_000_000
 REQUESTS = 1_000_000

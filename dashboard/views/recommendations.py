@@ -488,8 +488,11 @@ def _label(r: dict[str, Any]) -> str:
 def render() -> None:
     api = common.client()
     common.control_token_input()
+    recs: list[dict[str, Any]] | None = None
     with common.service_errors():
         recs = api.recommendations(limit=200)
+    if recs is None:  # the service refused or is down: said above (st.stop() does not stop a bare run)
+        return
     picked = next((r for r in recs if r["recommendation_id"] == st.session_state.get(PICK)), None)
     _make_form(picked or (recs[0] if recs else None))
     if not recs:

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.service import Collector, CollectorSettings
 from collector.store import Store
-from collector.store.synthetic import build, t0_ending_now
+from collector.store.synthetic import NODE, build, t0_ending_now
 from phaselens.metrics_counters import COUNTERS, REQUEST_SETTLE_S, Step, state_path
 from phaselens.metrics_export import BORN_HOLD_STEPS, MetricsExporter
 from phaselens.testing import start_collector
@@ -246,7 +246,7 @@ def test_counters_add_up_to_the_summary_of_the_span_they_counted(live: Live):
         params={
             "start_s": start,
             "end_s": _value(fams, "phaselens_counters_end_timestamp_seconds"),
-            "node": "bench",
+            "node": NODE,
         },
         timeout=120,
     ).json()
