@@ -46,7 +46,7 @@ def test_a_live_windows_replay_adds_the_measured_dispatch_delay(
     proc, url = start_collector(db, "--serving", stack.url, "--report-schedule", "off")
     try:
         time.sleep(1.0)  # subscribed to the stack's telemetry
-        trace = poisson_trace(3.0, 24, prompt_tokens=(64, 256), output_tokens=(8, 24), seed=7)
+        trace = poisson_trace(4.0, 20, prompt_tokens=(64, 256), output_tokens=(8, 24), seed=7)
         run_load(stack.url, trace, progress=False)
         deadline = time.monotonic() + 30
         while _stored_requests(url) < len(trace) and time.monotonic() < deadline:
@@ -78,7 +78,7 @@ def test_a_live_windows_replay_adds_the_measured_dispatch_delay(
     with_s = details["current_predicted"]["ttft_p90_s"]
     measured_s = details["measured"]["ttft_p90_s"]
     assert with_s > without_s  # the delay is in the stored replay
-    assert with_s - without_s == pytest.approx(delay_s, rel=0.5)
+    assert with_s - without_s == pytest.approx(delay_s, rel=0.5, abs=2e-3)  # queueing may shift it a little
     error_with = details["confidence"]["replay_error_pct"]["ttft_p90"]
     error_without = (without_s - measured_s) / measured_s * 100.0
     assert error_with == pytest.approx((with_s - measured_s) / measured_s * 100.0)
