@@ -5,8 +5,11 @@ serves a Poisson trace; while it does, ``phaselens.apply`` applies a recommendat
 (two drained role switches, a guard window of ``--guard-s`` after each). The recommendation's
 ``predicted`` figures come from the simulator set up like the emulated stack
 (``serving.sim.live_compare``: EMULATED_GPU, EMULATED_SHAPE, ENGINE_OPTIONS, the live engine's KV
-blocks, the front end's dispatch delay measured on a calibration run) running the same trace on
-1P1D, before anything changes. Compared over the last guard window (what the apply stores in its
+blocks, the front end's dispatch delay) running the same trace on 1P1D, before anything changes. The
+dispatch delay is measured as a stack window's recommendation measures it: a 20-request calibration run
+recorded by a real collector (``phaselens collect --serving``), then
+``analytics.recommend.window.window_dispatch_delay`` on that stored window (its ``requests`` and
+``iterations`` rows); it is stored in the row's ``details.inputs`` like the recommender's. Compared over the last guard window (what the apply stores in its
 ``realised`` row): goodput per GPU, output tokens/s per GPU, TTFT and TPOT p90, J/token (the
 emulated devices' energy counters).
 
@@ -24,6 +27,7 @@ window before the apply (its own prediction beside it). Results: docs/BENCHMARKS
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -34,14 +38,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import duckdb
+import httpx
+
+from analytics.reads import window_of
+from analytics.recommend.window import DispatchDelay, window_dispatch_delay
 from collector.store import Store
 from phaselens.apply.audit import Audit
 from phaselens.apply.guard import comparison_text, measure, realised_vs_predicted
 from phaselens.apply.runner import ApplyOptions, ApplyRun
 from phaselens.apply.testing import recommendation_row
+from phaselens.testing import start_collector
 from serving.config import preset
 from serving.loadgen import run_load
-from serving.sim.device_model import measured_dispatch_delay_s
 from serving.sim.layout import parse_layout
 from serving.sim.live_compare import (
     EMULATED_GPU,
@@ -49,7 +58,6 @@ from serving.sim.live_compare import (
     ENGINE_OPTIONS,
     kv_blocks_of,
     poisson,
-    run_live,
     serve_args_emulated,
     sim_energy_j,
     sim_request_events,
@@ -100,6 +108,34 @@ def window_metrics(result: Any, t0: float, w0: float, w1: float, gpus: int) -> d
     )
 
 
+def stored_dispatch_delay(url: str, rate: float, seed: int, n: int = 20) -> DispatchDelay:
+    """The front end's dispatch delay as a live window's recommendation measures it: ``n`` Poisson
+    requests recorded by a real collector into a store file, then ``window_dispatch_delay`` on it."""
+    with tempfile.TemporaryDirectory() as d:
+        db = Path(d) / "calibration.duckdb"
+        proc, api = start_collector(db, "--serving", url, "--report-schedule", "off")
+        try:
+            time.sleep(1.0)  # subscribed to the stack's telemetry
+            t0 = time.time()
+            run_load(url, poisson(rate, n, seed), progress=False)
+            t1 = time.time()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                got = httpx.get(f"{api}/api/v1/workload", params={"since": "10m"}, timeout=30).json()
+                if ((got.get("observed") or {}).get("request_count") or 0) >= n:
+                    break
+                time.sleep(0.5)
+            time.sleep(1.5)  # the last iterations flushed
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return window_dispatch_delay(con, window_of(con, {"start_s": t0 - 0.5, "end_s": t1 + 0.5}))
+        finally:
+            con.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals, req/s")
@@ -114,8 +150,9 @@ def main() -> int:
     try:
         warm_up(server.url)
         blocks = kv_blocks_of(server.url)
-        calib = run_live(server.url, poisson(args.rate, 20, args.seed + 1), settle_s=2.5)
-        dispatch_s = measured_dispatch_delay_s(calib.requests, calib.iterations) or 0.0
+        delay = stored_dispatch_delay(server.url, args.rate, args.seed + 1)
+        dispatch_s = delay.delay_s
+        print(f"dispatch delay of the stored calibration window: {json.dumps(delay.to_dict())}")
         trace = poisson(args.rate, n, args.seed)
         t_pred = time.time()
         pd = simulate("1p1d:", trace, blocks, dispatch_s, 0.0)
@@ -131,6 +168,7 @@ def main() -> int:
                 server.url, f"agg:2x{EMULATED_GPU}", f"1p1d:{EMULATED_GPU}", slo=SLO, predicted=predicted
             )
             row["details"]["current_predicted"] = current_predicted
+            row["details"]["inputs"] |= {"dispatch_delay_s": dispatch_s, "dispatch_delay": delay.to_dict()}
             store.append("recommendations", [row])
             store.flush()
             audit = Audit(store, "bench")

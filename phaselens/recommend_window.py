@@ -7,7 +7,8 @@ the window is observed (``phaselens.workload_api.run_workload``: analytics/workl
 the window's requests themselves (an external fleet's engine histograms: a trace synthesized from
 the observed workload, labelled estimated), the measured figures of the same window
 (``measured_from_store``) give the confidence, the current layout, model and target are read from
-the store (``analytics.recommend.window``) unless given. :func:`store_window_recommendation` stores
+the store (``analytics.recommend.window``) unless given, and so is a live stack window's dispatch delay
+(``window_dispatch_delay``: every simulation of the recommendation adds it to each arrival). :func:`store_window_recommendation` stores
 the observed workload (``workloads``) and the recommendation with its ``workload_id``, on the
 store's writer. :func:`recommend_window` is both, for a process holding the store.
 """
@@ -58,6 +59,7 @@ def body_from_window(
         live_layout,
         scenario_row,
         stack_target,
+        window_dispatch_delay,
         window_trace,
     )
     from analytics.workload import Workload
@@ -132,6 +134,11 @@ def body_from_window(
         how["measured_note"] = (
             "not measured per request: an external fleet's engine histograms carry no per-request latency"
         )
+    if rest.get("dispatch_delay_s") is None:
+        dd = window_dispatch_delay(con, window, synthesized=wt.synthesized)
+        rest["dispatch_delay_s"], how["dispatch_delay"] = dd.delay_s, dd.to_dict()
+    else:
+        how["dispatch_delay"] = {"how": "given"}
     out = rest | {
         "layout": layout,
         "model": model,
@@ -170,6 +177,7 @@ def store_window_recommendation(
     ids = save_workload(store, workload, node)
     inputs = row["details"]["inputs"]
     inputs["workload_id"] = ids["observed_id"]
+    inputs["dispatch_delay"] = how.get("dispatch_delay")
     inputs["from_window"] = how | {"synthesized_workload_id": ids["synthesized_id"]}
     return save_recommendation(store, row)
 

@@ -80,9 +80,12 @@ class Evaluation:
         return a == a and a >= target
 
 
-def simulate(layout: Layout, shape: ModelConfig, trace: Sequence[TraceRequest]) -> SimResult:
-    """Run ``trace`` on ``layout`` in virtual time, telemetry dropped."""
-    return Simulation(layout, shape, trace, on_batch=lambda b: None).run()
+def simulate(
+    layout: Layout, shape: ModelConfig, trace: Sequence[TraceRequest], *, dispatch_delay_s: float = 0.0
+) -> SimResult:
+    """Run ``trace`` on ``layout`` in virtual time, telemetry dropped; ``dispatch_delay_s``: the
+    live front end's delay before each arrival reaches the engine (``Simulation``'s)."""
+    return Simulation(layout, shape, trace, on_batch=lambda b: None, dispatch_delay_s=dispatch_delay_s).run()
 
 
 def _request_arrays(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
@@ -280,14 +283,15 @@ def run_slice(
     max_evals: int = 7,
     rel_tol: float = 0.1,
     max_rate_rps: float | None = None,
+    dispatch_delay_s: float = 0.0,
 ) -> SliceRun:
     """Simulate ``trace`` (a slice, from 0) on the layout at its own rate, then (``with_goodput``)
     search the goodput by scaling it: the first point of the sweep is that run. ``max_rate_rps``
     caps the rates tried (the layout's capacity bound: above it a finite slice can pass only
-    because its requests end before the queue builds)."""
+    because its requests end before the queue builds). ``dispatch_delay_s``: :func:`simulate`'s."""
     layout = parse_layout(layout_text)
     base_rate = (len(trace) - 1) / (trace[-1].arrival_s - trace[0].arrival_s)
-    first = evaluation_of(simulate(layout, shape, trace), slo, prices)
+    first = evaluation_of(simulate(layout, shape, trace, dispatch_delay_s=dispatch_delay_s), slo, prices)
     run = SliceRun(layout_text, first)
     if not with_goodput:
         return run
@@ -300,7 +304,8 @@ def run_slice(
         if rate == base_rate:
             return Measurement(rate, first.attainment)
         run.runs += 1
-        result = simulate(layout, shape, scale_arrivals(trace, rate_scale=rate / base_rate))
+        scaled = scale_arrivals(trace, rate_scale=rate / base_rate)
+        result = simulate(layout, shape, scaled, dispatch_delay_s=dispatch_delay_s)
         s = summarize(result, SloSpec(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s))
         return Measurement(rate, s.slo_attainment)
 

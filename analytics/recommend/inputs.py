@@ -69,6 +69,8 @@ class RecommendInputs:
     workload_id: str | None = None
     measured: dict[str, Any] | None = None
     trace_desc: str = ""
+    #: the live front end's dispatch delay added to every arrival of every simulation (a stack window's, measured)
+    dispatch_delay_s: float = 0.0
 
     # resolved by check()
     shape: ModelConfig | None = None
@@ -123,6 +125,11 @@ class RecommendInputs:
             raise RecommendError(
                 f"fleet_gpus must be a whole number >= 1, got {self.fleet_gpus!r}", "fleet_gpus"
             )
+        d = self.dispatch_delay_s
+        if isinstance(d, bool) or not isinstance(d, int | float) or not (math.isfinite(d) and 0 <= d <= 60):
+            raise RecommendError(
+                f"the dispatch delay must be a number of seconds in [0, 60], got {d!r}", "dispatch_delay_s"
+            )
         if len(self.trace) < 2:
             raise RecommendError(
                 f"the trace has {len(self.trace)} request(s): at least 2 are needed", "trace"
@@ -159,6 +166,7 @@ class RecommendInputs:
                 "pue": self.prices.pue,
             },
             "measured_given": self.measured is not None,
+            "dispatch_delay_s": self.dispatch_delay_s,
         }
 
 
@@ -199,6 +207,7 @@ BODY_FIELDS = {
     "min_gain_pct": "a change must gain more than this (10)",
     "target": "what it is for: stack:URL, scenario:ID or fleet:NAME (scenario:trace)",
     "measured": "figures measured on the current layout over the window (ttft_p90_s, tpot_p90_s, output_tokens_per_s)",
+    "dispatch_delay_s": "the front end's dispatch delay added to each arrival of the simulations, s (0; a stack window: measured)",
     "requests": "the trace inline: [[arrival_s, prompt_tokens, output_tokens], ...]",
     "poisson": "instead: Poisson arrivals at this rate, req/s (with num_requests, prompt_tokens, output_tokens, seed)",
     "num_requests": "with poisson (100)",
@@ -322,5 +331,6 @@ def inputs_from_body(body: Any) -> tuple[RecommendInputs, float]:
         workload_id=body.get("workload_id"),
         measured=measured,
         trace_desc=str(body.get("trace_desc") or desc),
+        dispatch_delay_s=_num(body, "dispatch_delay_s", 0.0),
     )
     return inputs, _num(body, "min_gain_pct", 10.0)

@@ -131,13 +131,15 @@ def busiest_slice(trace: Sequence[TraceRequest], n: int) -> list[TraceRequest]:
     return rebase(out)
 
 
-def _hour(args: tuple[str, ModelConfig, Sequence[TraceRequest], SloTarget, PriceTable]) -> Evaluation:
-    layout_text, shape, trace, slo, prices = args
-    return evaluation_of(simulate(parse_layout(layout_text), shape, trace), slo, prices)
+def _hour(args: tuple[str, ModelConfig, Sequence[TraceRequest], SloTarget, PriceTable, float]) -> Evaluation:
+    layout_text, shape, trace, slo, prices, delay_s = args
+    return evaluation_of(
+        simulate(parse_layout(layout_text), shape, trace, dispatch_delay_s=delay_s), slo, prices
+    )
 
 
 def _slice(args: tuple[Any, ...]) -> SliceRun:
-    layout_text, shape, trace, slo, prices, with_goodput, rel_tol, max_evals, max_rate = args
+    layout_text, shape, trace, slo, prices, with_goodput, rel_tol, max_evals, max_rate, delay_s = args
     return run_slice(
         layout_text,
         shape,
@@ -148,6 +150,7 @@ def _slice(args: tuple[Any, ...]) -> SliceRun:
         rel_tol=rel_tol,
         max_evals=max_evals,
         max_rate_rps=max_rate,
+        dispatch_delay_s=delay_s,
     )
 
 
@@ -216,6 +219,7 @@ class _Search:
                 o.goodput_rel_tol,
                 o.goodput_max_evals,
                 min(s.bound.rate_rps * BOUND_SLACK if s.bound else float("inf"), self.max_rate_rps),
+                self.inputs.dispatch_delay_s,
             )
             for s in items
         ]
@@ -334,7 +338,17 @@ class _Search:
 
     def hour(self, items: list[Scored]) -> None:
         items = [s for s in items if s.hour is None]
-        args = [(s.layout, self.shape, self.inputs.trace, self.slo, self.inputs.prices) for s in items]
+        args = [
+            (
+                s.layout,
+                self.shape,
+                self.inputs.trace,
+                self.slo,
+                self.inputs.prices,
+                self.inputs.dispatch_delay_s,
+            )
+            for s in items
+        ]
         for s, ev in zip(items, _map(_hour, args, self.opt.workers), strict=True):
             s.hour, s.stage = ev, "hour"
             self.sims += 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from analytics.recommend.inputs import fits
 from analytics.window import AnalyticsError, Window
@@ -241,3 +242,70 @@ def stack_target(con: duckdb.DuckDBPyConnection, window: Window) -> str | None:
     ).fetchall()
     urls = sorted({str(r[0]).rstrip("/") for r in rows})
     return f"stack:{urls[0]}" if len(urls) == 1 else None
+
+
+@dataclass(slots=True)
+class DispatchDelay:
+    """The front end's dispatch delay a window's simulations add to each arrival (``Simulation``
+    ``dispatch_delay_s``): measured on a live stack window, 0 for a scenario or an external fleet."""
+
+    delay_s: float
+    requests: int  # the requests it is the median of (those that found their worker idle)
+    scheduled: int  # the window's scheduled requests looked at
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "delay_s": self.delay_s,
+            "requests": self.requests,
+            "of_requests": self.scheduled,
+            "how": self.how,
+        }
+
+
+def window_dispatch_delay(
+    con: duckdb.DuckDBPyConnection, window: Window, *, synthesized: bool = False
+) -> DispatchDelay:
+    """The live front end's dispatch delay (router HTTP handling, tokenization, pipe to the worker)
+    over ``window``: ``serving.sim.device_model.measured_dispatch_delay_s`` on the window's
+    ``requests`` rows and its workers' ``iterations``. A scenario (its simulation has no front end)
+    or an external fleet (no per-request rows): 0, said so."""
+    from analytics.workload import dispatch_rows
+    from serving.sim.device_model import dispatch_delays_s
+
+    if window.simulated:
+        return DispatchDelay(0.0, 0, 0, "none: a simulated scenario (its simulation has no front end)")
+    if synthesized:
+        return DispatchDelay(
+            0.0, 0, 0, "none: an external fleet's engine histograms carry no per-request scheduling times"
+        )
+    requests = dispatch_rows(con, window)
+    nodes, params = window.node_sql("node")
+    # iterations from a little before the window: one running at its first arrival makes that worker busy
+    iterations = (
+        con.execute(
+            f"SELECT node || '/' || worker AS worker, start_s, end_s FROM iterations "
+            f"WHERE {nodes} AND end_s >= ? AND start_s < ?",
+            [*params, window.start_s, window.end_s],
+        )
+        .df()
+        .to_dict("records")
+    )
+    delays = sorted(dispatch_delays_s(requests, iterations))
+    if not delays:
+        return DispatchDelay(
+            0.0,
+            0,
+            len(requests),
+            f"none measured: of the window's {len(requests)} scheduled requests none found its worker idle "
+            "(or the window holds no iterations)",
+        )
+    delay = float(np.median(delays))
+    return DispatchDelay(
+        delay,
+        len(delays),
+        len(requests),
+        f"the median wait from arrival to first scheduling of the {len(delays)} of "
+        f"{len(requests)} requests that found their worker idle (the router's HTTP handling, tokenization and "
+        "pipe to the worker), added to every arrival of the simulations",
+    )

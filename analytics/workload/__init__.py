@@ -11,7 +11,13 @@ trace that follows it, and compared (drift). See docs/RECOMMENDATIONS.md, "Workl
 
 from analytics.workload.drift import Drift, workload_drift
 from analytics.workload.model import ENGINE_HISTOGRAMS, REQUESTS, TRACE, JointLengths, LengthStats, Workload
-from analytics.workload.observe import observe, observe_engine_histograms, observe_requests, requests_trace
+from analytics.workload.observe import (
+    dispatch_rows,
+    observe,
+    observe_engine_histograms,
+    observe_requests,
+    requests_trace,
+)
 from analytics.workload.synthesize import describe_trace, synthesize_trace, write_trace_csv
 
 __all__ = [
@@ -23,6 +29,7 @@ __all__ = [
     "LengthStats",
     "Workload",
     "describe_trace",
+    "dispatch_rows",
     "observe",
     "observe_engine_histograms",
     "observe_requests",

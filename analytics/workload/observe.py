@@ -370,3 +370,19 @@ def requests_trace(con: duckdb.DuckDBPyConnection, window: Window) -> list[Trace
         return []
     t0 = float(rows[0][0])
     return [TraceRequest(float(a) - t0, int(p), int(o)) for a, p, o in rows]
+
+
+_DISPATCH_SQL = """
+SELECT node || '/' || prefill_worker AS prefill_worker, arrival_s, first_scheduled_s FROM requests
+WHERE {nodes} AND arrival_s >= ? AND arrival_s < ? AND first_scheduled_s IS NOT NULL
+  AND prefill_worker IS NOT NULL
+"""
+
+
+def dispatch_rows(con: duckdb.DuckDBPyConnection, window: Window) -> list[dict[str, object]]:
+    """The window's scheduled requests as ``serving.sim.device_model.dispatch_delays_s`` takes them:
+    ``arrival_s``, ``first_scheduled_s`` and ``prefill_worker`` (``<node>/<worker>``: worker ids
+    repeat across nodes)."""
+    nodes, params = window.node_sql("node")
+    df = con.execute(_DISPATCH_SQL.format(nodes=nodes), [*params, window.start_s, window.end_s]).df()
+    return df.to_dict("records")

@@ -336,6 +336,11 @@ def format_window(row: dict[str, Any]) -> str:
         f"current layout: {inputs.get('current')} — {how.get('layout_from', '?')}",
         f"model: {inputs.get('model')} — {how.get('model_from', 'given')}",
     ]
+    delay = inputs.get("dispatch_delay") or {}
+    if inputs.get("dispatch_delay_s") is not None:
+        lines.append(
+            f"dispatch delay: {inputs['dispatch_delay_s'] * 1e3:.1f} ms — {delay.get('how', 'given')}"
+        )
     if how.get("measured_note"):
         lines.append(how["measured_note"])
     return "\n".join(lines)

@@ -291,6 +291,36 @@ class JitteredDeviceModel:
         return m.estimate(busy)
 
 
+def dispatch_delays_s(
+    request_events: Iterable[Mapping[str, Any]], iteration_events: Sequence[Mapping[str, Any]]
+) -> list[float]:
+    """``first_scheduled_s - arrival_s`` of each request that found its (prefill) worker idle — no
+    iteration of it running between the arrival and the request's first scheduling (see
+    :func:`measured_dispatch_delay_s`). Each request is one binary search over its worker's
+    iterations (sorted by start, with the running maximum of their ends), so an hour of a live
+    window's iterations stays cheap."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for ev in iteration_events:
+        spans.setdefault(str(ev.get("worker")), []).append((float(ev["start_s"]), float(ev["end_s"])))
+    index: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for worker, worker_spans in spans.items():
+        worker_spans.sort()
+        arr = np.asarray(worker_spans, dtype=float)
+        index[worker] = (arr[:, 0], np.maximum.accumulate(arr[:, 1]))
+    delays = []
+    for ev in request_events:
+        arrival, scheduled = ev.get("arrival_s"), ev.get("first_scheduled_s")
+        worker = str(ev.get("prefill_worker"))
+        if arrival is None or scheduled is None or worker not in index:
+            continue
+        starts, max_ends = index[worker]
+        # the iterations that started before the request's own iteration; busy when one ended after the arrival
+        k = int(np.searchsorted(starts, float(scheduled) - 1e-6, side="left"))
+        if k == 0 or max_ends[k - 1] <= float(arrival):
+            delays.append(float(scheduled) - float(arrival))
+    return delays
+
+
 def measured_dispatch_delay_s(
     request_events: Iterable[Mapping[str, Any]], iteration_events: Sequence[Mapping[str, Any]]
 ) -> float | None:
@@ -300,21 +330,5 @@ def measured_dispatch_delay_s(
     tokenization and pipe to the worker, not queueing. ``None`` when no request arrived at an idle
     worker. Its use: :class:`~serving.sim.simulator.Simulation` ``dispatch_delay_s=``.
     """
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for ev in iteration_events:
-        spans.setdefault(str(ev.get("worker")), []).append((float(ev["start_s"]), float(ev["end_s"])))
-    for worker_spans in spans.values():
-        worker_spans.sort()
-    delays = []
-    for ev in request_events:
-        arrival, scheduled = ev.get("arrival_s"), ev.get("first_scheduled_s")
-        worker = str(ev.get("prefill_worker"))
-        if arrival is None or scheduled is None or worker not in spans:
-            continue
-        starts = np.asarray([s for s, _ in spans[worker]])
-        ends = np.asarray([e for _, e in spans[worker]])
-        # an iteration that ended after the arrival and started before the request's own iteration
-        busy = np.any((ends > arrival) & (starts < scheduled - 1e-6))
-        if not busy:
-            delays.append(scheduled - arrival)
+    delays = dispatch_delays_s(request_events, iteration_events)
     return float(np.median(delays)) if delays else None

@@ -77,6 +77,7 @@ def test_recommend_on_a_stored_scenario_window(scenario_db, capsys, monkeypatch)
     assert f"trace: the 60 requests observed in {sid}" in out and "(simulated)" in out
     assert "current layout: agg:1xh100-sxm:max_num_batched_tokens=2048 — the layout the scenario ran" in out
     assert "model: llama-3.1-8b — the scenario's model" in out
+    assert "dispatch delay: 0.0 ms — none: a simulated scenario" in out
     rid = out.rsplit(" as ", 1)[1].strip()
     row, workloads = _stored(db, rid)
     inputs = row["details"]["inputs"]
@@ -86,6 +87,7 @@ def test_recommend_on_a_stored_scenario_window(scenario_db, capsys, monkeypatch)
         t1, abs=1e-3
     )
     assert inputs["trace"]["requests"] == 60 and inputs["model"] == "llama-3.1-8b"
+    assert inputs["dispatch_delay_s"] == 0 and inputs["dispatch_delay"]["requests"] == 0
     observed = [w for w in workloads if w[1] == "observed"]
     assert [w[0] for w in observed] == [inputs["workload_id"]] and observed[0][2:] == ("requests", 60)
     assert inputs["from_window"]["synthesized_workload_id"] in [
@@ -184,3 +186,4 @@ def test_an_external_fleets_window_gives_a_synthesized_trace_labelled_estimated(
     assert abs(inputs["trace"]["requests"] - len(trace)) < 0.15 * len(trace)
     assert row["details"]["measured"] is None and row["details"]["confidence"]["level"] == "low"
     assert "no per-request latency" in how["measured_note"] and inputs["workload_id"].startswith("wl-")
+    assert inputs["dispatch_delay_s"] == 0 and "none: an external fleet" in inputs["dispatch_delay"]["how"]

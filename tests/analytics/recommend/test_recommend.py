@@ -35,6 +35,8 @@ def _inputs(**kw):
         ({"slo": SloTarget(0.5, 0.02, 1.5)}, ["attainment target must be in (0, 1]"]),
         ({"current": "agg:1xh100-sxm:tp3"}, ["current layout"]),
         ({"trace": SHORT[:1]}, ["at least 2 are needed"]),
+        ({"dispatch_delay_s": -0.01}, ["dispatch delay must be a number of seconds in [0, 60]"]),
+        ({"dispatch_delay_s": float("nan")}, ["dispatch delay must be"]),
     ],
 )
 def test_bad_input_is_refused_naming_what_and_what_is_allowed(kw, words):
