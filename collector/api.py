@@ -113,6 +113,25 @@ def control_denied(request: Request, token: str | None) -> JSONResponse | None:
     return None
 
 
+async def control_post_body(
+    request: Request, token: str | None, example: str
+) -> dict[str, Any] | JSONResponse:
+    """A POST's JSON object body (an empty body is ``{}``), after the bearer check when the collector
+    has a control token; else the error response to send (401, or 400 naming what was wrong, with
+    ``example`` of a good body)."""
+    if token:
+        denied = control_denied(request, token)
+        if denied is not None:
+            return denied
+    try:
+        body = await request.json() if (await request.body()).strip() else {}
+    except ValueError as e:
+        return error_response(400, f"request body is not valid JSON: {e}")
+    if not isinstance(body, dict):
+        return error_response(400, f"request body must be a JSON object, e.g. {example}")
+    return body
+
+
 async def _import_path(request: Request) -> Path | JSONResponse:
     """The export directory named by an import request's JSON body, or the 400 saying what is wrong."""
     try:

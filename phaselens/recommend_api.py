@@ -73,17 +73,11 @@ def add_recommend_routes(app: Any, collector: Any, error: Callable[..., Any]) ->
             busy.release()
 
     async def make(request: Request) -> Any:
-        token = collector.settings.control_token
-        if token:
-            from collector.api import control_denied
+        from collector.api import control_post_body
 
-            denied = control_denied(request, token)
-            if denied is not None:
-                return denied
-        try:
-            body = await request.json()
-        except ValueError as e:
-            return error(400, f"request body is not valid JSON: {e}")
+        body = await control_post_body(request, collector.settings.control_token, '{"since": "1h"}')
+        if not isinstance(body, dict):
+            return body
         if not busy.acquire(blocking=False):
             return error(409, "a recommendation is being made; retry when it is done (one runs at a time)")
         try:

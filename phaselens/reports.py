@@ -534,19 +534,11 @@ def add_report_routes(
         )
 
     async def make_report(request: Request) -> Any:
-        token = collector.settings.control_token
-        if token:
-            from collector.api import control_denied
+        from collector.api import control_post_body
 
-            denied = control_denied(request, token)
-            if denied is not None:
-                return denied
-        try:
-            body = await request.json() if (await request.body()).strip() else {}
-        except ValueError as e:
-            return error(400, f"request body is not valid JSON: {e}")
+        body = await control_post_body(request, collector.settings.control_token, '{"since": "24h"}')
         if not isinstance(body, dict):
-            return error(400, 'request body must be a JSON object, e.g. {"since": "24h"}')
+            return body
         unknown = sorted(set(body) - _POST_FIELDS)
         if unknown:
             return error(

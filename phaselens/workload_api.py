@@ -163,19 +163,11 @@ def add_workload_routes(app: Any, collector: Any, error: Callable[..., Any]) -> 
     async def store_workload(request: Request) -> Any:
         """Observe and synthesize as GET does (a JSON body of its parameters) and store both
         descriptions in ``workloads``; needs the control token when the collector has one."""
-        from collector.api import control_denied
+        from collector.api import control_post_body
 
-        token = collector.settings.control_token
-        if token:
-            denied = control_denied(request, token)
-            if denied is not None:
-                return denied
-        try:
-            body = await request.json() if (await request.body()).strip() else {}
-        except ValueError as e:
-            return error(400, f"request body is not valid JSON: {e}")
+        body = await control_post_body(request, collector.settings.control_token, '{"since": "1h"}')
         if not isinstance(body, dict):
-            return error(400, 'request body must be a JSON object, e.g. {"since": "1h"}')
+            return body
         try:
             result = await asyncio.to_thread(compute, body)
         except AnalyticsError as e:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analytics.recommend.confidence import confidence
-from analytics.recommend.evaluate import metrics
+from analytics.recommend.evaluate import METRICS, metrics
 from analytics.recommend.inputs import RecommendInputs
 from analytics.recommend.search import Scored, SearchOptions, SearchResult
 
@@ -109,7 +109,7 @@ def candidate_rows(result: SearchResult, inputs: RecommendInputs, copies: float)
             "gpus": s.gpus,
             "gpu": s.gpu,
             "mode": s.mode,
-            **(_metrics(s, copies) or dict.fromkeys(_METRIC_KEYS)),
+            **(_metrics(s, copies) or dict.fromkeys(METRICS)),
             "meets_slo": s.meets(target),
             "bottleneck": ev.bottleneck if ev else None,
             "bottleneck_text": ev.bottleneck_text if ev else None,
@@ -120,23 +120,6 @@ def candidate_rows(result: SearchResult, inputs: RecommendInputs, copies: float)
         rows.append(row)
     _pareto(rows)
     return rows
-
-
-_METRIC_KEYS = (
-    "goodput_rps_per_gpu",
-    "output_tokens_per_s_per_gpu",
-    "output_tokens_per_s_per_user",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p90_s",
-    "tpot_p99_s",
-    "slo_attainment",
-    "usd_per_1m_tokens",
-    "j_per_token",
-    "usd_per_year",
-)
 
 
 def choose(inputs: RecommendInputs, result: SearchResult, options: SearchOptions) -> Recommendation:

@@ -48,6 +48,8 @@ def test_a_recommendation_is_stored_and_served(tmp_path, capsys):
             headers={"content-type": "application/json"},
         )
         assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
+        listed = httpx.post(f"{url}/api/v1/recommendations", json=["agg:1xh100-sxm"])
+        assert listed.status_code == 400 and "must be a JSON object" in listed.json()["error"]["message"]
         bad = httpx.post(f"{url}/api/v1/recommendations", json={"layout": "agg:1xb300", "poisson": 2})
         assert bad.status_code == 400 and "unknown GPU" in bad.json()["error"]["message"]
         # through the collector: the search runs there, the older proposal for the target is superseded
