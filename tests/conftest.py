@@ -190,6 +190,20 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _STOPPERS.pop(name)()
 
 
+# Streamlit's AppTest (tests/dashboard) sets sys.modules["__main__"] to the page script it ran and
+# leaves it there, also from module-scoped fixtures; a forkserver or spawn started later in this
+# process (the serving stack's workers) would re-run that page in every child before its own code.
+_REAL_MAIN = sys.modules["__main__"]
+
+
+@pytest.fixture(autouse=True)
+def _the_real_main_module() -> Iterator[None]:
+    """Put the process's own ``__main__`` back around every test (see _REAL_MAIN)."""
+    sys.modules["__main__"] = _REAL_MAIN
+    yield
+    sys.modules["__main__"] = _REAL_MAIN
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     """One demo for the session (started on first use; a test that stops it starts it again)."""

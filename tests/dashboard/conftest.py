@@ -4,8 +4,6 @@ a real store holding two simulated scenarios (``fleet``, tests/conftest.py)."""
 from __future__ import annotations
 
 import base64
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -92,16 +90,6 @@ class _BarParser(HTMLParser):
                 self.bar.labels[(self.row, what[4:])] += data
             if what:
                 return
-
-
-@pytest.fixture(autouse=True)
-def _keep_main_module() -> Iterator[None]:
-    """Streamlit's AppTest leaves ``sys.modules["__main__"]`` set to the page script it ran; a
-    forkserver or spawn started later in this pytest process (the serving stack's workers) would then
-    re-run that page in every child before its own code. Put the real one back after each test."""
-    main = sys.modules["__main__"]
-    yield
-    sys.modules["__main__"] = main
 
 
 def plotly_values(array: list | dict) -> list:

@@ -7,6 +7,7 @@ confidence) closer to the measured TTFT p90 than the same replay without it."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -31,10 +32,16 @@ from .conftest import reset_layout
 SLO = ["--slo-ttft-ms", "1000", "--slo-tpot-ms", "50", "--slice-requests", "30"]
 
 
-def _stored_requests(db_url: str) -> int:
+def _since(t0: float) -> str:
+    """A window reaching back just past ``t0``: the module's stack served other tests' requests
+    before, and a new collector stores what its telemetry ring still holds of them."""
+    return f"{math.ceil(time.time() - t0) + 1}s"
+
+
+def _stored_requests(db_url: str, t0: float) -> int:
     import httpx
 
-    body = httpx.get(f"{db_url}/api/v1/workload", params={"since": "5m"}, timeout=30).json()
+    body = httpx.get(f"{db_url}/api/v1/workload", params={"since": _since(t0)}, timeout=30).json()
     return int((body.get("observed") or {}).get("request_count") or 0)
 
 
@@ -47,16 +54,17 @@ def test_a_live_windows_replay_adds_the_measured_dispatch_delay(
     try:
         time.sleep(1.0)  # subscribed to the stack's telemetry
         trace = poisson_trace(4.0, 20, prompt_tokens=(64, 256), output_tokens=(8, 24), seed=7)
+        t0 = time.time() - 0.5
         run_load(stack.url, trace, progress=False)
         deadline = time.monotonic() + 30
-        while _stored_requests(url) < len(trace) and time.monotonic() < deadline:
+        while _stored_requests(url, t0) < len(trace) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _stored_requests(url) == len(trace)
+        assert _stored_requests(url, t0) == len(trace)
         time.sleep(1.5)  # the iterations' last batch flushed
     finally:
         stop_process(proc)
 
-    assert main(["recommend", "--db", str(db), "--since", "5m", *SLO, "--json"]) == 0
+    assert main(["recommend", "--db", str(db), "--since", _since(t0), *SLO, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     inputs, details = row["details"]["inputs"], row["details"]
     delay_s = inputs["dispatch_delay_s"]
@@ -85,6 +93,6 @@ def test_a_live_windows_replay_adds_the_measured_dispatch_delay(
     assert abs(error_with) < abs(error_without), (error_with, error_without, delay_s)
 
     # the text output says it
-    assert main(["recommend", "--db", str(db), "--since", "5m", *SLO]) == 0
+    assert main(["recommend", "--db", str(db), "--since", _since(t0), *SLO]) == 0
     out = capsys.readouterr().out
     assert f"dispatch delay: {delay_s * 1e3:.1f} ms — the median wait from arrival to first scheduling" in out
