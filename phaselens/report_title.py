@@ -4,7 +4,8 @@
   back as a layout string, ``analytics.recommend.window.layout_from_describe``), and its name;
 * live data: the bundled stack's layout from the workers' roles in the ``devices`` table at the
   window's end (``analytics.recommend.window.live_layout``: ``agg:2xh200``, ``1p1d:h200``); the
-  model where the request names it (the store does not hold the live model).
+  model, which the store does not hold, from the stack the collector polled in the window (its
+  ``/v1/devices``: the shape its emulated GPUs model), when it still answers.
 
 The window is written in UTC with its length: ``2026-12-05 10:00 – 11:00 UTC (1 h)``.
 """
@@ -41,8 +42,13 @@ def report_scope(con: Any, window: Any, model: str | None = None) -> dict[str, A
             full = None
         scope["layout_from"] = "the layout the scenario ran"
     else:
+        from analytics.recommend.window import stack_target
+        from phaselens.recommend_window import _stack_model as stack_model  # the stack's /v1/devices
         from serving.sim.live_compare import EMULATED_SHAPE
 
+        target = stack_target(con, window)  # the one stack the collector polled in the window
+        if model is None and target and target.startswith("stack:"):
+            scope["model"] = model = stack_model(target[6:])  # None when the stack is gone
         try:  # the model only checks that one worker's GPU holds it; the head is the roles' count
             full, _ = live_layout(con, window, model or EMULATED_SHAPE)
         except AnalyticsError as e:

@@ -283,3 +283,35 @@ def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path,
     assert main(["report", "--since", "24h", "--db", str(db)]) == 2
     assert "no such store file" in capsys.readouterr().err
     assert not db.parent.exists()
+
+
+def test_a_report_through_the_collector_of_a_live_stack_names_its_model_and_layout(tmp_path):
+    """A real disaggregated stack (1 prefill, 1 decode worker on emulated H100s modelling llama-3.1-8b)
+    polled by a real collector: the report's title names the model and the layout it reads."""
+    from serving.testing import start_server, stop_server
+
+    server = start_server(
+        "--mode", "disaggregated", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-8b"
+    )
+    proc = None
+    try:
+        proc, url = start_collector(
+            tmp_path / "l.duckdb", "--serving", server.url, "--report-schedule", "off"
+        )
+        deadline = time.monotonic() + 60
+        while True:  # the workers' GPUs with their roles, sampled
+            devices = httpx.get(f"{url}/api/v1/tables/devices").json()["rows"]
+            if {d.get("role") for d in devices} >= {"prefill", "decode"}:
+                break
+            assert time.monotonic() < deadline, devices
+            time.sleep(0.3)
+        made = httpx.post(f"{url}/api/v1/reports", json={"since": "5m"}, timeout=60)
+        assert made.status_code == 200, made.text
+        title = made.json()["title"]
+        assert title.startswith("Efficiency report · llama-3.1-8b on 1p1d:h100-sxm · live stack · "), title
+        assert title.endswith(" UTC (5 min)")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        stop_server(server)
