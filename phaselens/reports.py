@@ -53,6 +53,7 @@ from collector.report_limits import (
 )
 from dashboard.report_html import PLOTLY_MARKER, render_html, standalone_html
 from dashboard.report_html import utc_text as _utc
+from phaselens.report_title import report_scope, report_title
 
 __all__ = [  # the page itself is dashboard/report_html/; these names are imported from here
     "DEFAULT_SCHEDULES",
@@ -226,7 +227,10 @@ def build_report(con: Any, params: dict[str, Any], *, kind: str = MANUAL, title:
         error = f"the analytics summary failed: {type(e).__name__}: {e}"
     if summary is not None:
         summary |= _report_extras(con, fixed, summary, window)
-    title = title or _title(kind, params, start_s, end_s)
+    scope = _scope(con, window)
+    if summary is not None:
+        summary["scope"] = scope
+    title = title or report_title(kind, str(params.get("dataset") or "live"), scope, start_s, end_s)
     body = render_html(summary, title=title, error=error, start_s=start_s, end_s=end_s)
     return Report(uuid.uuid4().hex, kind, title, time.time(), start_s, end_s, body, summary, error, fixed)
 
@@ -267,15 +271,14 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
     return out
 
 
-def _title(kind: str, params: dict[str, Any], start_s: float | None, end_s: float | None) -> str:
-    dataset = params.get("dataset") or "live"
-    what = "Efficiency report" if kind == MANUAL else f"{kind.capitalize()} efficiency report"
-    scope = "" if dataset == "live" else f" · simulated scenario {dataset}"
-    same_day = start_s is not None and end_s is not None and _utc(start_s, "%Y%m%d") == _utc(end_s, "%Y%m%d")
-    short = same_day and _utc(start_s) == _utc(end_s)  # within a minute (a short scenario): seconds
-    first = _utc(start_s, "%Y-%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M")
-    last = _utc(end_s, "%H:%M:%S" if short else "%H:%M" if same_day else "%Y-%m-%d %H:%M")
-    return f"{what}{scope} · {first} – {last} UTC"
+def _scope(con: Any, window: Any) -> dict[str, Any]:
+    """The model and layout the report is of (``phaselens/report_title.py``); nothing known when
+    reading them fails (the report stands)."""
+    try:
+        return report_scope(con, window)
+    except Exception as e:
+        log.exception("report: the model and layout could not be read")
+        return {"model": None, "layout": None, "error": f"{type(e).__name__}: {e}"}
 
 
 def save_report(store: Any, report: Report, node: str, limits: ReportLimits | None = None) -> Pruned | None:

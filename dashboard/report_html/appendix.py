@@ -7,25 +7,22 @@ import json
 import math
 from typing import Any
 
+from dashboard.report_html.labels import field_label, field_unit, is_field_name
 from dashboard.report_html.text import badge, esc, utc_text
 
-_UNITS = {
-    "_pct": "%",
-    "_s": "s",
-    "_ms": "ms",
-    "_w": "W",
-    "_j": "J",
-    "_kwh": "kWh",
-    "_usd": "$",
-    "_mhz": "MHz",
-    "_bytes": "bytes",
-}
-_SHARE_PREFIXES = ("frac_", "share_")
 _ID_COLUMNS = ("pool", "role", "scope", "worker", "gpu", "model", "metric", "name")
 _TIME_COLUMNS = ("hour_s", "hour_start_s", "bucket_start_s", "start_s")
 _WIDE_COLUMNS = 10  # a table wider than this, with at most _SIDEWAYS_ROWS rows, is shown on its side
 _SIDEWAYS_ROWS = 12
 _MAX_TABLE_ROWS = 200
+_TIME_LABELS = {
+    "hour_s": "Hour (UTC)",
+    "hour_start_s": "Hour (UTC)",
+    "bucket_start_s": "Bucket start (UTC)",
+    "start_s": "Start (UTC)",
+    "end_s": "End (UTC)",
+    "ts_s": "Time (UTC)",
+}
 _APPENDIX_PARTS = ("phases", "idle", "bimodal", "cost", "annual", "latency")
 
 
@@ -131,7 +128,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def _row_label(row: dict[str, Any], i: int) -> str:
     parts = [
-        str(row[c])
+        str(row[c]).replace("_", " ") if is_field_name(str(row[c])) else str(row[c])  # pool_hour: pool hour
         for c in _ID_COLUMNS
         if isinstance(row.get(c), str | int) and not isinstance(row.get(c), bool)
     ]
@@ -146,19 +143,10 @@ def _is_table(v: Any) -> bool:
 
 
 def _humanize(key: str) -> str:
-    """``energy_per_token_j`` → ``Energy per token, J``; ``frac_idle`` → ``Idle, share``."""
-    text = str(key)
-    unit = ""
-    if text.startswith(_SHARE_PREFIXES):
-        text, unit = text.split("_", 1)[1], "share"
-    else:
-        for suffix, u in _UNITS.items():
-            if text.endswith(suffix) and len(text) > len(suffix):
-                text, unit = text[: -len(suffix)], u
-                break
-    text = text.replace("_", " ").strip()
-    text = text[:1].upper() + text[1:]
-    return f"{text}, {unit}" if unit else text
+    """A field's label with its unit (``labels.field_label``); a time column says UTC."""
+    if _TIME_LABELS.get(str(key)):
+        return _TIME_LABELS[str(key)]
+    return field_label(str(key))
 
 
 def _is_time(key: str, v: Any) -> bool:
@@ -178,14 +166,13 @@ def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
         return ("—" if v is None else str(v).lower()), False
     if _is_time(key, v):
         return utc_text(float(v), "%Y-%m-%d %H:%M:%S"), False
+    unit = field_unit(key) if key and isinstance(v, int | float) else None
+    if unit is not None and unit.scale != 1.0:
+        v = float(v) * unit.scale
     if isinstance(v, int):
         return f"{v:,}", True
     if isinstance(v, float):
-        if not math.isfinite(v):
-            return "—", False
-        a = abs(v)
-        text = f"{v:,.0f}" if a >= 1000 else f"{v:.3g}" if a >= 0.01 or a == 0 else f"{v:.2e}"
-        return text, True
+        return number_text(v), math.isfinite(v)
     if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
         return ", ".join(_fmt(x)[0] for x in v) or "—", False
     if isinstance(v, dict | list):
@@ -196,3 +183,16 @@ def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
 def _cell(v: Any, key: str = "") -> str:
     text, num = _fmt(v, key)
     return f'<td class="num">{esc(text)}</td>' if num else f"<td>{esc(text)}</td>"
+
+
+def number_text(v: float) -> str:
+    """A number for people: ``1,234``, ``9.06``, ``0.042``, ``< 0.001`` (never ``1.2e-05`` or
+    ``0.0000``), ``0``; ``—`` when not finite."""
+    if not math.isfinite(v):
+        return "—"
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a < 0.001:
+        return "< 0.001" if v > 0 else "> -0.001"
+    return f"{v:,.0f}" if a >= 1000 else f"{v:.3g}"

@@ -36,7 +36,7 @@ def header_html(summary: dict[str, Any], title: str, start_s: float | None, end_
         f"<h1>{esc(title)}</h1>",
         f'<p class="meta"><b>Window</b> {esc(range_text(start_s, end_s))} UTC'
         f"{esc(f' ({duration})' if duration else '')}"
-        f" · <b>data set</b> {esc(what)} · generated {esc(utc_text(time.time(), '%Y-%m-%d %H:%M'))} UTC"
+        f" · <b>data set</b> {esc(what)}{_scope_text(summary.get('scope') or {})} · generated {esc(utc_text(time.time(), '%Y-%m-%d %H:%M'))} UTC"
         " by phaselens</p>",
     ]
     if labels:
@@ -44,6 +44,17 @@ def header_html(summary: dict[str, Any], title: str, start_s: float | None, end_
     elif summary:
         out.append('<p class="meta">No trust labels: no analysis had data.</p>')
     return "".join(out)
+
+
+def _scope_text(scope: dict[str, Any]) -> str:
+    """`` · model M · layout L`` (the whole layout string) for what is known, escaped."""
+    out = ""
+    if scope.get("model"):
+        out += f" · <b>model</b> {esc(str(scope['model']))}"
+    layout = scope.get("layout_full") or scope.get("layout")
+    if layout:
+        out += f" · <b>layout</b> <code>{esc(str(layout))}</code>"
+    return out
 
 
 def headline_section(ov: dict[str, Any] | None) -> str:

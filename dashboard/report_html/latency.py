@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.report_html.charts import Page
-from dashboard.report_html.text import esc, ms_text, no_data_section, number_or_none, share_text
+from dashboard.report_html.text import esc, no_data_section, number_or_none, seconds_text, share_text
 
 _SLO_TARGET = 0.9  # DistServe's goodput target, as on the Latency page
 
@@ -41,10 +41,12 @@ def latency_section(page: Page, summary: dict[str, Any], simulated: bool) -> str
         if not p.get("n"):
             continue
         how = "from buckets (estimated)" if p.get("method") == "histogram" else "per request"
-        cells = "".join(f'<td class="num">{ms_text(p.get(f"{q}_s"))}</td>' for q in ("p50", "p90", "p99"))
+        cells = "".join(
+            f'<td class="num">{seconds_text(p.get(f"{q}_s"))}</td>' for q in ("p50", "p90", "p99")
+        )
         rows.append(
             f'<tr><td>{name}</td><td class="num">{int(p["n"]):,}</td>{cells}'
-            f'<td class="num">{ms_text(p.get("mean_s"))}</td><td>{how}</td></tr>'
+            f'<td class="num">{seconds_text(p.get("mean_s"))}</td><td>{how}</td></tr>'
         )
     if rows:
         out.append(

@@ -69,6 +69,8 @@ def duration_text(seconds: float | None) -> str:
         return f"{seconds / 86400:g} d"
     if seconds >= 3600 and seconds % 3600 == 0:
         return f"{seconds / 3600:g} h"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.3g} h"
     if seconds >= 120:
         return f"{seconds / 60:.0f} min"
     return f"{seconds:.0f} s"
@@ -110,10 +112,18 @@ def share_text(v: Any) -> str:
     return "—" if x is None else f"{x:.1%}"
 
 
-def ms_text(v: Any) -> str:
-    """Seconds as milliseconds to read: ``1,234 ms``, ``12.5 ms``, ``—`` when unknown."""
+def seconds_text(v: Any) -> str:
+    """A time span to read, in the unit that fits it: ``9.06 s`` (not 9,063 ms), ``420 ms``,
+    ``12.5 ms``, ``2.5 min``, ``1.5 h``; ``—`` when unknown."""
     x = number_or_none(v)
     if x is None:
         return "—"
+    a = abs(x)
+    if a >= 2 * 3600:
+        return f"{x / 3600:.3g} h"
+    if a >= 120:
+        return f"{x / 60:.3g} min"
+    if a >= 1:
+        return f"{x:.3g} s"
     ms = x * 1000
-    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
+    return f"{ms:.0f} ms" if abs(ms) >= 100 else f"{ms:.3g} ms"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -283,3 +284,23 @@ def test_a_summary_without_report_keys_still_renders_its_headline():
     }
     body = render_html(summary, title="old")
     assert "No data in this window" in body and "no GPU time in the window" in body
+
+
+def test_the_title_names_the_model_the_layout_and_the_window(made, store_file):
+    report, *_, empty = made
+    with Store.open(store_file, read_only=True) as store, store.reader() as cur:
+        model = cur.execute("SELECT model FROM scenarios").fetchone()[0]
+    assert report.title.startswith(f"Efficiency report · {model} on 1p1d:h100-sxm · simulated scenario ")
+    assert report.title.endswith(" s)") and " UTC (" in report.title  # the window and its length
+    assert report.summary["scope"]["layout"] == "1p1d:h100-sxm" and report.summary["scope"]["model"] == model
+    # a live window without the stack's workers says what it knows: no model, no layout
+    assert empty.title == "Efficiency report · live stack · 2023-11-14 22:13 – 23:13 UTC (1 h)"
+
+
+def test_the_appendix_labels_every_field_with_words_and_units(made):
+    report, *_ = made
+    appendix = report.body.split("Appendix: the detailed tables")[1].split('id="report-json"')[0]
+    labels = set(re.findall(r"<th>([^<]*)</th>", appendix)) | set(re.findall(r"<h[3-6]>([^<]*)</h", appendix))
+    assert {"TTFT p99 (s)", "Energy, decode (J)", "Decode (%)", "Output tokens per second"} <= labels, labels
+    assert [lb for lb in labels if "_" in lb or "j " in lb.lower() or lb.lower().endswith(" j")] == []
+    assert re.search(r"<td class=\"num\">[\d.]+ (s|ms)</td>", report.body)  # latency cells carry their unit

@@ -4,6 +4,7 @@ made, listed and served by a real collector (`phaselens report`, the scheduler a
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 
@@ -206,6 +207,73 @@ def test_report_on_a_store_file_covers_the_whole_scenario(tmp_path, capsys):
     assert "No trend against a previous period: the previous period would start before the scenario" in page
     assert main(["report", "--dataset", "nope", "--db", str(db)]) == 2
     assert "unknown data set" in capsys.readouterr().err
+    # its title names the model and the layout it ran, and the window in UTC with its length
+    with Store.open(db, read_only=True) as store:
+        (title, model, start_s) = store.query(
+            "SELECT r.title, s.model, s.start_s FROM reports r, scenarios s"
+        ).values[0]
+    assert model and f"{model} on agg:1xh100-sxm · simulated scenario " in title, title
+    assert f"{datetime.fromtimestamp(start_s, UTC):%Y-%m-%d %H:%M:%S} – " in title
+    assert title.endswith(" s)") and " UTC (" in title
+    assert f"<b>model</b> {model} · <b>layout</b> <code>agg:1xh100-sxm" in page
+    # the appendix: labels with their units, no field name
+    appendix = page.split("Appendix: the detailed tables")[1].split('id="report-json"')[0]
+    labels = set(re.findall(r"<th>([^<]*)</th>", appendix)) | set(re.findall(r"<h[3-6]>([^<]*)</h", appendix))
+    assert {"TTFT p90 (s)", "Energy, prefill (J)", "Cost per 1M tokens ($)"} <= labels, sorted(labels)
+    assert not [lb for lb in labels if "_" in lb or "j " in lb.lower() or lb.endswith(" j")]
+    assert "e-0" not in appendix and "0.0000" not in appendix  # no 1.2e-05, no rows of 0.0000
+
+
+def test_a_live_report_is_titled_by_the_stacks_layout(tmp_path):
+    """The live title reads the bundled stack's layout from the workers' roles on their GPUs (the
+    rows a collector stores from the stack's /v1/devices: 1 prefill and 1 decode worker)."""
+    from phaselens.reports import build_report
+
+    end_s = float(int(time.time()))
+    start_s = end_s - 3600
+    db = tmp_path / "live.duckdb"
+    with Store.open(db) as store:
+        devices, samples = [], []
+        for i, role in enumerate(("prefill", "decode")):
+            key = {"node": "n1", "source": "emulated", "device": "emulated:h200", "index": i}
+            devices.append(key | {"since_s": start_s, "emulated": True, "worker": f"w{i}", "role": role,
+                                  "name": "NVIDIA H200 (emulated)", "uuid": f"GPU-{i}"})  # fmt: skip
+            samples += [key | {"ts_s": t, "emulated": True} for t in (start_s + 10, end_s - 5)]
+        store.append("devices", devices)
+        store.append("gpu_samples", samples)
+        store.flush()
+        with store.reader() as cur:
+            report = build_report(cur, {"dataset": "live", "start_s": start_s, "end_s": end_s})
+    day = datetime.fromtimestamp(start_s, UTC)
+    assert report.title.startswith("Efficiency report · layout 1p1d:h200 · live stack · "), report.title
+    assert report.title.endswith(" UTC (1 h)") and f"{day:%Y-%m-%d %H:%M} – " in report.title
+    assert report.summary is not None and report.summary["scope"]["layout"] == "1p1d:h200"
+
+
+def test_time_spans_read_in_the_unit_that_fits():
+    from dashboard.report_html.text import duration_text, seconds_text
+
+    assert seconds_text(9.063) == "9.06 s"  # not 9,063 ms
+    assert seconds_text(0.42) == "420 ms" and seconds_text(0.0125) == "12.5 ms"
+    assert seconds_text(150) == "2.5 min" and seconds_text(5400) == "90 min" and seconds_text(9000) == "2.5 h"
+    assert seconds_text(None) == "—" and seconds_text(float("nan")) == "—"
+    assert duration_text(3600) == "1 h" and duration_text(427) == "7 min" and duration_text(14) == "14 s"
+    assert duration_text(5.5 * 3600) == "5.5 h"
+
+
+def test_field_names_read_as_labels_with_units():
+    from dashboard.report_html.appendix import number_text
+    from dashboard.report_html.labels import field_label, field_unit
+
+    assert field_label("energy_j_prefill") == "Energy, prefill (J)"
+    assert field_label("ttft_p90_s") == "TTFT p90 (s)"
+    assert field_label("frac_idle") == "Idle (%)" and field_unit("frac_idle").scale == 100
+    assert field_label("e2e_ms") == "End-to-end (s)" and field_unit("e2e_ms").scale == 1e-3
+    assert field_label("output_tokens_per_s") == "Output tokens per second"
+    assert field_label("j_per_token") == "Energy per token (J)"
+    assert field_label("energy_kwh") == "Energy (kWh)"
+    assert field_label("NVIDIA H200") == "NVIDIA H200"  # an identifier used as a key stays as it is
+    assert number_text(0.00001) == "< 0.001" and number_text(0.0) == "0" and number_text(9063.2) == "9,063"
 
 
 def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path, capsys):
@@ -215,3 +283,35 @@ def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path,
     assert main(["report", "--since", "24h", "--db", str(db)]) == 2
     assert "no such store file" in capsys.readouterr().err
     assert not db.parent.exists()
+
+
+def test_a_report_through_the_collector_of_a_live_stack_names_its_model_and_layout(tmp_path):
+    """A real disaggregated stack (1 prefill, 1 decode worker on emulated H100s modelling llama-3.1-8b)
+    polled by a real collector: the report's title names the model and the layout it reads."""
+    from serving.testing import start_server, stop_server
+
+    server = start_server(
+        "--mode", "disaggregated", "--device", "emulated:h100-sxm", "--emulate-shape", "llama-3.1-8b"
+    )
+    proc = None
+    try:
+        proc, url = start_collector(
+            tmp_path / "l.duckdb", "--serving", server.url, "--report-schedule", "off"
+        )
+        deadline = time.monotonic() + 60
+        while True:  # the workers' GPUs with their roles, sampled
+            devices = httpx.get(f"{url}/api/v1/tables/devices").json()["rows"]
+            if {d.get("role") for d in devices} >= {"prefill", "decode"}:
+                break
+            assert time.monotonic() < deadline, devices
+            time.sleep(0.3)
+        made = httpx.post(f"{url}/api/v1/reports", json={"since": "5m"}, timeout=60)
+        assert made.status_code == 200, made.text
+        title = made.json()["title"]
+        assert title.startswith("Efficiency report · llama-3.1-8b on 1p1d:h100-sxm · live stack · "), title
+        assert title.endswith(" UTC (5 min)")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        stop_server(server)
