@@ -94,9 +94,23 @@ def _busy_text(fig: dict[str, Any]) -> str | None:
     return f"{fig.get('busy_label') or 'tokens/s while serving (busy time)'}: {value} ({fig.get('busy_basis') or ''})"
 
 
+#: the tiles' labels, short enough for a quarter of a 1280 px page (the analytics' own, longer label
+#: opens the tile's help): the unit is in the value, or in the label where the value is a bare number
+TILE_LABELS = {
+    "output_tokens_per_s": "Output tokens/s",
+    "usd_per_1m_tokens": "$ per 1M tokens, all in",
+    "usd_per_request": "$ per request",
+    "j_per_output_token": "J per output token",
+    "stranded_share": "Stranded GPU-time",
+    "host_bound_share": "Host-bound GPU-time",
+    "idle_share": "Idle GPU-time",
+    "slo_attainment": "SLO attainment",
+}
+
+
 def tile_value(key: str, value: float | None) -> str:
     """A tile's value, short enough for a quarter of a 1280 px page: the unit is in the tile's label
-    (``Output tokens/s (window average)``: ``1,218``, not ``1,218 tokens/s``, cut to "1,218 toke…")."""
+    (``Output tokens/s``: ``1,218``, not ``1,218 tokens/s``, cut to "1,218 toke…")."""
     text = figures.figure_text(key, value)
     return text.removesuffix(" tokens/s") if key == "output_tokens_per_s" else text
 
@@ -123,11 +137,12 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
     busy = _busy_text(fig)
     if busy:
         help_lines.insert(1, busy)
+    help_lines.insert(0, f"**{fig['label']}**")  # the figure's full name
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
         help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
         st.metric(
-            fig["label"],
+            TILE_LABELS.get(key, fig["label"]),
             tile_value(key, value),
             delta=figures.delta_text(fig),
             delta_color="normal" if fig.get("higher_is_better") else "inverse",
