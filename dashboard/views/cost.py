@@ -97,9 +97,8 @@ def _price_controls(defaults: dict[str, Any], fleet_gpus: int) -> dict[str, Any]
 
 
 INDUSTRY_CAPTION = (
-    "Industry $ per 1M output: the GPU-hour price ÷ output tokens per GPU-hour × 10⁶ — GPU time only, no "
-    "energy, input tokens free — the per-token figure GPU-cloud and inference-benchmark write-ups quote; "
-    "computed here from the window's GPU-hours (prices below) and its output tokens."
+    "Industry $ per 1M output: GPU $ per hour ÷ output tokens per GPU-hour × 10⁶ — GPU time only, as GPU "
+    "clouds and inference benchmarks quote it; from this window's GPU-hours at the GPU price under Prices used."
 )
 #: the window must hold at least this many clock hours for the per-hour cost chart to say anything
 MIN_HOURS_FOR_CHART = 3
@@ -182,6 +181,8 @@ def _category_table(total: dict[str, Any]) -> None:
     rows = []
     for c in figures.cost_categories(total):
         usd = total.get(f"cost_usd_{c}")
+        if not total.get(f"{c}_s") and not total.get(f"energy_j_{c}") and not usd:
+            continue  # a category without a GPU-second in the window: no row of zeros
         rows.append(
             {
                 "Category": figures.COST_LABELS[c],
@@ -217,7 +218,8 @@ def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[st
     hours = len({r.get("hour_start_s") for r in by_hour})
     if hours < MIN_HOURS_FOR_CHART:
         start_s, end_s = sel.window()
-        span = f"{(end_s - start_s) / 60:,.0f}-minute "
+        d = end_s - start_s
+        span = f"{d:,.0f}-second " if d < 120 else f"{d / 60:,.0f}-minute "
         st.info(
             f"Cost over time: the cost is priced per clock hour, and this {span}window lies in {hours} clock "
             f"hour{'s' if hours != 1 else ''} — too few bars to show a trend (it takes {MIN_HOURS_FOR_CHART}). "

@@ -15,7 +15,7 @@ from analytics.overview import headline
 from dashboard import figures
 from tests.conftest import Fleet
 from tests.dashboard.conftest import APP
-from tests.dashboard.views.conftest import DISAGG, open_page
+from tests.dashboard.views.conftest import DISAGG, open_page, texts
 
 
 def _analyze(fleet: Fleet, dataset: str) -> dict:
@@ -86,3 +86,6 @@ def test_cost_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
     energy = list(at.dataframe[0].value["Energy"])  # shown as "Energy at the GPU, kWh"
     # issue 25: rows of 0.0000 kWh; a category's sliver of energy reads "< 0.001", none reads 0
     assert "< 0.001" in energy and not [v for v in energy if v.startswith("0.000")]
+    categories = list(at.dataframe[0].value["Category"])
+    assert "unsampled (no samples)" not in categories  # no GPU-second of it here: no row of zeros
+    assert "Cost over time: the cost is priced per clock hour, and this " in texts(at)

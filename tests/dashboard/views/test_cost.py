@@ -59,7 +59,7 @@ def test_the_stack_by_pool_sums_to_the_total(dashboard_env: Fleet):
     assert "other busy" not in {r for r in at.dataframe[0].value["Category"]}  # no external GPU here
     text = texts(at)
     assert "Prices used" in text and "Mercatus" in text and "EIA" in text  # the price sources
-    assert "Industry $ per 1M output: the GPU-hour price ÷ output tokens per GPU-hour" in text
+    assert "Industry $ per 1M output: GPU $ per hour ÷ output tokens per GPU-hour × 10⁶" in text
     gpus = len({(r["node"], r["gpu"]) for r in cost["by_gpu"]})
     assert f"on {gpus} H100 80GB HBM3s at this profile" in text  # the annual sentence: the GPUs observed
 
