@@ -15,7 +15,8 @@ from analytics.overview import headline
 from dashboard import figures
 from tests.conftest import Fleet
 from tests.dashboard.conftest import APP
-from tests.dashboard.views.conftest import DISAGG, open_page, texts
+from tests.dashboard.conftest import plotly_values as _values
+from tests.dashboard.views.conftest import DISAGG, figures_of, open_page, texts
 
 
 def _analyze(fleet: Fleet, dataset: str) -> dict:
@@ -73,6 +74,14 @@ def test_latency_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
     e2e = lat["percentiles"]["e2e"]["p50_s"]
     assert e2e >= 1.0  # a long request: the table reads it in s, not thousands of ms
     assert table.loc["End to end", "p50"] == f"{e2e:,.2f} s"
+    chart = figures_of(at)[0]
+    traces = {t["name"]: t for t in chart["data"]}
+    for name, key in (("TPOT p99", "tpot_p99_s"), ("TTFT p90", "ttft_p90_s")):
+        want = [r[key] * 1000 for r in lat["over_time"] if isinstance(r[key], int | float)]
+        got = _values(traces[name]["y"])
+        assert [g for g in got if isinstance(g, float) and g == g] == pytest.approx(
+            [w for w in want if w > 0]
+        )
 
 
 def test_cost_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
@@ -83,6 +92,10 @@ def test_cost_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
     assert shown["Cost of the window"] == figures.usd_text(total["cost_usd"])
     assert shown["Per 1M tokens, all in"] == figures.usd_text(total["usd_per_1m_tokens"])
     assert shown["Industry $ per 1M output"] == figures.usd_text(total["industry_usd_per_1m_output"])
+    pools = next(f for f in figures_of(at) if f["layout"]["title"]["text"].startswith("Where the money goes"))
+    bars = [_values(t["y"]) for t in pools["data"] if t["type"] == "bar"]
+    by_pool = [sum(col[i] for col in bars) for i in range(len(bars[0]))]
+    assert by_pool == pytest.approx([r["cost_usd"] for r in analyzed["parts"]["cost"]["by_pool"]])
     energy = list(at.dataframe[0].value["Energy"])  # shown as "Energy at the GPU, kWh"
     # issue 25: rows of 0.0000 kWh; a category's sliver of energy reads "< 0.001", none reads 0
     assert "< 0.001" in energy and not [v for v in energy if v.startswith("0.000")]
