@@ -1,7 +1,8 @@
 """The overview's headline figures: two analytics summaries (a window and the period of the same
 length before it) turned into the figures a person reads in ten seconds, each with its trend,
 its unit and its trust labels, plus where the GPU time goes and one sentence saying where the money
-goes ("38 % of decode GPU-time is stranded compute: $41k/yr at this fleet size").
+goes ("38.0 % of GPU-time is stranded (...): $41k/yr at this fleet size", the stranded tile's
+value on the tile's base).
 
 Pure: :func:`overview` takes the JSON form of two summaries (``analytics.summary.Summary.to_dict``,
 what ``GET /api/v1/analytics/summary`` answers) and returns JSON. A figure that cannot be computed
@@ -223,31 +224,25 @@ def _money(usd: float) -> str:
     return f"${usd:,.0f}"
 
 
-# (cost category, share numerator column(s), share denominator column(s), "of what", "is what")
+# (waste kind, its cost categories, the headline figure (tile) whose share it states, "is what"):
+# the sentence states the tile's own value, so the two read the same number on the same base
 _WASTE = (
     (
-        "stranded_decode",
-        ("stranded_decode_s",),
-        ("decode_s", "stranded_decode_s"),
-        "decode GPU-time",
-        "stranded compute",
+        "stranded",
+        ("stranded_decode", "stranded_prefill"),
+        "stranded_share",
+        "stranded (busy, with the compute or the memory bandwidth idle)",
     ),
-    (
-        "stranded_prefill",
-        ("stranded_prefill_s",),
-        ("prefill_s", "stranded_prefill_s"),
-        "prefill GPU-time",
-        "stranded memory bandwidth",
-    ),
-    ("host_bound", ("host_bound_s",), _SECONDS, "GPU-time", "host-bound (the GPU waits on the host)"),
-    ("idle", ("idle_s",), _SECONDS, "GPU-time", "idle"),
+    ("host_bound", ("host_bound",), "host_bound_share", "host-bound (the GPU waits on the host)"),
+    ("idle", ("idle",), "idle_share", "idle"),
 )
 
 
 def money_sentence(summary: dict[str, Any] | None, fleet_gpus: int | None = None) -> dict[str, Any]:
-    """Where the money goes: the waste category (stranded decode compute, stranded prefill
-    bandwidth, host-bound, idle) that costs most a year at ``fleet_gpus`` GPUs (default: the GPUs
-    observed), its share of the GPU-time it belongs to, and one sentence saying so."""
+    """Where the money goes: the waste kind (stranded, host-bound, idle) that costs most a year at
+    ``fleet_gpus`` GPUs (default: the GPUs observed), its share of GPU-time — the value of its
+    headline tile (``figure``), on the same base: all GPU-seconds of the window (those with a
+    stranded/host-bound split for those two) — and one sentence saying so."""
     total = _cost_total(summary) if summary is not None else None
     if total is None:
         why = _why_missing(summary, "cost") if summary is not None else "no data: no summary"
@@ -257,26 +252,43 @@ def money_sentence(summary: dict[str, Any] | None, fleet_gpus: int | None = None
     if not fleet:
         return {"sentence": None, "no_data": "no data: no GPU observed in the window"}
     per_year = _annual(summary, total, fleet)  # type: ignore[arg-type]
+    tiles = headline(summary)
     scale_note = "at this fleet size" if fleet_gpus else "at the observed fleet size"
-    best: tuple[float, tuple[str, ...], float] | None = None
-    for cat, num, den, of, what in _WASTE:
-        usd = per_year.get(cat)
-        d = sum(_num(total.get(c)) or 0.0 for c in den)
-        if d <= 0:
-            continue
-        share = sum(_num(total.get(c)) or 0.0 for c in num) / d
+    best: tuple[float, str, str, str, float, float | None] | None = None
+    for kind, cats, figure, what in _WASTE:
+        share = tiles[figure][0]
+        usds = [per_year.get(c) for c in cats]
+        usd = None if any(u is None for u in usds) else sum(usds)  # type: ignore[arg-type]
         rank = usd if usd is not None else -1.0
-        if share > 0 and (best is None or rank > best[0]):
-            best = (rank, (cat, of, what), share)
+        if share is not None and share > 0 and (best is None or rank > best[0]):
+            best = (rank, kind, figure, what, share, usd)
     base = {"fleet_gpus": fleet, "observed_gpus": observed, "usd_per_year": per_year, "no_data": None}
     if best is None:
         sentence = "No GPU-time in this window is stranded, host-bound or idle."
-        return base | {"category": None, "share": 0.0, "of": None, "usd": None, "sentence": sentence}
-    rank, (cat, of, what), share = best
-    usd = per_year.get(cat)
+        return base | {
+            "category": None,
+            "figure": None,
+            "share": 0.0,
+            "of": None,
+            "usd": None,
+            "sentence": sentence,
+        }
+    _rank, kind, figure, what, share, usd = best
     cost = f"{_money(usd)}/yr {scale_note} ({fleet:,} GPUs)" if usd is not None else "no price for this GPU"
-    sentence = f"{100 * share:.0f} % of {of} is {what}: {cost}."
-    return base | {"category": cat, "share": share, "of": of, "usd": usd, "sentence": sentence}
+    sentence = f"{share_text(share)} of GPU-time is {what}: {cost}."
+    return base | {
+        "category": kind,
+        "figure": figure,
+        "share": share,
+        "of": "GPU-time",
+        "usd": usd,
+        "sentence": sentence,
+    }
+
+
+def share_text(share: float) -> str:
+    """A share as the Overview's tiles print it (``64.7 %``): the sentence and its tile agree."""
+    return f"{100 * share:.1f} %"
 
 
 def _delta(value: float | None, previous: float | None) -> tuple[float | None, float | None]:

@@ -35,11 +35,22 @@ def _times(
     return [pd.Timestamp(as_float(r.get(key)) + shift_s, unit="s") for r in rows]
 
 
-def _span(x: Sequence[pd.Timestamp], window_s: tuple[float, float] | None) -> tuple[Any, Any] | None:
-    """The x range of a time chart: the window when given, else the data's."""
-    if window_s is not None:
+def _span(
+    x: Sequence[pd.Timestamp], window_s: tuple[float, float] | None, bucket_s: float | None = None
+) -> tuple[Any, Any] | None:
+    """The x range of a time chart, fitted to the data: the first bucket's start to the last one's
+    end (x holds bucket middles), never wider than ``window_s`` (a live hour whose data fills its last
+    minutes is not drawn as an empty hour); the window when there is no data."""
+    if not x:
+        if window_s is None:
+            return None
         return pd.Timestamp(window_s[0], unit="s"), pd.Timestamp(window_s[1], unit="s")
-    return (min(x), max(x)) if x else None
+    half = pd.Timedelta(seconds=(bucket_s or 0.0) / 2)
+    lo, hi = min(x) - half, max(x) + half
+    if window_s is not None:
+        lo = max(lo, pd.Timestamp(window_s[0], unit="s"))
+        hi = min(hi, pd.Timestamp(window_s[1], unit="s"))
+    return lo, hi
 
 
 def log_ticks(lo: float, hi: float, *, most: int = 10) -> list[float] | None:
@@ -64,16 +75,19 @@ def latency_over_time_figure(
     bucket_s: float | None = None,
     window_s: tuple[float, float] | None = None,
 ) -> go.Figure:
-    """TTFT (top) and inter-token latency (bottom) p50 / p90 / p99 per time bucket (at the bucket's
-    middle), in ms, over ``window_s`` (log axes where a row spans a decade), with the SLOs as dashed lines (the TPOT SLO bounds
-    the mean gap, drawn against ITL for scale)."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1)
+    """TTFT (top), time per output token (middle) and inter-token latency (bottom) p50 / p90 / p99
+    per time bucket (at the bucket's middle), in ms, over the data's span within ``window_s`` (log
+    axes where a row spans a decade), each SLO as a dashed line on the one metric it bounds: the TTFT
+    SLO on TTFT, the TPOT SLO (a request's mean gap between tokens) on TPOT. ITL — single gaps, whose
+    p99 may sit far above a met TPOT SLO — has no SLO line."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07)
     x = _times(over_time, shift_s=(bucket_s or 0.0) / 2)
-    span = _span(x, window_s)
-    values: dict[int, list[float]] = {1: [], 2: []}
+    span = _span(x, window_s, bucket_s)
+    values: dict[int, list[float]] = {1: [], 2: [], 3: []}
     for row, metric, name, colour, slo in (
         (1, "ttft", "TTFT", TTFT_COLOUR, slo_ttft_s),
-        (2, "itl", "ITL", ITL_COLOUR, slo_tpot_s),
+        (2, "tpot", "TPOT", ITL_COLOUR, slo_tpot_s),
+        (3, "itl", "ITL", ITL_COLOUR, None),
     ):
         for p, dash in PERCENTILE_DASH.items():
             y = [_positive(as_float(r.get(f"{metric}_p{p}_s")) * 1000) for r in over_time]
@@ -94,7 +108,7 @@ def latency_over_time_figure(
             )
         if slo and span:
             values[row].append(slo * 1000)
-            what = "TTFT SLO" if metric == "ttft" else "TPOT SLO"
+            what = f"{name} SLO"
             # a trace, not a shape: a shape's y on a log axis is in log units
             fig.add_trace(
                 go.Scatter(
@@ -109,7 +123,7 @@ def latency_over_time_figure(
                 col=1,
             )
     # a log axis (powers of ten) when the row's values and SLO span more than a decade, else linear
-    for row, name in ((1, "TTFT, ms"), (2, "inter-token latency, ms")):
+    for row, name in ((1, "TTFT, ms"), (2, "TPOT, ms"), (3, "inter-token latency, ms")):
         v = values[row]
         if v and max(v) >= 10 * min(v):
             ticks = log_ticks(min(v), max(v))
@@ -119,9 +133,9 @@ def latency_over_time_figure(
             fig.update_yaxes(title_text=name, rangemode="tozero", row=row, col=1)
     if span:
         fig.update_xaxes(range=list(span))
-    fig.update_xaxes(title_text=time_axis_title(simulated), row=2, col=1)
+    fig.update_xaxes(title_text=time_axis_title(simulated), row=3, col=1)
     per = f" (per {bucket_s:g} s of arrivals)" if bucket_s else ""
-    apply_layout(fig, f"Latency percentiles over time{per}", height=560, legend_y=-0.14)
+    apply_layout(fig, f"Latency percentiles over time{per}", height=720, legend_y=-0.1)
     fig.update_layout(hovermode="x unified")
     return label_figure(fig, labels)
 
@@ -137,9 +151,9 @@ def attainment_over_time_figure(
     window_s: tuple[float, float] | None = None,
 ) -> go.Figure:
     """The share of requests meeting both SLOs per time bucket (bars a bucket wide, green at or above
-    the target, red below) over ``window_s``, the target as a dashed line."""
+    the target, red below) over the data's span within ``window_s``, the target as a dashed line."""
     x = _times(over_time, shift_s=(bucket_s or 0.0) / 2)
-    span = _span(x, window_s)
+    span = _span(x, window_s, bucket_s)
     shares = [as_float(r.get("attainment")) * 100 for r in over_time]
     colours = [
         PHASE_COLOURS["decode"] if s == s and s >= target * 100 else UTIL_COLOUR if s == s else "#cccccc"

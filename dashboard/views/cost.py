@@ -96,6 +96,16 @@ def _price_controls(defaults: dict[str, Any], fleet_gpus: int) -> dict[str, Any]
     return params
 
 
+INDUSTRY_CAPTION = (
+    "Industry $ per 1M output: GPU $ per hour ÷ output tokens per GPU-hour × 10⁶ — GPU time only, as GPU "
+    "clouds and inference benchmarks quote it; from this window's GPU-hours at the GPU price under Prices used."
+)
+#: the window must hold at least this many clock hours for the per-hour cost chart to say anything
+MIN_HOURS_FOR_CHART = 3
+#: an energy below this reads "< 0.001 kWh" in the table, never 0.0000
+MIN_KWH = 0.001
+
+
 def _headline(total: dict[str, Any]) -> None:
     """The figures that compare layouts and periods first, then the per-side split."""
     c1, c2, c3, c4 = st.columns(4)
@@ -118,6 +128,7 @@ def _headline(total: dict[str, Any]) -> None:
         figures.usd_text(total.get("industry_usd_per_1m_output")),
         help="GPU $/h ÷ (output tokens/s × 3600) × 10⁶: GPU time only, no energy, no split",
     )
+    st.caption(INDUSTRY_CAPTION)
     d1, d2, d3, _ = st.columns(4)
     d1.metric(
         "Blended 3:1, per 1M tokens",
@@ -170,11 +181,13 @@ def _category_table(total: dict[str, Any]) -> None:
     rows = []
     for c in figures.cost_categories(total):
         usd = total.get(f"cost_usd_{c}")
+        if not total.get(f"{c}_s") and not total.get(f"energy_j_{c}") and not usd:
+            continue  # a category without a GPU-second in the window: no row of zeros
         rows.append(
             {
                 "Category": figures.COST_LABELS[c],
                 "GPU time": (total.get(f"{c}_s") or 0.0) / 3600.0,
-                "Energy": (total.get(f"energy_j_{c}") or 0.0) / 3.6e6,
+                "Energy": kwh_text((total.get(f"energy_j_{c}") or 0.0) / 3.6e6),
                 "Cost": usd,
                 "Share": 100.0 * usd / cost if isinstance(usd, int | float) and cost > 0 else None,
             }
@@ -185,10 +198,40 @@ def _category_table(total: dict[str, Any]) -> None:
         width="stretch",
         column_config={
             "GPU time": st.column_config.NumberColumn("GPU time, GPU-hours", format="%.4f"),
-            "Energy": st.column_config.NumberColumn("Energy at the GPU, kWh", format="%.4f"),
+            "Energy": st.column_config.TextColumn("Energy at the GPU, kWh"),
             "Cost": st.column_config.NumberColumn("Cost, US $", format="$%.4f"),
             "Share": st.column_config.NumberColumn("Share of cost", format="%.1f %%"),
         },
+    )
+
+
+def kwh_text(kwh: float) -> str:
+    """Energy in kWh for the table: ``0.0421``, ``< 0.001`` (never a row of 0.0000), ``0`` for none."""
+    if kwh <= 0:
+        return "0"
+    return f"< {MIN_KWH:g}" if kwh < MIN_KWH else f"{kwh:,.4f}"
+
+
+def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[str]) -> None:
+    """The cost per clock hour, when the window holds enough clock hours to chart; else why not."""
+    by_hour = cost.get("by_hour") or []
+    hours = len({r.get("hour_start_s") for r in by_hour})
+    if hours < MIN_HOURS_FOR_CHART:
+        start_s, end_s = sel.window()
+        d = end_s - start_s
+        span = f"{d:,.0f}-second " if d < 120 else f"{d / 60:,.0f}-minute "
+        st.info(
+            f"Cost over time: the cost is priced per clock hour, and this {span}window lies in {hours} clock "
+            f"hour{'s' if hours != 1 else ''} — too few bars to show a trend (it takes {MIN_HOURS_FOR_CHART}). "
+            "The pool chart and the table below split the window's cost.",
+            icon=":material/schedule:",
+        )
+        return
+    st.plotly_chart(
+        figures.cost_over_time_figure(by_hour, labels=labels, simulated=sel.simulated),
+        width="stretch",
+        key="cost_hour",
+        config={"displaylogo": False},
     )
 
 
@@ -238,12 +281,7 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
             config={"displaylogo": False},
         )
     with right:
-        st.plotly_chart(
-            figures.cost_over_time_figure(cost.get("by_hour") or [], labels=labels, simulated=sel.simulated),
-            width="stretch",
-            key="cost_hour",
-            config={"displaylogo": False},
-        )
+        _cost_over_time(cost, sel, labels)
     if pools is not None:
         st.caption(
             "The pool chart shows the selected pools; totals, hours and the projection cover every GPU."

@@ -23,9 +23,13 @@ TARGET = 0.9  # DistServe's goodput target
 
 
 def _ms(v: Any) -> str:
+    """A latency in seconds as a person reads it: ms below a second (``85.2 ms``, ``420 ms``), s from
+    a second up (``9.06 s``, not ``9,063 ms``)."""
     if not isinstance(v, int | float) or math.isnan(v):
         return "—"
     ms = v * 1000
+    if ms >= 1000:
+        return f"{v:,.2f} s" if v < 100 else f"{v:,.0f} s"
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
 
 
@@ -169,6 +173,9 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
         config={"displaylogo": False},
     )
     st.caption(
+        "Each SLO is drawn on the metric it bounds: TTFT on TTFT, TPOT (a request's mean time per output "
+        "token) on TPOT. Inter-token latency is every single gap between tokens, with no SLO line: its p99 "
+        "may sit above the TPOT SLO while every request meets it. "
         "Requests are counted in the bucket they arrived in; a request that failed misses the SLO. "
         "The pool and GPU filters do not apply here: latency is per request, over the whole data set."
     )

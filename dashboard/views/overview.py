@@ -94,6 +94,34 @@ def _busy_text(fig: dict[str, Any]) -> str | None:
     return f"{fig.get('busy_label') or 'tokens/s while serving (busy time)'}: {value} ({fig.get('busy_basis') or ''})"
 
 
+#: the tiles' labels, short enough for a quarter of a 1280 px page (the analytics' own, longer label
+#: opens the tile's help): the unit is in the value, or in the label where the value is a bare number
+TILE_LABELS = {
+    "output_tokens_per_s": "Output tokens/s",
+    "usd_per_1m_tokens": "$ per 1M tokens, all in",
+    "usd_per_request": "$ per request",
+    "j_per_output_token": "J per output token",
+    "stranded_share": "Stranded GPU-time",
+    "host_bound_share": "Host-bound GPU-time",
+    "idle_share": "Idle GPU-time",
+    "slo_attainment": "SLO attainment",
+}
+
+
+def tile_value(key: str, value: float | None) -> str:
+    """A tile's value, short enough for a quarter of a 1280 px page: the unit is in the tile's label
+    (``Output tokens/s``: ``1,218``, not ``1,218 tokens/s``, cut to "1,218 toke…")."""
+    text = figures.figure_text(key, value)
+    return text.removesuffix(" tokens/s") if key == "output_tokens_per_s" else text
+
+
+def no_trend_text(tiles: dict[str, Any]) -> str:
+    """Why no tile has a trend, once, in words: a whole scenario has no earlier period of its length."""
+    why = next((f.get("previous_no_data") for f in tiles.values() if f.get("previous_no_data")), None)
+    why = str(why or "no previous period").removeprefix("no data: ")
+    return f"No trend shown: {why}."
+
+
 def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> None:
     value = fig.get("value")
     previous = fig.get("previous")
@@ -109,12 +137,13 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
     busy = _busy_text(fig)
     if busy:
         help_lines.insert(1, busy)
+    help_lines.insert(0, f"**{fig['label']}**")  # the figure's full name
     if key == "j_per_output_token" and fig.get("j_per_input_token") is not None:
         help_lines.append(f"Per input token: {figures.figure_text(key, fig['j_per_input_token'])}")
     with col:
         st.metric(
-            fig["label"],
-            figures.figure_text(key, value),
+            TILE_LABELS.get(key, fig["label"]),
+            tile_value(key, value),
             delta=figures.delta_text(fig),
             delta_color="normal" if fig.get("higher_is_better") else "inverse",
             help="\n\n".join(help_lines),
@@ -156,9 +185,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
         st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
         common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
     any_previous = any(f.get("previous") is not None for f in tiles.values())
-    if not any_previous:
-        why = next((f.get("previous_no_data") for f in tiles.values() if f.get("previous_no_data")), None)
-        st.caption(f"No trend: {why or 'no previous period'}")
+    if not any_previous:  # no delta on any tile: said once, with the reason, not "no data" per tile
+        st.caption(no_trend_text(tiles))
     for row in TILE_ROWS:
         cols = st.columns(len(row))
         for col, key in zip(cols, row, strict=True):

@@ -136,18 +136,29 @@ def test_unsampled_time_is_its_own_share_not_idle():
     assert headline(s)["idle_share"] == (pytest.approx(20.0 / 250.0), None)
 
 
+STRANDED = "stranded (busy, with the compute or the memory bandwidth idle)"
+
+
 def test_money_sentence_at_a_fleet_size():
     m = money_sentence(_summary(), fleet_gpus=10)
-    # scale = 10 GPUs × 3600 × 8760 / 200 GPU-s = 1,576,800; stranded decode $0.02 → $31,536 a year
-    assert m["category"] == "stranded_decode"
-    assert m["usd"] == pytest.approx(31_536.0)
-    assert m["share"] == pytest.approx(0.40)  # 40 of 100 decode GPU-seconds
-    assert (
-        m["sentence"] == "40 % of decode GPU-time is stranded compute: $32k/yr at this fleet size (10 GPUs)."
-    )
-    observed = money_sentence(_summary())  # the 2 GPUs observed: $6,307
-    assert observed["fleet_gpus"] == 2 and observed["usd"] == pytest.approx(6307.2)
-    assert observed["sentence"].endswith("$6.3k/yr at the observed fleet size (2 GPUs).")
+    # scale = 10 GPUs × 3600 × 8760 / 200 GPU-s = 1,576,800; stranded $0.02 + $0.005 → $39,420 a year
+    assert m["category"] == "stranded" and m["figure"] == "stranded_share"
+    assert m["usd"] == pytest.approx(39_420.0)
+    assert m["share"] == pytest.approx(0.25)  # 50 of all 200 GPU-seconds: the tile's base
+    assert m["sentence"] == f"25.0 % of GPU-time is {STRANDED}: $39k/yr at this fleet size (10 GPUs)."
+    observed = money_sentence(_summary())  # the 2 GPUs observed: $7,884
+    assert observed["fleet_gpus"] == 2 and observed["usd"] == pytest.approx(7884.0)
+    assert observed["sentence"].endswith("$7.9k/yr at the observed fleet size (2 GPUs).")
+
+
+def test_the_sentence_states_its_tiles_value_on_the_tiles_base():
+    """Issue 25: the headline said "40 % of decode GPU-time" beside a 25 % stranded tile."""
+    for s in (_summary(), _summary(usd={"stranded_decode": 0.0, "stranded_prefill": 0.0, "host_bound": 1.0,
+                                        "idle": 0.0, "prefill": 0.0, "decode": 0.0})):  # fmt: skip
+        out = overview(s, None, fleet_gpus=4)
+        money, tile = out["money"], out["figures"][out["money"]["figure"]]
+        assert money["share"] == tile["value"]
+        assert money["sentence"].startswith(f"{100 * tile['value']:.1f} % of GPU-time is ")
 
 
 def test_money_sentence_uses_the_annual_part_of_that_fleet():
@@ -159,7 +170,7 @@ def test_money_sentence_uses_the_annual_part_of_that_fleet():
     m = money_sentence(s, fleet_gpus=64)
     assert m["category"] == "host_bound" and m["usd"] == 3.0e6
     assert m["sentence"] == (
-        "15 % of GPU-time is host-bound (the GPU waits on the host): $3.0M/yr at this fleet size (64 GPUs)."
+        "15.0 % of GPU-time is host-bound (the GPU waits on the host): $3.0M/yr at this fleet size (64 GPUs)."
     )
 
 
@@ -167,7 +178,7 @@ def test_unpriced_gpu_says_so_instead_of_a_dollar_figure():
     usd = {"prefill": None, "decode": None, "stranded_prefill": None, "stranded_decode": None}
     m = money_sentence(_summary(usd=usd | {"host_bound": None, "idle": None}), fleet_gpus=4)
     assert m["usd"] is None
-    assert m["sentence"] == "40 % of decode GPU-time is stranded compute: no price for this GPU."
+    assert m["sentence"] == f"25.0 % of GPU-time is {STRANDED}: no price for this GPU."
 
 
 def test_empty_window_is_no_data_never_zero():

@@ -190,12 +190,12 @@ def test_usd_text(usd, text):
 
 
 OVER_TIME = [
-    {"bucket_start_s": 0.0, "requests": 4, "met": 4, "attainment": 1.0, "ttft_p50_s": 0.01, "ttft_p90_s": 0.05, "ttft_p99_s": 0.1, "itl_p50_s": 0.008, "itl_p90_s": 0.009, "itl_p99_s": 0.02},
-    {"bucket_start_s": 1.0, "requests": 5, "met": 2, "attainment": 0.4, "ttft_p50_s": 0.02, "ttft_p90_s": None, "ttft_p99_s": 0.3, "itl_p50_s": 0.0, "itl_p90_s": 0.01, "itl_p99_s": 0.03},
+    {"bucket_start_s": 0.0, "requests": 4, "met": 4, "attainment": 1.0, "ttft_p50_s": 0.01, "ttft_p90_s": 0.05, "ttft_p99_s": 0.1, "tpot_p50_s": 0.008, "tpot_p90_s": 0.009, "tpot_p99_s": 0.02, "itl_p50_s": 0.008, "itl_p90_s": 0.009, "itl_p99_s": 0.4},
+    {"bucket_start_s": 1.0, "requests": 5, "met": 2, "attainment": 0.4, "ttft_p50_s": 0.02, "ttft_p90_s": None, "ttft_p99_s": 0.3, "tpot_p50_s": 0.009, "tpot_p90_s": 0.01, "tpot_p99_s": 0.03, "itl_p50_s": 0.0, "itl_p90_s": 0.01, "itl_p99_s": 0.5},
 ]  # fmt: skip
 
 
-def test_latency_over_time_in_ms_with_the_slos():
+def test_latency_over_time_in_ms_with_each_slo_on_the_metric_it_bounds():
     fig = figures.latency_over_time_figure(
         OVER_TIME, labels=["emulated"], simulated=False, slo_ttft_s=2.0, slo_tpot_s=0.1
     )
@@ -204,14 +204,30 @@ def test_latency_over_time_in_ms_with_the_slos():
     assert p90[0] == pytest.approx(50.0) and math.isnan(p90[1])  # a missing percentile is a gap, not 0
     itl = list(_trace(fig, "ITL p50").y)
     assert itl[0] == pytest.approx(8.0) and math.isnan(itl[1])  # 0 ms cannot sit on a log axis: a gap
+    assert list(_trace(fig, "TPOT p99").y) == pytest.approx([20.0, 30.0])
     assert list(_trace(fig, "TTFT SLO 2000 ms").y) == [2000.0, 2000.0]
     assert list(_trace(fig, "TPOT SLO 100 ms").y) == [100.0, 100.0]
+    # issue 25: the TPOT SLO was drawn on the ITL row, where ITL p99 (500 ms here) crossed it while
+    # every request met it; each SLO now sits on the row of the metric it bounds, ITL has none
+    rows = {t.name: t.yaxis for t in fig.data}
+    assert rows["TTFT SLO 2000 ms"] == rows["TTFT p50"] == "y"
+    assert rows["TPOT SLO 100 ms"] == rows["TPOT p50"] == "y2"
+    assert rows["ITL p99"] == "y3" and [n for n, ax in rows.items() if ax == "y3" and "SLO" in n] == []
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.title.text == "TTFT, ms (log)"
     # 1-2-5 values labelled, so that a line inside one decade has a value beside it
-    assert list(fig.layout.yaxis2.tickvals) == [5.0, 10.0, 20.0, 50.0, 100.0, 200.0]  # ITL 8 ms .. SLO 100 ms
+    assert list(fig.layout.yaxis2.tickvals) == [
+        5.0,
+        10.0,
+        20.0,
+        50.0,
+        100.0,
+        200.0,
+    ]  # TPOT 8 ms .. SLO 100 ms
     assert list(fig.layout.yaxis2.ticktext) == ["5", "10", "20", "50", "100", "200"]
+    assert fig.layout.yaxis2.title.text == "TPOT, ms (log)"
+    assert fig.layout.yaxis3.title.text == "inter-token latency, ms (log)"
     assert fig.layout.yaxis.tickvals[-1] == 2000.0 and fig.layout.yaxis.ticktext[-2] == "1,000"
-    assert fig.layout.xaxis2.title.text == "time, UTC" and "EMULATED" in _annotations(fig)
+    assert fig.layout.xaxis3.title.text == "time, UTC" and "EMULATED" in _annotations(fig)
 
 
 def test_log_ticks():
@@ -248,7 +264,7 @@ def test_goodput_sweep():
     assert fig.layout.title.text == "Goodput sweep: 1.5 req/s per GPU (2 GPUs)"
 
 
-def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
+def test_latency_axes_are_linear_within_a_decade_and_fit_the_data():
     rows = [
         {"bucket_start_s": 60.0, "ttft_p50_s": 3.0, "ttft_p90_s": 5.0, "ttft_p99_s": 7.0, "itl_p50_s": 0.07}
     ]
@@ -257,10 +273,11 @@ def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
     )
     assert fig.layout.yaxis.type != "log" and fig.layout.yaxis.title.text == "TTFT, ms"  # 2000-7000 ms
     assert [str(t) for t in _trace(fig, "TTFT p50").x] == ["1970-01-01 00:01:30"]  # the bucket's middle
-    assert [str(t) for t in fig.layout.xaxis.range] == ["1970-01-01 00:00:00", "1970-01-01 00:10:00"]
+    # the data fills one minute of the ten: the axis spans that bucket, not the empty window
+    assert [str(t) for t in fig.layout.xaxis.range] == ["1970-01-01 00:01:00", "1970-01-01 00:02:00"]
     assert [str(t) for t in _trace(fig, "TTFT SLO 2000 ms").x] == [
-        "1970-01-01 00:00:00",
-        "1970-01-01 00:10:00",
+        "1970-01-01 00:01:00",
+        "1970-01-01 00:02:00",
     ]
     att = figures.attainment_over_time_figure(
         [{"bucket_start_s": 60.0, "attainment": 0.5, "met": 1, "requests": 2}],
@@ -270,6 +287,9 @@ def test_latency_axes_are_linear_within_a_decade_and_span_the_window():
         window_s=(0.0, 600.0),
     )
     assert att.data[0].width == pytest.approx(54_000)  # 90 % of a 60 s bucket, in ms on a date axis
+    assert [str(t) for t in att.layout.xaxis.range] == ["1970-01-01 00:01:00", "1970-01-01 00:02:00"]
+    empty = figures.attainment_over_time_figure([], labels=[], simulated=False, window_s=(0.0, 600.0))
+    assert [str(t) for t in empty.layout.xaxis.range] == ["1970-01-01 00:00:00", "1970-01-01 00:10:00"]
 
 
 @pytest.mark.parametrize("pools", [None, ["prefill", "decode"]])

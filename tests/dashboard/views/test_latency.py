@@ -12,10 +12,14 @@ def test_percentiles_over_time_and_the_slo_slider_changes_attainment(dashboard_e
     assert not at.exception
     lat, att = figures_of(at)
     names = {t["name"] for t in lat["data"]}
-    assert {"TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "ITL p99"} <= names
+    assert {"TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "ITL p99", "TPOT p99"} <= names
     assert {"TTFT SLO 2000 ms", "TPOT SLO 100 ms"} <= names
     assert lat["layout"]["yaxis"]["title"]["text"] == "TTFT, ms (log)"
-    assert "simulated" in lat["layout"]["xaxis2"]["title"]["text"]
+    assert "simulated" in lat["layout"]["xaxis3"]["title"]["text"]
+    # each SLO on the row of the metric it bounds: the TPOT SLO with TPOT, none on ITL
+    rows = {t["name"]: t.get("yaxis", "y") for t in lat["data"]}
+    assert rows["TPOT SLO 100 ms"] == rows["TPOT p50"] != rows["ITL p99"]
+    assert not [n for n, ax in rows.items() if ax == rows["ITL p99"] and "SLO" in n]
     assert att["layout"]["yaxis"]["title"]["text"] == "requests meeting both SLOs, %"
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Meeting both SLOs"] == "100.0%"  # the default SLOs: 2000 ms TTFT, 100 ms TPOT
