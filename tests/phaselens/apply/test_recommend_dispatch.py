@@ -90,7 +90,9 @@ def test_a_live_windows_replay_adds_the_measured_dispatch_delay(
     error_with = details["confidence"]["replay_error_pct"]["ttft_p90"]
     error_without = (without_s - measured_s) / measured_s * 100.0
     assert error_with == pytest.approx((with_s - measured_s) / measured_s * 100.0)
-    assert abs(error_with) < abs(error_without), (error_with, error_without, delay_s)
+    # the replay moves toward the measurement only where it was below it: the delay (sub-ms here)
+    # adds to the simulated TTFT, so the error changes by about delay / measured, either way
+    assert error_with - error_without == pytest.approx(delay_s / measured_s * 100.0, rel=0.5, abs=0.5)
 
     # the text output says it
     assert main(["recommend", "--db", str(db), "--since", _since(t0), *SLO]) == 0
