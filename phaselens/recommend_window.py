@@ -31,7 +31,7 @@ def is_window_body(body: Any) -> bool:
     return isinstance(body, dict) and any(body.get(k) is not None for k in WINDOW_FIELDS[:4])
 
 
-def _stack_model(url: str) -> str | None:
+def stack_model(url: str) -> str | None:
     """The model shape the bundled stack's emulated workers model (``GET /v1/devices``), or None."""
     import httpx
 
@@ -101,7 +101,7 @@ def body_from_window(
     if not model:
         if scenario is not None and scenario.get("model"):
             model, how["model_from"] = scenario["model"], "the scenario's model"
-        elif ask_stack and target.startswith("stack:") and (found := _stack_model(target[6:])):
+        elif ask_stack and target.startswith("stack:") and (found := stack_model(target[6:])):
             model, how["model_from"] = (
                 found,
                 f"the shape the stack's emulated GPUs model ({target[6:]}/v1/devices)",

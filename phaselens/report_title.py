@@ -43,7 +43,7 @@ def report_scope(con: Any, window: Any, model: str | None = None) -> dict[str, A
         scope["layout_from"] = "the layout the scenario ran"
     else:
         from analytics.recommend.window import stack_target
-        from phaselens.recommend_window import _stack_model as stack_model  # the stack's /v1/devices
+        from phaselens.recommend_window import stack_model  # the stack's /v1/devices
         from serving.sim.live_compare import EMULATED_SHAPE
 
         target = stack_target(con, window)  # the one stack the collector polled in the window

@@ -175,11 +175,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         return _error(str(e))
     except _StoreFailed as e:
         return _error(str(e), 1)
-    if args.json:
-        print(json.dumps(row, indent=1))
-    else:
-        print(format_recommendation(row, all_candidates=args.all))
-        print(where)
+    _show(args, row, where)
     return 0
 
 
@@ -311,13 +307,20 @@ def _from_window(args: argparse.Namespace) -> int:
         return _error(str(e))
     except _StoreFailed as e:
         return _error(str(e), 1)
+    _show(args, row, where, window=True)
+    return 0
+
+
+def _show(args: argparse.Namespace, row: dict[str, Any], where: str, *, window: bool = False) -> None:
+    """The stored row as JSON (``--json``), else in words: its window (when made from one), the
+    recommendation and where it was stored."""
     if args.json:
         print(json.dumps(row, indent=1))
-    else:
+        return
+    if window:
         print(format_window(row))
-        print(format_recommendation(row, all_candidates=args.all))
-        print(where)
-    return 0
+    print(format_recommendation(row, all_candidates=args.all))
+    print(where)
 
 
 def format_window(row: dict[str, Any]) -> str:
