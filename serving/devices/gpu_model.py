@@ -264,6 +264,8 @@ class _Coeffs:
     clocks: tuple[int, ...]
     f_max: float
     ceilings: dict[tuple[int, int] | None, tuple[tuple[int, ...], int]]  # per locked range, filled lazily
+    comm_bytes_per_token: float = 0.0  # all-reduce message bytes per token per iteration (power)
+    hbm_power: float = 0.0  # EmulationConstants.hbm_power_for this GPU
 
 
 @functools.lru_cache(maxsize=256)
@@ -328,6 +330,8 @@ def _coeffs(
         clocks=spec.supported_sm_clocks_mhz(),
         f_max=float(spec.max_sm_clock_mhz),
         ceilings={},
+        comm_bytes_per_token=message_bytes_per_token,
+        hbm_power=c.hbm_power_for(spec.key),
     )
 
 
@@ -372,6 +376,28 @@ def _comm_s(k: _Coeffs, tokens: int) -> float:
     return k.comm_calls * k.comm_call_s + per_token * tokens
 
 
+def _power_w(
+    k: _Coeffs, x: float, sm_w: float, busy_s: float, hbm_bytes: float, comm_s: float, tokens: int
+) -> float:
+    """Busy power: ``sm_w`` (the kernels' and waits' SM power-seconds, fractions of D at f_max) plus
+    the collective's, scaled by ``x V(x)^2``; the clock-independent busy power; the memory system's
+    power in proportion to the HBM traffic, the kernels' ``hbm_bytes`` and the collective's own
+    (``comm_hbm_passes`` x its message bytes) over ``busy_s``."""
+    c = k.c
+    comm_b = 0.0
+    if comm_s > 0.0:
+        # the per-call latency (ring steps, synchronisation) is a wait; the transfer moves and reduces data
+        lat_s = k.comm_calls * k.comm_call_s
+        lat_s = lat_s if lat_s < comm_s else comm_s
+        sm_w += lat_s * c.latency_power + (comm_s - lat_s) * c.comm_power
+        comm_b = c.comm_hbm_passes * k.comm_bytes_per_token * tokens
+    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
+    if v < c.voltage_floor:
+        v = c.voltage_floor
+    hbm = (hbm_bytes + comm_b) / (busy_s * k.bandwidth_bytes_s)
+    return k.spec.idle_w + k.dynamic_w * (c.busy_power + k.hbm_power * hbm + x * v * v * sm_w / busy_s)
+
+
 def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     """Only the busy power of :func:`_at_clock` (the power-cap search)."""
     c = k.c
@@ -394,12 +420,8 @@ def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
     under_s = floor_s / x - busy_s if floor_s / x > busy_s else 0.0
     busy_s += under_s
-    sm_w += act_s * c.stream_power + (wait_s + comm_s + under_s) * c.latency_power
-    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
-    if v < c.voltage_floor:
-        v = c.voltage_floor
-    dram = (bytes_total + act_b) / (busy_s * k.bandwidth_bytes_s)
-    return k.spec.idle_w + k.dynamic_w * (c.busy_power + c.hbm_power * dram + x * v * v * sm_w / busy_s)
+    sm_w += act_s * c.stream_power + (wait_s + under_s) * c.latency_power
+    return _power_w(k, x, sm_w, busy_s, bytes_total + act_b, comm_s, tokens)
 
 
 def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: float) -> IterationEstimate:
@@ -446,14 +468,11 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     busy_s += under_s
     wait_s += under_s
     fixed_s = wait_s + k.overhead_s
-    sm_w += (wait_s + comm_s) * c.latency_power
+    sm_w += wait_s * c.latency_power
     act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
     occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
     dram = bytes_total / (busy_s * k.bandwidth_bytes_s)
-    v = c.voltage_offset + (1.0 - c.voltage_offset) * x
-    if v < c.voltage_floor:
-        v = c.voltage_floor
-    power = k.spec.idle_w + k.dynamic_w * (c.busy_power + c.hbm_power * dram + x * v * v * sm_w / busy_s)
+    power = _power_w(k, x, sm_w, busy_s, bytes_total, comm_s, tokens)
     if comm_s > max(compute_s, memory_s, fixed_s):
         bound: Bound = "comm"
     elif fixed_s >= max(compute_s, memory_s):

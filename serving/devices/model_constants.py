@@ -37,8 +37,16 @@ class EmulationConstants:
     # power, as fractions of (tdp_w - idle_w), at the maximum SM clock
     compute_power: float = 0.95  # SM power through a compute-bound kernel
     stream_power: float = 0.09  # SM power through a memory-bound kernel (load issue, L2, NoC)
-    latency_power: float = 0.04  # SM power through kernel ramp/tail and communication waits
+    latency_power: float = 0.04  # SM power through kernel ramp/tail and latency waits (prefill floor)
+    # SM power through a tensor-parallel collective: its kernels copy over NVLink, reduce and poll
+    # flags on the SMs (a running kernel, not a wait); the collective's HBM traffic is priced by
+    # hbm_power through comm_hbm_passes
+    comm_power: float = 0.67
+    comm_hbm_passes: float = 2.0  # HBM bytes per all-reduce message byte (read the input, write the result)
     hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
+    # (gpu key, hbm_power) where a GPU's memory system draws a different share of its own D at peak
+    # bandwidth (see hbm_power_for); every other GPU uses hbm_power
+    hbm_power_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.66),)
     busy_power: float = 0.08  # clock-independent power whenever a kernel runs
     # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
     voltage_offset: float = 0.31  # v0
@@ -71,6 +79,14 @@ class EmulationConstants:
             if key == gpu_key:
                 return eff
         return self.gemm_efficiency
+
+    def hbm_power_for(self, gpu_key: str) -> float:
+        """Power of ``gpu_key``'s memory system at peak bandwidth, a fraction of its ``tdp_w - idle_w``
+        (:attr:`hbm_power` unless :attr:`hbm_power_by_gpu` names the GPU)."""
+        for key, value in self.hbm_power_by_gpu:
+            if key == gpu_key:
+                return value
+        return self.hbm_power
 
 
 DEFAULT_CONSTANTS = EmulationConstants()
