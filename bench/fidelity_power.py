@@ -42,6 +42,7 @@ from serving.devices.power_fidelity import (
     sets,
     summary,
     test_rule,
+    v2_constants,
 )
 from serving.devices.published_power import (
     PCAP_LIMIT_W,
@@ -267,6 +268,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{role}: {int(m['n'])} units; peak median |error| {m['peak_median']:.1%} (max {m['peak_max']:.1%}), "
             f"average median {m['avg_median']:.1%} (max {m['avg_max']:.1%}); both {m['median']:.1%} "
             f"(target <= {TARGET:.0%}: {'met' if m['median'] <= TARGET else 'NOT MET'})"
+        )
+    base = v2_constants()
+    for role in ["calibration", "validation"]:
+        m = summary(score(s[role], base))
+        print(
+            f"baseline v2 power, same run, {role}: peak median {m['peak_median']:.1%}, average median "
+            f"{m['avg_median']:.1%}; both {m['median']:.1%}"
         )
     print()
     win = h200_windows()

@@ -145,6 +145,12 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 # -- the fit ------------------------------------------------------------------------------------------
 
 
+def v2_constants(constants: EmulationConstants = DEFAULT_CONSTANTS) -> EmulationConstants:
+    """The baseline: v2's power (a collective's whole time at ``latency_power``, no collective HBM
+    traffic, one memory power for every GPU), everything else as ``constants``."""
+    return replace(constants, comm_power=constants.latency_power, comm_hbm_passes=0.0, hbm_power_by_gpu=())
+
+
 def with_params(constants: EmulationConstants, values: Sequence[float]) -> EmulationConstants:
     """``constants`` with the fitted power constants (:data:`FITTED`) set to ``values``."""
     comm, hbm_a100 = values
