@@ -47,6 +47,7 @@ def splitwise_report(path: Path, worst: int) -> dict[str, Any]:
         "figures": figures,
         "rows": scored["rows"],
         "not_scored": scored["not_scored"],
+        "rejected_values": list(units.rejected),
     }
 
 
@@ -129,6 +130,11 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
         for reason, n in sorted(reasons.items()):
             print(f"  not scored: {n} unit(s): {reason}")
+    rejected = rep.get("rejected_values", [])
+    if rejected:
+        print(f"  rejected values (left out of their units): {len(rejected)}")
+        for why in rejected[:10]:
+            print(f"    {why}")
     for f in rep.get("files_skipped", []):
         print(f"  file skipped: {f['path']}: {f['reason']}")
     print()

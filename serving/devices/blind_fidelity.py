@@ -95,25 +95,30 @@ SHAPES: dict[str, ModelConfig] = {SPLITWISE_MODEL: BLOOM_176B}
 
 @dataclass(frozen=True, slots=True)
 class SplitwiseUnits:
-    """Per-unit medians of one model's rows of the CSV (ms; power as fractions of TDP) and row counts."""
+    """Per-unit medians of one model's rows of the CSV (ms; power as fractions of TDP), the rows read,
+    and the values rejected (``"line N: ..."``: not a number; the rest of the row still counts)."""
 
     ttft_ms: dict[tuple[str, int, int, int], float]
     tpot_ms: dict[tuple[str, int, int, int, int], float]
     peak_power_frac: dict[tuple[str, int, int, int, int], float]
     avg_power_frac: dict[tuple[str, int, int, int, int], float]
     rows: int
+    rejected: tuple[str, ...] = ()
 
 
 def load_splitwise_units(path: str | Path, model: str = SPLITWISE_MODEL) -> SplitwiseUnits:
     """Read the CSV at ``path`` and reduce ``model``'s rows to one median per unit (module docstring).
-    Only the ``model`` column of the other models' rows is looked at. Raises
-    :class:`~serving.devices.errors.DeviceValueError` naming the file, line and column on a missing
-    column or a value that is not a number."""
+    Only the ``model`` column of the other models' rows is looked at. A value that is not a finite
+    number is left out of its unit and listed in ``rejected`` (a row whose unit columns do not parse,
+    wholly); an empty power cell reads as 0 (not recorded). Raises
+    :class:`~serving.devices.errors.DeviceValueError` naming the file on a missing column or no row of
+    ``model``."""
     path = Path(path)
     prompt: dict[tuple, list[float]] = defaultdict(list)
     token: dict[tuple, list[float]] = defaultdict(list)
     peak: dict[tuple, list[float]] = defaultdict(list)
     avg: dict[tuple, list[float]] = defaultdict(list)
+    rejected: list[str] = []
     rows = 0
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -127,25 +132,48 @@ def load_splitwise_units(path: str | Path, model: str = SPLITWISE_MODEL) -> Spli
             if row["model"] != model:
                 continue
             try:
-                hw, tp = row["hardware"], int(row["tensor_parallel"])
-                n, b, t = int(row["prompt_size"]), int(row["batch_size"]), int(row["token_size"])
-                values = {
-                    c: float(row[c]) for c in ("prompt_time", "token_time", "peak_power", "average_power")
-                }
+                hw, tp = row["hardware"], parse_int(row["tensor_parallel"])
+                n, b = parse_int(row["prompt_size"]), parse_int(row["batch_size"])
+                t = parse_int(row["token_size"])
             except (TypeError, ValueError) as e:
-                raise DeviceValueError(f"{path}:{line}: not a number in a {model} row ({e})") from None
+                rejected.append(f"line {line}: unit columns: {e}")
+                continue
             rows += 1
-            prompt[hw, tp, n, b].append(values["prompt_time"])
-            token[hw, tp, n, b, t].append(values["token_time"])
-            peak[hw, tp, n, b, t].append(values["peak_power"])
-            avg[hw, tp, n, b, t].append(values["average_power"])
+            for column, store, key in (
+                ("prompt_time", prompt, (hw, tp, n, b)),
+                ("token_time", token, (hw, tp, n, b, t)),
+                ("peak_power", peak, (hw, tp, n, b, t)),
+                ("average_power", avg, (hw, tp, n, b, t)),
+            ):
+                raw = row[column]
+                if column.endswith("_power") and (raw or "").strip() == "":
+                    raw = "0"
+                try:
+                    value = float(raw)  # type: ignore[arg-type]
+                except (TypeError, ValueError):
+                    value = math.nan
+                if not math.isfinite(value):
+                    rejected.append(f"line {line}: {column} {row[column]!r} is not a finite number")
+                    continue
+                store[key].append(value)
     if not rows:
         raise DeviceValueError(f"{path}: no {model!r} rows (is it Splitwise's data/perf_model.csv?)")
 
     def med(d: dict[tuple, list[float]]) -> dict[Any, float]:
         return {k: statistics.median(v) for k, v in sorted(d.items())}
 
-    return SplitwiseUnits(med(prompt), med(token), med(peak), med(avg), rows)
+    return SplitwiseUnits(med(prompt), med(token), med(peak), med(avg), rows, tuple(rejected))
+
+
+def parse_int(value: str | None) -> int:
+    """An integer cell (``"8"`` or ``"8.0"``); ``ValueError`` naming the value otherwise."""
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {value!r}") from None
+    if not f.is_integer():
+        raise ValueError(f"not an integer: {value!r}")
+    return int(f)
 
 
 # -- the model ----------------------------------------------------------------------------------------

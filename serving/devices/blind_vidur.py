@@ -46,6 +46,7 @@ from typing import Any
 
 from serving.config import ConfigError, ModelConfig
 from serving.devices.blind_components import equivalent_gated_intermediate, layer_gpu_s
+from serving.devices.blind_fidelity import parse_int
 from serving.devices.errors import DeviceError, DeviceValueError
 
 ROOT = "data/profiling/compute"
@@ -143,31 +144,33 @@ def mlp_files(repo: str | Path, rev: str = "HEAD") -> tuple[list[MlpFile], list[
 # -- units --------------------------------------------------------------------------------------------
 
 
-def parse_mlp_csv(text: str, source: str = "mlp.csv") -> list[dict[str, Any]]:
-    """The rows of one mlp.csv: ``tp``, ``tokens``, ``shape`` (the :data:`SHAPE_COLUMNS` as a tuple),
+def parse_mlp_csv(text: str, source: str = "mlp.csv") -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of one mlp.csv -- ``tp``, ``tokens``, ``shape`` (the :data:`SHAPE_COLUMNS` as a tuple),
     ``layer_ms`` (the :data:`OPS` medians summed; None when no operator has a figure) and ``ops`` (how
-    many had one). Raises :class:`DeviceValueError` naming the source, line and column on a missing
-    column or a value that is not a number."""
+    many had one) -- and the rows left out (``"source:line: why"``: a key or shape cell that does not
+    parse, or an operator figure that is not a number). Raises :class:`DeviceValueError` naming the
+    source on a missing key or shape column."""
     reader = csv.DictReader(io.StringIO(text))
     header = reader.fieldnames or ()
     missing = [c for c in (*SHAPE_COLUMNS, *KEY_COLUMNS) if c not in header]
     if missing:
         raise DeviceValueError(f"{source}: missing column(s) {', '.join(missing)}")
-    rows = []
+    rows, rejected = [], []
     for line, row in enumerate(reader, start=2):
         try:
             shape = (
-                _int(row["n_head"]),
-                _int(row["n_kv_head"]),
-                _int(row["n_embd"]),
-                _int(row["n_expanded_embd"]),
-                _int(row["vocab_size"]),
+                parse_int(row["n_head"]),
+                parse_int(row["n_kv_head"]),
+                parse_int(row["n_embd"]),
+                parse_int(row["n_expanded_embd"]),
+                parse_int(row["vocab_size"]),
                 _bool(row["use_gated_mlp"]),
             )
-            tokens, tp = _int(row["num_tokens"]), _int(row["num_tensor_parallel_workers"])
+            tokens, tp = parse_int(row["num_tokens"]), parse_int(row["num_tensor_parallel_workers"])
             times = [_float(row.get(f"time_stats.{op}.median")) for op in OPS]
         except (TypeError, ValueError) as e:
-            raise DeviceValueError(f"{source}:{line}: {e}") from None
+            rejected.append(f"{source}:{line}: {e}")
+            continue
         present = [t for t in times if t is not None]
         rows.append(
             {
@@ -178,20 +181,17 @@ def parse_mlp_csv(text: str, source: str = "mlp.csv") -> list[dict[str, Any]]:
                 "ops": len(present),
             }
         )
-    return rows
-
-
-def _int(value: str | None) -> int:
-    f = float(value)  # type: ignore[arg-type]
-    if not f.is_integer():
-        raise ValueError(f"not an integer: {value!r}")
-    return int(f)
+    return rows, rejected
 
 
 def _float(value: str | None) -> float | None:
+    # an empty or NaN cell: the operator did not run in this layer
     if value is None or value.strip() == "":
         return None
-    f = float(value)
+    try:
+        f = float(value)
+    except ValueError:
+        raise ValueError(f"operator time {value!r} is not a number") from None
     return f if math.isfinite(f) else None
 
 
@@ -226,25 +226,34 @@ def shape_of(model: str, shape: tuple[int, int, int, int, int, bool]) -> ModelCo
 
 def vidur_units(files: Iterable[MlpFile]) -> tuple[dict[tuple, dict[str, Any]], list[dict[str, Any]]]:
     """Per unit ``(gpu, model, tp, tokens)``: ``measured_ms`` (the median over the unit's rows of their
-    summed operators), ``shape`` and ``rows``; and the rows with no operator figure (not scored, with
-    the reason). A unit whose rows disagree on the shape raises :class:`DeviceValueError`."""
+    summed operators), ``shape`` and ``rows``; and what is not scored, each with its reason: a file
+    without the key columns, a row that does not parse or has no operator figure, a unit whose rows
+    disagree on the shape."""
     sums: dict[tuple, list[float]] = defaultdict(list)
     shapes: dict[tuple, tuple] = {}
-    skipped = []
+    conflicting: set[tuple] = set()
+    skipped: list[dict[str, Any]] = []
     for f in files:
-        for r in parse_mlp_csv(f.text, f.path):
+        try:
+            parsed, rejected = parse_mlp_csv(f.text, f.path)
+        except DeviceValueError as e:
+            skipped.append({"unit": [f.gpu, f.model], "reason": str(e)})
+            continue
+        skipped += [{"unit": [f.gpu, f.model], "reason": why} for why in rejected]
+        for r in parsed:
             key = (f.gpu, f.model, r["tp"], r["tokens"])
             if r["layer_ms"] is None:
                 skipped.append({"unit": list(key), "reason": "no operator time in the row"})
                 continue
             if shapes.setdefault(key, r["shape"]) != r["shape"]:
-                raise DeviceValueError(
-                    f"{f.path}: rows of tp {r['tp']}, {r['tokens']} tokens differ in shape"
-                )
+                conflicting.add(key)
             sums[key].append(r["layer_ms"])
+    for key in sorted(conflicting):
+        skipped.append({"unit": list(key), "reason": "the unit's rows differ in their shape columns"})
     units = {
         k: {"measured_ms": statistics.median(v), "shape": shapes[k], "rows": len(v)}
         for k, v in sorted(sums.items())
+        if k not in conflicting
     }
     return units, skipped
 

@@ -172,21 +172,34 @@ def test_splitwise_units_are_medians_of_the_model_rows_only(tmp_path: Path) -> N
     assert units.peak_power_frac[("a100-80gb", 8, 512, 1, 256)] == 0.0
 
 
-def test_splitwise_bad_files_are_named(tmp_path: Path) -> None:
+def test_splitwise_bad_files_are_named_and_bad_values_listed(tmp_path: Path) -> None:
     p = tmp_path / "bad.csv"
     p.write_text("model,hardware\nbloom-176b,a100-80gb\n")
     with pytest.raises(DeviceValueError, match=r"missing column.*prompt_size"):
         bf.load_splitwise_units(p)
-    bad = _write_sw(
-        tmp_path / "bad2.csv", [_sw("a100-80gb", 8, 512, 1, 128, 1.0, 1.0) | {"prompt_time": "x"}]
-    )
-    with pytest.raises(DeviceValueError, match=r"bad2\.csv:2: not a number"):
-        bf.load_splitwise_units(bad)
     none = _write_sw(
         tmp_path / "none.csv", [{**_sw("a100-80gb", 8, 512, 1, 128, 1, 1), "model": "llama2-70b"}]
     )
     with pytest.raises(DeviceValueError, match="no 'bloom-176b' rows"):
         bf.load_splitwise_units(none)
+    # a bad value leaves its unit, the rest of its row counts; a bad unit column drops the row; both listed
+    rows = [
+        _sw("a100-80gb", 8, 512, 1, 128, 100.0, 40.0) | {"prompt_time": "x"},
+        _sw("a100-80gb", 8, 512, 1, 128, 120.0, 42.0)
+        | {"token_time": "nan", "peak_power": "", "average_power": ""},
+        _sw("a100-80gb", 8, 512, 1, 128, 140.0, 44.0),
+        _sw("a100-80gb", 8, 512, 1, 128, 1.0, 1.0) | {"tensor_parallel": "eight"},
+    ]
+    units = bf.load_splitwise_units(_write_sw(tmp_path / "bad2.csv", rows))
+    assert units.rows == 3
+    assert units.ttft_ms == {("a100-80gb", 8, 512, 1): 130.0}
+    assert units.tpot_ms == {("a100-80gb", 8, 512, 1, 128): 42.0}
+    assert units.peak_power_frac == {("a100-80gb", 8, 512, 1, 128): 0.0}  # empty cells: not recorded
+    assert units.rejected == (
+        "line 2: prompt_time 'x' is not a finite number",
+        "line 3: token_time 'nan' is not a finite number",
+        "line 5: unit columns: not an integer: 'eight'",
+    )
 
 
 def test_splitwise_scoring_joins_each_unit_to_its_model_figure(tmp_path: Path) -> None:
@@ -410,10 +423,38 @@ def test_vidur_from_a_bare_git_mirror(tmp_path: Path) -> None:
         bv.mlp_files(tmp_path)
 
 
-def test_vidur_bad_rows_are_named() -> None:
+def test_vidur_bad_rows_and_files_are_listed_not_fatal() -> None:
     with pytest.raises(DeviceValueError, match=r"missing column.*num_tokens"):
         bv.parse_mlp_csv("n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp\n", "x.csv")
-    text = _mlp_csv([_vrow(128, 1) | {"use_gated_mlp": "maybe"}])
-    with pytest.raises(DeviceValueError, match=r"y\.csv:2: use_gated_mlp"):
-        bv.parse_mlp_csv(text, "y.csv")
+    text = _mlp_csv(
+        [_vrow(128, 1) | {"use_gated_mlp": "maybe"}, _vrow(256, 1, attn_rope="fast"), _vrow(512, 1)]
+    )
+    rows, rejected = bv.parse_mlp_csv(text, "y.csv")
+    assert [r["tokens"] for r in rows] == [512]
+    assert rejected == [
+        "y.csv:2: use_gated_mlp: not a boolean: 'maybe'",
+        "y.csv:3: operator time 'fast' is not a number",
+    ]
+    files = [
+        bv.MlpFile("h100", "a/old", "old.csv", "n_head,num_tokens\n8,1\n"),
+        bv.MlpFile("h100", "a/b", "b.csv", text),
+        bv.MlpFile(
+            "h100", "a/c", "c.csv", _mlp_csv([_vrow(64, 1), _vrow(64, 1, shape=(16, 16, 4096, 11008, 32000))])
+        ),
+    ]
+    scored = bv.score_vidur(files)
+    assert [tuple(r["unit"]) for r in scored["rows"]] == [("h100", "a/b", 1, 512)]
+    reasons = [(s["unit"], s["reason"]) for s in scored["not_scored"]]
+    assert (
+        ["h100", "a/old"],
+        "old.csv: missing column(s) n_kv_head, n_embd, n_expanded_embd, vocab_size, "
+        "use_gated_mlp, num_tensor_parallel_workers",
+    ) in reasons
+    assert (
+        ["h100", "a/b"],
+        "y.csv:2: use_gated_mlp: not a boolean: 'maybe'",
+    ) not in reasons  # source is b.csv
+    assert (["h100", "a/b"], "b.csv:2: use_gated_mlp: not a boolean: 'maybe'") in reasons
+    assert (["h100", "a/c", 1, 64], "the unit's rows differ in their shape columns") in reasons
+    assert len(reasons) == 4
     assert bv.token_band(64) == "1-64" and bv.token_band(65) == "65-512" and bv.token_band(4096) == ">2048"
