@@ -245,7 +245,7 @@ def score_splitwise(units: SplitwiseUnits, shape: ModelConfig = BLOOM_176B) -> d
     for key, ms in units.ttft_ms.items():
         try:
             modeled = modeled_ttft_ms(shape, *key)
-        except DeviceError as e:
+        except (DeviceError, ValueError, ArithmeticError) as e:  # listed, never fatal to the one run
             skipped.append({"figure": "ttft", "unit": list(key), "reason": str(e)})
             continue
         out["ttft"].append(_row(key, ms, modeled))
@@ -254,7 +254,7 @@ def score_splitwise(units: SplitwiseUnits, shape: ModelConfig = BLOOM_176B) -> d
         power = peak > 0 and avg > 0
         try:
             m = modeled_generation(shape, *key)
-        except DeviceError as e:
+        except (DeviceError, ValueError, ArithmeticError) as e:  # listed, never fatal to the one run
             for figure in ("tpot", "power") if power else ("tpot",):
                 skipped.append({"figure": figure, "unit": list(key), "reason": str(e)})
             continue

@@ -271,7 +271,7 @@ def score_vidur(files: Iterable[MlpFile], profile: str = PROFILE) -> dict[str, A
         try:
             shape = shape_of(model, u["shape"])
             modeled = layer_gpu_s(GPUS[gpu], shape, tokens, tp=tp, profile=profile) * 1e3
-        except DeviceError as e:
+        except (DeviceError, ValueError, ArithmeticError) as e:  # listed, never fatal to the one run
             skipped.append({"unit": list(key), "reason": str(e)})
             continue
         measured = u["measured_ms"]
