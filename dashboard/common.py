@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -364,15 +364,6 @@ def text_md(text: str) -> str:
 
 
 # -- trust labels ------------------------------------------------------------------------------------
-
-
-def trust_badges(labels: Iterable[str]) -> None:
-    """Badges naming where a figure's data comes from (measured, emulated, simulated, host-bound,
-    estimated), shown above every chart."""
-    labels = ordered_labels(labels)
-    if not labels:
-        return
-    st.markdown(" ".join(f":{TRUST_COLOURS.get(lb, ('gray', ''))[0]}-badge[{lb}]" for lb in labels))
 
 
 def row_trust(df: pd.DataFrame) -> set[str]:

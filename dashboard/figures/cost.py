@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.figures.palette import NEUTRAL
 from dashboard.figures.style import (
     COST_CATEGORIES,
     COST_COLOURS,
@@ -135,7 +136,7 @@ def _stack_bars(fig: go.Figure, x: Sequence[Any], rows: Sequence[Mapping[str, An
                 x=list(x),
                 y=stack[c],
                 name=COST_LABELS[c],
-                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": NEUTRAL["white"]}},
                 hovertemplate=f"{COST_LABELS[c]}: $%{{y:,.4~f}}{unit}<extra></extra>",
             )
         )
@@ -201,7 +202,7 @@ def annual_figure(annual: Mapping[str, Any], *, labels: Iterable[str]) -> go.Fig
                 x=[v],
                 orientation="h",
                 name=COST_LABELS[c],
-                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": NEUTRAL["white"]}},
                 hovertemplate=f"{COST_LABELS[c]}: $%{{x:,.0f}} a year<extra></extra>",
             )
         )

@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, figures
+from dashboard.page_trust import PageTrust
 
 GPU_USD_RANGE = (0.0, 1000.0)  # analytics.reads.PRICE_PARAMS
 KWH_USD_RANGE = (0.0, 10.0)
@@ -141,14 +142,17 @@ def _headline(total: dict[str, Any]) -> None:
     d3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")), help=side)
 
 
-def _external(summary: dict[str, Any]) -> None:
+def _external(summary: dict[str, Any], trust: PageTrust) -> None:
     """The estimated phase split of the GPUs without phaselens telemetry (dcgm-exporter + engine metrics)."""
     ext = (summary.get("parts") or {}).get("external") or {}
     pools = ext.get("per_pool") or []
     if not pools:
         return
     st.subheader("GPUs without phaselens telemetry: phase split, estimated")
-    common.trust_badges((ext.get("trust") or {}).get("labels") or [])
+    ext_labels = (ext.get("trust") or {}).get("labels") or []
+    trust.add(ext_labels)
+    if trust.differs(ext_labels):
+        st.caption(f"Figures of this table: {', '.join(figures.ordered_labels(ext_labels))}")
     rows = [
         {
             "Pool": p.get("pool"),
@@ -212,7 +216,7 @@ def kwh_text(kwh: float) -> str:
     return f"< {MIN_KWH:g}" if kwh < MIN_KWH else f"{kwh:,.4f}"
 
 
-def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[str]) -> None:
+def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[str], trust: PageTrust) -> None:
     """The cost per clock hour, when the window holds enough clock hours to chart; else why not."""
     by_hour = cost.get("by_hour") or []
     hours = len({r.get("hour_start_s") for r in by_hour})
@@ -227,8 +231,9 @@ def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[st
             icon=":material/schedule:",
         )
         return
-    st.plotly_chart(
+    trust.chart(
         figures.cost_over_time_figure(by_hour, labels=labels, simulated=sel.simulated),
+        labels,
         width="stretch",
         key="cost_hour",
         config={"displaylogo": False},
@@ -256,6 +261,14 @@ def _sources(cost: dict[str, Any]) -> None:
 
 def render(sel: common.Selection, params: dict[str, Any]) -> None:
     """The page body for the chosen fleet size and prices."""
+    trust = PageTrust()
+    try:
+        _body(sel, params, trust)
+    finally:
+        trust.render()
+
+
+def _body(sel: common.Selection, params: dict[str, Any], trust: PageTrust) -> None:
     with common.service_errors():
         summary = common.analytics(sel, **params)
     parts = summary.get("parts") or {}
@@ -267,27 +280,28 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
             st.caption(f"Cost not computed: {why}")
         return
     labels = figures.part_labels(cost)
-    common.trust_badges(labels)
+    trust.add(labels, primary=True)
     pools = common.pool_filter(sel)
     by_pool = [r for r in cost["by_pool"] if pools is None or (r.get("pool") or "unknown") in pools]
     total = cost.get("total") or {}
     _headline(total)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(
+        trust.chart(
             figures.cost_by_pool_figure(by_pool, labels=labels),
+            labels,
             width="stretch",
             key="cost_pool",
             config={"displaylogo": False},
         )
     with right:
-        _cost_over_time(cost, sel, labels)
+        _cost_over_time(cost, sel, labels, trust)
     if pools is not None:
         st.caption(
             "The pool chart shows the selected pools; totals, hours and the projection cover every GPU."
         )
     _category_table(total)
-    _external(summary)
+    _external(summary, trust)
     annual = parts.get("annual")
     if annual:
         st.subheader("Annualised")
@@ -295,8 +309,9 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
         st.markdown(
             f"**{sentence[:1].upper() + sentence[1:] if sentence.startswith('this') else sentence}.**"
         )
-        st.plotly_chart(
+        trust.chart(
             figures.annual_figure(annual, labels=labels),
+            labels,
             width="stretch",
             key="annual",
             config={"displaylogo": False},

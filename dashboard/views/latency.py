@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, figures
+from dashboard.page_trust import PageTrust
 
 DEFAULT_TTFT_MS = 2000  # analytics.latency.SloSpec's defaults
 DEFAULT_TPOT_MS = 100
@@ -95,7 +96,7 @@ def _percentile_table(lat: dict[str, Any]) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
-def _goodput() -> None:
+def _goodput(trust: PageTrust) -> None:
     st.subheader("Goodput")
     st.markdown(
         "Goodput (DistServe) is the highest request rate at which at least 90 % of requests meet both SLOs, "
@@ -118,16 +119,29 @@ def _goodput() -> None:
     except (ValueError, UnicodeDecodeError) as e:
         st.error(f"**{up.name} is not a goodput result** of `phaselens goodput --json` ({e}).")
         return
-    common.trust_badges(figures.part_labels(result))
+    trust.add(figures.part_labels(result))
+    if trust.differs(figures.part_labels(result)):
+        st.caption(f"Figures of this sweep: {', '.join(figures.ordered_labels(figures.part_labels(result)))}")
     bound = "" if result.get("bounded", True) else "≥ "
     c1, c2 = st.columns(2)
     c1.metric("Goodput", f"{bound}{float(result.get('goodput_rps') or 0):.3g} req/s")
     c2.metric("Per GPU", f"{bound}{float(result.get('goodput_rps_per_gpu') or 0):.3g} req/s")
-    st.plotly_chart(figures.goodput_sweep_figure(result), width="stretch", key="goodput")
+    trust.chart(
+        figures.goodput_sweep_figure(result), figures.part_labels(result), width="stretch", key="goodput"
+    )
 
 
 def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
     """The page body for the chosen SLOs."""
+    trust = PageTrust()
+    try:
+        _body(sel, ttft_ms, tpot_ms, trust)
+        _goodput(trust)
+    finally:
+        trust.render()
+
+
+def _body(sel: common.Selection, ttft_ms: int, tpot_ms: int, trust: PageTrust) -> None:
     with common.service_errors():
         summary = common.analytics(sel, slo_ttft_ms=ttft_ms, slo_tpot_ms=tpot_ms)
     lat = (summary.get("parts") or {}).get("latency")
@@ -138,13 +152,13 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             st.caption(f"Latency not computed: {why}")
         return
     labels = figures.part_labels(lat)
-    common.trust_badges(labels)
+    trust.add(labels, primary=True)
     _headline(lat)
     over = lat.get("over_time") or []
     slo = lat.get("slo") or {}
     win = summary.get("window") or {}
     window_s = (float(win["start_s"]), float(win["end_s"])) if "start_s" in win and "end_s" in win else None
-    st.plotly_chart(
+    trust.chart(
         figures.latency_over_time_figure(
             over,
             labels=labels,
@@ -154,11 +168,12 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             bucket_s=lat.get("bucket_s"),
             window_s=window_s,
         ),
+        labels,
         width="stretch",
         key="latency_time",
         config={"displaylogo": False},
     )
-    st.plotly_chart(
+    trust.chart(
         figures.attainment_over_time_figure(
             over,
             labels=labels,
@@ -168,6 +183,7 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             bucket_s=lat.get("bucket_s"),
             window_s=window_s,
         ),
+        labels,
         width="stretch",
         key="attainment_time",
         config={"displaylogo": False},
@@ -199,4 +215,3 @@ def _live() -> None:
 
 
 _live()
-_goodput()

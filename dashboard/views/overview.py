@@ -17,6 +17,7 @@ import streamlit as st
 from dashboard import common, figures, share_bar
 from dashboard.api import ApiError
 from dashboard.figures import recommend as rf
+from dashboard.page_trust import PageTrust
 
 
 def _sentence(text: str) -> str:
@@ -67,13 +68,17 @@ def _best_recommendation(url: str, dataset: str) -> tuple[dict[str, Any] | None,
     return rec, None if rf.is_for_dataset(target, dataset) else target
 
 
-def recommendation_headline(sel: common.Selection) -> None:
+def recommendation_headline(sel: common.Selection, trust: PageTrust) -> None:
     """The headline: what the best recommendation saves at the SLOs (and how sure), linking to the
-    Recommendations page; or that there is none and how to make one."""
+    Recommendations page; or that there is none and how to make one. Its trust label (a prediction:
+    simulated) goes into the page's badge block and, where the page's figures are not simulated, beside it."""
     rec, other = _best_recommendation(common.api_url(), sel.dataset)
     st.markdown(f"#### {common.text_md(rf.headline_text(rec, target_note=other))}")
     if rec is not None:
-        common.trust_badges([str(rf.details_of(rec).get("trust") or "simulated")])
+        labels = [str(rf.details_of(rec).get("trust") or "simulated")]
+        trust.add(labels)
+        if trust.differs(labels):
+            st.caption(f"The recommendation's figures: {', '.join(labels)}")
     st.page_link(
         "views/recommendations.py",
         label="Recommendations: candidates, confidence, apply" if rec else "Recommendations: make one",
@@ -122,7 +127,7 @@ def no_trend_text(tiles: dict[str, Any]) -> str:
     return f"No trend shown: {why}."
 
 
-def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> None:
+def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool, trust: PageTrust) -> None:
     value = fig.get("value")
     previous = fig.get("previous")
     help_lines = []
@@ -152,7 +157,9 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         if value is None:
             st.caption(str(fig.get("no_data") or "no data"))
         else:
-            common.trust_badges(fig.get("trust") or [])
+            trust.add(fig.get("trust") or [])
+            if trust.differs(fig.get("trust") or []):  # a tile whose data differs from the page's
+                st.caption(f"Figures: {', '.join(figures.ordered_labels(fig.get('trust') or []))}")
             if fig.get("basis"):
                 st.caption(_sentence(str(fig["basis"])))
             if busy:
@@ -163,11 +170,23 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
 
 def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
+    trust = PageTrust()
+    try:
+        _body(sel, fleet_gpus, trust)
+    finally:
+        trust.render()
+
+
+def _body(sel: common.Selection, fleet_gpus: int | None, trust: PageTrust) -> None:
     with common.service_errors():
         params = _params(sel, fleet_gpus)
         body = _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+    # the page's main labels: its GPU-time's and its tiles'
+    main = list((body.get("gpu_time") or {}).get("trust") or [])
+    main += [lb for f in (body.get("figures") or {}).values() for lb in f.get("trust") or []]
+    trust.add(main, primary=True)
     with common.service_errors():  # about the data set, whatever the window holds
-        recommendation_headline(sel)
+        recommendation_headline(sel, trust)
     if body.get("empty"):
         common.empty_window("GPU time, tokens or requests", sel)
         return
@@ -183,14 +202,13 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     if money.get("sentence"):
         # the waste as measured, by its own name: not what a change is known to recover at the SLOs
         st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
-        common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
     any_previous = any(f.get("previous") is not None for f in tiles.values())
     if not any_previous:  # no delta on any tile: said once, with the reason, not "no data" per tile
         st.caption(no_trend_text(tiles))
     for row in TILE_ROWS:
         cols = st.columns(len(row))
         for col, key in zip(cols, row, strict=True):
-            _tile(col, key, tiles[key], any_previous=any_previous)
+            _tile(col, key, tiles[key], any_previous=any_previous, trust=trust)
     gpu_time = body.get("gpu_time") or {}
     st.subheader("Where the GPU-time goes")
     if gpu_time.get("shares") is None:
@@ -198,7 +216,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     else:
         chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
         # HTML, not Plotly: the landing page never loads the 4.7 MB Plotly bundle for one bar
-        st.html(share_bar.gpu_time_html(gpu_time, chosen, gpu_time.get("trust") or []))
+        bar_labels = gpu_time.get("trust") or []
+        st.html(share_bar.gpu_time_html(gpu_time, chosen, bar_labels if trust.differs(bar_labels) else []))
         nodes = params.get("node")
         scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
         st.caption(

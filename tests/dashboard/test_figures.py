@@ -240,7 +240,7 @@ def test_attainment_over_time_colours_the_buckets_below_target():
     fig = figures.attainment_over_time_figure(OVER_TIME, labels=["measured"], simulated=False, target=0.9)
     bar = fig.data[0]
     assert list(bar.y) == pytest.approx([100.0, 40.0])
-    assert list(bar.marker.color) == [figures.PHASE_COLOURS["decode"], figures.UTIL_COLOUR]
+    assert list(bar.marker.color) == [figures.MET_COLOUR, figures.MISSED_COLOUR]  # the SLO colours
     assert [list(c) for c in bar.customdata] == [[4, 4], [2, 5]]
     assert fig.layout.shapes[0].y0 == 90.0 and "target 90 %" in _annotations(fig)
 
@@ -259,7 +259,7 @@ def test_goodput_sweep():
     assert list(fig.data[0].x) == [2.0, 3.0, 4.0] and list(fig.data[0].y) == pytest.approx(
         [100.0, 92.0, 50.0]
     )
-    assert list(fig.data[0].marker.color) == [figures.PHASE_COLOURS["decode"]] * 2 + [figures.UTIL_COLOUR]
+    assert list(fig.data[0].marker.color) == [figures.MET_COLOUR] * 2 + [figures.MISSED_COLOUR]
     assert "goodput 3 req/s" in _annotations(fig) and "SIMULATED" in _annotations(fig)
     assert fig.layout.title.text == "Goodput sweep: 1.5 req/s per GPU (2 GPUs)"
 
