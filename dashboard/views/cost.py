@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, figures
+from dashboard import common, compare, figures
 from dashboard.page_trust import PageTrust
 
 GPU_USD_RANGE = (0.0, 1000.0)  # analytics.reads.PRICE_PARAMS
@@ -216,7 +216,14 @@ def kwh_text(kwh: float) -> str:
     return f"< {MIN_KWH:g}" if kwh < MIN_KWH else f"{kwh:,.4f}"
 
 
-def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[str], trust: PageTrust) -> None:
+def _cost_over_time(
+    cost: dict[str, Any],
+    sel: common.Selection,
+    labels: list[str],
+    trust: PageTrust,
+    *,
+    key: str = "cost_hour",
+) -> None:
     """The cost per clock hour, when the window holds enough clock hours to chart; else why not."""
     by_hour = cost.get("by_hour") or []
     hours = len({r.get("hour_start_s") for r in by_hour})
@@ -235,7 +242,7 @@ def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[st
         figures.cost_over_time_figure(by_hour, labels=labels, simulated=sel.simulated),
         labels,
         width="stretch",
-        key="cost_hour",
+        key=key,
         config={"displaylogo": False},
     )
 
@@ -263,9 +270,80 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
     """The page body for the chosen fleet size and prices."""
     trust = PageTrust()
     try:
-        _body(sel, params, trust)
+        if sel.compare is not None:
+            _compared(sel, sel.compare, params, trust)
+        else:
+            if sel.compare_note:
+                st.info(sel.compare_note, icon=":material/compare_arrows:")
+            _body(sel, params, trust)
     finally:
         trust.render()
+
+
+#: the figures compared, in the headline's order: (key of the cost total, label); lower is better
+COMPARED = (
+    ("cost_usd", "Cost of the window"),
+    ("usd_per_1m_tokens", "Per 1M tokens, all in"),
+    ("usd_per_request", "Per request"),
+    ("industry_usd_per_1m_output", "Industry $ per 1M output"),
+    ("blended_usd_per_1m_tokens", "Blended 3:1, per 1M tokens"),
+    ("usd_per_1m_input", "Per 1M input tokens"),
+    ("usd_per_1m_output", "Per 1M output tokens"),
+)
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[compare.Row]:
+    """The cost figures of windows A and B (two ``cost.total`` rows) as comparison rows."""
+
+    def num(total: dict[str, Any], key: str) -> float | None:
+        v = total.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+    return [
+        compare.Row(
+            key=key,
+            label=label,
+            a=num(a, key),
+            b=num(b, key),
+            a_text=figures.usd_text(a.get(key)),
+            b_text=figures.usd_text(b.get(key)),
+            higher_is_better=False,
+        )
+        for key, label in COMPARED
+    ]
+
+
+def _compared(
+    sel: common.Selection, other: common.Selection, params: dict[str, Any], trust: PageTrust
+) -> None:
+    """Windows A and B side by side at the same prices: the cost figures with the change, then each
+    window's cost by pool and over time."""
+    with common.service_errors():
+        a = common.analytics(sel, **params)
+        b = common.analytics(other, **params)
+    costs = [(s.get("parts") or {}).get("cost") or {} for s in (a, b)]
+    for cost in costs:
+        trust.add(figures.part_labels(cost), primary=True)
+    st.caption(f"A: {common.describe_window(sel)} · B: {common.describe_window(other)} · the same prices")
+    st.markdown(
+        compare.table_html(compare_rows(costs[0].get("total") or {}, costs[1].get("total") or {}), "A", "B"),
+        unsafe_allow_html=True,
+    )
+    left, right = compare.headers(common.describe_window(sel), common.describe_window(other))
+    for col, s, cost, side in ((left, sel, costs[0], "a"), (right, other, costs[1], "b")):
+        with col:
+            if not cost.get("by_pool"):
+                common.empty_window("GPU time to price", s)
+                continue
+            labels = figures.part_labels(cost)
+            trust.chart(
+                figures.cost_by_pool_figure(cost["by_pool"], labels=labels),
+                labels,
+                width="stretch",
+                key=f"cost_pool_{side}",
+                config={"displaylogo": False},
+            )
+            _cost_over_time(cost, s, labels, trust, key=f"cost_time_{side}")
 
 
 def _body(sel: common.Selection, params: dict[str, Any], trust: PageTrust) -> None:

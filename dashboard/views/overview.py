@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import common, figures, share_bar
+from dashboard import common, compare, figures, share_bar
 from dashboard.api import ApiError
 from dashboard.figures import recommend as rf
 from dashboard.page_trust import PageTrust
@@ -46,6 +46,8 @@ def _params(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
         params |= {"start_s": sel.start_s, "end_s": sel.end_s}
     else:
         params["since"] = f"{float(sel.span_s or 3600.0):g}s"
+        if sel.offset_s:  # the period before: the span up to its end
+            params["end_s"] = float(int(sel.window()[1]))
         nodes = sorted({g.node for g in sel.gpus}) if sel.gpus != sel.all_gpus else []
         if nodes:
             params["node"] = nodes
@@ -172,9 +174,65 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     trust = PageTrust()
     try:
-        _body(sel, fleet_gpus, trust)
+        if sel.compare is not None:
+            _compared(sel, sel.compare, fleet_gpus, trust)
+        else:
+            if sel.compare_note:
+                st.info(sel.compare_note, icon=":material/compare_arrows:")
+            _body(sel, fleet_gpus, trust)
     finally:
         trust.render()
+
+
+def _read_overview(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
+    params = _params(sel, fleet_gpus)
+    return _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[compare.Row]:
+    """The tiles' figures of windows A and B (two overview answers) as comparison rows."""
+    rows = []
+    for key in (k for row in TILE_ROWS for k in row):
+        fa = (a.get("figures") or {}).get(key) or {}
+        fb = (b.get("figures") or {}).get(key) or {}
+        rows.append(
+            compare.Row(
+                key=key,
+                label=TILE_LABELS.get(key, str(fa.get("label") or key)),
+                a=fa.get("value"),
+                b=fb.get("value"),
+                a_text=figures.figure_text(key, fa.get("value")),
+                b_text=figures.figure_text(key, fb.get("value")),
+                ratio=(fa.get("unit") or fb.get("unit")) == "ratio",
+                higher_is_better=bool(fa.get("higher_is_better", fb.get("higher_is_better"))),
+            )
+        )
+    return rows
+
+
+def _compared(
+    sel: common.Selection, other: common.Selection, fleet_gpus: int | None, trust: PageTrust
+) -> None:
+    """Windows A (the view's) and B (the one compared) side by side: the tiles' figures with the change,
+    then each window's GPU-time bar."""
+    with common.service_errors():
+        a = _read_overview(sel, fleet_gpus)
+        b = _read_overview(other, fleet_gpus)
+    for body in (a, b):
+        main = list((body.get("gpu_time") or {}).get("trust") or [])
+        main += [lb for f in (body.get("figures") or {}).values() for lb in f.get("trust") or []]
+        trust.add(main, primary=True)
+    st.caption(f"A: {common.describe_window(sel)} · B: {common.describe_window(other)}")
+    st.markdown(compare.table_html(compare_rows(a, b), "A", "B"), unsafe_allow_html=True)
+    left, right = compare.headers(common.describe_window(sel), common.describe_window(other))
+    for col, s, body in ((left, sel, a), (right, other, b)):
+        with col:
+            gpu_time = body.get("gpu_time") or {}
+            if body.get("empty") or gpu_time.get("shares") is None:
+                common.empty_window("GPU time, tokens or requests", s)
+                continue
+            bar_labels = gpu_time.get("trust") or []
+            st.html(share_bar.gpu_time_html(gpu_time, None, bar_labels if trust.differs(bar_labels) else []))
 
 
 def _body(sel: common.Selection, fleet_gpus: int | None, trust: PageTrust) -> None:
