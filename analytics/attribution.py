@@ -152,6 +152,9 @@ class PhaseBreakdown:
     missing: list[str] = field(default_factory=list)
     raw: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     gaps: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: ``raw``'s sums per ``period_s`` instead of per hour (``hour_s`` the period's start), when asked
+    raw_by_period: pd.DataFrame | None = field(default=None, repr=False)
+    period_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return tables_dict(
@@ -208,8 +211,9 @@ CATEGORIES: tuple[str, ...] = (
 _STATE_CATEGORIES = ("idle", "unsampled")
 
 
-def _aggregate_sql(table: str) -> str:
-    """Per GPU × role × hour sums: state seconds, the apportioned energy of every state, the
+def _aggregate_sql(table: str, period_s: float | None = None) -> str:
+    """Per GPU × role × hour sums (× ``period_s`` instead of the hour when given: the rows keep the
+    column ``hour_s``, then the period's start, each interval in the period its start falls in): state seconds, the apportioned energy of every state, the
     GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap.
 
     Unsampled time is a state of every GPU, attributed or not (no GPU's work is known there): so
@@ -228,6 +232,7 @@ def _aggregate_sql(table: str) -> str:
         ]
         + ["CASE WHEN energy_j IS NOT NULL THEN coalesce(energy_unsampled_j, 0) END AS e_unsampled"]
     )
+    period = "hour_s" if period_s is None else f"floor(t0_s / {float(period_s)!r}) * {float(period_s)!r}"
     e_parts = ", ".join(f"sum(e_{s[:-2]}) AS energy_{s[:-2]}_j" for s in STATES)
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
     return f"""
@@ -252,7 +257,7 @@ cv AS (
     FROM ev
 )
 SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) AS name,
-       coalesce(role, 'unknown') AS role, any_value(worker) AS worker, hour_s,
+       coalesce(role, 'unknown') AS role, any_value(worker) AS worker, {period} AS hour_s,
        count(*) AS intervals, sum(interval_s) AS interval_s,
        sum(CASE WHEN attributed THEN interval_s ELSE unsampled_s END) AS attributed_s,
        sum(CASE WHEN NOT attributed THEN interval_s - unsampled_s ELSE 0 END) AS unattributed_s,
@@ -284,7 +289,7 @@ SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) A
        count(*) FILTER (WHERE host_bound) AS host_bound_intervals,
        list(DISTINCT trust) AS trusts
 FROM cv
-GROUP BY node, source, device, "index", coalesce(role, 'unknown'), hour_s
+GROUP BY node, source, device, "index", coalesce(role, 'unknown'), {period}
 """
 
 
@@ -459,6 +464,7 @@ def phase_breakdown(
     bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
     iteration_groups: pa.Table | None = None,
+    period_s: float | None = None,
 ) -> PhaseBreakdown:
     """Time and energy of the window's GPUs by state, per GPU, per pool (role) and per hour, with
     the per-GPU power fits and the trust labels. Runs on grid buckets of ``bucket_s`` seconds
@@ -466,17 +472,22 @@ def phase_breakdown(
     materialised in a TEMP table — or on ``intervals``, one already open on ``con`` for this window
     and shared by several analyses. Aggregation runs in SQL; only per GPU × role × hour sums reach
     Python. ``iteration_groups``: the window's :func:`analytics.iteration_groups.iteration_groups`
-    when already computed (else computed here)."""
+    when already computed (else computed here). ``period_s``: also sum per GPU × role × period of
+    that many seconds (``raw_by_period``: the cost over time at a resolution finer than the hour)."""
     if intervals is not None:
         if intervals.window != window:
             raise ValueError("the interval table given is of another window than the one asked for")
-        return _breakdown_from(con, window, intervals, iteration_groups)
+        return _breakdown_from(con, window, intervals, iteration_groups, period_s)
     with IntervalTable(con, window, bucket_s) as t:
-        return _breakdown_from(con, window, t, iteration_groups)
+        return _breakdown_from(con, window, t, iteration_groups, period_s)
 
 
 def _breakdown_from(
-    con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable, groups: pa.Table | None
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    iv: IntervalTable,
+    groups: pa.Table | None,
+    period_s: float | None = None,
 ) -> PhaseBreakdown:
     table = iv.name
     trust = Trust()
@@ -488,6 +499,7 @@ def _breakdown_from(
     con.register("pl_coef", coef)
     try:
         raw = con.execute(_aggregate_sql(table)).df()
+        by_period = con.execute(_aggregate_sql(table, period_s)).df() if period_s else None
     finally:
         con.unregister("pl_coef")
     issues = _iteration_issues(con, window, table, iv.exact, groups)
@@ -566,5 +578,15 @@ def _breakdown_from(
     missing += poor_fit_notes(fits)
     missing += _issue_notes(issues)
     return PhaseBreakdown(
-        window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw, gaps
+        window,
+        _finish(per_gpu),
+        _finish(per_pool),
+        _finish(per_hour),
+        fits,
+        trust,
+        missing,
+        raw,
+        gaps,
+        raw_by_period=by_period,
+        period_s=period_s if by_period is not None else None,
     )

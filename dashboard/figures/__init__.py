@@ -30,6 +30,7 @@ from dashboard.figures.cost import (
     gpu_time_colours,
     gpu_time_figure,
     gpu_time_rows,
+    period_text,
     pool_name,
 )
 from dashboard.figures.latency import (
@@ -107,6 +108,7 @@ __all__ = [
     "modes_in_words",
     "ordered_labels",
     "part_labels",
+    "period_text",
     "pool_name",
     "sarle_text",
     "time_axis_title",

@@ -224,7 +224,20 @@ def _cost_over_time(
     *,
     key: str = "cost_hour",
 ) -> None:
-    """The cost per clock hour, when the window holds enough clock hours to chart; else why not."""
+    """The cost over time: per period finer than the hour where the service summed one for the window
+    (``by_period``), else per clock hour when the window holds enough of them to chart; else why not."""
+    periods = cost.get("by_period") or []
+    if cost.get("period_s") and len(periods) >= MIN_HOURS_FOR_CHART:
+        trust.chart(
+            figures.cost_over_time_figure(
+                periods, labels=labels, simulated=sel.simulated, period_s=float(cost["period_s"])
+            ),
+            labels,
+            width="stretch",
+            key=key,
+            config={"displaylogo": False},
+        )
+        return
     by_hour = cost.get("by_hour") or []
     hours = len({r.get("hour_start_s") for r in by_hour})
     if hours < MIN_HOURS_FOR_CHART:

@@ -160,9 +160,13 @@ def test_cost_over_time_and_annual():
     ]
     fig = figures.cost_over_time_figure(hours, labels=["simulated"], simulated=True)
     decode = _trace(fig, "productive decode")
-    assert [str(x) for x in decode.x] == ["1970-01-01 01:00:00", "1970-01-01 02:00:00"]  # sorted by hour
+    assert [str(x) for x in decode.x] == ["1970-01-01 01:30:00", "1970-01-01 02:30:00"]  # sorted, centred
     assert list(decode.y) == [0.0, 1.0]
     assert "simulated" in fig.layout.xaxis.title.text
+    assert fig.layout.title.text == "Cost over time, by category (per clock hour)"
+    fig = figures.cost_over_time_figure(hours, labels=["simulated"], simulated=True, period_s=300.0)
+    assert fig.layout.title.text == "Cost over time, by category (per 5 min)" and decode.width == 3_240_000
+    assert _trace(fig, "productive decode").width == pytest.approx(300_000 * 0.9)  # a bar per period
     annual = {
         "fleet_gpus": 64,
         "usd_per_year": {"decode": 100.0, "stranded_decode": 300.0, "idle": 50.0},
