@@ -40,8 +40,9 @@ SETTLED = """() => document.querySelector('[data-testid="stMain"] [data-testid="
 def pages() -> list[tuple[str, str]]:
     """(file, title) of dashboard/app.py's PAGES, read from its source."""
     for node in ast.parse(APP.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PAGES":
-            return [(f, t) for f, t, _icon in ast.literal_eval(node.value)]
+        target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
+        if getattr(target, "id", None) == "PAGES" and node.value is not None:  # type: ignore[attr-defined]
+            return [(f, t) for f, t, _icon in ast.literal_eval(node.value)]  # type: ignore[attr-defined]
     raise SystemExit("dashboard/app.py defines no PAGES")
 
 

@@ -210,20 +210,18 @@ def _compared(
             window_s = (
                 (float(win["start_s"]), float(win["end_s"])) if "start_s" in win and "end_s" in win else None
             )
+            fig = figures.latency_over_time_figure(
+                lat.get("over_time") or [],
+                labels=labels,
+                simulated=s.simulated,
+                slo_ttft_s=slo.get("ttft_s"),
+                slo_tpot_s=slo.get("tpot_s"),
+                bucket_s=lat.get("bucket_s"),
+                window_s=window_s,
+            )
+            fig.update_layout(legend={"y": -0.14})  # half a page wide: the legend wraps to two rows
             trust.chart(
-                figures.latency_over_time_figure(
-                    lat.get("over_time") or [],
-                    labels=labels,
-                    simulated=s.simulated,
-                    slo_ttft_s=slo.get("ttft_s"),
-                    slo_tpot_s=slo.get("tpot_s"),
-                    bucket_s=lat.get("bucket_s"),
-                    window_s=window_s,
-                ),
-                labels,
-                width="stretch",
-                key=f"latency_time_{side}",
-                config={"displaylogo": False},
+                fig, labels, width="stretch", key=f"latency_time_{side}", config={"displaylogo": False}
             )
 
 
