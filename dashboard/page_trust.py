@@ -46,8 +46,10 @@ def strip_trust(fig: go.Figure) -> go.Figure:
 class PageTrust:
     """The one badge block of a page (see the module's docstring)."""
 
-    def __init__(self) -> None:
-        self._slot = st.empty()
+    def __init__(self, slot: Any = None) -> None:
+        """``slot``: where the block goes (an ``st.empty()`` the page made under its title, above its
+        controls; a live fragment fills it from inside); else here."""
+        self._slot = slot if slot is not None else st.empty()
         self.labels: set[str] = set()
         self.primary: tuple[str, ...] | None = None
 

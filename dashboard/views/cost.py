@@ -279,9 +279,9 @@ def _sources(cost: dict[str, Any]) -> None:
         st.markdown("**Prices used**\n\n" + "\n".join(lines))
 
 
-def render(sel: common.Selection, params: dict[str, Any]) -> None:
+def render(sel: common.Selection, params: dict[str, Any], trust_slot: Any = None) -> None:
     """The page body for the chosen fleet size and prices."""
-    trust = PageTrust()
+    trust = PageTrust(trust_slot)
     try:
         if sel.compare is not None:
             _compared(sel, sel.compare, params, trust)
@@ -425,6 +425,7 @@ with common.service_errors():
     sel = common.sidebar()
 st.title("Cost")
 st.caption(f"{common.describe_window(sel)} · where the GPU-hours' money goes, and what it comes to in a year")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 with common.service_errors():  # the same read as the page's at default prices: answered once
     observed_gpus = max(1, len({g.key for g in sel.all_gpus}))
     base = common.analytics(sel, fleet_gpus=int(st.session_state.get("cost_fleet", observed_gpus)))
@@ -442,7 +443,7 @@ chosen = _price_controls(
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, chosen)
+    render(sel, chosen, trust_slot)
 
 
 _live()

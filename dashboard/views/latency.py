@@ -131,9 +131,9 @@ def _goodput(trust: PageTrust) -> None:
     )
 
 
-def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
+def render(sel: common.Selection, ttft_ms: int, tpot_ms: int, trust_slot: Any = None) -> None:
     """The page body for the chosen SLOs."""
-    trust = PageTrust()
+    trust = PageTrust(trust_slot)
     try:
         if sel.compare is not None:
             _compared(sel, sel.compare, ttft_ms, tpot_ms, trust)
@@ -290,12 +290,13 @@ with common.service_errors():
     sel = common.sidebar()
 st.title("Latency")
 st.caption(f"{common.describe_window(sel)} · TTFT and inter-token latency, SLO attainment, goodput")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 ttft_ms, tpot_ms = _slo_controls()
 
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, ttft_ms, tpot_ms)
+    render(sel, ttft_ms, tpot_ms, trust_slot)
 
 
 _live()

@@ -170,9 +170,9 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool, trust:
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 
 
-def render(sel: common.Selection, fleet_gpus: int | None) -> None:
+def render(sel: common.Selection, fleet_gpus: int | None, trust_slot: Any = None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
-    trust = PageTrust()
+    trust = PageTrust(trust_slot)
     try:
         if sel.compare is not None:
             _compared(sel, sel.compare, fleet_gpus, trust)
@@ -295,6 +295,7 @@ st.title("Overview")  # before the sidebar's reads: the first paint does not wai
 with common.service_errors():
     sel = common.sidebar()
 st.caption(f"{common.describe_window(sel)} · against the previous period of the same length")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 default_fleet = max(1, len({g.key for g in sel.all_gpus}))
 fleet = st.columns([1, 3])[0].number_input(
     "Fleet size for the yearly figure, GPUs",
@@ -309,7 +310,7 @@ fleet = st.columns([1, 3])[0].number_input(
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, int(fleet))
+    render(sel, int(fleet), trust_slot)
 
 
 _live()
