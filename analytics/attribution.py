@@ -152,6 +152,9 @@ class PhaseBreakdown:
     missing: list[str] = field(default_factory=list)
     raw: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     gaps: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: ``raw``'s sums per ``period_s`` instead of per hour (``hour_s`` the period's start), when asked
+    raw_by_period: pd.DataFrame | None = field(default=None, repr=False)
+    period_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return tables_dict(
@@ -208,9 +211,10 @@ CATEGORIES: tuple[str, ...] = (
 _STATE_CATEGORIES = ("idle", "unsampled")
 
 
-def _aggregate_sql(table: str) -> str:
+def _aggregate_sql(table: str, period_s: float | None = None) -> str:
     """Per GPU × role × hour sums: state seconds, the apportioned energy of every state, the
-    GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap.
+    GPU-time categories (time and energy) and the sums behind the utilization − SM activity gap; with
+    ``period_s`` per GPU × role × period too, in the same pass (:func:`_split_periods` parts them).
 
     Unsampled time is a state of every GPU, attributed or not (no GPU's work is known there): so
     ``attributed_s`` (what the state fractions divide by) is the time whose state is known — an
@@ -228,6 +232,14 @@ def _aggregate_sql(table: str) -> str:
         ]
         + ["CASE WHEN energy_j IS NOT NULL THEN coalesce(energy_unsampled_j, 0) END AS e_unsampled"]
     )
+    keys = "node, source, device, \"index\", coalesce(role, 'unknown')"
+    if period_s is None:
+        p_col, p_sel, group = "", "", f"{keys}, hour_s"
+    else:
+        p = repr(float(period_s))
+        p_col = f", floor(t0_s / {p}) * {p} AS p_start"
+        p_sel = "p_start, GROUPING(p_start) = 1 AS by_hour, "
+        group = f"GROUPING SETS (({keys}, hour_s), ({keys}, p_start))"
     e_parts = ", ".join(f"sum(e_{s[:-2]}) AS energy_{s[:-2]}_j" for s in STATES)
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
     return f"""
@@ -248,11 +260,11 @@ ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during 
 ),
 cv AS (
     SELECT *, coalesce(e_prefill, 0) + coalesce(e_mixed_prefill, 0) AS ep_j,
-           coalesce(e_decode, 0) + coalesce(e_mixed_decode, 0) AS ed_j
+           coalesce(e_decode, 0) + coalesce(e_mixed_decode, 0) AS ed_j{p_col}
     FROM ev
 )
 SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) AS name,
-       coalesce(role, 'unknown') AS role, any_value(worker) AS worker, hour_s,
+       coalesce(role, 'unknown') AS role, any_value(worker) AS worker, hour_s, {p_sel}
        count(*) AS intervals, sum(interval_s) AS interval_s,
        sum(CASE WHEN attributed THEN interval_s ELSE unsampled_s END) AS attributed_s,
        sum(CASE WHEN NOT attributed THEN interval_s - unsampled_s ELSE 0 END) AS unattributed_s,
@@ -284,8 +296,18 @@ SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) A
        count(*) FILTER (WHERE host_bound) AS host_bound_intervals,
        list(DISTINCT trust) AS trusts
 FROM cv
-GROUP BY node, source, device, "index", coalesce(role, 'unknown'), hour_s
+GROUP BY {group}
 """
+
+
+def _split_periods(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """:func:`_aggregate_sql`'s rows as (hourly, per period with ``hour_s`` its start), or (all, None)."""
+    if "by_hour" not in df:
+        return df, None
+    hourly = df["by_hour"].astype(bool)
+    raw = df[hourly].drop(columns=["p_start", "by_hour"]).reset_index(drop=True)
+    periods = df[~hourly].drop(columns=["hour_s", "by_hour"]).rename(columns={"p_start": "hour_s"})
+    return raw, periods[raw.columns].reset_index(drop=True)
 
 
 _SUM_COLS = (
@@ -459,6 +481,7 @@ def phase_breakdown(
     bucket_s: float | None = None,
     intervals: IntervalTable | None = None,
     iteration_groups: pa.Table | None = None,
+    period_s: float | None = None,
 ) -> PhaseBreakdown:
     """Time and energy of the window's GPUs by state, per GPU, per pool (role) and per hour, with
     the per-GPU power fits and the trust labels. Runs on grid buckets of ``bucket_s`` seconds
@@ -466,17 +489,22 @@ def phase_breakdown(
     materialised in a TEMP table — or on ``intervals``, one already open on ``con`` for this window
     and shared by several analyses. Aggregation runs in SQL; only per GPU × role × hour sums reach
     Python. ``iteration_groups``: the window's :func:`analytics.iteration_groups.iteration_groups`
-    when already computed (else computed here)."""
+    when already computed (else computed here). ``period_s``: also sum per GPU × role × period of
+    that many seconds (``raw_by_period``: the cost over time at a resolution finer than the hour)."""
     if intervals is not None:
         if intervals.window != window:
             raise ValueError("the interval table given is of another window than the one asked for")
-        return _breakdown_from(con, window, intervals, iteration_groups)
+        return _breakdown_from(con, window, intervals, iteration_groups, period_s)
     with IntervalTable(con, window, bucket_s) as t:
-        return _breakdown_from(con, window, t, iteration_groups)
+        return _breakdown_from(con, window, t, iteration_groups, period_s)
 
 
 def _breakdown_from(
-    con: duckdb.DuckDBPyConnection, window: Window, iv: IntervalTable, groups: pa.Table | None
+    con: duckdb.DuckDBPyConnection,
+    window: Window,
+    iv: IntervalTable,
+    groups: pa.Table | None,
+    period_s: float | None = None,
 ) -> PhaseBreakdown:
     table = iv.name
     trust = Trust()
@@ -487,7 +515,7 @@ def _breakdown_from(
     coef = coef_frame(fits, stats)
     con.register("pl_coef", coef)
     try:
-        raw = con.execute(_aggregate_sql(table)).df()
+        raw, by_period = _split_periods(con.execute(_aggregate_sql(table, period_s)).df())
     finally:
         con.unregister("pl_coef")
     issues = _iteration_issues(con, window, table, iv.exact, groups)
@@ -565,6 +593,8 @@ def _breakdown_from(
         missing += [f"{key}: {m}" for m in fit.missing]
     missing += poor_fit_notes(fits)
     missing += _issue_notes(issues)
-    return PhaseBreakdown(
+    out = PhaseBreakdown(
         window, _finish(per_gpu), _finish(per_pool), _finish(per_hour), fits, trust, missing, raw, gaps
     )
+    out.raw_by_period, out.period_s = by_period, period_s if by_period is not None else None
+    return out

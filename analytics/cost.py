@@ -56,6 +56,7 @@ __all__ = [
     "ATTRIBUTION_CATEGORY",
     "CATEGORIES",
     "CATEGORY_LABELS",
+    "COST_PERIODS_S",
     "DEFAULT_SOURCES",
     "MIG_SLICES",
     "AnnualProjection",
@@ -64,12 +65,32 @@ __all__ = [
     "PriceError",
     "PriceTable",
     "cost_breakdown",
+    "cost_period_s",
     "load_prices",
     "mig_share",
     "price_usage",
     "token_counts",
     "usage_rows",
 ]
+
+#: the period widths the cost over time is summed at when an hour is too coarse for the window (each a
+#: divisor of the hour; the smallest whose buckets stay within MAX_COST_BUCKETS and that holds whole
+#: grid buckets of the attribution)
+COST_PERIODS_S = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
+MAX_COST_BUCKETS = 60
+
+
+def cost_period_s(window_s: float, grid_s: float) -> float | None:
+    """The period to sum the cost over time at for a window of ``window_s`` seconds whose attribution
+    runs on grid buckets of ``grid_s`` seconds (0: exact sample intervals): the smallest of
+    :data:`COST_PERIODS_S` that is a whole number of grid buckets and cuts the window into at most
+    :data:`MAX_COST_BUCKETS`; None when only an hour or more would (``by_hour`` serves those)."""
+    for p in COST_PERIODS_S:
+        whole = grid_s <= 0 or (p >= grid_s and abs(p / grid_s - round(p / grid_s)) < 1e-9)
+        if whole and window_s / p <= MAX_COST_BUCKETS:
+            return p
+    return None
+
 
 # -- from the store -----------------------------------------------------------------------------------
 
@@ -291,6 +312,12 @@ def cost_breakdown(
         )
         raw = raw[keep]
     result = price_usage(usages, prices, trust=trust, requests=requests)
+    if pb.raw_by_period is not None and not external_gpus and not pb.raw_by_period.empty:
+        # the same GPU-seconds and joules summed per period instead of per hour, priced alike: no
+        # tokens (a period's are not counted), so its rows carry dollars and no $ per token
+        no_tokens = tokens.iloc[0:0]
+        periods = price_usage(usage_rows(pb.raw_by_period, no_tokens, model, shares), prices, trust=Trust())
+        result.by_period, result.period_s = periods.by_hour, pb.period_s
 
     unattributed = float(raw["unattributed_s"].sum()) if "unattributed_s" in raw else 0.0
     if unattributed > 0:

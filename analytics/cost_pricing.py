@@ -129,6 +129,10 @@ class CostBreakdown:
     prices: PriceTable
     trust: Trust = field(default_factory=Trust)
     tokens: dict[str, float] = field(default_factory=dict)
+    #: the cost per period of ``period_s`` seconds (finer than the hour, for a short window), the
+    #: ``by_hour`` columns with ``hour_start_s`` the period's start; None where hours suffice
+    by_period: pd.DataFrame | None = None
+    period_s: float | None = None
 
     def headline(self) -> dict[str, float]:
         """The total row as a dict (NaN where undefined, e.g. no output tokens)."""
@@ -171,10 +175,23 @@ class CostBreakdown:
             "by_pool": records(self.by_pool),
             "by_gpu": records(self.by_gpu),
             "by_hour": records(self.by_hour),
+            "period_s": self.period_s,
+            "by_period": None
+            if self.by_period is None
+            else records(self.by_period[_period_columns(self.by_period)]),
             "prices": self.prices.to_dict(),
             "tokens": json_safe(self.tokens),
             "trust": self.trust.to_dict(),
         }
+
+
+def _period_columns(df: pd.DataFrame) -> list[str]:
+    """The columns a period row carries in JSON: its start, GPU-seconds, energy and dollars (no tokens:
+    a period's tokens are not counted, so it has no $ per token)."""
+    keep = ("hour_start_s", "gpu_seconds", "energy_j", "cost_usd")
+    return [
+        c for c in df.columns if c in keep or c.startswith(("cost_usd_", "energy_j_")) or c.endswith("_s")
+    ]
 
 
 # -- the pure part ------------------------------------------------------------------------------------

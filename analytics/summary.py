@@ -88,7 +88,7 @@ def summarize(
     """
     from analytics.attribution import phase_breakdown
     from analytics.bimodal import bimodality, idle_split
-    from analytics.cost import cost_breakdown, load_prices, token_counts
+    from analytics.cost import cost_breakdown, cost_period_s, load_prices, token_counts
     from analytics.external import external_attribution
     from analytics.external_cost import gpus_without_telemetry
     from analytics.intervals import IntervalTable
@@ -127,7 +127,15 @@ def summarize(
     try:
         pb = (
             run(
-                "phases", lambda: phase_breakdown(con, window, intervals=intervals, iteration_groups=groups())
+                "phases",
+                lambda: phase_breakdown(
+                    con,
+                    window,
+                    intervals=intervals,
+                    iteration_groups=groups(),
+                    # the cost over time at the resolution the window needs (finer than the hour)
+                    period_s=cost_period_s(window.end_s - window.start_s, intervals.bucket_s),
+                ),
             )
             if intervals
             else None

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
+from dashboard import url_state
 from dashboard.api import (
     API_URL_ENV,
     TIME_COLUMNS,
@@ -46,7 +47,8 @@ REFRESH_S = 5.0  # live refresh period of a page's fragment
 LIVE_TTL_S = 2.0  # how long a live read is reused (reruns within it, several charts of one page)
 SCENARIO_TTL_S = 3600.0  # a scenario's rows never change once stored
 
-SIDEBAR_KEYS = ("dataset", "live_range", "live_refresh", "range_", "pools_", "gpus_")
+SIDEBAR_KEYS = ("dataset", "live_range", "live_refresh", "range_", "pools_", "gpus_", "compare", "crange_")
+NO_COMPARE = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,9 @@ class Selection:
     gpus: tuple[Gpu, ...]  # the GPUs selected (all of the data set's when none was picked)
     all_gpus: tuple[Gpu, ...]
     live_refresh: bool
+    offset_s: float = 0.0  # live: the window ends this long before now (the previous period's)
+    compare: Selection | None = None  # the window compared with (B), when the sidebar picked one
+    compare_note: str | None = None  # why nothing is compared although asked (no earlier period)
 
     @property
     def simulated(self) -> bool:
@@ -87,7 +92,7 @@ class Selection:
         """``(start_s, end_s)`` now: a live window ends at the current time."""
         if self.simulated:
             return float(self.start_s), float(self.end_s)  # type: ignore[arg-type]
-        end = time.time()
+        end = time.time() - self.offset_s
         return end - float(self.span_s or 3600.0), end
 
     @property
@@ -366,15 +371,6 @@ def text_md(text: str) -> str:
 # -- trust labels ------------------------------------------------------------------------------------
 
 
-def trust_badges(labels: Iterable[str]) -> None:
-    """Badges naming where a figure's data comes from (measured, emulated, simulated, host-bound,
-    estimated), shown above every chart."""
-    labels = ordered_labels(labels)
-    if not labels:
-        return
-    st.markdown(" ".join(f":{TRUST_COLOURS.get(lb, ('gray', ''))[0]}-badge[{lb}]" for lb in labels))
-
-
 def row_trust(df: pd.DataFrame) -> set[str]:
     """The trust labels of sample rows (``trust_label`` of docs/STORE.md, plus host-bound)."""
     if df.empty:
@@ -418,7 +414,9 @@ def _default_dataset(options: list[str]) -> str:
 
 
 def sidebar() -> Selection:
-    """Render the sidebar and return what it selects."""
+    """Render the sidebar and return what it selects. The data set, time range and comparison come
+    from the link's query string on a session's first run (:mod:`dashboard.url_state`) and are written
+    back to it on every run, so that the page's URL reproduces the view."""
     with st.sidebar:
         st.caption(f"Service: `{api_url()}`")
         scenarios = {s["scenario_id"]: s for s in _scenarios(api_url())}
@@ -436,29 +434,14 @@ def sidebar() -> Selection:
             help="Live rows of the collector's own nodes, or one simulated scenario (never mixed).",
         )
         st.query_params["dataset"] = dataset
-        span_s = start_s = end_s = None
+        window = _range_input(dataset, scenarios, "live_range", f"range_{dataset}", "Time range", "range")
+        live_refresh = False
         if dataset == LIVE:
-            choice = st.selectbox("Time range", list(LIVE_RANGES_S), index=2, key="live_range")
-            span_s = LIVE_RANGES_S[choice]
             live_refresh = st.toggle(
                 "Live refresh", value=True, key="live_refresh", help=f"every {REFRESH_S:g} s"
             )
-        else:
-            sc = scenarios[dataset]
-            s0, s1 = float(sc["start_s"]), float(sc["end_s"])
-            dur = max(s1 - s0, 1.0)
-            a, b = st.slider(
-                "Time range (s into the scenario)",
-                0.0,
-                float(round(dur, 1)),
-                (0.0, float(round(dur, 1))),
-                step=max(0.1, round(dur / 200, 1)),
-                key=f"range_{dataset}",
-            )
-            start_s, end_s = s0 + a, s0 + max(b, a + 0.1)
-            live_refresh = False
         node = SIM_PREFIX + dataset if dataset != LIVE else None
-        gpus = _gpus(node, end_s)
+        gpus = _gpus(node, window[2])
         pools = sorted({g.pool for g in gpus if g.pool})
         chosen_pools = (
             st.multiselect("Pool", pools, key=f"pools_{dataset}", placeholder="all pools") if pools else []
@@ -467,17 +450,100 @@ def sidebar() -> Selection:
         by_label = {g.label: g for g in in_pools}
         chosen = st.multiselect("GPUs", list(by_label), key=f"gpus_{dataset}", placeholder="all GPUs")
         picked = tuple(by_label[c] for c in chosen) or tuple(in_pools)
-    sel = Selection(
-        dataset=dataset,
-        dataset_label=labels[dataset],
-        span_s=span_s,
-        start_s=start_s,
-        end_s=end_s,
-        gpus=picked,
-        all_gpus=gpus,
-        live_refresh=live_refresh,
+        sel = Selection(
+            dataset=dataset,
+            dataset_label=labels[dataset],
+            span_s=window[0],
+            start_s=window[1],
+            end_s=window[2],
+            gpus=picked,
+            all_gpus=gpus,
+            live_refresh=live_refresh,
+        )
+        return _compare_input(sel, options, labels, scenarios)
+
+
+def _range_input(
+    dataset: str, scenarios: dict[str, Any], live_key: str, slider_key: str, label: str, param: str
+) -> tuple[float | None, float | None, float | None]:
+    """The time range of ``dataset`` (``(span_s, None, None)`` live, ``(None, start_s, end_s)`` a
+    scenario), seeded from the link's ``param`` on first use and written back to it."""
+    if dataset == LIVE:
+        if live_key not in st.session_state:
+            st.session_state[live_key] = url_state.live_range_of(st.query_params.get(param)) or "last hour"
+        choice = st.selectbox(label, list(LIVE_RANGES_S), key=live_key)
+        st.query_params[param] = url_state.live_range_code(choice)
+        return LIVE_RANGES_S[choice], None, None
+    sc = scenarios[dataset]
+    s0, s1 = float(sc["start_s"]), float(sc["end_s"])
+    dur = float(round(max(s1 - s0, 1.0), 1))
+    if slider_key not in st.session_state:
+        st.session_state[slider_key] = url_state.scenario_range_of(st.query_params.get(param), dur) or (
+            0.0,
+            dur,
+        )
+    a, b = st.slider(
+        f"{label} (s into the scenario)", 0.0, dur, step=max(0.1, round(dur / 200, 1)), key=slider_key
     )
-    return sel
+    st.query_params[param] = url_state.scenario_range_text(a, b)
+    return None, s0 + a, s0 + max(b, a + 0.1)
+
+
+def _compare_input(
+    sel: Selection, options: list[str], labels: dict[str, str], scenarios: dict[str, Any]
+) -> Selection:
+    """The "Compare with" choice (nothing, the previous period, another data set and its range), in
+    the link as ``compare`` / ``compare_range``; ``sel`` with its :attr:`Selection.compare` set."""
+    choices = [NO_COMPARE, url_state.PREVIOUS, *(o for o in options if o != sel.dataset)]
+    if "compare" not in st.session_state:
+        st.session_state["compare"] = (
+            url_state.compare_of(st.query_params.get("compare"), options) or NO_COMPARE
+        )
+    if st.session_state["compare"] not in choices:  # the data set compared became the one viewed
+        st.session_state["compare"] = NO_COMPARE
+    names = {NO_COMPARE: "nothing", url_state.PREVIOUS: "the previous period of the same length"} | labels
+    other = st.selectbox(
+        "Compare with",
+        choices,
+        format_func=names.__getitem__,
+        key="compare",
+        help="Shown side by side (A: the range above, B: this) on the Overview, Cost and Latency pages.",
+    )
+    for param in ("compare", "compare_range"):
+        st.query_params.pop(param, None)
+    if other == NO_COMPARE:
+        return sel
+    st.query_params["compare"] = other
+    if other == url_state.PREVIOUS:
+        return _previous(sel, scenarios)
+    span_s, start_s, end_s = _range_input(
+        other, scenarios, "compare_live_range", f"crange_{other}", "Its time range", "compare_range"
+    )
+    node = SIM_PREFIX + other if other != LIVE else None
+    gpus = _gpus(node, end_s)
+    b = Selection(other, labels[other], span_s, start_s, end_s, gpus, gpus, False)
+    return replace(sel, compare=b)
+
+
+def _previous(sel: Selection, scenarios: dict[str, Any]) -> Selection:
+    """``sel`` compared with the period of the same length just before its window."""
+    if not sel.simulated:
+        span = float(sel.span_s or 3600.0)
+        b = replace(
+            sel, offset_s=span, live_refresh=False, dataset_label=f"{sel.dataset_label}, the period before"
+        )
+        return replace(sel, compare=b)
+    start, end = float(sel.start_s), float(sel.end_s)  # type: ignore[arg-type]
+    first = start - (end - start)
+    s0 = float(scenarios[sel.dataset]["start_s"])
+    if start - s0 < 0.1:
+        return replace(
+            sel, compare_note="No earlier period to compare with: the range starts where the scenario does."
+        )
+    b = replace(
+        sel, start_s=max(first, s0), end_s=start, dataset_label=f"{sel.dataset_label}, the period before"
+    )
+    return replace(sel, compare=b)
 
 
 def keep_sidebar_state() -> None:

@@ -15,10 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dashboard.figures import MIN_LABEL_SHARE, gpu_time_colours, gpu_time_rows, trust_markup
+from dashboard.figures.palette import NEUTRAL
 
 AXIS_TITLE = "share of GPU-time, %"
 TICKS_PCT = (0, 25, 50, 75, 100)
-DARK_TEXT = "#1f2430"  # segment text on light colours (white on dark ones: text_colour)
+DARK_TEXT = NEUTRAL["ink_dark"]  # segment text on light colours (white on dark ones: text_colour)
 _FONT = "font-family:'Source Sans Pro','Source Sans 3',sans-serif"  # Streamlit's own
 
 
@@ -37,7 +38,7 @@ def text_colour(background: str) -> str:
     lum = _luminance(background)
     on_white = 1.05 / (lum + 0.05)
     on_dark = (lum + 0.05) / (_luminance(DARK_TEXT) + 0.05)
-    return "#ffffff" if on_white > on_dark else DARK_TEXT
+    return NEUTRAL["white"] if on_white > on_dark else DARK_TEXT
 
 
 def _pct(share: float) -> str:
@@ -77,12 +78,14 @@ def _legend(names: Mapping[str, str], single: Mapping[str, float] | None, colour
     for key, colour in colours.items():
         name = html.escape(names.get(key, key))
         value = (
-            f" <span style='color:#555'>{_pct(float(single.get(key, 0.0) or 0.0))}</span>" if single else ""
+            f" <span style='color:{NEUTRAL['reference']}'>{_pct(float(single.get(key, 0.0) or 0.0))}</span>"
+            if single
+            else ""
         )
         items.append(
             f"<span data-legend='{html.escape(key)}' style='white-space:nowrap;margin-right:16px'>"
             f"<span style='display:inline-block;width:12px;height:12px;background:{colour};"
-            f"vertical-align:-1px;margin-right:5px;border:1px solid #d0d4da'></span>{name}{value}</span>"
+            f"vertical-align:-1px;margin-right:5px;border:1px solid {NEUTRAL['swatch_border']}'></span>{name}{value}</span>"
         )
     return "".join(items)
 
@@ -95,9 +98,9 @@ def _axis() -> str:
             f"<span style='position:absolute;left:{t}%;transform:translateX({shift});white-space:nowrap'>{t} %</span>"
         )
     return (
-        "<div></div><div style='position:relative;height:18px;border-top:1px solid #9aa0a6;"
-        f"font-size:12px;color:#555'>{''.join(ticks)}</div>"
-        f"<div></div><div style='text-align:center;font-size:13px;color:#444'>{AXIS_TITLE}</div>"
+        "<div></div><div style='position:relative;height:18px;border-top:1px solid {NEUTRAL['axis']};"
+        f"font-size:12px;color:{NEUTRAL['reference']}'>{''.join(ticks)}</div>"
+        f"<div></div><div style='text-align:center;font-size:13px;color:{NEUTRAL['reference']}'>{AXIS_TITLE}</div>"
     )
 
 
@@ -113,7 +116,7 @@ def gpu_time_html(gpu_time: Mapping[str, Any], pools: Sequence[str] | None, labe
     bars = "".join(
         f"<div style='text-align:right;font-size:14px;padding-right:4px'>{html.escape(row)}</div>"
         f"<div class='pl-bar' data-row='{html.escape(row)}' style='display:flex;height:34px;"
-        f"background:#f0f2f6'>{_segments(row, shares, names, colours)}</div>"
+        f"background:{NEUTRAL['track']}'>{_segments(row, shares, names, colours)}</div>"
         for row, shares in rows
     )
     summary = "; ".join(
@@ -122,7 +125,7 @@ def gpu_time_html(gpu_time: Mapping[str, Any], pools: Sequence[str] | None, labe
     )
     return (
         f"<div class='pl-gpu-time' role='img' aria-label='{html.escape(f'{AXIS_TITLE}: {summary}')}'"
-        f" style='{_FONT};color:#31333f'>"
+        f" style='{_FONT};color:{NEUTRAL['ink']}'>"
         "<div style='display:flex;justify-content:space-between;align-items:flex-start;gap:12px;"
         "margin-bottom:8px'>"
         f"<div style='font-size:13px;line-height:1.9'>{_legend(names, rows[0][1] if len(rows) == 1 else None, colours)}</div>"

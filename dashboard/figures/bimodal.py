@@ -9,6 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from dashboard.figures.palette import NEUTRAL
 from dashboard.figures.style import (
     MODE_LABEL_SPAN_PCT,
     PHASE_COLOURS,
@@ -131,8 +132,8 @@ def activity_histogram_figure(
             yanchor="top",
             xanchor="left" if right_side else "right",
             xshift=4 if right_side else -4,
-            font={"size": 11, "color": "#333333"},
-            bgcolor="rgba(255,255,255,0.85)",
+            font={"size": 11, "color": NEUTRAL["limit"]},
+            bgcolor=NEUTRAL["label_bg"],
         )
         # a legend entry naming the marker
         fig.add_trace(

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.figures.palette import NEUTRAL
 from dashboard.figures.style import (
     COST_CATEGORIES,
     COST_COLOURS,
@@ -135,7 +136,7 @@ def _stack_bars(fig: go.Figure, x: Sequence[Any], rows: Sequence[Mapping[str, An
                 x=list(x),
                 y=stack[c],
                 name=COST_LABELS[c],
-                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": NEUTRAL["white"]}},
                 hovertemplate=f"{COST_LABELS[c]}: $%{{y:,.4~f}}{unit}<extra></extra>",
             )
         )
@@ -171,18 +172,32 @@ def cost_by_pool_figure(by_pool: Sequence[Mapping[str, Any]], *, labels: Iterabl
     return label_figure(fig, labels)
 
 
+def period_text(period_s: float) -> str:
+    """A period in words: ``10 s``, ``5 min``, ``hour``."""
+    if period_s >= 3600:
+        return "hour" if period_s == 3600 else f"{period_s / 3600:g} h"
+    return f"{period_s / 60:g} min" if period_s >= 60 else f"{period_s:g} s"
+
+
 def cost_over_time_figure(
-    by_hour: Sequence[Mapping[str, Any]], *, labels: Iterable[str], simulated: bool
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    labels: Iterable[str],
+    simulated: bool,
+    period_s: float = 3600.0,
 ) -> go.Figure:
-    """Cost per clock hour of the window (UTC), stacked by category."""
-    rows = sorted(by_hour, key=lambda r: as_float(r.get("hour_start_s")))
-    x = [pd.Timestamp(as_float(r.get("hour_start_s")), unit="s") for r in rows]
+    """Cost per period of ``period_s`` seconds (the summary's ``by_period``, or its ``by_hour`` at
+    3600: a clock hour, UTC), stacked by category, each bar centred on its period."""
+    rows = sorted(rows, key=lambda r: as_float(r.get("hour_start_s")))
+    x = [pd.Timestamp(as_float(r.get("hour_start_s")) + period_s / 2, unit="s") for r in rows]
+    what = period_text(period_s)
     fig = go.Figure()
-    _stack_bars(fig, x, rows, " in this hour")
-    fig.update_yaxes(title_text="cost per hour of the window, US $", tickprefix="$", rangemode="tozero")
-    fig.update_xaxes(title_text=f"hour, {time_axis_title(simulated)}", type="date")
-    apply_layout(fig, "Cost over time, by category (per clock hour)", height=420, legend_y=-0.3)
-    fig.update_layout(xaxis={"dtick": 3_600_000})
+    _stack_bars(fig, x, rows, f" in this {what}")
+    fig.update_traces(width=period_s * 1000 * 0.9, selector={"type": "bar"})  # ms on a date axis
+    fig.update_yaxes(title_text=f"cost per {what} of the window, US $", tickprefix="$", rangemode="tozero")
+    fig.update_xaxes(title_text=time_axis_title(simulated), type="date")
+    per = "per clock hour" if period_s == 3600 else f"per {what}"
+    apply_layout(fig, f"Cost over time, by category ({per})", height=420, legend_y=-0.3)
     return label_figure(fig, labels)
 
 
@@ -201,7 +216,7 @@ def annual_figure(annual: Mapping[str, Any], *, labels: Iterable[str]) -> go.Fig
                 x=[v],
                 orientation="h",
                 name=COST_LABELS[c],
-                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": "#ffffff"}},
+                marker={"color": COST_COLOURS[c], "line": {"width": 0.5, "color": NEUTRAL["white"]}},
                 hovertemplate=f"{COST_LABELS[c]}: $%{{x:,.0f}} a year<extra></extra>",
             )
         )

@@ -33,6 +33,7 @@ from dashboard.figures.gpus import (
     matrix,
     use_heatmap,
 )
+from dashboard.figures.palette import NEUTRAL, SIGNAL_COLOURS
 from dashboard.figures.text import time_axis_title
 
 WIDTH, HEIGHT = 640, 300
@@ -40,8 +41,8 @@ TOP, BOTTOM = 8, 44  # room for the time axis and its title
 LEFT_LINES, LEFT_HEAT = 58, 150  # value ticks; group labels
 RIGHT_LINES, RIGHT_HEAT = 14, 64  # the colour bar
 STRIP = 62  # the power limit's strip above a heatmap
-GRID, AXIS, TEXT = "#e8e8e8", "#9aa0a6", "#31333f"
-MISSING = "#f1f1f1"  # a heatmap cell without samples
+GRID, AXIS, TEXT = NEUTRAL["grid_svg"], NEUTRAL["axis"], NEUTRAL["ink"]
+MISSING = NEUTRAL["missing"]  # a heatmap cell without samples
 _FONT = 'font-family:"Source Sans Pro","Source Sans 3",sans-serif'  # in single-quoted attributes
 # viridis at 9 stops (matplotlib's), interpolated for the heatmaps' colour scale
 _VIRIDIS = np.asarray(
@@ -173,7 +174,7 @@ def _time_axis(f: _Frame, simulated: bool) -> str:
             f"<text x='{x:.1f}' y='{base + 16}' text-anchor='middle' font-size='11' fill='{TEXT}'>{label}</text>"
         )
     parts.append(
-        f"<text x='{f.x0 + f.w / 2:.1f}' y='{base + 34}' text-anchor='middle' font-size='11' fill='#6b6f76'>"
+        f"<text x='{f.x0 + f.w / 2:.1f}' y='{base + 34}' text-anchor='middle' font-size='11' fill='{NEUTRAL['tick']}'>"
         f"{html.escape(time_axis_title(simulated))}</text>"
     )
     return "".join(parts)
@@ -239,7 +240,7 @@ def _heatmap(
         s_lo, s_hi = fit_range(mean, True, float(np.nanmax(limit))) or [0.0, 1.0]
         s = _Frame(x0, TOP, w, strip - 12, f.t0, f.t1, s_lo, s_hi)
         parts.append(_value_axis(s, nice_ticks(s_lo, s_hi, 2), "W"))
-        mean_attrs = "class='pl-mean' fill='none' stroke='#1f77b4' stroke-width='1.4'"
+        mean_attrs = f"class='pl-mean' fill='none' stroke='{SIGNAL_COLOURS['sm_active']}' stroke-width='1.4'"
         parts.append(f"<g><title>mean of the GPUs</title>{_polyline(s, t, mean, mean_attrs)}</g>")
         parts.append(_limit_line(s, t, limit))
     rows = _colours(z, lo, hi)

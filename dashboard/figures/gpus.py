@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dashboard.figures.style import PHASE_COLOURS
+from dashboard.figures.palette import NEUTRAL, PHASE_COLOURS, SIGNAL_COLOURS
 
 HEATMAP_ABOVE_GPUS = 16
-UNKNOWN_POOL_COLOUR = "#5c6b8a"
+UNKNOWN_POOL_COLOUR = SIGNAL_COLOURS["pool_unknown"]
 GIB = 1024.0**3
-LIMIT_COLOUR = "#333333"
+LIMIT_COLOUR = NEUTRAL["limit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +115,6 @@ def tp_groups(gpus: Sequence[Mapping[str, Any]], *, with_node: bool = False) -> 
         parts.append(_gpu_range([gpus[r].get("index") for r in rows]) or str(first.get("device")))
         label = " · ".join(parts) + (f" (TP {len(rows)})" if len(rows) > 1 else "")
         base = PHASE_COLOURS.get(str(role), UNKNOWN_POOL_COLOUR) if role else UNKNOWN_POOL_COLOUR
-        if base.lower() == "#ffffff":
-            base = UNKNOWN_POOL_COLOUR
         peers = per_role[role]
         colour = _shade(base, peers.index(key), len(peers))
         short = " · ".join(p for p in (first.get("worker"), role) if p) or label

@@ -11,12 +11,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from dashboard.figures.palette import NEUTRAL
 from dashboard.figures.style import (
     ITL_COLOUR,
+    MET_COLOUR,
+    MISSED_COLOUR,
     PERCENTILE_DASH,
-    PHASE_COLOURS,
     TTFT_COLOUR,
-    UTIL_COLOUR,
     apply_layout,
     label_figure,
     part_labels,
@@ -116,7 +117,7 @@ def latency_over_time_figure(
                     y=[slo * 1000, slo * 1000],
                     mode="lines",
                     name=f"{what} {slo * 1000:g} ms",
-                    line={"color": "#555555", "dash": "dash", "width": 1},
+                    line={"color": NEUTRAL["reference"], "dash": "dash", "width": 1},
                     hovertemplate=f"{what}: %{{y:,.0f}} ms<extra></extra>",
                 ),
                 row=row,
@@ -156,7 +157,7 @@ def attainment_over_time_figure(
     span = _span(x, window_s, bucket_s)
     shares = [as_float(r.get("attainment")) * 100 for r in over_time]
     colours = [
-        PHASE_COLOURS["decode"] if s == s and s >= target * 100 else UTIL_COLOUR if s == s else "#cccccc"
+        MET_COLOUR if s == s and s >= target * 100 else MISSED_COLOUR if s == s else NEUTRAL["no_value"]
         for s in shares
     ]
     counts = [[int(as_float(r.get("met")) or 0), int(as_float(r.get("requests")) or 0)] for r in over_time]
@@ -173,11 +174,11 @@ def attainment_over_time_figure(
     )
     fig.add_hline(
         y=target * 100,
-        line={"color": "#555555", "dash": "dash", "width": 1},
+        line={"color": NEUTRAL["reference"], "dash": "dash", "width": 1},
         annotation_text=f"target {100 * target:.0f} %",
         annotation_position="top right",
         annotation_font={"size": 11},
-        annotation_bgcolor="rgba(255,255,255,0.85)",
+        annotation_bgcolor=NEUTRAL["label_bg"],
     )
     fig.update_yaxes(title_text="requests meeting both SLOs, %", range=[0, 112])
     fig.update_xaxes(title_text=time_axis_title(simulated), range=list(span) if span else None)
@@ -199,8 +200,8 @@ def goodput_sweep_figure(result: Mapping[str, Any]) -> go.Figure:
             x=rates,
             y=shares,
             mode="lines+markers",
-            line={"color": "#888888", "width": 1},
-            marker={"size": 9, "color": [PHASE_COLOURS["decode"] if m else UTIL_COLOUR for m in met]},
+            line={"color": NEUTRAL["reference_light"], "width": 1},
+            marker={"size": 9, "color": [MET_COLOUR if m else MISSED_COLOUR for m in met]},
             name="runs of the sweep",
             hovertemplate="%{x:.3g} req/s: %{y:.1f} % meet both SLOs<extra></extra>",
         )
@@ -208,7 +209,7 @@ def goodput_sweep_figure(result: Mapping[str, Any]) -> go.Figure:
     if target == target:
         fig.add_hline(
             y=target * 100,
-            line={"color": "#555555", "dash": "dash", "width": 1},
+            line={"color": NEUTRAL["reference"], "dash": "dash", "width": 1},
             annotation_text=f"target {100 * target:.0f} %",
             annotation_position="bottom left",
         )
@@ -217,7 +218,7 @@ def goodput_sweep_figure(result: Mapping[str, Any]) -> go.Figure:
         bound = "" if result.get("bounded", True) else "≥ "
         fig.add_vline(
             x=good,
-            line={"color": PHASE_COLOURS["decode"], "width": 2},
+            line={"color": MET_COLOUR, "width": 2},
             annotation_text=f"goodput {bound}{good:.3g} req/s",
             annotation_position="top right",
         )

@@ -11,12 +11,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from dashboard.figures.palette import NEUTRAL, STATUS_COLOURS
 from dashboard.figures.style import TRUST_COLOURS, apply_layout, label_figure
 from dashboard.figures.text import as_float, usd_text
 
-MEETS_COLOUR = "#2e7d32"  # a candidate meeting the SLOs (the "measured" green: good)
-MISSES_COLOUR = "#9e9e9e"  # one that misses them (grey: not a choice)
-CURRENT_COLOUR = "#1f2a44"  # the layout running now (the SM-activity navy)
+MEETS_COLOUR = STATUS_COLOURS["met"]  # a candidate meeting the SLOs
+MISSES_COLOUR = STATUS_COLOURS["not_a_choice"]  # one that misses them (grey: not a choice)
+CURRENT_COLOUR = NEUTRAL["ink"]  # the layout running now
 CHOSEN_COLOUR = TRUST_COLOURS["simulated"][1]  # the proposal: a simulated figure, in its colour
 HOURS_PER_YEAR = 8760.0
 NO_RECOMMENDATION = (
@@ -111,7 +112,7 @@ def pareto_figure(rec: Mapping[str, Any]) -> go.Figure:
                 y=[c["output_tokens_per_s_per_gpu"] for c in front],
                 mode="lines",
                 name="Pareto front",
-                line={"color": "#777777", "dash": "dot", "width": 1.5},
+                line={"color": NEUTRAL["faint"], "dash": "dot", "width": 1.5},
                 hoverinfo="skip",
             )
         )

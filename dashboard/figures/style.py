@@ -9,16 +9,11 @@ from typing import Any
 import plotly.graph_objects as go
 
 from analytics.cost_pricing import CATEGORIES
+from dashboard.figures.palette import COST_COLOURS as COST_COLOURS  # defined there, named from here too
+from dashboard.figures.palette import NEUTRAL, SIGNAL_COLOURS, STATUS_COLOURS
+from dashboard.figures.palette import PHASE_COLOURS as PHASE_COLOURS
+from dashboard.figures.palette import TRUST_COLOURS as TRUST_COLOURS
 
-PHASE_COLOURS = {"prefill": "#f5a623", "decode": "#4caf50", "mixed": "#ab7ddb", "idle": "#ffffff"}
-# Trust labels (analytics/trust.py, docs/STORE.md) -> badge colour (Streamlit's palette) and hex.
-TRUST_COLOURS = {
-    "measured": ("green", "#2e7d32"),
-    "emulated": ("orange", "#e65100"),
-    "simulated": ("violet", "#6a1b9a"),
-    "host-bound": ("red", "#c62828"),
-    "estimated": ("blue", "#1565c0"),
-}
 TRUST_ORDER = tuple(TRUST_COLOURS)
 
 #: the cost categories of analytics/cost.py, in stacking order, with what to call them
@@ -35,25 +30,17 @@ COST_LABELS = {
 }
 #: cost categories shown in tables only where the window has time in them (external fleets only)
 OPTIONAL_COST = frozenset({"other_busy"})
-COST_COLOURS = {
-    "prefill": PHASE_COLOURS["prefill"],
-    "decode": PHASE_COLOURS["decode"],
-    # the waste in red shades (decode's compute, prefill's bandwidth), as on the Overview
-    "stranded_prefill": "#ef9a9a",
-    "stranded_decode": "#c62828",
-    "host_bound": "#8e6bbf",
-    "other_busy": "#cdbfe6",  # a paler host-bound: busy with work the engine does not report
-    "idle": "#b0b7c3",
-    "unsampled": "#e4e7ec",  # paler than idle: time with no data, not waste
-}
-SM_COLOUR = "#1f2a44"  # SM activity, as on the GPUs page
-UTIL_COLOUR = "#d62728"  # utilization %, as on the GPUs page
-TTFT_COLOUR = PHASE_COLOURS["prefill"]  # the first token waits on prefill
-ITL_COLOUR = "#2e7d32"  # token gaps are decode steps (a darker decode green, readable as a line)
+SM_COLOUR = SIGNAL_COLOURS["sm_active"]  # SM activity, as on the GPUs page
+UTIL_COLOUR = SIGNAL_COLOURS["gpu_util"]  # utilization %, as on the GPUs page
+TTFT_COLOUR = SIGNAL_COLOURS["ttft"]  # the first token waits on prefill
+ITL_COLOUR = SIGNAL_COLOURS["itl"]  # token gaps are decode steps
+MET_COLOUR = STATUS_COLOURS["met"]  # an SLO met
+MISSED_COLOUR = STATUS_COLOURS["missed"]  # an SLO missed
 PERCENTILE_DASH = {50: "solid", 90: "dash", 99: "dot"}
 SARLE_THRESHOLD = 5.0 / 9.0  # analytics.bimodal.SARLE_THRESHOLD (evidence beside the verdict)
 MODE_LABEL_SPAN_PCT = 32.0  # about how much of a histogram's 0..100 % axis a mode's label spans
-_GRID = "#eeeeee"
+_GRID = NEUTRAL["grid"]
+TRUST_ANNOTATION = "trust"  # the name of the trust label's annotation in a chart
 
 
 # -- trust labels -------------------------------------------------------------------------------------
@@ -69,7 +56,7 @@ def trust_markup(labels: Iterable[str]) -> str:
     """The trust labels as every chart writes them: upper case, each in its colour, in
     :func:`ordered_labels` order (markup that both Plotly's text and HTML read); empty for none."""
     return " · ".join(
-        f"<span style='color:{TRUST_COLOURS.get(lb, ('', '#555'))[1]}'>{lb.upper()}</span>"
+        f"<span style='color:{TRUST_COLOURS.get(lb, ('', NEUTRAL['reference']))[1]}'>{lb.upper()}</span>"
         for lb in ordered_labels(labels)
     )
 
@@ -81,6 +68,7 @@ def label_figure(fig: go.Figure, labels: Iterable[str]) -> go.Figure:
     if not text:
         return fig
     fig.add_annotation(
+        name=TRUST_ANNOTATION,
         text=f"<b>{text}</b>",
         xref="paper",
         yref="paper",

@@ -54,7 +54,12 @@ def cost_section(page: Page, summary: dict[str, Any], ov: dict[str, Any] | None,
     )
     by_pool = sorted(cost["by_pool"], key=lambda r: POOL_ORDER.get(str(r.get("pool")), 9))
     out.append(page.chart(cost_by_pool_figure(by_pool, labels=labels)))
-    if cost.get("by_hour"):
+    if cost.get("period_s") and len(cost.get("by_period") or []) >= 2:  # finer than the hour
+        fig = cost_over_time_figure(
+            cost["by_period"], labels=labels, simulated=simulated, period_s=float(cost["period_s"])
+        )
+        out.append(page.chart(fig))
+    elif cost.get("by_hour"):
         fig = cost_over_time_figure(cost["by_hour"], labels=labels, simulated=simulated)
         out.append(page.chart(fig))
     total_usd = number_or_none(t.get("cost_usd")) or 0.0

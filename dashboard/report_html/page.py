@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dashboard.figures.palette import DELTA_COLOURS, NEUTRAL, TRUST_COLOURS
 from dashboard.report_html.appendix import appendix_section, missing_section
 from dashboard.report_html.bimodal import bimodal_section
 from dashboard.report_html.charts import Page
@@ -19,34 +20,39 @@ from dashboard.report_html.text import esc, number_or_none
 PLOTLY_MARKER = "<!--phaselens:plotly.js-->"
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:1.5rem auto;max-width:1100px;
-color:#222;padding:0 1rem;line-height:1.45}
-h1{font-size:1.55rem;margin-bottom:.3rem}
-h2{margin-top:2.2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;font-size:1.3rem}
-h3{margin:1.2rem 0 .3rem;font-size:1.05rem}.meta{color:#666;margin:.2rem 0}
-table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.9rem}
-th,td{border:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
-th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.badge{display:inline-block;border-radius:.6rem;padding:0 .55rem;margin-right:.3rem;font-size:.8rem;
-font-weight:600;color:#fff;white-space:nowrap}
-.measured{background:#2e7d32}.emulated{background:#e65100}.simulated{background:#6a1b9a}
-.host-bound{background:#c62828}.estimated{background:#1565c0}
-ul.labels{margin:.3rem 0;padding-left:0;list-style:none;color:#555;font-size:.9rem}
-ul.labels li{margin:.15rem 0}
-.lead{font-size:1.2rem;font-weight:600;margin:.8rem 0 .4rem}
-.tiles{display:grid;grid-template-columns:repeat(4,1fr);gap:.6rem;margin:.6rem 0}
-.tile{border:1px solid #ddd;border-radius:.4rem;padding:.5rem .7rem}
-.tile .label{font-size:.85rem;color:#555}.tile .value{font-size:1.45rem;font-weight:600;margin:.1rem 0}
-.tile .delta{font-size:.85rem}.tile .prev,.tile .why{font-size:.8rem;color:#777}
-.better{color:#2e7d32}.worse{color:#c62828}.same{color:#666}.tile.nodata .value{color:#999}
-.facts{margin:.2rem 0 1.2rem;padding-left:1.2rem;font-size:.92rem}.facts li{margin:.25rem 0}
-.pool{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1fr);gap:1rem;align-items:center}
-.empty{background:#f4f6f8;border:1px solid #dde3ea;padding:.7rem 1rem;border-radius:.3rem}
-.error{background:#fdecea;border:1px solid #f5c2c0;padding:.6rem 1rem;border-radius:.3rem}
-details{margin:.4rem 0}details>summary{cursor:pointer;font-weight:600}
-pre{background:#f7f7f7;padding:1rem;overflow:auto;font-size:.8rem}.wide{overflow-x:auto}
-@media (max-width:800px){.tiles{grid-template-columns:repeat(2,1fr)}.pool{display:block}}
-"""
+body{{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:1.5rem auto;max-width:1100px;
+color:{body};padding:0 1rem;line-height:1.45}}
+h1{{font-size:1.55rem;margin-bottom:.3rem}}
+h2{{margin-top:2.2rem;border-bottom:1px solid {rule};padding-bottom:.2rem;font-size:1.3rem}}
+h3{{margin:1.2rem 0 .3rem;font-size:1.05rem}}.meta{{color:{muted};margin:.2rem 0}}
+table{{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.9rem}}
+th,td{{border:1px solid {rule};padding:.25rem .6rem;text-align:left;vertical-align:top}}
+th{{background:{header}}}td.num{{text-align:right;font-variant-numeric:tabular-nums}}
+.badge{{display:inline-block;border-radius:.6rem;padding:0 .55rem;margin-right:.3rem;font-size:.8rem;
+font-weight:600;color:{white};white-space:nowrap}}
+{trust}
+ul.labels{{margin:.3rem 0;padding-left:0;list-style:none;color:{reference};font-size:.9rem}}
+ul.labels li{{margin:.15rem 0}}
+.lead{{font-size:1.2rem;font-weight:600;margin:.8rem 0 .4rem}}
+.tiles{{display:grid;grid-template-columns:repeat(4,1fr);gap:.6rem;margin:.6rem 0}}
+.tile{{border:1px solid {rule};border-radius:.4rem;padding:.5rem .7rem}}
+.tile .label{{font-size:.85rem;color:{reference}}}.tile .value{{font-size:1.45rem;font-weight:600;margin:.1rem 0}}
+.tile .delta{{font-size:.85rem}}.tile .prev,.tile .why{{font-size:.8rem;color:{faint}}}
+.better{{color:{better}}}.worse{{color:{worse}}}.same{{color:{same}}}.tile.nodata .value{{color:{faint_text}}}
+.facts{{margin:.2rem 0 1.2rem;padding-left:1.2rem;font-size:.92rem}}.facts li{{margin:.25rem 0}}
+.pool{{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1fr);gap:1rem;align-items:center}}
+.empty{{background:{empty_bg};border:1px solid {empty_border};padding:.7rem 1rem;border-radius:.3rem}}
+.error{{background:{error_bg};border:1px solid {error_border};padding:.6rem 1rem;border-radius:.3rem}}
+details{{margin:.4rem 0}}details>summary{{cursor:pointer;font-weight:600}}
+pre{{background:{code};padding:1rem;overflow:auto;font-size:.8rem}}.wide{{overflow-x:auto}}
+@media (max-width:800px){{.tiles{{grid-template-columns:repeat(2,1fr)}}.pool{{display:block}}}}
+""".format(
+    trust="".join(f".{label}{{background:{hex_}}}" for label, (_badge, hex_) in TRUST_COLOURS.items()),
+    **NEUTRAL,
+    better=DELTA_COLOURS["better"],
+    worse=DELTA_COLOURS["worse"],
+    same=DELTA_COLOURS["same"],
+)
 
 
 # the folded JSON is filled in from the embedded copy when opened (the page holds it once)

@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, figures
+from dashboard.page_trust import PageTrust
 
 
 def _pct(v: Any, digits: int = 0) -> str:
@@ -82,6 +83,14 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
 
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
+    trust = PageTrust()
+    try:
+        _body(sel, trust)
+    finally:
+        trust.render()
+
+
+def _body(sel: common.Selection, trust: PageTrust) -> None:
     with common.service_errors():
         hist = common.analytics(sel, "histogram")
         summary = common.analytics(sel)
@@ -92,7 +101,7 @@ def render(sel: common.Selection) -> None:
     bimodal = (summary.get("parts") or {}).get("bimodal") or {}
     rows = figures.bimodal_pool_rows(bimodal)
     labels = set(figures.part_labels(hist)) | set(figures.part_labels(bimodal))
-    common.trust_badges(labels)
+    trust.add(labels, primary=True)
     pools = common.pool_filter(sel)
     pool_groups = [g for g in groups if g["pool"] != "fleet" and (pools is None or g["pool"] in pools)]
     if not pool_groups:
@@ -110,7 +119,7 @@ def render(sel: common.Selection) -> None:
             fig = figures.activity_histogram_figure(
                 g, hist["edges_pct"], rows.get(g["pool"]), title=name, labels=labels
             )
-            st.plotly_chart(fig, width="stretch", key=f"hist_{g['pool']}", config={"displaylogo": False})
+            trust.chart(fig, labels, width="stretch", key=f"hist_{g['pool']}", config={"displaylogo": False})
         with right:
             _facts(g, rows.get(g["pool"]))
     rule = bimodal.get("rule") or "no rule: no bimodality part in the summary"

@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, figures
+from dashboard import common, compare, figures
+from dashboard.page_trust import PageTrust
 
 GPU_USD_RANGE = (0.0, 1000.0)  # analytics.reads.PRICE_PARAMS
 KWH_USD_RANGE = (0.0, 10.0)
@@ -141,14 +142,17 @@ def _headline(total: dict[str, Any]) -> None:
     d3.metric("Per 1M output tokens", figures.usd_text(total.get("usd_per_1m_output")), help=side)
 
 
-def _external(summary: dict[str, Any]) -> None:
+def _external(summary: dict[str, Any], trust: PageTrust) -> None:
     """The estimated phase split of the GPUs without phaselens telemetry (dcgm-exporter + engine metrics)."""
     ext = (summary.get("parts") or {}).get("external") or {}
     pools = ext.get("per_pool") or []
     if not pools:
         return
     st.subheader("GPUs without phaselens telemetry: phase split, estimated")
-    common.trust_badges((ext.get("trust") or {}).get("labels") or [])
+    ext_labels = (ext.get("trust") or {}).get("labels") or []
+    trust.add(ext_labels)
+    if trust.differs(ext_labels):
+        st.caption(f"Figures of this table: {', '.join(figures.ordered_labels(ext_labels))}")
     rows = [
         {
             "Pool": p.get("pool"),
@@ -212,8 +216,28 @@ def kwh_text(kwh: float) -> str:
     return f"< {MIN_KWH:g}" if kwh < MIN_KWH else f"{kwh:,.4f}"
 
 
-def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[str]) -> None:
-    """The cost per clock hour, when the window holds enough clock hours to chart; else why not."""
+def _cost_over_time(
+    cost: dict[str, Any],
+    sel: common.Selection,
+    labels: list[str],
+    trust: PageTrust,
+    *,
+    key: str = "cost_hour",
+) -> None:
+    """The cost over time: per period finer than the hour where the service summed one for the window
+    (``by_period``), else per clock hour when the window holds enough of them to chart; else why not."""
+    periods = cost.get("by_period") or []
+    if cost.get("period_s") and len(periods) >= MIN_HOURS_FOR_CHART:
+        trust.chart(
+            figures.cost_over_time_figure(
+                periods, labels=labels, simulated=sel.simulated, period_s=float(cost["period_s"])
+            ),
+            labels,
+            width="stretch",
+            key=key,
+            config={"displaylogo": False},
+        )
+        return
     by_hour = cost.get("by_hour") or []
     hours = len({r.get("hour_start_s") for r in by_hour})
     if hours < MIN_HOURS_FOR_CHART:
@@ -227,10 +251,11 @@ def _cost_over_time(cost: dict[str, Any], sel: common.Selection, labels: list[st
             icon=":material/schedule:",
         )
         return
-    st.plotly_chart(
+    trust.chart(
         figures.cost_over_time_figure(by_hour, labels=labels, simulated=sel.simulated),
+        labels,
         width="stretch",
-        key="cost_hour",
+        key=key,
         config={"displaylogo": False},
     )
 
@@ -254,8 +279,87 @@ def _sources(cost: dict[str, Any]) -> None:
         st.markdown("**Prices used**\n\n" + "\n".join(lines))
 
 
-def render(sel: common.Selection, params: dict[str, Any]) -> None:
+def render(sel: common.Selection, params: dict[str, Any], trust_slot: Any = None) -> None:
     """The page body for the chosen fleet size and prices."""
+    trust = PageTrust(trust_slot)
+    try:
+        if sel.compare is not None:
+            _compared(sel, sel.compare, params, trust)
+        else:
+            if sel.compare_note:
+                st.info(sel.compare_note, icon=":material/compare_arrows:")
+            _body(sel, params, trust)
+    finally:
+        trust.render()
+
+
+#: the figures compared, in the headline's order: (key of the cost total, label); lower is better
+COMPARED = (
+    ("cost_usd", "Cost of the window"),
+    ("usd_per_1m_tokens", "Per 1M tokens, all in"),
+    ("usd_per_request", "Per request"),
+    ("industry_usd_per_1m_output", "Industry $ per 1M output"),
+    ("blended_usd_per_1m_tokens", "Blended 3:1, per 1M tokens"),
+    ("usd_per_1m_input", "Per 1M input tokens"),
+    ("usd_per_1m_output", "Per 1M output tokens"),
+)
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[compare.Row]:
+    """The cost figures of windows A and B (two ``cost.total`` rows) as comparison rows."""
+
+    def num(total: dict[str, Any], key: str) -> float | None:
+        v = total.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+    return [
+        compare.Row(
+            key=key,
+            label=label,
+            a=num(a, key),
+            b=num(b, key),
+            a_text=figures.usd_text(a.get(key)),
+            b_text=figures.usd_text(b.get(key)),
+            higher_is_better=False,
+        )
+        for key, label in COMPARED
+    ]
+
+
+def _compared(
+    sel: common.Selection, other: common.Selection, params: dict[str, Any], trust: PageTrust
+) -> None:
+    """Windows A and B side by side at the same prices: the cost figures with the change, then each
+    window's cost by pool and over time."""
+    with common.service_errors():
+        a = common.analytics(sel, **params)
+        b = common.analytics(other, **params)
+    costs = [(s.get("parts") or {}).get("cost") or {} for s in (a, b)]
+    for cost in costs:
+        trust.add(figures.part_labels(cost), primary=True)
+    st.caption(f"A: {common.describe_window(sel)} · B: {common.describe_window(other)} · the same prices")
+    st.markdown(
+        compare.table_html(compare_rows(costs[0].get("total") or {}, costs[1].get("total") or {}), "A", "B"),
+        unsafe_allow_html=True,
+    )
+    left, right = compare.headers(common.describe_window(sel), common.describe_window(other))
+    for col, s, cost, side in ((left, sel, costs[0], "a"), (right, other, costs[1], "b")):
+        with col:
+            if not cost.get("by_pool"):
+                common.empty_window("GPU time to price", s)
+                continue
+            labels = figures.part_labels(cost)
+            trust.chart(
+                figures.cost_by_pool_figure(cost["by_pool"], labels=labels),
+                labels,
+                width="stretch",
+                key=f"cost_pool_{side}",
+                config={"displaylogo": False},
+            )
+            _cost_over_time(cost, s, labels, trust, key=f"cost_time_{side}")
+
+
+def _body(sel: common.Selection, params: dict[str, Any], trust: PageTrust) -> None:
     with common.service_errors():
         summary = common.analytics(sel, **params)
     parts = summary.get("parts") or {}
@@ -267,27 +371,28 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
             st.caption(f"Cost not computed: {why}")
         return
     labels = figures.part_labels(cost)
-    common.trust_badges(labels)
+    trust.add(labels, primary=True)
     pools = common.pool_filter(sel)
     by_pool = [r for r in cost["by_pool"] if pools is None or (r.get("pool") or "unknown") in pools]
     total = cost.get("total") or {}
     _headline(total)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(
+        trust.chart(
             figures.cost_by_pool_figure(by_pool, labels=labels),
+            labels,
             width="stretch",
             key="cost_pool",
             config={"displaylogo": False},
         )
     with right:
-        _cost_over_time(cost, sel, labels)
+        _cost_over_time(cost, sel, labels, trust)
     if pools is not None:
         st.caption(
             "The pool chart shows the selected pools; totals, hours and the projection cover every GPU."
         )
     _category_table(total)
-    _external(summary)
+    _external(summary, trust)
     annual = parts.get("annual")
     if annual:
         st.subheader("Annualised")
@@ -295,8 +400,9 @@ def render(sel: common.Selection, params: dict[str, Any]) -> None:
         st.markdown(
             f"**{sentence[:1].upper() + sentence[1:] if sentence.startswith('this') else sentence}.**"
         )
-        st.plotly_chart(
+        trust.chart(
             figures.annual_figure(annual, labels=labels),
+            labels,
             width="stretch",
             key="annual",
             config={"displaylogo": False},
@@ -319,6 +425,7 @@ with common.service_errors():
     sel = common.sidebar()
 st.title("Cost")
 st.caption(f"{common.describe_window(sel)} · where the GPU-hours' money goes, and what it comes to in a year")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 with common.service_errors():  # the same read as the page's at default prices: answered once
     observed_gpus = max(1, len({g.key for g in sel.all_gpus}))
     base = common.analytics(sel, fleet_gpus=int(st.session_state.get("cost_fleet", observed_gpus)))
@@ -336,7 +443,7 @@ chosen = _price_controls(
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, chosen)
+    render(sel, chosen, trust_slot)
 
 
 _live()

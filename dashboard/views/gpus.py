@@ -16,6 +16,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.figures.gpu_svg import panels_html
 from dashboard.figures.gpus import HEATMAP_ABOVE_GPUS, PANELS, group_rows, legend_html, tp_groups, use_heatmap
+from dashboard.page_trust import PageTrust
 
 MAX_POINTS = 6_000  # values per chart (GPUs x time buckets), bucketed by the service
 MAX_BUCKETS = 240  # time buckets per GPU: a line's points at about 2 px apart on a half-width chart
@@ -71,13 +72,21 @@ def _table(series: dict, groups: list) -> None:
 
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
+    trust = PageTrust()
+    try:
+        _body(sel, trust)
+    finally:
+        trust.render()
+
+
+def _body(sel: common.Selection, trust: PageTrust) -> None:
     with common.service_errors():
         series = common.analytics(sel, "gpu_series", max_points=MAX_POINTS, max_buckets=MAX_BUCKETS)
     series = _selected(series, sel)
     if not series["gpus"]:
         common.empty_window("GPU samples", sel)
         return
-    common.trust_badges(series["trust"]["labels"])
+    trust.add(series["trust"]["labels"], primary=True)
     multi_node = len({g["node"] for g in series["gpus"]}) > 1
     groups = tp_groups(series["gpus"], with_node=multi_node)
     n = len(series["gpus"])

@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, figures
+from dashboard import common, compare, figures
+from dashboard.page_trust import PageTrust
 
 DEFAULT_TTFT_MS = 2000  # analytics.latency.SloSpec's defaults
 DEFAULT_TPOT_MS = 100
@@ -95,7 +96,7 @@ def _percentile_table(lat: dict[str, Any]) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
-def _goodput() -> None:
+def _goodput(trust: PageTrust) -> None:
     st.subheader("Goodput")
     st.markdown(
         "Goodput (DistServe) is the highest request rate at which at least 90 % of requests meet both SLOs, "
@@ -118,16 +119,113 @@ def _goodput() -> None:
     except (ValueError, UnicodeDecodeError) as e:
         st.error(f"**{up.name} is not a goodput result** of `phaselens goodput --json` ({e}).")
         return
-    common.trust_badges(figures.part_labels(result))
+    trust.add(figures.part_labels(result))
+    if trust.differs(figures.part_labels(result)):
+        st.caption(f"Figures of this sweep: {', '.join(figures.ordered_labels(figures.part_labels(result)))}")
     bound = "" if result.get("bounded", True) else "≥ "
     c1, c2 = st.columns(2)
     c1.metric("Goodput", f"{bound}{float(result.get('goodput_rps') or 0):.3g} req/s")
     c2.metric("Per GPU", f"{bound}{float(result.get('goodput_rps_per_gpu') or 0):.3g} req/s")
-    st.plotly_chart(figures.goodput_sweep_figure(result), width="stretch", key="goodput")
+    trust.chart(
+        figures.goodput_sweep_figure(result), figures.part_labels(result), width="stretch", key="goodput"
+    )
 
 
-def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
+def render(sel: common.Selection, ttft_ms: int, tpot_ms: int, trust_slot: Any = None) -> None:
     """The page body for the chosen SLOs."""
+    trust = PageTrust(trust_slot)
+    try:
+        if sel.compare is not None:
+            _compared(sel, sel.compare, ttft_ms, tpot_ms, trust)
+        else:
+            if sel.compare_note:
+                st.info(sel.compare_note, icon=":material/compare_arrows:")
+            _body(sel, ttft_ms, tpot_ms, trust)
+        _goodput(trust)
+    finally:
+        trust.render()
+
+
+def _pct_of(lat: dict[str, Any], metric: str, p: str) -> float | None:
+    v = ((lat.get("percentiles") or {}).get(metric) or {}).get(p)
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[compare.Row]:
+    """The latency figures of windows A and B (two ``latency`` parts) as comparison rows: attainment
+    (higher is better, in points), then the p90s (lower is better)."""
+    rows = []
+    for key, label in (
+        ("both", "Meeting both SLOs"),
+        ("ttft", "Meeting the TTFT SLO"),
+        ("tpot", "Meeting the TPOT SLO"),
+    ):
+        va, vb = ((x.get("attainment") or {}).get(key) for x in (a, b))
+        rows.append(
+            compare.Row(
+                key=f"attainment_{key}", label=label, a=va, b=vb, a_text=_share(va), b_text=_share(vb),
+                ratio=True, higher_is_better=True,
+            )
+        )  # fmt: skip
+    for metric, label in (
+        ("ttft", "TTFT p90"),
+        ("tpot", "TPOT p90"),
+        ("itl", "ITL p90"),
+        ("e2e", "End to end p90"),
+    ):
+        va, vb = _pct_of(a, metric, "p90_s"), _pct_of(b, metric, "p90_s")
+        rows.append(
+            compare.Row(
+                key=f"{metric}_p90_s", label=label, a=va, b=vb, a_text=_ms(va), b_text=_ms(vb),
+                higher_is_better=False,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _compared(
+    sel: common.Selection, other: common.Selection, ttft_ms: int, tpot_ms: int, trust: PageTrust
+) -> None:
+    """Windows A and B side by side at the same SLOs: the figures with the change, then each window's
+    latency percentiles over time."""
+    with common.service_errors():
+        sums = [common.analytics(s, slo_ttft_ms=ttft_ms, slo_tpot_ms=tpot_ms) for s in (sel, other)]
+    lats = [(s.get("parts") or {}).get("latency") or {} for s in sums]
+    for lat in lats:
+        trust.add(figures.part_labels(lat), primary=True)
+    st.caption(f"A: {common.describe_window(sel)} · B: {common.describe_window(other)} · the same SLOs")
+    st.markdown(compare.table_html(compare_rows(lats[0], lats[1]), "A", "B"), unsafe_allow_html=True)
+    left, right = compare.headers(common.describe_window(sel), common.describe_window(other))
+    for col, s, lat, summary, side in (
+        (left, sel, lats[0], sums[0], "a"),
+        (right, other, lats[1], sums[1], "b"),
+    ):
+        with col:
+            if not lat.get("requests"):
+                common.empty_window("requests", s)
+                continue
+            labels = figures.part_labels(lat)
+            slo = lat.get("slo") or {}
+            win = summary.get("window") or {}
+            window_s = (
+                (float(win["start_s"]), float(win["end_s"])) if "start_s" in win and "end_s" in win else None
+            )
+            fig = figures.latency_over_time_figure(
+                lat.get("over_time") or [],
+                labels=labels,
+                simulated=s.simulated,
+                slo_ttft_s=slo.get("ttft_s"),
+                slo_tpot_s=slo.get("tpot_s"),
+                bucket_s=lat.get("bucket_s"),
+                window_s=window_s,
+            )
+            fig.update_layout(legend={"y": -0.14})  # half a page wide: the legend wraps to two rows
+            trust.chart(
+                fig, labels, width="stretch", key=f"latency_time_{side}", config={"displaylogo": False}
+            )
+
+
+def _body(sel: common.Selection, ttft_ms: int, tpot_ms: int, trust: PageTrust) -> None:
     with common.service_errors():
         summary = common.analytics(sel, slo_ttft_ms=ttft_ms, slo_tpot_ms=tpot_ms)
     lat = (summary.get("parts") or {}).get("latency")
@@ -138,13 +236,13 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             st.caption(f"Latency not computed: {why}")
         return
     labels = figures.part_labels(lat)
-    common.trust_badges(labels)
+    trust.add(labels, primary=True)
     _headline(lat)
     over = lat.get("over_time") or []
     slo = lat.get("slo") or {}
     win = summary.get("window") or {}
     window_s = (float(win["start_s"]), float(win["end_s"])) if "start_s" in win and "end_s" in win else None
-    st.plotly_chart(
+    trust.chart(
         figures.latency_over_time_figure(
             over,
             labels=labels,
@@ -154,11 +252,12 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             bucket_s=lat.get("bucket_s"),
             window_s=window_s,
         ),
+        labels,
         width="stretch",
         key="latency_time",
         config={"displaylogo": False},
     )
-    st.plotly_chart(
+    trust.chart(
         figures.attainment_over_time_figure(
             over,
             labels=labels,
@@ -168,6 +267,7 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int) -> None:
             bucket_s=lat.get("bucket_s"),
             window_s=window_s,
         ),
+        labels,
         width="stretch",
         key="attainment_time",
         config={"displaylogo": False},
@@ -190,13 +290,13 @@ with common.service_errors():
     sel = common.sidebar()
 st.title("Latency")
 st.caption(f"{common.describe_window(sel)} · TTFT and inter-token latency, SLO attainment, goodput")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 ttft_ms, tpot_ms = _slo_controls()
 
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, ttft_ms, tpot_ms)
+    render(sel, ttft_ms, tpot_ms, trust_slot)
 
 
 _live()
-_goodput()

@@ -14,9 +14,10 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import common, figures, share_bar
+from dashboard import common, compare, figures, share_bar
 from dashboard.api import ApiError
 from dashboard.figures import recommend as rf
+from dashboard.page_trust import PageTrust
 
 
 def _sentence(text: str) -> str:
@@ -45,6 +46,8 @@ def _params(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
         params |= {"start_s": sel.start_s, "end_s": sel.end_s}
     else:
         params["since"] = f"{float(sel.span_s or 3600.0):g}s"
+        if sel.offset_s:  # the period before: the span up to its end
+            params["end_s"] = float(int(sel.window()[1]))
         nodes = sorted({g.node for g in sel.gpus}) if sel.gpus != sel.all_gpus else []
         if nodes:
             params["node"] = nodes
@@ -67,13 +70,17 @@ def _best_recommendation(url: str, dataset: str) -> tuple[dict[str, Any] | None,
     return rec, None if rf.is_for_dataset(target, dataset) else target
 
 
-def recommendation_headline(sel: common.Selection) -> None:
+def recommendation_headline(sel: common.Selection, trust: PageTrust) -> None:
     """The headline: what the best recommendation saves at the SLOs (and how sure), linking to the
-    Recommendations page; or that there is none and how to make one."""
+    Recommendations page; or that there is none and how to make one. Its trust label (a prediction:
+    simulated) goes into the page's badge block and, where the page's figures are not simulated, beside it."""
     rec, other = _best_recommendation(common.api_url(), sel.dataset)
     st.markdown(f"#### {common.text_md(rf.headline_text(rec, target_note=other))}")
     if rec is not None:
-        common.trust_badges([str(rf.details_of(rec).get("trust") or "simulated")])
+        labels = [str(rf.details_of(rec).get("trust") or "simulated")]
+        trust.add(labels)
+        if trust.differs(labels):
+            st.caption(f"The recommendation's figures: {', '.join(labels)}")
     st.page_link(
         "views/recommendations.py",
         label="Recommendations: candidates, confidence, apply" if rec else "Recommendations: make one",
@@ -122,7 +129,7 @@ def no_trend_text(tiles: dict[str, Any]) -> str:
     return f"No trend shown: {why}."
 
 
-def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> None:
+def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool, trust: PageTrust) -> None:
     value = fig.get("value")
     previous = fig.get("previous")
     help_lines = []
@@ -152,7 +159,9 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
         if value is None:
             st.caption(str(fig.get("no_data") or "no data"))
         else:
-            common.trust_badges(fig.get("trust") or [])
+            trust.add(fig.get("trust") or [])
+            if trust.differs(fig.get("trust") or []):  # a tile whose data differs from the page's
+                st.caption(f"Figures: {', '.join(figures.ordered_labels(fig.get('trust') or []))}")
             if fig.get("basis"):
                 st.caption(_sentence(str(fig["basis"])))
             if busy:
@@ -161,13 +170,81 @@ def _tile(col: Any, key: str, fig: dict[str, Any], *, any_previous: bool) -> Non
             st.caption(str(fig.get("previous_no_data") or "no previous period to compare"))
 
 
-def render(sel: common.Selection, fleet_gpus: int | None) -> None:
+def render(sel: common.Selection, fleet_gpus: int | None, trust_slot: Any = None) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
+    trust = PageTrust(trust_slot)
+    try:
+        if sel.compare is not None:
+            _compared(sel, sel.compare, fleet_gpus, trust)
+        else:
+            if sel.compare_note:
+                st.info(sel.compare_note, icon=":material/compare_arrows:")
+            _body(sel, fleet_gpus, trust)
+    finally:
+        trust.render()
+
+
+def _read_overview(sel: common.Selection, fleet_gpus: int | None) -> dict[str, Any]:
+    params = _params(sel, fleet_gpus)
+    return _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[compare.Row]:
+    """The tiles' figures of windows A and B (two overview answers) as comparison rows."""
+    rows = []
+    for key in (k for row in TILE_ROWS for k in row):
+        fa = (a.get("figures") or {}).get(key) or {}
+        fb = (b.get("figures") or {}).get(key) or {}
+        rows.append(
+            compare.Row(
+                key=key,
+                label=TILE_LABELS.get(key, str(fa.get("label") or key)),
+                a=fa.get("value"),
+                b=fb.get("value"),
+                a_text=figures.figure_text(key, fa.get("value")),
+                b_text=figures.figure_text(key, fb.get("value")),
+                ratio=(fa.get("unit") or fb.get("unit")) == "ratio",
+                higher_is_better=bool(fa.get("higher_is_better", fb.get("higher_is_better"))),
+            )
+        )
+    return rows
+
+
+def _compared(
+    sel: common.Selection, other: common.Selection, fleet_gpus: int | None, trust: PageTrust
+) -> None:
+    """Windows A (the view's) and B (the one compared) side by side: the tiles' figures with the change,
+    then each window's GPU-time bar."""
+    with common.service_errors():
+        a = _read_overview(sel, fleet_gpus)
+        b = _read_overview(other, fleet_gpus)
+    for body in (a, b):
+        main = list((body.get("gpu_time") or {}).get("trust") or [])
+        main += [lb for f in (body.get("figures") or {}).values() for lb in f.get("trust") or []]
+        trust.add(main, primary=True)
+    st.caption(f"A: {common.describe_window(sel)} · B: {common.describe_window(other)}")
+    st.markdown(compare.table_html(compare_rows(a, b), "A", "B"), unsafe_allow_html=True)
+    left, right = compare.headers(common.describe_window(sel), common.describe_window(other))
+    for col, s, body in ((left, sel, a), (right, other, b)):
+        with col:
+            gpu_time = body.get("gpu_time") or {}
+            if body.get("empty") or gpu_time.get("shares") is None:
+                common.empty_window("GPU time, tokens or requests", s)
+                continue
+            bar_labels = gpu_time.get("trust") or []
+            st.html(share_bar.gpu_time_html(gpu_time, None, bar_labels if trust.differs(bar_labels) else []))
+
+
+def _body(sel: common.Selection, fleet_gpus: int | None, trust: PageTrust) -> None:
     with common.service_errors():
         params = _params(sel, fleet_gpus)
         body = _read(common.api_url(), tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+    # the page's main labels: its GPU-time's and its tiles'
+    main = list((body.get("gpu_time") or {}).get("trust") or [])
+    main += [lb for f in (body.get("figures") or {}).values() for lb in f.get("trust") or []]
+    trust.add(main, primary=True)
     with common.service_errors():  # about the data set, whatever the window holds
-        recommendation_headline(sel)
+        recommendation_headline(sel, trust)
     if body.get("empty"):
         common.empty_window("GPU time, tokens or requests", sel)
         return
@@ -183,14 +260,13 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     if money.get("sentence"):
         # the waste as measured, by its own name: not what a change is known to recover at the SLOs
         st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
-        common.trust_badges((body.get("gpu_time") or {}).get("trust") or [])
     any_previous = any(f.get("previous") is not None for f in tiles.values())
     if not any_previous:  # no delta on any tile: said once, with the reason, not "no data" per tile
         st.caption(no_trend_text(tiles))
     for row in TILE_ROWS:
         cols = st.columns(len(row))
         for col, key in zip(cols, row, strict=True):
-            _tile(col, key, tiles[key], any_previous=any_previous)
+            _tile(col, key, tiles[key], any_previous=any_previous, trust=trust)
     gpu_time = body.get("gpu_time") or {}
     st.subheader("Where the GPU-time goes")
     if gpu_time.get("shares") is None:
@@ -198,7 +274,8 @@ def render(sel: common.Selection, fleet_gpus: int | None) -> None:
     else:
         chosen = sorted({g.pool for g in sel.gpus if g.pool}) if sel.gpus != sel.all_gpus else None
         # HTML, not Plotly: the landing page never loads the 4.7 MB Plotly bundle for one bar
-        st.html(share_bar.gpu_time_html(gpu_time, chosen, gpu_time.get("trust") or []))
+        bar_labels = gpu_time.get("trust") or []
+        st.html(share_bar.gpu_time_html(gpu_time, chosen, bar_labels if trust.differs(bar_labels) else []))
         nodes = params.get("node")
         scope = f"every GPU of node {', '.join(nodes)}" if nodes else "the whole data set"
         st.caption(
@@ -218,6 +295,7 @@ st.title("Overview")  # before the sidebar's reads: the first paint does not wai
 with common.service_errors():
     sel = common.sidebar()
 st.caption(f"{common.describe_window(sel)} · against the previous period of the same length")
+trust_slot = st.empty()  # the page's trust badges, under its title (filled by the fragment)
 default_fleet = max(1, len({g.key for g in sel.all_gpus}))
 fleet = st.columns([1, 3])[0].number_input(
     "Fleet size for the yearly figure, GPUs",
@@ -232,7 +310,7 @@ fleet = st.columns([1, 3])[0].number_input(
 
 @st.fragment(run_every=sel.refresh_every_s)
 def _live() -> None:
-    render(sel, int(fleet))
+    render(sel, int(fleet), trust_slot)
 
 
 _live()

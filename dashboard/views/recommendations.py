@@ -19,6 +19,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.api import ApiError, ServiceUnavailable
 from dashboard.figures import recommend as rf
+from dashboard.page_trust import PageTrust
 
 POLL_S = 2.0  # how often the progress of a running apply is read
 PICK = "rec_pick"
@@ -247,9 +248,10 @@ def _impact(rec: dict[str, Any]) -> None:
     st.markdown(f"**Confidence** :{colour}-badge[{level}] " + common.plain_md(said))
 
 
-def _chart_and_tables(rec: dict[str, Any]) -> None:
+def _chart_and_tables(rec: dict[str, Any], trust: PageTrust) -> None:
     fig = rf.pareto_figure(rec)
-    st.plotly_chart(fig, key=f"pareto_{rec['recommendation_id']}", config={"displaylogo": False})
+    labels = [str(rf.details_of(rec).get("trust") or "simulated")]
+    trust.chart(fig, labels, key=f"pareto_{rec['recommendation_id']}", config={"displaylogo": False})
     st.caption(
         "Each point a candidate layout simulated on the traffic: up is more tokens per GPU (cheaper), right "
         "is faster per user. Filled: meets the SLOs; open: misses them. The dotted line is the Pareto front."
@@ -393,7 +395,6 @@ def _realised(row: dict[str, Any]) -> None:
     after = row.get("after") or {}
     figures = ((after.get("comparison") or {}).get("figures")) or {}
     st.markdown("**Realised vs predicted** (the last guard window)")
-    common.trust_badges([str(after.get("trust") or "measured"), "simulated"])
     st.dataframe(
         pd.DataFrame(
             {
@@ -486,6 +487,16 @@ def _label(r: dict[str, Any]) -> str:
 
 
 def render() -> None:
+    """The page body: its one trust block lists the recommendation's labels (its figures are the
+    simulator's; a realised comparison names its measured column itself)."""
+    trust = PageTrust()
+    try:
+        _body(trust)
+    finally:
+        trust.render()
+
+
+def _body(trust: PageTrust) -> None:
     api = common.client()
     common.control_token_input()
     recs: list[dict[str, Any]] | None = None
@@ -511,7 +522,7 @@ def render() -> None:
     st.subheader(
         common.plain_md(("Stay as is: " if stay else "Recommended: ") + str(rf.proposed_layout(rec)))
     )
-    common.trust_badges([str(rf.details_of(rec).get("trust") or "simulated")])
+    trust.add([str(rf.details_of(rec).get("trust") or "simulated")], primary=True)
     st.markdown(common.plain_md(f"{rec.get('rationale') or ''}"))
     st.caption(
         common.plain_md(
@@ -520,7 +531,7 @@ def render() -> None:
         )
     )
     _impact(rec)
-    _chart_and_tables(rec)
+    _chart_and_tables(rec, trust)
     _apply_section(rec)
     _audit()
 

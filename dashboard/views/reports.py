@@ -11,6 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from dashboard import common
+from dashboard.page_trust import PageTrust
 
 MAKE_SPANS = {"last hour": "1h", "last 24 hours": "24h", "last 7 days": "7d"}
 
@@ -30,6 +31,15 @@ def _make_now() -> None:
 
 
 def render() -> None:
+    """The page body: its one trust block lists the open report's labels."""
+    trust = PageTrust()
+    try:
+        _body(trust)
+    finally:
+        trust.render()
+
+
+def _body(trust: PageTrust) -> None:
     api = common.client()
     _make_now()
     with common.service_errors():
@@ -88,7 +98,7 @@ def render() -> None:
     )
     if detail.get("error"):
         st.warning(f"This report has no summary: {detail['error']}", icon=":material/warning:")
-    common.trust_badges((detail.get("summary") or {}).get("trust", {}).get("labels") or [])
+    trust.add((detail.get("summary") or {}).get("trust", {}).get("labels") or [], primary=True)
     # the page is the service's own rendering (every value escaped), scripts are Plotly's
     if hasattr(st, "iframe"):
         st.iframe(page, height=900)

@@ -95,7 +95,7 @@ def test_gpus_page_draws_one_chart_per_metric_with_every_gpu(dashboard_env: Flee
     sm = dict(zip(table["pool"], table["sm_active_pct"], strict=True))
     assert 0 < sm["decode"] < 100 and 0 < sm["prefill"] < 100
     assert 50 < table["power_w"].max() < 700 and set(table["power_limit_w"]) == {700.0}
-    assert _texts(at).count(":violet-badge[simulated]") == 1  # the page's trust label, once
+    assert _texts(at).count(":blue-badge[simulated]") == 1  # the page's trust label, once
 
 
 def test_pool_and_gpu_filters_narrow_the_charts(dashboard_env: Fleet):

@@ -204,7 +204,9 @@ def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
         for key, share, text, title, width in segments:
             assert width == pytest.approx(share * bar_width, abs=2.0), (key, widths)
             assert text in ("", f"{100 * share:.0f} %") and title.endswith("of GPU-time (all GPUs)")
-        assert page.locator(".pl-gpu-time [data-testid=trust]").inner_text() == "SIMULATED"
+        assert page.locator(".pl-gpu-time [data-testid=trust]").count() == 0  # said once, by the page's block
+        block = page.get_by_text("Figures on this page:")
+        assert block.count() == 1 and "simulated" in block.inner_text()
         assert page.get_by_text("share of GPU-time, %").count() == 1
         assert page.get_by_text(re.compile(r"\d\d:\d\d:\d\d UTC")).count() >= 1  # escaped colons show
         assert not _python_errors(page)
@@ -212,6 +214,42 @@ def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
         fetched = page.evaluate(SCRIPTS)
         assert not [n for n in fetched if "PlotlyChart" in n or "remark-emoji" in n], fetched
         page.screenshot(path=str(ARTIFACTS / "overview-first-visit.png"), full_page=True)
+    finally:
+        context.close()
+
+
+# both windows drawn: the comparison table's A and B cells filled, two GPU-time bars laid out
+COMPARE_DRAWN = """() => {
+  const cells = [...document.querySelectorAll('table.pl-compare td.pl-a, table.pl-compare td.pl-b')];
+  const bars = [...document.querySelectorAll('.pl-gpu-time .pl-bar')];
+  return cells.length >= 16 && cells.every(c => c.textContent.trim())
+      && bars.length === 2 && bars.every(b => b.getBoundingClientRect().width > 0)
+      && document.querySelector('[data-testid="stStatusWidget"]') === null;
+}"""
+SLIDER = """() => [...document.querySelectorAll('[data-testid="stSidebar"] [data-testid="stSliderThumbValue"]')]
+  .map(s => parseFloat(s.textContent.replace(/,/g, '')))"""
+
+
+def test_a_link_with_a_range_and_a_compare_opens_that_view(browser, demo: DemoRun):
+    """A shared link (``?dataset=&range=&compare=previous``) in a fresh browser: the sidebar holds the
+    link's range, the Overview shows A and B side by side (the comparison table, both GPU-time bars) and
+    the URL keeps the range and the comparison."""
+    scenario = demo.wait_for_scenario()
+    sid = scenario["scenario_id"]
+    dur = float(scenario["end_s"]) - float(scenario["start_s"])
+    a, b = round(dur / 2, 1), round(dur, 1)
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    try:
+        page = context.new_page()
+        page.goto(f"{demo.dashboard_url}/?dataset={sid}&range={a:g}-{b:g}&compare=previous")
+        _wait(page, COMPARE_DRAWN, "the Overview's A and B columns")
+        assert page.evaluate(SLIDER) == pytest.approx([a, b], abs=0.05)  # the link's range, in the sidebar
+        assert page.locator("table.pl-compare td.pl-change").count() == 8  # a change per tile
+        assert page.get_by_text("the period before", exact=False).count() >= 1  # B named
+        assert f"range={a:g}-{b:g}" in page.url and "compare=previous" in page.url
+        assert not _python_errors(page)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "overview-compare.png"), full_page=True)
     finally:
         context.close()
 

@@ -160,9 +160,13 @@ def test_cost_over_time_and_annual():
     ]
     fig = figures.cost_over_time_figure(hours, labels=["simulated"], simulated=True)
     decode = _trace(fig, "productive decode")
-    assert [str(x) for x in decode.x] == ["1970-01-01 01:00:00", "1970-01-01 02:00:00"]  # sorted by hour
+    assert [str(x) for x in decode.x] == ["1970-01-01 01:30:00", "1970-01-01 02:30:00"]  # sorted, centred
     assert list(decode.y) == [0.0, 1.0]
     assert "simulated" in fig.layout.xaxis.title.text
+    assert fig.layout.title.text == "Cost over time, by category (per clock hour)"
+    fig = figures.cost_over_time_figure(hours, labels=["simulated"], simulated=True, period_s=300.0)
+    assert fig.layout.title.text == "Cost over time, by category (per 5 min)" and decode.width == 3_240_000
+    assert _trace(fig, "productive decode").width == pytest.approx(300_000 * 0.9)  # a bar per period
     annual = {
         "fleet_gpus": 64,
         "usd_per_year": {"decode": 100.0, "stranded_decode": 300.0, "idle": 50.0},
@@ -240,7 +244,7 @@ def test_attainment_over_time_colours_the_buckets_below_target():
     fig = figures.attainment_over_time_figure(OVER_TIME, labels=["measured"], simulated=False, target=0.9)
     bar = fig.data[0]
     assert list(bar.y) == pytest.approx([100.0, 40.0])
-    assert list(bar.marker.color) == [figures.PHASE_COLOURS["decode"], figures.UTIL_COLOUR]
+    assert list(bar.marker.color) == [figures.MET_COLOUR, figures.MISSED_COLOUR]  # the SLO colours
     assert [list(c) for c in bar.customdata] == [[4, 4], [2, 5]]
     assert fig.layout.shapes[0].y0 == 90.0 and "target 90 %" in _annotations(fig)
 
@@ -259,7 +263,7 @@ def test_goodput_sweep():
     assert list(fig.data[0].x) == [2.0, 3.0, 4.0] and list(fig.data[0].y) == pytest.approx(
         [100.0, 92.0, 50.0]
     )
-    assert list(fig.data[0].marker.color) == [figures.PHASE_COLOURS["decode"]] * 2 + [figures.UTIL_COLOUR]
+    assert list(fig.data[0].marker.color) == [figures.MET_COLOUR] * 2 + [figures.MISSED_COLOUR]
     assert "goodput 3 req/s" in _annotations(fig) and "SIMULATED" in _annotations(fig)
     assert fig.layout.title.text == "Goodput sweep: 1.5 req/s per GPU (2 GPUs)"
 

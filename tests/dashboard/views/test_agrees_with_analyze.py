@@ -16,7 +16,7 @@ from dashboard import figures
 from tests.conftest import Fleet
 from tests.dashboard.conftest import APP
 from tests.dashboard.conftest import plotly_values as _values
-from tests.dashboard.views.conftest import DISAGG, figures_of, open_page, texts
+from tests.dashboard.views.conftest import DISAGG, figures_of, open_page
 
 
 def _analyze(fleet: Fleet, dataset: str) -> dict:
@@ -101,4 +101,17 @@ def test_cost_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
     assert "< 0.001" in energy and not [v for v in energy if v.startswith("0.000")]
     categories = list(at.dataframe[0].value["Category"])
     assert "unsampled (no samples)" not in categories  # no GPU-second of it here: no row of zeros
-    assert "Cost over time: the cost is priced per clock hour, and this " in texts(at)
+    # a scenario of minutes: the cost over time per period finer than the hour (issue 25), its bars
+    # (every category stacked) summing to analyze's total for the window, one bar per period
+    cost = analyzed["parts"]["cost"]
+    period = cost["period_s"]
+    assert period is not None and period < 3600 and len(cost["by_period"]) >= 3
+    over = next(f for f in figures_of(at) if f["layout"]["title"]["text"].startswith("Cost over time"))
+    assert (
+        over["layout"]["title"]["text"] == f"Cost over time, by category (per {figures.period_text(period)})"
+    )
+    bars = [_values(t["y"]) for t in over["data"] if t["type"] == "bar"]
+    per_bucket = [sum(col[i] for col in bars) for i in range(len(bars[0]))]
+    assert len(per_bucket) == len(cost["by_period"])
+    assert sum(per_bucket) == pytest.approx(total["cost_usd"], rel=1e-9)
+    assert per_bucket == pytest.approx([r["cost_usd"] for r in cost["by_period"]])

@@ -26,9 +26,12 @@ def test_the_stack_by_pool_sums_to_the_total(dashboard_env: Fleet):
     at = open_page("cost", sid)
     assert not at.exception
     figs = _by_title(at)
-    # a scenario of minutes lies in one or two clock hours: no per-hour bars, and the page says why
-    assert set(figs) == {"Where the money goes, by pool", "Annualised"}
-    assert "the cost is priced per clock hour, and this" in texts(at)
+    # a scenario of minutes lies in one or two clock hours: its cost over time per period instead
+    assert set(figs) == {
+        "Where the money goes, by pool",
+        "Annualised",
+        "Cost over time, by category (per 10 s)",
+    }
     body = httpx.get(
         f"{dashboard_env.url}/api/v1/analytics/summary", params={"dataset": sid}, timeout=120
     ).json()
