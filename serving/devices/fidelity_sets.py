@@ -7,7 +7,7 @@ fixed test set with the rule that generated it.
   38 TTFT, 78 TPOT, 90 power): per (hardware, tp) and figure, the units v2 had not seen
   (:data:`SEEN_V2`) sorted by ``sha256(f"{figure}|{'|'.join(unit)}")``, the first ``ceil(n / 2)``
   (:func:`test_units_by_rule` regenerates it). Scored once, after the model is frozen.
-* CALIBRATION (fixed 2026-12-05 ~05:00 UTC, before any v3 mechanism was tried): of the remaining units of
+* CALIBRATION (fixed 2026-12-05 04:46 UTC, commit c7bfc48, before any v3 mechanism was tried): of the remaining units of
   the uncapped GPUs (``h100-80gb``, ``a100-80gb``), per (hardware, tp) and figure, sorted by
   ``sha256(f"calibration|{figure}|{'|'.join(unit)}")``, the first ``ceil(m / 2)``
   (:func:`calibration_units_by_rule`). The power-capped H100's units are never calibration: their timing
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 from serving.devices.published import POINTS as OTHER_POINTS
 from serving.devices.published import Point
-from serving.devices.published_splitwise import TTFT_MS, TPOT_MS
+from serving.devices.published_splitwise import TPOT_MS, TTFT_MS
 
 Unit = tuple[str, ...]  # (figure, hardware, tp, prompt, batch[, token]) as strings
 Key = tuple  # (figure, hardware, tp, prompt, batch[, token]) with ints
