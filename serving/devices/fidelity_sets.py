@@ -396,3 +396,18 @@ def unit_of(p: Point) -> Key | None:
 SPLITWISE_POINTS = splitwise_points()
 #: every scored point of every source: the others' (published.py) and Splitwise's units
 POINTS: list[Point] = [*OTHER_POINTS, *SPLITWISE_POINTS]
+
+
+def error_stats(errors: Iterable[float]) -> dict[str, float]:
+    """``n`` and the median, p90 (nearest rank) and max of ``|error|`` (fractions; 0 when empty)."""
+    a = sorted(abs(e) for e in errors)
+    if not a:
+        return {"n": 0, "median": 0.0, "p90": 0.0, "max": 0.0}
+    mid = len(a) // 2
+    median = a[mid] if len(a) % 2 else (a[mid - 1] + a[mid]) / 2
+    return {"n": len(a), "median": median, "p90": a[max(0, math.ceil(0.9 * len(a)) - 1)], "max": a[-1]}
+
+
+#: the issue-23 targets on the test set (TTFT and TPOT): median |error| and p90 |error|
+TARGET_MEDIAN = 0.07
+TARGET_P90 = 0.15
