@@ -411,3 +411,50 @@ def error_stats(errors: Iterable[float]) -> dict[str, float]:
 #: the issue-23 targets on the test set (TTFT and TPOT): median |error| and p90 |error|
 TARGET_MEDIAN = 0.07
 TARGET_P90 = 0.15
+
+
+_A100_BATCH = (
+    "A100 batches of 512-token prompts cost 20-55 ms per extra prompt more than one prompt of their tokens "
+    "(TP 4: 4 x 512 571 ms vs one 2048-token prompt 403 ms; 16 x 512 2893 vs 8192 tokens 2278) while the "
+    "H100's cost the same or less (attention is smaller); the model has one cost per token on both. The "
+    "CSV's A100 prompt phase peaks at 1.00-1.03 of the 400 W TDP: a clock held down by the power limit "
+    "(the power model's part) is the candidate, not modeled in this branch"
+)
+_A100_FLOOR = (
+    "A100 floor-bound prompt: the prefill floor is priced in SM cycles (1.4x longer at the A100's 1410 MHz "
+    "than at 1980); the measured A100 / H100 ratio of floor-bound prompts is ~1.3 (TP 4 128 tokens: 63.7 vs "
+    "49.1 ms) and no A100 floor-bound unit is a calibration unit that could pin a split of the floor"
+)
+_PCAP = (
+    "capped H100 (490 W): every measured prompt time is 1.30x the uncapped one; the power model of this "
+    "branch does not slow a prefill at 490 W (issue 23 point 3, the power helper's mechanism)"
+)
+#: calibration / validation units beyond 15 % with the reason (tests check the list is complete and, for
+#: the uncapped GPUs, still true; the capped units are expected to leave it once the power model binds)
+KNOWN_MISSES: dict[Key, str] = {
+    ("ttft", "a100-80gb", 4, 512, 4): _A100_BATCH,
+    ("ttft", "a100-80gb", 4, 512, 16): _A100_BATCH,
+    ("ttft", "a100-80gb", 8, 512, 16): _A100_BATCH,
+    ("ttft", "a100-80gb", 8, 512, 32): _A100_BATCH,
+    ("ttft", "a100-80gb", 4, 128, 1): _A100_FLOOR,
+    ("ttft", "a100-80gb", 8, 128, 1): _A100_FLOOR,
+}
+for _tp, _n, _b in (
+    (2, 512, 2),
+    (2, 512, 8),
+    (2, 512, 16),
+    (2, 1024, 1),
+    (4, 512, 1),
+    (4, 512, 2),
+    (4, 512, 8),
+    (4, 512, 16),
+    (4, 2048, 1),
+    (4, 8192, 1),
+    (8, 128, 1),
+    (8, 512, 2),
+    (8, 512, 16),
+    (8, 512, 32),
+    (8, 2048, 1),
+    (8, 4096, 1),
+):
+    KNOWN_MISSES["ttft", "h100-80gb-pcap", _tp, _n, _b] = _PCAP
