@@ -33,6 +33,11 @@ FITS: dict[str, list[tuple[str, float, float, float]]] = {
         ("prefill_floor_cycles_per_layer", 1e6, 1e3, 1e8),
         ("gpu.gemm_a100", 0.75, 0.3, 0.95),
     ],
+    "turbomind-0.1": [
+        ("step_s", 1e-3, 1e-5, 5e-2),
+        ("kernels_per_layer", 8.0, 0.5, 200.0),
+        ("per_prefill_seq_s", 5e-3, 1e-5, 0.1),
+    ],
     "trtllm-0.5": [("per_prefill_seq_s", 5e-3, 1e-5, 5e-2), ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4)],
 }
 

@@ -189,6 +189,16 @@ PROFILES: dict[str, EngineProfile] = {
         "(2 constants on 3 rows: below the protocol's 3 per constant, no more fp16 rows published; the A100 "
         "GEMM efficiency is the GPU model's, fitted on Splitwise's A100 units); bench/fidelity_table.py",
     ),
+    "turbomind-0.1": EngineProfile(
+        name="turbomind-0.1",
+        step_s=1.0e-3,
+        per_prefill_seq_s=5.0e-3,
+        kernels_per_layer=8.0,
+        description="LMDeploy v0.1 TurboMind (C++ engine derived from FasterTransformer, persistent batch, "
+        "fused kernels; NCCL ring all-reduce)",
+        source="fit on the calibration units of LMDeploy's A100 static inference benchmark "
+        "(serving/devices/published_lmdeploy.py); bench/fidelity_table.py",
+    ),
 }
 DEFAULT_PROFILE = "vllm"
 

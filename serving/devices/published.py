@@ -180,6 +180,8 @@ SOURCES: dict[str, str] = {
     "vllm-ci": "vLLM nightly performance benchmark, latency tests (buildkite.com/vllm/performance-benchmark)",
     "splitwise": "Splitwise profiling data, github.com/Mutinifni/splitwise-sim data/perf_model.csv",
     "trtllm-0.5": "TensorRT-LLM docs/source/performance.md, 'Low Latency' tables (data from v0.5)",
+    "lmdeploy-0.1": "LMDeploy v0.1.0a1 (TurboMind) static inference benchmark, A100-80G fp16: "
+    "InternLM/lmdeploy docs/en/benchmark/a100_fp16.md @3e391df (serving/devices/published_lmdeploy.py)",
 }
 
 POINTS: list[Point] = []
