@@ -84,15 +84,17 @@ def comparisons(roles: Sequence[str] = ("calibration", "validation")) -> list[di
 
 
 def set_summary(comps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (set, metric, scope) the count and median / p90 / max |error| (%); scope ``all``, and for
-    Splitwise ``uncapped`` and ``capped`` (the 490 W H100, whose timing rests on the power model)."""
+    """Per (set, metric, scope) the count and median / p90 / max |error| (%); scope ``all``, each source,
+    and Splitwise split into ``uncapped`` and ``capped`` (the 490 W H100, whose timing rests on the power
+    model)."""
     groups: dict[tuple[str, str, str], list[float]] = {}
     for c in comps:
         metric = c["metric"]
         groups.setdefault((c["role"], metric, "all"), []).append(c["error_pct"] / 100)
+        scope = c["source"]
         if c["source"] == "splitwise":
             scope = "splitwise capped" if c["capped"] else "splitwise uncapped"
-            groups.setdefault((c["role"], metric, scope), []).append(c["error_pct"] / 100)
+        groups.setdefault((c["role"], metric, scope), []).append(c["error_pct"] / 100)
     rows = []
     for (role, metric, scope), errs in sorted(
         groups.items(), key=lambda kv: (SETS.index(kv[0][0]), kv[0][1:])

@@ -34,7 +34,7 @@ FITS: dict[str, list[tuple[str, float, float, float]]] = {
         ("gpu.gemm_a100", 0.75, 0.3, 0.95),
     ],
     "turbomind-0.1": [
-        ("step_s", 1e-3, 1e-5, 5e-2),
+        ("allreduce_overhead_s", 2e-5, 1e-7, 5e-4),
         ("kernels_per_layer", 8.0, 0.5, 200.0),
         ("per_prefill_seq_s", 5e-3, 1e-5, 0.1),
     ],

@@ -191,9 +191,9 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "turbomind-0.1": EngineProfile(
         name="turbomind-0.1",
-        step_s=1.0e-3,
-        per_prefill_seq_s=5.0e-3,
-        kernels_per_layer=8.0,
+        per_prefill_seq_s=4.4e-3,
+        kernels_per_layer=3.0,
+        allreduce_overhead_s=5.9e-5,
         description="LMDeploy v0.1 TurboMind (C++ engine derived from FasterTransformer, persistent batch, "
         "fused kernels; NCCL ring all-reduce)",
         source="fit on the calibration units of LMDeploy's A100 static inference benchmark "
