@@ -115,7 +115,7 @@ def test_tpot_meets_the_targets_on_calibration_and_validation(role: str) -> None
 @pytest.mark.parametrize("role", ["calibration", "validation"])
 def test_ttft_meets_the_median_target_and_every_miss_beyond_15pct_is_named(role: str) -> None:
     """TTFT on the uncapped GPUs: median |error| <= 7 %; every unit beyond 15 % (the p90 target is not
-    met on validation) is in KNOWN_MISSES with its reason, and every named uncapped unit still misses;
+    met on validation) is in KNOWN_MISSES with its reason, and every named unit of the set still misses;
     the p90 of the units not named meets 15 %."""
     errs = _errors(role, "ttft", UNCAPPED)
     s = fidelity_sets.error_stats(errs.values())
@@ -127,13 +127,43 @@ def test_ttft_meets_the_median_target_and_every_miss_beyond_15pct_is_named(role:
     assert rest["p90"] <= fidelity_sets.TARGET_P90, rest
 
 
-def test_capped_h100_prompt_misses_are_named_until_the_power_model_binds() -> None:
-    """The 490 W units beyond 15 % are all named (reason: the power model's clock under the cap); a named
-    one may leave the list once the power model slows a capped prefill (not asserted stale)."""
-    errs = _errors("validation", "ttft", ("h100-80gb-pcap",))
-    misses = {k for k, e in errs.items() if abs(e) > 0.15}
-    assert misses <= set(fidelity_sets.KNOWN_MISSES), misses - set(fidelity_sets.KNOWN_MISSES)
-    assert all(e < 0 for e in errs.values())  # the model is only ever too fast there: the cap is missing
+@pytest.mark.parametrize("role", ["validation", "test"])
+def test_capped_h100_prompts_are_only_too_fast_for_the_named_reason(role: str) -> None:
+    """The 490 W units: the model is only ever faster than measured (it does not slow a capped prefill:
+    the power model's part, CAPPED_TTFT_REASON); once the power model binds they should move toward 0."""
+    errs = _errors(role, "ttft", ("h100-80gb-pcap",))
+    assert len(errs) >= 17 and fidelity_sets.CAPPED_TTFT_REASON
+    assert all(-0.35 < e < 0 for e in errs.values()), {k: f"{e:+.1%}" for k, e in errs.items()}
+
+
+def test_test_set_tpot_meets_the_targets() -> None:
+    """Scored once (2026-12-05 05:05 UTC, docs/FIDELITY.md): TPOT on every test unit of every source,
+    median |error| <= 7 % and p90 <= 15 % (2.5 % / 7.0 %)."""
+    errs = [p.error() for p in fidelity_sets.POINTS if p.role == "test" and p.metric == "tpot"]
+    s = fidelity_sets.error_stats(errs)
+    assert s["n"] == 89
+    assert s["median"] <= fidelity_sets.TARGET_MEDIAN and s["p90"] <= fidelity_sets.TARGET_P90, s
+
+
+def test_test_set_ttft_misses_the_targets_only_for_the_named_reasons() -> None:
+    """TTFT on the test set does NOT meet the targets (median 19.1 %, p90 25.8 %: docs/FIDELITY.md). The
+    misses are named: every uncapped Splitwise test unit beyond 15 % is an A100 batch of prompts in
+    KNOWN_MISSES, and the capped H100's (CAPPED_TTFT_REASON) are all too fast; without those two groups the
+    rest meets both targets."""
+    errs = {
+        (p.source, fidelity_sets.unit_of(p) or (p.shape, p.what)): p.error()
+        for p in fidelity_sets.POINTS
+        if p.role == "test" and p.metric == "ttft"
+    }
+    everything = fidelity_sets.error_stats(errs.values())
+    assert everything["n"] == 39
+    assert everything["median"] > fidelity_sets.TARGET_MEDIAN  # the known miss, stated, not hidden
+    uncapped = {k: e for k, e in errs.items() if k[0] != "splitwise" or k[1][1] in UNCAPPED}
+    misses = {k[1] for k, e in uncapped.items() if abs(e) > 0.15}
+    named = {k for k in fidelity_sets.KNOWN_MISSES if ("splitwise", k) in uncapped}
+    assert misses == named, misses ^ named
+    rest = fidelity_sets.error_stats(e for k, e in uncapped.items() if k[1] not in named)
+    assert rest["median"] <= fidelity_sets.TARGET_MEDIAN and rest["p90"] <= fidelity_sets.TARGET_P90, rest
 
 
 def test_fitted_constants_have_three_calibration_points_each_or_are_named() -> None:
