@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from serving.devices import PROFILES, calibration, fidelity_sets, published, published_splitwise
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "bench"))
-import splitwise_units  # noqa: E402  (bench/ is not a package)
+from serving.devices import splitwise_csv as splitwise_units
 
 UNCAPPED = ("h100-80gb", "a100-80gb")
 
@@ -69,7 +65,7 @@ def test_excluded_units_are_anomalous_in_the_data_itself() -> None:
 
 
 def test_splitwise_module_is_regenerated_from_a_csv_and_skips_the_blind_rows(tmp_path: Path) -> None:
-    """bench/splitwise_units.py: per-unit medians of the llama2-70b rows; bloom-176b rows are not read
+    """serving/devices/splitwise_csv.py (bench/splitwise_units.py): per-unit medians of the llama2-70b rows; bloom-176b rows are not read
     (a bloom row with garbage in every other column does not break it); a wrong file is a clear error."""
     path = tmp_path / "perf_model.csv"
     cols = "model,hardware,prompt_size,batch_size,token_size,peak_power,average_power,prompt_time,token_time,e2e_time,tensor_parallel"
