@@ -1,12 +1,16 @@
-"""Calibrate the GPU model's engine profiles on some published serving measurements and report the
-error on the others (held out), as docs/FIDELITY.md shows.
+"""The GPU model against published serving measurements, by the v3 protocol (docs/FIDELITY.md,
+"Protocol"): calibration, validation and (only with ``--score-test``) the fixed test set, each with
+per-set median / p90 / max |error| for TTFT and TPOT; leave-one-out errors per engine profile; the
+fitted vs shipped constants; the anomalies excluded and why.
 
-The published figures and their conventions are serving/devices/published.py (each with its source
-key, docs/FIDELITY.md, "Sources"; nothing is fetched); the fit is serving/devices/calibration.py.
-``PROFILES`` in ``serving/devices/gpu_model.py`` ship the fitted values (rounded); this script refits,
-prints both, and the table uses the shipped ones.
+The published figures are serving/devices/published.py (vLLM CI, TRT-LLM v0.5, this project's H200),
+published_splitwise.py (every llama2-70b unit of Splitwise's CSV) and published_lmdeploy.py; the sets are
+serving/devices/fidelity_sets.py; the fit serving/devices/calibration.py. ``PROFILES`` ship the fitted
+values (rounded); every figure of the tables uses the shipped ones, through the public
+``predict_iteration`` only.
 
-    python bench/fidelity_table.py [--json out.json]
+    python bench/fidelity_table.py [--no-fit] [--no-loo] [--units] [--json out.json]
+    python bench/fidelity_table.py --score-test     # once, after the model is frozen
 """
 
 from __future__ import annotations
@@ -17,11 +21,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from serving.config import ModelConfig
-from serving.devices import DEFAULT_CONSTANTS, PROFILES, EngineProfile, IterationWork, predict_iteration
-from serving.devices.calibration import FITS, fit_kernel_latency_cycles, fit_profile
+from serving.devices import DEFAULT_CONSTANTS, PROFILES, IterationWork, predict_iteration
+from serving.devices.calibration import (
+    FITS,
+    MIN_UNITS_PER_CONSTANT,
+    SET_FROM_PUBLISHED,
+    fit_kernel_latency_cycles,
+    fit_profile,
+    leave_one_out,
+    units_per_constant,
+)
+from serving.devices.fidelity_sets import (
+    ANOMALIES,
+    POINTS,
+    TARGET_MEDIAN,
+    TARGET_P90,
+    error_stats,
+    unit_of,
+)
 from serving.devices.published import (
     LINK_OF,
-    POINTS,
     SHAPES,
     SOURCES,
     decode_work,
@@ -30,49 +49,89 @@ from serving.devices.published import (
 )
 
 GPU_LABEL = {"h100-sxm": "H100 SXM", "h200": "H200", "a100-sxm-80gb": "A100-SXM-80GB"}
+SETS = ("calibration", "validation", "test")
 
 
-# -- tables ----------------------------------------------------------------------------------------------
+# -- comparisons -------------------------------------------------------------------------------------------
 
 
-def comparisons(profiles: dict[str, EngineProfile] | None = None) -> list[dict[str, Any]]:
-    """Every point beside the model (shipped PROFILES unless ``profiles`` overrides some)."""
+def comparisons(roles: Sequence[str] = ("calibration", "validation")) -> list[dict[str, Any]]:
+    """Every point of the given roles beside the shipped model."""
     out = []
     for p in POINTS:
-        prof = (profiles or {}).get(p.profile)
-        modeled = p.modeled_ms(prof)
+        if p.role not in roles:
+            continue
+        modeled = p.modeled_ms()
+        unit = unit_of(p)
         out.append(
             {
                 "source": p.source,
                 "gpu": p.gpu,
+                "capped": p.power_limit_w is not None,
                 "shape": p.shape,
                 "tp": p.tp,
                 "metric": p.metric,
                 "what": p.what,
+                "unit": list(unit) if unit else None,
                 "profile": p.profile,
                 "measured_ms": p.measured_ms,
                 "modeled_ms": round(modeled, 2),
                 "error_pct": round((modeled / p.measured_ms - 1.0) * 100.0, 1),
                 "role": p.role,
-                "note": p.note,
             }
         )
     return out
 
 
-def held_out_summary(comps: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Max |error| % and count of the held-out rows per (source, metric)."""
-    out: dict[str, dict[str, float]] = {}
+def set_summary(comps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (set, metric, scope) the count and median / p90 / max |error| (%); scope ``all``, each source,
+    and Splitwise split into ``uncapped`` and ``capped`` (the 490 W H100, whose timing rests on the power
+    model)."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
     for c in comps:
-        if c["role"] != "held-out":
-            continue
-        key = f"{c['source']} {c['metric']}"
-        s = out.setdefault(key, {"n": 0, "max_abs_error_pct": 0.0, "within_15pct": 0})
-        s["n"] += 1
-        s["max_abs_error_pct"] = max(s["max_abs_error_pct"], abs(c["error_pct"]))
-        s["within_15pct"] += abs(c["error_pct"]) <= 15.0
-    return out
+        metric = c["metric"]
+        groups.setdefault((c["role"], metric, "all"), []).append(c["error_pct"] / 100)
+        scope = c["source"]
+        if c["source"] == "splitwise":
+            scope = "splitwise capped" if c["capped"] else "splitwise uncapped"
+        groups.setdefault((c["role"], metric, scope), []).append(c["error_pct"] / 100)
+    rows = []
+    for (role, metric, scope), errs in sorted(
+        groups.items(), key=lambda kv: (SETS.index(kv[0][0]), kv[0][1:])
+    ):
+        s = error_stats(errs)
+        rows.append({"set": role, "metric": metric, "scope": scope, **s})
+    return rows
 
+
+def summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| set | figure | scope | n | median abs err | p90 abs err | max abs err |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['set']} | {r['metric'].upper()} | {r['scope']} | {r['n']} | {r['median']:.1%} | "
+            f"{r['p90']:.1%} | {r['max']:.1%} |"
+        )
+    return lines
+
+
+def units_markdown(comps: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| set | source | GPU | TP | measurement | measured ms | predicted ms | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comps:
+        gpu = GPU_LABEL[c["gpu"]] + (" 490 W" if c["capped"] else "")
+        lines.append(
+            f"| {c['role']} | {c['source']} | {gpu} | {c['tp']} | {c['what']} | {c['measured_ms']:g} | "
+            f"{_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+# -- the model grid ----------------------------------------------------------------------------------------
 
 PREFILL_TOKENS = (128, 512, 1024, 2048, 4096, 8192)
 DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
@@ -89,10 +148,8 @@ def model_grid(profile: str | None = None) -> list[dict[str, Any]]:
             shape = SHAPES[name]
 
             def ms(work: IterationWork, shape: ModelConfig = shape, tp: int = tp, gpu: str = gpu) -> float:
-                return (
-                    predict_iteration(gpu, shape, work, tp=tp, link=LINK_OF[gpu], profile=profile).time_s
-                    * 1e3
-                )
+                est = predict_iteration(gpu, shape, work, tp=tp, link=LINK_OF[gpu], profile=profile)
+                return est.time_s * 1e3
 
             rows.append(
                 {
@@ -107,12 +164,13 @@ def model_grid(profile: str | None = None) -> list[dict[str, Any]]:
 
 
 def grid_markdown(grid: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| GPU | shape | TP | "
-        + " | ".join(f"TTFT {n}" for n in PREFILL_TOKENS)
+    head = (
+        " | ".join(f"TTFT {n}" for n in PREFILL_TOKENS)
         + " | "
         + " | ".join(f"TPOT b{b}" for b in DECODE_BATCHES)
-        + " |",
+    )
+    lines = [
+        f"| GPU | shape | TP | {head} |",
         "|---|---|---|" + "---|" * (len(PREFILL_TOKENS) + len(DECODE_BATCHES)),
     ]
     for g in grid:
@@ -127,50 +185,93 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
-def markdown(comps: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| source | GPU | shape | TP | measurement | profile | measured ms | predicted ms | error | used for |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in comps:
-        lines.append(
-            f"| {c['source']} | {GPU_LABEL[c['gpu']]} | {c['shape']} | {c['tp']} | {c['what']} | "
-            f"{c['profile']} | {c['measured_ms']:g} | {_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} % | "
-            f"{c['role']} |"
+# -- the fit and leave-one-out -----------------------------------------------------------------------------
+
+
+def print_fit(fitted: dict[str, Any]) -> None:
+    """Refit every profile; print fitted vs shipped, the calibration points per constant and the
+    constants set from published figures."""
+    cycles = fit_kernel_latency_cycles()
+    print(
+        f"kernel_latency_cycles: fitted {cycles:.0f}, shipped {DEFAULT_CONSTANTS.kernel_latency_cycles:.0f}"
+    )
+    fitted["kernel_latency_cycles"] = cycles
+    per = units_per_constant()
+    for name, spec in FITS.items():
+        prof, consts = fit_profile(name)
+        shipped = PROFILES[name]
+        n, k = per[name]
+        verdict = (
+            "ok"
+            if n >= MIN_UNITS_PER_CONSTANT * k
+            else f"BELOW the protocol's {MIN_UNITS_PER_CONSTANT} per constant"
         )
-    return "\n".join(lines)
+        print(f"profile {name}: {k} fitted constants on {n} calibration points ({n / k:.1f} each: {verdict})")
+        for field, *_ in spec:
+            if field == "gpu.gemm_a100":
+                got = consts.gemm_efficiency_for("a100-sxm-80gb")
+                have = DEFAULT_CONSTANTS.gemm_efficiency_for("a100-sxm-80gb")
+            else:
+                got, have = getattr(prof, field), getattr(shipped, field)
+            print(f"  {field}: fitted {got:.4g}, shipped {have:.4g}")
+            fitted[f"{name}.{field}"] = got
+    for name, field, value, figure in SET_FROM_PUBLISHED:
+        print(f"profile {name}: {field} = {value} set from a published figure: {figure}")
+
+
+def print_loo(out: dict[str, Any]) -> None:
+    """Leave-one-out per fitted profile: refit without each calibration point, predict it."""
+    print("Leave-one-out (refit without each calibration point, predict it):")
+    for name in FITS:
+        res = leave_one_out(name)
+        s = error_stats(e for _, e in res)
+        by_metric = {}
+        for m in ("ttft", "tpot", "e2e"):
+            sm = error_stats(e for p, e in res if p.metric == m)
+            if sm["n"]:
+                by_metric[m] = sm
+        parts = "; ".join(
+            f"{m.upper()} n {sm['n']} median {sm['median']:.1%} p90 {sm['p90']:.1%} max {sm['max']:.1%}"
+            for m, sm in by_metric.items()
+        )
+        print(
+            f"  {name}: n {s['n']}, median {s['median']:.1%}, p90 {s['p90']:.1%}, max {s['max']:.1%} ({parts})"
+        )
+        out[name] = {
+            "all": s,
+            **by_metric,
+            "points": [[p.what, p.gpu, p.tp, round(e * 100, 1)] for p, e in res],
+        }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", help="also write the fit, the comparisons and the sources here")
-    ap.add_argument("--no-fit", action="store_true", help="only the table with the shipped profiles")
+    ap.add_argument("--json", help="also write the fit, the comparisons, the summaries and the sources here")
+    ap.add_argument("--no-fit", action="store_true", help="skip the refit (fitted vs shipped constants)")
+    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits (a minute or two)")
+    ap.add_argument("--units", action="store_true", help="print every scored unit, not only the summaries")
+    ap.add_argument(
+        "--score-test",
+        action="store_true",
+        help="also score the fixed TEST set (once, after the constants and mechanisms are frozen)",
+    )
     args = ap.parse_args(argv)
     fitted: dict[str, Any] = {}
+    loo: dict[str, Any] = {}
     if not args.no_fit:
-        cycles = fit_kernel_latency_cycles()
-        print(
-            f"kernel_latency_cycles: fitted {cycles:.0f}, shipped {DEFAULT_CONSTANTS.kernel_latency_cycles:.0f}"
-        )
-        fitted["kernel_latency_cycles"] = cycles
-        for name, spec in FITS.items():
-            prof, consts = fit_profile(name)
-            shipped = PROFILES[name]
-            print(f"profile {name}:")
-            for field, *_ in spec:
-                if field == "gpu.gemm_a100":
-                    got = consts.gemm_efficiency_for("a100-sxm-80gb")
-                    have = DEFAULT_CONSTANTS.gemm_efficiency_for("a100-sxm-80gb")
-                elif field.startswith("gemm_"):
-                    key = {"gemm_h100": "h100-sxm", "gemm_a100": "a100-sxm-80gb"}[field]
-                    got, have = prof.gemm_scale(key), shipped.gemm_scale(key)
-                else:
-                    got, have = getattr(prof, field), getattr(shipped, field)
-                print(f"  {field}: fitted {got:.4g}, shipped {have:.4g}")
-                fitted[f"{name}.{field}"] = got
+        print_fit(fitted)
         print()
-    comps = comparisons()
-    print(markdown(comps))
+    roles = SETS if args.score_test else SETS[:2]
+    comps = comparisons(roles)
+    if args.units:
+        print(units_markdown(comps))
+        print()
+    print("Excluded units (data-based reasons):")
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in ANOMALIES.items():
+        by_reason.setdefault(reason, []).append(" ".join(str(x) for x in key))
+    for reason, keys in by_reason.items():
+        print(f"  {'; '.join(keys)}:\n    {reason}")
     print()
     grid = model_grid()
     print(grid_markdown(grid))
@@ -187,15 +288,29 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(f"  {GPU_LABEL[row['gpu']]} TP {row['tp']}: {cells}; attention {row['attention_ms']:.0f} ms")
     print()
-    for key, s in held_out_summary(comps).items():
-        print(
-            f"held-out {key}: {s['within_15pct']}/{s['n']} within 15 %, max |error| {s['max_abs_error_pct']:.1f} %"
-        )
+    if not args.no_loo:
+        print_loo(loo)
+        print()
+    summary = set_summary(comps)
+    print("\n".join(summary_lines(summary)))
+    if args.score_test:
+        print()
+        for r in summary:
+            if r["set"] == "test" and r["metric"] in ("ttft", "tpot") and r["scope"] == "all":
+                ok = r["median"] <= TARGET_MEDIAN and r["p90"] <= TARGET_P90
+                print(
+                    f"TEST {r['metric'].upper()}: median {r['median']:.1%} (target <= {TARGET_MEDIAN:.0%}), "
+                    f"p90 {r['p90']:.1%} (target <= {TARGET_P90:.0%}): {'MET' if ok else 'NOT MET'}"
+                )
+    else:
+        print("(test set not scored: --score-test, once, after the model is frozen)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {
                     "fit": fitted,
+                    "loo": loo,
+                    "summary": summary,
                     "comparisons": comps,
                     "grid": grid,
                     "prompt_steps": steps,

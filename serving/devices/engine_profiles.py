@@ -16,8 +16,9 @@ class EngineProfile:
     """A serving engine's cost around the GPU work of one iteration.
 
     Host time (GPU idle, placed before the iteration's GPU work):
-    ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_token_s *
-    prefill tokens + per_tp_rank_s * (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
+    ``step_s + per_seq_s * batch + per_prefill_seq_s * prefilling seqs + per_prefill_step_s (once if
+    the iteration computes prompt tokens) + per_prefill_token_s * prefill tokens + per_tp_rank_s *
+    (tp - 1) + per_layer_s * layers``. GPU-side engine costs: ``kernels_per_layer``
     kernels per layer (each with the GPU's clock-scaled kernel latency) and ``allreduce_overhead_s``
     per tensor-parallel all-reduce beyond the link's own latency (the engine's collective), and
     ``gemm_efficiency_by_gpu`` where the engine's GEMMs reach a different share of a GPU's peak
@@ -30,7 +31,7 @@ class EngineProfile:
     ``allreduce_step_scale * LinkSpec.latency_s``: the per-call cost grows linearly with the ranks,
     and a slower link (NVLink 3) pays more per step. It is why a small-batch decode step of the 2023
     stack stops shrinking with TP once the shard's weight streaming is small (Splitwise: 29.7 ms at
-    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (3.84: 5.8 us per step on NVLink 4) is
+    TP 4 and 29.8 ms at TP 8 on H100). Its fitted value there (v3: 4.33, 6.5 us per step on NVLink 4) is
     above NCCL's Simple figure, so it also carries per-step costs of that stack not modeled apart.
 
     ``gqa_unaware_attention``: the engine's attention kernel runs one thread block per *query* head
@@ -74,6 +75,7 @@ class EngineProfile:
     step_s: float = 0.0  # host time per iteration
     per_seq_s: float = 0.0  # ... per sequence in the batch
     per_prefill_seq_s: float = 0.0  # ... per sequence prefilling in this iteration
+    per_prefill_step_s: float = 0.0  # ... once per iteration that computes prompt tokens
     per_prefill_token_s: float = 0.0  # ... per prompt token computed
     per_tp_rank_s: float = 0.0  # ... per tensor-parallel rank beyond the first
     per_layer_s: float = 0.0  # ... per model layer (eager launches that do not overlap the GPU)
@@ -125,6 +127,7 @@ class EngineProfile:
             self.step_s
             + self.per_seq_s * max(0, work.batch_size)
             + self.per_prefill_seq_s * prefill_seqs
+            + (self.per_prefill_step_s if work.prefill_tokens > 0 else 0.0)
             + self.per_prefill_token_s * max(0, work.prefill_tokens)
             + self.per_tp_rank_s * (tp - 1)
             + self.per_layer_s * layers
@@ -141,14 +144,14 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "vllm": EngineProfile(
         name="vllm",
-        step_s=9.77e-4,
+        step_s=1.22e-3,
         kernels_per_layer=5.0,
-        allreduce_overhead_s=6.3e-6,
+        allreduce_overhead_s=9.4e-6,
         description="vLLM (CUDA graphs for decode, custom all-reduce): host time per step fitted; the "
         "per-sequence and per-token host costs are not identifiable from the published runs (all batch 8) "
         "and are left at 0",
-        source="fit on vLLM CI latency_llama8B_tp1 and latency_llama70B_tp4 (H100, build 9555); "
-        "bench/fidelity_table.py",
+        source="fit on vLLM CI latency_llama8B_tp1 and latency_llama70B_tp4 (H100 build 9555, H200 9513, "
+        "A100 9523: 6 rows, 2 constants); bench/fidelity_table.py",
     ),
     "phaselens-eager": EngineProfile(
         name="phaselens-eager",
@@ -159,31 +162,42 @@ PROFILES: dict[str, EngineProfile] = {
     ),
     "splitwise-2023": EngineProfile(
         name="splitwise-2023",
-        per_seq_s=2.0e-4,
-        per_prefill_seq_s=9.6e-3,
-        kernels_per_layer=16.9,
-        allreduce_bandwidth_scale=0.264,
-        allreduce_step_scale=3.84,
+        per_seq_s=1.9e-4,
+        kernels_per_layer=16.1,
+        allreduce_bandwidth_scale=0.26,
+        allreduce_step_scale=4.33,
         custom_allreduce_max_bytes=50_331_648.0,
-        fallback_allreduce_bandwidth_scale=0.223,
-        prefill_floor_cycles_per_layer=9.9e5,
+        fallback_allreduce_bandwidth_scale=0.218,
+        prefill_floor_cycles_per_layer=1.335e6,
         gqa_unaware_attention=True,
         description="the 2023 stack behind the Splitwise profiling data (no CUDA graphs; a custom all-reduce "
-        "up to 48 MiB at ~26 % of NVLink bandwidth per message, NCCL's ring beyond at ~22 %; ~3.8 link "
+        "up to 48 MiB at ~26 % of NVLink bandwidth per message, NCCL's ring beyond at ~22 %; ~4.3 link "
         "latencies per ring step; decode attention reading K/V per query head; a prefill floor of "
-        "~1M SM cycles per layer that the prompt's GPU work runs under)",
-        source="fit on Splitwise perf_model.csv, H100 TP 2 prompt 128/2048 + token b1/b32, TP 8 prompt "
-        "256/4096 + token b1; bench/fidelity_table.py; the 48 MiB limit is FasterTransformer's and "
-        "TensorRT-LLM's CUSTOM_AR_SIZE_THRESHOLD",
+        "~1.3M SM cycles per layer that the prompt's GPU work runs under; no per-prompt host cost: the "
+        "batches of prompts on H100 cost what one prompt of their tokens does)",
+        source="fit (v3) on the 66 calibration units of Splitwise perf_model.csv (serving/devices/"
+        "fidelity_sets.py), with the A100 GEMM efficiency; bench/fidelity_table.py; the 48 MiB limit is "
+        "FasterTransformer's and TensorRT-LLM's CUSTOM_AR_SIZE_THRESHOLD",
     ),
     "trtllm-0.5": EngineProfile(
         name="trtllm-0.5",
-        per_prefill_seq_s=6.3e-3,
+        per_prefill_seq_s=6.2e-3,
         kernels_per_layer=5.0,
         allreduce_overhead_s=7.7e-5,
         description="TensorRT-LLM v0.5 (fused kernels; GEMMs at the GPU's own efficiency)",
         source="fit on TensorRT-LLM v0.5 A100 first-token latency: Llama-2-7B 128/2048, 70B TP 4 128 "
-        "(with the A100 GEMM efficiency of EmulationConstants); bench/fidelity_table.py",
+        "(2 constants on 3 rows: below the protocol's 3 per constant, no more fp16 rows published; the A100 "
+        "GEMM efficiency is the GPU model's, fitted on Splitwise's A100 units); bench/fidelity_table.py",
+    ),
+    "turbomind-0.1": EngineProfile(
+        name="turbomind-0.1",
+        per_prefill_seq_s=4.4e-3,
+        kernels_per_layer=3.0,
+        allreduce_overhead_s=5.9e-5,
+        description="LMDeploy v0.1 TurboMind (C++ engine derived from FasterTransformer, persistent batch, "
+        "fused kernels; NCCL ring all-reduce)",
+        source="fit on the calibration units of LMDeploy's A100 static inference benchmark "
+        "(serving/devices/published_lmdeploy.py); bench/fidelity_table.py",
     ),
 }
 DEFAULT_PROFILE = "vllm"

@@ -25,7 +25,7 @@ class EmulationConstants:
     gemm_efficiency: float = 0.65  # achieved/peak tensor FLOP/s of compute-bound GEMMs and attention
     # (gpu key, efficiency) where a GPU generation's GEMMs reach a different share of its own peak
     # (see gemm_efficiency_for); every other GPU uses gemm_efficiency
-    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.75),)
+    gemm_efficiency_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.71),)
     memory_efficiency: float = 0.85  # achieved/peak HBM bandwidth of memory-bound kernels
     gemm_tile_tokens: int = 16  # GEMM token dimension is padded to this (swap-AB 64x16 Hopper tiles)
     activation_passes: float = 7.5  # bf16 passes over (hidden + intermediate) per token per layer
@@ -70,8 +70,9 @@ class EmulationConstants:
         A GPU property (one per generation), so every engine on that GPU uses it; an engine whose
         GEMMs differ scales it (``EngineProfile.gemm_efficiency_by_gpu``). Hopper (H100/H200):
         :attr:`gemm_efficiency` (0.65 of the 989 TF/s dense peak), fitted on this project's H200
-        prefill rows. Ampere (A100): 0.75 of its 312 TF/s peak, fitted on the TensorRT-LLM v0.5 A100
-        calibration rows (bench/fidelity_table.py, ``gpu.gemm_a100``). Ampere's ``mma.sync``
+        prefill rows. Ampere (A100): 0.71 of its 312 TF/s peak, fitted (v3) with the ``splitwise-2023``
+        profile on the Splitwise A100 calibration units (bench/fidelity_table.py, ``gpu.gemm_a100``;
+        v2: 0.75 on the three TensorRT-LLM v0.5 rows). Ampere's ``mma.sync``
         GEMMs were mature in every 2023 library and reach a larger share of a 3.2x lower peak than
         Hopper's, whose dense peak needs ``wgmma`` kernels kept fed at the TDP.
         """

@@ -133,12 +133,13 @@ def test_a_batch_with_a_refused_value_goes_event_by_event(
 
 
 # SHA-256 of each table's rows (repr of the ordered tuples) for the first 60 s of the vendored
-# conversation trace on 1p1d:h100-sxm:tp2, written event by event by main at 4fe3ef3
+# conversation trace on 1p1d:h100-sxm:tp2, written event by event by main at 4fe3ef3; re-recorded event
+# by event (columnar=False, the same digests) for the GPU model v3 timing (issue 23: vllm profile refit)
 RECORDED_TABLES = {
-    "iterations": (5898, "2ff89e70b31b3b42a5def410d1d4c13f3e97721ee272d693b47e2ee8fc71fe80"),
-    "requests": (191, "07fafc0908207b35f18c21fbc096fcdda768b8fa03c239175f847ebae086747b"),
-    "tokens": (44229, "051b2f3d9b2aa2b8b89fcf5577c447f441f6dcad98111e3dbde698eff3b891b9"),
-    "telemetry_batches": (4, "d65e007aad104b2913163961cc5642f5dcdf061e1db41310801bfdb2bf332463"),
+    "iterations": (5798, "e5614ea7b4d4cf52bcbf0fd9d49f3678694bd6da7538e7fef6e5ce663c9eaea8"),
+    "requests": (191, "a69cd191460bda382af56cd71c2c4ebf9cda2faa004510d8b3a4dc953d44b4c3"),
+    "tokens": (44229, "ed31e1f73a7339804b7e85897c13ce63aac1570385e0b0f39d91d0c823f5c3eb"),
+    "telemetry_batches": (4, "e9c0e3fb613f89578cd6b355137cc2eca16576d3434a42e94f8de047f696eb00"),
 }
 
 
