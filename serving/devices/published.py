@@ -1,8 +1,10 @@
-"""Published serving measurements the GPU model is calibrated on and checked against (held out), as
+"""Published serving measurements the GPU model is calibrated on and checked against, as
 docs/FIDELITY.md shows: each figure a :class:`Point` with its source key (:data:`SOURCES`; nothing is
-fetched), the shapes those sources measured, the fidelity target and the points allowed to miss it.
-The fit is serving/devices/calibration.py; the tables bench/fidelity_table.py;
-tests/serving/devices/test_gpu_model.py recomputes the held-out errors from these rows.
+fetched) and its set (calibration / validation / test), the shapes those sources measured. This module
+holds vLLM CI, TRT-LLM v0.5 and this project's H200 rows; Splitwise's units and LMDeploy's are in
+published_splitwise.py / published_lmdeploy.py, every point of every source with the protocol's sets in
+fidelity_sets.py. The fit is serving/devices/calibration.py; the tables bench/fidelity_table.py;
+tests/serving/devices/test_fidelity_sets.py recomputes the errors.
 
 Conventions:
 
