@@ -96,7 +96,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 action="start",
                 target="pool",
                 before=None,
-                after=pool.layout(),
+                # the served model (/v1/models' id): the collector's exports label its GPUs with it
+                after={**pool.layout(), "model": settings.model_name},
                 actor="cli",
             )
             yield
