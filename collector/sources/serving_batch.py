@@ -67,6 +67,9 @@ class ServingStackSource(ServingTelemetrySource):
         self._last_telemetry_s = float("-inf")  # the per-worker path's telemetry read
         self._sampler: str | None = None  # the router's sampler the device cursor belongs to
         self._device_cursor: int | None = None
+        # a new source (this collector just started) stores from the router's newest tick on: the
+        # ring's older ticks may be stored already (a restarted collector), as /v1/devices polls were
+        self._fresh = True
         self.devices_down: Counter[str] = Counter()  # per worker: samples missing (down or failed)
         self.missed_ticks = 0  # the router's ticks evicted before they were read
         self.sampler_interval_s: float | None = None
@@ -134,7 +137,10 @@ class ServingStackSource(ServingTelemetrySource):
         down: Counter[str] = Counter()
         failed: Counter[str] = Counter()
         why: dict[tuple[bool, str], str] = {}  # (down, worker): the first reason of a read
-        for tick in devices.get("ticks") or []:
+        ticks = devices.get("ticks") or []
+        if self._fresh and ticks:
+            self._fresh, ticks = False, ticks[-1:]
+        for tick in ticks:
             sampled = []
             for item in tick.get("items") or []:
                 if "sample" in item:

@@ -86,6 +86,11 @@ def test_the_batched_path_stores_every_sample_the_per_worker_path_stores(stack: 
     _store(tmp_path / "per_worker.duckdb", results)
 
     batched = ServingStackSource(stack.url, node="n", host_interval_s=float("inf"))
+    # a new source stores from the newest tick on (the older ones may be stored: a restarted collector)
+    fresh = SourceResult("serving:test", ticks[-1]["ts_s"])
+    batched._take_devices(devices, ticks[-1]["ts_s"], fresh)
+    assert [b.n for b in fresh.columns["gpu_samples"]] == [WORKERS]
+    batched._device_cursor = first["last_seq"]  # then as a source that has read before
     result = SourceResult("serving:test", ticks[-1]["ts_s"])
     batched._take_devices(devices, ticks[-1]["ts_s"], result)
     _store(tmp_path / "batched.duckdb", [result])
