@@ -45,17 +45,23 @@ from collector.sources.serving_batch import ServingStackSource  # noqa: E402
 from collector.sources.serving_stack import ServingDevicesSource, ServingTelemetrySource  # noqa: E402
 from phaselens.testing import start_collector  # noqa: E402
 from serving.loadgen import run_load  # noqa: E402
-from serving.testing import start_server, stop_server  # noqa: E402
+from serving.testing import Server, start_server, stop_server  # noqa: E402
 from serving.trace import poisson_trace  # noqa: E402
 
 
 def cpu_share(proc: subprocess.Popen, seconds: float) -> float:
     """CPU seconds (user + system) of `proc` per wall second over `seconds`."""
-    p = psutil.Process(proc.pid)
-    t0, c0 = time.monotonic(), p.cpu_times()
+    return cpu_shares([proc], seconds)[0]
+
+
+def cpu_shares(procs: list[subprocess.Popen], seconds: float) -> list[float]:
+    """CPU seconds (user + system; not its children's) of each of `procs` per wall second, over the
+    same `seconds`."""
+    ps = [psutil.Process(proc.pid) for proc in procs]
+    t0, c0 = time.monotonic(), [p.cpu_times() for p in ps]
     time.sleep(seconds)
-    t1, c1 = time.monotonic(), p.cpu_times()
-    return ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
+    t1, c1 = time.monotonic(), [p.cpu_times() for p in ps]
+    return [((b.user + b.system) - (a.user + a.system)) / (t1 - t0) for a, b in zip(c0, c1, strict=True)]
 
 
 #: main before the HTTP client became httpx: the hand-written HTTP/1.1 keep-alive client
@@ -190,14 +196,19 @@ def print_paths(paths: dict[str, dict[str, list[float]]]) -> dict[str, float]:
     return flat | {"path_batched_over_per_worker": ratio}
 
 
-def collector_share(url: str, db: Path, seconds: float, read: str) -> tuple[subprocess.Popen, str, dict]:
-    """Start `phaselens collect --serving url --serving-read read` and measure its sampling CPU."""
-    proc, curl = start_collector(db, "--serving", url, "--serving-read", read)
+def collector_share(
+    server: Server, db: Path, seconds: float, read: str
+) -> tuple[subprocess.Popen, str, dict[str, float]]:
+    """Start `phaselens collect --serving URL --serving-read read`; its sampling CPU and, over the
+    same seconds, the router process's (its workers apart: they take the same snapshots either way)."""
+    proc, curl = start_collector(db, "--serving", server.url, "--serving-read", read)
     time.sleep(3)
-    share = cpu_share(proc, seconds)
-    health = httpx.get(f"{curl}/health").json()
-    samples_per_s = health["writer"]["rows_written"].get("gpu_samples", 0) / health["uptime_s"]
-    return proc, curl, {"core_share": share, "gpu_samples_per_s": samples_per_s}
+    rows0 = httpx.get(f"{curl}/health").json()["writer"]["rows_written"].get("gpu_samples", 0)
+    t0 = time.monotonic()
+    share, router = cpu_shares([proc, server.proc], seconds)
+    rows1 = httpx.get(f"{curl}/health").json()["writer"]["rows_written"].get("gpu_samples", 0)
+    samples_per_s = (rows1 - rows0) / (time.monotonic() - t0)
+    return proc, curl, {"core_share": share, "router_core_share": router, "gpu_samples_per_s": samples_per_s}
 
 
 def main() -> int:
@@ -244,14 +255,15 @@ def main() -> int:
                 if args.json:
                     Path(args.json).write_text(json.dumps(out, indent=1))
                 return 0
-            base, _, got = collector_share(server.url, Path(tmp) / "base.duckdb", args.seconds, "per-worker")
+            base, _, got = collector_share(server, Path(tmp) / "base.duckdb", args.seconds, "per-worker")
             base.terminate()
             base.wait(30)
-            out["per_worker_core_share"] = got["core_share"]
-            out["per_worker_gpu_samples_per_s"] = got["gpu_samples_per_s"]
-            proc, url, got = collector_share(server.url, Path(tmp) / "c.duckdb", args.seconds, "auto")
+            out |= {f"per_worker_{k}": v for k, v in got.items()}
+            time.sleep(1)
+            proc, url, got = collector_share(server, Path(tmp) / "c.duckdb", args.seconds, "auto")
             out["sampling_core_share"] = got["core_share"]
             out["gpu_samples_per_s"] = got["gpu_samples_per_s"]
+            out["batched_router_core_share"] = got["router_core_share"]
             trace = poisson_trace(
                 4.0, int(args.seconds * 4), prompt_tokens=(32, 256), output_tokens=(8, 32), seed=0
             )
@@ -282,6 +294,11 @@ def main() -> int:
         f"({out['gpu_samples_per_s']:.0f} samples/s; net of idle {(new - idle) * 100:.2f} %)"
     )
     print(f"  batched / per-worker: {new / base:4.2f}x  (net of idle: {(new - idle) / (base - idle):4.2f}x)")
+    r_base, r_new = out["per_worker_router_core_share"], out["batched_router_core_share"]
+    print(
+        f"  the router process over the same seconds: per-worker {r_base * 100:.2f} %, batched "
+        f"{r_new * 100:.2f} % of one core (its sampler included; the workers' snapshots are the same)"
+    )
     print(
         f"  + ingesting telemetry of the loaded stack (batched): {out['with_telemetry_core_share'] * 100:6.2f} % "
         f"of one core; device samples missing: {out['device_samples_missing']}"
