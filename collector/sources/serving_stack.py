@@ -57,18 +57,15 @@ class _JsonClient:
 
     def get(self, path: str, what: str, **params: Any) -> Any:
         """GET `path` and decode JSON; raise SourceUnavailable naming `what` on any failure."""
-        status, body = self._http.get(path, params, what=what, accept="application/json")
-        if status != 200:
-            raise SourceUnavailable("http_status", f"{what}: HTTP {status}: {bytes(body[:200])!r}")
-        try:
-            return json.loads(body)
-        except ValueError as e:
-            raise SourceUnavailable("bad_response", f"{what}: not JSON: {e}") from e
+        return self._get(path, what, params, found_only=False)
 
     def get_if_found(self, path: str, what: str, **params: Any) -> Any | None:
         """As :meth:`get`, but None when the server has no such path (HTTP 404: an older server)."""
+        return self._get(path, what, params, found_only=True)
+
+    def _get(self, path: str, what: str, params: dict[str, Any], *, found_only: bool) -> Any | None:
         status, body = self._http.get(path, params, what=what, accept="application/json")
-        if status == 404:
+        if status == 404 and found_only:
             return None
         if status != 200:
             raise SourceUnavailable("http_status", f"{what}: HTTP {status}: {bytes(body[:200])!r}")
@@ -125,10 +122,10 @@ class ServingTelemetrySource(Source):
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
         gaps_before, rejected_before = len(self.reader.gaps), self.reader.rejected
-        while not self._take_telemetry(
-            self._client.get("/v1/telemetry", "telemetry", after=self._after()), result
-        ):
-            pass
+        while True:
+            payload = self._client.get("/v1/telemetry", "telemetry", after=self._after())
+            if self._take_telemetry(payload, result):
+                break
         self._count_telemetry(result, gaps_before, rejected_before)
 
     def _take_telemetry(self, payload: dict[str, Any], result: SourceResult) -> bool:

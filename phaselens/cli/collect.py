@@ -40,7 +40,13 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prometheus", default=None, metavar="URL", help="a Prometheus-compatible query API")
     p.add_argument("--no-nvml", action="store_true", help="do not sample this host's NVIDIA GPUs")
-    p.add_argument("--gpu-interval", type=float, default=0.1, help="GPU sampling period, s")
+    p.add_argument(
+        "--gpu-interval",
+        type=float,
+        default=0.1,
+        help="GPU sampling period, s: this host's GPUs and a --serving stack read per worker (a batched "
+        "read has the router's --device-sample-interval-s)",
+    )
     p.add_argument(
         "--serving-read",
         choices=("auto", "per-worker"),  # collector.sources.serving_batch.SERVING_READS
