@@ -166,11 +166,28 @@ def _mig_shares(con: duckdb.DuckDBPyConnection, window: Window) -> dict[tuple[An
     return {(n, s, d, None if i is None else int(i)): mig_share(p) for n, s, d, i, p in rows}
 
 
+#: the served model of each live stack: its latest ``start`` control event (the router puts
+#: ``after.model``, the name ``/v1/models`` serves) at or before the window's end, per node and source
+_SERVED_MODELS_SQL = """
+SELECT DISTINCT model FROM (
+    SELECT json_extract_string(after, '$.model') AS model,
+           row_number() OVER (PARTITION BY node, source ORDER BY ts_s DESC) AS newest
+    FROM control_events
+    WHERE action = 'start' AND ts_s <= ? AND {nodes}
+      AND json_extract_string(after, '$.model') IS NOT NULL
+) WHERE newest = 1
+"""
+
+
 def _model_name(con: duckdb.DuckDBPyConnection, window: Window) -> str | None:
+    """The window's model: a scenario's, or the one model its live stacks serve (None when none
+    is known or they serve several)."""
     if window.simulated:
         row = con.execute("SELECT model FROM scenarios WHERE scenario_id = ?", [window.dataset]).fetchone()
         return str(row[0]) if row and row[0] else None
-    return None
+    nodes, params = window.node_sql()
+    rows = con.execute(_SERVED_MODELS_SQL.format(nodes=nodes), [window.end_s, *params]).fetchall()
+    return str(rows[0][0]) if len(rows) == 1 and rows[0][0] else None
 
 
 #: our category → the attribution's GPU-time category (PhaseBreakdown.raw columns <name>_s, energy_<name>_j)

@@ -173,13 +173,14 @@ def run_summary(
     slo = None
     if params.get("slo_ttft_ms") is not None or params.get("slo_tpot_ms") is not None:
         from analytics.latency import SloSpec
+        from serving.sim.summary import slo_ms_error
 
         default = SloSpec()
         ttft = _float(params, "slo_ttft_ms")
         tpot = _float(params, "slo_tpot_ms")
         for name, value in (("slo_ttft_ms", ttft), ("slo_tpot_ms", tpot)):
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise AnalyticsError(f"{name} must be > 0 (finite, in ms), got {value:g}", name)
+            if value is not None and (message := slo_ms_error(name, value)) is not None:
+                raise AnalyticsError(message, name)
         slo = SloSpec(
             ttft_s=ttft / 1000 if ttft is not None else default.ttft_s,
             tpot_s=tpot / 1000 if tpot is not None else default.tpot_s,

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 from collector.settings import CollectorSettings
 from collector.sources.base import Source, SourceResult
 from collector.sources.local_gpus import LocalGpuSource
+from collector.sources.serving_batch import ServingStackSource
 from collector.sources.serving_stack import TABLE_TELEMETRY, TABLE_TELEMETRY_GAPS, ServingTelemetrySource
 from collector.store import (
     FlushError,
@@ -172,10 +173,15 @@ class Collector:
 
     def _poll_loop(self, src: Source) -> None:
         telemetry = isinstance(src, ServingTelemetrySource)
+        stack = isinstance(src, ServingStackSource)
         while not self._stop.is_set():
-            if telemetry and self.store.write_failure is not None:
-                # nothing read until the store takes writes again: the stack's ring keeps the
-                # batches (what was read before is held by the store and written first)
+            # no telemetry read until the store takes writes again: the stack's ring keeps the
+            # batches (what was read before is held by the store and written first); a stack's
+            # device samples are still read (held like any row, the oldest dropped and counted)
+            paused = telemetry and self.store.write_failure is not None
+            if stack:
+                src.telemetry_paused = paused
+            elif paused:
                 self._stop.wait(min(src.interval_s, 1.0))
                 continue
             result = src.poll()

@@ -16,7 +16,7 @@ from collector.sources.http import DEFAULT_MAX_PAGE_BYTES, DEFAULT_SCRAPE_TIMEOU
 from collector.sources.local_gpus import LocalGpuSource
 from collector.sources.prometheus import EngineScrapeSource
 from collector.sources.prometheus_query import PrometheusQuerySource
-from collector.sources.serving_stack import ServingDevicesSource, ServingTelemetrySource
+from collector.sources.serving_batch import SERVING_READS, ServingStackSource
 from collector.store import RetentionPolicy
 
 
@@ -35,6 +35,7 @@ class CollectorSettings:
     nvml: bool = True  # sample this host's NVIDIA GPUs when NVML is there
     gpu_interval_s: float = 0.1
     telemetry_interval_s: float = 0.5
+    serving_read: str = "auto"  # SERVING_READS: "auto" (GET /v1/collect where offered) | "per-worker"
     scrape_interval_s: float = 1.0
     dcgm_interval_s: float = 1.0  # dcgm-exporter scrape period (unchanged refreshes are not stored again)
     # one deadline per dcgm/engine scrape (connect + headers + body) and the largest page read; a
@@ -72,14 +73,18 @@ class CollectorSettings:
             local = LocalGpuSource(node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
             if local.available():
                 sources.append(local)
+        if self.serving_urls and self.serving_read not in SERVING_READS:
+            raise ValueError(f"serving_read {self.serving_read!r}; allowed: {', '.join(SERVING_READS)}")
         for url in self.serving_urls:
-            sources.append(
-                ServingTelemetrySource(
-                    url, node=self.node, interval_s=self.telemetry_interval_s, backoff=backoff()
+            sources.append(  # GET /v1/collect each telemetry interval, or the per-worker reads
+                ServingStackSource(
+                    url,
+                    node=self.node,
+                    interval_s=self.telemetry_interval_s,
+                    gpu_interval_s=self.gpu_interval_s,
+                    batched=None if self.serving_read == "auto" else False,
+                    backoff=backoff(),
                 )
-            )
-            sources.append(
-                ServingDevicesSource(url, node=self.node, interval_s=self.gpu_interval_s, backoff=backoff())
             )
         page = {"timeout_s": self.scrape_timeout_s, "max_page_bytes": self.max_page_bytes}
         sources += [

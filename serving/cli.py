@@ -65,6 +65,13 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--telemetry-spool", default=None, help="also append telemetry batches to this JSON-lines file"
     )
     p.add_argument(
+        "--device-sample-interval-s",
+        type=float,
+        default=0.1,
+        help="the router samples every worker's device this often while a collector reads them "
+        "batched (GET /v1/collect); seconds in [0.01, 10] (0.1)",
+    )
+    p.add_argument(
         "--restart-delay-s",
         type=float,
         default=0.5,
@@ -117,6 +124,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         telemetry_spool=args.telemetry_spool,
         emulate_shape=args.emulate_shape,
         restart_delay_s=args.restart_delay_s,
+        device_sample_interval_s=args.device_sample_interval_s,
         max_restart_delay_s=(
             max(30.0, args.restart_delay_s) if args.max_restart_delay_s is None else args.max_restart_delay_s
         ),

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.admission import RETRY_AFTER_S, Admission, BodyTooLarge, abort_on_disconnect, read_body
 from serving.control import build_control_router, error_type
+from serving.device_sampler import SAMPLED_STATES, DeviceSampler, snapshot_workers, worker_item
 from serving.devices.emulated import emulated_device_label
 from serving.metrics import ServingMetrics
 from serving.openai_api import (
@@ -47,6 +48,7 @@ def _error(
 
 
 MAX_WINDOW_S = 10.0  # an emulated device keeps this much modeled history
+COLLECT_SCHEMA = "phaselens.collect"  # GET /v1/collect's answer
 
 
 def _emulation_summary(label: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +79,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     state: dict[str, Any] = {"pool": None}
     admission = Admission(settings.max_waiting_requests, settings.max_body_bytes)
     metrics = ServingMetrics(settings.model_name, lambda: state["pool"], admission.rejected)
+    sampler = DeviceSampler(lambda: state["pool"], settings.device_sample_interval_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,11 +99,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 action="start",
                 target="pool",
                 before=None,
-                after=pool.layout(),
+                # the served model (/v1/models' id): the collector's exports label its GPUs with it
+                after={**pool.layout(), "model": settings.model_name},
                 actor="cli",
             )
             yield
         finally:
+            await sampler.stop()
             await pool.shutdown()
             stop_fork_server()
             hub.close()
@@ -136,6 +141,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
         return _error(500, f"internal server error: {type(exc).__name__}", kind="server_error")
 
     app.state.hub = hub
+    app.state.sampler = sampler
     app.include_router(build_control_router(lambda: state["pool"], token))
 
     @app.get("/health")
@@ -196,24 +202,11 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 param="window_s",
             )
         pool: WorkerPool | None = state["pool"]
-        workers = [w for w in pool.workers.values() if w.state in ("ready", "draining")] if pool else []
-
-        def snapshot(w: Any) -> Any:
-            if window_s is not None and w.spec.device.startswith("emulated:"):
-                return pool.call(w, "snapshot", 10.0, window_s=window_s)
-            return pool.call(w, "snapshot", 10.0)
-
-        results = await asyncio.gather(*(snapshot(w) for w in workers), return_exceptions=True)
+        workers = [w for w in pool.workers.values() if w.state in SAMPLED_STATES] if pool else []
+        results = await snapshot_workers(pool, workers, window_s)
         out = []
         for w, res in zip(workers, results, strict=True):
-            item: dict[str, Any] = {
-                "worker": w.id,
-                "role": w.role,
-                "device": w.spec.device,
-                "gpu_uuid": w.info.get("gpu_uuid"),
-                "gpu_index": w.info.get("gpu_index"),
-                "pid": w.process.pid,
-            }
+            item: dict[str, Any] = worker_item(w)
             if isinstance(res, BaseException):
                 item["error"] = str(res) or type(res).__name__
             else:
@@ -228,9 +221,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/telemetry")
-    async def telemetry(after: str | None = None, limit: int = 1000) -> JSONResponse:
-        """Telemetry batches after the given per-source cursors ("src:seq,src:seq")."""
+    def _telemetry_read(after: str | None, limit: int) -> dict[str, Any] | JSONResponse:
         try:
             cursors = parse_after(after)
         except ValueError as e:
@@ -240,7 +231,29 @@ def create_app(settings: ServeSettings) -> FastAPI:
         pool: WorkerPool | None = state["pool"]
         if pool is not None:
             pool.telemetry.flush()
-        return JSONResponse(hub.read(cursors, limit))
+        return hub.read(cursors, limit)
+
+    @app.get("/v1/telemetry")
+    async def telemetry(after: str | None = None, limit: int = 1000) -> JSONResponse:
+        """Telemetry batches after the given per-source cursors ("src:seq,src:seq")."""
+        read = _telemetry_read(after, limit)
+        return read if isinstance(read, JSONResponse) else JSONResponse(read)
+
+    @app.get("/v1/collect")
+    async def collect(
+        devices_after: int | None = None, after: str | None = None, limit: int = 1000, telemetry: bool = True
+    ) -> JSONResponse:
+        """Everything a collector polls, in one read: every worker's device samples the router took
+        since ``devices_after`` (its sampler's tick seq; runs while read, every
+        ``--device-sample-interval-s``), each tick with one item per worker (a sample, or the
+        worker's error: a dead or restarting worker is ``down``), and the telemetry batches after
+        ``after`` (as ``GET /v1/telemetry``; ``telemetry=false``: none, null). Read-only, like
+        /v1/devices and /v1/telemetry."""
+        read = _telemetry_read(after, limit) if telemetry else None
+        if isinstance(read, JSONResponse):
+            return read
+        devices = await sampler.read(devices_after)
+        return JSONResponse({"schema": COLLECT_SCHEMA, "version": 1, "devices": devices, "telemetry": read})
 
     async def _parse(request: Request, chat: bool) -> ParsedRequest | JSONResponse:
         try:

@@ -38,6 +38,8 @@ class ServeSettings:
     max_restart_delay_s: float = 30.0
     max_waiting_requests: int | None = None  # beyond it new requests get 429; None: one batch per worker
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body gets 413
+    # the router's own sampling of its workers' devices while a reader uses GET /v1/collect
+    device_sample_interval_s: float = 0.1
 
     def model_config(self) -> ModelConfig:
         return model_config_for(self.model)
@@ -86,6 +88,11 @@ class ServeSettings:
             )
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ConfigError(f"max waiting requests must be >= 1, got {self.max_waiting_requests}")
+        if not (math.isfinite(self.device_sample_interval_s) and 0.01 <= self.device_sample_interval_s <= 10):
+            raise ConfigError(
+                "--device-sample-interval-s must be a number of seconds in [0.01, 10], "
+                f"got {self.device_sample_interval_s:g}"
+            )
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max request body must be at least 1 KiB, got {self.max_body_bytes} bytes")
         self.model_config()

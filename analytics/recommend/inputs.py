@@ -232,6 +232,19 @@ def _num(body: dict[str, Any], key: str, default: Any, kind: type = float) -> An
     return kind(value)
 
 
+def _slo_ms(body: dict[str, Any], key: str, default: float) -> float:
+    """An SLO given in ms (``slo_ttft_ms``, the CLI's ``--slo-ttft-ms``); RecommendError naming the
+    field, its unit and what is allowed (the seconds check in :meth:`RecommendInputs.check` is for
+    inputs built directly)."""
+    from serving.sim.summary import slo_ms_error
+
+    value = body.get(key, default)
+    message = slo_ms_error(f"{key} (--{key.replace('_', '-')})", value)
+    if message is not None:
+        raise RecommendError(message, key)
+    return float(value)
+
+
 def trace_from_body(body: dict[str, Any]) -> tuple[list[TraceRequest], str]:
     """The trace a request body gives (``requests`` inline, ``poisson`` or ``duration``)."""
     from serving.trace import SHARED_TRACE, load_azure_trace, poisson_trace, vendored_trace_path
@@ -319,8 +332,8 @@ def inputs_from_body(body: Any) -> tuple[RecommendInputs, float]:
         model=str(body.get("model") or "llama-3.1-70b"),
         current=body["layout"],
         slo=SloTarget(
-            ttft_s=_num(body, "slo_ttft_ms", 1000.0) / 1000.0,
-            tpot_s=_num(body, "slo_tpot_ms", 30.0) / 1000.0,
+            ttft_s=_slo_ms(body, "slo_ttft_ms", 1000.0) / 1000.0,
+            tpot_s=_slo_ms(body, "slo_tpot_ms", 30.0) / 1000.0,
             target=_num(body, "slo_target", 0.9),
         ),
         gpu_budget=_num(body, "gpu_budget", None, int),

@@ -57,7 +57,16 @@ class _JsonClient:
 
     def get(self, path: str, what: str, **params: Any) -> Any:
         """GET `path` and decode JSON; raise SourceUnavailable naming `what` on any failure."""
+        return self._get(path, what, params, found_only=False)
+
+    def get_if_found(self, path: str, what: str, **params: Any) -> Any | None:
+        """As :meth:`get`, but None when the server has no such path (HTTP 404: an older server)."""
+        return self._get(path, what, params, found_only=True)
+
+    def _get(self, path: str, what: str, params: dict[str, Any], *, found_only: bool) -> Any | None:
         status, body = self._http.get(path, params, what=what, accept="application/json")
+        if status == 404 and found_only:
+            return None
         if status != 200:
             raise SourceUnavailable("http_status", f"{what}: HTTP {status}: {bytes(body[:200])!r}")
         try:
@@ -79,8 +88,16 @@ class _JsonClient:
 class ServingTelemetrySource(Source):
     """Reads `GET /v1/telemetry` with per-source cursors; every gap in batch numbers is recorded."""
 
-    def __init__(self, url: str, *, node: str | None = None, interval_s: float = 0.5, **kw: Any) -> None:
-        super().__init__(f"serving-telemetry:{url}", interval_s=interval_s, **kw)
+    def __init__(
+        self,
+        url: str,
+        *,
+        node: str | None = None,
+        interval_s: float = 0.5,
+        name: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(name or f"serving-telemetry:{url}", interval_s=interval_s, **kw)
         self.url = url.rstrip("/")
         self.node = node or socket.gethostname()
         self.reader = TelemetryReader()
@@ -107,11 +124,19 @@ class ServingTelemetrySource(Source):
         gaps_before, rejected_before = len(self.reader.gaps), self.reader.rejected
         while True:
             payload = self._client.get("/v1/telemetry", "telemetry", after=self._after())
-            payload, reread = self._check_anchors(payload)
-            batches = self.reader.accept(payload)
-            result.add_rows(TABLE_TELEMETRY, batches)
-            if not reread and len(payload.get("batches", [])) < 1000:
+            if self._take_telemetry(payload, result):
                 break
+        self._count_telemetry(result, gaps_before, rejected_before)
+
+    def _take_telemetry(self, payload: dict[str, Any], result: SourceResult) -> bool:
+        """Add a telemetry read's new batches to ``result``; whether the read was the last one
+        needed (False: the read's limit was reached, or restarted producers must be read again)."""
+        payload, reread = self._check_anchors(payload)
+        result.add_rows(TABLE_TELEMETRY, self.reader.accept(payload))
+        return not reread and len(payload.get("batches", [])) < 1000
+
+    def _count_telemetry(self, result: SourceResult, gaps_before: int, rejected_before: int) -> None:
+        """The gaps and rejected batches found since the counts ``*_before``: rows and counts."""
         new_gaps = self.reader.gaps[gaps_before:]
         result.add_rows(
             TABLE_TELEMETRY_GAPS,
@@ -196,17 +221,26 @@ class ServingTelemetrySource(Source):
 
 
 def add_device_columns(
-    result: SourceResult, items: list[dict[str, Any]], node: str, repeats: RepeatedColumns | None = None
+    result: SourceResult,
+    items: list[dict[str, Any]],
+    node: str,
+    repeats: RepeatedColumns | None = None,
+    *,
+    per_device: bool = False,
 ) -> None:
     """The samples of ``/v1/devices`` items (each with a ``sample``) as gpu_samples columns, with the
     worker and role owning each GPU (they go to the GPU's devices row, a new one when they change).
     ``source`` is ``emulated`` for an emulated GPU's sample, else ``serving``. With ``repeats`` (one
     per source), the GPUs' identity columns are handed on as the previous poll's while unchanged
     and the rest, the metrics, packed as float64 as well (``RepeatedColumns.block``: once the
-    samples' key set is known, a poll is read with one ``itemgetter`` and compared in C)."""
+    samples' key set is known, a poll is read with one ``itemgetter`` and compared in C).
+    ``per_device``: ``items`` already has one item per device and sample time (the batched read's
+    ticks, each made one per device by :func:`one_item_per_device`), so a device's rows of several
+    ticks are kept apart."""
     if not items:
         return
-    items = one_item_per_device(items)
+    if not per_device:
+        items = one_item_per_device(items)
     samples = [item["sample"] for item in items]
     try:
         worker, role = zip(*map(_OWNER, items), strict=True)
@@ -302,7 +336,11 @@ class ServingDevicesSource(Source):
         return self._client.status("/v1/devices") == 200
 
     def _collect(self, now_s: float, result: SourceResult) -> None:
-        body = self._client.get("/v1/devices", "devices")
+        self._take(self._client.get("/v1/devices", "devices"), now_s, result)
+
+    def _take(self, body: dict[str, Any], now_s: float, result: SourceResult) -> None:
+        """A ``/v1/devices`` answer's samples (and, every ``host_interval_s``, the workers' host
+        CPU and memory) into ``result``."""
         hosts = []
         sample_hosts = now_s - self._last_host_s >= self.host_interval_s
         if sample_hosts:

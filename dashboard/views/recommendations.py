@@ -67,13 +67,17 @@ def _defaults(rec: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _stack_target() -> str:
-    """``stack:<URL>`` of the bundled stack the collector reads (its ``serving-telemetry:`` source), or ''."""
+    """``stack:<URL>`` of the bundled stack the collector reads (its ``serving:`` source; an older
+    collector's ``serving-telemetry:``), or ''."""
     try:
         sources = common.client().health().get("sources") or []
     except (ApiError, ServiceUnavailable):
         return ""
-    urls = [str(s.get("name", "")).removeprefix("serving-telemetry:") for s in sources]
-    return next((f"stack:{u}" for u, s in zip(urls, sources, strict=True) if s.get("name") != u), "")
+    for name in (str(s.get("name", "")) for s in sources):
+        for prefix in ("serving:", "serving-telemetry:"):
+            if name.startswith(prefix):
+                return f"stack:{name.removeprefix(prefix)}"
+    return ""
 
 
 def observed_traffic(api: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -73,6 +73,7 @@ def _error(message: str) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Run ``phaselens analyze``: 0 with the summary printed, 2 on bad input or an unreadable source."""
     from analytics.summary import format_summary
+    from serving.sim.summary import slo_ms_error
 
     params = summary_params(
         dataset=args.dataset,
@@ -87,6 +88,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for name in PRICE_PARAMS:  # the same parameters, checked the same way, for a file or a collector
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
+    for option, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+        if value is not None and (message := slo_ms_error(option, value)) is not None:
+            return _error(message)
     try:
         gpu_rows = gpu_rows_of(args.gpus)
         check_epoch_s("--start-s", args.start_s)

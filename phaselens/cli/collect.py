@@ -40,7 +40,21 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prometheus", default=None, metavar="URL", help="a Prometheus-compatible query API")
     p.add_argument("--no-nvml", action="store_true", help="do not sample this host's NVIDIA GPUs")
-    p.add_argument("--gpu-interval", type=float, default=0.1, help="GPU sampling period, s")
+    p.add_argument(
+        "--gpu-interval",
+        type=float,
+        default=0.1,
+        help="GPU sampling period, s: this host's GPUs and a --serving stack read per worker (a batched "
+        "read has the router's --device-sample-interval-s)",
+    )
+    p.add_argument(
+        "--serving-read",
+        choices=("auto", "per-worker"),  # collector.sources.serving_batch.SERVING_READS
+        default="auto",
+        help="how a --serving stack is read: auto (one GET /v1/collect every 0.5 s where the router "
+        "offers it, its devices sampled by the router every --device-sample-interval-s; else the "
+        "per-worker reads) or per-worker (GET /v1/devices every --gpu-interval, /v1/telemetry every 0.5 s)",
+    )
     p.add_argument(
         "--dcgm-interval-s",
         type=float,
@@ -186,6 +200,7 @@ def collect_settings(args: argparse.Namespace) -> CollectorSettings:
         prometheus_url=args.prometheus,
         nvml=not args.no_nvml,
         gpu_interval_s=args.gpu_interval,
+        serving_read=args.serving_read,
         dcgm_interval_s=args.dcgm_interval_s,
         scrape_timeout_s=args.scrape_timeout_s,
         max_page_bytes=args.max_page_bytes,

@@ -80,12 +80,14 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from serving.config import ConfigError, model_config_for
     from serving.loadgen import build_trace, trace_option_error
     from serving.sim.layout import check_layout, parse_layout
+    from serving.sim.summary import slo_ms_error
     from serving.trace import TraceRequest, poisson_trace, scale_arrivals
 
     if (args.layout is None) == (args.url is None):
         return _error("give --layout LAYOUT (simulator) or --url URL (a live stack), one of them")
-    if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
-        return _error("--slo-ttft-ms and --slo-tpot-ms must be > 0")
+    for option, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+        if (message := slo_ms_error(option, value)) is not None:
+            return _error(message)
     message = trace_option_error(args)
     if message:
         return _error(message)

@@ -343,6 +343,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from serving.loadgen import build_trace, trace_option_error
     from serving.sim.layout import parse_layout
     from serving.sim.simulator import SimulationError
+    from serving.sim.summary import slo_ms_error
 
     try:
         message = trace_option_error(args)
@@ -354,8 +355,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         shape = model_config_for(args.model)
         if not 0.01 <= args.sample_period_s <= 60:
             raise ValueError(f"--sample-period-s must be in [0.01, 60], got {args.sample_period_s:g}")
-        if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
-            raise ValueError("--slo-ttft-ms and --slo-tpot-ms must be > 0")
+        for option, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+            if (message := slo_ms_error(option, value)) is not None:
+                raise ValueError(message)
         if args.from_store:
             try:
                 span = parse_span_s(args.from_store)

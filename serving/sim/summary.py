@@ -10,8 +10,10 @@ counters over the run (busy iterations plus the gaps between them), all GPUs of 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +25,17 @@ from serving.sim.simulator import SimResult
 class SloSpec:
     ttft_s: float = 2.0
     tpot_s: float = 0.1
+
+
+def slo_ms_error(option: str, value: Any) -> str | None:
+    """Why ``value`` of the millisecond SLO option ``option`` (``--slo-ttft-ms``, ``slo_tpot_ms``)
+    is not usable, naming the option, its unit and what is allowed; None when it is. The one check
+    of the ms options of every command and endpoint (``SloSpec`` itself holds seconds)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{option} must be a number of milliseconds > 0, got {value!r}"
+    if not (math.isfinite(value) and value > 0):
+        return f"{option} must be a finite number of milliseconds > 0, got {value:g}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

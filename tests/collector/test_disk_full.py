@@ -166,7 +166,7 @@ def exercise_full_disk(
         health = c.health()
         writer = health["writer"]
         assert writer["write_failure"] is None and writer["rows_lost"] == 0 and writer["store_errors"] >= 1
-        telemetry = next(s for s in health["sources"] if s["name"].startswith("serving-telemetry"))
+        telemetry = next(s for s in health["sources"] if s["name"].startswith("serving:"))
         assert telemetry["telemetry_gaps"] == 0
         drops = writer["rows_dropped"]
         if expect_drops:

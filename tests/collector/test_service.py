@@ -70,7 +70,7 @@ def test_collect_fills_every_serving_table_and_flushes_on_sigterm(stack: Server,
         assert any(r["action"] == "start" for r in rows(url, "control_events"))
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "ok" and all(s["status"] == "ok" for s in health["sources"])
-        telemetry = next(s for s in health["sources"] if s["name"].startswith("serving-telemetry"))
+        telemetry = next(s for s in health["sources"] if s["name"].startswith("serving:"))
         assert telemetry["telemetry_gaps"] == 0 and telemetry["cursors"]["router"] >= 0
         bad = httpx.get(f"{url}/api/v1/tables/nope")
         assert bad.status_code == 404 and "tables:" in bad.json()["error"]["message"]
@@ -122,13 +122,14 @@ def test_unreachable_source_backs_off_and_the_service_stays_up(tmp_path: Path) -
 
         def failed_and_recorded() -> bool:
             down = [s for s in httpx.get(f"{url}/health").json()["sources"] if s["status"] == "down"]
-            return len(down) == 3 and any(e["kind"] == "unreachable" for e in rows(url, "ingest_errors"))
+            # the stack (one source: its batched or per-worker reads) and the dcgm-exporter
+            return len(down) == 2 and any(e["kind"] == "unreachable" for e in rows(url, "ingest_errors"))
 
         wait_for(failed_and_recorded)
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "degraded"
         down = [s for s in health["sources"] if s["status"] == "down"]
-        assert len(down) == 3 and all(s["consecutive_failures"] >= 1 for s in down)
+        assert len(down) == 2 and all(s["consecutive_failures"] >= 1 for s in down)
         assert all(s["next_attempt_s"] > s["last_attempt_s"] for s in down)
         errors = rows(url, "ingest_errors")
         assert any(e["kind"] == "unreachable" for e in errors)
@@ -221,7 +222,7 @@ def test_a_restarted_collector_resumes_its_cursors_no_duplicates_no_false_gap(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    telemetry = next(s for s in health["sources"] if s["name"].startswith("serving-telemetry"))
+    telemetry = next(s for s in health["sources"] if s["name"].startswith("serving:"))
     assert telemetry["restored_cursors"] >= 3  # router + both workers
     assert telemetry["telemetry_gaps"] == 0 and telemetry["producer_restarts"] == 0
     assert health["writer"]["duplicates"] == {}  # nothing stored was read again

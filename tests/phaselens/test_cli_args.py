@@ -113,3 +113,27 @@ def test_scrape_limits_reach_the_sources():
     assert [(s.timeout_s, s.max_page_bytes, s.backoff.max_s) for s in sources] == [(2.0, 65536, 3.0)] * 2
     for s in sources:
         s.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["analyze", "--db", "DB"],
+        ["simulate", "--layout", "agg:1xh100-sxm", "--no-store"],
+        ["goodput", "--layout", "agg:1xh100-sxm"],
+        ["recommend", "--layout", "agg:8xh100-sxm:tp2", "--poisson", "2", "--num-requests", "5"],
+    ],
+    ids=lambda argv: argv[0],
+)
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--slo-ttft-ms", "0"), ("--slo-tpot-ms", "-5"), ("--slo-ttft-ms", "inf")]
+)
+def test_an_slo_in_ms_out_of_range_is_named_in_ms(argv, flag, value, empty_store, capsys):
+    """Every command's ms SLO option is checked in ms: the message names the option, its unit
+    (milliseconds, never "seconds") and what is allowed, before anything is simulated or read."""
+    argv = [str(empty_store) if a == "DB" else a for a in argv]
+    assert main([*argv, flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"must be a finite number of milliseconds > 0, got {value}"), err
+    assert flag in err and " seconds" not in err
+    assert err.count("\n") == 0

@@ -539,3 +539,31 @@ def test_prometheus_sums_two_collectors_and_every_dashboard_query_returns_series
             stop_process(proc)
         dcgm.__exit__(None, None, None)
         log.close()
+
+
+def test_gpu_series_carry_the_model_the_stack_serves(tmp_path: Path):
+    """The ``model`` label of a live stack's GPU series is the model the stack serves: its router's
+    ``start`` control event (``after.model``, what ``/v1/models`` names) at or before the window;
+    before any such event it stays empty, and two stacks serving different models leave it empty
+    (the label is per window, not a guess)."""
+    from phaselens.metrics_counters import _gpu_rows
+
+    db = tmp_path / "m.duckdb"
+    t0 = t0_ending_now(640) - AGO_S
+    build(db, samples=640, requests=20, t0=t0)
+    end_s = t0 + 10
+
+    def models() -> set[str]:
+        with Store.open(db) as store, store.transaction() as con:
+            return {labels[5] for (_, labels) in _gpu_rows(con, t0, end_s, None)}
+
+    assert models() == {""}
+    start = "INSERT INTO control_events (node, source, ts_s, action, after, actor) VALUES (?, ?, ?, 'start', ?, 'cli')"
+    with Store.open(db) as store, store.transaction() as con:
+        con.execute(start, [NODE, "router", t0 - 60, json.dumps({"workers": [], "model": "tiny-old"})])
+        con.execute(start, [NODE, "router", t0 - 5, json.dumps({"workers": [], "model": "tiny"})])
+        con.execute(start, [NODE, "router", end_s + 60, json.dumps({"workers": [], "model": "later"})])
+    assert models() == {"tiny"}  # the newest start before the window's end
+    with Store.open(db) as store, store.transaction() as con:
+        con.execute(start, [NODE, "router-b", t0, json.dumps({"model": "llama-3.1-8b"})])
+    assert models() == {""}

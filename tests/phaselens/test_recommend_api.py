@@ -76,7 +76,10 @@ def test_bad_cli_input_is_refused(tmp_path, capsys):
     assert main(["recommend", *ARGS, "--allow-gpu", "b300"]) == 2
     assert "unknown GPU b300" in capsys.readouterr().err
     assert main(["recommend", *ARGS, "--slo-tpot-ms", "0"]) == 2
-    assert "TPOT SLO must be a number of seconds > 0" in capsys.readouterr().err
+    assert (
+        "slo_tpot_ms (--slo-tpot-ms) must be a finite number of milliseconds > 0, got 0"
+        in capsys.readouterr().err
+    )
     small = ["--layout", "agg:2xh100-sxm:tp2", "--gpu-budget", "1", "--poisson", "2", "--num-requests", "5"]
     assert main(["recommend", *small]) == 2
     assert "a budget of 1 GPU(s) is too small for llama-3.1-70b on h100-sxm" in capsys.readouterr().err

@@ -378,6 +378,10 @@ def test_killed_worker_fails_only_its_requests() -> None:
             "--decode-workers apply to --mode disaggregated; use --workers with --mode aggregated",
         ),
         (["--restart-delay-s", "0"], "restart delay must be a number of seconds > 0"),
+        (
+            ["--device-sample-interval-s", "0"],
+            "--device-sample-interval-s must be a number of seconds in [0.01, 10], got 0",
+        ),
     ],
 )
 def test_serve_start_errors_are_one_line(args: list[str], needle: str) -> None:

@@ -112,7 +112,7 @@ def test_a_real_stack_with_two_cpu_workers_and_a_collector_keeps_one_devices_row
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # a few seconds of 10 polls a second
                 sources = httpx.get(f"{url}/health", timeout=10).json()["sources"]
-                polled = [s for s in sources if s["name"].startswith("serving-devices")]
+                polled = [s for s in sources if s["name"].startswith("serving:")]
                 if polled and polled[0]["rows_total"] >= 60:
                     break
                 time.sleep(0.5)
