@@ -18,6 +18,7 @@ TRUST_COLOURS = {
     "simulated": ("violet", "#6a1b9a"),
     "host-bound": ("red", "#c62828"),
     "estimated": ("blue", "#1565c0"),
+    "unvalidated": ("gray", "#616161"),
 }
 TRUST_ORDER = tuple(TRUST_COLOURS)
 

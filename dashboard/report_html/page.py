@@ -30,7 +30,7 @@ th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;border-radius:.6rem;padding:0 .55rem;margin-right:.3rem;font-size:.8rem;
 font-weight:600;color:#fff;white-space:nowrap}
 .measured{background:#2e7d32}.emulated{background:#e65100}.simulated{background:#6a1b9a}
-.host-bound{background:#c62828}.estimated{background:#1565c0}
+.host-bound{background:#c62828}.estimated{background:#1565c0}.unvalidated{background:#616161}
 ul.labels{margin:.3rem 0;padding-left:0;list-style:none;color:#555;font-size:.9rem}
 ul.labels li{margin:.15rem 0}
 .lead{font-size:1.2rem;font-weight:600;margin:.8rem 0 .4rem}

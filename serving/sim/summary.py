@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from serving.devices.gpu_specs import fidelity
 from serving.sim.samples import energy_j
 from serving.sim.simulator import SimResult
 
@@ -59,7 +60,7 @@ class SimSummary:
     j_per_token: float  # per input + output token
     iterations: int
     wall_s: float
-    trust: str = "simulated"
+    trust: str = "simulated"  # "simulated, unvalidated" on a GPU or dtype the model was not validated on
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -115,7 +116,9 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     duration = max(result.duration_s, 1e-9)
     out_tokens = int(out_a.sum())
     in_tokens = int(n_in.sum())
+    validated, _note = fidelity(result.layout.gpu, result.layout.dtype)
     return SimSummary(
+        trust="simulated" if validated else "simulated, unvalidated",
         layout=result.layout.name,
         mode=result.layout.mode,
         gpu=result.gpu_name,
