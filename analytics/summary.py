@@ -94,6 +94,7 @@ def summarize(
     from analytics.intervals import IntervalTable
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
+    from analytics.roofline import roofline
 
     out = Summary(window)
     try:  # a terminal progress bar on long queries would garble the CLI's output
@@ -165,6 +166,8 @@ def summarize(
     )
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
+    if "roofline" not in skip:
+        run("roofline", lambda: roofline(con, window))
     run("latency", lambda: latency_summary(con, window, slo, iteration_groups=groups()))
     run("serving", lambda: serving_span(con, window))
     # output tokens/s: the window average, and the rate while serving under its own name
