@@ -282,3 +282,28 @@ def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, An
         row["trust"] = sorted(labels)
         out.append(row)
     return out
+
+
+def unvalidated_notes(con: duckdb.DuckDBPyConnection, window: Window) -> list[str]:
+    """The notes of the window's GPUs and dtypes the GPU model was never validated on (emulated and
+    simulated ones: a real GPU's figures are measured whatever its kind). Empty when there are none."""
+    pred, par = window.node_sql("node")
+    try:
+        rows = con.execute(
+            f"SELECT DISTINCT node, device, name FROM devices WHERE {pred} AND emulated", par
+        ).fetchall()
+    except duckdb.Error:
+        return []
+    dtypes = _scenario_dtypes(con)
+    notes: list[str] = []
+    for node, device, name in rows:
+        spec = _spec_of(device, name)
+        if spec is None:
+            continue
+        try:
+            ok, note = fidelity(spec, dtypes.get(node, "bf16"))
+        except ValueError:
+            continue
+        if not ok and note not in notes:
+            notes.append(note)
+    return notes

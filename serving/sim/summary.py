@@ -228,4 +228,10 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
         "TPOT = (finish - first token) / (output tokens - 1). SLO attainment is over every request: "
         "a failed one misses."
     )
+    unvalidated = [s.layout for s in summaries if "unvalidated" in s.trust]
+    if unvalidated:
+        lines.append(
+            f"UNVALIDATED: {', '.join(unvalidated)} run on a GPU or dtype (B200, GB200, FP8) the GPU model "
+            "was never checked against measurements on: their figures are the model's extrapolation."
+        )
     return "\n".join(lines)

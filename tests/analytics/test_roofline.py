@@ -87,3 +87,9 @@ def test_analyze_shows_mfu_mbu_with_trust_labels_and_b200_fp8_is_unvalidated(sim
     assert main(["analyze", "--db", str(sim_db), "--dataset", sid]) == 0
     text = capsys.readouterr().out
     assert "Against the roofline" in text and "Stranded (GPU-s)" in text and "simulated, unvalidated" in text
+    # the H200 bf16 scenario is what the model was validated on: no such label anywhere in its summary
+    con = duckdb.connect(str(sim_db), read_only=True)
+    h200, _w = _scenario(con, "h200")
+    con.close()
+    assert main(["analyze", "--db", str(sim_db), "--dataset", h200, "--json"]) == 0
+    assert "unvalidated" not in json.loads(capsys.readouterr().out)["trust"]["labels"]
