@@ -15,10 +15,11 @@ fleet, pool (role) and GPU:
   iterations have their own MFU/MBU and count in neither.
 
 Beside them, the DCGM-style activities of the same GPUs while each phase ran (``sm_active_pct``,
-``tensor_active_pct``, ``dram_active_pct``, per busy second): over the GPU samples taken while an
-iteration of that phase was running on the GPU, the sum of the activity % over the sum of the
-utilization % (each sample's means cover its own window, idle time included; utilization is the busy
-share of it), i.e. the activity per second a kernel ran. Measured where the samples are (NVML GPM,
+``tensor_active_pct``, ``dram_active_pct``, per busy second): over the GPU samples taken in the GPU's
+seconds whose busy time was at least :data:`PHASE_DOMINANCE` that phase's (the store's per-second
+rollup, ``iteration_seconds``), the sum of the activity % over the sum of the utilization % (each
+sample's means cover its own window, idle time included; utilization is the busy share of it), i.e.
+the activity per second a kernel ran. Measured where the samples are (NVML GPM,
 DCGM), modeled on emulated / simulated GPUs (serving/devices/gpu_model.py).
 
 Trust: a row is ``measured`` when a real GPU's engine counted the work over measured time, ``emulated`` /
@@ -30,6 +31,7 @@ that carry no count are left out and named in ``missing``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,33 +101,57 @@ def _scenario_dtypes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 
 
 def _work_sql(pred: str) -> str:
-    """Per GPU, role and phase: the work, the GPU-busy seconds and the iterations of the window."""
+    """Per GPU and phase: the work, the GPU-busy seconds and the iterations of the window, with the
+    GPU's role, name and emulated flag from its latest ``devices`` row with a worker (a GPU that
+    changed role inside the window counts under its last one)."""
     return f"""
-SELECT node, source, gpu_uuid, device, any_value(gpu_name) AS gpu_name,
-       any_value(gpu_emulated) AS gpu_emulated, coalesce(role, 'unknown') AS role, phase,
-       count(*) AS iterations, count(flops) AS counted,
-       sum(flops) AS flops, sum(hbm_bytes) AS hbm_bytes,
-       sum(CASE WHEN flops IS NOT NULL THEN busy_len_s END) AS busy_s
-FROM (SELECT *, {busy_len_sql(_SIM)} AS busy_len_s FROM iterations_full
-      WHERE {pred} AND start_s >= ? AND start_s < ?)
-GROUP BY ALL
+WITH w AS (
+    SELECT node, source, gpu_uuid, device, phase,
+           count(*) AS iterations, count(flops) AS counted,
+           sum(flops) AS flops, sum(hbm_bytes) AS hbm_bytes,
+           sum(CASE WHEN flops IS NOT NULL THEN {busy_len_sql(_SIM)} END) AS busy_s
+    FROM iterations WHERE {pred} AND start_s >= ? AND start_s < ?
+    GROUP BY ALL
+), d AS (
+    SELECT node, uuid, arg_max(role, since_s) AS role, arg_max(name, since_s) AS gpu_name,
+           arg_max(emulated, since_s) AS gpu_emulated
+    FROM devices WHERE worker IS NOT NULL AND uuid IS NOT NULL GROUP BY ALL
+)
+SELECT w.*, coalesce(d.role, 'unknown') AS role, d.gpu_name, d.gpu_emulated
+FROM w LEFT JOIN d ON w.node = d.node AND w.gpu_uuid = d.uuid
 """
 
 
+#: a GPU-second belongs to a phase when that phase's iterations hold this share of its busy seconds
+PHASE_DOMINANCE = 0.8
+
 _ACTIVITY_SQL = """
-SELECT i.node, i.gpu_uuid, i.phase,
+WITH sec AS (
+    SELECT node, uuid, sec,
+           CASE WHEN prefill_s >= {dom} * busy THEN 'prefill'
+                WHEN decode_s >= {dom} * busy THEN 'decode'
+                WHEN mixed_prefill_s + mixed_decode_s >= {dom} * busy THEN 'mixed' END AS phase
+    FROM (SELECT *, prefill_s + decode_s + mixed_prefill_s + mixed_decode_s AS busy
+          FROM iteration_seconds WHERE {spred} AND sec >= ? AND sec < ? AND uuid IS NOT NULL)
+    WHERE busy > 0
+), gpu AS (
+    SELECT k.gpu_key, k.node, d.uuid
+    FROM gpu_keys k JOIN (SELECT node, source, device, "index", arg_max(uuid, since_s) AS uuid
+                          FROM devices WHERE uuid IS NOT NULL GROUP BY ALL) d
+      ON k.node = d.node AND k.source = d.source AND k.device = d.device
+     AND k."index" IS NOT DISTINCT FROM d."index"
+)
+SELECT g.node, g.uuid AS gpu_uuid, sec.phase,
        sum(s.gpu_util_pct) FILTER (WHERE s.sm_active_pct IS NOT NULL) AS util_sm,
        sum(s.sm_active_pct) AS sm,
        sum(s.gpu_util_pct) FILTER (WHERE s.tensor_active_pct IS NOT NULL) AS util_tensor,
        sum(s.tensor_active_pct) AS tensor,
        sum(s.gpu_util_pct) FILTER (WHERE s.dram_active_pct IS NOT NULL) AS util_dram,
        sum(s.dram_active_pct) AS dram
-FROM (SELECT node, uuid, ts_s, gpu_util_pct, sm_active_pct, tensor_active_pct, dram_active_pct
-      FROM gpu_samples_full
-      WHERE {spred} AND ts_s >= ? AND ts_s < ? AND uuid IS NOT NULL AND gpu_util_pct > 0) s
-ASOF JOIN (SELECT node, gpu_uuid, start_s, end_s, phase FROM iterations i WHERE {ipred}) i
-  ON s.node = i.node AND s.uuid = i.gpu_uuid AND s.ts_s >= i.start_s
-WHERE s.ts_s <= i.end_s
+FROM gpu_sample_rows s
+JOIN gpu g ON s.gpu_key = g.gpu_key
+JOIN sec ON g.node = sec.node AND g.uuid = sec.uuid AND floor(s.ts_s)::BIGINT = sec.sec
+WHERE s.ts_s >= ? AND s.ts_s < ? AND s.gpu_util_pct > 0 AND sec.phase IS NOT NULL
 GROUP BY ALL
 """
 
@@ -138,14 +164,19 @@ def roofline(con: duckdb.DuckDBPyConnection, window: Window) -> Roofline:
     missing: list[str] = []
     if df.empty:
         raise ValueError("no iterations in the window")
+    if not int(df["counted"].sum()):
+        raise ValueError(
+            f"none of the window's {int(df['iterations'].sum())} iterations carries a work count "
+            "(flops, hbm_bytes: store version 14 and an engine or GPU model that counts)"
+        )
     dtypes = _scenario_dtypes(con)
     spred, spar = window.node_sql("node")
-    ipred, ipar = window.node_sql("i.node")
     try:
         act = con.execute(
-            _ACTIVITY_SQL.format(spred=spred, ipred=ipred), [*spar, window.start_s, window.end_s, *ipar]
+            _ACTIVITY_SQL.format(spred=spred, dom=PHASE_DOMINANCE),
+            [*spar, int(window.start_s), math.ceil(window.end_s), window.start_s, window.end_s],
         ).df()
-    except duckdb.Error as e:  # no samples table rows of that shape: the activities stay unknown
+    except duckdb.Error as e:  # no samples of that shape: the activities stay unknown
         act = None
         missing.append(f"GPU activities beside MFU/MBU unknown: {e}")
     activity = {}
