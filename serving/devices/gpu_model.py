@@ -294,6 +294,8 @@ class _Coeffs:
     weight_bytes_per_param: float  # the dtype's (bf16 2, fp8 1)
     dtype: str
     validated: bool
+    peak_flops_s: float  # the dtype's dense tensor peak at f_max (MFU's yardstick)
+    fill_cache: dict[tuple[str, int], float]  # SM fills of the GEMMs by rows (roofline.sm_fills)
 
 
 @functools.lru_cache(maxsize=256)
@@ -371,6 +373,8 @@ def _coeffs(
         weight_bytes_per_param=float(weight_b),
         dtype=dtype,
         validated=fidelity(spec, dtype)[0],
+        peak_flops_s=spec.peak_flops_for(dtype),
+        fill_cache={},
     )
 
 
@@ -452,7 +456,7 @@ _Roof = tuple[
 
 def _roof(k: _Coeffs, work: IterationWork) -> _Roof:
     """The clock-independent roofline parts of an iteration: its work count and its SM fills."""
-    fills, small, comm = sm_fills(k.dims, k.spec.num_sms, k.c, work)
+    fills, small, comm = sm_fills(k.dims, k.spec.num_sms, k.c, work, k.fill_cache)
     return count_work(k.dims, work), fills, small, comm
 
 
@@ -535,7 +539,7 @@ def _at_clock(
         comm_s=comm_s,
         host_energy_j=_gap_energy_scalar(k.spec, host_s, c, held_x) if host_s > 0 else 0.0,
         tp=k.tp,
-        peak_flops_s=k.spec.peak_flops_for(k.dtype),
+        peak_flops_s=k.peak_flops_s,
         peak_bytes_s=k.bandwidth_bytes_s,
         dtype=k.dtype,
         validated=k.validated,

@@ -28,7 +28,7 @@ MFU = FLOPs / (busy_s · dense peak FLOP/s of the dtype); MBU = bytes / (busy_s 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from serving.config import ModelConfig
@@ -56,22 +56,23 @@ class RankDims:
     lm_head_params: int
     weight_bytes: int  # bytes per weight
     kv_bytes: int  # bytes per KV element
+    # derived in __post_init__ (the per-iteration count reads them)
+    kv_bytes_per_token: int = field(init=False, compare=False)  # K and V of a token, all layers
+    act_bytes_per_token: int = field(init=False, compare=False)  # a token's linear-layer activations
+    attn_flops_per_pair: int = field(init=False, compare=False)
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of one token over all layers, this rank's KV heads."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
-
-    @property
-    def act_bytes_per_token(self) -> int:
-        """Activation bytes one token moves through the linear layers (inputs read, outputs written)."""
+    def __post_init__(self) -> None:
         per_layer = (
             4 * self.hidden
             + 2 * self.heads * self.head_dim
             + 2 * self.kv_heads * self.head_dim
             + 3 * self.intermediate
         )
-        return self.layers * per_layer * ACT_BYTES
+        object.__setattr__(
+            self, "kv_bytes_per_token", 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
+        )
+        object.__setattr__(self, "act_bytes_per_token", self.layers * per_layer * ACT_BYTES)
+        object.__setattr__(self, "attn_flops_per_pair", 4 * self.layers * self.heads * self.head_dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,16 +108,21 @@ def rank_dims_of_shape(shape: ModelConfig, tp: int = 1, dtype: str = "bf16") -> 
 
 def count_work(dims: RankDims, work: IterationWork) -> WorkCount:
     """The FLOPs and HBM bytes of ``work`` on a rank of ``dims`` (the rule in the module docstring)."""
-    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
-    sampled = max(0, work.sampled_seqs)
+    p, d, s = work.prefill_tokens, work.decode_seqs, work.sampled_seqs
+    tokens = (p if p > 0 else 0) + (d if d > 0 else 0)
+    sampled = s if s > 0 else 0
     flops = 0.0
     hbm = 0.0
     if tokens:
-        flops += 2.0 * dims.body_params * tokens
-        flops += 4.0 * dims.layers * dims.heads * dims.head_dim * max(0, work.attention_pairs)
-        hbm += float(dims.body_params * dims.weight_bytes)
-        hbm += float(dims.kv_bytes_per_token * (max(0, work.context_tokens) + tokens))
-        hbm += float(dims.act_bytes_per_token * tokens)
+        pairs, ctx = work.attention_pairs, work.context_tokens
+        flops = 2.0 * dims.body_params * tokens + float(
+            dims.attn_flops_per_pair * (pairs if pairs > 0 else 0)
+        )
+        hbm = float(
+            dims.body_params * dims.weight_bytes
+            + dims.kv_bytes_per_token * ((ctx if ctx > 0 else 0) + tokens)
+            + dims.act_bytes_per_token * tokens
+        )
     if sampled:
         flops += 2.0 * dims.lm_head_params * sampled
         hbm += float(dims.lm_head_params * dims.weight_bytes)
@@ -146,32 +152,48 @@ def _gemm_fill(m: int, n: int, k: int, sms: int, tile: int, split_min: int) -> f
     return min(1.0, tiles * split / sms)
 
 
-def sm_fills(dims: RankDims, sms: int, c: Any, work: IterationWork) -> tuple[tuple[float, ...], float, float]:
+def sm_fills(
+    dims: RankDims, sms: int, c: Any, work: IterationWork, cache: dict[tuple[str, int], float] | None = None
+) -> tuple[tuple[float, ...], float, float]:
     """The fraction of the GPU's ``sms`` SMs with resident work during each kernel class of ``work``:
     (the classes of the GPU model's terms, in its order: the linear layers and attention when the
     iteration has tokens, the LM head when it samples), the small elementwise kernels, an all-reduce.
-    ``c``: the :class:`~serving.devices.model_constants.EmulationConstants` (tile sizes)."""
-    tokens = max(0, work.prefill_tokens) + max(0, work.decode_seqs)
-    sampled = max(0, work.sampled_seqs)
+    ``c``: the :class:`~serving.devices.model_constants.EmulationConstants` (tile sizes); ``cache``:
+    the GEMM fills by row count, kept by the caller for one (dims, sms, c)."""
+    p, d, s = work.prefill_tokens, work.decode_seqs, work.sampled_seqs
+    tokens = (p if p > 0 else 0) + (d if d > 0 else 0)
+    sampled = s if s > 0 else 0
     tile, split = c.gemm_tile, c.gemm_split_k_min
     fills: list[float] = []
     if tokens:
-        h, hd = dims.hidden, dims.head_dim
-        gemms = (  # (N, K) of each linear layer of one decoder layer
-            ((dims.heads + 2 * dims.kv_heads) * hd, h),
-            (h, dims.heads * hd),
-            (2 * dims.intermediate, h),
-            (h, dims.intermediate),
-        )
-        weight = sum(n * k for n, k in gemms)
-        fills.append(sum(n * k * _gemm_fill(tokens, n, k, sms, tile, split) for n, k in gemms) / weight)
-        seqs = max(0, work.decode_seqs)
-        ctx = max(0, work.context_tokens) / max(1, work.batch_size)
-        units = seqs * dims.kv_heads * max(1, -(-int(ctx) // c.attention_kv_split))
-        units += -(-max(0, work.prefill_tokens) // c.attention_query_tile) * dims.heads
-        fills.append(min(1.0, units / sms))
+        linear = None if cache is None else cache.get(("linear", tokens))
+        if linear is None:
+            h, hd = dims.hidden, dims.head_dim
+            gemms = (  # (N, K) of each linear layer of one decoder layer
+                ((dims.heads + 2 * dims.kv_heads) * hd, h),
+                (h, dims.heads * hd),
+                (2 * dims.intermediate, h),
+                (h, dims.intermediate),
+            )
+            weight = sum(n * k for n, k in gemms)
+            linear = sum(n * k * _gemm_fill(tokens, n, k, sms, tile, split) for n, k in gemms) / weight
+            if cache is not None and len(cache) < 65536:
+                cache["linear", tokens] = linear
+        fills.append(linear)
+        units = 0
+        if d > 0:
+            ctx = work.context_tokens // (work.batch_size if work.batch_size > 0 else 1)
+            units = d * dims.kv_heads * (-(-ctx // c.attention_kv_split) if ctx > 0 else 1)
+        if p > 0:
+            units += -(-p // c.attention_query_tile) * dims.heads
+        fills.append(units / sms if units < sms else 1.0)
     if sampled:
-        fills.append(_gemm_fill(sampled, dims.vocab, dims.hidden, sms, tile, split))
+        head = None if cache is None else cache.get(("head", sampled))
+        if head is None:
+            head = _gemm_fill(sampled, dims.vocab, dims.hidden, sms, tile, split)
+            if cache is not None and len(cache) < 65536:
+                cache["head", sampled] = head
+        fills.append(head)
     small = min(1.0, tokens * dims.hidden / (sms * c.elementwise_block))
     comm = min(1.0, c.allreduce_ctas / sms)
     return tuple(fills), small, comm
