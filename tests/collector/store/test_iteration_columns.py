@@ -85,7 +85,24 @@ def _batch(rows: list[tuple[Any, ...]], *, n: int | None = None, skip: int = 0) 
 
 
 def _row(start_s: float, phase: str = "decode", batch_size: Any = 4) -> tuple[Any, ...]:
-    return (start_s, start_s + 0.02, phase, batch_size, 0, 4, 800, 10, 100, 0, 0.019, 0.0, 0.02, 0.0)
+    return (
+        start_s,
+        start_s + 0.02,
+        phase,
+        batch_size,
+        0,
+        4,
+        800,
+        10,
+        100,
+        0,
+        0.019,
+        0.0,
+        0.02,
+        0.0,
+        2.2e11,
+        1.5e10,
+    )
 
 
 def test_a_batch_boundary_between_the_gpus_of_one_iteration() -> None:
@@ -133,9 +150,11 @@ def test_a_batch_with_a_refused_value_goes_event_by_event(
 
 
 # SHA-256 of each table's rows (repr of the ordered tuples) for the first 60 s of the vendored
-# conversation trace on 1p1d:h100-sxm:tp2, written event by event by main at 4fe3ef3
+# conversation trace on 1p1d:h100-sxm:tp2, written event by event by main at 4fe3ef3; iterations
+# re-recorded when they gained flops/hbm_bytes (store version 14): without those two columns the rows
+# still hash to 2ff89e70b31b3b42a5def410d1d4c13f3e97721ee272d693b47e2ee8fc71fe80
 RECORDED_TABLES = {
-    "iterations": (5898, "2ff89e70b31b3b42a5def410d1d4c13f3e97721ee272d693b47e2ee8fc71fe80"),
+    "iterations": (5898, "23013d682a6aca7ff97d0ede8ae6a1df94af05326bdd90631a7e8b1e619303db"),
     "requests": (191, "07fafc0908207b35f18c21fbc096fcdda768b8fa03c239175f847ebae086747b"),
     "tokens": (44229, "051b2f3d9b2aa2b8b89fcf5577c447f441f6dcad98111e3dbde698eff3b891b9"),
     "telemetry_batches": (4, "d65e007aad104b2913163961cc5642f5dcdf061e1db41310801bfdb2bf332463"),
