@@ -4,7 +4,7 @@ One implementation shared by the live emulated GPU (:class:`~serving.devices.emu
 and the discrete-event simulator (``serving.sim``). Everything here is pure and cheap:
 
 * :func:`predict_iteration` -- an iteration of :class:`~serving.devices.base.IterationWork` for a
-  model shape (bf16) on a GPU under a power limit / locked SM clocks, with tensor parallelism over a
+  model shape (bf16, or fp8 weights and KV) on a GPU under a power limit / locked SM clocks, with tensor parallelism over a
   link and an engine's host time (:class:`EngineProfile`). Wall time ``time_s = host_s + busy_s``.
 * :func:`shard_shape`, :func:`kv_capacity_tokens`, :func:`kv_transfer_s` -- tensor-parallel shards,
   KV capacity per GPU, prefill -> decode KV hand-off over a :class:`LinkSpec`.
@@ -23,9 +23,10 @@ priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
 ``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
 back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
 
-Just over 600 lines for a reason: what is left is one model (an iteration's time, power and clock,
-and the GPU between iterations, from the same roofline and power curve); its separable parts are
-already the modules above.
+Just under 700 lines for a reason: what is left is one model (an iteration's time, power, clock and
+activities, and the GPU between iterations, from the same roofline and power curve); its separable
+parts are already the modules above, and :mod:`serving.devices.roofline` (the work count, MFU/MBU and
+the SM fill the activities follow from).
 """
 
 from __future__ import annotations
