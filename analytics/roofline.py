@@ -69,17 +69,22 @@ class Roofline:
         }
 
 
-def _spec_of(device: str | None, name: str | None) -> GpuSpec | None:
-    kind, _, key = (device or "").partition(":")
+def _spec_of(device: Any, name: Any) -> GpuSpec | None:
+    """The spec of a row's GPU: by key for ``emulated:``/``simulated:`` devices, else by NVML name
+    (NULLs read from pandas as NaN: no spec)."""
+    device = device if isinstance(device, str) else ""
+    name = name if isinstance(name, str) else None
+    kind, _, key = device.partition(":")
     if kind in ("emulated", "simulated") and key in GPU_SPECS:
         return GPU_SPECS[key]
     return gpu_spec_for_name(name)
 
 
-def _row_trust(node: str, source: str, device: str | None, emulated: Any) -> str:
+def _row_trust(node: str, source: str, device: Any, emulated: Any) -> str:
     if node.startswith("sim:") or source == "simulated":
         return SIMULATED
-    if (device or "").startswith("emulated:") or emulated is True:
+    flagged = emulated is not None and emulated == emulated and bool(emulated)  # NULL reads as NaN
+    if (isinstance(device, str) and device.startswith("emulated:")) or flagged:
         return EMULATED
     return MEASURED
 

@@ -93,3 +93,47 @@ def test_analyze_shows_mfu_mbu_with_trust_labels_and_b200_fp8_is_unvalidated(sim
     con.close()
     assert main(["analyze", "--db", str(sim_db), "--dataset", h200, "--json"]) == 0
     assert "unvalidated" not in json.loads(capsys.readouterr().out)["trust"]["labels"]
+
+
+def _event(worker: str, device: str, uuid: str, start_s: float, phase: str, flops: float | None) -> dict:
+    return {
+        "type": "iteration", "worker": worker, "device": device, "gpu_uuid": uuid, "gpu_index": 0,
+        "start_s": start_s, "end_s": start_s + 0.02, "phase": phase, "batch_size": 8,
+        "prefill_tokens": 512 if phase == "prefill" else 0, "decode_seqs": 8 if phase == "decode" else 0,
+        "context_tokens": 4096, "kv_blocks_used": 10, "kv_blocks_total": 100, "preempted": 0,
+        "compute_s": 0.02, "pacing_s": 0.0, "modeled_s": None, "lag_s": None,
+        "flops": flops, "hbm_bytes": None if flops is None else 2.0e10,
+    }  # fmt: skip
+
+
+def test_a_real_gpu_s_engine_count_is_measured_and_unknown_devices_are_left_out(tmp_path: Path) -> None:
+    """Iterations of a real H200 (the engine's count over measured time) are labelled measured; a CPU
+    worker's (no peak) and uncounted rows are left out and said so; the event envelope carries the
+    two fields through the store's contract checks."""
+    from collector.store import Store
+    from serving.telemetry import envelope
+
+    with Store.open(tmp_path / "m.duckdb") as store:
+        store.append(
+            "devices",
+            [
+                {"node": "n1", "source": "nvml", "device": "cuda:0", "index": 0, "since_s": 1000.0,
+                 "kind": "cuda", "uuid": "GPU-real", "name": "NVIDIA H200", "emulated": False,
+                 "worker": "worker-0", "role": "mixed"},
+            ],
+        )  # fmt: skip
+        events = [_event("worker-0", "cuda:0", "GPU-real", 1000.0 + i, "decode", 4.0e11) for i in range(5)]
+        events.append(_event("worker-0", "cuda:0", "GPU-real", 1006.0, "decode", None))  # an older engine
+        events += [_event("worker-1", "cpu", "cpu-0", 1000.5 + i, "prefill", 8.0e12) for i in range(2)]
+        ingest = store.append_telemetry_batch(envelope("worker-0", 0, 1010.0, 0, events), "n1")
+        assert ingest.rejected_events == 0
+        store.flush()
+        with store.reader() as cur:
+            r = roofline(cur, Window(999.0, 1020.0))
+    rows = [x for x in r.table if x["scope"] == "fleet"]
+    assert [(x["phase"], x["trust"], x["iterations"]) for x in rows] == [("decode", ["measured"], 5)]
+    # measured busy time is the whole step (no modeled time): 0.02 s each
+    assert rows[0]["mfu"] == pytest.approx(5 * 4.0e11 / (5 * 0.02 * 989e12))
+    assert r.trust.labels == {"measured"}
+    assert any("1 iterations without a work count" in m for m in r.missing)
+    assert any("2 iterations on GPUs without known peaks" in m for m in r.missing)
