@@ -23,7 +23,7 @@ from analytics.intervals import span_order
 from analytics.jsonable import json_safe
 from analytics.summary_text import DEFAULT_GPU_ROWS, GpuNames, format_summary
 from analytics.throughput import throughput
-from analytics.trust import Trust
+from analytics.trust import UNVALIDATED, Trust
 from analytics.window import Window
 
 __all__ = ["DEFAULT_GPU_ROWS", "GpuNames", "Summary", "format_summary", "serving_span", "summarize"]
@@ -94,6 +94,7 @@ def summarize(
     from analytics.intervals import IntervalTable
     from analytics.iteration_groups import iteration_groups
     from analytics.latency import latency_summary
+    from analytics.roofline import roofline, unvalidated_notes
 
     out = Summary(window)
     try:  # a terminal progress bar on long queries would garble the CLI's output
@@ -173,10 +174,15 @@ def summarize(
     )
     if cost is not None and fleet_gpus:
         run("annual", lambda: cost.annualised(fleet_gpus))
+    if "roofline" not in skip:
+        run("roofline", lambda: roofline(con, window))
     run("latency", lambda: latency_summary(con, window, slo, iteration_groups=groups()))
     run("serving", lambda: serving_span(con, window))
     # output tokens/s: the window average, and the rate while serving under its own name
     run("throughput", lambda: throughput({"window": window.describe(), "parts": out.parts}))
+    # every modeled figure on a GPU or dtype the GPU model was never validated on says so
+    for note in unvalidated_notes(con, window):
+        out.trust.add(UNVALIDATED, note)
     return out
 
 

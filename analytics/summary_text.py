@@ -135,6 +135,65 @@ def _idle_lines(parts: dict[str, Any]) -> list[str]:
     )
 
 
+def _roofline_lines(parts: dict[str, Any]) -> list[str]:
+    """MFU and MBU per pool and phase with the activities beside them, then stranded compute and
+    bandwidth per pool (analytics/roofline.py)."""
+    part = parts.get("roofline") or {}
+    rows = [
+        [
+            str(r.get("role") or "fleet") if r.get("scope") == "pool" else "fleet",
+            str(r.get("phase")),
+            cell_text(r.get("busy_s")),
+            cell_text(r.get("achieved_tflops_s")),
+            cell_text(r.get("achieved_tb_s")),
+            fmt_pct(r.get("mfu")),
+            fmt_pct(r.get("mbu")),
+            cell_text(r.get("sm_active_pct")),
+            cell_text(r.get("tensor_active_pct")),
+            cell_text(r.get("dram_active_pct")),
+            ", ".join(r.get("trust") or []),
+        ]
+        for r in part.get("table") or []
+        if r.get("scope") in ("fleet", "pool")
+    ]
+    out = section_lines(
+        "Against the roofline (work / busy time; MFU, MBU vs the GPU's dense peak; activity % per busy s)",
+        ["pool", "phase", "busy s", "TFLOP/s", "TB/s", "MFU", "MBU", "SM %", "tensor %", "DRAM %", "trust"],
+        rows,
+    )
+    stranded = [
+        [
+            str(s.get("role") or "fleet"),
+            cell_text(s.get("stranded_compute_s")),
+            cell_text(s.get("decode_s")),
+            fmt_pct(s.get("mfu_decode")),
+            cell_text(s.get("sm_active_decode_pct")),
+            cell_text(s.get("tensor_active_decode_pct")),
+            cell_text(s.get("stranded_bandwidth_s")),
+            cell_text(s.get("prefill_s")),
+            fmt_pct(s.get("mbu_prefill")),
+            cell_text(s.get("dram_active_prefill_pct")),
+        ]
+        for s in part.get("stranded") or []
+    ]
+    return out + section_lines(
+        "Stranded (GPU-s): compute = decode s × (1 − MFU), bandwidth = prefill s × (1 − MBU)",
+        [
+            "pool",
+            "stranded compute",
+            "decode s",
+            "MFU",
+            "SM % (decode)",
+            "tensor % (decode)",
+            "stranded bw",
+            "prefill s",
+            "MBU",
+            "DRAM % (prefill)",
+        ],
+        stranded,
+    )
+
+
 def _bimodal_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> list[str]:
     """The bimodality table: the pools, then at most ``gpu_rows`` GPUs (None: all) — those whose
     verdict differs from their pool's first, then the largest dip statistic — in natural order."""
@@ -467,6 +526,7 @@ def format_summary(
     lines += _phase_lines(parts)
     lines += _gap_lines(parts, names, gpu_rows)
     lines += _idle_lines(parts)
+    lines += _roofline_lines(parts)
     lines += _bimodal_lines(parts, names, gpu_rows)
     lines += _external_lines(parts)
     lines += _cost_lines(parts)

@@ -3,7 +3,8 @@
 ``measured`` (NVML, DCGM, an engine's own metrics), ``emulated`` (a modeled GPU paced by real work),
 ``simulated`` (virtual time), ``host-bound`` (an emulated window the host could not keep pace with),
 ``estimated`` (percentiles from Prometheus histogram buckets, energy integrated from power, phase
-shares inferred from engine metrics). A figure built from several sources carries all their labels;
+shares inferred from engine metrics), ``unvalidated`` (a modeled figure on a GPU or precision the GPU
+model was never checked against measurements on: ``serving.devices.gpu_specs.fidelity``). A figure built from several sources carries all their labels;
 ``notes`` say how (a fallback taken, a bucket bound, a fit's quality). Row labels come from the
 store's ``trust_label(node, source, emulated)`` macro, the one SQL definition.
 """
@@ -18,7 +19,8 @@ EMULATED = "emulated"
 SIMULATED = "simulated"
 HOST_BOUND = "host-bound"
 ESTIMATED = "estimated"
-LABELS = (MEASURED, EMULATED, SIMULATED, HOST_BOUND, ESTIMATED)
+UNVALIDATED = "unvalidated"
+LABELS = (MEASURED, EMULATED, SIMULATED, HOST_BOUND, ESTIMATED, UNVALIDATED)
 #: what each label says of a figure, in words (the reports' legend)
 MEANINGS = {
     MEASURED: "read from the hardware or the engine (NVML, DCGM, engine metrics)",
@@ -26,6 +28,7 @@ MEANINGS = {
     SIMULATED: "from the simulator, in virtual time: a model, not a measurement",
     HOST_BOUND: "from emulated windows the host could not keep pace with",
     ESTIMATED: "derived: percentiles from histogram buckets, energy integrated from power, shares inferred",
+    UNVALIDATED: "from the GPU model on a GPU or precision (B200, GB200, FP8) no measurement has checked it on",
 }
 
 

@@ -28,7 +28,7 @@ LIVE_TTL_S = 5.0  # how long a live result is reused as it is
 # a quiet spell sees the last figures at once (with their computed_at_s), the next refresh the new ones
 LIVE_STALE_S = 300.0
 MAX_ENTRIES = 64
-SKIP_PARTS = frozenset({"bimodal"})  # summary parts neither the overview nor /metrics read
+SKIP_PARTS = frozenset({"bimodal", "roofline"})  # summary parts neither the overview nor /metrics read
 PREVIOUS_SLACK_S = 0.01  # a scenario's previous period may start this much before the scenario
 OVERVIEW_PARAMS = frozenset(  # what GET /api/v1/analytics/overview takes
     {"dataset", "since", "start_s", "end_s", "node", "slo_ttft_ms", "slo_tpot_ms", "fleet_gpus"}

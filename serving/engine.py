@@ -10,6 +10,7 @@ import torch
 
 from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import Device, IterationWork
+from serving.devices.roofline import RankDims, count_work
 from serving.engine_core import Batch, EngineCore, Execution, Handoff, StepResult, TokenOutput
 from serving.model import AttentionBatch, KVCache, LlamaForCausalLM
 from serving.sampling import Sampler, SamplingError
@@ -17,7 +18,30 @@ from serving.scheduler import SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
 
-__all__ = ["Engine", "Handoff", "StepResult", "TokenOutput", "TorchExecutor"]
+__all__ = ["Engine", "Handoff", "StepResult", "TokenOutput", "TorchExecutor", "live_rank_dims"]
+
+
+def live_rank_dims(model: LlamaForCausalLM, cache: KVCache) -> RankDims:
+    """The dimensions of the work this engine really runs, read from the tensors it holds (its
+    weight matrices' shapes and element size, its KV cache's element size), not from its config:
+    the live side of the roofline count (serving/devices/roofline.py)."""
+    layers = model.model.layers
+    attn, mlp = layers[0].self_attn, layers[0].mlp
+    q_out, hidden = attn.q_proj.weight.shape
+    head_dim = attn.head_dim
+    return RankDims(
+        layers=len(layers),
+        hidden=int(hidden),
+        intermediate=int(mlp.gate_proj.weight.shape[0]),
+        heads=int(q_out) // head_dim,
+        kv_heads=int(attn.k_proj.weight.shape[0]) // head_dim,
+        head_dim=head_dim,
+        vocab=int(model.lm_head.weight.shape[0]),
+        body_params=sum(p.numel() for p in layers.parameters()) + model.model.norm.weight.numel(),
+        lm_head_params=model.lm_head.weight.numel(),
+        weight_bytes=model.lm_head.weight.element_size(),
+        kv_bytes=cache.k.element_size(),
+    )
 
 
 class TorchExecutor:
@@ -30,12 +54,19 @@ class TorchExecutor:
         self.device = device
         self.block_size = block_size
         self.sampler = Sampler()
+        self.dims = live_rank_dims(model, cache)
 
     def execute(self, batch: Batch) -> Execution:
         sampled = self._forward_and_sample(batch.sched)
         compute_s = time.time() - batch.start_s
-        pacing_s = self.device.on_iteration(IterationWork(*batch.work), batch.start_s, compute_s)
+        work = IterationWork(*batch.work)
+        pacing_s = self.device.on_iteration(work, batch.start_s, compute_s)
         timing = self.device.last_iteration_timing()
+        if timing is not None and timing.flops is not None:  # an emulated GPU: its modeled shape's work
+            flops, hbm = timing.flops, timing.hbm_bytes
+        else:  # a real device: the work of the tensors this engine holds
+            count = count_work(self.dims, work)
+            flops, hbm = count.flops, count.hbm_bytes
         return Execution(
             end_s=time.time(),
             tokens=sampled,
@@ -43,6 +74,8 @@ class TorchExecutor:
             pacing_s=pacing_s,
             modeled_s=timing.modeled_s if timing is not None else None,
             lag_s=timing.lag_s if timing is not None else None,
+            flops=flops,
+            hbm_bytes=hbm,
         )
 
     def _forward_and_sample(self, sched: SchedulerOutput) -> list[int | SamplingError]:

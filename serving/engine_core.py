@@ -91,6 +91,8 @@ class Execution:
     lag_s: float | None = None
     extra: dict[str, Any] | None = None  # iteration-event fields beyond the live engine's (host_s, tp)
     estimate: Any = None  # a timing executor's IterationEstimate (the simulator's busy intervals)
+    flops: float | None = None  # the iteration's FLOPs and HBM bytes on one GPU (roofline count)
+    hbm_bytes: float | None = None
 
 
 class Executor(Protocol):
@@ -156,6 +158,8 @@ def iteration_values(
         execution.pacing_s,
         execution.modeled_s,
         execution.lag_s,
+        execution.flops,
+        execution.hbm_bytes,
     )
 
 

@@ -37,6 +37,8 @@ ITERATION_VALUE_FIELDS = (
     "pacing_s",
     "modeled_s",
     "lag_s",
+    "flops",  # the iteration's work on one GPU (serving/devices/roofline.py); None: not counted
+    "hbm_bytes",
 )
 
 

@@ -436,6 +436,15 @@ CREATE TABLE workloads (
 );
 """
 
+# The roofline of each iteration (issue 23 point 4): its work on the row's GPU, counted by the GPU model
+# for emulated and simulated iterations and by the engine from its own tensors' shapes on a real GPU
+# (serving/devices/roofline.py). MFU = flops / (busy s · dense peak of the dtype), MBU = hbm_bytes /
+# (busy s · peak HBM bytes/s): analytics/roofline.py. NULL: not counted (older rows, other engines).
+_V14_ROOFLINE = """
+ALTER TABLE iterations ADD COLUMN flops DOUBLE;
+ALTER TABLE iterations ADD COLUMN hbm_bytes DOUBLE;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", V2_TELEMETRY),
@@ -460,6 +469,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(12, "tokens.worker: the worker that generated the token", _V12_TOKEN_WORKER),
     Migration(13, "workloads: observed and synthesized workload descriptions", _V13_WORKLOADS),
+    Migration(14, "iterations flops/hbm_bytes: each iteration's work for MFU and MBU", _V14_ROOFLINE),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

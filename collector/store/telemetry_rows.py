@@ -43,6 +43,8 @@ ITERATION_FIELDS: dict[str, _FieldSpec] = {
     "gpu_index": ("int", False),
     "lag_s": ("num", False),
     "modeled_s": ("num", False),
+    "flops": ("num", False),
+    "hbm_bytes": ("num", False),
 }
 
 REQUEST_FIELDS: dict[str, _FieldSpec] = {

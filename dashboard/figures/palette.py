@@ -10,7 +10,7 @@ One colour means one thing, everywhere:
 - **SLO status** (:data:`STATUS_COLOURS`): met teal, missed crimson; a candidate that misses grey.
 - **trust labels** (:data:`TRUST_COLOURS`, the badge colour Streamlit knows and the hex of the same):
   measured green, emulated orange, simulated blue, host-bound the host purple (the same thing as the
-  host-bound GPU-time), estimated grey.
+  host-bound GPU-time), estimated grey, unvalidated (a GPU or dtype the model was never checked on) dark yellow.
 - **device signals** on the GPUs and Bimodal pages: SM activity navy, utilization slate; the power
   limit and reference lines in ink greys (:data:`NEUTRAL`), never a category colour.
 
@@ -36,6 +36,7 @@ TRUST_COLOURS = {
     "simulated": ("blue", "#1565c0"),
     "host-bound": ("violet", PHASE_COLOURS["host"]),
     "estimated": ("gray", "#616161"),
+    "unvalidated": ("yellow", "#8d6e00"),
 }
 #: the cost / GPU-time categories of analytics/cost.py
 COST_COLOURS = {

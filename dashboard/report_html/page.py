@@ -1,5 +1,5 @@
 """The page's assembly: :func:`render_html` puts the sections together (title, headline, GPU-time,
-bimodality, cost, latency, what is missing, the appendix and the report's JSON) with the style;
+bimodality, the roofline (MFU / MBU, stranded compute and bandwidth), cost, latency, what is missing, the appendix and the report's JSON) with the style;
 :func:`standalone_html` inlines Plotly's script where :data:`PLOTLY_MARKER` stands."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dashboard.report_html.cost import cost_section
 from dashboard.report_html.headline import gpu_time_section, header_html, headline_section
 from dashboard.report_html.latency import latency_section
 from dashboard.report_html.recommend import recommendation_section
+from dashboard.report_html.roofline import roofline_section
 from dashboard.report_html.text import esc, number_or_none
 
 PLOTLY_MARKER = "<!--phaselens:plotly.js-->"
@@ -110,6 +111,7 @@ def render_html(
             recommendation_section(summary),
             gpu_time_section(page, ov),
             bimodal_section(page, summary),
+            roofline_section(summary),
             cost_section(page, summary, ov, simulated),
             latency_section(page, summary, simulated),
             missing_section(summary),

@@ -4,7 +4,9 @@ the bimodality verdict, the two modes, and utilization % beside it, so the gap b
 
 Reads ``GET /api/v1/analytics/histogram`` (binned counts per pool, never the samples) and the
 ``bimodal`` part of ``GET /api/v1/analytics/summary`` (dip test, Sarle's coefficient, modes, and
-each row's ``verdict`` under the part's ``rule``: the page shows them as the analytics decided).
+each row's ``verdict`` under the part's ``rule``: the page shows them as the analytics decided), and
+its ``roofline`` part: MFU / MBU per pool and phase and the stranded compute / bandwidth beside the
+activities (dashboard/roofline.py).
 """
 
 from __future__ import annotations
@@ -81,6 +83,24 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
     st.dataframe(pd.DataFrame(shown), hide_index=True, width="stretch")
 
 
+def _roofline(summary: dict[str, Any]) -> None:
+    """MFU and MBU per pool and phase beside the activities, and the stranded GPU-seconds."""
+    from dashboard.roofline import STRANDED_TEXT, roofline_labels, roofline_rows, stranded_rows
+
+    part = (summary.get("parts") or {}).get("roofline") or {}
+    st.subheader("Against the roofline: MFU, MBU and stranded time")
+    if not part:
+        why = (summary.get("missing") or {}).get("roofline") or "no iteration carries a work count"
+        st.info(f"No MFU / MBU: {why}")
+        return
+    common.trust_badges(roofline_labels(part))
+    st.dataframe(pd.DataFrame(roofline_rows(part)), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(stranded_rows(part)), hide_index=True, width="stretch")
+    st.caption(STRANDED_TEXT)
+    for note in (part.get("trust") or {}).get("notes") or []:
+        st.caption(note)
+
+
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
     trust = PageTrust()
@@ -132,6 +152,7 @@ def _body(sel: common.Selection, trust: PageTrust) -> None:
     if sel.gpus != sel.all_gpus:
         st.caption("Histograms are per pool: the GPU filter narrows the pools shown and the per-GPU table.")
     _gpu_table(bimodal, sel)
+    _roofline(summary)
 
 
 with common.service_errors():

@@ -127,7 +127,7 @@ class ScenarioWriter:
         counts["devices"] = store.append("devices", owners)
         samples = 0
         for replica in result.replicas:
-            per_gpu = weight_bytes(shape, replica.pool.tp)
+            per_gpu = weight_bytes(shape, replica.pool.tp, result.layout.dtype)
             for cols in replica_samples(result, replica, sample_period_s, per_gpu):
                 samples += store.append("gpu_samples", _sample_table(cols, node, spec_key, result.gpu_name))
         counts["gpu_samples"] = samples

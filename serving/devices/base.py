@@ -117,10 +117,13 @@ class IterationTiming:
 
     ``modeled_s``: the modeled GPU time of the iteration. ``lag_s``: host time beyond the modeled
     time (the host finished after the modeled GPU would have); 0 when the iteration was paced.
+    ``flops``/``hbm_bytes``: the modeled work's count on one rank (serving/devices/roofline.py).
     """
 
     modeled_s: float
     lag_s: float
+    flops: float | None = None
+    hbm_bytes: float | None = None
 
 
 class Device(ABC):

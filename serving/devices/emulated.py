@@ -432,7 +432,7 @@ class EmulatedDevice(Device):
                 self._last_err_s = lag
             elif not self._pace:
                 self._last_err_s = entry - modeled_end
-            self._last_timing = IterationTiming(modeled_s=est.time_s, lag_s=max(0.0, lag))
+            self._last_timing = IterationTiming(est.time_s, max(0.0, lag), est.flops, est.hbm_bytes)
             if (
                 self._history[0].end < entry - self._history_s
                 or self._reports[0][0] < entry - self._history_s

@@ -4,7 +4,7 @@ One implementation shared by the live emulated GPU (:class:`~serving.devices.emu
 and the discrete-event simulator (``serving.sim``). Everything here is pure and cheap:
 
 * :func:`predict_iteration` -- an iteration of :class:`~serving.devices.base.IterationWork` for a
-  model shape (bf16) on a GPU under a power limit / locked SM clocks, with tensor parallelism over a
+  model shape (bf16, or fp8 weights and KV) on a GPU under a power limit / locked SM clocks, with tensor parallelism over a
   link and an engine's host time (:class:`EngineProfile`). Wall time ``time_s = host_s + busy_s``.
 * :func:`shard_shape`, :func:`kv_capacity_tokens`, :func:`kv_transfer_s` -- tensor-parallel shards,
   KV capacity per GPU, prefill -> decode KV hand-off over a :class:`LinkSpec`.
@@ -23,9 +23,10 @@ priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
 ``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
 back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
 
-Just over 600 lines for a reason: what is left is one model (an iteration's time, power and clock,
-and the GPU between iterations, from the same roofline and power curve); its separable parts are
-already the modules above.
+Just under 700 lines for a reason: what is left is one model (an iteration's time, power, clock and
+activities, and the GPU between iterations, from the same roofline and power curve); its separable
+parts are already the modules above, and :mod:`serving.devices.roofline` (the work count, MFU/MBU and
+the SM fill the activities follow from).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import numpy as np
 from serving.config import ModelConfig
 from serving.devices.base import IterationWork
 from serving.devices.engine_profiles import DEFAULT_PROFILE, PROFILES, EngineProfile, engine_profile
-from serving.devices.gpu_specs import GpuSpec, gpu_spec
+from serving.devices.gpu_specs import DTYPES, GpuSpec, check_dtype, fidelity, gpu_spec
 from serving.devices.links import LINKS, LinkSpec, kv_capacity_tokens, kv_transfer_s, link_spec, shard_shape
 from serving.devices.model_constants import (
     ALLOWED_TP,
@@ -49,6 +50,7 @@ from serving.devices.model_constants import (
     DEFAULT_CONSTANTS,
     EmulationConstants,
 )
+from serving.devices.roofline import RankDims, WorkCount, count_work, rank_dims_of_shape, sm_fills
 
 Bound = Literal["compute", "memory", "overhead", "comm"]
 
@@ -216,6 +218,31 @@ class IterationEstimate:
     comm_s: float = 0.0
     host_energy_j: float = 0.0
     tp: int = 1
+    # the roofline (serving/devices/roofline.py): flops and hbm_bytes are the work's count on this
+    # rank (no tile padding or re-reads); the peaks are the GPU's dense tensor FLOP/s of the dtype
+    # and its HBM bytes/s; validated False: a GPU or dtype no measurement checked the model on
+    peak_flops_s: float = 0.0
+    peak_bytes_s: float = 0.0
+    dtype: str = "bf16"
+    validated: bool = True
+    # what the modeled kernels execute: GEMM tiles padded, KV re-read per query head by a GQA-unaware
+    # engine, the small kernels' activation passes (dram_active is executed_bytes over busy_s)
+    executed_flops: float = 0.0
+    executed_bytes: float = 0.0
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation of the busy time: ``flops / (busy_s * peak_flops_s)``."""
+        if self.busy_s <= 0 or self.peak_flops_s <= 0:
+            return None
+        return self.flops / (self.busy_s * self.peak_flops_s)
+
+    @property
+    def mbu(self) -> float | None:
+        """Memory-bandwidth utilisation of the busy time: ``hbm_bytes / (busy_s * peak_bytes_s)``."""
+        if self.busy_s <= 0 or self.peak_bytes_s <= 0:
+            return None
+        return self.hbm_bytes / (self.busy_s * self.peak_bytes_s)
 
     @property
     def busy_energy_j(self) -> float:
@@ -264,14 +291,27 @@ class _Coeffs:
     clocks: tuple[int, ...]
     f_max: float
     ceilings: dict[tuple[int, int] | None, tuple[tuple[int, ...], int]]  # per locked range, filled lazily
+    dims: RankDims  # the rank's shard, for the roofline count and the SM fill
+    weight_bytes_per_param: float  # the dtype's (bf16 2, fp8 1)
+    dtype: str
+    validated: bool
+    peak_flops_s: float  # the dtype's dense tensor peak at f_max (MFU's yardstick)
+    fill_cache: dict[tuple[str, int], float]  # SM fills of the GEMMs by rows (roofline.sm_fills)
     comm_bytes_per_token: float = 0.0  # all-reduce message bytes per token per iteration (power)
     hbm_power: float = 0.0  # EmulationConstants.hbm_power_for this GPU
 
 
 @functools.lru_cache(maxsize=256)
 def _coeffs(
-    spec: GpuSpec, shape: ModelConfig, tp: int, c: EmulationConstants, profile: EngineProfile, link: LinkSpec
+    spec: GpuSpec,
+    shape: ModelConfig,
+    tp: int,
+    c: EmulationConstants,
+    profile: EngineProfile,
+    link: LinkSpec,
+    dtype: str = "bf16",
 ) -> _Coeffs:
+    weight_b, kv_b = DTYPES[check_dtype(dtype)]
     shard = shard_shape(shape, tp)
     d = shard.hidden_size
     lm_head = shard.vocab_size * d
@@ -294,16 +334,18 @@ def _coeffs(
         tp=tp,
         body_params=body,
         lm_head_params=lm_head,
-        kv_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES),
-        kv_read_bytes_per_token=shard.kv_bytes_per_token(BF16_BYTES)
+        kv_bytes_per_token=shard.kv_bytes_per_token(kv_b),
+        kv_read_bytes_per_token=shard.kv_bytes_per_token(kv_b)
         * (shard.num_heads // shard.num_kv_heads if profile.gqa_unaware_attention else 1),
         attn_flops_per_pair=4 * shard.num_layers * shard.num_heads * shard.head_dim,
         act_bytes_per_token=c.activation_passes
         * (shard.hidden_size + shard.intermediate_size)
         * shard.num_layers
         * BF16_BYTES,
-        weight_bytes=total * BF16_BYTES,
-        flops_per_s=spec.peak_flops * c.gemm_efficiency_for(spec.key) * profile.gemm_scale(spec.key),
+        weight_bytes=total * weight_b,
+        flops_per_s=spec.peak_flops_for(dtype)
+        * c.gemm_efficiency_for(spec.key)
+        * profile.gemm_scale(spec.key),
         bytes_per_s=spec.bandwidth_bytes_s * c.memory_efficiency,
         bandwidth_bytes_s=spec.bandwidth_bytes_s,
         kernels=kernels,
@@ -330,6 +372,12 @@ def _coeffs(
         clocks=spec.supported_sm_clocks_mhz(),
         f_max=float(spec.max_sm_clock_mhz),
         ceilings={},
+        dims=rank_dims_of_shape(shape, tp, dtype),
+        weight_bytes_per_param=float(weight_b),
+        dtype=dtype,
+        validated=fidelity(spec, dtype)[0],
+        peak_flops_s=spec.peak_flops_for(dtype),
+        fill_cache={},
         comm_bytes_per_token=message_bytes_per_token,
         hbm_power=c.hbm_power_for(spec.key),
     )
@@ -350,7 +398,7 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
     act_b = 0.0
     if tokens:
         padded = -(-tokens // tile) * tile
-        terms.append((2.0 * k.body_params * padded, 2.0 * k.body_params))
+        terms.append((2.0 * k.body_params * padded, k.weight_bytes_per_param * k.body_params))
         terms.append(
             (
                 float(k.attn_flops_per_pair * max(0, work.attention_pairs)),
@@ -362,7 +410,7 @@ def _terms(k: _Coeffs, work: IterationWork) -> _Terms:
         act_b = k.act_bytes_per_token * tokens
     if sampled:
         padded_s = -(-sampled // tile) * tile
-        terms.append((2.0 * k.lm_head_params * padded_s, 2.0 * k.lm_head_params))
+        terms.append((2.0 * k.lm_head_params * padded_s, k.weight_bytes_per_param * k.lm_head_params))
     floor_s = k.prefill_floor_s if work.prefill_tokens > 0 else 0.0
     return tuple(terms), act_b, tokens, floor_s
 
@@ -424,8 +472,22 @@ def _busy_power_w(k: _Coeffs, t: _Terms, sm_clock_mhz: int) -> float:
     return _power_w(k, x, sm_w, busy_s, bytes_total + act_b, comm_s, tokens)
 
 
-def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: float) -> IterationEstimate:
-    """The estimate of the iteration whose work is ``t`` with the SM clock at ``sm_clock_mhz``."""
+_Roof = tuple[
+    WorkCount, tuple[float, ...], float, float
+]  # count, fill per term, small kernels', all-reduce's
+
+
+def _roof(k: _Coeffs, work: IterationWork) -> _Roof:
+    """The clock-independent roofline parts of an iteration: its work count and its SM fills."""
+    fills, small, comm = sm_fills(k.dims, k.spec.num_sms, k.c, work, k.fill_cache)
+    return count_work(k.dims, work), fills, small, comm
+
+
+def _at_clock(
+    k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: float, roof: _Roof
+) -> IterationEstimate:
+    """The estimate of the iteration whose work is ``t`` with the SM clock at ``sm_clock_mhz``;
+    ``roof`` (:func:`_roof`): its work count and the SM fills its activities follow from."""
     c = k.c
     x = sm_clock_mhz / k.f_max
     fps = k.flops_per_s * x
@@ -434,10 +496,10 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     sm_w = act_w = occ_w = 0.0
     flops_total = bytes_total = 0.0
     ds = c.compute_power - c.stream_power
-    da = c.sm_active_compute - c.sm_active_memory
     do = c.sm_occupancy_compute - c.sm_occupancy_memory
     terms, act_b, tokens, floor_s = t
-    for f, b in terms:
+    count, fills, small_fill, comm_fill = roof
+    for (f, b), fill in zip(terms, fills, strict=True):
         tc, tm = f / fps, b / bps
         tk = tc if tc > tm else tm
         if tk <= 0.0:
@@ -446,10 +508,10 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
         compute_s += tc
         memory_s += tm
         kern_s += tk
-        sm_w += tk * (c.stream_power + ds * u)
-        act_w += tk * (c.sm_active_memory + da * u)
-        occ_w += tk * (c.sm_occupancy_memory + do * u)
         flops_total += f
+        sm_w += tk * (c.stream_power + ds * u)
+        act_w += tk * fill
+        occ_w += tk * (c.sm_occupancy_memory + do * u)
         bytes_total += b
     # The small kernels (norms, rotary, activation, KV write, sampling): their traffic or their
     # clock-scaled latency floor, whichever is longer.
@@ -459,7 +521,7 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     memory_s += act_s
     bytes_total += act_b
     sm_w += act_s * c.stream_power
-    act_w += act_s * c.sm_active_memory
+    act_w += act_s * small_fill
     occ_w += act_s * c.sm_occupancy_memory
     comm_s = _comm_s(k, tokens)
     busy_s = kern_s + act_s + wait_s + k.overhead_s + comm_s
@@ -469,7 +531,7 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
     wait_s += under_s
     fixed_s = wait_s + k.overhead_s
     sm_w += wait_s * c.latency_power
-    act_w += (wait_s + comm_s) * c.sm_active_memory * 0.5
+    act_w += wait_s * 0.5 * max(fills, default=small_fill) + comm_s * comm_fill  # ramp/tail: half filled
     occ_w += (wait_s + comm_s) * c.sm_occupancy_memory * 0.5
     dram = bytes_total / (busy_s * k.bandwidth_bytes_s)
     power = _power_w(k, x, sm_w, busy_s, bytes_total, comm_s, tokens)
@@ -485,18 +547,24 @@ def _at_clock(k: _Coeffs, t: _Terms, sm_clock_mhz: int, host_s: float, held_x: f
         sm_clock_mhz=int(sm_clock_mhz),
         compute_s=compute_s,
         memory_s=memory_s,
-        sm_active=act_w / busy_s,
+        sm_active=c.sm_active_resident * act_w / busy_s,
         dram_active=dram,
         bound=bound,
         tensor_active=min(1.0, c.tensor_active_scale * compute_s / busy_s),
         sm_occupancy=occ_w / busy_s,
-        flops=flops_total,
-        hbm_bytes=bytes_total,
+        flops=count.flops,
+        hbm_bytes=count.hbm_bytes,
         host_s=host_s,
         busy_s=busy_s,
         comm_s=comm_s,
         host_energy_j=_gap_energy_scalar(k.spec, host_s, c, held_x) if host_s > 0 else 0.0,
         tp=k.tp,
+        peak_flops_s=k.peak_flops_s,
+        peak_bytes_s=k.bandwidth_bytes_s,
+        dtype=k.dtype,
+        validated=k.validated,
+        executed_flops=flops_total,
+        executed_bytes=bytes_total,
     )
 
 
@@ -511,6 +579,7 @@ def _resolve(
     tp: int,
     link: str | LinkSpec,
     profile: str | EngineProfile | None,
+    dtype: str = "bf16",
 ) -> _Coeffs:
     # Names key by value; objects by identity, kept alive (and checked) in the entry so an id is
     # never reused for another object while its entry exists.
@@ -521,6 +590,7 @@ def _resolve(
         tp,
         link if isinstance(link, str) else id(link),
         profile if profile is None or isinstance(profile, str) else id(profile),
+        dtype,
     )
     refs = (gpu, shape, constants, link, profile)
     hit = _FAST.get(key)
@@ -534,7 +604,7 @@ def _resolve(
             and (held[4] is profile or profile is None or isinstance(profile, str))
         ):
             return hit[1]
-    k = _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link))
+    k = _coeffs(gpu_spec(gpu), shape, tp, constants, engine_profile(profile), link_spec(link), dtype)
     if len(_FAST) > 1024:
         _FAST.clear()
     _FAST[key] = (refs, k)
@@ -551,6 +621,7 @@ def estimate_at_clock(
     tp: int = 1,
     link: str | LinkSpec = "nvlink",
     profile: str | EngineProfile | None = None,
+    dtype: str = "bf16",
 ) -> IterationEstimate:
     """Model ``work`` on ``gpu`` with the SM clock fixed at ``sm_clock_mhz`` (no power limit applied).
 
@@ -558,9 +629,9 @@ def estimate_at_clock(
     and activation traffic) takes ``max(FLOPs / (peak * eff * f/f_max), bytes / (bw * eff_m))``;
     the busy time adds the kernels' clock-scaled latency, a fixed overhead and the all-reduces.
     """
-    k = _resolve(gpu, shape, constants, tp, link, profile)
+    k = _resolve(gpu, shape, constants, tp, link, profile, dtype)
     host_s = k.profile.host_s(work, tp, shape.num_layers)
-    return _at_clock(k, _terms(k, work), sm_clock_mhz, host_s, sm_clock_mhz / k.f_max)
+    return _at_clock(k, _terms(k, work), sm_clock_mhz, host_s, sm_clock_mhz / k.f_max, _roof(k, work))
 
 
 @functools.lru_cache(maxsize=256)
@@ -588,8 +659,13 @@ def predict_iteration(
     tp: int = 1,
     link: str | LinkSpec = "nvlink",
     profile: str | EngineProfile | None = None,
+    dtype: str = "bf16",
 ) -> IterationEstimate:
-    """Model one iteration of ``work`` for ``shape`` (bf16) on ``gpu`` under the given knobs.
+    """Model one iteration of ``work`` for ``shape`` on ``gpu`` under the given knobs.
+
+    ``dtype``: ``bf16`` (default) or ``fp8`` weights and KV (the dense FP8 peak, one byte per weight
+    and KV element; activations and all-reduces stay bf16). On a GPU or dtype the model was not
+    validated on (:func:`~serving.devices.gpu_specs.fidelity`) the estimate has ``validated=False``.
 
     ``tp``: tensor-parallel degree; the estimate is one rank's (its shard, :func:`shard_shape`) plus
     two ring all-reduces per layer of ``tokens x hidden x 2`` bytes over ``link``. ``profile``: the
@@ -602,7 +678,7 @@ def predict_iteration(
     below the locked range, down to the minimum supported clock. ``power_capped`` says the limit
     bound. The clock search runs only when the limit binds at the top clock.
     """
-    k = _resolve(gpu, shape, constants, tp, link, profile)
+    k = _resolve(gpu, shape, constants, tp, link, profile, dtype)
     host_s = k.profile.host_s(work, tp, shape.num_layers)
     limit = k.spec.tdp_w if power_limit_w is None else power_limit_w
     ceiling = k.ceilings.get(sm_clock_range)
@@ -611,7 +687,8 @@ def predict_iteration(
     clocks, top = ceiling
     held_x = clocks[top] / k.f_max  # the host gap holds the allowed ceiling (a cap binds only when busy)
     t = _terms(k, work)
-    best = _at_clock(k, t, clocks[top], host_s, held_x)
+    roof = _roof(k, work)
+    best = _at_clock(k, t, clocks[top], host_s, held_x, roof)
     if best.power_w <= limit:
         return best
     # Power rises monotonically with the clock: binary-search the highest clock that fits.
@@ -622,9 +699,9 @@ def predict_iteration(
             fit, lo = mid, mid + 1
         else:
             hi = mid - 1
-    return replace(_at_clock(k, t, clocks[fit], host_s, held_x), power_capped=True)
+    return replace(_at_clock(k, t, clocks[fit], host_s, held_x, roof), power_capped=True)
 
 
-def weight_bytes(shape: ModelConfig, tp: int = 1) -> int:
-    """bf16 weight bytes of one rank's shard of ``shape``."""
-    return shard_shape(shape, tp).param_count() * BF16_BYTES
+def weight_bytes(shape: ModelConfig, tp: int = 1, dtype: str = "bf16") -> int:
+    """Weight bytes of one rank's shard of ``shape`` in ``dtype`` (bf16: 2 per parameter, fp8: 1)."""
+    return shard_shape(shape, tp).param_count() * DTYPES[check_dtype(dtype)][0]

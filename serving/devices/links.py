@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from serving.config import ConfigError, ModelConfig
 from serving.devices.errors import DeviceValueError
-from serving.devices.gpu_specs import GpuSpec, gpu_spec
+from serving.devices.gpu_specs import DTYPES, GpuSpec, check_dtype, gpu_spec
 from serving.devices.model_constants import (
     ALLOWED_TP,
     BF16_BYTES,
@@ -141,8 +141,10 @@ def kv_capacity_tokens(
     tp: int = 1,
     gpu_memory_utilization: float = 0.9,
     constants: EmulationConstants = DEFAULT_CONSTANTS,
+    dtype: str = "bf16",
 ) -> int:
-    """KV-cache tokens that fit on each GPU after the shard's bf16 weights and the reserves.
+    """KV-cache tokens that fit on each GPU after the shard's weights and the reserves (``dtype``:
+    the weights' and KV's, ``bf16`` or ``fp8``).
 
     Usable memory = ``memory_bytes * gpu_memory_utilization`` (as vLLM budgets it) minus the
     shard's weights, the CUDA context (512 MiB) and an activation reserve of
@@ -150,26 +152,27 @@ def kv_capacity_tokens(
     the weights (or the reserves) do not fit, naming the smallest tensor-parallel degree that would.
     """
     spec = gpu_spec(gpu)
+    weight_b, kv_b = DTYPES[check_dtype(dtype)]
     if not 0 < gpu_memory_utilization <= 1:
         raise DeviceValueError(f"gpu_memory_utilization {gpu_memory_utilization!r} is outside (0, 1]")
     shard = shard_shape(shape, tp)
     budget = spec.memory_bytes * gpu_memory_utilization
-    free = budget - _reserve_bytes(shard, constants) - shard.param_count() * BF16_BYTES
-    per_token = shard.kv_bytes_per_token(BF16_BYTES)
+    free = budget - _reserve_bytes(shard, constants) - shard.param_count() * weight_b
+    per_token = shard.kv_bytes_per_token(kv_b)
     if free < per_token:
-        weights = shard.param_count() * BF16_BYTES
+        weights = shard.param_count() * weight_b
         hint = ""
         for t in ALLOWED_TP:
             if t <= tp or shape.num_heads % t:
                 continue
             s = shard_shape(shape, t)
-            if budget - _reserve_bytes(s, constants) - s.param_count() * BF16_BYTES >= per_token:
+            if budget - _reserve_bytes(s, constants) - s.param_count() * weight_b >= per_token:
                 hint = f"; use tp ≥ {t}"
                 break
         else:
             hint = "; no tensor-parallel degree up to 8 fits"
         raise DeviceValueError(
-            f"{shape.name} at TP {tp} needs {_gb(weights)} of bf16 weights per GPU; an {spec.name} "
+            f"{shape.name} at TP {tp} needs {_gb(weights)} of {dtype} weights per GPU; an {spec.name} "
             f"holds {_gb(spec.memory_bytes)} ({_gb(budget)} at gpu_memory_utilization "
             f"{gpu_memory_utilization:g}, less {_gb(_reserve_bytes(shard, constants))} reserved){hint}"
         )

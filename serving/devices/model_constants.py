@@ -52,8 +52,15 @@ class EmulationConstants:
     voltage_offset: float = 0.31  # v0
     voltage_floor: float = 0.68
     # activity counters (GPM-like), calibrated to the H200 readings of this engine
-    sm_active_compute: float = 0.55  # SM-active fraction through compute-bound kernels
-    sm_active_memory: float = 0.25  # ... through memory-bound kernels
+    # SM activity from the work (gpu_model.py, _sm_fills): a kernel class reads sm_active_resident x
+    # the fraction of SMs its CTAs fill; kernel ramp/tail waits half of that, all-reduces their CTAs'
+    sm_active_resident: float = 0.55  # reading with every SM holding work (H200 GPM, this engine's prefill)
+    gemm_tile: int = 128  # CTA tile (tokens and output features) of the fill model's GEMMs
+    gemm_split_k_min: int = 1024  # least K per split when a GEMM splits K to fill the SMs
+    attention_query_tile: int = 128  # prefill attention: query tokens per CTA (per head)
+    attention_kv_split: int = 512  # decode attention: context tokens per CTA (split-KV, per KV head)
+    elementwise_block: int = 1024  # elements per CTA of the small kernels
+    allreduce_ctas: int = 32  # CTAs an all-reduce runs on (NCCL channels / the custom kernel's blocks)
     sm_occupancy_compute: float = 0.20
     sm_occupancy_memory: float = 0.40
     tensor_active_scale: float = 0.37  # tensor-active fraction per unit of tensor-pipe time

@@ -17,7 +17,7 @@ from serving.devices.errors import DeviceNotFoundError, DeviceValueError
 from serving.devices.nvml import NvmlDevice, nvml_available, nvml_device_count
 from serving.devices.torch_cuda import TorchCudaDevice, torch_cuda_device_count
 
-EMULATED_GPUS: tuple[str, ...] = ("h100-sxm", "h200", "a100-sxm-80gb")
+EMULATED_GPUS: tuple[str, ...] = ("h100-sxm", "h200", "a100-sxm-80gb", "b200", "gb200")
 _FORMS = f"'cpu', 'cuda', 'cuda:N' or 'emulated:<gpu>' with <gpu> one of {', '.join(EMULATED_GPUS)}"
 
 

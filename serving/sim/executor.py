@@ -46,6 +46,7 @@ class GpuModelExecutor:
     __slots__ = (
         "_cache",
         "context_bits",
+        "dtype",
         "hits",
         "iteration_model",
         "link",
@@ -66,8 +67,10 @@ class GpuModelExecutor:
         profile: str | None = None,
         iteration_model: Callable[[IterationWork, PoolSpec], Any] | None = None,
         context_bits: int | None = CONTEXT_BITS,
+        dtype: str = "bf16",
     ) -> None:
-        """``context_bits``: the rounding of the attention counts (see the module); None: exact."""
+        """``context_bits``: the rounding of the attention counts (see the module); None: exact.
+        ``dtype``: the weights' and KV's (``bf16``, ``fp8``)."""
         self.spec = spec
         self.shape = shape
         self.pool = pool
@@ -75,6 +78,7 @@ class GpuModelExecutor:
         self.profile = profile
         self.iteration_model = iteration_model
         self.context_bits = context_bits
+        self.dtype = dtype
         self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any]]] = {}
         self.hits = self.misses = 0
 
@@ -111,6 +115,7 @@ class GpuModelExecutor:
             tp=pool.tp,
             link=self.link,
             profile=self.profile,
+            dtype=self.dtype,
         )
         entry = (est, {"host_s": est.host_s, "tp": pool.tp})
         if len(self._cache) < CACHE_ENTRIES:
@@ -121,5 +126,7 @@ class GpuModelExecutor:
         """The batch's execution in virtual time: it ends ``time_s`` after it starts."""
         est, extra = self._entry(batch.work)
         time_s = est.time_s
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate)
-        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est)
+        flops = est.flops or None  # a fitted iteration model counts no work
+        hbm = est.hbm_bytes or None
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm_bytes)
+        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm)

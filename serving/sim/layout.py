@@ -9,7 +9,9 @@ A layout is written as one string, ``MODE:GPU[:OPTION...]``:
   ``max_num_batched_tokens``, ``chunked_prefill`` (``on``/``off``), ``kv_blocks`` (KV blocks of 16
   tokens per replica, instead of what the GPU memory holds); layout-wide ``kv_link`` (the
   hand-off link between pools), ``tp_link`` (the link of a replica's all-reduces), ``profile``
-  (the engine profile of the GPU model), ``gpu_memory_utilization``; ``tpN`` is short for ``tp=N``.
+  (the engine profile of the GPU model), ``gpu_memory_utilization``, ``dtype`` (``bf16`` or ``fp8``
+  weights and KV; fp8 figures, and every figure on a GPU the model was not validated on, are
+  unvalidated: ``serving.devices.gpu_specs.fidelity``); ``tpN`` is short for ``tp=N``.
 
 :func:`parse_layout` turns the string into a :class:`Layout`; :func:`check_layout` refuses, before
 anything runs, a layout the model does not fit, a TP that does not divide the model's heads, an
@@ -25,7 +27,7 @@ from typing import Any
 from serving.config import ConfigError, ModelConfig
 from serving.devices.errors import DeviceValueError
 from serving.devices.gpu_model import LINKS, PROFILES, kv_capacity_tokens, shard_shape
-from serving.devices.gpu_specs import GPU_SPECS, gpu_spec
+from serving.devices.gpu_specs import DTYPES, GPU_SPECS, gpu_spec
 
 ROLES = ("mixed", "prefill", "decode")
 _POOL_KEYS = (
@@ -37,7 +39,7 @@ _POOL_KEYS = (
     "chunked_prefill",
     "kv_blocks",
 )
-_LAYOUT_KEYS = ("kv_link", "tp_link", "profile", "gpu_memory_utilization")
+_LAYOUT_KEYS = ("kv_link", "tp_link", "profile", "gpu_memory_utilization", "dtype")
 
 
 class LayoutError(ConfigError):
@@ -74,6 +76,7 @@ class Layout:
     profile: str | None = None  # None: the GPU model's default engine profile
     gpu_memory_utilization: float = 0.9
     name: str = ""
+    dtype: str = "bf16"  # weights and KV: bf16 | fp8
 
     @property
     def mode(self) -> str:
@@ -97,6 +100,7 @@ class Layout:
             "tp_link": self.tp_link,
             "profile": self.profile,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "dtype": self.dtype,
             "pools": [
                 {
                     "role": p.role,
@@ -211,6 +215,10 @@ def _layout_value(text: str, key: str, value: str) -> Any:
         if value not in LINKS:
             raise LayoutError(f"layout {text!r}: unknown link {value!r}; allowed: {', '.join(LINKS)}")
         return value
+    if key == "dtype":
+        if value not in DTYPES:
+            raise LayoutError(f"layout {text!r}: unknown dtype {value!r}; allowed: {', '.join(DTYPES)}")
+        return value
     if key == "profile":
         if value not in PROFILES:
             raise LayoutError(
@@ -240,7 +248,11 @@ def check_layout(layout: Layout, shape: ModelConfig) -> dict[str, int]:
         try:
             shard_shape(shape, pool.tp)
             tokens = kv_capacity_tokens(
-                spec, shape, tp=pool.tp, gpu_memory_utilization=layout.gpu_memory_utilization
+                spec,
+                shape,
+                tp=pool.tp,
+                gpu_memory_utilization=layout.gpu_memory_utilization,
+                dtype=layout.dtype,
             )
         except DeviceValueError as e:
             raise LayoutError(f"{where}: {e}") from e
@@ -256,5 +268,7 @@ def check_layout(layout: Layout, shape: ModelConfig) -> dict[str, int]:
                     f"{where}: sm_clock_mhz {low}-{high} is not a range within "
                     f"[{spec.min_sm_clock_mhz}, {spec.max_sm_clock_mhz}] MHz for {spec.name}"
                 )
+        if layout.dtype == "fp8" and spec.fp8_tflops is None:
+            raise LayoutError(f"{where}: {spec.name} has no FP8 tensor cores; allowed dtype: bf16")
         capacity[pool.role] = tokens  # every TP rank holds its heads' share of the same tokens
     return capacity

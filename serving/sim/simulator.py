@@ -243,6 +243,7 @@ class Simulation:
                 link=layout.tp_link,
                 profile=layout.profile,
                 iteration_model=iteration_model,
+                dtype=layout.dtype,
             )
             blocks = pool.kv_blocks or max(1, self.capacity[pool.role] // block_size)
             cfg = EngineConfig(

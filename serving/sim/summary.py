@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.devices.gpu_specs import fidelity
 from serving.sim.samples import energy_j
 from serving.sim.simulator import SimResult
 
@@ -72,7 +73,7 @@ class SimSummary:
     j_per_token: float  # per input + output token
     iterations: int
     wall_s: float
-    trust: str = "simulated"
+    trust: str = "simulated"  # "simulated, unvalidated" on a GPU or dtype the model was not validated on
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -128,7 +129,9 @@ def summarize(result: SimResult, slo: SloSpec | None = None) -> SimSummary:
     duration = max(result.duration_s, 1e-9)
     out_tokens = int(out_a.sum())
     in_tokens = int(n_in.sum())
+    validated, _note = fidelity(result.layout.gpu, result.layout.dtype)
     return SimSummary(
+        trust="simulated" if validated else "simulated, unvalidated",
         layout=result.layout.name,
         mode=result.layout.mode,
         gpu=result.gpu_name,
@@ -238,4 +241,10 @@ def format_table(summaries: Sequence[SimSummary]) -> str:
         "TPOT = (finish - first token) / (output tokens - 1). SLO attainment is over every request: "
         "a failed one misses."
     )
+    unvalidated = [s.layout for s in summaries if "unvalidated" in s.trust]
+    if unvalidated:
+        lines.append(
+            f"UNVALIDATED: {', '.join(unvalidated)} run on a GPU or dtype (B200, GB200, FP8) the GPU model "
+            "was never checked against measurements on: their figures are the model's extrapolation."
+        )
     return "\n".join(lines)

@@ -271,9 +271,11 @@ def test_simulated_aggregated_gpus_show_the_bimodal_signature(sim):
     bm = bimodality(con, w)
     assert SIMULATED in bm.trust.labels
     for _, g in bm.table[bm.table["scope"] == "gpu"].iterrows():
-        # SM activity high in prefill, low in decode; utilization % high in both
-        assert g["sm_prefill_pct"] > 40 and g["sm_decode_pct"] < 30
-        assert g["sm_prefill_pct"] > 1.5 * g["sm_decode_pct"]
+        # SM activity higher in prefill than in decode; utilization % high in both (issue 23: the
+        # modeled SM activity follows the SMs the work fills, so a CUDA-graph engine's memory-bound
+        # decode reads ~48 %, not the old constant 25 %; its idle compute shows in MFU, analytics/roofline)
+        assert g["sm_prefill_pct"] > 40 and g["sm_decode_pct"] < 52
+        assert g["sm_prefill_pct"] > g["sm_decode_pct"] + 3
         assert g["util_prefill_pct"] > 90 and g["util_decode_pct"] > 90
         assert g["util_sm_gap_pct"] > 40
         assert g["mode_high_pct"] > g["mode_low_pct"]
@@ -285,15 +287,16 @@ def test_simulated_1p1d_separates_the_two_modes_by_gpu(sim):
     gpus = bm.table[bm.table["scope"] == "gpu"].set_index("role")
     assert set(gpus.index) == {"prefill", "decode"}
     pre, dec = gpus.loc["prefill"], gpus.loc["decode"]
-    assert pre["mean_sm_pct"] > dec["mean_sm_pct"] + 10  # the prefill GPU in the high mode
-    assert pre["sm_prefill_pct"] > 40 and dec["sm_decode_pct"] < 30
+    assert pre["sm_prefill_pct"] > 40 and dec["sm_decode_pct"] < 52
+    assert pre["sm_prefill_pct"] > dec["sm_decode_pct"] + 3  # the prefill GPU busier in SM activity
     assert np.isnan(pre["sm_decode_pct"]) and np.isnan(dec["sm_prefill_pct"])  # one phase per GPU
     fleet = bm.table[bm.table["scope"] == "fleet"].iloc[0]
-    assert fleet["mode_low_pct"] < dec["mean_sm_pct"] + 5 and fleet["mode_high_pct"] > dec["mean_sm_pct"] + 5
+    assert fleet["mode_low_pct"] < fleet["mode_high_pct"]
     # on buckets (the default) the per-phase activity separates the GPUs the same way
     gb = bimodality(con, w).table
     gb = gb[gb["scope"] == "gpu"].set_index("role")
-    assert gb.loc["prefill", "sm_prefill_pct"] > 40 and gb.loc["decode", "sm_decode_pct"] < 30
+    assert gb.loc["prefill", "sm_prefill_pct"] > 40 and gb.loc["decode", "sm_decode_pct"] < 52
+    assert gb.loc["prefill", "sm_prefill_pct"] > gb.loc["decode", "sm_decode_pct"] + 3
     # a decode pool runs no prefill (and vice versa) by design: not a missing item
     missing = bimodality(con, w).missing
     assert not any("no prefill time" in m and "decode" in m for m in missing), missing

@@ -59,7 +59,16 @@ def test_analyze_prints_every_part_of_a_scenario_labelled_simulated(sim_db, caps
     summary = json.loads(out)
     assert summary["window"]["dataset"] != "live"
     assert "simulated" in summary["trust"]["labels"]
-    assert set(summary["parts"]) == {"phases", "idle", "bimodal", "cost", "latency", "serving", "throughput"}
+    assert set(summary["parts"]) == {
+        "phases",
+        "idle",
+        "bimodal",
+        "roofline",
+        "cost",
+        "latency",
+        "serving",
+        "throughput",
+    }
 
 
 def test_the_live_data_set_of_a_simulated_store_is_empty_not_mixed(sim_db, capsys):

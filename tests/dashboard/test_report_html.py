@@ -304,3 +304,21 @@ def test_the_appendix_labels_every_field_with_words_and_units(made):
     assert {"TTFT p99 (s)", "Energy, decode (J)", "Decode (%)", "Output tokens per second"} <= labels, labels
     assert [lb for lb in labels if "_" in lb or "j " in lb.lower() or lb.lower().endswith(" j")] == []
     assert re.search(r"<td class=\"num\">[\d.]+ (s|ms)</td>", report.body)  # latency cells carry their unit
+
+
+def test_the_roofline_section_shows_mfu_mbu_and_stranded_time_with_labels(made):
+    """Issue 23: the report's roofline section is the summary's roofline part, with trust badges."""
+    report, _want, _hist, _empty = made
+    assert "Against the roofline" in _parse(report.body).h2
+    part = json.loads(
+        html.unescape(re.search(r'id="phaselens-summary">(.*?)</script>', report.body, re.S).group(1))
+    )["parts"]["roofline"]
+    section = report.body[report.body.index("<h2>Against the roofline</h2>") :]
+    section = section[: section.index("</section>")]
+    for r in part["table"]:
+        if r["scope"] == "pool":
+            assert f"{100 * r['mfu']:.1f} %" in section and f"{100 * r['mbu']:.1f} %" in section
+    for s in part["stranded"]:
+        if s.get("stranded_compute_s") is not None:
+            assert f"{s['stranded_compute_s']:,.2f}" in section
+    assert '<span class="badge simulated">simulated</span>' in section

@@ -85,7 +85,24 @@ def _batch(rows: list[tuple[Any, ...]], *, n: int | None = None, skip: int = 0) 
 
 
 def _row(start_s: float, phase: str = "decode", batch_size: Any = 4) -> tuple[Any, ...]:
-    return (start_s, start_s + 0.02, phase, batch_size, 0, 4, 800, 10, 100, 0, 0.019, 0.0, 0.02, 0.0)
+    return (
+        start_s,
+        start_s + 0.02,
+        phase,
+        batch_size,
+        0,
+        4,
+        800,
+        10,
+        100,
+        0,
+        0.019,
+        0.0,
+        0.02,
+        0.0,
+        2.2e11,
+        1.5e10,
+    )
 
 
 def test_a_batch_boundary_between_the_gpus_of_one_iteration() -> None:

@@ -78,3 +78,26 @@ def test_a_disaggregated_run_per_pool_and_the_pool_filter(dashboard_env: Fleet):
     assert not at.exception
     titles = [f["layout"]["title"]["text"] for f in figures_of(at)]
     assert len(titles) == 1 and titles[0].startswith("Decode pool")
+
+
+def test_the_roofline_table_shows_the_api_s_mfu_mbu_and_stranded_time(dashboard_env: Fleet):
+    """Issue 23: MFU / MBU per pool and phase and the stranded GPU-seconds, beside the activities,
+    with their trust labels, as the summary's roofline part computed them."""
+    sid = dashboard_env.scenarios[DISAGG]
+    body = httpx.get(
+        f"{dashboard_env.url}/api/v1/analytics/summary", params={"dataset": sid}, timeout=120
+    ).json()
+    part = body["parts"]["roofline"]
+    at = open_page("bimodal", sid)
+    assert not at.exception
+    table, stranded = at.dataframe[1].value, at.dataframe[2].value
+    for r in part["table"]:
+        if r["scope"] != "pool":
+            continue
+        row = table[(table["pool"] == f"{r['role']} pool") & (table["phase"] == r["phase"])].iloc[0]
+        assert row["MFU"] == f"{100 * r['mfu']:.1f} %" and row["MBU"] == f"{100 * r['mbu']:.1f} %"
+        assert row["trust"] == "simulated"
+    decode = stranded[stranded["pool"] == "decode pool"].iloc[0]
+    want = next(s for s in part["stranded"] if s["role"] == "decode")
+    assert decode["stranded compute, GPU-s"] == f"{want['stranded_compute_s']:,.2f}"
+    assert "Stranded compute = decode GPU-seconds × (1 − MFU of decode)" in texts(at)

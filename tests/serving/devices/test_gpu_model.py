@@ -179,7 +179,7 @@ def test_gemm_efficiency_is_per_gpu_generation_and_engines_scale_it() -> None:
     # a compute-bound prefill on A100 runs at 0.71 of its peak for every engine (here: lean, vllm)
     for profile in ("lean", "vllm"):
         est = predict_iteration("a100-sxm-80gb", LLAMA_8B, prefill(8192), profile=profile)
-        peak_s = est.flops / (GPU_SPECS["a100-sxm-80gb"].peak_flops * est.sm_clock_mhz / 1410)
+        peak_s = est.executed_flops / (GPU_SPECS["a100-sxm-80gb"].peak_flops * est.sm_clock_mhz / 1410)
         assert est.compute_s == pytest.approx(peak_s / 0.71, rel=1e-6)
     slower = replace(PROFILES["lean"], name="slow-gemm", gemm_efficiency_by_gpu=(("a100-sxm-80gb", 0.5),))
     lock = (900, 900)  # the same clock for both (at the TDP the faster one would be power-capped)
@@ -243,7 +243,7 @@ def test_prefill_floor_is_a_least_busy_time_the_work_runs_under_in_sm_cycles() -
     short_a = predict_iteration("h100-sxm", LLAMA_70B, prefill(128), tp=8, profile=base)
     short_b = predict_iteration("h100-sxm", LLAMA_70B, prefill(128), tp=8, profile=floor)
     assert short_a.busy_s < floor_s and short_b.busy_s == pytest.approx(floor_s, rel=1e-9)
-    assert short_b.bound == "overhead" and short_b.flops == short_a.flops
+    assert short_b.bound == "overhead" and short_b.executed_flops == short_a.executed_flops
     assert GPU_SPECS["h100-sxm"].idle_w < short_b.power_w < short_a.power_w  # the wait draws less
     long_a = predict_iteration("h100-sxm", LLAMA_70B, prefill(8192), tp=8, profile=base)
     long_b = predict_iteration("h100-sxm", LLAMA_70B, prefill(8192), tp=8, profile=floor)
@@ -282,7 +282,7 @@ def test_gqa_unaware_attention_reads_kv_once_per_query_head() -> None:
     group = shard.num_heads // shard.num_kv_heads
     assert group == 8
     kv_read = shard.kv_bytes_per_token(2) * work.context_tokens
-    assert u.hbm_bytes - a.hbm_bytes == pytest.approx((group - 1) * kv_read, rel=1e-9)
+    assert u.executed_bytes - a.executed_bytes == pytest.approx((group - 1) * kv_read, rel=1e-9)
     assert u.busy_s > a.busy_s
     # without grouped-query attention (one KV head per query head) it changes nothing
     mha = replace(LLAMA_8B, name="mha", num_kv_heads=LLAMA_8B.num_heads)
