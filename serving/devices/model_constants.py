@@ -46,7 +46,7 @@ class EmulationConstants:
     hbm_power: float = 0.09  # HBM and controllers at peak bandwidth (memory clock, not SM clock)
     # (gpu key, hbm_power) where a GPU's memory system draws a different share of its own D at peak
     # bandwidth (see hbm_power_for); every other GPU uses hbm_power
-    hbm_power_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.66),)
+    hbm_power_by_gpu: tuple[tuple[str, float], ...] = (("a100-sxm-80gb", 0.685),)
     busy_power: float = 0.08  # clock-independent power whenever a kernel runs
     # SM power ~ (f/f_max) * V(f)^2 with V(f)/V_max = max(voltage_floor, v0 + (1 - v0) * f/f_max)
     voltage_offset: float = 0.31  # v0

@@ -26,9 +26,9 @@ from serving.devices.published_power import (
 
 #: calibration / validation units beyond 15 % on a figure, with the reason (docs/FIDELITY.md, "Power")
 KNOWN_MISSES = {
-    # short prompts (64-154 ms): the CSV's peak sits near the decode level, as if the reading averaged
+    # a short prompt (154 ms): the CSV's peak sits near the decode level, as if the reading averaged
     # the prompt with the decode steps after it; the model's peak is the prompt iteration's own power
-    ("a100-80gb", 4, 128, 1, 128): "peak",
+    # (the A100 TP 4 128-token prompt missed too until the refit on the merged v3 timing, 2026-12-05)
     ("a100-80gb", 8, 1024, 1, 128): "peak",
     # decode after a 4096-token prompt: the model's K/V reads (per query head, gqa_unaware_attention)
     # raise its HBM traffic and power with the context; the measured average falls instead
