@@ -256,6 +256,10 @@ class NvmlDevice(CudaIndexDevice):
 
     # --- knobs ---------------------------------------------------------------------------------
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver version (``nvmlSystemGetDriverVersion``), ``None`` when NVML has none."""
+        return _text(self._call(self._nvml.nvmlSystemGetDriverVersion))
+
     def power_limit_constraints_w(self) -> PowerLimitConstraints:
         n, h = self._nvml, self._handle
         min_mw, max_mw = self._call(n.nvmlDeviceGetPowerManagementLimitConstraints, h, optional=False)
