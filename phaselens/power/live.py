@@ -185,6 +185,9 @@ class LiveSweep:
         deadline = time.monotonic() + self.plan.max_minutes * 60
         trace = steady_trace(self.load, self.plan.point_s)
         try:
+            # not measured: torch's first iterations on a fresh worker are slow (unpaced) and would
+            # make the first reference look like a cliff
+            _load_in_thread(self.stack.url, trace[: max(4, len(trace) // 4)])
             for role in self.plan.roles:
                 self._role(role, trace, deadline)
         finally:
