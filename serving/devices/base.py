@@ -190,6 +190,10 @@ class Device(ABC):
         """Unlock the SM clocks."""
         raise self._unsupported("SM clock locking")
 
+    def _gpu_name(self) -> str:
+        """The GPU's name as NVML reports it (an emulated one's ends in ``(emulated)``)."""
+        return getattr(self, "_name", None) or getattr(self, "name", None) or self.snapshot().name
+
     def driver_version(self) -> str | None:
         """The driver that runs the device (NVML's system driver version); ``None`` where there is none."""
         return None
@@ -205,7 +209,7 @@ class Device(ABC):
         locked = _or_none(self.sm_clock_range_mhz)
         return {
             "device": self.spec,
-            "gpu_name": getattr(self, "_name", None) or getattr(self, "name", None) or self.snapshot().name,
+            "gpu_name": None if self.kind == "cpu" else self._gpu_name(),
             "driver_version": self.driver_version(),
             "emulated": self.is_emulated,
             "power_limit_w": _or_none(self.power_limit_w),

@@ -258,7 +258,8 @@ class NvmlDevice(CudaIndexDevice):
 
     def driver_version(self) -> str | None:
         """The NVIDIA driver version (``nvmlSystemGetDriverVersion``), ``None`` when NVML has none."""
-        return _text(self._call(self._nvml.nvmlSystemGetDriverVersion))
+        fn = getattr(self._nvml, "nvmlSystemGetDriverVersion", None)
+        return None if fn is None else _text(self._call(fn))
 
     def power_limit_constraints_w(self) -> PowerLimitConstraints:
         n, h = self._nvml, self._handle
