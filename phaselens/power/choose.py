@@ -9,8 +9,9 @@ output tokens for decode and mixed).
 - **Reference**: the defaults, measured first and last; the figures are their mean and **noise** is
   how far the two differ in the phase's latency (TTFT p50 for prefill, ITL p50 for decode, the larger
   of the two for mixed).
-- **Cliff** per knob: going down from the top, the first setting whose phase latency rises more
-  than the threshold ``max(min_rise_pct, 2 × noise)`` over the reference.
+- **Cliff** per knob: going down from the top, the first setting whose phase latency rises beyond
+  noise: above the slower of the two reference runs by more than ``min_rise_pct``
+  (:func:`rise_threshold_pct`, expressed as a rise over the reference mean).
 - **Modes**: a setting is *accepted* only if its throughput is ≥ (1 − ε) × the reference's and its
   ITL p99 and TTFT p99 are within the SLO; **PERF** also needs no measurable slowdown (the phase
   latency within the threshold, p50 and p99); **BAL** takes the best tokens/J of the accepted;
@@ -70,7 +71,8 @@ def phase_latency_keys(phase: str) -> tuple[str, ...]:
 
 
 def reference_of(points: list[dict[str, Any]], phase: str) -> tuple[dict[str, Any], float]:
-    """The mean figures of the default points and the noise (%) between the first and the last."""
+    """The mean figures of the default points and the noise (%): how far the phase latency of the
+    first and the last differ, relative to the smaller."""
     refs = [p["figures"] for p in points if p["setting"].get("knob", DEFAULT) == DEFAULT]
     if not refs:
         raise ValueError("no reference (default settings) point was measured")
@@ -87,6 +89,21 @@ def reference_of(points: list[dict[str, Any]], phase: str) -> tuple[dict[str, An
             if a and b:
                 noise = max(noise, abs(a - b) / min(a, b) * 100.0)
     return mean, noise
+
+
+def rise_threshold_pct(
+    points: list[dict[str, Any]], ref: dict[str, Any], phase: str, floor_pct: float
+) -> float:
+    """The rise over the reference mean that is beyond noise: above the slower of the reference runs
+    by more than ``floor_pct`` (with one reference, or two that agree: ``floor_pct``)."""
+    refs = [p["figures"] for p in points if p["setting"].get("knob", DEFAULT) == DEFAULT]
+    out = floor_pct
+    for k in phase_latency_keys(phase):
+        vals = [v for v in (_num(f.get(k)) for f in refs) if v is not None]
+        mean = _num(ref.get(k))
+        if vals and mean:
+            out = max(out, (max(vals) * (1 + floor_pct / 100.0) / mean - 1.0) * 100.0)
+    return out
 
 
 def slowdown_pct(figures: dict[str, Any], ref: dict[str, Any], phase: str) -> float | None:
@@ -148,7 +165,7 @@ def choose_modes(
 ) -> dict[str, Any]:
     """The reference, noise, cliffs and the setting of each mode for one role's points."""
     ref, noise = reference_of(points, phase)
-    threshold = max(options.min_rise_pct, 2.0 * noise)
+    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct)
     slo = slo_of(ref, options)
     ref_tpj = _num(ref.get("tokens_per_j"))
     ref_power = _num(ref.get("power_w"))

@@ -16,6 +16,8 @@ from phaselens.apply.stack import StackClient, StackError
 from phaselens.power.choose import ChooseOptions, choose_modes
 from phaselens.power.fingerprint import Fingerprint, of_worker
 from phaselens.power.live import LiveSweep, SweepInterrupted, interruptible
+from phaselens.power.load import LoadSpec
+from phaselens.power.model_check import gpu_key, stack_layout
 from phaselens.power.plan import Bounds, CalibrateError, plan_sweep
 from phaselens.power.records import (
     calibration_row,
@@ -64,7 +66,19 @@ def read_stack(stack: StackClient, roles_wanted: list[str] | None) -> dict[str, 
             )
         out["roles"][role] = entries
         out["fingerprints"][role] = prints.pop()
+    out["sim_layout"] = _sim_layout(workers, out["fingerprints"])
     return out
+
+
+def _sim_layout(workers: list[dict[str, Any]], fps: dict[str, Fingerprint]) -> str | None:
+    """The stack as a simulator layout (for the model check), None where its GPU has no model."""
+    fp = next(iter(fps.values()), None)
+    gpu = gpu_key(fp.gpu_model) if fp else None
+    if fp is None or gpu is None:
+        return None
+    roles = {r: sum(1 for w in workers if w["role"] == r) for r in ROLE_ORDER}
+    kv = max((int((w.get("stats") or {}).get("kv_blocks_total") or 0) for w in workers), default=0)
+    return stack_layout(roles, gpu, fp.model, kv or None)
 
 
 def live_calibrate(
@@ -159,7 +173,7 @@ def live_calibrate(
         say(f"stored {len(ids)} calibrations in {args.db} (audited as {header['action_id']})")
         complete = {r["role"]: r for r in rows if r["status"] == "current"}
         if complete and not (interrupted or error):
-            outcome["recommendation"] = _recommend(args, audit, target, complete, seen, say)
+            outcome["recommendation"] = _recommend(args, audit, target, complete, seen, say, load)
     _close(audit)
     code = 128 + interrupted.signum if interrupted else 1 if (error or not restored["restored"]) else 0
     return outcome | {"exit_code": code}
@@ -240,10 +254,24 @@ def _recommend(
     rows: dict[str, dict[str, Any]],
     seen: dict[str, Any],
     say: Callable[[str], None],
+    load: Any = None,
 ) -> dict[str, Any]:
     from analytics.prices import load_prices
     from analytics.recommend.records import save_recommendation
+    from phaselens.power.model_check import model_check
 
+    any_row = next(iter(rows.values()))
+    if load is None:  # from stored calibrations: their Poisson load again (an observed one is not kept whole)
+        d = (any_row.get("details") or {}).get("load") or {}
+        if d.get("source") == "poisson":
+            load = LoadSpec(
+                rate_rps=d["rate_rps"],
+                prompt_tokens=tuple(d["prompt_tokens"]),
+                output_tokens=tuple(d["output_tokens"]),
+                seed=d.get("seed", 0),
+            )
+    point_s = float((any_row.get("details") or {}).get("point_s") or args.point_s)
+    check = model_check(rows, args.mode, seen.get("sim_layout"), load, max(point_s, 20.0))
     rec = power_recommendation(
         node=audit.node,
         target=target,
@@ -251,6 +279,7 @@ def _recommend(
         mode=args.mode,
         before=seen["knobs"],
         prices=load_prices(),
+        sim_check=check,
     )
     save_recommendation(audit.store, rec)
     say(f"recommendation {rec['recommendation_id']} ({args.mode.upper()}): {rec['rationale']}")

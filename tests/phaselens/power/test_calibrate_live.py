@@ -155,6 +155,14 @@ def test_sweep_finds_the_prefill_cliff_restores_stores_recommends_applies_and_ro
             "the emulated prefill GPU gained no tokens/J within the SLO in this run: nothing to apply"
         )
 
+    # predicted kWh and $ a year, and the confidence: the GPU model's prediction against the measurement
+    annual = newest["proposed"]["settings"]["prefill"]["annual"]
+    assert annual["kwh_per_year"] is not None
+    assert annual["usd_per_year"] == pytest.approx(annual["kwh_per_year"] * 1.56 * 0.13, abs=0.02)
+    check = newest["details"]["confidence"]["model_vs_measured"]["prefill"]
+    assert check["tokens_per_j_gain_pct"]["predicted"] is not None and check["error_pp"] is not None
+    assert newest["details"]["confidence"]["level"] in ("high", "medium", "low")
+
     # apply through phaselens apply (dry run first), then roll back: the defaults come back
     assert main(["apply", rid, "--db", str(db), "--token", TOKEN]) == 0
     assert at_defaults(knobs(stack, "worker-0"))
