@@ -93,7 +93,9 @@ def add_calibrate_command(sub: Any) -> None:
     load.add_argument(
         "--since", default=None, help="observe the workload of this window (with --db or --collector)"
     )
-    load.add_argument("--dataset", default="live", help="live, a scenario id or latest")
+    load.add_argument(
+        "--dataset", default="live", help="live, a scenario id or latest (a scenario: observed whole)"
+    )
     load.add_argument(
         "--collector", default=None, metavar="URL", help="observe the workload through this collector"
     )
@@ -143,10 +145,10 @@ def _load(args: argparse.Namespace) -> Any:
     from phaselens.power.plan import CalibrateError
 
     workload = None
-    if args.since is not None:
+    if args.since is not None or args.dataset != "live":
         workload = _observed(args)
     elif args.collector:
-        raise CalibrateError("--collector observes a window: give --since too")
+        raise CalibrateError("--collector observes a window: give --since (or a --dataset) too")
     spec = LoadSpec(
         workload=workload,
         rate_scale=args.rate_scale,
@@ -164,7 +166,7 @@ def _observed(args: argparse.Namespace) -> Any:
     from analytics.workload import Workload
     from phaselens.power.plan import CalibrateError
 
-    params = {"since": args.since, "dataset": args.dataset}
+    params = {"dataset": args.dataset} | ({"since": args.since} if args.since is not None else {})
     if args.db:
         from collector.store import Store
         from phaselens.workload_api import run_workload

@@ -4,6 +4,7 @@ bounds (asserted as behaviour, not watts: the GPU model's power under caps may c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,25 @@ def test_a_layout_that_cannot_run_or_that_sets_knobs_is_refused() -> None:
     with pytest.raises(CalibrateError, match="already sets"):
         sim_bounds(LAYOUT + ":decode.power_limit_w=400", "llama-3.1-70b")
     assert main(["calibrate", "--simulate", LAYOUT, "--power-limits", "800"]) == 2
+
+
+def test_the_load_is_the_observed_workload_of_a_stored_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.analytics.workload.conftest import known_trace, simulate_into
+
+    trace = known_trace(1.0, seed=7)
+    db = tmp_path / "s.duckdb"
+    simulate_into(trace, db, tmp_path / "t.csv")
+    capsys.readouterr()
+    args = ["calibrate", "--simulate", LAYOUT, "--roles", "decode", "--knobs", "sm_clock", "--points", "1"]
+    assert main([*args, "--point-s", "30", "--dataset", "latest", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "under the observed workload (" in out
+    with Store.open(db) as store:
+        details = store.query("SELECT details FROM power_calibrations").iat[0, 0]
+    load = json.loads(details)["load"]
+    duration = max(r.arrival_s for r in trace) - min(r.arrival_s for r in trace)
+    assert load["source"] == "observed" and load["rate_rps"] == pytest.approx(len(trace) / duration, rel=0.15)
+    assert main([*args, "--dataset", "nope", "--db", str(db)]) == 2
+    assert "nope" in capsys.readouterr().err
