@@ -174,6 +174,7 @@ class LiveSweep:
         self.before: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self.restored: dict[str, Any] | None = None
+        self._walls: list[float] = []
         self.started_s = 0.0
 
     def run(self) -> dict[str, dict[str, Any]]:
@@ -208,11 +209,14 @@ class LiveSweep:
             last = i == len(role.settings) - 1
             if setting.knob in skip_knob:
                 continue
-            if time.monotonic() + self.plan.point_s + self.plan.settle_s > deadline:
+            # the next point takes as long as the slowest so far (its requests' tail included)
+            if time.monotonic() + max([self.plan.point_s + self.plan.settle_s, *self._walls]) > deadline:
                 out["stopped"] = f"--max-minutes {self.plan.max_minutes:g} reached before {setting.label()}"
                 self.on_note(f"{role.role}: {out['stopped']}")
                 return
+            t0 = time.monotonic()
             figures = self._point(role, setting, trace)
+            self._walls.append(time.monotonic() - t0)
             out["points"].append({"setting": setting.as_dict(), "figures": figures, "at_s": time.time()})
             self.on_note(f"{role.role}: {setting.label():<22} {_summary(figures)}")
             if setting.knob == DEFAULT and first_ref is None:

@@ -220,11 +220,13 @@ class SweepPlan:
 
     @property
     def estimated_s(self) -> float:
-        return self.points * (self.point_s + self.settle_s)
+        """Every point's load and settle, each load's last requests finishing (a quarter more) and the
+        warm-up before the first reference (a quarter of a point)."""
+        return self.points * (self.point_s * 1.25 + self.settle_s) + self.point_s / 4
 
     def text(self) -> str:
         lines = [
-            f"{self.points} points × ({self.point_s:g} s load + {self.settle_s:g} s settle) ≈ "
+            f"{self.points} points × ({self.point_s:g} s load + its tail + {self.settle_s:g} s settle) ≈ "
             f"{self.estimated_s / 60:.1f} min (bound --max-minutes {self.max_minutes:g})"
         ]
         for r in self.roles:
@@ -301,7 +303,7 @@ def check_time(plan: SweepPlan) -> None:
     """CalibrateError when the plan would run longer than its ``max_minutes``."""
     if plan.estimated_s > plan.max_minutes * 60:
         raise CalibrateError(
-            f"the sweep needs about {plan.estimated_s / 60:.1f} min ({plan.points} points × "
-            f"{plan.point_s + plan.settle_s:g} s), over --max-minutes {plan.max_minutes:g}: give fewer --points, "
+            f"the sweep needs about {plan.estimated_s / 60:.1f} min ({plan.points} points of {plan.point_s:g} s "
+            f"load, its tail and {plan.settle_s:g} s settle), over --max-minutes {plan.max_minutes:g}: give fewer --points, "
             "a shorter --point-s, fewer --roles or --knobs, or a larger --max-minutes"
         )
