@@ -253,6 +253,9 @@ def power_recommendation(
             "modes": {r: row["details"]["choice"]["modes"] for r, row in rows.items()},
             "confidence": conf,
             "trust": trust,
+            "gpu_models": {
+                r: {"gpu_model": row["gpu_model"], "driver": row["driver"]} for r, row in rows.items()
+            },
         },
     }
 
