@@ -124,14 +124,16 @@ class Bounds:
             if not self.clocks_mhz:
                 raise CalibrateError(f"{self.where} has no SM clock locking; sweep --knobs power_limit only")
             lo, hi = s.sm_clock_min_mhz, s.sm_clock_max_mhz
-            if lo is None or hi is None or lo > hi:
-                raise CalibrateError(f"SM clock window [{lo}, {hi}] MHz has min > max (or a bound missing)")
-            for v in (lo, hi):
+            if lo is None or hi is None:
+                raise CalibrateError(f"SM clock window [{lo}, {hi}] MHz lacks a bound")
+            for v in (hi, lo):
                 if not self.clocks_mhz[0] <= v <= self.clocks_mhz[-1]:
                     raise CalibrateError(
                         f"SM clock {v} MHz is outside [{self.clocks_mhz[0]}, {self.clocks_mhz[-1]}] MHz of "
                         f"{self.where}: refused before trying it"
                     )
+            if lo > hi:
+                raise CalibrateError(f"SM clock window [{lo}, {hi}] MHz has min > max")
         elif s.knob != DEFAULT:
             raise CalibrateError(f"unknown knob {s.knob!r}; knobs: {', '.join(KNOBS)}")
 

@@ -135,3 +135,33 @@ def test_the_load_is_the_observed_workload_of_a_stored_window(
     assert load["source"] == "observed" and load["rate_rps"] == pytest.approx(len(trace) / duration, rel=0.15)
     assert main([*args, "--dataset", "nope", "--db", str(db)]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--eps", "2"], "--eps must be in [0, 1)"),
+        (["--point-s", "0"], "--point-s must be in [1, 3600]"),
+        (["--rate", "0"], "the load's rate must be in (0, 1000]"),
+        (["--max-minutes", "0"], "--max-minutes must be in (0, 1440]"),
+        (["--knobs", "fan"], "unknown knob 'fan'"),
+        (["--roles", "router"], "--roles router: the layout's roles are prefill, decode"),
+        (["--sm-clocks", "100"], "SM clock 100 MHz is outside [345, 1980] MHz"),
+        (["--slo-itl-ms", "-1"], "slo_itl_s must be a number > 0"),
+    ],
+)
+def test_bad_input_is_refused_naming_what_is_allowed(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["calibrate", "--simulate", LAYOUT, *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_live_stack_needs_its_control_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PHASELENS_CONTROL_TOKEN", raising=False)
+    assert main(["calibrate", "--url", "http://127.0.0.1:9"]) == 2
+    assert "control token is required" in capsys.readouterr().err
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", "--token", "t"]) == 2
+    assert "cannot reach the serving stack at http://127.0.0.1:9" in capsys.readouterr().err
