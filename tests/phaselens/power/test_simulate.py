@@ -165,3 +165,18 @@ def test_the_live_stack_needs_its_control_token(
     assert "control token is required" in capsys.readouterr().err
     assert main(["calibrate", "--url", "http://127.0.0.1:9", "--token", "t"]) == 2
     assert "cannot reach the serving stack at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_a_mixed_pool_is_judged_on_both_latencies() -> None:
+    layout = "agg:1xh200:gpu_memory_utilization=0.96"
+    roles, _ = sim_bounds(layout, "llama-3.1-70b")
+    assert list(roles) == ["mixed"]
+    plan = plan_sweep(roles, knobs=["sm_clock"], sm_clocks_mhz=[885, 345], point_s=20, settle_s=0)
+    points = simulate_sweep(layout, "llama-3.1-70b", plan, LoadSpec(rate_rps=2.0))["mixed"]["points"]
+    out = choose_modes(points, "mixed")
+    ref = out["reference"]
+    for p in points[1:]:  # the slowdown of a mixed pool is the worse of its TTFT and ITL rises
+        f = p["figures"]
+        rises = [(f[k] / ref[k] - 1) * 100 for k in ("ttft_p50_s", "itl_p50_s")]
+        assert slowdown_pct(f, ref, "mixed") == pytest.approx(max(rises))
+    assert out["cliff"]["sm_clock"] is not None  # 345 MHz slows a pool that prefills too
