@@ -15,59 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from analytics.prices import load_prices
 from analytics.recommend.records import save_recommendation
 from collector.store import Store
-from phaselens.power.choose import choose_modes
-from phaselens.power.fingerprint import Fingerprint
-from phaselens.power.load import LoadSpec
-from phaselens.power.plan import plan_sweep
-from phaselens.power.records import calibration_row, power_recommendation
-from phaselens.power.simulate import sim_bounds, simulate_sweep
 from phaselens.testing import start_collector
 from serving.loadgen import run_load
 from serving.testing import Server
 from serving.trace import poisson_trace
 from tests.conftest import stop_process
 
-from .conftest import TOKEN, at_defaults, knobs, reset_knobs
+from .conftest import TOKEN, at_defaults, knobs, power_rec, reset_knobs
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-LAYOUT = "1p1d:h200:gpu_memory_utilization=0.96"
-
-
-def power_rec(stack: Server) -> dict:
-    roles, _ = sim_bounds(LAYOUT, "llama-3.1-70b")
-    plan = plan_sweep(
-        {"decode": roles["decode"]}, knobs=["sm_clock"], sm_clocks_mhz=[1440, 885], point_s=30, settle_s=0
-    )
-    points = simulate_sweep(LAYOUT, "llama-3.1-70b", plan, LoadSpec(rate_rps=3.0))["decode"]["points"]
-    analysis = choose_modes(points, "decode")
-    row = calibration_row(
-        node="test",
-        source="simulated",
-        target=f"stack:{stack.url}",
-        fingerprint=Fingerprint("NVIDIA H200 (emulated)", "emulated", "llama-3.1-70b", "bfloat16", 1, "x"),
-        role="decode",
-        phase="decode",
-        result={"points": points, "complete": True, "workers": ["worker-1"]},
-        analysis=analysis,
-        duration_s=1.0,
-        trust=["simulated"],
-        details={},
-    )
-    before = {"worker-1": knobs(stack, "worker-1")}
-    # a loose guard: this test checks the plumbing, not the emulated latency on a loaded host
-    rec = power_recommendation(
-        node="test",
-        target=f"stack:{stack.url}",
-        rows={"decode": row},
-        mode="eff",
-        before=before,
-        prices=load_prices(),
-    )
-    rec["details"]["inputs"]["slo"] = {"ttft_s": 30.0, "tpot_s": 5.0, "target": 0.5}
-    return rec
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from serving.loadgen import run_load
 from serving.testing import Server
 from serving.trace import poisson_trace
 
-from .conftest import TOKEN, at_defaults, knobs, reset_knobs
-from .test_apply_api import power_rec
+from .conftest import TOKEN, at_defaults, knobs, power_rec, reset_knobs
 
 
 def test_a_breaching_lane_is_released_to_the_defaults(
