@@ -78,6 +78,7 @@ class WorkerHandle:
             "device": self.spec.device,
             "device_name": self.info.get("device_name"),
             "emulated": self.info.get("emulated"),
+            "fingerprint": self.info.get("fingerprint"),
             "pid": self.process.pid,
             "inflight": len(self.inflight),
             "stats": self.stats,

@@ -101,6 +101,26 @@ def worker_main(spec: WorkerSpec, conn: Connection, kv_secret: bytes) -> None:
     os._exit(code)
 
 
+def engine_fingerprint(device: Any, model: str, dtype: str) -> dict[str, Any]:
+    """What a power calibration of this worker depends on besides its GPU: the model (an emulated
+    GPU's modeled shape, in bf16 as the GPU model computes it), dtype, TP and the engine's version
+    (phaselens's; an emulated GPU adds its engine profile)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        engine_version = f"phaselens {version('phaselens')}"
+    except PackageNotFoundError:
+        engine_version = "phaselens (not installed)"
+    if device.is_emulated:
+        return {
+            "model": device.model_shape.name,
+            "dtype": "bfloat16",
+            "tp": device.tp,
+            "engine_version": f"{engine_version} / emulated {device.profile.name}",
+        }
+    return {"model": model, "dtype": dtype, "tp": 1, "engine_version": engine_version}
+
+
 class _Worker:
     def __init__(self, spec: WorkerSpec, link: _Link, kv_secret: bytes) -> None:
         import torch
@@ -157,6 +177,7 @@ class _Worker:
                 "dtype": dtype_name,
                 "engine": dataclasses.asdict(self.engine.cfg),
                 "model": self.engine.model_cfg.name,
+                "fingerprint": engine_fingerprint(self.device, self.engine.model_cfg.name, dtype_name),
             },
         )
 

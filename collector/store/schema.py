@@ -445,6 +445,40 @@ ALTER TABLE iterations ADD COLUMN flops DOUBLE;
 ALTER TABLE iterations ADD COLUMN hbm_bytes DOUBLE;
 """
 
+# Power calibrations (issue 24, phaselens/power/): one row per sweep of one role (phase) of a serving
+# stack or a simulated layout over power limits and SM-clock windows, keyed by the GPU model, its
+# driver and the engine fingerprint (model, dtype, TP, engine version; ``fingerprint`` hashes them
+# all). A row whose fingerprint no longer matches the running stack is marked ``stale`` (status, the
+# one column collector/store/updates.py may change) and never used. Every measured point is in
+# ``points``; ``reference`` is the default settings', ``cliff`` the first setting per knob where
+# latency rose beyond the noise.
+_V15_POWER_CALIBRATIONS = """
+CREATE TABLE power_calibrations (
+    calibration_id   VARCHAR NOT NULL,
+    node             VARCHAR NOT NULL,   -- the host that ran or stored it
+    ts_s             DOUBLE  NOT NULL,   -- when it ended
+    source           VARCHAR NOT NULL,   -- live | simulated
+    target           VARCHAR,            -- stack:<router URL> | sim:<layout>
+    gpu_model        VARCHAR NOT NULL,   -- the NVML name (emulated: '... (emulated)')
+    driver           VARCHAR,            -- the NVIDIA driver; emulated/simulated: the GPU model's
+    model            VARCHAR NOT NULL,   -- the served (emulated: modeled) model shape
+    dtype            VARCHAR,
+    tp               INTEGER,
+    engine_version   VARCHAR,
+    fingerprint      VARCHAR NOT NULL,   -- hash of gpu_model, driver, model, dtype, tp, engine_version
+    role             VARCHAR NOT NULL,   -- mixed | prefill | decode
+    phase            VARCHAR NOT NULL,   -- mixed | prefill | decode
+    status           VARCHAR NOT NULL,   -- current | stale | incomplete
+    duration_s       DOUBLE,             -- the sweep's wall (live) or virtual (simulated) time
+    noise_pct        DOUBLE,             -- latency noise between the two reference runs
+    reference        JSON,               -- the default settings' figures
+    cliff            JSON,               -- per knob: the first setting where latency rose
+    points           JSON    NOT NULL,   -- every setting measured: setting and figures
+    trust            JSON,               -- labels (measured | emulated | simulated, host-bound)
+    details          JSON                -- workload, load, bounds, notes
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "device and host samples, ingest errors", V1_SAMPLES),
     Migration(2, "serving telemetry: batches, iterations, requests, tokens, control, gaps", V2_TELEMETRY),
@@ -470,6 +504,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "tokens.worker: the worker that generated the token", _V12_TOKEN_WORKER),
     Migration(13, "workloads: observed and synthesized workload descriptions", _V13_WORKLOADS),
     Migration(14, "iterations flops/hbm_bytes: each iteration's work for MFU and MBU", _V14_ROOFLINE),
+    Migration(
+        15,
+        "power_calibrations: power-limit and SM-clock sweeps per GPU, engine and phase",
+        _V15_POWER_CALIBRATIONS,
+    ),
 )
 
 LATEST_VERSION: int = MIGRATIONS[-1].version

@@ -63,6 +63,7 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec("reports", "ts_s", ("report_id",), generated_id="report_id"),
         TableSpec("workloads", "ts_s", ("workload_id",), generated_id="workload_id"),
+        TableSpec("power_calibrations", "ts_s", ("calibration_id",), generated_id="calibration_id"),
         # one row per simulated scenario; its rows elsewhere have node 'sim:<scenario_id>'
         TableSpec("scenarios", "created_s", ("scenario_id",), defaults={"label": "simulated"}),
     )

@@ -1,6 +1,7 @@
-"""The few in-place updates the store allows: the status of a recommendation and the outcome of an
+"""The few in-place updates the store allows: the status of a recommendation, the outcome of an
 audited action (``actions``: planned → applied | failed | rolled_back, ``after``, ``message``,
-``rolled_back``/``rolled_back_at_s``). Every other table is append-only.
+``rolled_back``/``rolled_back_at_s``) and the status of a power calibration (current → stale when
+the stack's fingerprint no longer matches). Every other table is append-only.
 
 Each update is one transaction on the writer (:meth:`Store.transaction`: the buffered appends are
 flushed first, so a row appended a moment ago can be updated), and checks the table, the columns
@@ -18,10 +19,17 @@ from collector.store.errors import StoreError
 UPDATABLE: dict[str, tuple[str, frozenset[str]]] = {
     "recommendations": ("recommendation_id", frozenset({"status", "details"})),
     "actions": ("action_id", frozenset({"status", "after", "message", "rolled_back", "rolled_back_at_s"})),
+    "power_calibrations": ("calibration_id", frozenset({"status"})),
 }
 _JSON = {"details", "after"}
 RECOMMENDATION_STATUSES = ("proposed", "applied", "rolled_back", "dismissed", "superseded")
 ACTION_STATUSES = ("planned", "applied", "failed", "rolled_back")
+CALIBRATION_STATUSES = ("current", "stale", "incomplete")
+_STATUSES = {
+    "recommendations": RECOMMENDATION_STATUSES,
+    "actions": ACTION_STATUSES,
+    "power_calibrations": CALIBRATION_STATUSES,
+}
 
 
 def update_row(store: Any, table: str, row_id: str, values: dict[str, Any]) -> None:
@@ -35,7 +43,7 @@ def update_row(store: Any, table: str, row_id: str, values: dict[str, Any]) -> N
             f"cannot update {sorted(unknown) or 'nothing'} of {table}; allowed: {sorted(allowed)}"
         )
     status = values.get("status")
-    statuses = RECOMMENDATION_STATUSES if table == "recommendations" else ACTION_STATUSES
+    statuses = _STATUSES[table]
     if "status" in values and status not in statuses:
         raise StoreError(f"status {status!r} of {table}; allowed: {', '.join(statuses)}")
     cols = sorted(values)

@@ -13,7 +13,7 @@ not TP 1 or is for another GPU, or a stack whose layout is no longer the recomme
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from serving.sim.layout import LayoutError, parse_layout
@@ -34,15 +34,22 @@ class ApplyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One change: ``add_worker`` (of ``role``), ``set_role`` (``worker``: ``from_role`` → ``role``)
-    or ``remove_worker`` (``worker``, of ``from_role``)."""
+    """One change: ``add_worker`` (of ``role``), ``set_role`` (``worker``: ``from_role`` → ``role``),
+    ``remove_worker`` (``worker``, of ``from_role``) or ``set_device`` (``worker``'s knobs, of its
+    ``pool``: the control API body ``knobs``, whose inverse is ``from_knobs``; ``label`` in words)."""
 
     action: str
     role: str | None = None
     worker: str | None = None
     from_role: str | None = None
+    pool: str | None = None
+    knobs: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    from_knobs: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    label: str | None = None
 
     def describe(self) -> str:
+        if self.action == "set_device":
+            return f"set {self.worker}{f' ({self.pool})' if self.pool else ''} to {self.label or self.knobs}"
         if self.action == "add_worker":
             return f"add a {self.role} worker"
         if self.action == "set_role":
@@ -98,15 +105,20 @@ def stack_url_of(rec: dict[str, Any]) -> str:
     return target[len(STACK_PREFIX) :].rstrip("/")
 
 
+APPLICABLE_KINDS = ("layout", "power")
+
+
 def check_recommendation(
     rec: dict[str, Any] | None, rec_id: str, *, statuses: tuple[str, ...] = ("proposed",)
 ) -> None:
-    """Refuse what cannot be applied: no such row, not a layout, not proposed, not for the stack."""
+    """Refuse what cannot be applied: no such row, not a layout or power one, not proposed, not for
+    the stack."""
     if rec is None:
         raise ApplyError(f"no recommendation {rec_id!r}; list them with GET /api/v1/recommendations", 404)
-    if rec.get("kind") != "layout":
+    if rec.get("kind") not in APPLICABLE_KINDS:
         raise ApplyError(
-            f"recommendation {rec_id} is of kind {rec.get('kind')!r}; only 'layout' recommendations can be applied",
+            f"recommendation {rec_id} is of kind {rec.get('kind')!r}; only {' and '.join(APPLICABLE_KINDS)} "
+            "recommendations can be applied",
             409,
         )
     if rec.get("status") not in statuses:
@@ -261,4 +273,13 @@ def inverse(step: Step, added_id: str | None = None) -> Step:
         return Step("remove_worker", worker=added_id, from_role=step.role)
     if step.action == "set_role":
         return Step("set_role", role=step.from_role, worker=step.worker, from_role=step.role)
+    if step.action == "set_device":
+        return Step(
+            "set_device",
+            worker=step.worker,
+            pool=step.pool,
+            knobs=step.from_knobs,
+            from_knobs=step.knobs,
+            label="as before",
+        )
     return Step("add_worker", role=step.from_role)

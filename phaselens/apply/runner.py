@@ -43,6 +43,7 @@ from phaselens.apply.plan import (
     roles_text,
     stack_url_of,
 )
+from phaselens.apply.power import plan_power, restore_steps
 from phaselens.apply.stack import StackClient, StackError
 
 DEFAULT_SETTLE_S = 1.0
@@ -161,13 +162,18 @@ class ApplyRun:
                 f"(--serving: {', '.join(self.allowed_urls) or 'none'})",
                 409,
             )
+        o = self.options
         with StackClient(url, self.token) as stack:
             try:
                 live = stack.layout()
+                if rec.get("kind") == "power":
+                    knobs = {w["id"]: stack.device_knobs(w["id"]) for w in live.get("workers", [])}
             except StackError as e:
                 raise ApplyError(str(e), 401 if e.status == 401 else 502) from e
-        o = self.options
-        self.plan = plan = plan_for(rec, live, max_steps=o.max_steps, max_add=o.max_add)
+        if rec.get("kind") == "power":
+            self.plan = plan = plan_power(rec, live, knobs)
+        else:
+            self.plan = plan = plan_for(rec, live, max_steps=o.max_steps, max_add=o.max_add)
         slo, target = slo_of(rec.get("details"))
         self.guard = GuardSpec(o.guard_s, slo, target, o.max_error_rate, o.min_requests)
         self.trust = "emulated" if all(w.get("emulated") for w in live.get("workers", [])) else "measured"
@@ -178,7 +184,8 @@ class ApplyRun:
             "apply",
             actor=o.actor,
             target=f"stack:{url}",
-            before={"roles": plan.before, "workers": [list(w) for w in plan.workers_before]},
+            before={"roles": plan.before, "workers": [list(w) for w in plan.workers_before]}
+            | _knobs_before(plan),
             after={
                 "roles": plan.after,
                 "proposed": (rec.get("proposed") or {}).get("layout"),
@@ -296,6 +303,9 @@ class ApplyRun:
 
     def _do(self, stack: StackClient, step: Step) -> str | None:
         o = self.options
+        if step.action == "set_device":
+            stack.set_device(step.worker or "", step.knobs or {"reset": True})
+            return None
         if step.action == "add_worker":
             return str(stack.add_worker(step.role or "mixed")["id"])
         if step.action == "set_role":
@@ -449,6 +459,12 @@ def window_counters(
     return (sum(energy) if len(energy) == len(c1) else None), (lagged / iters if iters else None)
 
 
+def _knobs_before(plan: Plan) -> dict[str, Any]:
+    """The knobs a power apply changes, as they were (worker → the body that restores them)."""
+    knobs = {s.worker: s.from_knobs for s in plan.steps if s.action == "set_device" and s.worker}
+    return {"knobs": knobs} if knobs else {}
+
+
 def _after(roles: dict[str, int], step: Step) -> dict[str, int]:
     out = dict(roles)
     if step.from_role:
@@ -484,7 +500,9 @@ def execute_steps(
             message=f"{label}: {step.describe()}",
         )
         try:
-            if step.action == "add_worker":
+            if step.action == "set_device":
+                row["after"] = {"knobs": stack.set_device(step.worker or "", step.knobs or {"reset": True})}
+            elif step.action == "add_worker":
                 row["after"] = {"worker": stack.add_worker(step.role or "mixed")["id"]}
             elif step.action == "set_role":
                 stack.set_role(step.worker or "", step.role or "", options.drain_timeout_s)
@@ -531,7 +549,7 @@ def rollback_apply(
             workers = live_workers(stack.layout())
         except StackError as e:
             raise ApplyError(str(e), 401 if e.status == 401 else 502) from e
-        steps = plan_steps(workers, before, max_steps=o.max_steps, max_add=o.max_add)
+        steps = plan_steps(workers, before, max_steps=o.max_steps, max_add=o.max_add) + restore_steps(header)
         ok, failures = execute_steps(audit, stack, steps, rec_id, o, None, "rollback")
         roles = roles_now(stack) if ok else None
     now = time.time()
@@ -540,7 +558,7 @@ def rollback_apply(
             r["status"] == "applied"
             and not r["dry_run"]
             and r["ts_s"] >= header["ts_s"]
-            and r["action"] in ("apply", "add_worker", "set_role", "remove_worker")
+            and r["action"] in ("apply", "add_worker", "set_role", "remove_worker", "set_device")
             and not (r["message"] or "").startswith("rollback")
         ):
             audit.update(r["action_id"], status="rolled_back", rolled_back=True, rolled_back_at_s=now)

@@ -90,6 +90,16 @@ class StackClient:
         """Drain ``worker_id`` and stop it; the layout after."""
         return self._call("DELETE", f"/control/workers/{worker_id}", params={"timeout_s": drain_timeout_s})
 
+    def device_knobs(self, worker_id: str) -> dict[str, Any]:
+        """``GET /control/workers/{id}/device``: the knobs now and their bounds (``Device.knobs``)."""
+        return self._call("GET", f"/control/workers/{worker_id}/device")
+
+    def set_device(self, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /control/workers/{id}/device`` (``power_limit_w``, ``sm_clock_min_mhz``/``max``,
+        ``reset``); the knobs after. The device refuses what is outside its bounds (400) and a GPU
+        without root refuses any change (403)."""
+        return self._call("POST", f"/control/workers/{worker_id}/device", json=body)
+
     # -- what the guard reads ----------------------------------------------------------------------
 
     def request_events(self) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import sys
 
 from phaselens.cli.analyze import add_analyze_command
 from phaselens.cli.apply import add_apply_commands
+from phaselens.cli.calibrate import add_calibrate_command
 from phaselens.cli.collect import add_collect_command
 from phaselens.cli.demo import add_demo_command
 from phaselens.cli.export import add_export_command
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_command(sub)
     add_demo_command(sub)
     add_apply_commands(sub)  # apply, rollback
+    add_calibrate_command(sub)
     return parser
 
 

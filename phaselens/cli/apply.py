@@ -65,6 +65,17 @@ def add_apply_commands(sub: Any) -> None:
     )
     _where(r)
     r.set_defaults(func=cmd_rollback)
+    g = sub.add_parser(
+        "power-guard",
+        help="watch an applied power recommendation's lanes; release a lane's knob when it breaches its SLO",
+    )
+    g.add_argument("recommendation_id", metavar="ID", help="an applied power recommendation")
+    g.add_argument("--db", required=True, help="the store file holding it (the audit rows go there)")
+    g.add_argument("--token", default=None, help=TOKEN_HELP)
+    g.add_argument("--window-s", type=float, default=30.0, help="judge each lane over this window, s (30)")
+    g.add_argument("--for-s", type=float, default=None, help="watch this long (default: until interrupted)")
+    g.add_argument("--once", action="store_true", help="judge the last window once and exit")
+    g.set_defaults(func=cmd_power_guard)
 
 
 def _where(p: argparse.ArgumentParser) -> None:
@@ -278,3 +289,51 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             f"{out['outcome']}: the stack has {roles_text(roles) if roles else 'an unknown layout'} (audited as {out['action_id']})"
         )
     return 0 if out["outcome"] == "rolled_back" else 1
+
+
+def cmd_power_guard(args: argparse.Namespace) -> int:
+    """Judge the lanes every window (phaselens/apply/power_guard.py); 0 while all pass, 1 once a lane
+    was released, 2 refused."""
+    from phaselens.apply.audit import Audit
+    from phaselens.apply.plan import ApplyError
+    from phaselens.apply.power_guard import PowerGuard
+
+    token = _token(args)
+    if not token:
+        return _fail(
+            "power-guard",
+            "the stack's control token is required: pass --token TOKEN or set $PHASELENS_CONTROL_TOKEN",
+        )
+    released = False
+    try:
+        store = _open_store(args.db)
+        try:
+            guard = PowerGuard(
+                Audit(store, socket.gethostname()), args.recommendation_id, token, window_s=args.window_s
+            )
+            end = None if args.for_s is None else time.monotonic() + args.for_s
+            try:
+                while True:
+                    if not args.once:
+                        time.sleep(args.window_s)
+                    for v in guard.check():
+                        state = (
+                            "passed"
+                            if v["passed"]
+                            else "BREACH: knob released"
+                            if v.get("released")
+                            else "BREACH"
+                        )
+                        print(f"{v['role']} ({', '.join(v['workers'])}): {state}: {v['why']}", flush=True)
+                        released = released or bool(v.get("released"))
+                    if args.once or (end is not None and time.monotonic() >= end):
+                        break
+            except KeyboardInterrupt:
+                pass
+            finally:
+                guard.close()
+        finally:
+            store.close()
+    except ApplyError as e:
+        return _fail("power-guard", str(e))
+    return 1 if released else 0

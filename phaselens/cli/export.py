@@ -35,7 +35,12 @@ def add_export_command(sub: Any) -> None:
         default=None,
         help="phaselens shape (llama-3.1-70b, ...) or Hugging Face id (with --layout)",
     )
-    p.add_argument("--format", required=True, choices=sorted(FORMATS), help="the manifest to write")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=[*sorted(FORMATS), "nvidia-smi"],
+        help="the manifest to write (nvidia-smi: a power recommendation as a script per node and role)",
+    )
     p.add_argument("--out", default=None, metavar="FILE", help="write here instead of standard output")
     p.add_argument("--namespace", default=None, help="the Kubernetes namespace to put in the manifest")
     p.add_argument(
@@ -95,6 +100,8 @@ def _export(args: Any) -> tuple[str, str]:
     }
     if args.recommendation_id and args.layout:
         raise ExportError("give a recommendation ID or --layout, not both")
+    if args.format == "nvidia-smi":
+        return _power_script(args)
     if args.recommendation_id:
         rec = _recommendation(args)
         spec = spec_from_recommendation(rec, model=args.model, **options)
@@ -124,6 +131,23 @@ def _export(args: Any) -> tuple[str, str]:
         + (f"; validated against {args.validate}" if args.validate else "")
     )
     return to_yaml(doc, comment), summary
+
+
+def _power_script(args: Any) -> tuple[str, str]:
+    """A power recommendation as an nvidia-smi script (phaselens.export.nvidia_smi)."""
+    from phaselens.export.nvidia_smi import power_script
+
+    if not args.recommendation_id:
+        raise ExportError("--format nvidia-smi exports a stored power recommendation: give its ID")
+    rec = _recommendation(args)
+    details = rec.get("details") or {}
+    if isinstance(details, str):
+        import json
+
+        details = json.loads(details)
+    models = {r: c.get("gpu_model") for r, c in (details.get("gpu_models") or {}).items()}
+    text = power_script(rec, models)
+    return text, f"nvidia-smi script of recommendation {args.recommendation_id}"
 
 
 def _recommendation(args: Any) -> dict[str, Any]:

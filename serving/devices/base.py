@@ -193,13 +193,27 @@ class Device(ABC):
         """Unlock the SM clocks."""
         raise self._unsupported("SM clock locking")
 
+    def _gpu_name(self) -> str:
+        """The GPU's name as NVML reports it (an emulated one's ends in ``(emulated)``)."""
+        return getattr(self, "_name", None) or getattr(self, "name", None) or self.snapshot().name
+
+    def driver_version(self) -> str | None:
+        """The driver that runs the device (NVML's system driver version); ``None`` where there is none."""
+        return None
+
     def knobs(self) -> dict[str, Any]:
-        """Return current knob values and bounds as a JSON-able dict; ``None`` where unsupported."""
+        """Return current knob values and bounds as a JSON-able dict; ``None`` where unsupported.
+
+        ``supported_sm_clocks_mhz`` lists every settable SM clock (a calibration sweep picks its
+        clock windows from it, so it never tries one the device would refuse); ``gpu_name`` and
+        ``driver_version`` identify what a calibration was measured on."""
         constraints = _or_none(self.power_limit_constraints_w)
         supported = _or_none(self.supported_sm_clocks_mhz) or None
         locked = _or_none(self.sm_clock_range_mhz)
         return {
             "device": self.spec,
+            "gpu_name": None if self.kind == "cpu" else self._gpu_name(),
+            "driver_version": self.driver_version(),
             "emulated": self.is_emulated,
             "power_limit_w": _or_none(self.power_limit_w),
             "power_limit_min_w": constraints.min_w if constraints else None,
@@ -209,6 +223,7 @@ class Device(ABC):
             "locked_sm_clock_max_mhz": locked[1] if locked else None,
             "supported_sm_clock_min_mhz": supported[0] if supported else None,
             "supported_sm_clock_max_mhz": supported[-1] if supported else None,
+            "supported_sm_clocks_mhz": list(supported) if supported else None,
         }
 
     # --- lifecycle and engine hook -------------------------------------------------------------

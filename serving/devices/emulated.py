@@ -676,6 +676,10 @@ class EmulatedDevice(Device):
 
     # --- knobs (bounds, validation and messages as on the NVML path) ----------------------------
 
+    def driver_version(self) -> str:
+        """No driver: the GPU model stands in for one (``emulated``)."""
+        return "emulated"
+
     def power_limit_constraints_w(self) -> PowerLimitConstraints:
         g = self._gpu
         return PowerLimitConstraints(min_w=g.min_power_limit_w, max_w=g.tdp_w, default_w=g.tdp_w)

@@ -256,6 +256,11 @@ class NvmlDevice(CudaIndexDevice):
 
     # --- knobs ---------------------------------------------------------------------------------
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver version (``nvmlSystemGetDriverVersion``), ``None`` when NVML has none."""
+        fn = getattr(self._nvml, "nvmlSystemGetDriverVersion", None)
+        return None if fn is None else _text(self._call(fn))
+
     def power_limit_constraints_w(self) -> PowerLimitConstraints:
         n, h = self._nvml, self._handle
         min_mw, max_mw = self._call(n.nvmlDeviceGetPowerManagementLimitConstraints, h, optional=False)

@@ -81,7 +81,7 @@ def test_one_mixed_worker_to_1p1d_never_strands_the_pool() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"kind": "power_limit"}, "only 'layout'"),
+        ({"kind": "power_limit"}, "only layout and power"),
         ({"status": "applied"}, "only a proposed"),
         ({"target": "fleet:prod"}, "not the bundled stack"),
     ],

@@ -167,6 +167,11 @@ class FakeNvml:
 
     # --- identity and telemetry ----------------------------------------------------------------
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        if self.init_refs <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return "570.133.20"
+
     def nvmlDeviceGetName(self, h: FakeGpu) -> str:
         return self._use(h, "nvmlDeviceGetName").name
 

@@ -649,6 +649,8 @@ def test_sm_clock_knob_bounds_and_errors_like_nvml(fake: FakeTime) -> None:
     knobs = dev.knobs()
     assert knobs == {
         "device": "emulated:h200",
+        "gpu_name": "NVIDIA H200 (emulated)",
+        "driver_version": "emulated",
         "emulated": True,
         "power_limit_w": 700.0,
         "power_limit_min_w": 200.0,
@@ -658,6 +660,7 @@ def test_sm_clock_knob_bounds_and_errors_like_nvml(fake: FakeTime) -> None:
         "locked_sm_clock_max_mhz": 990,
         "supported_sm_clock_min_mhz": 345,
         "supported_sm_clock_max_mhz": 1980,
+        "supported_sm_clocks_mhz": list(range(345, 1981, 15)),
     }
     s = dev.snapshot()
     assert (s.locked_sm_clock_min_mhz, s.locked_sm_clock_max_mhz, s.sm_clock_mhz) == (990, 990, 990)

@@ -162,6 +162,8 @@ def test_knobs_is_json_and_unsupported_knobs_read_as_none(h100_gpm: FakeNvml) ->
     knobs = NvmlDevice(0, nvml=h100_gpm).knobs()
     json.dumps(knobs)
     assert knobs["power_limit_min_w"] == 200.0 and knobs["supported_sm_clock_max_mhz"] == 1980
+    assert knobs["driver_version"] == "570.133.20" and knobs["supported_sm_clocks_mhz"][-1] == 1980
+    assert knobs["gpu_name"] == NvmlDevice(0, nvml=h100_gpm).snapshot().name
     gpu.unsupported |= {"nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetPowerManagementLimit"}
     knobs = NvmlDevice(0, nvml=h100_gpm).knobs()
     assert knobs["power_limit_w"] is None and knobs["power_limit_max_w"] is None
