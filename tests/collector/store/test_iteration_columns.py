@@ -151,9 +151,10 @@ def test_a_batch_with_a_refused_value_goes_event_by_event(
 
 # SHA-256 of each table's rows (repr of the ordered tuples) for the first 60 s of the vendored
 # conversation trace on 1p1d:h100-sxm:tp2, written event by event by main at 4fe3ef3; re-recorded event
-# by event (columnar=False, the same digests) for the GPU model v3 timing (issue 23: vllm profile refit)
+# by event (columnar=False, the same digests) for the GPU model v3 timing (issue 23: vllm profile refit);
+# iterations again for the power model and the roofline columns flops/hbm_bytes (store version 14)
 RECORDED_TABLES = {
-    "iterations": (5798, "e5614ea7b4d4cf52bcbf0fd9d49f3678694bd6da7538e7fef6e5ce663c9eaea8"),
+    "iterations": (5798, "04268d34b65ddebae6c05a14bb5be607b9e701cda15282ccd301451c2935e3b2"),
     "requests": (191, "a69cd191460bda382af56cd71c2c4ebf9cda2faa004510d8b3a4dc953d44b4c3"),
     "tokens": (44229, "ed31e1f73a7339804b7e85897c13ce63aac1570385e0b0f39d91d0c823f5c3eb"),
     "telemetry_batches": (4, "e9c0e3fb613f89578cd6b355137cc2eca16576d3434a42e94f8de047f696eb00"),

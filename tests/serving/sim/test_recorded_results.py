@@ -16,16 +16,18 @@ from serving.trace import load_azure_trace, vendored_trace_path
 # SHA-256 of every batch (json, sorted keys) and of every request's (id, arrival, token times,
 # finish), recorded on main at 4fe3ef3 for the first 120 s of the vendored conversation trace;
 # re-recorded for the GPU model v3 timing (issue 23: the vllm profile refitted on its six rows, step
-# 0.977 -> 1.22 ms, all-reduce overhead 6.3 -> 9.4 us; the A100 GEMM efficiency 0.75 -> 0.71)
+# 0.977 -> 1.22 ms, all-reduce overhead 6.3 -> 9.4 us; the A100 GEMM efficiency 0.75 -> 0.71); the
+# telemetry re-recorded again for the power model (a collective's power) and the roofline (flops,
+# hbm_bytes, activities from SM fills) of issue 23 -- the latencies digest unchanged by those
 RECORDED = {
     "agg:8xh100-sxm:tp2": (
         14652,
-        "db7342fc0d1b98cea4d3eae01305e67d2dbe0b70828e8cf28da27ef003dce75e",
+        "65f547abd3903c6fe2fc64922887680d92d67973d78fc35dfc8d5eecf8bf9d9e",
         "15f8559fe5d2587df3cc1a20c8924b2220ed001c3b46461d9f6e36d7893e10a3",
     ),
     "1p1d:h100-sxm:tp2": (
         6194,
-        "6b3fceca5eb413cdc25c5e0ca33bb60de77e40c58864b649d68552c0a73ff39f",
+        "d0ea29ff207b476fed608be4ac985521a6c84f54af63e15ed504df6780c54a69",
         "cf38bdda30900b01d5ce9f52566568c859b29c7fe96911019c5cfc77cf3d08fb",
     ),
 }
