@@ -329,9 +329,14 @@ def test_simulated_reconciliation(sim, layout, bucket_s):
     for _, g in sp.per_gpu.iterrows():
         assert sum(g[f"frac_{c}"] for c in CATEGORIES) == pytest.approx(1.0, abs=1e-9)
         assert sum(g[f"energy_{c}_j"] for c in CATEGORIES) == pytest.approx(g["energy_j"], rel=1e-6)
-    # the decode GPU's time is mostly stranded compute; the GPU model reports a prefill's SMs busier
-    dec = sp.per_pool.set_index("role").loc["mixed" if layout == "agg" else "decode"]
-    assert dec["frac_stranded_compute"] > 0.4
+    # the decode GPU's time is largely stranded compute. This split prices it by SM activity, which the
+    # GPU model v3 derives from the SMs a kernel fills (decode ~50-60 %, was a constant 25 %), so the
+    # figure sits near 0.4 where the roofline's decode time x (1 - MFU) is above 0.9 (analytics/roofline)
+    pools = sp.per_pool.set_index("role")
+    dec = pools.loc["mixed" if layout == "agg" else "decode"]
+    assert dec["frac_stranded_compute"] > 0.3
+    if layout == "1p1d":
+        assert dec["frac_stranded_compute"] > pools.loc["prefill", "frac_stranded_compute"]
 
 
 @pytest.mark.parametrize("min_busy_frac", [0.0, 0.5])
