@@ -178,10 +178,10 @@ def stop_after_last_use(name: str, stop: Callable[[], object]) -> None:
     _STOPPERS[name] = stop
 
 
-# Under pytest-xdist (scripts/test.sh: ``-n 2 --dist loadgroup``) each test file runs whole on one
-# worker (its module fixtures start once), and the files that share one of these session fixtures run
-# together on one worker: the fixture starts once, and its last user (stop_after_last_use) is the last
-# test on that worker that uses it.
+# Under pytest-xdist (``pytest -n 2 --dist loadgroup``, opt-in; scripts/test.sh runs serially) each
+# test file runs whole on one worker (its module fixtures start once), and the files that share one of
+# these session fixtures run together on one worker: the fixture starts once, and its last user
+# (stop_after_last_use) is the last test on that worker that uses it.
 SHARED_SESSION_FIXTURES = ("demo", "fleet", "simulated")
 
 
