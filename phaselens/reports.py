@@ -3,8 +3,11 @@ JavaScript inlined, readable offline, no CDN) plus its JSON, stored in the ``rep
 
 Scheduled reports run inside ``phaselens collect`` (APScheduler 3.x ``BackgroundScheduler``):
 ``hourly`` (``0 * * * *``) and ``daily`` (``0 6 * * *``) by default, cron syntax in UTC, set with
-``--report-schedule NAME=CRON`` (repeatable; ``--report-schedule off``: none). A run covers the
-period before it (from the schedule's previous fire time to this one) of the live data.
+``--report-schedule NAME=CRON`` (repeatable; ``--report-schedule off``: none). CRON has five fields
+(minute hour day-of-month month day-of-week, APScheduler's ``CronTrigger.from_crontab``) or six with a
+seconds field first (``*/30 * * * * *``: every 30 s; the fields are APScheduler's ``CronTrigger``
+``second``, ``minute``, ``hour``, ``day``, ``month``, ``day_of_week``). A run covers the period before
+it (from the schedule's previous fire time to this one) of the live data.
 
 Misfire policy: ``coalesce=True`` (runs missed in a row become one run) and
 ``misfire_grace_time`` = a quarter of the schedule's period (15 min for hourly, 6 h for daily): a
@@ -103,9 +106,25 @@ class ReportSchedule:
     cron: str
 
     def trigger(self) -> Any:
+        """The APScheduler trigger: five cron fields, or six with seconds first (ValueError else)."""
         from apscheduler.triggers.cron import CronTrigger
 
-        return CronTrigger.from_crontab(self.cron, timezone=UTC)
+        fields = self.cron.split()
+        if len(fields) == 5:
+            return CronTrigger.from_crontab(self.cron, timezone=UTC)
+        if len(fields) != 6:
+            raise ValueError(f"{len(fields)} fields, expected 5 or 6")
+        second, minute, hour, day, month, day_of_week = fields
+        # the same field meanings as from_crontab (APScheduler 3.x: day-of-week 0 is Monday), a second before
+        return CronTrigger(
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=day_of_week,
+            timezone=UTC,
+        )
 
     def period_s(self, at_s: float) -> float:
         """The schedule's period around ``at_s``: from its fire time at or after ``at_s`` to the next."""
@@ -119,22 +138,24 @@ class ReportSchedule:
         """The misfire grace time: a quarter of the period (at least a minute)."""
         return max(60.0, self.period_s(time.time()) / 4)
 
-    def fire_times_s(self, after_s: float, until_s: float) -> list[float]:
-        """Fire times in ``(after_s, until_s]``, oldest first."""
+    def fire_times_s(self, after_s: float, until_s: float, limit: int | None = None) -> list[float]:
+        """Fire times in ``(after_s, until_s]``, oldest first (the first ``limit`` of them, if given)."""
         trig = self.trigger()
         out: list[float] = []
         prev = None
         now = datetime.fromtimestamp(after_s + 1e-3, UTC)
-        while True:
+        while limit is None or len(out) < limit:
             nxt = trig.get_next_fire_time(prev, now)
             if nxt is None or nxt.timestamp() > until_s:
                 return out
             out.append(nxt.timestamp())
             prev, now = nxt, nxt
+        return out
 
 
 def parse_schedule(text: str) -> ReportSchedule:
-    """``NAME=CRON`` (five fields, UTC) → a schedule; ReportError naming the problem."""
+    """``NAME=CRON`` (five fields, or six with seconds first; UTC) → a schedule; ReportError naming
+    the problem."""
     name, sep, cron = text.partition("=")
     name, cron = name.strip(), cron.strip()
     if not sep or not name or not cron:
@@ -147,7 +168,10 @@ def parse_schedule(text: str) -> ReportSchedule:
     try:
         schedule.trigger()
     except ValueError as e:
-        raise ReportError(f"report schedule {name!r}: {cron!r} is not a 5-field cron expression: {e}") from e
+        raise ReportError(
+            f"report schedule {name!r}: {cron!r} is not a 5-field cron expression "
+            f"(minute hour day month weekday), nor a 6-field one with seconds first: {e}"
+        ) from e
     return schedule
 
 
@@ -430,19 +454,23 @@ class ReportScheduler:
         last = row[0] if row else None
         if last is None:
             return None  # never ran here: nothing was missed
-        fires = schedule.fire_times_s(float(last), now_s)
-        if not fires:
-            return None
-        latest = fires[-1]  # coalesce: the missed runs become one, for the latest
-        if now_s - latest > schedule.grace_s():
+        grace = schedule.grace_s()
+        # coalesce: the missed runs become one, for the latest; only fire times within the grace time
+        # are listed (a seconds schedule down for a week has 600,000 fire times since its last run)
+        recent = [
+            f for f in schedule.fire_times_s(max(float(last), now_s - grace - 1), now_s) if now_s - f <= grace
+        ]
+        if recent:
+            return recent[-1]
+        missed = schedule.fire_times_s(float(last), now_s, limit=1)
+        if missed:
             log.warning(
-                "%s report of %s UTC missed by more than its grace time (%.0f s): skipped",
+                "%s report missed since %s UTC by more than its grace time (%.0f s): skipped",
                 schedule.name,
-                _utc(latest),
-                schedule.grace_s(),
+                _utc(missed[0]),
+                grace,
             )
-            return None
-        return latest
+        return None
 
     def _scheduled(self, schedule: ReportSchedule, fire_s: float | None = None) -> None:
         end = fire_s if fire_s is not None else time.time()

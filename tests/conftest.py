@@ -178,6 +178,31 @@ def stop_after_last_use(name: str, stop: Callable[[], object]) -> None:
     _STOPPERS[name] = stop
 
 
+# Under pytest-xdist (``pytest -n 2 --dist loadgroup``, opt-in; scripts/test.sh runs serially) each
+# test file runs whole on one worker (its module fixtures start once), and the files that share one of
+# these session fixtures run together on one worker: the fixture starts once, and its last user
+# (stop_after_last_use) is the last test on that worker that uses it.
+SHARED_SESSION_FIXTURES = ("demo", "fleet", "simulated")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test in an ``xdist_group``: its file's, or that of the files sharing its session fixture."""
+    group: dict[str, str] = {}  # file -> group name (union of files sharing a session fixture)
+
+    def find(f: str) -> str:
+        while group.get(f, f) != f:
+            f = group[f]
+        return f
+
+    files = [item.nodeid.split("::", 1)[0] for item in items]
+    for name in SHARED_SESSION_FIXTURES:
+        users = sorted({f for f, item in zip(files, items, strict=True) if name in item.fixturenames})
+        for f in users[1:]:
+            group[find(f)] = find(users[0])
+    for f, item in zip(files, items, strict=True):
+        item.add_marker(pytest.mark.xdist_group(find(f)))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         for name in getattr(item, "fixturenames", ()):

@@ -134,7 +134,8 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME=CRON",
-        help="a scheduled efficiency report, cron syntax in UTC (repeatable; default: 'hourly=0 * * * *' "
+        help="a scheduled efficiency report, cron syntax in UTC: five fields, or six with seconds first "
+        "('often=*/30 * * * * *') (repeatable; default: 'hourly=0 * * * *' "
         "and 'daily=0 6 * * *'; 'off': none). Misfire policy: docs in phaselens/reports.py",
     )
     p.add_argument(

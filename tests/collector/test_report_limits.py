@@ -36,7 +36,9 @@ def _reports(url: str) -> dict:
 
 @pytest.mark.timeout(240)
 def test_a_flood_of_manual_reports_is_bounded_pruned_oldest_first_counted_and_rate_limited(tmp_path):
-    args = ("--report-schedule", "minutely=* * * * *", "--report-max-count", "3")
+    # every 5 s (a seconds field first): the scheduled run comes within seconds of the flood, not at the
+    # next whole minute
+    args = ("--report-schedule", "every5s=*/5 * * * * *", "--report-max-count", "3")
     with _collector(
         tmp_path / "flood.duckdb", *args, "--report-burst", "6", "--report-rate-per-min", "0.01"
     ) as url:
@@ -69,7 +71,7 @@ def test_a_flood_of_manual_reports_is_bounded_pruned_oldest_first_counted_and_ra
         deadline = time.monotonic() + 90
         scheduled: list[dict] = []
         while time.monotonic() < deadline and not scheduled:
-            listed = httpx.get(f"{url}/api/v1/reports", params={"kind": "minutely"}, timeout=30).json()[
+            listed = httpx.get(f"{url}/api/v1/reports", params={"kind": "every5s"}, timeout=30).json()[
                 "reports"
             ]
             scheduled = [r for r in listed if r["end_s"] >= refused_at - 1]

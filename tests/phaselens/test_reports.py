@@ -90,6 +90,42 @@ def test_misfire_policy_coalesces_runs_missed_while_down_within_the_grace_time(t
     store.close()
 
 
+def test_schedules_take_an_optional_seconds_field_first():
+    every_20s = parse_schedule("often=*/20 * * * * *")
+    assert every_20s.period_s(_ts("2026-12-01 10:00:05")) == 20
+    assert every_20s.grace_s() == 60  # a quarter of 20 s, but at least a minute
+    assert every_20s.fire_times_s(_ts("2026-12-01 10:00"), _ts("2026-12-01 10:01")) == [
+        _ts("2026-12-01 10:00:20"),
+        _ts("2026-12-01 10:00:40"),
+        _ts("2026-12-01 10:01"),
+    ]
+    # six fields: seconds first, then the five crontab fields with the same meanings
+    assert parse_schedule("h=30 0 * * * *").fire_times_s(
+        _ts("2026-12-01 10:00"), _ts("2026-12-01 12:00")
+    ) == [
+        _ts("2026-12-01 10:00:30"),
+        _ts("2026-12-01 11:00:30"),
+    ]
+    with pytest.raises(ReportError, match=r"'61 \* \* \* \* \*' is not a 5-field.*6-field.*seconds first"):
+        parse_schedule("s=61 * * * * *")
+    with pytest.raises(ReportError, match="7 fields, expected 5 or 6"):
+        parse_schedule("s=* * * * * * *")
+
+
+def test_a_seconds_schedule_down_for_a_week_catches_up_once_for_its_latest_fire_time(tmp_path):
+    store = Store.open(tmp_path / "s.duckdb")
+    sched = ReportScheduler([parse_schedule("often=*/10 * * * * *")], store, "n", write=lambda job: None)
+    often = sched.schedules[0]
+    store.append("reports", [{"node": "n", "ts_s": _ts("2026-12-01 10:00:00.2"), "kind": "often"}])
+    store.flush()
+    assert sched.missed_fire_s(often, _ts("2026-12-01 10:00:05")) is None  # nothing due since
+    assert sched.missed_fire_s(often, _ts("2026-12-01 10:00:25")) == _ts("2026-12-01 10:00:20")
+    # a week later (60,480 fire times since the last run): the latest, within the one-minute grace
+    assert sched.missed_fire_s(often, _ts("2026-12-08 10:00:05")) == _ts("2026-12-08 10:00")
+    assert sched.missed_fire_s(often, _ts("2026-12-08 10:01:00")) == _ts("2026-12-08 10:01")
+    store.close()
+
+
 def test_the_page_escapes_folds_the_tables_and_embeds_the_json():
     page = render_html(SUMMARY, title="Hourly <report>", start_s=1_796_000_000.0, end_s=1_796_003_600.0)
     assert "<script src" not in page and PLOTLY_MARKER not in page  # no chart here: no script at all
