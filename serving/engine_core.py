@@ -91,6 +91,7 @@ class Execution:
     lag_s: float | None = None
     extra: dict[str, Any] | None = None  # iteration-event fields beyond the live engine's (host_s, tp)
     estimate: Any = None  # a timing executor's IterationEstimate (the simulator's busy intervals)
+    busy: Any = None  # and what the simulator's busy intervals keep of it (sim.records.busy_values)
 
 
 class Executor(Protocol):

@@ -494,7 +494,10 @@ class Simulation:
                 if state is not None:
                     state.preemptions += 1
         replica.intervals.add(
-            end - est.busy_s, end, est, tally.context_tokens * self._kv_bytes_per_token // pool.tp
+            end - est.busy_s,
+            end,
+            execution.busy,
+            tally.context_tokens * self._kv_bytes_per_token // pool.tp,
         )
         replica.busy = True
         replica.iterations += 1
