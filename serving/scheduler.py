@@ -48,13 +48,17 @@ class IterationTally(NamedTuple):
     sampled_seqs: int  # sequences that sample a token (their prompt or chunk is complete)
 
 
+_new_tuple = tuple.__new__
+
+
 class SchedulerOutput:
     """The sequences of an iteration and their new tokens (``seqs[i]`` runs ``num_new[i]``), the
     sequences preempted to make room, and the iteration's tally. ``items`` is the same as
     :class:`ScheduledSeq` objects (the live engine's model input reads those; the simulator's
-    per-token loops read the two lists)."""
+    per-token loops read the two lists). The first ``decodes`` sequences are decode steps (one new
+    token each, past their prompt), as :meth:`Scheduler.schedule` orders them; 0 when not known."""
 
-    __slots__ = ("num_new", "preempted", "seqs", "work")
+    __slots__ = ("decodes", "num_new", "preempted", "seqs", "work")
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class SchedulerOutput:
         self.num_new: list[int] = [i.num_new_tokens for i in items] if items else []
         self.preempted: list[Sequence] = [] if preempted is None else preempted
         self.work = work  # the tally, counted by `Scheduler.schedule` as it chose
+        self.decodes = 0
 
     @property
     def items(self) -> list[ScheduledSeq]:
@@ -176,28 +181,25 @@ class Scheduler:
         """Choose the sequences and token counts of the next iteration, and tally its work.
 
         Hot in the simulator (once per simulated iteration): sequence state is read from its fields
-        rather than through properties, and a decode looks for a block only when it crosses into a
-        new one.
+        rather than through properties, the decodes take one pass over ``running`` and leave their
+        counts to the end, and a decode looks for a block only when it crosses into a new one.
         """
         out = SchedulerOutput()
-        items, news = out.seqs, out.num_new
+        items = out.seqs
         budget = self.cfg.max_num_batched_tokens
         blocks, running_status = self.blocks, SeqStatus.RUNNING
         block_size = blocks.block_size
-        prefill = decode = context = pairs = sampled = 0
-        decodes: list[Sequence] = []
+        prefill = context = pairs = sampled = 0
         chunks: list[Sequence] = []  # running sequences part-way through a (chunked) prompt
+        # Decodes first, in running order: each needs one token and possibly one more block. A
+        # preemption pops the tail of ``running``, which this pass then never reaches (or the
+        # sequence itself, which ends it); the chunks are kept for after.
         for seq in self.running:
-            computed, n = seq.num_computed, len(seq.token_ids)
+            n = len(seq.token_ids)
+            computed = seq.num_computed
             if computed < n - 1 or computed < seq.num_prompt_tokens:  # Sequence.in_prefill
                 chunks.append(seq)
-            else:
-                decodes.append(seq)
-        # Decodes first: each needs one token and possibly one more block.
-        for seq in decodes:
-            if seq.status is not running_status:  # preempted below to make room for an earlier one
                 continue
-            n = len(seq.token_ids)
             if n > len(seq.block_table) * block_size:  # crosses into a new block
                 while not blocks.can_grow(seq, n):
                     if self._preempt_last(out) is seq:
@@ -208,12 +210,13 @@ class Scheduler:
             elif budget < 1:
                 continue
             items.append(seq)
-            news.append(1)
             budget -= 1
-            decode += 1
             context += n
-            pairs += n
-            sampled += 1
+        # each decode: one new token, attending its n tokens, and sampling one
+        decode = out.decodes = len(items)
+        news = out.num_new = [1] * decode
+        pairs = context
+        sampled = decode
         # Running sequences part-way through a chunked prompt.
         for seq in chunks:
             if budget <= 0:
@@ -262,7 +265,8 @@ class Scheduler:
                 prefill += n
             else:
                 decode += 1
-        out.work = IterationTally(
-            _phase(prefill, decode), prefill, decode, context, len(items), pairs, sampled
+        # tuple.__new__ straight: the NamedTuple's own __new__ is a Python call (once per iteration)
+        out.work = _new_tuple(
+            IterationTally, (_phase(prefill, decode), prefill, decode, context, len(items), pairs, sampled)
         )
         return out

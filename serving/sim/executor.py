@@ -27,6 +27,7 @@ from serving.devices.gpu_specs import GpuSpec
 from serving.engine_core import Batch, Execution
 from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
+from serving.sim.records import busy_values
 
 CACHE_ENTRIES = 250_000  # estimates kept per executor (a pool's replicas share one; ~0.4 kB each)
 CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
@@ -79,19 +80,21 @@ class GpuModelExecutor:
         self.iteration_model = iteration_model
         self.context_bits = context_bits
         self.dtype = dtype
-        self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any]]] = {}
+        # per work: the estimate, the event's extra fields, the busy intervals' values
+        self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any], tuple[Any, ...]]] = {}
         self.hits = self.misses = 0
 
     def estimate(self, work: IterationTally) -> Any:
         """The estimate of an iteration of ``work`` (cached: the GPU model is deterministic)."""
         return self._entry(work)[0]
 
-    def _entry(self, work: IterationTally) -> tuple[Any, dict[str, Any]]:
-        """The estimate of ``work`` and its iteration-event fields beyond the live engine's (one
-        dict per cache entry, shared by the executions it times: read, never changed)."""
+    def _entry(self, work: IterationTally) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
+        """The estimate of ``work``, its iteration-event fields beyond the live engine's and its
+        busy-interval values (:func:`~serving.sim.records.busy_values`); one dict and one tuple per
+        cache entry, shared by the executions it times: read, never changed."""
         if self.iteration_model is not None:  # may be random (jittered): never cached
             est = self.iteration_model(IterationWork(*work), self.pool)
-            return est, {"host_s": est.host_s, "tp": self.pool.tp}
+            return est, {"host_s": est.host_s, "tp": self.pool.tp}, busy_values(est)
         bits = self.context_bits
         if bits is None:
             key = work
@@ -117,16 +120,24 @@ class GpuModelExecutor:
             profile=self.profile,
             dtype=self.dtype,
         )
-        entry = (est, {"host_s": est.host_s, "tp": pool.tp})
+        entry = (est, {"host_s": est.host_s, "tp": pool.tp}, busy_values(est))
         if len(self._cache) < CACHE_ENTRIES:
             self._cache[key] = entry
         return entry
 
     def execute(self, batch: Batch) -> Execution:
         """The batch's execution in virtual time: it ends ``time_s`` after it starts."""
-        est, extra = self._entry(batch.work)
+        work = batch.work
+        # The cache's keys are the counts the model saw: an exact work found there is its own key
+        # (with ``context_bits``, a key is the rounding of itself), so a hit needs no key built.
+        entry = self._cache.get(work)
+        if entry is None:
+            entry = self._entry(work)
+        else:
+            self.hits += 1
+        est, extra, busy = entry
         time_s = est.time_s
         flops = est.flops or None  # a fitted iteration model counts no work
         hbm = est.hbm_bytes or None
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm_bytes)
-        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm)
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm_bytes, busy)
+        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy)

@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-BUSY_CHUNK = 4096  # iterations whose estimates a replica's busy intervals hold before appending them
+BUSY_CHUNK = 4096  # iterations whose values a replica's busy intervals hold before appending them
 
 
 def _doubles() -> array:
@@ -31,34 +31,53 @@ class Busy:
     mem_active: array = field(default_factory=_doubles)
     capped: array = field(default_factory=lambda: array("b"))
     kv_bytes: array = field(default_factory=lambda: array("q"))  # KV in use during the iteration (per GPU)
-    # the estimates of the iterations whose power, clock and activities are not appended yet (in
-    # chunks, by ``settle``: one list append per iteration rather than eight array appends)
-    pending: list[Any] = field(default_factory=list)
+    # the power, clock and activities of the iterations not appended yet (:func:`busy_values` of
+    # each one's estimate; an estimate's tuple is made once and shared by the iterations it times),
+    # appended in chunks by ``settle``: one list append per iteration rather than eight array appends
+    pending: list[tuple[Any, ...]] = field(default_factory=list)
 
-    def add(self, start_s: float, end_s: float, est: Any, kv_bytes: int) -> None:
-        """One iteration's busy interval: ``est`` is its estimate (power, clock, activities)."""
+    def add(self, start_s: float, end_s: float, values: tuple[Any, ...], kv_bytes: int) -> None:
+        """One iteration's busy interval: ``values`` are its estimate's :func:`busy_values`."""
         self.start_s.append(start_s)
         self.end_s.append(end_s)
         self.kv_bytes.append(kv_bytes)
         pending = self.pending
-        pending.append(est)
+        pending.append(values)
         if len(pending) >= BUSY_CHUNK:
             self.settle()
 
     def settle(self) -> None:
-        """Append the pending estimates' columns (the simulation does at its end)."""
-        ests = self.pending
-        if not ests:
+        """Append the pending iterations' columns (the simulation does at its end)."""
+        if not self.pending:
             return
-        self.power_w.extend([e.power_w for e in ests])
-        self.sm_clock_mhz.extend([e.sm_clock_mhz for e in ests])
-        self.sm_active.extend([e.sm_active for e in ests])
-        self.sm_occupancy.extend([e.sm_occupancy for e in ests])
-        self.tensor_active.extend([e.tensor_active for e in ests])
-        self.dram_active.extend([e.dram_active for e in ests])
-        self.mem_active.extend([min(1.0, e.memory_s / e.busy_s) if e.busy_s > 0 else 0.0 for e in ests])
-        self.capped.extend([e.power_capped for e in ests])
+        power, clock, sm, occupancy, tensor, dram, mem, capped = zip(*self.pending, strict=True)
         self.pending = []
+        self.power_w.extend(power)
+        self.sm_clock_mhz.extend(clock)
+        self.sm_active.extend(sm)
+        self.sm_occupancy.extend(occupancy)
+        self.tensor_active.extend(tensor)
+        self.dram_active.extend(dram)
+        self.mem_active.extend(mem)
+        self.capped.extend(capped)
+
+
+def busy_values(est: Any) -> tuple[Any, ...]:
+    """What a replica's busy intervals keep of an iteration's estimate (an
+    :class:`~serving.devices.gpu_model.IterationEstimate`): power, SM clock, SM activity and
+    occupancy, tensor and DRAM activity, memory activity (the memory-bound share of the busy
+    time) and whether the power cap bound."""
+    busy_s = est.busy_s
+    return (
+        est.power_w,
+        est.sm_clock_mhz,
+        est.sm_active,
+        est.sm_occupancy,
+        est.tensor_active,
+        est.dram_active,
+        min(1.0, est.memory_s / busy_s) if busy_s > 0 else 0.0,
+        est.power_capped,
+    )
 
 
 @dataclass(slots=True)

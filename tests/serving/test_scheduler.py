@@ -395,6 +395,13 @@ def test_random_workload_completes_consistently(seed: int) -> None:
         if len(out.items) > 1 or cfg.chunked_prefill:
             assert total <= cfg.max_num_batched_tokens
         assert len({id(i.seq) for i in out.items}) == len(out.items)
+        # the first `decodes` are decode steps (what the engine's update takes in its fast loop), and
+        # the tally counted while choosing is the one counted from the plan
+        lead = out.items[: out.decodes]
+        assert all(i.num_new_tokens == 1 and not i.seq.in_prefill for i in lead)
+        rest = out.items[out.decodes :]
+        assert not rest or rest[0].seq.in_prefill  # no decode step left out of the count
+        assert out.work == SchedulerOutput(out.items).tally()
         for victim in out.preempted:
             preemptions[victim.request_id] += 1
             wasted[victim.request_id] += computed_before.get(id(victim), 0)
