@@ -139,5 +139,7 @@ class GpuModelExecutor:
         time_s = est.time_s
         flops = est.flops or None  # a fitted iteration model counts no work
         hbm = est.hbm_bytes or None
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm_bytes, busy)
-        return Execution(batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy)
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy)
+        return Execution(
+            batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy
+        )
