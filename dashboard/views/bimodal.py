@@ -83,8 +83,9 @@ def _gpu_table(bimodal: dict[str, Any], sel: common.Selection) -> None:
     st.dataframe(pd.DataFrame(shown), hide_index=True, width="stretch")
 
 
-def _roofline(summary: dict[str, Any]) -> None:
-    """MFU and MBU per pool and phase beside the activities, and the stranded GPU-seconds."""
+def _roofline(summary: dict[str, Any], trust: PageTrust) -> None:
+    """MFU and MBU per pool and phase beside the activities, and the stranded GPU-seconds (their trust
+    labels go into the page's one badge block)."""
     from dashboard.roofline import STRANDED_TEXT, roofline_labels, roofline_rows, stranded_rows
 
     part = (summary.get("parts") or {}).get("roofline") or {}
@@ -93,7 +94,7 @@ def _roofline(summary: dict[str, Any]) -> None:
         why = (summary.get("missing") or {}).get("roofline") or "no iteration carries a work count"
         st.info(f"No MFU / MBU: {why}")
         return
-    common.trust_badges(roofline_labels(part))
+    trust.add(roofline_labels(part))
     st.dataframe(pd.DataFrame(roofline_rows(part)), hide_index=True, width="stretch")
     st.dataframe(pd.DataFrame(stranded_rows(part)), hide_index=True, width="stretch")
     st.caption(STRANDED_TEXT)
@@ -152,7 +153,7 @@ def _body(sel: common.Selection, trust: PageTrust) -> None:
     if sel.gpus != sel.all_gpus:
         st.caption("Histograms are per pool: the GPU filter narrows the pools shown and the per-GPU table.")
     _gpu_table(bimodal, sel)
-    _roofline(summary)
+    _roofline(summary, trust)
 
 
 with common.service_errors():

@@ -183,7 +183,10 @@ def test_goodput_per_gpu_divides_by_the_layouts_gpus(tmp_path: Path) -> None:
     [
         (["goodput"], "--layout LAYOUT (simulator) or --url URL"),
         (["goodput", "--layout", "agg:1xh100-sxm", "--url", "http://x"], "one of them"),
-        (["goodput", "--layout", "agg:1xh100-sxm", "--slo-ttft-ms", "0"], "must be > 0"),
+        (
+            ["goodput", "--layout", "agg:1xh100-sxm", "--slo-ttft-ms", "0"],
+            "must be a finite number of milliseconds > 0",
+        ),
         (["goodput", "--layout", "nonsense"], "nonsense"),
         (["goodput", "--layout", "agg:1xh100-sxm", "--poisson", "2", "--limit", "5"], "--limit"),
     ],

@@ -100,7 +100,7 @@ def scenarios_of(db):
     [
         (["--since", "soon"], "is not a time span"),
         (["--dataset", "no-such-scenario"], "unknown data set 'no-such-scenario'"),
-        (["--slo-ttft-ms", "-5"], "slo_ttft_ms must be > 0"),
+        (["--slo-ttft-ms", "-5"], "--slo-ttft-ms must be a finite number of milliseconds > 0"),
         (["--fleet-gpus", "0"], "fleet_gpus must be >= 1"),
         (["--since", "inf"], "time span since='inf' must be > 0 and at most 36500d"),
         (["--since", "0"], "time span since='0' must be > 0"),

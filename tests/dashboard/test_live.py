@@ -52,7 +52,7 @@ def test_live_emulated_gpus_are_charted_and_labelled_emulated(tmp_path, monkeypa
         assert texts.count(":orange-badge[emulated]") == 1  # the page's trust label, shown once
         at.switch_page("views/health.py").run()
         sources = at.dataframe[0].value
-        assert len(sources) == 2 and set(sources["Status"]) == {"ok"}
+        assert len(sources) == 1 and set(sources["Status"]) == {"ok"}  # serving:URL, one read
     finally:
         if proc is not None:
             stop_process(proc)

@@ -48,8 +48,9 @@ def test_an_aggregated_run_shows_two_modes_and_the_utilization_gap(dashboard_env
     assert high - low >= 5  # two modes at least 10 points of SM activity apart ...
     assert min(shares[low + 1 : high]) < 0.1 * min(shares[low], shares[high])  # ... with a valley between
     row = _bimodal_rows(dashboard_env, sid)["mixed"]
+    # the same modes as the API's row, to a hundredth of a point (DuckDB's parallel sums may order differently)
     assert sorted(s["x0"] for s in fig["layout"]["shapes"]) == pytest.approx(
-        [row["mode_low_pct"], row["mode_high_pct"]]
+        [row["mode_low_pct"], row["mode_high_pct"]], abs=0.01
     )
     assert not [a for a in fig["layout"]["annotations"] if a.get("name") == "trust"]  # the block says it
     assert fig["layout"]["xaxis"]["title"]["text"].startswith("SM activity or utilization, %")
