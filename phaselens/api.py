@@ -153,7 +153,11 @@ def create_service_app(collector: Collector) -> FastAPI:
         ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
         ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``, and the prices
         ``gpu_usd_per_hour`` (every GPU of the window), ``electricity_usd_per_kwh``, ``pue``."""
-        return analytics_read(request, _SUMMARY_PARAMS, lambda cur, params: summaries.get(params, con=cur))
+        got = analytics_read(request, _SUMMARY_PARAMS, lambda cur, params: summaries.get(params, con=cur))
+        if isinstance(got, JSONResponse):
+            return got
+        # half a megabyte of nested figures at 64 GPUs: json.dumps, not FastAPI's encoder walking it
+        return Response(json.dumps(got, allow_nan=False), media_type="application/json")
 
     @app.get("/api/v1/analytics/histogram")
     def analytics_histogram(request: Request) -> Any:
@@ -161,7 +165,11 @@ def create_service_app(collector: Collector) -> FastAPI:
         never the samples): the summary's window parameters plus ``bin_pct`` (1, 2, 2.5, 5 or 10)."""
         from analytics.reads import run_histogram
 
-        return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
+        return analytics_read(
+            request,
+            _HISTOGRAM_PARAMS,
+            lambda cur, params: summaries.read("histogram", params, run_histogram, cur),
+        )
 
     @app.get("/api/v1/analytics/gpu-series")
     def analytics_gpu_series(request: Request) -> Any:

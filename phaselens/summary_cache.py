@@ -77,6 +77,14 @@ class SummaryCache:
 
         return self.answers.get((key, tuple(sorted(skip))), ttl, compute)
 
+    def read(
+        self, name: str, params: dict[str, Any], run: Callable[[Any, dict[str, Any]], Any], con: Any
+    ) -> Any:
+        """Another analytics read of a window (``run(con, params)``, e.g. the histogram), cached
+        under ``name`` with the same keys and lifetimes as the summaries."""
+        key, ttl, fixed = cache_key(params, self._imports(), time.time())
+        return self.answers.get((name, key), ttl, lambda: run(con, fixed))
+
     def _compute(self, con: Any, params: dict[str, Any], skip: frozenset[str], ttl: float) -> dict:
         from analytics.reads import run_summary, window_of
 

@@ -107,3 +107,23 @@ def test_the_service_answers_a_page_variant_from_the_window_it_computed(scenario
     with Store.open(copy, read_only=True) as store, store.reader() as cur:
         want = run_summary(cur, {"dataset": sid, "slo_ttft_ms": 300, "slo_tpot_ms": 30})
     assert _figures(latency) == _figures(want)
+
+
+def test_the_histogram_is_cached_like_the_summary(scenario):
+    db, sid = scenario
+    with Store.open(db) as store:
+        cache = SummaryCache(store, lambda: 0)
+        from analytics.reads import run_histogram
+
+        calls = []
+
+        def run(con, params):
+            calls.append(params)
+            return run_histogram(con, params)
+
+        with store.reader() as cur:
+            a = cache.read("histogram", {"dataset": sid}, run, cur)
+            b = cache.read("histogram", {"dataset": sid}, run, cur)
+            c = cache.read("histogram", {"dataset": sid, "bin_pct": 5}, run, cur)
+            assert a is b and len(calls) == 2  # the same window and bins: computed once
+            assert a == run_histogram(cur, {"dataset": sid}) and c != a
