@@ -71,6 +71,7 @@ def create_service_app(collector: Collector) -> FastAPI:
     collector.add_job(scheduler, health_key="reports")
     collector.add_job(exporter)
     collector.add_job(_Closing(overviews.close))
+    collector.add_job(_Closing(summaries.close))
     app = create_collector_app(collector)
 
     # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store

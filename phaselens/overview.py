@@ -59,6 +59,12 @@ class OverviewCache:
         self.hits = 0
         self.misses = 0
 
+    def has(self, key: Any, ttl_s: float) -> bool:
+        """Whether ``key`` holds a result younger than ``ttl_s`` or one is being computed."""
+        with self._lock:
+            hit = self._entries.get(key)
+            return key in self._inflight or (hit is not None and self._clock() - hit[0] < ttl_s)
+
     def get(self, key: Any, ttl_s: float, compute: Callable[[], OverviewResult]) -> OverviewResult:
         """The cached result of ``key`` younger than ``ttl_s``, else ``compute()`` (once, however
         many callers ask meanwhile; an exception reaches every waiting caller and is not cached)."""
@@ -140,7 +146,7 @@ def compute_overview(con: Any, params: dict[str, Any], summaries: Any = None) ->
 
     t = time.perf_counter()
     if summaries is not None:
-        current = summaries.get(params, skip=SKIP_PARTS, con=con)
+        current = summaries.get(params, skip=SKIP_PARTS, con=con, complete_later=True)
     else:
         current = run_summary(con, params, skip=SKIP_PARTS)
     previous, why = previous_summary(con, params, current, summaries)

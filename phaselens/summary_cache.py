@@ -15,10 +15,13 @@ cache; a scenario's lives until the next import):
   summary of the window (tests/phaselens/test_summary_cache.py checks it against ``phaselens analyze``).
 
 Concurrent requests for one window wait for the first one's computation and then reuse its parts.
+The Overview of a scenario skips the bimodality (its GPU-interval table is the costliest step) and
+has the whole summary completed on a thread afterwards, for the Bimodal page.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -27,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from phaselens.overview import LIVE_TTL_S, OverviewCache, cache_key
+
+log = logging.getLogger(__name__)
 
 PRICE_PARAMS = ("gpu_usd_per_hour", "electricity_usd_per_kwh", "pue")
 SLO_PARAMS = ("slo_ttft_ms", "slo_tpot_ms")
@@ -61,12 +66,25 @@ class SummaryCache:
         self._windows: OrderedDict[Any, tuple[float, float, dict[str, Any]]] = OrderedDict()
         self._window_locks: dict[Any, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._completing: set[Any] = set()
+        self._closed = False
         self.part_reuses = 0  # summaries that reused a window's parts (not computed from scratch)
 
-    def get(self, params: dict[str, Any], *, skip: frozenset[str] = frozenset(), con: Any = None) -> dict:
+    def get(
+        self,
+        params: dict[str, Any],
+        *,
+        skip: frozenset[str] = frozenset(),
+        con: Any = None,
+        complete_later: bool = False,
+    ) -> dict:
         """The summary JSON of ``params`` (``GET /api/v1/analytics/summary``'s query parameters)
         without the parts in ``skip``: cached, or computed on ``con`` (a store cursor; a reader of
-        its own when None). AnalyticsError / ValueError name a bad parameter, as run_summary's."""
+        its own when None). AnalyticsError / ValueError name a bad parameter, as run_summary's.
+
+        ``complete_later`` (the Overview's, which skips the bimodality): for a scenario's window,
+        the whole summary is then computed on a thread of its own after this answer, so that the
+        Bimodal page finds it (it waits for that computation rather than running its own)."""
         key, ttl, fixed = cache_key(params, self._imports(), time.time())
 
         def compute() -> Any:
@@ -75,7 +93,40 @@ class SummaryCache:
             with self.store.reader() as cur:
                 return self._compute(cur, fixed, skip, ttl)
 
-        return self.answers.get((key, tuple(sorted(skip))), ttl, compute)
+        got = self.answers.get((key, tuple(sorted(skip))), ttl, compute)
+        if complete_later and skip and math.isinf(ttl):
+            self._complete(fixed)
+        return got
+
+    def completing(self) -> int:
+        """How many background completions are running."""
+        with self._lock:
+            return len(self._completing)
+
+    def close(self) -> None:
+        """Start no more background completions (the service is stopping)."""
+        with self._lock:
+            self._closed = True
+
+    def _complete(self, params: dict[str, Any]) -> None:
+        """The whole summary of ``params`` computed (once) on a daemon thread; its failure is logged
+        (the page that asks computes in the foreground and reports it)."""
+        key, ttl, fixed = cache_key(params, self._imports(), time.time())
+        with self._lock:
+            if self._closed or key in self._completing or self.answers.has((key, ()), ttl):
+                return
+            self._completing.add(key)
+
+        def run() -> None:
+            try:
+                self.get(fixed)
+            except Exception as e:  # a background warm-up: the page that asks reports it
+                log.warning("summary completion failed: %s", e)
+            finally:
+                with self._lock:
+                    self._completing.discard(key)
+
+        threading.Thread(target=run, daemon=True, name="summary-complete").start()
 
     def read(
         self, name: str, params: dict[str, Any], run: Callable[[Any, dict[str, Any]], Any], con: Any
@@ -108,11 +159,6 @@ class SummaryCache:
                     if reuse:
                         self.part_reuses += 1
             objects: dict[str, Any] = {}
-            if skip and math.isinf(ttl) and not all(k in reuse for k in skip):
-                # a scenario's window is computed whole once (the parts skipped here are asked by
-                # another page soon: their GPU-interval table is the summary's costliest step)
-                run_summary(con, params, objects=objects, reuse=reuse)
-                reuse = {**reuse, **objects}
             summary = run_summary(con, params, skip=skip, objects=objects, reuse=reuse)
             with self._lock:
                 kept = dict(hit[2]) if hit is not None else {}
