@@ -50,12 +50,19 @@ b AS (
     SELECT *, CASE WHEN sm IS NOT NULL THEN least(greatest(floor(sm / $bin), 0), $bins - 1)::INTEGER END AS sm_bin,
            CASE WHEN util IS NOT NULL THEN least(greatest(floor(util / $bin), 0), $bins - 1)::INTEGER END AS util_bin
     FROM s
+),
+-- per GPU and bin pair first (thousands of rows at 64 GPUs x 1 h, not millions): the grouping sets
+-- and their distinct counts then run on those
+c AS (
+    SELECT pool, gpu, trust, sm_bin, util_bin, count(*) AS n, sum(sm) AS sm_total,
+           sum(util) AS util_total, count(*) FILTER (WHERE host_bound_pct > 0) AS host_bound_samples
+    FROM b GROUP BY ALL
 )
 SELECT pool, sm_bin, util_bin, GROUPING(pool, sm_bin, util_bin) AS gid,
-       count(*) AS n, sum(sm) AS sm_total, sum(util) AS util_total,
+       coalesce(sum(n), 0)::BIGINT AS n, sum(sm_total) AS sm_total, sum(util_total) AS util_total,
        count(DISTINCT gpu) AS gpus, list(DISTINCT trust) AS trust,
-       count(*) FILTER (WHERE host_bound_pct > 0) AS host_bound_samples
-FROM b
+       coalesce(sum(host_bound_samples), 0)::BIGINT AS host_bound_samples
+FROM c
 GROUP BY GROUPING SETS ((pool, sm_bin), (pool, util_bin), (sm_bin), (util_bin), (pool), ())
 """
 # GROUPING(pool, sm_bin, util_bin): a bit set for each column left out (4 pool, 2 sm_bin, 1 util_bin)

@@ -158,9 +158,11 @@ def run_summary(
     *,
     prices_path: str | None = None,
     skip: frozenset[str] = frozenset(),
+    objects: dict[str, Any] | None = None,
+    reuse: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Resolve the window of ``params`` on ``con`` and return the summary's JSON form (without the
-    parts named in ``skip``).
+    parts named in ``skip``); ``objects`` and ``reuse`` as :func:`analytics.summary.summarize`'s.
 
     AnalyticsError (or ValueError) names a bad parameter. Used by the CLI on a store file and by the
     collector's API endpoint on a cursor of its writer's connection. Prices: ``prices_path`` (a
@@ -198,7 +200,9 @@ def run_summary(
             raise AnalyticsError(
                 f"fleet_gpus must be >= 1 (a whole number of GPUs), got {fleet}", "fleet_gpus"
             )
-    return summarize(con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip).to_dict()
+    return summarize(
+        con, window, prices=prices, slo=slo, fleet_gpus=fleet, skip=skip, objects=objects, reuse=reuse
+    ).to_dict()
 
 
 def run_histogram(con: Any, params: dict[str, Any]) -> dict[str, Any]:

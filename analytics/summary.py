@@ -72,12 +72,20 @@ def summarize(
     fleet_gpus: int | None = None,
     skip: frozenset[str] = frozenset(),
     objects: dict[str, Any] | None = None,
+    reuse: dict[str, Any] | None = None,
 ) -> Summary:
     """Run every analysis of the summary on ``window`` (but those named in ``skip``, e.g.
     ``{"bimodal"}``, which the overview does not read); a part that fails is named in ``missing``.
     ``objects``, when given, receives each part's result object by name (e.g. the cost part's
     :class:`~analytics.cost_pricing.CostBreakdown` with its priced ``lines``, which
-    phaselens/metrics_counters.py counts per GPU, pool and model).
+    phaselens/metrics_counters.py counts per GPU, pool and model), and ``iteration_groups`` the
+    grouped scan of the window's iterations.
+
+    ``reuse``: result objects of an earlier summary of the *same window* on the same store version,
+    by part name (as ``objects`` received them, ``iteration_groups`` too), taken instead of running
+    those parts again (phaselens/summary_cache.py: the SLO only changes ``latency``, the prices
+    ``cost``, the fleet size ``annual``; the rest is the window's own). The GPU-interval table is
+    not built when neither the phases nor the bimodality are left to compute.
 
     The GPU-interval table is built once (a TEMP table on ``con``) and shared by the phase
     breakdown and the bimodality; idle split and cost reuse the phase breakdown; one grouped scan
@@ -97,12 +105,15 @@ def summarize(
     from analytics.roofline import roofline, unvalidated_notes
 
     out = Summary(window)
+    reuse = reuse or {}
     try:  # a terminal progress bar on long queries would garble the CLI's output
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error:
         pass
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
+        if name in reuse:
+            fn = functools.partial(lambda x: x, reuse[name])
         t = time.perf_counter()
         try:
             result = fn()
@@ -116,15 +127,19 @@ def summarize(
             objects[name] = result
         return result
 
-    groups = functools.cache(lambda: iteration_groups(con, window))  # computed by the first part to ask
+    groups = functools.cache(  # computed by the first part to ask
+        lambda: reuse["iteration_groups"] if "iteration_groups" in reuse else iteration_groups(con, window)
+    )
 
-    t = time.perf_counter()
-    try:
-        intervals = IntervalTable(con, window).__enter__()
-    except (ValueError, duckdb.Error) as e:
-        intervals = None
-        out.missing["intervals"] = f"{type(e).__name__}: {e}"
-    out.seconds["intervals"] = time.perf_counter() - t
+    intervals = None
+    out.seconds["intervals"] = 0.0  # not built: every part that reads it was reused
+    if "phases" not in reuse or ("bimodal" not in skip and "bimodal" not in reuse):
+        t = time.perf_counter()
+        try:
+            intervals = IntervalTable(con, window).__enter__()
+        except (ValueError, duckdb.Error) as e:
+            out.missing["intervals"] = f"{type(e).__name__}: {e}"
+        out.seconds["intervals"] = time.perf_counter() - t
     try:
         pb = (
             run(
@@ -138,12 +153,12 @@ def summarize(
                     period_s=cost_period_s(window.end_s - window.start_s, intervals.bucket_s),
                 ),
             )
-            if intervals
+            if intervals is not None or "phases" in reuse
             else None
         )
         if pb is not None:
             run("idle", lambda: idle_split(con, window, breakdown=pb))
-            if "bimodal" not in skip:
+            if "bimodal" not in skip and (intervals is not None or "bimodal" in reuse):
                 run("bimodal", lambda: bimodality(con, window, intervals=intervals))
     finally:
         if intervals is not None:
@@ -183,6 +198,8 @@ def summarize(
     # every modeled figure on a GPU or dtype the GPU model was never validated on says so
     for note in unvalidated_notes(con, window):
         out.trust.add(UNVALIDATED, note)
+    if objects is not None:
+        objects["iteration_groups"] = groups()
     return out
 
 

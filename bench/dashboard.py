@@ -41,6 +41,19 @@ visit (``warm``), with the JSON the page's API read took
 collector, and the ratio printed:
 
     PYTHONPATH=. .venv/bin/python bench/dashboard.py --page gpus --repeats 3 --baseline-tree /tmp/phaselens-old
+
+``--page all`` times every page of ``dashboard/app.py``'s PAGES on the same simulated 64-GPU hour
+(the scenario's whole span): **cold** = the first visit of each page, in PAGES order, in a fresh
+browser context, after a fresh collector and a fresh dashboard started on the store (one visit of
+the Health page first, for Streamlit's imports): nothing of the scenario is cached anywhere when the
+first page opens; a later page finds what the service computed for an earlier one (as a person
+clicking through the pages does). **settled**: the page's title drawn, Streamlit's run over (no
+status widget, no spinner), every Plotly chart drawn, and all of that unchanged for 1 s; the time
+is from ``page.goto`` to the start of that quiet second. With ``--baseline-tree`` the old tree runs
+the same sequence on a collector of its own, alternating (new old, old new, ...), and the ratio of
+each page's p50 is printed:
+
+    PYTHONPATH=. .venv/bin/python bench/dashboard.py --page all --repeats 2 --baseline-tree /tmp/phaselens-old
 """
 
 from __future__ import annotations
@@ -143,10 +156,19 @@ def main() -> int:
         type=Path,
         help="another checkout of this repository: its dashboard is visited alternately with this one",
     )
-    ap.add_argument("--page", choices=("overview", "gpus"), default="overview", help="the page to time")
+    ap.add_argument(
+        "--page", choices=("overview", "gpus", "all"), default="overview", help="the page(s) to time"
+    )
+    ap.add_argument(
+        "--keep-store",
+        action="store_true",
+        help="--page gpus/all: use --store as it is when it already holds a scenario (no new simulation)",
+    )
     args = ap.parse_args()
     if args.page == "gpus":
         return gpus_main(args)
+    if args.page == "all":
+        return pages_main(args)
 
     span_s = (SAMPLES // GPUS) * PERIOD_S
     t = time.perf_counter()
@@ -447,6 +469,134 @@ def gpus_main(args: argparse.Namespace) -> int:
         for kind, got in (("cold", cold), ("warm", warm)):
             print(f"ratio new / old settled, {kind} (p50): {p50(got['new']) / p50(got['old']):.3f}")
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+# -- every page -------------------------------------------------------------------------------------
+
+PAGE_SETTLE_HOLD_MS = 1000
+# Recorded in the page every 50 ms: since when (ms since navigation) it has been settled; null while not.
+PAGE_SETTLE = """setInterval(() => {
+  const ok = document.querySelector('h1') !== null
+    && document.querySelector('[data-testid="stStatusWidget"]') === null
+    && document.querySelector('[data-testid="stSpinner"]') === null
+    && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'));
+  if (!ok) window.__settled = null;
+  else if (window.__settled == null) window.__settled = performance.now();
+}, 50);"""
+
+
+def _app_pages() -> list[str]:
+    """The page names of dashboard/app.py's PAGES (their file names without .py), in order."""
+    import ast
+
+    app = ROOT / "dashboard" / "app.py"
+    for node in ast.parse(app.read_text(encoding="utf-8")).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
+        if getattr(target, "id", None) == "PAGES" and node.value is not None:  # type: ignore[attr-defined]
+            return [f.removesuffix(".py") for f, _t, _i in ast.literal_eval(node.value)]  # type: ignore[attr-defined]
+    raise SystemExit("dashboard/app.py defines no PAGES")
+
+
+def _page_visit(browser: object, url: str) -> float:
+    """Seconds from navigation until the page settled (:data:`PAGE_SETTLE`, held
+    :data:`PAGE_SETTLE_HOLD_MS`), in a fresh browser context."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1400})  # type: ignore[attr-defined]
+    try:
+        ctx.add_init_script(PAGE_SETTLE)
+        page = ctx.new_page()
+        page.goto(url)
+        page.wait_for_function(
+            f"() => window.__settled != null && performance.now() - window.__settled >= {PAGE_SETTLE_HOLD_MS}",
+            timeout=600_000,
+            polling=100,
+        )
+        if page.locator('[data-testid="stException"]').count():
+            raise SystemExit(f"{url}: the page shows a Python exception")
+        return float(page.evaluate("() => window.__settled")) / 1000.0
+    finally:
+        ctx.close()
+
+
+def pages_main(args: argparse.Namespace) -> int:
+    """Every page at 64 GPUs x 1 h, cold (fresh collector and dashboard): new vs old tree."""
+    from playwright.sync_api import sync_playwright
+
+    store = (
+        args.store.with_name("phaselens-gpus64.duckdb")
+        if args.store.name == "phaselens-dash.duckdb"
+        else args.store
+    )
+    sid = None
+    if args.keep_store and store.exists():
+        import duckdb
+
+        with duckdb.connect(str(store), read_only=True) as con:
+            row = con.execute("SELECT scenario_id FROM scenarios ORDER BY created_s DESC LIMIT 1").fetchone()
+        sid = row[0] if row else None
+        print(f"store {store}: kept, scenario {sid}")
+    if sid is None:
+        t = time.perf_counter()
+        sid = _simulate_fleet(store)
+        print(f"store {store}: simulated in {time.perf_counter() - t:.1f} s")
+    trees = {"new": ROOT} | ({"old": args.baseline_tree.resolve()} if args.baseline_tree else {})
+    names = _app_pages()
+    got: dict[str, dict[str, list[float]]] = {t: {n: [] for n in names} for t in trees}
+    loads: list[float] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"], headless=True)
+        try:
+            for i in range(args.repeats):
+                for tree in list(trees) if i % 2 == 0 else list(trees)[::-1]:
+                    port = _free_port()
+                    api = f"http://127.0.0.1:{port}"
+                    collect = [sys.executable, "-m", "phaselens.cli", "collect", "--db", str(store)]
+                    collect += ["--port", str(port), "--no-nvml", "--report-schedule", "off"]
+                    collect += ["--metrics-interval-s", "3600"]
+                    env = {**os.environ, "PYTHONPATH": str(trees[tree])}
+                    collector = subprocess.Popen(
+                        collect,
+                        cwd=trees[tree],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    url, proc = _dashboard(trees[tree], api)
+                    try:
+                        _wait_http(f"{api}/health", collector, "the collector")
+                        _wait_http(f"{url}/_stcore/health", proc, f"the dashboard ({tree})")
+                        _warm_up(browser, url)
+                        line = []
+                        for name in names:
+                            path = "" if name == "overview" else name
+                            got[tree][name].append(_page_visit(browser, f"{url}/{path}?dataset={sid}"))
+                            line.append(f"{name} {got[tree][name][-1]:.1f}")
+                        loads.append(os.getloadavg()[0])
+                        print(f"  run {i + 1} [{tree}] cold, s: {', '.join(line)} (load {loads[-1]:.1f})")
+                    finally:
+                        for pr in (proc, collector):
+                            pr.terminate()
+                            try:
+                                pr.wait(30)
+                            except subprocess.TimeoutExpired:
+                                pr.kill()
+        finally:
+            browser.close()
+    p50 = statistics.median
+    for tree in trees:
+        print(f"[{tree}: {trees[tree]}]")
+        for name in names:
+            xs = got[tree][name]
+            verdict = "met" if p50(xs) < TARGET_S else "NOT met"
+            ratio = ""
+            if tree == "new" and "old" in trees:
+                ratio = f"; new / old {p50(xs) / p50(got['old'][name]):.2f}"
+            print(f"  {name:16s} settled, cold: {_pcts(xs)}; target < {TARGET_S:g} s: {verdict}{ratio}")
+        worst = max(names, key=lambda n: p50(got[tree][n]))
+        print(f"  worst page [{tree}]: {worst}, p50 {p50(got[tree][worst]):.2f} s")
+    print(
+        f"load average (1 min) after each run: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} CPUs"
+    )
     return 0
 
 

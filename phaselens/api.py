@@ -28,6 +28,7 @@ from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
 from phaselens.recommend_api import add_recommend_routes
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
+from phaselens.summary_cache import SummaryCache
 from phaselens.workload_api import add_workload_routes
 
 _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
@@ -61,12 +62,16 @@ def create_service_app(collector: Collector) -> FastAPI:
         collector.submit,
         limits=settings.report_limits,
     )
-    overviews = OverviewService(collector.store, lambda: collector.stats.imports)
+    # one cache of summaries for the summary endpoint and the overview: a page load, several pages
+    # and several users of one window compute its summary once (phaselens/summary_cache.py)
+    summaries = SummaryCache(collector.store, lambda: collector.stats.imports)
+    overviews = OverviewService(collector.store, lambda: collector.stats.imports, summaries)
     exporter = MetricsExporter(collector)
     # started in this order after the writer, stopped in reverse before it
     collector.add_job(scheduler, health_key="reports")
     collector.add_job(exporter)
     collector.add_job(_Closing(overviews.close))
+    collector.add_job(_Closing(summaries.close))
     app = create_collector_app(collector)
 
     # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store
@@ -149,9 +154,11 @@ def create_service_app(collector: Collector) -> FastAPI:
         ``dataset`` (live | a scenario id | latest), ``since`` (e.g. 1h) or ``start_s``/``end_s``,
         ``node`` (repeatable), ``slo_ttft_ms``, ``slo_tpot_ms``, ``fleet_gpus``, and the prices
         ``gpu_usd_per_hour`` (every GPU of the window), ``electricity_usd_per_kwh``, ``pue``."""
-        from analytics.reads import run_summary
-
-        return analytics_read(request, _SUMMARY_PARAMS, run_summary)
+        got = analytics_read(request, _SUMMARY_PARAMS, lambda cur, params: summaries.get(params, con=cur))
+        if isinstance(got, JSONResponse):
+            return got
+        # half a megabyte of nested figures at 64 GPUs: json.dumps, not FastAPI's encoder walking it
+        return Response(json.dumps(got, allow_nan=False), media_type="application/json")
 
     @app.get("/api/v1/analytics/histogram")
     def analytics_histogram(request: Request) -> Any:
@@ -159,7 +166,11 @@ def create_service_app(collector: Collector) -> FastAPI:
         never the samples): the summary's window parameters plus ``bin_pct`` (1, 2, 2.5, 5 or 10)."""
         from analytics.reads import run_histogram
 
-        return analytics_read(request, _HISTOGRAM_PARAMS, run_histogram)
+        return analytics_read(
+            request,
+            _HISTOGRAM_PARAMS,
+            lambda cur, params: summaries.read("histogram", params, run_histogram, cur),
+        )
 
     @app.get("/api/v1/analytics/gpu-series")
     def analytics_gpu_series(request: Request) -> Any:

@@ -59,6 +59,12 @@ class OverviewCache:
         self.hits = 0
         self.misses = 0
 
+    def has(self, key: Any, ttl_s: float) -> bool:
+        """Whether ``key`` holds a result younger than ``ttl_s`` or one is being computed."""
+        with self._lock:
+            hit = self._entries.get(key)
+            return key in self._inflight or (hit is not None and self._clock() - hit[0] < ttl_s)
+
     def get(self, key: Any, ttl_s: float, compute: Callable[[], OverviewResult]) -> OverviewResult:
         """The cached result of ``key`` younger than ``ttl_s``, else ``compute()`` (once, however
         many callers ask meanwhile; an exception reaches every waiting caller and is not cached)."""
@@ -103,7 +109,7 @@ def _scenario_span(con: Any, dataset: str) -> tuple[float, float] | None:
 
 
 def previous_summary(
-    con: Any, params: dict[str, Any], current: dict[str, Any]
+    con: Any, params: dict[str, Any], current: dict[str, Any], summaries: Any = None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The summary (without :data:`SKIP_PARTS`) of the period of ``current``'s length just before
     it, with ``params``' other parameters; ``(None, why)`` when that period would start before the
@@ -125,19 +131,25 @@ def previous_summary(
         )
     prev_params = _clean({**params, "since": None, "dataset": w["dataset"]})
     prev_params |= {"start_s": start_s - duration_s, "end_s": start_s}
+    if summaries is not None:
+        return summaries.get(prev_params, skip=SKIP_PARTS, con=con), None
     return run_summary(con, prev_params, skip=SKIP_PARTS), None
 
 
-def compute_overview(con: Any, params: dict[str, Any]) -> OverviewResult:
+def compute_overview(con: Any, params: dict[str, Any], summaries: Any = None) -> OverviewResult:
     """Both summaries of ``params`` (those of ``GET /api/v1/analytics/summary``) on ``con`` and the
-    overview of the two. The previous period is the window's length just before its start; for a
+    overview of the two; through ``summaries`` (phaselens/summary_cache.py's SummaryCache) when
+    given, so the pages' own summary reads of the window reuse them. The previous period is the window's length just before its start; for a
     scenario it must lie inside the scenario's span, else it is 'no data' with the reason."""
     from analytics.overview import overview
     from analytics.reads import run_summary
 
     t = time.perf_counter()
-    current = run_summary(con, params, skip=SKIP_PARTS)
-    previous, why = previous_summary(con, params, current)
+    if summaries is not None:
+        current = summaries.get(params, skip=SKIP_PARTS, con=con, complete_later=True)
+    else:
+        current = run_summary(con, params, skip=SKIP_PARTS)
+    previous, why = previous_summary(con, params, current, summaries)
     fleet = params.get("fleet_gpus")
     result = overview(
         current, previous, fleet_gpus=int(fleet) if fleet is not None else None, previous_missing=why
@@ -177,8 +189,9 @@ class OverviewService:
     starts in the background. So refreshing pages and many users never queue computations, and the
     answer (its ``window``, ``computed_at_s``) says which window it covers."""
 
-    def __init__(self, store: Any, imports: Callable[[], int]) -> None:
+    def __init__(self, store: Any, imports: Callable[[], int], summaries: Any = None) -> None:
         self.store = store
+        self.summaries = summaries  # a SummaryCache shared with GET /api/v1/analytics/summary
         self._imports = imports
         self.cache = OverviewCache()
         self._latest: dict[tuple[Any, ...], OverviewResult] = {}
@@ -198,7 +211,7 @@ class OverviewService:
 
         def compute() -> OverviewResult:
             with self.store.reader() as cur:
-                return compute_overview(cur, fixed)
+                return compute_overview(cur, fixed, self.summaries)
 
         if rolling is None:
             return self.cache.get(key, ttl, compute)

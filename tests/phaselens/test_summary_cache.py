@@ -1,0 +1,148 @@
+"""The service's summary cache (phaselens/summary_cache.py): a window's summary computed once, the
+variants of a page (SLO, fleet size, prices, skipped parts) reusing its parts, every figure equal to
+a fresh summary of the window (what ``phaselens analyze`` prints) — on a real store of a simulated
+scenario, and through a real collector's GET /api/v1/analytics/summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from analytics.reads import run_summary
+from collector.store import Store
+from phaselens.summary_cache import SummaryCache
+from tests.collector.conftest import start_collector
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    db = tmp_path_factory.mktemp("summary_cache") / "sim.duckdb"
+    cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--limit", "60"]
+    done = subprocess.run(
+        [*cmd, "--db", str(db), "--layout", "1p1d:h100-sxm"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    sid = next(x for x in done.stdout.splitlines() if x.startswith("scenario ")).split()[1].rstrip(":")
+    yield db, sid
+
+
+def _norm(x: object) -> object:
+    """Floats to 9 significant digits (DuckDB's parallel sums differ in the last bits from one run
+    to the next)."""
+    if isinstance(x, dict):
+        return {k: _norm(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_norm(v) for v in x]
+    return float(f"{x:.9g}") if isinstance(x, float) else x
+
+
+def _figures(summary: dict) -> dict:
+    """The summary without its run times, :func:`_norm`'d."""
+    body = json.loads(json.dumps(summary))
+    body.pop("seconds")
+    return _norm(body)  # type: ignore[return-value]
+
+
+VARIANTS = [
+    ({}, frozenset({"bimodal"})),  # the Overview's
+    ({}, frozenset()),  # the Bimodal page's
+    ({"slo_ttft_ms": 500, "slo_tpot_ms": 40}, frozenset()),  # the Latency page's
+    ({"fleet_gpus": 100}, frozenset()),  # the Cost page's
+    ({"fleet_gpus": 100, "pue": 1.2, "gpu_usd_per_hour": 3.5}, frozenset()),  # other prices
+    ({"start_s_half": True}, frozenset()),  # another window: computed afresh
+]
+
+
+def test_every_variant_equals_a_fresh_summary_and_reuses_the_window(scenario):
+    db, sid = scenario
+    with Store.open(db) as store:
+        cache = SummaryCache(store, lambda: 0)
+        with store.reader() as cur:
+            span = cur.execute("SELECT start_s, end_s FROM scenarios WHERE scenario_id = ?", [sid]).fetchone()
+        reused = []
+        for extra, skip in VARIANTS:
+            params = {"dataset": sid} | {k: v for k, v in extra.items() if k != "start_s_half"}
+            if "start_s_half" in extra:
+                params["start_s"] = (span[0] + span[1]) / 2
+            got = cache.get(params, skip=skip)
+            with store.reader() as cur:
+                want = run_summary(cur, params, skip=skip)
+            assert _figures(got) == _figures(want), (extra, skip)
+            assert ("bimodal" in got["parts"]) == ("bimodal" not in skip)
+            reused.append(got["seconds"]["intervals"] == 0.0)  # no GPU-interval table built
+        # the Overview's computed the window; every later variant of it reused its parts (the
+        # Bimodal page's built the interval table for the bimodality alone); the other window not
+        assert reused == [False, False, True, True, True, False]
+        assert cache.part_reuses == 4
+        # asked again: the very same answer (not recomputed)
+        again = cache.get({"dataset": sid, "fleet_gpus": 100})
+        assert again is cache.get({"dataset": sid, "fleet_gpus": 100})
+        assert cache.answers.hits >= 2
+
+
+def test_the_service_answers_a_page_variant_from_the_window_it_computed(scenario):
+    db, sid = scenario
+    copy = db.with_name("served.duckdb")
+    copy.write_bytes(db.read_bytes())
+    proc, url = start_collector(copy)
+    try:
+        get = lambda **p: httpx.get(f"{url}/api/v1/analytics/summary", params=p, timeout=120)  # noqa: E731
+        first = get(dataset=sid).json()
+        latency = get(dataset=sid, slo_ttft_ms=300, slo_tpot_ms=30).json()
+        assert first["seconds"]["intervals"] > 0 and latency["seconds"]["intervals"] == 0.0
+        assert latency["parts"]["latency"]["slo"]["ttft_s"] == pytest.approx(0.3)
+        assert first["parts"]["phases"] == latency["parts"]["phases"]
+        bad = get(dataset=sid, slo_ttft_ms=-1)
+        assert bad.status_code == 400 and "slo_ttft_ms" in bad.text  # refused, not cached
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    with Store.open(copy, read_only=True) as store, store.reader() as cur:
+        want = run_summary(cur, {"dataset": sid, "slo_ttft_ms": 300, "slo_tpot_ms": 30})
+    assert _figures(latency) == _figures(want)
+
+
+def test_the_histogram_is_cached_like_the_summary(scenario):
+    db, sid = scenario
+    with Store.open(db) as store:
+        cache = SummaryCache(store, lambda: 0)
+        from analytics.reads import run_histogram
+
+        calls = []
+
+        def run(con, params):
+            calls.append(params)
+            return run_histogram(con, params)
+
+        with store.reader() as cur:
+            a = cache.read("histogram", {"dataset": sid}, run, cur)
+            b = cache.read("histogram", {"dataset": sid}, run, cur)
+            c = cache.read("histogram", {"dataset": sid, "bin_pct": 5}, run, cur)
+            assert a is b and len(calls) == 2  # the same window and bins: computed once
+            assert _norm(a) == _norm(run_histogram(cur, {"dataset": sid})) and c != a
+
+
+def test_the_overview_has_the_whole_summary_completed_for_the_bimodal_page(scenario):
+    db, sid = scenario
+    with Store.open(db) as store:
+        cache = SummaryCache(store, lambda: 0)
+        first = cache.get({"dataset": sid, "fleet_gpus": 8}, skip=frozenset({"bimodal"}), complete_later=True)
+        assert "bimodal" not in first["parts"]
+        deadline = time.monotonic() + 120  # the completion started above, on its own thread
+        while cache.completing() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the Bimodal page's read reuses its parts (one arriving during it waits for it)
+        whole = cache.get({"dataset": sid})
+        assert whole["seconds"]["intervals"] == 0.0 and "bimodal" in whole["parts"]
+        with store.reader() as cur:
+            assert _figures(whole) == _figures(run_summary(cur, {"dataset": sid}))
+        cache.close()
