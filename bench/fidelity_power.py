@@ -1,6 +1,6 @@
 """Busy power of the GPU model against published power figures (issue 23 point 3; docs/FIDELITY.md, "Power").
 
-Sets (protocol of /work/wt/FIDELITY23.md, fixed 2026-12-05 04:55 UTC): a power unit is (hardware, tp,
+Sets (the protocol of docs/FIDELITY.md, fixed 2026-12-05 04:55 UTC): a power unit is (hardware, tp,
 prompt_size, batch_size, token_size) of the Splitwise CSV's llama2-70b rows -> the medians of its
 ``peak_power`` and ``average_power`` (fractions of TDP). TEST = the 90 units of
 ``serving.devices.published_power.TEST_UNITS`` (scored only with ``--score-test``, once, after the
@@ -106,21 +106,12 @@ def medians_from_csv(path: str) -> dict[str, Any]:
     }
 
 
-TEST_LIST = Path("/work/wt/fidelity_test_set_2026-12-05.txt")  # the protocol's fixed list (with --csv only)
+def _timing_test() -> set[tuple[Any, ...]]:
+    """The TTFT / TPOT test units of the fixed list (``fidelity_sets.TEST_UNITS``), keyed
+    ``(figure, hardware, tp, ...)``; the capped pairs touching one are not read here."""
+    from serving.devices.fidelity_sets import TEST_UNITS
 
-
-def _timing_test(path: Path | None = None) -> set[tuple[Any, ...]]:
-    """The TTFT / TPOT test units (the fixed list), keyed ``(figure, hardware, tp, ...)``; the capped
-    pairs touching one are not read here."""
-    path = path or TEST_LIST
-    out: set[tuple[Any, ...]] = set()
-    if not path.exists():
-        raise SystemExit(f"the fixed test list {path} is needed to pick the open capped-H100 pairs")
-    for line in path.read_text().splitlines():
-        f = line.split()
-        if f and f[0] in ("ttft", "tpot"):
-            out.add((f[0], f[1], *map(int, f[2:])))
-    return out
+    return {tuple(u) for u in TEST_UNITS if u[0] in ("ttft", "tpot")}
 
 
 def module_text(m: dict[str, Any]) -> str:
