@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -526,7 +527,11 @@ def test_snapshot_from_another_thread_is_safe() -> None:
     def sampler() -> None:
         while not stop.is_set():
             energies.append(dev.snapshot().energy_mj)
+            time.sleep(0)  # hands the GIL over: the iterations are not starved by a tight loop (12-21 s)
 
+    # a short GIL switch interval: the threads interleave more often (a finer test)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
     t = threading.Thread(target=sampler)
     t.start()
     try:
@@ -535,6 +540,8 @@ def test_snapshot_from_another_thread_is_safe() -> None:
     finally:
         stop.set()
         t.join()
+        sys.setswitchinterval(interval)
+    assert len(energies) > 100  # the sampler ran throughout
     assert energies == sorted(energies) and dev.stats().iterations == 2000
 
 
