@@ -7,6 +7,9 @@ window holds all of it; the hour before is empty). The real collector serves it 
 collect --no-nvml``), the real Streamlit dashboard reads the collector, and Debian's chromium,
 driven by Playwright, opens the Overview in a fresh browser context each time.
 
+Just over 600 lines: one bench with two measurements (the Overview on a 1 M-sample store, every page at
+64 GPUs) sharing its browser and collector plumbing.
+
 Timed, in the same run:
 
 * **baseline**: ``GET /api/v1/analytics/summary?since=3600s`` — one uncached summary of the window;

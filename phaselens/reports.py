@@ -1,6 +1,10 @@
 """Efficiency reports: the analytics summary of a window as a self-contained HTML page (Plotly's
 JavaScript inlined, readable offline, no CDN) plus its JSON, stored in the ``reports`` table.
 
+Just over 600 lines: the report job, its schedules (cron parsing, catch-up at start-up) and its limits
+are one unit; the schedules are the part to move out next (its rendering already lives in
+``dashboard/report_html``).
+
 Scheduled reports run inside ``phaselens collect`` (APScheduler 3.x ``BackgroundScheduler``):
 ``hourly`` (``0 * * * *``) and ``daily`` (``0 6 * * *``) by default, cron syntax in UTC, set with
 ``--report-schedule NAME=CRON`` (repeatable; ``--report-schedule off``: none). CRON has five fields

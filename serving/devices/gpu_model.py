@@ -23,7 +23,7 @@ priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
 ``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
 back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
 
-Just under 700 lines for a reason: what is left is one model (an iteration's time, power, clock and
+Just over 700 lines for a reason: what is left is one model (an iteration's time, power, clock and
 activities, and the GPU between iterations, from the same roofline and power curve); its separable
 parts are already the modules above, and :mod:`serving.devices.roofline` (the work count, MFU/MBU and
 the SM fill the activities follow from).

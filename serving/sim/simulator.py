@@ -10,6 +10,10 @@ emulated devices use. There is no model math and no sleeping: time jumps from ev
 The loop, per event (arrival, iteration end, KV hand-off end): route or admit, then start the next
 iteration of every replica that is idle and has work.
 
+Over 600 lines for a reason: the event loop and its per-replica state are one hot path (every line is
+run per event of an hour-long fleet); its separable parts already live beside it (``records``, ``executor``,
+``summary``, ``layout``). A split of the run's set-up from its loop is the next step when it grows.
+
 Output (:class:`SimResult`): telemetry batches in the live stack's format (``docs/TELEMETRY.md``:
 iteration events per GPU, request events with every token's time, control events), and per-replica
 GPU busy intervals from which :mod:`serving.sim.samples` derives device samples the way an NVML
