@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import streamlit as st
@@ -93,3 +93,16 @@ def headers(a_text: str, b_text: str) -> tuple[object, object]:
     left.markdown(f"**A** · {a_text}")
     right.markdown(f"**B** · {b_text}")
     return left, right
+
+
+def body_or_compared(
+    compare: object, note: str | None, body: Callable[[], None], compared: Callable[[object], None]
+) -> None:
+    """A page's body, or A beside B when the sidebar chose a comparison (``compare``, passed to
+    ``compared``); a note on why no comparison could be drawn is shown above the body."""
+    if compare is not None:
+        compared(compare)
+        return
+    if note:
+        st.info(note, icon=":material/compare_arrows:")
+    body()

@@ -283,12 +283,12 @@ def render(sel: common.Selection, params: dict[str, Any], trust_slot: Any = None
     """The page body for the chosen fleet size and prices."""
     trust = PageTrust(trust_slot)
     try:
-        if sel.compare is not None:
-            _compared(sel, sel.compare, params, trust)
-        else:
-            if sel.compare_note:
-                st.info(sel.compare_note, icon=":material/compare_arrows:")
-            _body(sel, params, trust)
+        compare.body_or_compared(
+            sel.compare,
+            sel.compare_note,
+            lambda: _body(sel, params, trust),
+            lambda other: _compared(sel, other, params, trust),
+        )
     finally:
         trust.render()
 

@@ -135,12 +135,12 @@ def render(sel: common.Selection, ttft_ms: int, tpot_ms: int, trust_slot: Any = 
     """The page body for the chosen SLOs."""
     trust = PageTrust(trust_slot)
     try:
-        if sel.compare is not None:
-            _compared(sel, sel.compare, ttft_ms, tpot_ms, trust)
-        else:
-            if sel.compare_note:
-                st.info(sel.compare_note, icon=":material/compare_arrows:")
-            _body(sel, ttft_ms, tpot_ms, trust)
+        compare.body_or_compared(
+            sel.compare,
+            sel.compare_note,
+            lambda: _body(sel, ttft_ms, tpot_ms, trust),
+            lambda other: _compared(sel, other, ttft_ms, tpot_ms, trust),
+        )
         _goodput(trust)
     finally:
         trust.render()

@@ -174,12 +174,12 @@ def render(sel: common.Selection, fleet_gpus: int | None, trust_slot: Any = None
     """The page body (re-run every few seconds for live data with refresh on)."""
     trust = PageTrust(trust_slot)
     try:
-        if sel.compare is not None:
-            _compared(sel, sel.compare, fleet_gpus, trust)
-        else:
-            if sel.compare_note:
-                st.info(sel.compare_note, icon=":material/compare_arrows:")
-            _body(sel, fleet_gpus, trust)
+        compare.body_or_compared(
+            sel.compare,
+            sel.compare_note,
+            lambda: _body(sel, fleet_gpus, trust),
+            lambda other: _compared(sel, other, fleet_gpus, trust),
+        )
     finally:
         trust.render()
 
