@@ -344,7 +344,11 @@ def test_simulated_reconciliation(sim, layout, bucket_s):
 def test_the_draws_loosest_bound_as_a_constant_draws_the_same_values(sim, layout, min_busy_frac):
     """The hashed draw's loosest bound, computed from the moments rows and put in the SQL as a
     constant (so that DuckDB filters the samples with it before any join), draws exactly the values
-    of the bound as a subquery; with few points per GPU, so that the bound does cut."""
+    of the bound as a subquery; with few points per GPU, so that the bound does cut.
+
+    The draw hashes the sample time, which every GPU of a simulated scenario shares, and the
+    scenario's times follow the wall clock: with 4 points per GPU the whole draw came back empty in
+    about 2 % of runs (a Poisson draw of mean 4). 40 per GPU still thins ~3,000 values per GPU."""
     con, w = sim[layout]
     where = (
         "TRUE"
@@ -359,10 +363,11 @@ def test_the_draws_loosest_bound_as_a_constant_draws_the_same_values(sim, layout
             f"SELECT min(n) FROM (SELECT sum(sm_n) AS n FROM {iv.name} WHERE {where} "
             'GROUP BY node, source, device, "index" HAVING sum(sm_n) > 0)'
         ).fetchone()[0]
-        assert least == n_gpu and least > 4 * MIN_POINTS
+        max_points = 10 * MIN_POINTS
+        assert least == n_gpu and least > 4 * max_points
         key = ["gh", "rh", "hour_s", "x"]
         drawn = [
-            con.execute(*_points_sql(iv, where, MIN_POINTS, bound))
+            con.execute(*_points_sql(iv, where, max_points, bound))
             .df()
             .sort_values(key)
             .reset_index(drop=True)
