@@ -126,3 +126,19 @@ def points(profile: str = PROFILE) -> list[Point]:
             )
         )
     return out
+
+
+# Recorded after the single scoring (2026-12-05 07:57 UTC; docs/FIDELITY.md "gpt-fast"): the units beyond
+# 15 % with the reason read from the model's own breakdown. Nothing in the model changed because of them.
+_PER_KERNEL = (
+    "TP 2/4: the model is too fast by about what TP 1 misses (~1.2 ms per token at Llama-2-7B TP 1 and 2): "
+    "the lean profile prices one small kernel per layer and no per-kernel cost beyond it, where gpt-fast's "
+    "compiled decode graph runs ~10 kernels per layer; at TP 8 the ring's per-step latency (14 steps on "
+    "NVLink 3) over-prices its one-shot intra-node all-reduce and the two errors cancel"
+)
+KNOWN_MISSES: dict[tuple, str] = {
+    ("e2e", "llama-2-7b", 2): _PER_KERNEL,
+    ("e2e", "llama-3.1-8b", 2): _PER_KERNEL,
+    ("e2e", "llama-3.1-8b", 4): _PER_KERNEL,
+    SUSPECT_UNIT: "the figure declared suspect before scoring (1130.81 GB/s vs 1481.87 for Llama-2-70B at TP 2)",
+}
