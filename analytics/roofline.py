@@ -40,7 +40,7 @@ import duckdb
 from analytics.trust import EMULATED, MEASURED, SIMULATED, UNVALIDATED, Trust
 from analytics.window import Window
 from collector.store.iteration_seconds import busy_len_sql
-from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, fidelity, gpu_spec_for_name
+from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, dtype_of_name, fidelity, gpu_spec_for_name
 
 PHASES = ("prefill", "decode", "mixed")
 _SIM = "trust_label(node, source) = 'simulated'"  # the store's one definition (migration 9)
@@ -200,7 +200,7 @@ def roofline(con: duckdb.DuckDBPyConnection, window: Window) -> Roofline:
         if spec is None:
             unknown += int(r.counted)
             continue
-        dtype = dtypes.get(r.node, "bf16")
+        dtype = dtypes.get(r.node) or dtype_of_name(r.gpu_name)  # a scenario's layout, or the emulated name
         try:
             peak_f = spec.peak_flops_for(dtype)
         except ValueError:
@@ -337,7 +337,7 @@ def unvalidated_notes(con: duckdb.DuckDBPyConnection, window: Window) -> list[st
         if spec is None:
             continue
         try:
-            ok, note = fidelity(spec, dtypes.get(node, "bf16"))
+            ok, note = fidelity(spec, dtypes.get(node) or dtype_of_name(name))
         except ValueError:
             continue
         if not ok and note not in notes:

@@ -11,6 +11,8 @@ values (rounded); every figure of the tables uses the shipped ones, through the 
 
     python bench/fidelity_table.py [--no-fit] [--no-loo] [--units] [--json out.json]
     python bench/fidelity_table.py --score-test     # once, after the model is frozen
+    python bench/fidelity_table.py --no-fit --no-loo --score-test --source gpt-fast --also-profile vllm --units
+        # one source's sets only (a new source's TEST units, scored once), with a sensitivity profile
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from serving.config import ModelConfig
-from serving.devices import DEFAULT_CONSTANTS, PROFILES, IterationWork, predict_iteration
+from serving.devices import DEFAULT_CONSTANTS, PROFILES, IterationWork, predict_iteration, published_gptfast
 from serving.devices.calibration import (
     FITS,
     MIN_UNITS_PER_CONSTANT,
@@ -55,19 +57,33 @@ SETS = ("calibration", "validation", "test")
 # -- comparisons -------------------------------------------------------------------------------------------
 
 
-def comparisons(roles: Sequence[str] = ("calibration", "validation")) -> list[dict[str, Any]]:
-    """Every point of the given roles beside the shipped model."""
+def comparisons(
+    roles: Sequence[str] = ("calibration", "validation"),
+    sources: Sequence[str] | None = None,
+    also_profile: str | None = None,
+) -> list[dict[str, Any]]:
+    """Every point of the given roles (and ``sources``, default all) beside the shipped model; with
+    ``also_profile``, each point also modeled with that engine profile (``alt_*`` keys)."""
     out = []
     for p in POINTS:
-        if p.role not in roles:
+        if p.role not in roles or (sources is not None and p.source not in sources):
             continue
         modeled = p.modeled_ms()
         unit = unit_of(p)
+        alt: dict[str, Any] = {}
+        if also_profile is not None:
+            alt_ms = p.modeled_ms(PROFILES[also_profile])
+            alt = {
+                "alt_profile": also_profile,
+                "alt_modeled_ms": round(alt_ms, 2),
+                "alt_error_pct": round((alt_ms / p.measured_ms - 1.0) * 100.0, 1),
+            }
         out.append(
             {
                 "source": p.source,
                 "gpu": p.gpu,
                 "capped": p.power_limit_w is not None,
+                "power_limit_w": p.power_limit_w,
                 "shape": p.shape,
                 "tp": p.tp,
                 "metric": p.metric,
@@ -78,41 +94,52 @@ def comparisons(roles: Sequence[str] = ("calibration", "validation")) -> list[di
                 "modeled_ms": round(modeled, 2),
                 "error_pct": round((modeled / p.measured_ms - 1.0) * 100.0, 1),
                 "role": p.role,
+                "note": p.note,
+                **alt,
             }
         )
     return out
 
 
-def set_summary(comps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def set_summary(comps: Sequence[dict[str, Any]], key: str = "error_pct") -> list[dict[str, Any]]:
     """Per (set, metric, scope) the count and median / p90 / max |error| (%); scope ``all``, each source,
     and Splitwise split into ``uncapped`` and ``capped`` (the 490 W H100, whose timing rests on the power
     model)."""
     groups: dict[tuple[str, str, str], list[float]] = {}
     for c in comps:
         metric = c["metric"]
-        groups.setdefault((c["role"], metric, "all"), []).append(c["error_pct"] / 100)
+        groups.setdefault((c["role"], metric, "all"), []).append(c[key] / 100)
         scope = c["source"]
         if c["source"] == "splitwise":
             scope = "splitwise capped" if c["capped"] else "splitwise uncapped"
-        groups.setdefault((c["role"], metric, scope), []).append(c["error_pct"] / 100)
+        groups.setdefault((c["role"], metric, scope), []).append(c[key] / 100)
+        if c["source"] == published_gptfast.SOURCE and [c["metric"], c["shape"], c["tp"]] != list(
+            published_gptfast.SUSPECT_UNIT
+        ):
+            groups.setdefault((c["role"], metric, "gpt-fast without the suspect unit"), []).append(
+                c[key] / 100
+            )
     rows = []
     for (role, metric, scope), errs in sorted(
         groups.items(), key=lambda kv: (SETS.index(kv[0][0]), kv[0][1:])
     ):
         s = error_stats(errs)
+        signed = sorted(errs)
+        mid = len(signed) // 2
+        s["signed_median"] = signed[mid] if len(signed) % 2 else (signed[mid - 1] + signed[mid]) / 2
         rows.append({"set": role, "metric": metric, "scope": scope, **s})
     return rows
 
 
 def summary_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
-        "| set | figure | scope | n | median abs err | p90 abs err | max abs err |",
-        "|---|---|---|---|---|---|---|",
+        "| set | figure | scope | n | median abs err | p90 abs err | max abs err | signed median |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['set']} | {r['metric'].upper()} | {r['scope']} | {r['n']} | {r['median']:.1%} | "
-            f"{r['p90']:.1%} | {r['max']:.1%} |"
+            f"{r['p90']:.1%} | {r['max']:.1%} | {r['signed_median']:+.1%} |"
         )
     return lines
 
@@ -123,10 +150,13 @@ def units_markdown(comps: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in comps:
-        gpu = GPU_LABEL[c["gpu"]] + (" 490 W" if c["capped"] else "")
+        gpu = GPU_LABEL[c["gpu"]] + (f" {c['power_limit_w']:g} W" if c["capped"] else "")
+        alt = ""
+        if "alt_profile" in c:
+            alt = f" ({c['alt_profile']}: {_fmt(c['alt_modeled_ms'])} ms, {c['alt_error_pct']:+.1f} %)"
         lines.append(
-            f"| {c['role']} | {c['source']} | {gpu} | {c['tp']} | {c['what']} | {c['measured_ms']:g} | "
-            f"{_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} % |"
+            f"| {c['role']} | {c['source']} | {gpu} | {c['tp']} | {c['what']} | {c['measured_ms']:.4g} | "
+            f"{_fmt(c['modeled_ms'])} | {c['error_pct']:+.1f} %{alt} |"
         )
     return "\n".join(lines)
 
@@ -251,6 +281,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits (a minute or two)")
     ap.add_argument("--units", action="store_true", help="print every scored unit, not only the summaries")
     ap.add_argument(
+        "--source",
+        action="append",
+        choices=sorted(SOURCES),
+        help="score only this source's points (repeatable; default every source)",
+    )
+    ap.add_argument(
+        "--also-profile",
+        choices=sorted(PROFILES),
+        help="also model every scored point with this engine profile (a sensitivity line, not the score)",
+    )
+    ap.add_argument(
         "--score-test",
         action="store_true",
         help="also score the fixed TEST set (once, after the constants and mechanisms are frozen)",
@@ -262,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         print_fit(fitted)
         print()
     roles = SETS if args.score_test else SETS[:2]
-    comps = comparisons(roles)
+    comps = comparisons(roles, args.source, args.also_profile)
     if args.units:
         print(units_markdown(comps))
         print()
@@ -293,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         print()
     summary = set_summary(comps)
     print("\n".join(summary_lines(summary)))
+    if args.also_profile:
+        print(f"\nThe same points with engine profile {args.also_profile!r} (sensitivity, not the score):")
+        print("\n".join(summary_lines(set_summary(comps, "alt_error_pct"))))
     if args.score_test:
         print()
         for r in summary:

@@ -62,6 +62,13 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="with --device emulated:<gpu>: model shape whose GPU time is emulated (e.g. llama-3.1-8b)",
     )
     p.add_argument(
+        "--emulate-dtype",
+        default="bf16",
+        choices=("bf16", "fp8"),
+        help="with --device emulated:<gpu>: the emulated weights' and KV's precision (fp8 needs an H100, "
+        "H200 or Blackwell; its figures are labelled unvalidated)",
+    )
+    p.add_argument(
         "--telemetry-spool", default=None, help="also append telemetry batches to this JSON-lines file"
     )
     p.add_argument(
@@ -123,6 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         control_token=args.control_token,
         telemetry_spool=args.telemetry_spool,
         emulate_shape=args.emulate_shape,
+        emulate_dtype=args.emulate_dtype,
         restart_delay_s=args.restart_delay_s,
         device_sample_interval_s=args.device_sample_interval_s,
         max_restart_delay_s=(
@@ -219,17 +227,18 @@ def emulation_banner(settings: ServeSettings) -> str | None:
     counted; ``None`` when every device is measured."""
     from serving.devices.emulated import emulated_device_label
 
-    modeled: dict[tuple[str, str, str], list[str]] = {}
+    modeled: dict[tuple[str, str, str, str], list[str]] = {}
     for _role, spec in settings.worker_specs():
-        label = emulated_device_label(spec.device, spec.emulate_shape or spec.model)
+        label = emulated_device_label(spec.device, spec.emulate_shape or spec.model, spec.emulate_dtype)
         if label is not None:
-            key = (label["device"], label["gpu"], label["models_shape"])
+            key = (label["device"], label["gpu"], label["models_shape"], label["dtype"])
             modeled.setdefault(key, []).append(spec.worker_id)
     if not modeled:
         return None
     what = "; ".join(
-        f"{', '.join(workers)} on {device} ({gpu}) modeling {shape} (bf16)"
-        for (device, gpu, shape), workers in modeled.items()
+        f"{', '.join(workers)} on {device} ({gpu}) modeling {shape} ({dtype}"
+        + (", UNVALIDATED: the GPU model was never checked on fp8)" if dtype != "bf16" else ")")
+        for (device, gpu, shape, dtype), workers in modeled.items()
     )
     return (
         f"phaselens serve: EMULATED GPUs, modeled not measured: {what}. The model math runs on this "

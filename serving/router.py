@@ -58,6 +58,9 @@ def _emulation_summary(label: dict[str, Any], sample: dict[str, Any]) -> dict[st
     return {
         "gpu": label["gpu"],
         "models_shape": label["models_shape"],
+        "dtype": label.get("dtype", "bf16"),
+        "validated": label.get("validated", True),
+        **({"fidelity": label["fidelity"]} if label.get("fidelity") else {}),
         "iterations": iterations,
         "paced_iterations": sample.get("paced_iterations_total"),
         "lagged_iterations": lagged,
@@ -183,7 +186,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
         for w in pool.workers.values() if pool else []:
             if w.state not in ("ready", "draining"):
                 continue
-            label = emulated_device_label(w.spec.device, w.spec.emulate_shape or w.spec.model)
+            label = emulated_device_label(
+                w.spec.device, w.spec.emulate_shape or w.spec.model, w.spec.emulate_dtype
+            )
             out.append({"worker": w.id, **(label or {"device": w.spec.device, "emulated": False})})
         return out
 
@@ -211,7 +216,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 item["error"] = str(res) or type(res).__name__
             else:
                 item["sample"] = res
-                label = emulated_device_label(w.spec.device, w.spec.emulate_shape or w.spec.model)
+                label = emulated_device_label(
+                    w.spec.device, w.spec.emulate_shape or w.spec.model, w.spec.emulate_dtype
+                )
                 if label is not None:
                     item["emulation"] = _emulation_summary(label, res)
             out.append(item)

@@ -34,6 +34,7 @@ class ServeSettings:
     telemetry_spool: str | None = None
     served_model_name: str | None = None
     emulate_shape: str | None = None  # with emulated:<gpu> devices: the model shape to pace for
+    emulate_dtype: str = "bf16"  # with emulated:<gpu> devices: the modeled weights' and KV's precision
     restart_delay_s: float = 0.5  # first back-off before a dead worker is restarted (doubles)
     max_restart_delay_s: float = 30.0
     max_waiting_requests: int | None = None  # beyond it new requests get 429; None: one batch per worker
@@ -101,6 +102,19 @@ class ServeSettings:
             model_config_for(self.emulate_shape)
             if not all(d.startswith("emulated:") for d in devices):
                 raise ConfigError("--emulate-shape needs emulated devices (--device emulated:<gpu>)")
+        if self.emulate_dtype != "bf16":
+            if not all(d.startswith("emulated:") for d in devices):
+                raise ConfigError(
+                    f"--emulate-dtype {self.emulate_dtype} needs emulated devices (--device emulated:<gpu>)"
+                )
+            from serving.devices.emulated import emulation_fidelity
+            from serving.devices.errors import DeviceValueError
+
+            for d in dict.fromkeys(devices):
+                try:
+                    emulation_fidelity(d.split(":", 1)[1], self.emulate_dtype)
+                except DeviceValueError as e:
+                    raise ConfigError(f"--emulate-dtype {self.emulate_dtype} on {d}: {e}") from e
         check_devices_available(devices)
 
     def worker_specs(self) -> list[tuple[str, WorkerSpec]]:
@@ -118,6 +132,7 @@ class ServeSettings:
                     engine=self.engine,
                     threads=threads,
                     emulate_shape=self.emulate_shape,
+                    emulate_dtype=self.emulate_dtype,
                 ),
             )
             for i, (role, dev) in enumerate(zip(roles, devices, strict=True))

@@ -51,6 +51,7 @@ class WorkerSpec:
     threads: int = 1
     kv_host: str = "127.0.0.1"
     emulate_shape: str | None = None  # model shape an emulated GPU models (default: the real model)
+    emulate_dtype: str = "bf16"  # the emulated weights' and KV's precision (bf16 | fp8: unvalidated)
 
 
 def params_to_dict(p: SamplingParams) -> dict[str, Any]:
@@ -134,8 +135,12 @@ class _Worker:
 
         self.spec, self.link = spec, link
         worker_number = int(spec.worker_id.rsplit("-", 1)[-1]) if spec.worker_id[-1:].isdigit() else None
+        emulation: dict[str, Any] = {"dtype": spec.emulate_dtype} if spec.emulate_dtype != "bf16" else {}
         self.device = open_device(
-            spec.device, model_shape=model_config_for(spec.emulate_shape or spec.model), index=worker_number
+            spec.device,
+            model_shape=model_config_for(spec.emulate_shape or spec.model),
+            index=worker_number,
+            **emulation,
         )
         # A GPU worker's host work is small tensors: many threads only contend.
         threads = spec.threads if self.device.torch_device == "cpu" else min(spec.threads, 2)

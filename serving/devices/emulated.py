@@ -63,7 +63,7 @@ from serving.devices.gpu_model import (
     predict_iteration,
     shard_shape,
 )
-from serving.devices.gpu_specs import GpuSpec, gpu_spec
+from serving.devices.gpu_specs import DTYPES, GpuSpec, check_dtype, fidelity, gpu_spec
 
 __all__ = [
     "BF16_BYTES",
@@ -79,6 +79,7 @@ __all__ = [
     "EngineProfile",
     "IterationEstimate",
     "emulated_device_label",
+    "emulation_fidelity",
     "estimate_at_clock",
     "gap_energy_j",
     "gap_power_w",
@@ -91,16 +92,38 @@ CLOCK_EVENT_GPU_IDLE = 0x1
 CLOCK_EVENT_SW_POWER_CAP = 0x4
 
 
-def emulated_device_label(device: str, shape: str) -> dict[str, Any] | None:
+def emulated_device_label(device: str, shape: str, dtype: str = "bf16") -> dict[str, Any] | None:
     """What a worker on ``device`` models, for banners and APIs; ``None`` unless ``emulated:<gpu>``.
 
     ``shape`` is the preset name or Hugging Face folder of the modeled shape (``--emulate-shape``,
-    else the served model). Returns ``{"device", "emulated": True, "gpu", "models_shape"}``.
+    else the served model); ``dtype`` the modeled weights' and KV's (``--emulate-dtype``). Returns
+    ``{"device", "emulated": True, "gpu", "models_shape", "dtype", "validated"}``, plus ``"fidelity"``
+    (the "unvalidated: ..." note) on a GPU or dtype the GPU model was never checked on.
     """
     if not device.startswith("emulated:"):
         return None
     gpu = gpu_spec(device.split(":", 1)[1])
-    return {"device": device, "emulated": True, "gpu": gpu.name, "models_shape": model_config_for(shape).name}
+    validated, note = emulation_fidelity(gpu, dtype)
+    label: dict[str, Any] = {
+        "device": device,
+        "emulated": True,
+        "gpu": gpu.name,
+        "models_shape": model_config_for(shape).name,
+        "dtype": dtype,
+        "validated": validated,
+    }
+    if note:
+        label["fidelity"] = note
+    return label
+
+
+def emulation_fidelity(gpu: str | GpuSpec, dtype: str = "bf16") -> tuple[bool, str | None]:
+    """:func:`~serving.devices.gpu_specs.fidelity` of an emulated GPU, after checking that the GPU runs
+    ``dtype`` (FP8 needs FP8 tensor cores: an A100 emulates bf16 only); DeviceValueError names what is
+    allowed otherwise."""
+    spec = gpu_spec(gpu)
+    spec.peak_flops_for(check_dtype(dtype))  # raises, naming the allowed dtypes, where the GPU has none
+    return fidelity(spec, dtype)
 
 
 # --- the device -----------------------------------------------------------------------------------
@@ -168,8 +191,12 @@ def emulated_uuid(gpu_name: str, index: int | None) -> str:
 class EmulatedDevice(Device):
     """A modeled GPU (spec ``emulated:<gpu>``) that paces the engine and reports NVML-like counters.
 
-    ``model_shape`` is the model whose bf16 work is modeled (default: the ``tiny`` preset); it may
-    differ from the model the host actually runs. ``pace=False`` models and accounts without
+    ``model_shape`` is the model whose work is modeled (default: the ``tiny`` preset); it may
+    differ from the model the host actually runs. ``dtype`` is its weights' and KV's precision:
+    ``bf16`` (default) or ``fp8`` (one byte per weight and KV element at the GPU's dense FP8 peak, as
+    the simulator's ``dtype=fp8``); FP8 figures are **unvalidated** (no measurement checked the model
+    on FP8), and the device says so in its :attr:`name` (``"... (emulated, fp8, unvalidated)"``, which
+    the store and analytics read) and :meth:`emulation_counters`. ``pace=False`` models and accounts without
     sleeping (the modeled GPU then runs behind the host like a CUDA launch queue). ``clock`` (a
     monotonic seconds clock) and ``sleep`` are injectable so tests run without real time.
     ``sample_window_s`` is the trailing window a :meth:`snapshot` averages over by default.
@@ -197,8 +224,11 @@ class EmulatedDevice(Device):
         profile: str | EngineProfile | None = None,
         tp: int = 1,
         link: str | LinkSpec = "nvlink",
+        dtype: str = "bf16",
     ) -> None:
         self._gpu = gpu_spec(gpu)
+        self._validated, self._fidelity_note = emulation_fidelity(self._gpu, dtype)
+        self._dtype = dtype
         self._profile = engine_profile(profile)
         self._tp = tp
         self._link = link
@@ -216,8 +246,9 @@ class EmulatedDevice(Device):
         self._sample_window_s = self._check_window(sample_window_s, "sample_window_s")
         self._clocks = self._gpu.supported_sm_clocks_mhz()
         shard = shard_shape(self._shape, tp)  # validates tp against the shape
-        self._kv_bytes_per_token = shard.kv_bytes_per_token(BF16_BYTES)
-        self._weight_bytes = shard.param_count() * BF16_BYTES
+        weight_b, kv_b = DTYPES[dtype]
+        self._kv_bytes_per_token = shard.kv_bytes_per_token(kv_b)
+        self._weight_bytes = shard.param_count() * weight_b
         self._uuid = emulated_uuid(self._gpu.name, index)
         self._lock = threading.Lock()
         # knobs
@@ -282,7 +313,22 @@ class EmulatedDevice(Device):
 
     @property
     def name(self) -> str:
-        return f"{self._gpu.name} (emulated)"
+        """``"<GPU> (emulated)"``; with fp8 ``"<GPU> (emulated, fp8, unvalidated)"`` (the store keeps the
+        name, so every figure read from this GPU can carry its dtype and the unvalidated label)."""
+        if self._dtype == "bf16":
+            return f"{self._gpu.name} (emulated)"
+        tail = "" if self._validated else ", unvalidated"
+        return f"{self._gpu.name} (emulated, {self._dtype}{tail})"
+
+    @property
+    def dtype(self) -> str:
+        """The modeled weights' and KV's precision (``bf16`` or ``fp8``)."""
+        return self._dtype
+
+    @property
+    def validated(self) -> bool:
+        """Whether the GPU model was checked against measurements on this GPU and dtype."""
+        return self._validated
 
     @property
     def pace(self) -> bool:
@@ -317,6 +363,7 @@ class EmulatedDevice(Device):
             tp=self._tp,
             link=self._link,
             profile=self._profile,
+            dtype=self._dtype,
         )
 
     @property
@@ -349,6 +396,9 @@ class EmulatedDevice(Device):
             "device": self.spec,
             "gpu": self._gpu.name,
             "models_shape": self._shape.name,
+            "dtype": self._dtype,
+            "validated": self._validated,
+            **({"fidelity": self._fidelity_note} if self._fidelity_note else {}),
             "paced": self._pace,
             "iterations": s.iterations,
             "paced_iterations": s.paced_iterations,

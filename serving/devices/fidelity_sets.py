@@ -26,7 +26,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from serving.devices import published_lmdeploy
+from serving.devices import published_gptfast, published_lmdeploy
 from serving.devices.published import POINTS as OTHER_POINTS
 from serving.devices.published import Point
 from serving.devices.published_splitwise import TPOT_MS, TTFT_MS
@@ -396,7 +396,12 @@ def unit_of(p: Point) -> Key | None:
 
 SPLITWISE_POINTS = splitwise_points()
 #: every scored point of every source: the others' (published.py) and Splitwise's units
-POINTS: list[Point] = [*OTHER_POINTS, *SPLITWISE_POINTS, *published_lmdeploy.points()]
+POINTS: list[Point] = [
+    *OTHER_POINTS,
+    *SPLITWISE_POINTS,
+    *published_lmdeploy.points(),
+    *published_gptfast.points(),
+]
 
 
 def error_stats(errors: Iterable[float]) -> dict[str, float]:

@@ -199,6 +199,15 @@ def fidelity(gpu: str | GpuSpec, dtype: str = "bf16") -> tuple[bool, str | None]
     return False, "unvalidated: the GPU model was never checked against measurements on " + " with ".join(why)
 
 
+def dtype_of_name(name: str | None) -> str:
+    """The modeled dtype an emulated GPU's reported name carries (``"NVIDIA H200 (emulated, fp8,
+    unvalidated)"`` -> ``fp8``); ``bf16`` for every other name (a measured GPU's figures are what it ran)."""
+    if not name or " (" not in name:
+        return "bf16"
+    words = {w.strip(" )") for w in name.split(" (", 1)[1].split(",")}
+    return next((d for d in DTYPES if d in words and d != "bf16"), "bf16")
+
+
 def gpu_spec_for_name(name: str | None) -> GpuSpec | None:
     """The spec whose NVML name ``name`` is (a device's reported name; ``' (simulated)'`` and
     similar suffixes ignored), or None when the GPU is not one the model knows."""

@@ -184,6 +184,8 @@ SOURCES: dict[str, str] = {
     "trtllm-0.5": "TensorRT-LLM docs/source/performance.md, 'Low Latency' tables (data from v0.5)",
     "lmdeploy-0.1": "LMDeploy v0.1.0a1 (TurboMind) static inference benchmark, A100-80G fp16: "
     "InternLM/lmdeploy docs/en/benchmark/a100_fp16.md @3e391df (serving/devices/published_lmdeploy.py)",
+    "gpt-fast": "gpt-fast (PyTorch, torch.compile + CUDA graphs) batch-1 generation, 8x A100-80GB at 330 W, bf16: "
+    "pytorch-labs/gpt-fast README.md @c9f683e (serving/devices/published_gptfast.py)",
 }
 
 POINTS: list[Point] = []

@@ -137,3 +137,46 @@ def test_a_real_gpu_s_engine_count_is_measured_and_unknown_devices_are_left_out(
     assert r.trust.labels == {"measured"}
     assert any("1 iterations without a work count" in m for m in r.missing)
     assert any("2 iterations on GPUs without known peaks" in m for m in r.missing)
+
+
+def test_an_emulated_fp8_gpu_is_read_at_the_fp8_peak_and_labelled_unvalidated(tmp_path: Path) -> None:
+    """An emulated H200 modeling fp8 (``--emulate-dtype fp8``) reports its dtype in its name; the roofline
+    takes the dense FP8 peak as its yardstick and labels its figures emulated and unvalidated, and the
+    window's notes say why; a bf16 emulated H200 beside it stays validated."""
+    from analytics.roofline import unvalidated_notes
+    from collector.store import Store
+    from serving.telemetry import envelope
+
+    with Store.open(tmp_path / "e.duckdb") as store:
+        store.append(
+            "devices",
+            [
+                {"node": "n1", "source": "emulated", "device": "emulated:h200", "index": 0, "since_s": 1000.0,
+                 "kind": "emulated", "uuid": "GPU-emulated-fp8", "name": "NVIDIA H200 (emulated, fp8, unvalidated)",
+                 "emulated": True, "worker": "worker-0", "role": "mixed"},
+                {"node": "n2", "source": "emulated", "device": "emulated:h200", "index": 0, "since_s": 1000.0,
+                 "kind": "emulated", "uuid": "GPU-emulated-bf16", "name": "NVIDIA H200 (emulated)",
+                 "emulated": True, "worker": "worker-0", "role": "mixed"},
+            ],
+        )  # fmt: skip
+        for node, uuid in (("n1", "GPU-emulated-fp8"), ("n2", "GPU-emulated-bf16")):
+            events = [
+                _event("worker-0", "emulated:h200", uuid, 1000.0 + i, "decode", 4.0e11) for i in range(4)
+            ]
+            for e in events:
+                e["modeled_s"] = 0.02
+            ingest = store.append_telemetry_batch(envelope("worker-0", 0, 1010.0, 0, events), node)
+            assert ingest.rejected_events == 0
+        store.flush()
+        with store.reader() as cur:
+            fp8 = roofline(cur, Window(999.0, 1020.0, nodes=("n1",)))
+            bf16 = roofline(cur, Window(999.0, 1020.0, nodes=("n2",)))
+            notes = unvalidated_notes(cur, Window(999.0, 1020.0))
+    row = next(x for x in fp8.table if x["scope"] == "fleet")
+    assert row["trust"] == ["emulated", "unvalidated"]
+    assert row["mfu"] == pytest.approx(4 * 4.0e11 / (4 * 0.02 * GPU_SPECS["h200"].fp8_tflops * 1e12))
+    assert fp8.trust.labels == {"emulated", "unvalidated"}
+    assert any("fp8 weights and KV" in n for n in fp8.trust.notes)
+    row = next(x for x in bf16.table if x["scope"] == "fleet")
+    assert row["trust"] == ["emulated"] and bf16.trust.labels == {"emulated"}
+    assert notes == [next(n for n in fp8.trust.notes if "fp8" in n)]

@@ -39,3 +39,23 @@ def test_serve_banner_says_devices_are_emulated_what_they_model_and_where_lag_is
     for where in ("/v1/devices", "phaselens:emulation_lag_seconds_total", "lag_s"):
         assert where in banner
     assert emulation_banner(ServeSettings(devices=["cpu"])) is None
+
+
+def test_serve_emulate_dtype_fp8_is_checked_up_front_and_the_banner_says_unvalidated() -> None:
+    """``--emulate-dtype fp8``: the workers' emulated GPUs model fp8 (the spec carries it), the banner
+    says the figures are unvalidated, and a device that cannot run it is refused before anything starts."""
+    from serving.cli import emulation_banner
+    from serving.settings import ConfigError, ServeSettings
+
+    settings = ServeSettings(devices=["emulated:h200"], emulate_shape="llama-3.1-8b", emulate_dtype="fp8")
+    settings.validate()
+    assert [spec.emulate_dtype for _role, spec in settings.worker_specs()] == ["fp8"]
+    banner = emulation_banner(settings)
+    assert banner is not None and "modeling llama-3.1-8b (fp8, UNVALIDATED" in banner
+    with pytest.raises(
+        ConfigError, match=r"emulated:a100-sxm-80gb: .*no FP8 tensor cores; allowed dtype: bf16"
+    ):
+        ServeSettings(devices=["emulated:a100-sxm-80gb"], emulate_dtype="fp8").validate()
+    with pytest.raises(ConfigError, match=r"--emulate-dtype fp8 needs emulated devices"):
+        ServeSettings(devices=["cpu"], emulate_dtype="fp8").validate()
+    assert "(bf16)" in emulation_banner(ServeSettings(devices=["emulated:h200"]))

@@ -93,6 +93,8 @@ def check_lag_is_visible(url: str, report: LoadReport, after: dict[str, dict]) -
             "emulated": True,
             "gpu": "NVIDIA H100 80GB HBM3",
             "models_shape": "llama-3.1-8b",
+            "dtype": "bf16",
+            "validated": True,
         }
         for w in ("worker-0", "worker-1")
     ]

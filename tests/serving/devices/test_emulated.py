@@ -490,6 +490,8 @@ def test_lag_is_counted_per_iteration_and_in_every_sample(fake: FakeTime) -> Non
         "device": "emulated:h100-sxm",
         "gpu": "NVIDIA H100 80GB HBM3",
         "models_shape": "llama-3.1-8b",
+        "dtype": "bf16",
+        "validated": True,
         "paced": True,
         "iterations": 2,
         "paced_iterations": 1,
@@ -753,3 +755,47 @@ def test_an_emulated_gpu_keeps_its_uuid_across_restarts_and_indexes_differ():
     assert len({first.snapshot().uuid, other.snapshot().uuid, h200.snapshot().uuid}) == 3
     assert loose[0].snapshot().uuid != loose[1].snapshot().uuid
     assert first.snapshot().uuid.startswith("GPU-emulated-")
+
+
+# --- the emulated precision (issue 23 point 5: FP8 weights and KV, unvalidated) ---------------------------
+
+
+def test_fp8_emulation_models_fp8_work_and_says_unvalidated(fake: FakeTime) -> None:
+    """``dtype="fp8"``: each iteration is the GPU model's fp8 estimate (one byte per weight and KV
+    element, the dense FP8 peak), the memory in use holds fp8 weights, and the name, the counters and
+    the label carry the dtype and the unvalidated note that the store and analytics read."""
+    from serving.devices.emulated import emulated_device_label
+    from serving.devices.gpu_specs import dtype_of_name, gpu_spec_for_name
+
+    bf16, fp8 = device(fake, "h200"), device(fake, "h200", dtype="fp8")
+    work = decode(8)
+    expect = predict_iteration("h200", LLAMA_8B, work, dtype="fp8")
+    assert fp8.predict(work).time_s == pytest.approx(expect.time_s)
+    assert not expect.validated and bf16.predict(work).validated
+    # memory-bound decode: half the weight bytes, clearly faster than bf16
+    assert fp8.predict(work).time_s < 0.75 * bf16.predict(work).time_s
+    run(fp8, fake, work)
+    assert fp8.last_estimate.time_s == pytest.approx(expect.time_s)
+    s = fp8.snapshot()
+    assert s.name == "NVIDIA H200 (emulated, fp8, unvalidated)"
+    assert dtype_of_name(s.name) == "fp8" and gpu_spec_for_name(s.name) is GPU_SPECS["h200"]
+    assert dtype_of_name("NVIDIA H200 (emulated)") == dtype_of_name("NVIDIA H200") == "bf16"
+    assert LLAMA_8B.param_count() < s.mem_used_bytes < LLAMA_8B.param_count() * 2
+    assert (fp8.dtype, fp8.validated, bf16.dtype, bf16.validated) == ("fp8", False, "bf16", True)
+    counters = fp8.emulation_counters()
+    assert counters["dtype"] == "fp8" and counters["validated"] is False
+    assert "unvalidated" in counters["fidelity"] and "fp8" in counters["fidelity"]
+    assert "fidelity" not in bf16.emulation_counters() and bf16.emulation_counters()["validated"] is True
+    label = emulated_device_label("emulated:h200", "llama-3.1-8b", "fp8")
+    assert label["dtype"] == "fp8" and label["validated"] is False and "fp8" in label["fidelity"]
+    assert emulated_device_label("emulated:h200", "llama-3.1-8b")["validated"] is True
+    assert isinstance(open_device("emulated:h100-sxm", dtype="fp8"), EmulatedDevice)
+
+
+def test_fp8_emulation_is_refused_where_the_gpu_has_no_fp8_and_unknown_dtypes_are_named(
+    fake: FakeTime,
+) -> None:
+    with pytest.raises(DeviceValueError, match=r"no FP8 tensor cores; allowed dtype: bf16"):
+        device(fake, "a100-sxm-80gb", dtype="fp8")
+    with pytest.raises(DeviceValueError, match=r"unknown dtype 'int4'; allowed: bf16, fp8"):
+        device(fake, "h200", dtype="int4")
