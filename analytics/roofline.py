@@ -12,7 +12,10 @@ fleet, pool (role) and GPU:
   layout, bf16 otherwise);
 * **stranded compute** = decode busy time × (1 − MFU of decode) and **stranded bandwidth** = prefill
   busy time × (1 − MBU of prefill), GPU-seconds computed from work and time. Mixed (chunked-prefill)
-  iterations have their own MFU/MBU and count in neither.
+  iterations have their own MFU/MBU: their decode share (by work: prefill tokens vs decode sequences)
+  counts in stranded compute by 1 − their MFU, their prefill share in stranded bandwidth by 1 − their
+  MBU — the rule of the phase attribution's categories (:mod:`analytics.stranded`, per GPU-hour there
+  with :func:`phase_rates`), so the Overview's stranded share and this table rest on one basis.
 
 Beside them, the DCGM-style activities of the same GPUs while each phase ran (``sm_active_pct``,
 ``tensor_active_pct``, ``dram_active_pct``, per busy second): over the GPU samples taken in the GPU's
@@ -36,10 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import pandas as pd
 
 from analytics.trust import EMULATED, MEASURED, SIMULATED, UNVALIDATED, Trust
 from analytics.window import Window
-from collector.store.iteration_seconds import busy_len_sql
+from collector.store.iteration_seconds import PSHARE_SQL, busy_len_sql
 from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, fidelity, gpu_spec_for_name
 
 PHASES = ("prefill", "decode", "mixed")
@@ -105,16 +109,19 @@ def _scenario_dtypes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return out
 
 
-def _work_sql(pred: str) -> str:
-    """Per GPU and phase: the work, the GPU-busy seconds and the iterations of the window, with the
-    GPU's role, name and emulated flag from its latest ``devices`` row with a worker (a GPU that
-    changed role inside the window counts under its last one)."""
+def _work_sql(pred: str, *, hourly: bool = False) -> str:
+    """Per GPU and phase (and per hour of the iteration's start, ``hour_s``, with ``hourly``): the
+    work, the GPU-busy seconds and the iterations of the window, with the GPU's role, name and
+    emulated flag from its latest ``devices`` row with a worker (a GPU that changed role inside the
+    window counts under its last one)."""
+    hour = "floor(start_s / 3600.0) * 3600.0 AS hour_s, " if hourly else ""
     return f"""
 WITH w AS (
-    SELECT node, source, gpu_uuid, device, phase,
+    SELECT node, source, gpu_uuid, device, phase, {hour}
            count(*) AS iterations, count(flops) AS counted,
            sum(flops) AS flops, sum(hbm_bytes) AS hbm_bytes,
-           sum(CASE WHEN flops IS NOT NULL THEN {busy_len_sql(_SIM)} END) AS busy_s
+           sum(CASE WHEN flops IS NOT NULL THEN {busy_len_sql(_SIM)} END) AS busy_s,
+           sum(CASE WHEN flops IS NOT NULL THEN ({PSHARE_SQL}) * {busy_len_sql(_SIM)} END) AS busy_prefill_s
     FROM iterations WHERE {pred} AND start_s >= ? AND start_s < ?
     GROUP BY ALL
 ), d AS (
@@ -218,12 +225,13 @@ def roofline(con: duckdb.DuckDBPyConnection, window: Window) -> Roofline:
         for key in (("fleet", None, None), ("pool", r.role, None), ("gpu", r.role, gpu)):
             g = groups.setdefault(
                 (*key, r.phase),
-                {"iterations": 0, "busy_s": 0.0, "flops": 0.0, "hbm_bytes": 0.0, "peak_f": 0.0,
+                {"iterations": 0, "busy_s": 0.0, "busy_p": 0.0, "flops": 0.0, "hbm_bytes": 0.0, "peak_f": 0.0,
                  "peak_b": 0.0, "labels": set(), "sm": 0.0, "tensor": 0.0, "dram": 0.0,
                  "n_sm": 0.0, "n_tensor": 0.0, "n_dram": 0.0, "gpu_name": spec.name},
             )  # fmt: skip
             g["iterations"] += int(r.counted)
             g["busy_s"] += float(r.busy_s)
+            g["busy_p"] += float(r.busy_prefill_s)
             g["flops"] += float(r.flops)
             g["hbm_bytes"] += float(r.hbm_bytes)
             g["peak_f"] += float(r.busy_s) * peak_f
@@ -283,8 +291,10 @@ def _row(key: tuple[str, str | None, str | None, str], g: dict[str, Any]) -> dic
 
 
 def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per fleet and pool: stranded compute (decode busy × (1 − MFU)) and stranded bandwidth (prefill
-    busy × (1 − MBU)), GPU-seconds, with the activities measured beside them."""
+    """Per fleet and pool: stranded compute (decode busy × (1 − MFU of decode), plus a mixed
+    iteration's decode share × (1 − MFU of mixed)) and stranded bandwidth (prefill busy × (1 − MBU of
+    prefill), plus the mixed prefill share × (1 − MBU of mixed)), GPU-seconds — the attribution's
+    categories (:mod:`analytics.stranded`) on the same rule —, with the activities beside them."""
     out = []
     scopes = sorted(
         {(s, r) for (s, r, _g, _p) in groups if s in ("fleet", "pool")},
@@ -293,7 +303,15 @@ def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, An
     for scope, role in scopes:
         dec = groups.get((scope, role, None, "decode"))
         pre = groups.get((scope, role, None, "prefill"))
+        mix = groups.get((scope, role, None, "mixed"))
         row: dict[str, Any] = {"scope": scope, "role": role}
+        mixed_d = mixed_p = None  # (seconds, stranded seconds) of the mixed iterations' two shares
+        if mix is not None and mix["peak_f"] > 0:
+            mfu_mx, mbu_mx = mix["flops"] / mix["peak_f"], mix["hbm_bytes"] / mix["peak_b"]
+            d_s, p_s = mix["busy_s"] - mix["busy_p"], mix["busy_p"]
+            mixed_d = (d_s, d_s * (1.0 - min(1.0, mfu_mx)))
+            mixed_p = (p_s, p_s * (1.0 - min(1.0, mbu_mx)))
+            row.update(mfu_mixed=mfu_mx, mbu_mixed=mbu_mx)
         if dec is not None and dec["peak_f"] > 0:
             mfu = dec["flops"] / dec["peak_f"]
             row.update(
@@ -311,8 +329,15 @@ def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, An
                 stranded_bandwidth_s=pre["busy_s"] - pre["hbm_bytes"] * pre["busy_s"] / pre["peak_b"],
                 dram_active_prefill_pct=pre["dram"] / pre["n_dram"] if pre["n_dram"] else None,
             )
+        for key, seconds, part in (
+            ("decode_s", "stranded_compute_s", mixed_d),
+            ("prefill_s", "stranded_bandwidth_s", mixed_p),
+        ):
+            if part is not None:
+                row[key] = row.get(key, 0.0) + part[0]
+                row[seconds] = row.get(seconds, 0.0) + part[1]
         labels = set()
-        for g in (dec, pre):
+        for g in (dec, pre, mix):
             if g is not None:
                 labels |= g["labels"]
         row["trust"] = sorted(labels)
@@ -343,3 +368,76 @@ def unvalidated_notes(con: duckdb.DuckDBPyConnection, window: Window) -> list[st
         if not ok and note not in notes:
             notes.append(note)
     return notes
+
+
+#: the columns of :func:`phase_rates`' frame besides its keys (node, uuid, hour_s)
+RATE_COLUMNS = ("mfu_decode", "mbu_prefill", "mfu_mixed", "mbu_mixed")
+
+
+@dataclass(slots=True)
+class PhaseRates:
+    """MFU and MBU per GPU and phase for the phase attribution's stranded categories
+    (:mod:`analytics.attribution`): ``table`` has one row per GPU (``node``, ``uuid``) and hour of
+    the iterations' starts (``hour_s``), plus one row per GPU over the whole window (``hour_s`` NaN),
+    with :data:`RATE_COLUMNS` (NaN where the GPU ran no counted iteration of that phase), each in
+    [0, 1]; ``unvalidated``: the notes of GPUs / dtypes the GPU model was never checked on."""
+
+    table: pd.DataFrame
+    unvalidated: list[str] = field(default_factory=list)
+
+
+def phase_rates(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseRates:
+    """MFU of decode, MBU of prefill, MFU and MBU of mixed iterations per GPU and hour of ``window``
+    (and per GPU over the window), by the same rule as :func:`roofline`: Σ flops / Σ (busy_s · peak
+    FLOP/s), Σ hbm_bytes / Σ (busy_s · peak bytes/s), over the iterations that carry a count on a GPU
+    with known peaks. Empty where none does (no count: an external fleet, a store from before
+    migration 14), so the attribution falls back to the GPUs' SM / DRAM activity."""
+    empty = pd.DataFrame(columns=["node", "uuid", "hour_s", *RATE_COLUMNS])
+    pred, par = window.node_sql("node")
+    try:
+        df = con.execute(_work_sql(pred, hourly=True), [*par, window.start_s, window.end_s]).df()
+    except duckdb.Error:  # a store without the count's columns (before migration 14)
+        return PhaseRates(empty)
+    df = df[(df["counted"] > 0) & (df["busy_s"] > 0) & df["gpu_uuid"].notna()]
+    if df.empty:
+        return PhaseRates(empty)
+    dtypes = _scenario_dtypes(con)
+    notes: list[str] = []
+    peaks: dict[tuple[Any, ...], tuple[float, float] | None] = {}
+    peak_f, peak_b = [], []
+    for node, device, name in zip(df["node"], df["device"], df["gpu_name"], strict=True):
+        key = (node, device, name)
+        if key not in peaks:
+            spec, dtype = _spec_of(device, name), dtypes.get(node, "bf16")
+            try:
+                peaks[key] = None if spec is None else (spec.peak_flops_for(dtype), spec.bandwidth_bytes_s)
+            except ValueError:
+                peaks[key] = None
+            if peaks[key] is not None and spec is not None:
+                ok, note = fidelity(spec, dtype)
+                if not ok and note not in notes:
+                    notes.append(note)
+        pk = peaks[key]
+        peak_f.append(pk[0] if pk else float("nan"))
+        peak_b.append(pk[1] if pk else float("nan"))
+    df = df.assign(peak_f_s=df["busy_s"] * pd.Series(peak_f, index=df.index),
+                   peak_b_s=df["busy_s"] * pd.Series(peak_b, index=df.index))  # fmt: skip
+    df = df[df["peak_f_s"].notna()].rename(columns={"gpu_uuid": "uuid"})
+    if df.empty:
+        return PhaseRates(empty)
+    sums = ["flops", "hbm_bytes", "peak_f_s", "peak_b_s"]
+    hourly = df.groupby(["node", "uuid", "hour_s", "phase"], as_index=False)[sums].sum()
+    whole = df.groupby(["node", "uuid", "phase"], as_index=False)[sums].sum().assign(hour_s=float("nan"))
+    rows = pd.concat([hourly, whole], ignore_index=True)
+    rows["mfu"] = (rows["flops"] / rows["peak_f_s"]).clip(0.0, 1.0)
+    rows["mbu"] = (rows["hbm_bytes"] / rows["peak_b_s"]).clip(0.0, 1.0)
+    out = rows[["node", "uuid", "hour_s"]].drop_duplicates().reset_index(drop=True)
+    for col, phase, rate in (
+        ("mfu_decode", "decode", "mfu"),
+        ("mbu_prefill", "prefill", "mbu"),
+        ("mfu_mixed", "mixed", "mfu"),
+        ("mbu_mixed", "mixed", "mbu"),
+    ):
+        part = rows[rows["phase"] == phase][["node", "uuid", "hour_s", rate]].rename(columns={rate: col})
+        out = out.merge(part, on=["node", "uuid", "hour_s"], how="left")  # NaN keys match NaN
+    return PhaseRates(out, notes)
