@@ -7,7 +7,10 @@ time × GPU utilization (the windows' NVML utilization: the decode windows were 
 against the H200's dense BF16 peak and HBM bandwidth, and beside them the GPM readings per busy second
 (SM activity / utilization, tensor activity / utilization; DRAM activity was not recorded). Then the two
 yardsticks of stranded compute in decode: 1 − MFU (from work and time) and 1 − SM activity (the v2
-figure), and the GPU model's activities for the same work (``phaselens-eager`` profile).
+figure), and the GPU model's activities for the same work (``phaselens-eager`` profile). Last, the two
+bases of the phase attribution's stranded categories side by side (analytics/stranded.py): the share
+of decode busy time stranded by 1 − MFU and by 1 − SM activity (1 − tensor activity beside), and of
+prefill busy time by 1 − MBU, busy-time weighted (the table in docs/ANALYTICS.md).
 
     .venv/bin/python bench/roofline_h200.py
 """
