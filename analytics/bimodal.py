@@ -53,7 +53,7 @@ from analytics.bimodal_stats import (
 )
 from analytics.intervals import SM_SHIFT_PCT
 from analytics.power_model import gpu_key, nnls_gram
-from analytics.stranded import stranded_basis
+from analytics.stranded import basis_note, stranded_basis
 from analytics.trust import ESTIMATED, Trust
 from analytics.window import Window, utc
 
@@ -548,8 +548,5 @@ def idle_split(
             "counted productive prefill, stranded bandwidth unknown there"
         )
     basis = stranded_basis(raw)
-    trust.notes.append(
-        f"stranded compute = {basis['compute_label'] or 'decode time × (1 − MFU), else × (1 − SM activity)'}; "
-        f"stranded bandwidth = {basis['bandwidth_label'] or 'prefill time × (1 − MBU), else × (1 − DRAM activity)'}"
-    )
+    trust.notes.append(basis_note(basis))
     return IdleSplit(window, per_gpu, per_pool, per_hour, trust, missing, basis)

@@ -50,7 +50,7 @@ from analytics.prices import (
     PriceTable,
     load_prices,
 )
-from analytics.stranded import stranded_basis
+from analytics.stranded import basis_note, stranded_basis
 from analytics.trust import Trust
 from analytics.window import Window
 
@@ -358,9 +358,7 @@ def cost_breakdown(
             "counted productive (stranded unknown)"
         )
     result.stranded_basis = stranded_basis(raw)
-    for kind in ("compute", "bandwidth"):
-        if result.stranded_basis.get(kind):
-            trust.notes.append(f"stranded {kind} = {result.stranded_basis[f'{kind}_label']}")
+    trust.notes.append(basis_note(result.stranded_basis))
     unassigned = tokens[tokens["gpu_uuid"].isna()]
     result.tokens = {
         "input_tokens_served": (float(tokens["input_tokens"].sum()) if len(tokens) else 0.0)

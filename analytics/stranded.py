@@ -151,3 +151,11 @@ def basis_word(basis: dict[str, Any] | None) -> str | None:
     if not kinds:
         return None
     return kinds.pop() if len(kinds) == 1 else BASIS_MIXED
+
+
+def basis_note(basis: dict[str, Any]) -> str:
+    """The trust note saying what the stranded categories rest on (one sentence: the idle and cost
+    parts carry the same one, so a merged summary says it once)."""
+    compute = basis.get("compute_label") or "decode time × (1 − MFU), else × (1 − SM activity)"
+    bandwidth = basis.get("bandwidth_label") or "prefill time × (1 − MBU), else × (1 − DRAM activity)"
+    return f"stranded compute = {compute}; stranded bandwidth = {bandwidth}"
