@@ -535,11 +535,9 @@ def _breakdown_from(
     gaps = sample_gaps(stats)
     coef = coef_frame(fits, stats)
     rates = phase_rates(con, window)
-    hourly = rates.table[rates.table["hour_s"].notna()]
-    whole = rates.table[rates.table["hour_s"].isna()].drop(columns=["hour_s"])
     con.register("pl_coef", coef)
-    con.register("pl_rates_hour", hourly.astype({c: "float64" for c in ("hour_s", *RATE_COLUMNS)}))
-    con.register("pl_rates_gpu", whole.astype({c: "float64" for c in RATE_COLUMNS}))
+    con.register("pl_rates_hour", rates.hourly)
+    con.register("pl_rates_gpu", rates.whole)
     try:
         raw, by_period = _split_periods(con.execute(_aggregate_sql(table, period_s)).df())
     finally:

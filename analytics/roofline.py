@@ -370,20 +370,40 @@ def unvalidated_notes(con: duckdb.DuckDBPyConnection, window: Window) -> list[st
     return notes
 
 
-#: the columns of :func:`phase_rates`' frame besides its keys (node, uuid, hour_s)
+#: the columns of :func:`phase_rates`' frames besides their keys (node, uuid; hour_s)
 RATE_COLUMNS = ("mfu_decode", "mbu_prefill", "mfu_mixed", "mbu_mixed")
+_RATE_OF = {"mfu_decode": ("decode", 0), "mbu_prefill": ("prefill", 1), "mfu_mixed": ("mixed", 0),
+            "mbu_mixed": ("mixed", 1)}  # fmt: skip
 
 
 @dataclass(slots=True)
 class PhaseRates:
     """MFU and MBU per GPU and phase for the phase attribution's stranded categories
-    (:mod:`analytics.attribution`): ``table`` has one row per GPU (``node``, ``uuid``) and hour of
-    the iterations' starts (``hour_s``), plus one row per GPU over the whole window (``hour_s`` NaN),
-    with :data:`RATE_COLUMNS` (NaN where the GPU ran no counted iteration of that phase), each in
-    [0, 1]; ``unvalidated``: the notes of GPUs / dtypes the GPU model was never checked on."""
+    (:mod:`analytics.stranded`): ``hourly`` has one row per GPU (``node``, ``uuid``) and hour of the
+    iterations' starts (``hour_s``), ``whole`` one per GPU over the window, each with
+    :data:`RATE_COLUMNS` (NaN where the GPU ran no counted iteration of that phase) in [0, 1];
+    ``unvalidated``: the notes of GPUs / dtypes the GPU model was never checked on."""
 
-    table: pd.DataFrame
+    hourly: pd.DataFrame
+    whole: pd.DataFrame
     unvalidated: list[str] = field(default_factory=list)
+
+
+def _rate_frame(sums: dict[tuple[Any, ...], dict[str, list[float]]], keys: list[str]) -> pd.DataFrame:
+    """One row per key of ``sums`` (per phase: Σ flops, Σ bytes, Σ busy × peak FLOP/s, Σ busy × peak
+    bytes/s) with :data:`RATE_COLUMNS`."""
+    cols: dict[str, list[Any]] = {k: [] for k in (*keys, *RATE_COLUMNS)}
+    for key, phases in sums.items():
+        for k, v in zip(keys, key, strict=True):
+            cols[k].append(v)
+        for col, (phase, which) in _RATE_OF.items():
+            f, b, pf, pb = phases.get(phase, (0.0, 0.0, 0.0, 0.0))
+            work, peak = (f, pf) if which == 0 else (b, pb)
+            cols[col].append(min(1.0, max(0.0, work / peak)) if peak > 0 else float("nan"))
+    types = {k: "float64" if k == "hour_s" else "string" for k in keys} | dict.fromkeys(
+        RATE_COLUMNS, "float64"
+    )
+    return pd.DataFrame(cols).astype(types)  # typed even when empty: the attribution's SQL joins on them
 
 
 def phase_rates(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseRates:
@@ -392,23 +412,24 @@ def phase_rates(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseRates:
     FLOP/s), Σ hbm_bytes / Σ (busy_s · peak bytes/s), over the iterations that carry a count on a GPU
     with known peaks. Empty where none does (no count: an external fleet, a store from before
     migration 14), so the attribution falls back to the GPUs' SM / DRAM activity."""
-    empty = pd.DataFrame(columns=["node", "uuid", "hour_s", *RATE_COLUMNS])
     pred, par = window.node_sql("node")
     try:
-        df = con.execute(_work_sql(pred, hourly=True), [*par, window.start_s, window.end_s]).df()
+        rows = con.execute(_work_sql(pred, hourly=True), [*par, window.start_s, window.end_s]).fetchall()
+        names = [d[0] for d in con.description]
     except duckdb.Error:  # a store without the count's columns (before migration 14)
-        return PhaseRates(empty)
-    df = df[(df["counted"] > 0) & (df["busy_s"] > 0) & df["gpu_uuid"].notna()]
-    if df.empty:
-        return PhaseRates(empty)
-    dtypes = _scenario_dtypes(con)
+        rows, names = [], []
+    dtypes = _scenario_dtypes(con) if rows else {}
     notes: list[str] = []
     peaks: dict[tuple[Any, ...], tuple[float, float] | None] = {}
-    peak_f, peak_b = [], []
-    for node, device, name in zip(df["node"], df["device"], df["gpu_name"], strict=True):
-        key = (node, device, name)
+    hourly: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    whole: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    for values in rows:
+        r = dict(zip(names, values, strict=True))
+        if not r["counted"] or not r["busy_s"] or r["busy_s"] <= 0 or r["gpu_uuid"] is None:
+            continue
+        key = (r["node"], r["device"], r["gpu_name"])
         if key not in peaks:
-            spec, dtype = _spec_of(device, name), dtypes.get(node, "bf16")
+            spec, dtype = _spec_of(r["device"], r["gpu_name"]), dtypes.get(r["node"], "bf16")
             try:
                 peaks[key] = None if spec is None else (spec.peak_flops_for(dtype), spec.bandwidth_bytes_s)
             except ValueError:
@@ -418,26 +439,14 @@ def phase_rates(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseRates:
                 if not ok and note not in notes:
                     notes.append(note)
         pk = peaks[key]
-        peak_f.append(pk[0] if pk else float("nan"))
-        peak_b.append(pk[1] if pk else float("nan"))
-    df = df.assign(peak_f_s=df["busy_s"] * pd.Series(peak_f, index=df.index),
-                   peak_b_s=df["busy_s"] * pd.Series(peak_b, index=df.index))  # fmt: skip
-    df = df[df["peak_f_s"].notna()].rename(columns={"gpu_uuid": "uuid"})
-    if df.empty:
-        return PhaseRates(empty)
-    sums = ["flops", "hbm_bytes", "peak_f_s", "peak_b_s"]
-    hourly = df.groupby(["node", "uuid", "hour_s", "phase"], as_index=False)[sums].sum()
-    whole = df.groupby(["node", "uuid", "phase"], as_index=False)[sums].sum().assign(hour_s=float("nan"))
-    rows = pd.concat([hourly, whole], ignore_index=True)
-    rows["mfu"] = (rows["flops"] / rows["peak_f_s"]).clip(0.0, 1.0)
-    rows["mbu"] = (rows["hbm_bytes"] / rows["peak_b_s"]).clip(0.0, 1.0)
-    out = rows[["node", "uuid", "hour_s"]].drop_duplicates().reset_index(drop=True)
-    for col, phase, rate in (
-        ("mfu_decode", "decode", "mfu"),
-        ("mbu_prefill", "prefill", "mbu"),
-        ("mfu_mixed", "mixed", "mfu"),
-        ("mbu_mixed", "mixed", "mbu"),
-    ):
-        part = rows[rows["phase"] == phase][["node", "uuid", "hour_s", rate]].rename(columns={rate: col})
-        out = out.merge(part, on=["node", "uuid", "hour_s"], how="left")  # NaN keys match NaN
-    return PhaseRates(out, notes)
+        if pk is None:
+            continue
+        add = (float(r["flops"]), float(r["hbm_bytes"]), r["busy_s"] * pk[0], r["busy_s"] * pk[1])
+        gpu = (r["node"], r["gpu_uuid"])
+        for table, k in ((hourly, (*gpu, float(r["hour_s"]))), (whole, gpu)):
+            acc = table.setdefault(k, {}).setdefault(r["phase"], [0.0, 0.0, 0.0, 0.0])
+            for n, v in enumerate(add):
+                acc[n] += v
+    return PhaseRates(
+        _rate_frame(hourly, ["node", "uuid", "hour_s"]), _rate_frame(whole, ["node", "uuid"]), notes
+    )
