@@ -24,6 +24,12 @@ Everything runs as set-based SQL in DuckDB: the state seconds of an interval are
 cumulative state-time functions evaluated at the interval's two ends by ``ASOF`` joins (no
 interval × iteration product), and the per-GPU / pool / hour tables are SQL aggregates; only
 aggregates reach Python. Formulas and their sources: docs/analytics/attribution.md.
+
+The GPU-time categories (:data:`CATEGORIES`) split busy time into productive and stranded by 1 − MFU /
+1 − MBU of the work the iterations carry, else by 1 − SM / DRAM activity (:mod:`analytics.stranded`
+says which basis each figure rests on). Just over 600 lines: the aggregate's SQL is one statement
+(states, energies and categories in one pass); the bad-iteration counts (``_iteration_issues``) are
+the part to move out next.
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ from analytics.power_model import (
     poor_fit_notes,
     sample_gaps,
 )
-from analytics.trust import ESTIMATED, HOST_BOUND, Trust
+from analytics.roofline import RATE_COLUMNS, phase_rates
+from analytics.stranded import BASIS_SUM_COLS, basis_sql, stranded_sql
+from analytics.trust import ESTIMATED, HOST_BOUND, UNVALIDATED, Trust
 from analytics.window import Window
 
 # Fine states of an interval (seconds), in report order; they sum to interval_s on attributed GPUs.
@@ -242,15 +250,19 @@ def _aggregate_sql(table: str, period_s: float | None = None) -> str:
         group = f"GROUPING SETS (({keys}, hour_s), ({keys}, p_start))"
     e_parts = ", ".join(f"sum(e_{s[:-2]}) AS energy_{s[:-2]}_j" for s in STATES)
     s_parts = ", ".join(f"sum({s}) AS {s}" for s in STATES)
+    rates = ", ".join(f"coalesce(rh.{c}, rg.{c}) AS r_{c}" for c in RATE_COLUMNS)
     return f"""
 WITH iv AS (
     SELECT i.*, c.* EXCLUDE (node, source, device, "index"), coalesce({weights}, 0.0) AS wsum,
            coalesce(i.prefill_s, 0) + coalesce(i.mixed_prefill_s, 0) AS p_s,
            coalesce(i.decode_s, 0) + coalesce(i.mixed_decode_s, 0) AS d_s,
-           i.interval_s - i.unsampled_s AS sampled_s  -- the activities are of this time
+           i.interval_s - i.unsampled_s AS sampled_s,  -- the activities are of this time
+           {rates}
     FROM {table} i
     LEFT JOIN pl_coef c ON i.node = c.node AND i.source = c.source AND i.device = c.device
      AND i."index" IS NOT DISTINCT FROM c."index"
+    LEFT JOIN pl_rates_hour rh ON i.node = rh.node AND i.uuid = rh.uuid AND i.hour_s = rh.hour_s
+    LEFT JOIN pl_rates_gpu rg ON i.node = rg.node AND i.uuid = rg.uuid
 ),
 ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during GPU-busy time
     SELECT *, {e_cols},
@@ -260,7 +272,9 @@ ev AS (  -- per interval: apportioned state energies; SM / DRAM activity during 
 ),
 cv AS (
     SELECT *, coalesce(e_prefill, 0) + coalesce(e_mixed_prefill, 0) AS ep_j,
-           coalesce(e_decode, 0) + coalesce(e_mixed_decode, 0) AS ed_j{p_col}
+           coalesce(e_decode, 0) + coalesce(e_mixed_decode, 0) AS ed_j,
+           {stranded_sql("compute", "s")} AS sc_s, {stranded_sql("bandwidth", "s")} AS sb_s,
+           {stranded_sql("compute", "j")} AS sc_j, {stranded_sql("bandwidth", "j")} AS sb_j{p_col}
     FROM ev
 )
 SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) AS name,
@@ -273,18 +287,26 @@ SELECT node, source, device, "index", any_value(uuid) AS uuid, any_value(name) A
        sum(CASE WHEN energy_source LIKE 'integrated%' THEN energy_j ELSE 0 END) AS energy_estimated_j,
        sum(CASE WHEN NOT attributed THEN {sampled_j} ELSE 0 END) AS energy_unattributed_j,
        {e_parts},
-       sum(p_s * coalesce(dram_busy, 1.0)) FILTER (WHERE attributed) AS productive_prefill_s,
-       sum(p_s * (1.0 - dram_busy)) FILTER (WHERE attributed) AS stranded_bandwidth_s,
-       sum(d_s * coalesce(sm_busy, 1.0)) FILTER (WHERE attributed) AS productive_decode_s,
-       sum(d_s * (1.0 - sm_busy)) FILTER (WHERE attributed) AS stranded_compute_s,
+       sum(p_s - sb_s) FILTER (WHERE attributed) AS productive_prefill_s,
+       sum(sb_s) FILTER (WHERE attributed) AS stranded_bandwidth_s,
+       sum(d_s - sc_s) FILTER (WHERE attributed) AS productive_decode_s,
+       sum(sc_s) FILTER (WHERE attributed) AS stranded_compute_s,
        sum(coalesce(host_s, 0) + coalesce(gap_s, 0)) FILTER (WHERE attributed) AS host_bound_s,
-       sum(ep_j * coalesce(dram_busy, 1.0)) FILTER (WHERE attributed) AS energy_productive_prefill_j,
-       sum(ep_j * (1.0 - dram_busy)) FILTER (WHERE attributed) AS energy_stranded_bandwidth_j,
-       sum(ed_j * coalesce(sm_busy, 1.0)) FILTER (WHERE attributed) AS energy_productive_decode_j,
-       sum(ed_j * (1.0 - sm_busy)) FILTER (WHERE attributed) AS energy_stranded_compute_j,
+       sum(ep_j - sb_j) FILTER (WHERE attributed) AS energy_productive_prefill_j,
+       sum(sb_j) FILTER (WHERE attributed) AS energy_stranded_bandwidth_j,
+       sum(ed_j - sc_j) FILTER (WHERE attributed) AS energy_productive_decode_j,
+       sum(sc_j) FILTER (WHERE attributed) AS energy_stranded_compute_j,
        sum(coalesce(e_host, 0) + coalesce(e_gap, 0)) FILTER (WHERE attributed) AS energy_host_bound_j,
-       sum(CASE WHEN sm_busy IS NULL THEN d_s ELSE 0 END) FILTER (WHERE attributed) AS decode_activity_unknown_s,
-       sum(CASE WHEN dram_busy IS NULL THEN p_s ELSE 0 END) FILTER (WHERE attributed) AS prefill_activity_unknown_s,
+       sum({basis_sql("compute", "roofline")}) FILTER (WHERE attributed) AS decode_roofline_s,
+       sum({basis_sql("compute", "activity")}) FILTER (WHERE attributed) AS decode_activity_s,
+       sum({basis_sql("compute", "unknown")}) FILTER (WHERE attributed) AS decode_activity_unknown_s,
+       sum({basis_sql("bandwidth", "roofline")}) FILTER (WHERE attributed) AS prefill_roofline_s,
+       sum({basis_sql("bandwidth", "activity")}) FILTER (WHERE attributed) AS prefill_activity_s,
+       sum({basis_sql("bandwidth", "unknown")}) FILTER (WHERE attributed) AS prefill_activity_unknown_s,
+       sum(d_s * (1.0 - sm_busy)) FILTER (WHERE attributed) AS stranded_compute_sm_s,
+       sum(CASE WHEN sm_busy IS NOT NULL THEN d_s ELSE 0 END) FILTER (WHERE attributed) AS decode_sm_known_s,
+       sum(p_s * (1.0 - dram_busy)) FILTER (WHERE attributed) AS stranded_bandwidth_dram_s,
+       sum(CASE WHEN dram_busy IS NOT NULL THEN p_s ELSE 0 END) FILTER (WHERE attributed) AS prefill_dram_known_s,
        sum(sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS both_s,
        sum(gpu_util_pct * sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS util_pct_s,
        sum(sm_active_pct * sampled_s) FILTER (WHERE sm_source = 'sm_active' AND gpu_util_pct IS NOT NULL) AS sm_pct_s,
@@ -325,8 +347,7 @@ _SUM_COLS = (
 CATEGORY_SUM_COLS = (
     *[f"{c}_s" for c in CATEGORIES if c not in _STATE_CATEGORIES],
     *[f"energy_{c}_j" for c in CATEGORIES if c not in _STATE_CATEGORIES],
-    "decode_activity_unknown_s",
-    "prefill_activity_unknown_s",
+    *BASIS_SUM_COLS,
     "both_s",
     "util_pct_s",
     "sm_pct_s",
@@ -513,11 +534,17 @@ def _breakdown_from(
     fits = fit_gpus(stats)
     gaps = sample_gaps(stats)
     coef = coef_frame(fits, stats)
+    rates = phase_rates(con, window)
     con.register("pl_coef", coef)
+    con.register("pl_rates_hour", rates.hourly)
+    con.register("pl_rates_gpu", rates.whole)
     try:
         raw, by_period = _split_periods(con.execute(_aggregate_sql(table, period_s)).df())
     finally:
-        con.unregister("pl_coef")
+        for name in ("pl_coef", "pl_rates_hour", "pl_rates_gpu"):
+            con.unregister(name)
+    for note in rates.unvalidated:
+        trust.add(UNVALIDATED, note)
     issues = _iteration_issues(con, window, table, iv.exact, groups)
     lagged = int(issues["lagged"])
     if raw.empty:

@@ -11,8 +11,8 @@ busy. Over the sample intervals of :func:`analytics.attribution.gpu_intervals`:
   time-weighted SM activity during prefill and during decode, and the gap between utilization %
   and SM activity;
 * :func:`idle_split`: GPU-seconds (and joules) per category — productive prefill, stranded bandwidth
-  in prefill (prefill time × (1 − DRAM activity)), productive decode, stranded compute (decode time
-  × (1 − SM activity)), host-bound gaps, true idle, unsampled (a gap in the GPU's samples: not
+  in prefill (prefill time × (1 − MBU), else × (1 − DRAM activity)), productive decode, stranded
+  compute (decode time × (1 − MFU), else × (1 − SM activity): :mod:`analytics.stranded`), host-bound gaps, true idle, unsampled (a gap in the GPU's samples: not
   idle) — per GPU, pool and hour.
 
 Moments and per-phase activities are SQL aggregates over all intervals; the dip test and the
@@ -53,6 +53,7 @@ from analytics.bimodal_stats import (
 )
 from analytics.intervals import SM_SHIFT_PCT
 from analytics.power_model import gpu_key, nnls_gram
+from analytics.stranded import basis_note, stranded_basis
 from analytics.trust import ESTIMATED, Trust
 from analytics.window import Window, utc
 
@@ -462,9 +463,11 @@ class IdleSplit:
     (of ``attributed_s``, the time whose state is known; they sum to 1), ``energy_<category>_j``
     (summing to the attributed measured energy), plus ``interval_s``, ``attributed_s``,
     ``unattributed_s``, ``energy_j``, ``util_pct``, ``sm_active_pct`` and ``util_sm_gap_pct``
-    (time-weighted, on intervals with both), ``decode_activity_unknown_s`` /
-    ``prefill_activity_unknown_s`` (counted productive: the activity that would split them is
-    missing). ``missing`` says what could not be split."""
+    (time-weighted, on intervals with both), the basis sums (:data:`analytics.stranded.BASIS_SUM_COLS`:
+    ``decode_roofline_s`` split by MFU, ``decode_activity_s`` by SM activity,
+    ``decode_activity_unknown_s`` by neither — counted productive —, prefill likewise, and the SM /
+    DRAM activity basis's stranded seconds beside). ``basis``: which basis the stranded figures rest
+    on. ``missing`` says what could not be split."""
 
     window: Window
     per_gpu: pd.DataFrame
@@ -472,9 +475,11 @@ class IdleSplit:
     per_hour: pd.DataFrame
     trust: Trust
     missing: list[str] = field(default_factory=list)
+    #: which basis the stranded categories rest on (:func:`analytics.stranded.stranded_basis`)
+    basis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return tables_dict(self)
+        return tables_dict(self, basis=dict(self.basis))
 
 
 _SPLIT_SUMS = (
@@ -534,16 +539,14 @@ def idle_split(
     unknown_p = float(raw["prefill_activity_unknown_s"].sum())
     if unknown_d > 0:
         missing.append(
-            f"{unknown_d:.1f} s of decode time have no SM activity (nor utilization %): counted "
-            "productive decode, stranded compute unknown there"
+            f"{unknown_d:.1f} s of decode time have no work count (MFU) and no SM activity (nor "
+            "utilization %): counted productive decode, stranded compute unknown there"
         )
     if unknown_p > 0:
         missing.append(
-            f"{unknown_p:.1f} s of prefill time have no DRAM activity: counted productive prefill, "
-            "stranded bandwidth unknown there"
+            f"{unknown_p:.1f} s of prefill time have no work count (MBU) and no DRAM activity: "
+            "counted productive prefill, stranded bandwidth unknown there"
         )
-    trust.notes.append(
-        "stranded compute = decode seconds × (1 − SM activity during GPU-busy time); stranded "
-        "bandwidth = prefill seconds × (1 − DRAM activity during GPU-busy time), per interval"
-    )
-    return IdleSplit(window, per_gpu, per_pool, per_hour, trust, missing)
+    basis = stranded_basis(raw)
+    trust.notes.append(basis_note(basis))
+    return IdleSplit(window, per_gpu, per_pool, per_hour, trust, missing, basis)

@@ -6,8 +6,9 @@ Cost of a GPU-time category c (per GPU and hour)::
 
 Categories (GPU-seconds and joules per GPU × pool × hour from helper A's attribution,
 :attr:`analytics.attribution.PhaseBreakdown.raw`):
-``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − DRAM activity)),
-``stranded_decode`` (decode time × (1 − SM activity)), ``host_bound`` (host time in and gaps between
+``prefill`` / ``decode`` (productive), ``stranded_prefill`` (prefill time × (1 − MBU), else × (1 −
+DRAM activity)), ``stranded_decode`` (decode time × (1 − MFU), else × (1 − SM activity): the basis in
+``stranded_basis``, :mod:`analytics.stranded`), ``host_bound`` (host time in and gaps between
 iterations), ``other_busy`` (an external fleet's busy time no engine work explains:
 :mod:`analytics.external_cost`), ``idle`` (no work), ``unsampled`` (a gap in the GPU's samples: its
 work is not known, so it is not idle; its GPU-hours are still paid for and its energy is the
@@ -49,6 +50,7 @@ from analytics.prices import (
     PriceTable,
     load_prices,
 )
+from analytics.stranded import basis_note, stranded_basis
 from analytics.trust import Trust
 from analytics.window import Window
 
@@ -276,7 +278,7 @@ def cost_breakdown(
 ) -> CostBreakdown:
     """Cost and energy per token over ``window``: GPU-seconds and joules per category per GPU × pool
     × hour from helper A's :func:`analytics.attribution.phase_breakdown` (its ``raw`` table: the
-    power model's apportioned energy, stranded time from SM / DRAM activity), tokens from
+    power model's apportioned energy, stranded time from MFU / MBU, else SM / DRAM activity), tokens from
     :func:`token_counts`, priced by :func:`price_usage`. Pass ``breakdown`` (a PhaseBreakdown of the
     same window) to reuse one already computed, and ``tokens`` (its :func:`token_counts`) likewise. Trust labels and missing-data notes are the
     attribution's, plus the pricing's own.
@@ -352,8 +354,11 @@ def cost_breakdown(
     )
     if unknown > 0:
         trust.notes.append(
-            f"{unknown:,.1f} busy GPU-seconds have no SM/DRAM activity: counted productive (stranded unknown)"
+            f"{unknown:,.1f} busy GPU-seconds have neither a work count (MFU/MBU) nor SM/DRAM activity: "
+            "counted productive (stranded unknown)"
         )
+    result.stranded_basis = stranded_basis(raw)
+    trust.notes.append(basis_note(result.stranded_basis))
     unassigned = tokens[tokens["gpu_uuid"].isna()]
     result.tokens = {
         "input_tokens_served": (float(tokens["input_tokens"].sum()) if len(tokens) else 0.0)

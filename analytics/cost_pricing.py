@@ -133,6 +133,9 @@ class CostBreakdown:
     #: ``by_hour`` columns with ``hour_start_s`` the period's start; None where hours suffice
     by_period: pd.DataFrame | None = None
     period_s: float | None = None
+    #: which basis the stranded categories rest on (:func:`analytics.stranded.stranded_basis`: MFU / MBU
+    #: from the work counted, or SM / DRAM activity where there is no count); empty where not known
+    stranded_basis: dict[str, Any] = field(default_factory=dict)
 
     def headline(self) -> dict[str, float]:
         """The total row as a dict (NaN where undefined, e.g. no output tokens)."""
@@ -181,6 +184,7 @@ class CostBreakdown:
             else records(self.by_period[_period_columns(self.by_period)]),
             "prices": self.prices.to_dict(),
             "tokens": json_safe(self.tokens),
+            "stranded_basis": json_safe(self.stranded_basis),
             "trust": self.trust.to_dict(),
         }
 

@@ -17,8 +17,9 @@ never a zero. Definitions (docs/ANALYTICS.md, "Overview"):
   ÷ the requests finished in it (the cost part's figures that compare periods and layouts; $/1M input
   and output tokens depend on which side a pool's idle time is charged to);
 * ``j_per_output_token``: output-side energy ÷ output tokens (``j_per_input_token`` beside it);
-* ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute and
-  bandwidth, host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
+* ``stranded_share``, ``host_bound_share``, ``idle_share``: GPU-seconds of stranded compute (decode
+  time × (1 − MFU), else × (1 − SM activity) where the work is not counted: the figure's ``basis``) and
+  bandwidth (prefill time × (1 − MBU), else × (1 − DRAM activity)), host-bound time and idle time ÷ all GPU-seconds of the window (time in a gap of a
   GPU's samples is ``unsampled``, in the GPU-time bar, never idle); stranded and host-bound ÷ the
   GPU-seconds that have that split (not those of GPUs without phaselens telemetry, whose phases
   are estimated: ``no_data`` where every GPU is such);
@@ -34,6 +35,7 @@ from typing import Any
 
 from analytics.cost_pricing import CATEGORIES, HOURS_PER_YEAR
 from analytics.latency import attainment_basis
+from analytics.stranded import BASIS_ACTIVITY, BASIS_MIXED, BASIS_SHORT, basis_word
 from analytics.throughput import HEADLINE_LABEL, throughput
 
 # GPU-time shown in the overview's bar: (key, readable name, the cost part's second columns)
@@ -155,6 +157,46 @@ def headline(summary: dict[str, Any] | None) -> dict[str, tuple[float | None, st
     return out
 
 
+def stranded_basis_of(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cost part's ``stranded_basis`` (:func:`analytics.stranded.stranded_basis`): which
+    yardstick the stranded share rests on; None where the summary has none."""
+    if summary is None:
+        return None
+    return ((summary.get("parts") or {}).get("cost") or {}).get("stranded_basis") or None
+
+
+def _pct(x: Any) -> str:
+    v = _num(x)
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def stranded_basis_text(basis: dict[str, Any]) -> str:
+    """The stranded tile's basis in words, with the decode and prefill time it calls stranded and,
+    beside them, what SM / DRAM activity would call stranded, e.g. "stranded = decode time × (1 − MFU)
+    + prefill time × (1 − MBU), from the work counted: 97.2 % of decode time, 82.3 % of prefill time
+    (by SM / DRAM activity: 50.6 %, 48.7 %)"."""
+    word = basis_word(basis)
+    shares = (
+        f"{_pct(basis.get('stranded_compute_decode_share'))} of decode time, "
+        f"{_pct(basis.get('stranded_bandwidth_prefill_share'))} of prefill time"
+    )
+    beside = (
+        f" (by SM / DRAM activity: {_pct(basis.get('stranded_compute_sm_share'))}, "
+        f"{_pct(basis.get('stranded_bandwidth_dram_share'))})"
+    )
+    if word == BASIS_ACTIVITY:
+        return (
+            "stranded = decode time × (1 − SM activity) + prefill time × (1 − DRAM activity), from the GPU "
+            f"samples (the engine counted no work): {shares}"
+        )
+    if word == BASIS_MIXED:
+        return (
+            "stranded = decode time × (1 − MFU) + prefill time × (1 − MBU) where the engine counted the work, "
+            f"else × (1 − SM / DRAM activity): {shares}{beside}"
+        )
+    return f"stranded = decode time × (1 − MFU) + prefill time × (1 − MBU), from the work counted: {shares}{beside}"
+
+
 def _labels(summary: dict[str, Any] | None, part: str) -> list[str]:
     if summary is None:
         return []
@@ -274,6 +316,9 @@ def money_sentence(summary: dict[str, Any] | None, fleet_gpus: int | None = None
             "sentence": sentence,
         }
     _rank, kind, figure, what, share, usd = best
+    word = basis_word(stranded_basis_of(summary)) if kind == "stranded" else None
+    if word:  # which yardstick the stranded share rests on: MFU/MBU, or SM/DRAM activity without a count
+        what = f"{what[:-1]}; {BASIS_SHORT[word]})"
     cost = f"{_money(usd)}/yr {scale_note} ({fleet:,} GPUs)" if usd is not None else "no price for this GPU"
     sentence = f"{share_text(share)} of GPU-time is {what}: {cost}."
     return base | {
@@ -343,6 +388,20 @@ def overview(
             "busy_s": rate["busy_s"],
             "busy_basis": rate["busy_basis"],
         }
+        basis = stranded_basis_of(current)
+        if basis and basis_word(basis):  # the stranded tile's yardstick, the activity basis's figure beside
+            word = basis_word(basis)
+            figures["stranded_share"] |= {
+                "basis": stranded_basis_text(basis),
+                "basis_kind": word,
+                "basis_label": BASIS_SHORT.get(word or ""),
+                "compute_basis": basis.get("compute_label"),
+                "bandwidth_basis": basis.get("bandwidth_label"),
+                "decode_stranded_share": basis.get("stranded_compute_decode_share"),
+                "decode_stranded_share_by_sm_activity": basis.get("stranded_compute_sm_share"),
+                "prefill_stranded_share": basis.get("stranded_bandwidth_prefill_share"),
+                "prefill_stranded_share_by_dram_activity": basis.get("stranded_bandwidth_dram_share"),
+            }
         latency = (current.get("parts") or {}).get("latency") or {}
         if figures["slo_attainment"]["value"] is not None:  # the denominator: every request
             figures["slo_attainment"]["basis"] = attainment_basis(latency)

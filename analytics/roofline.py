@@ -12,7 +12,10 @@ fleet, pool (role) and GPU:
   layout, bf16 otherwise);
 * **stranded compute** = decode busy time × (1 − MFU of decode) and **stranded bandwidth** = prefill
   busy time × (1 − MBU of prefill), GPU-seconds computed from work and time. Mixed (chunked-prefill)
-  iterations have their own MFU/MBU and count in neither.
+  iterations have their own MFU/MBU: their decode share (by work: prefill tokens vs decode sequences)
+  counts in stranded compute by 1 − their MFU, their prefill share in stranded bandwidth by 1 − their
+  MBU — the rule of the phase attribution's categories (:mod:`analytics.stranded`, per GPU-hour there
+  with :func:`phase_rates`), so the Overview's stranded share and this table rest on one basis.
 
 Beside them, the DCGM-style activities of the same GPUs while each phase ran (``sm_active_pct``,
 ``tensor_active_pct``, ``dram_active_pct``, per busy second): over the GPU samples taken in the GPU's
@@ -36,10 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import pandas as pd
 
 from analytics.trust import EMULATED, MEASURED, SIMULATED, UNVALIDATED, Trust
 from analytics.window import Window
-from collector.store.iteration_seconds import busy_len_sql
+from collector.store.iteration_seconds import PSHARE_SQL, busy_len_sql
 from serving.devices.gpu_specs import GPU_SPECS, GpuSpec, dtype_of_name, fidelity, gpu_spec_for_name
 
 PHASES = ("prefill", "decode", "mixed")
@@ -105,16 +109,19 @@ def _scenario_dtypes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return out
 
 
-def _work_sql(pred: str) -> str:
-    """Per GPU and phase: the work, the GPU-busy seconds and the iterations of the window, with the
-    GPU's role, name and emulated flag from its latest ``devices`` row with a worker (a GPU that
-    changed role inside the window counts under its last one)."""
+def _work_sql(pred: str, *, hourly: bool = False) -> str:
+    """Per GPU and phase (and per hour of the iteration's start, ``hour_s``, with ``hourly``): the
+    work, the GPU-busy seconds and the iterations of the window, with the GPU's role, name and
+    emulated flag from its latest ``devices`` row with a worker (a GPU that changed role inside the
+    window counts under its last one)."""
+    hour = "floor(start_s / 3600.0) * 3600.0 AS hour_s, " if hourly else ""
     return f"""
 WITH w AS (
-    SELECT node, source, gpu_uuid, device, phase,
+    SELECT node, source, gpu_uuid, device, phase, {hour}
            count(*) AS iterations, count(flops) AS counted,
            sum(flops) AS flops, sum(hbm_bytes) AS hbm_bytes,
-           sum(CASE WHEN flops IS NOT NULL THEN {busy_len_sql(_SIM)} END) AS busy_s
+           sum(CASE WHEN flops IS NOT NULL THEN {busy_len_sql(_SIM)} END) AS busy_s,
+           sum(CASE WHEN flops IS NOT NULL THEN ({PSHARE_SQL}) * {busy_len_sql(_SIM)} END) AS busy_prefill_s
     FROM iterations WHERE {pred} AND start_s >= ? AND start_s < ?
     GROUP BY ALL
 ), d AS (
@@ -218,12 +225,13 @@ def roofline(con: duckdb.DuckDBPyConnection, window: Window) -> Roofline:
         for key in (("fleet", None, None), ("pool", r.role, None), ("gpu", r.role, gpu)):
             g = groups.setdefault(
                 (*key, r.phase),
-                {"iterations": 0, "busy_s": 0.0, "flops": 0.0, "hbm_bytes": 0.0, "peak_f": 0.0,
+                {"iterations": 0, "busy_s": 0.0, "busy_p": 0.0, "flops": 0.0, "hbm_bytes": 0.0, "peak_f": 0.0,
                  "peak_b": 0.0, "labels": set(), "sm": 0.0, "tensor": 0.0, "dram": 0.0,
                  "n_sm": 0.0, "n_tensor": 0.0, "n_dram": 0.0, "gpu_name": spec.name},
             )  # fmt: skip
             g["iterations"] += int(r.counted)
             g["busy_s"] += float(r.busy_s)
+            g["busy_p"] += float(r.busy_prefill_s)
             g["flops"] += float(r.flops)
             g["hbm_bytes"] += float(r.hbm_bytes)
             g["peak_f"] += float(r.busy_s) * peak_f
@@ -283,8 +291,10 @@ def _row(key: tuple[str, str | None, str | None, str], g: dict[str, Any]) -> dic
 
 
 def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per fleet and pool: stranded compute (decode busy × (1 − MFU)) and stranded bandwidth (prefill
-    busy × (1 − MBU)), GPU-seconds, with the activities measured beside them."""
+    """Per fleet and pool: stranded compute (decode busy × (1 − MFU of decode), plus a mixed
+    iteration's decode share × (1 − MFU of mixed)) and stranded bandwidth (prefill busy × (1 − MBU of
+    prefill), plus the mixed prefill share × (1 − MBU of mixed)), GPU-seconds — the attribution's
+    categories (:mod:`analytics.stranded`) on the same rule —, with the activities beside them."""
     out = []
     scopes = sorted(
         {(s, r) for (s, r, _g, _p) in groups if s in ("fleet", "pool")},
@@ -293,7 +303,15 @@ def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, An
     for scope, role in scopes:
         dec = groups.get((scope, role, None, "decode"))
         pre = groups.get((scope, role, None, "prefill"))
+        mix = groups.get((scope, role, None, "mixed"))
         row: dict[str, Any] = {"scope": scope, "role": role}
+        mixed_d = mixed_p = None  # (seconds, stranded seconds) of the mixed iterations' two shares
+        if mix is not None and mix["peak_f"] > 0:
+            mfu_mx, mbu_mx = mix["flops"] / mix["peak_f"], mix["hbm_bytes"] / mix["peak_b"]
+            d_s, p_s = mix["busy_s"] - mix["busy_p"], mix["busy_p"]
+            mixed_d = (d_s, d_s * (1.0 - min(1.0, mfu_mx)))
+            mixed_p = (p_s, p_s * (1.0 - min(1.0, mbu_mx)))
+            row.update(mfu_mixed=mfu_mx, mbu_mixed=mbu_mx)
         if dec is not None and dec["peak_f"] > 0:
             mfu = dec["flops"] / dec["peak_f"]
             row.update(
@@ -311,8 +329,15 @@ def _stranded(groups: dict[tuple[str, str | None, str | None, str], dict[str, An
                 stranded_bandwidth_s=pre["busy_s"] - pre["hbm_bytes"] * pre["busy_s"] / pre["peak_b"],
                 dram_active_prefill_pct=pre["dram"] / pre["n_dram"] if pre["n_dram"] else None,
             )
+        for key, seconds, part in (
+            ("decode_s", "stranded_compute_s", mixed_d),
+            ("prefill_s", "stranded_bandwidth_s", mixed_p),
+        ):
+            if part is not None:
+                row[key] = row.get(key, 0.0) + part[0]
+                row[seconds] = row.get(seconds, 0.0) + part[1]
         labels = set()
-        for g in (dec, pre):
+        for g in (dec, pre, mix):
             if g is not None:
                 labels |= g["labels"]
         row["trust"] = sorted(labels)
@@ -343,3 +368,85 @@ def unvalidated_notes(con: duckdb.DuckDBPyConnection, window: Window) -> list[st
         if not ok and note not in notes:
             notes.append(note)
     return notes
+
+
+#: the columns of :func:`phase_rates`' frames besides their keys (node, uuid; hour_s)
+RATE_COLUMNS = ("mfu_decode", "mbu_prefill", "mfu_mixed", "mbu_mixed")
+_RATE_OF = {"mfu_decode": ("decode", 0), "mbu_prefill": ("prefill", 1), "mfu_mixed": ("mixed", 0),
+            "mbu_mixed": ("mixed", 1)}  # fmt: skip
+
+
+@dataclass(slots=True)
+class PhaseRates:
+    """MFU and MBU per GPU and phase for the phase attribution's stranded categories
+    (:mod:`analytics.stranded`): ``hourly`` has one row per GPU (``node``, ``uuid``) and hour of the
+    iterations' starts (``hour_s``), ``whole`` one per GPU over the window, each with
+    :data:`RATE_COLUMNS` (NaN where the GPU ran no counted iteration of that phase) in [0, 1];
+    ``unvalidated``: the notes of GPUs / dtypes the GPU model was never checked on."""
+
+    hourly: pd.DataFrame
+    whole: pd.DataFrame
+    unvalidated: list[str] = field(default_factory=list)
+
+
+def _rate_frame(sums: dict[tuple[Any, ...], dict[str, list[float]]], keys: list[str]) -> pd.DataFrame:
+    """One row per key of ``sums`` (per phase: Σ flops, Σ bytes, Σ busy × peak FLOP/s, Σ busy × peak
+    bytes/s) with :data:`RATE_COLUMNS`."""
+    cols: dict[str, list[Any]] = {k: [] for k in (*keys, *RATE_COLUMNS)}
+    for key, phases in sums.items():
+        for k, v in zip(keys, key, strict=True):
+            cols[k].append(v)
+        for col, (phase, which) in _RATE_OF.items():
+            f, b, pf, pb = phases.get(phase, (0.0, 0.0, 0.0, 0.0))
+            work, peak = (f, pf) if which == 0 else (b, pb)
+            cols[col].append(min(1.0, max(0.0, work / peak)) if peak > 0 else float("nan"))
+    types = {k: "float64" if k == "hour_s" else "string" for k in keys} | dict.fromkeys(
+        RATE_COLUMNS, "float64"
+    )
+    return pd.DataFrame(cols).astype(types)  # typed even when empty: the attribution's SQL joins on them
+
+
+def phase_rates(con: duckdb.DuckDBPyConnection, window: Window) -> PhaseRates:
+    """MFU of decode, MBU of prefill, MFU and MBU of mixed iterations per GPU and hour of ``window``
+    (and per GPU over the window), by the same rule as :func:`roofline`: Σ flops / Σ (busy_s · peak
+    FLOP/s), Σ hbm_bytes / Σ (busy_s · peak bytes/s), over the iterations that carry a count on a GPU
+    with known peaks. Empty where none does (no count: an external fleet, a store from before
+    migration 14), so the attribution falls back to the GPUs' SM / DRAM activity."""
+    pred, par = window.node_sql("node")
+    try:
+        rows = con.execute(_work_sql(pred, hourly=True), [*par, window.start_s, window.end_s]).fetchall()
+        names = [d[0] for d in con.description]
+    except duckdb.Error:  # a store without the count's columns (before migration 14)
+        rows, names = [], []
+    dtypes = _scenario_dtypes(con) if rows else {}
+    notes: list[str] = []
+    peaks: dict[tuple[Any, ...], tuple[float, float] | None] = {}
+    hourly: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    whole: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    for values in rows:
+        r = dict(zip(names, values, strict=True))
+        if not r["counted"] or not r["busy_s"] or r["busy_s"] <= 0 or r["gpu_uuid"] is None:
+            continue
+        key = (r["node"], r["device"], r["gpu_name"])
+        if key not in peaks:
+            spec, dtype = _spec_of(r["device"], r["gpu_name"]), dtypes.get(r["node"], "bf16")
+            try:
+                peaks[key] = None if spec is None else (spec.peak_flops_for(dtype), spec.bandwidth_bytes_s)
+            except ValueError:
+                peaks[key] = None
+            if peaks[key] is not None and spec is not None:
+                ok, note = fidelity(spec, dtype)
+                if not ok and note not in notes:
+                    notes.append(note)
+        pk = peaks[key]
+        if pk is None:
+            continue
+        add = (float(r["flops"]), float(r["hbm_bytes"]), r["busy_s"] * pk[0], r["busy_s"] * pk[1])
+        gpu = (r["node"], r["gpu_uuid"])
+        for table, k in ((hourly, (*gpu, float(r["hour_s"]))), (whole, gpu)):
+            acc = table.setdefault(k, {}).setdefault(r["phase"], [0.0, 0.0, 0.0, 0.0])
+            for n, v in enumerate(add):
+                acc[n] += v
+    return PhaseRates(
+        _rate_frame(hourly, ["node", "uuid", "hour_s"]), _rate_frame(whole, ["node", "uuid"]), notes
+    )

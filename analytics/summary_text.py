@@ -102,6 +102,12 @@ def _gap_lines(parts: dict[str, Any], names: GpuNames, gpu_rows: int | None) -> 
 
 def _idle_lines(parts: dict[str, Any]) -> list[str]:
     pools = (parts.get("idle") or {}).get("per_pool") or []
+    basis = (parts.get("idle") or {}).get("basis") or {}
+    how = "; ".join(
+        f"stranded {kind} = {basis[f'{kind}_label']}"
+        for kind in ("compute", "bandwidth")
+        if basis.get(f"{kind}_label")
+    )
     rows = [
         [
             str(p.get("role") or "—"),
@@ -118,7 +124,8 @@ def _idle_lines(parts: dict[str, Any]) -> list[str]:
         for p in pools
     ]
     return section_lines(
-        "Where the GPU time goes (per pool; stranded = busy with the compute or bandwidth idle)",
+        "Where the GPU time goes (per pool; stranded = busy with the compute or bandwidth idle"
+        + (f": {how})" if how else ")"),
         [
             "pool",
             "prefill",

@@ -7,7 +7,10 @@ time × GPU utilization (the windows' NVML utilization: the decode windows were 
 against the H200's dense BF16 peak and HBM bandwidth, and beside them the GPM readings per busy second
 (SM activity / utilization, tensor activity / utilization; DRAM activity was not recorded). Then the two
 yardsticks of stranded compute in decode: 1 − MFU (from work and time) and 1 − SM activity (the v2
-figure), and the GPU model's activities for the same work (``phaselens-eager`` profile).
+figure), and the GPU model's activities for the same work (``phaselens-eager`` profile). Last, the two
+bases of the phase attribution's stranded categories side by side (analytics/stranded.py): the share
+of decode busy time stranded by 1 − MFU and by 1 − SM activity (1 − tensor activity beside), and of
+prefill busy time by 1 − MBU, busy-time weighted (the table in docs/ANALYTICS.md).
 
     .venv/bin/python bench/roofline_h200.py
 """
@@ -48,6 +51,7 @@ def main() -> None:
     print(head)
     decode_gap = []
     tensor_vs_mfu = []
+    steps = []  # (phase, default clocks?, busy s, MFU, MBU, SM / util, tensor / util)
     for path in FILES:
         runs = json.loads((ROOT / path).read_text())["engine"]["runs"]
         tag = "run2" if "run2" in path else "engine"
@@ -74,6 +78,7 @@ def main() -> None:
                 tensor_vs_mfu.append((tensor, mfu))
             if r["phase"] == "decode":
                 decode_gap.append((1 - mfu) - (1 - sm))
+            steps.append((r["phase"], r["knob"] == "default", busy_s, mfu, mbu, sm, tensor))
     ratio = [t / m for t, m in tensor_vs_mfu if m > 0]
     if ratio:
         ratio.sort()
@@ -88,6 +93,28 @@ def main() -> None:
             f"\ndecode: stranded compute by MFU exceeds the SM-activity figure by {100 * min(decode_gap):.0f}–"
             f"{100 * max(decode_gap):.0f} points of busy time (median {100 * mid:.0f}) over {len(decode_gap)} steps"
         )
+
+    print_bases(steps)
+
+
+def print_bases(steps: list[tuple[str, bool, float, float, float, float, float]]) -> None:
+    """The phase attribution's two bases side by side (analytics/stranded.py): the share of decode busy
+    time each calls stranded compute, and of prefill busy time stranded bandwidth, weighted by busy
+    time, over the default-clock steps and over every step (caps and clock locks too)."""
+
+    def share(phase: str, default_only: bool, rate: int) -> str:
+        rows = [x for x in steps if x[0] == phase and (x[1] or not default_only)]
+        busy = sum(x[2] for x in rows)
+        if not rows or busy <= 0:
+            return "–"
+        return f"{100 * sum(x[2] * (1 - min(1.0, x[rate])) for x in rows) / busy:.1f} % ({len(rows)})"
+
+    print("\nstranded share of busy time, weighted by busy time (steps): default clocks | every step")
+    print(f"  decode  × (1 − MFU)           {share('decode', True, 3):>12} | {share('decode', False, 3)}")
+    print(f"  decode  × (1 − SM activity)   {share('decode', True, 5):>12} | {share('decode', False, 5)}")
+    print(f"  decode  × (1 − tensor active) {share('decode', True, 6):>12} | {share('decode', False, 6)}")
+    print(f"  prefill × (1 − MBU)           {share('prefill', True, 4):>12} | {share('prefill', False, 4)}")
+    print("  prefill × (1 − DRAM activity)  not recorded in these runs")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ from typing import Any
 #: what the stranded figures are, in words (the page's and the report's caption)
 STRANDED_TEXT = (
     "Stranded compute = decode GPU-seconds × (1 − MFU of decode); stranded bandwidth = prefill "
-    "GPU-seconds × (1 − MBU of prefill): computed from each iteration's counted FLOPs and HBM bytes over "
-    "its GPU-busy time against the GPU's dense peak (BF16 or FP8) and HBM bandwidth. SM / tensor / DRAM "
+    "GPU-seconds × (1 − MBU of prefill), a mixed iteration's decode and prefill shares by its own MFU and MBU: "
+    "computed from each iteration's counted FLOPs and HBM bytes over its GPU-busy time against the GPU's "
+    "dense peak (BF16 or FP8) and HBM bandwidth — the basis of the Overview's stranded share. SM / tensor / DRAM "
     "activity: the same GPUs' samples while that phase ran, per busy second (measured on real GPUs, "
     "modeled on emulated and simulated ones). SM activity counts SMs holding any work; the tensor pipes "
     "and MFU show how much of the compute did useful math."

@@ -68,7 +68,9 @@ COUNTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "phaselens_gpu_seconds": (
         (*GPU_LABELS, "category"),
         "GPU-seconds per GPU-time category (productive_prefill, stranded_bandwidth, productive_decode, "
-        "stranded_compute, host_bound, other_busy, idle, unsampled; they sum to the GPU's observed seconds).",
+        "stranded_compute, host_bound, other_busy, idle, unsampled; they sum to the GPU's observed seconds). "
+        "stranded_compute is decode time x (1 - MFU), stranded_bandwidth prefill time x (1 - MBU), from the "
+        "work the engine counted; SM / DRAM activity instead where it counted none.",
     ),
     "phaselens_gpu_energy_joules": (
         (*GPU_LABELS, "category"),

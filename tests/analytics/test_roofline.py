@@ -180,3 +180,22 @@ def test_an_emulated_fp8_gpu_is_read_at_the_fp8_peak_and_labelled_unvalidated(tm
     row = next(x for x in bf16.table if x["scope"] == "fleet")
     assert row["trust"] == ["emulated"] and bf16.trust.labels == {"emulated"}
     assert notes == [next(n for n in fp8.trust.notes if "fp8" in n)]
+
+
+def test_the_attributions_stranded_categories_rest_on_the_roofline_s_rule(sim_db: Path) -> None:
+    """The Overview's stranded share (the attribution's categories) and the Bimodal page's stranded
+    table (this part) are one figure on one basis: decode time × (1 − MFU), prefill time × (1 − MBU)."""
+    from analytics.bimodal import idle_split
+
+    con = duckdb.connect(str(sim_db), read_only=True)
+    _sid, w = _scenario(con, "h200")
+    fleet = next(s for s in roofline(con, w).stranded if s["scope"] == "fleet")
+    split = idle_split(con, w)
+    assert split.basis["compute"] == "roofline" and split.basis["bandwidth"] == "roofline"
+    pools = split.per_pool.set_index("role")
+    assert pools["stranded_compute_s"].sum() == pytest.approx(fleet["stranded_compute_s"], rel=0.01)
+    # prefill is 0.3 s here: the iterations at the window's edges, outside any sample interval, weigh more
+    assert pools["stranded_bandwidth_s"].sum() == pytest.approx(fleet["stranded_bandwidth_s"], rel=0.05)
+    # beside them, the SM-activity yardstick calls far less of the decode time stranded
+    assert split.basis["stranded_compute_sm_share"] < split.basis["stranded_compute_decode_share"] - 0.2
+    con.close()
