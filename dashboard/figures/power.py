@@ -1,7 +1,7 @@
 """Power calibrations and ``power`` recommendations (docs/POWER.md) as the Power page and the reports
 show them: each role's calibration curves (tokens/J and latency against the power limit or the SM-clock
 window, the cliff marked, the modes' settings named), the setpoints per phase and mode with their
-kWh and $ a year, the guard's releases, and realised before/after. Pure functions: a row in (as
+kWh and $ a year, the guard's releases, and realised tokens/J and latency before/after. Pure functions: a row in (as
 ``GET /api/v1/power/calibrations``, ``GET /api/v1/recommendations/{id}`` and ``GET /api/v1/actions``
 give it), a figure, rows or text out. Every figure carries its calibration's trust label: emulated
 devices ``emulated``, a simulated sweep ``simulated``, real NVML ``measured``.
@@ -344,54 +344,6 @@ def best_power_recommendation(recs: Iterable[Mapping[str, Any]]) -> dict[str, An
 
 # -- what was applied: the guard, realised before/after ------------------------------------------------
 
-#: the guard's figures compared (energy is compared on the collector's measurements: energy_rows)
-BEFORE_AFTER = (
-    ("output_tokens_per_s_per_gpu", "output tokens/s per GPU", True),
-    ("ttft_p50_s", "TTFT p50, ms", False),
-    ("ttft_p99_s", "TTFT p99, ms", False),
-    ("tpot_p50_s", "TPOT p50, ms", False),
-    ("tpot_p99_s", "TPOT p99, ms", False),
-    ("slo_attainment", "SLO attainment, %", True),
-)
-
-
-def _figure(figures: Mapping[str, Any], key: str) -> float | None:
-    v = _num(figures.get(key))
-    if v is None:
-        return None
-    return v * 1e3 if key.endswith("_s") else v * 100 if key == "slo_attainment" else v
-
-
-def before_after_rows(realised: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A ``realised`` action row's latency and throughput (the guard window before the apply against
-    the last one after it): each figure before, after and the change, better or worse."""
-    before = realised.get("before") or {}
-    after = ((realised.get("after") or {}).get("realised")) or {}
-    rows = []
-    for key, what, higher in BEFORE_AFTER:
-        b, a = _figure(before, key), _figure(after, key)
-        change = None if a is None or b is None or not b else (a / b - 1) * 100
-        verdict = (
-            "—" if change is None or abs(change) < 0.05 else "better" if (change > 0) == higher else "worse"
-        )
-        rows.append(
-            {
-                "Figure": what,
-                "Before": "—" if b is None else f"{b:.4g}",
-                "After": "—" if a is None else f"{a:.4g}",
-                "Change": pct_text(change),
-                "": verdict,
-            }
-        )
-    return rows
-
-
-def realised_trust(realised: Mapping[str, Any]) -> list[str]:
-    """The realised figures' labels (emulated or measured; host-bound when the host lagged)."""
-    after = realised.get("after") or {}
-    got = ((after.get("realised") or {}).get("trust")) or after.get("trust") or ["measured"]
-    return [str(t) for t in (got if isinstance(got, list) else [got])]
-
 
 def guard_rows(actions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The guard's verdicts on applied power settings, newest first: each guard window of an apply
@@ -465,17 +417,31 @@ def change_windows(actions: Iterable[Mapping[str, Any]], now_s: float) -> dict[s
     return {"before_start_s": change - (end - change), "change_s": change, "after_end_s": end}
 
 
-def energy_rows(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """Per phase, tokens per joule before and after the change and the change, from the analytics
-    summaries of the two windows (their cost part's J per input / output token)."""
+LATENCY_ROWS = (("ttft", 50), ("ttft", 99), ("itl", 50), ("itl", 99))
 
-    def total(s: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        return (((s or {}).get("parts") or {}).get("cost") or {}).get("total") or {}
 
+def realised_rows(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Tokens per joule per phase and TTFT / ITL p50 and p99 before and after the change, each with
+    its change, better or worse: from the analytics summaries of the two windows (the cost part's J per
+    input / output token, the latency part's percentiles of the window's requests)."""
+
+    def part(s: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+        return ((s or {}).get("parts") or {}).get(name) or {}
+
+    def tpj(s: Mapping[str, Any] | None, key: str) -> float | None:
+        j = _num((part(s, "cost").get("total") or {}).get(key))
+        return 1.0 / j if j else None
+
+    def ms(s: Mapping[str, Any] | None, metric: str, pct: int) -> float | None:
+        v = _num(((part(s, "latency").get("percentiles") or {}).get(metric) or {}).get(f"p{pct}_s"))
+        return None if v is None else v * 1e3
+
+    figures = [(what, tpj(before, key), tpj(after, key), True) for _p, what, key in PHASE_ENERGY]
+    figures += [
+        (f"{m.upper()} p{pct}, ms", ms(before, m, pct), ms(after, m, pct), False) for m, pct in LATENCY_ROWS
+    ]
     rows = []
-    for _phase, what, key in PHASE_ENERGY:
-        jb, ja = _num(total(before).get(key)), _num(total(after).get(key))
-        b, a = (1.0 / jb if jb else None), (1.0 / ja if ja else None)
+    for what, b, a, higher in figures:
         change = (a / b - 1) * 100 if a is not None and b else None
         rows.append(
             {
@@ -483,13 +449,23 @@ def energy_rows(before: Mapping[str, Any] | None, after: Mapping[str, Any] | Non
                 "Before": "—" if b is None else f"{b:.4g}",
                 "After": "—" if a is None else f"{a:.4g}",
                 "Change": pct_text(change),
-                "": "—" if change is None or abs(change) < 0.05 else "better" if change > 0 else "worse",
+                "": "—"
+                if change is None or abs(change) < 0.05
+                else "better"
+                if (change > 0) == higher
+                else "worse",
             }
         )
     return rows
 
 
 def summary_trust(summary: Mapping[str, Any] | None) -> list[str]:
-    """The labels of a summary's cost part (where its energy comes from)."""
-    cost = ((summary or {}).get("parts") or {}).get("cost") or {}
-    return [str(t) for t in ((cost.get("trust") or {}).get("labels") or [])]
+    """The labels of a summary's cost and latency parts (where the energy and the requests come from)."""
+    parts = (summary or {}).get("parts") or {}
+    return sorted(
+        {
+            str(t)
+            for name in ("cost", "latency")
+            for t in (((parts.get(name) or {}).get("trust") or {}).get("labels") or [])
+        }
+    )

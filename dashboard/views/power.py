@@ -307,8 +307,8 @@ def _guard(actions: list[dict[str, Any]]) -> None:
 
 
 def _realised(actions: list[dict[str, Any]], trust: PageTrust) -> None:
-    """Realised tokens/J per phase (the collector's energy before and after the change, as long each
-    side) and the guard's latency before and after (the apply's ``realised`` row)."""
+    """Realised tokens/J per phase and latency after the change against as long before it: the
+    collector's measurements of the live data (``GET /api/v1/analytics/summary`` of each window)."""
     import time
 
     windows = pf.change_windows(actions, time.time())
@@ -323,20 +323,10 @@ def _realised(actions: list[dict[str, Any]], trust: PageTrust) -> None:
     trust.add(labels)
     span = windows["after_end_s"] - windows["change_s"]
     st.markdown(
-        f"**Realised tokens/J, before and after** ({', '.join(labels) or 'no data'}: the GPUs' energy the "
+        f"**Realised tokens/J and latency, before and after** ({', '.join(labels) or 'no data'}: what the "
         f"collector measured over {span:,.0f} s after the change and as long before it)"
     )
-    st.dataframe(pd.DataFrame(pf.energy_rows(before, after)), hide_index=True, width="stretch")
-    realised = next((a for a in reversed(actions) if a.get("action") == "realised"), None)
-    if realised is None:
-        return
-    labels = pf.realised_trust(realised)
-    trust.add(labels)
-    st.markdown(
-        f"**Realised latency, before and after** ({', '.join(labels)}: the guard window before the apply "
-        "against the last one after it)"
-    )
-    st.dataframe(pd.DataFrame(pf.before_after_rows(realised)), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(pf.realised_rows(before, after)), hide_index=True, width="stretch")
 
 
 def _history(recs: list[dict[str, Any]], actions: list[dict[str, Any]]) -> None:

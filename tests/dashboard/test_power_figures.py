@@ -101,30 +101,9 @@ def test_a_recommendation_from_a_stale_calibration_is_not_offered(cal: dict) -> 
     )
 
 
-def test_before_after_and_the_guard_rows() -> None:
+def test_the_guard_rows() -> None:
     """The rows as the apply runner and the power guard write them (phaselens/apply/runner.py's
-    ``realised`` and ``guard``, phaselens/apply/power_guard.py's ``power_release``)."""
-    before = {
-        "ttft_p50_s": 0.1,
-        "tpot_p99_s": 0.05,
-        "slo_attainment": 1.0,
-        "output_tokens_per_s_per_gpu": 40.0,
-    }
-    after = {
-        "ttft_p50_s": 0.11,
-        "tpot_p99_s": 0.05,
-        "slo_attainment": 0.95,
-        "output_tokens_per_s_per_gpu": 44.0,
-    }
-    realised = {"action": "realised", "before": before, "after": {"realised": after, "trust": ["emulated"]}}
-    rows = {r["Figure"]: r for r in pf.before_after_rows(realised)}
-    assert (
-        rows["output tokens/s per GPU"]["Change"] == "+10.0 %"
-        and rows["output tokens/s per GPU"][""] == "better"
-    )
-    assert rows["TTFT p50, ms"]["Before"] == "100" and rows["TTFT p50, ms"][""] == "worse"
-    assert rows["TPOT p99, ms"][""] == "—" and rows["SLO attainment, %"]["After"] == "95"
-    assert pf.realised_trust(realised) == ["emulated"]
+    ``guard``, phaselens/apply/power_guard.py's ``power_release``)."""
     actions = [
         {
             "ts_s": 1.0,
@@ -168,24 +147,32 @@ def test_the_change_windows_and_the_energy_per_phase_before_and_after() -> None:
     assert pf.change_windows(rolled, 900.0)["after_end_s"] == 250.0  # the setting ended there
     assert pf.change_windows(rows, 1e6)["after_end_s"] == 200.0 + pf.MAX_AFTER_S
     assert pf.change_windows(rows[:1], 300.0) is None  # a dry run set nothing
-    def cost(j_in, j_out):
+
+    def summary(j_in, j_out, ttft_p50_s):
         return {
             "parts": {
                 "cost": {
                     "total": {"j_per_input_token": j_in, "j_per_output_token": j_out},
                     "trust": {"labels": ["emulated"]},
-                }
+                },
+                "latency": {
+                    "percentiles": {"ttft": {"p50_s": ttft_p50_s}},
+                    "trust": {"labels": ["emulated", "host-bound"]},
+                },
             }
         }
-    got = {r["Figure"]: r for r in pf.energy_rows(cost(0.5, 4.0), cost(0.5, 3.2))}
-    assert (
-        got["decode tokens/J (output tokens)"]["Before"] == "0.25"
-        and got["decode tokens/J (output tokens)"]["After"] == "0.3125"
-    )
-    assert (
-        got["decode tokens/J (output tokens)"]["Change"] == "+25.0 %"
-        and got["decode tokens/J (output tokens)"][""] == "better"
+
+    got = {r["Figure"]: r for r in pf.realised_rows(summary(0.5, 4.0, 0.1), summary(0.5, 3.2, 0.11))}
+    decode = got["decode tokens/J (output tokens)"]
+    assert (decode["Before"], decode["After"], decode["Change"], decode[""]) == (
+        "0.25",
+        "0.3125",
+        "+25.0 %",
+        "better",
     )
     assert got["prefill tokens/J (input tokens)"][""] == "—"
-    assert pf.energy_rows(None, cost(None, 3.2))[1]["Before"] == "—"
-    assert pf.summary_trust(cost(1, 1)) == ["emulated"]
+    ttft = got["TTFT p50, ms"]
+    assert (ttft["Before"], ttft["After"], ttft[""]) == ("100", "110", "worse")
+    assert got["ITL p99, ms"]["Before"] == "—"
+    assert pf.realised_rows(None, summary(None, 3.2, None))[1]["Before"] == "—"
+    assert pf.summary_trust(summary(1, 1, 1)) == ["emulated", "host-bound"]
