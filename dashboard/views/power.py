@@ -329,8 +329,16 @@ def _realised(actions: list[dict[str, Any]], trust: PageTrust) -> None:
     st.dataframe(pd.DataFrame(pf.realised_rows(before, after)), hide_index=True, width="stretch")
 
 
-def _history(recs: list[dict[str, Any]], actions: list[dict[str, Any]]) -> None:
+def _history(recs: list[dict[str, Any]]) -> None:
+    """Every audit row of the power recommendations and every calibration, newest first (read after
+    this run's apply or dry run, so that it is listed)."""
     st.subheader("History")
+    got = None
+    with common.service_errors():
+        got = common.client().actions(limit=5000)
+    if got is None:
+        return
+    actions = [a for a in got.get("actions") or [] if a.get("action") in APPLY_ROWS]
     ids = {r["recommendation_id"] for r in recs}
     rows = [
         a for a in reversed(actions) if a.get("recommendation_id") in ids or a.get("action") == "calibrate"
@@ -383,7 +391,7 @@ def _body(trust: PageTrust) -> None:
     power_recs = [r for r in recs if r.get("kind") == "power"]
     _calibrations(cals, trust)
     _recommendation(power_recs, {c["calibration_id"]: c for c in cals}, actions, trust)
-    _history(power_recs, actions)
+    _history(power_recs)
 
 
 st.title("Power")

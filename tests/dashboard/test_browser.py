@@ -445,8 +445,7 @@ def test_the_gpus_page_of_a_64_gpu_fleet_in_chromium(browser, tmp_path):
 POWER_DRAWN = """() => {
   const plots = [...document.querySelectorAll('.js-plotly-plot')];
   return plots.filter(p => p.textContent.includes('tokens/J and latency')).length >= 2
-    && plots.some(p => p.textContent.includes('cliff:') && p.querySelectorAll('.scatterlayer .point').length >= 3)
-    && document.querySelector('[data-testid="stStatusWidget"]') === null;
+    && plots.some(p => p.textContent.includes('cliff:') && p.querySelectorAll('.scatterlayer .point').length >= 3);
 }"""
 
 
@@ -509,6 +508,7 @@ def test_the_power_page_draws_the_curves_and_the_dry_run_plan(browser, demo: Dem
             page = context.new_page()
             page.goto(f"{base}/power")
             _wait(page, POWER_DRAWN, "the Power page's curves with the cliff", timeout_s=120)
+            _wait(page, SETTLED, "the page's script run finished")
             block = page.get_by_text("Figures on this page:")
             assert block.count() == 1 and "simulated" in block.inner_text()  # the trust label, once
             assert page.get_by_text("Setpoints per phase and mode").count() == 1
