@@ -227,6 +227,27 @@ class CollectorApi:
         (``running``), the last outcome (``last``) and the auto-apply policy (``auto_apply``)."""
         return self.get("/api/v1/actions", {"recommendation_id": recommendation_id, "limit": limit})
 
+    # -- power calibrations (docs/POWER.md, "Power page") -------------------------------------------
+
+    def power_calibrations(
+        self,
+        *,
+        target: str | None = None,
+        role: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """``GET /api/v1/power/calibrations``: the stored calibrations, newest first, each with its
+        modes' settings and annual savings, confidence and whether it is stale (``calibrations``,
+        ``prices``)."""
+        return self.get(
+            "/api/v1/power/calibrations", {"target": target, "role": role, "status": status, "limit": limit}
+        )
+
+    def power_calibration(self, calibration_id: str) -> dict[str, Any]:
+        """``GET /api/v1/power/calibrations/{id}``: one calibration, as the list shows it."""
+        return self.get(f"/api/v1/power/calibrations/{calibration_id}")
+
     def table(
         self,
         table: str,

@@ -31,6 +31,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("cost.py", "Cost", ":material/payments:"),
     ("latency.py", "Latency", ":material/timer:"),
     ("recommendations.py", "Recommendations", ":material/lightbulb:"),
+    ("power.py", "Power", ":material/bolt:"),
     ("reports.py", "Reports", ":material/description:"),
     ("health.py", "Health", ":material/monitor_heart:"),
 )

@@ -1,7 +1,7 @@
 """The service process's HTTP API: the collector's app (collector/api.py: health, tables, scenarios,
 the import) plus the reads composed here, over the layers below: time-range reads of every table,
 latest values per device, the analytics (summary, histogram, overview), the efficiency reports
-(phaselens/reports.py) and GET /metrics (phaselens/metrics_export.py). The report scheduler and the
+(phaselens/reports.py), the power calibrations (phaselens/power_api.py) and GET /metrics (phaselens/metrics_export.py). The report scheduler and the
 metrics export run as the collector's jobs (:meth:`collector.service.Collector.add_job`), so they
 start after its writer and stop before it.
 
@@ -26,6 +26,7 @@ from collector.store.tables import TABLES
 from phaselens.apply_api import add_apply_routes
 from phaselens.metrics_export import MetricsExporter, add_metrics_route
 from phaselens.overview import OVERVIEW_PARAMS, OverviewService
+from phaselens.power_api import add_power_routes
 from phaselens.recommend_api import add_recommend_routes
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
 from phaselens.summary_cache import SummaryCache
@@ -210,5 +211,6 @@ def create_service_app(collector: Collector) -> FastAPI:
 
     add_metrics_route(app, exporter)
     add_workload_routes(app, collector, error_response)
+    add_power_routes(app, collector, error_response)  # power calibrations (read-only)
 
     return app

@@ -272,6 +272,7 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
     from analytics.histogram import activity_histogram
     from analytics.overview import overview
     from phaselens.overview import previous_summary
+    from phaselens.report_energy import energy_part
     from phaselens.report_recommend import recommendation_part
 
     out: dict[str, Any] = {}
@@ -291,6 +292,11 @@ def _report_extras(con: Any, params: dict[str, Any], summary: dict[str, Any], wi
     except Exception as e:
         log.exception("report: the recommendation part failed")
         missing["recommendation"] = f"{type(e).__name__}: {e}"
+    try:  # energy per token per phase; what the power settings save (phaselens/report_energy.py)
+        out["energy"] = energy_part(con, params, summary, window.end_s)
+    except Exception as e:
+        log.exception("report: the energy part failed")
+        missing["energy"] = f"{type(e).__name__}: {e}"
     try:
         out["histogram"] = activity_histogram(con, window).to_dict()
     except Exception as e:

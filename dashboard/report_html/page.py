@@ -1,5 +1,6 @@
 """The page's assembly: :func:`render_html` puts the sections together (title, headline, GPU-time,
-bimodality, the roofline (MFU / MBU, stranded compute and bandwidth), cost, latency, what is missing, the appendix and the report's JSON) with the style;
+bimodality, the roofline (MFU / MBU, stranded compute and bandwidth), cost, energy (per token per phase, power
+settings' savings), latency, what is missing, the appendix and the report's JSON) with the style;
 :func:`standalone_html` inlines Plotly's script where :data:`PLOTLY_MARKER` stands."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dashboard.report_html.appendix import appendix_section, missing_section
 from dashboard.report_html.bimodal import bimodal_section
 from dashboard.report_html.charts import Page
 from dashboard.report_html.cost import cost_section
+from dashboard.report_html.energy import energy_section
 from dashboard.report_html.headline import gpu_time_section, header_html, headline_section
 from dashboard.report_html.latency import latency_section
 from dashboard.report_html.recommend import recommendation_section
@@ -113,6 +115,7 @@ def render_html(
             bimodal_section(page, summary),
             roofline_section(summary),
             cost_section(page, summary, ov, simulated),
+            energy_section(summary),
             latency_section(page, summary, simulated),
             missing_section(summary),
             appendix_section(summary),

@@ -10,7 +10,6 @@ Reads and writes only through the service API (``dashboard/api.py``): ``/api/v1/
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
@@ -18,6 +17,9 @@ import streamlit as st
 
 from dashboard import common
 from dashboard.api import ApiError, ServiceUnavailable
+from dashboard.apply_flow import control as _control
+from dashboard.apply_flow import plan_view as _plan_view
+from dashboard.apply_flow import utc as _utc
 from dashboard.figures import recommend as rf
 from dashboard.page_trust import PageTrust
 
@@ -26,27 +28,6 @@ PICK = "rec_pick"
 PLANS = "rec_plans"  # recommendation id -> its dry-run plan (the confirmation step)
 RUNNING = "rec_running"  # the recommendation id whose apply this session started
 DECISIONS = ("auto_apply", "auto_apply_skip")
-
-
-def _utc(ts_s: Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
-    try:
-        return datetime.fromtimestamp(float(ts_s), UTC).strftime(fmt)
-    except (TypeError, ValueError):
-        return "—"
-
-
-def _control(call: Any, what: str) -> Any:
-    """Run a control request; a refusal is shown (the page goes on), None returned."""
-    try:
-        return call()
-    except ApiError as e:
-        hint = ""
-        if e.status in (401, 403):
-            hint = " (the control token: start the dashboard with PHASELENS_CONTROL_TOKEN, or type it above)"
-        st.error(f"**{what} refused** ({e.status}): {e.message}{hint}", icon=":material/block:")
-    except ServiceUnavailable as e:
-        st.error(f"**{what} failed**: {e}", icon=":material/power_off:")
-    return None
 
 
 # -- making one ----------------------------------------------------------------------------------------
@@ -271,25 +252,6 @@ def _chart_and_tables(rec: dict[str, Any], trust: PageTrust) -> None:
 
 
 # -- apply, progress, rollback -------------------------------------------------------------------------
-
-
-def _plan_view(plan: dict[str, Any]) -> None:
-    st.markdown("**Dry-run plan** (nothing has changed yet)")
-    st.code(str(plan.get("plan") or ""), language=None)
-    steps = plan.get("steps") or []
-    if steps:
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {"#": i, "Step": s.get("text"), "Action id": s.get("action_id")}
-                    for i, s in enumerate(steps, 1)
-                ]
-            ),
-            hide_index=True,
-            width="stretch",
-        )
-    if plan.get("guard"):
-        st.caption(common.plain_md(f"Guard: {rf.guard_text(plan['guard'])}."))
 
 
 def _apply_section(rec: dict[str, Any]) -> None:

@@ -165,7 +165,7 @@ def test_health_page_names_a_source_that_is_down(tmp_path, monkeypatch):
         stop_process(proc)
 
 
-@pytest.mark.parametrize("page", ["views/overview.py", "views/gpus.py", "views/health.py"])
+@pytest.mark.parametrize("page", ["views/overview.py", "views/gpus.py", "views/health.py", "views/power.py"])
 def test_unreachable_service_is_a_message_not_a_stack_trace(page, monkeypatch):
     monkeypatch.setenv("PHASELENS_API_URL", f"http://127.0.0.1:{free_port()}")
     at = AppTest.from_file(APP, default_timeout=60).run()

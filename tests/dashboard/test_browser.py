@@ -439,3 +439,92 @@ def test_the_gpus_page_of_a_64_gpu_fleet_in_chromium(browser, tmp_path):
     finally:
         stop_process(dash)
         stop_process(collector)
+
+
+# the Power page drawn: two curve charts (a role's power limit and clock window), one naming its cliff
+POWER_DRAWN = """() => {
+  const plots = [...document.querySelectorAll('.js-plotly-plot')];
+  return plots.filter(p => p.textContent.includes('tokens/J and latency')).length >= 2
+    && plots.some(p => p.textContent.includes('cliff:') && p.querySelectorAll('.scatterlayer .point').length >= 3);
+}"""
+
+
+def test_the_power_page_draws_the_curves_and_the_dry_run_plan(browser, demo: DemoRun, tmp_path):
+    """A calibration of the demo stack's decode worker (made by the simulator's sweep of the same GPU,
+    with the stack's own fingerprint: tests/power_data.py) and its power recommendation in a store
+    of their own, read by a second collector that watches the demo's stack with its token: the Power
+    page draws the decode curves against the power limit and the clock window with the cliff named,
+    labelled simulated, the setpoints per mode, and Apply… shows the dry-run plan from the live
+    stack's knobs (nothing changes: the execution is tests/dashboard/views/test_power.py's)."""
+    from collector.store import Store
+    from phaselens.apply.stack import StackClient
+    from phaselens.power.run import read_stack
+    from phaselens.testing import start_collector
+    from tests.conftest import _free_port, stop_process
+    from tests.power_data import calibration, recommendation
+
+    demo.ensure_up()
+    with StackClient(demo.serve_url, demo.token) as c:
+        seen = read_stack(c, ["decode"])
+    workers = [w for w, _b in seen["roles"]["decode"]]
+    target = f"stack:{demo.serve_url}"
+    cal = calibration(
+        target,
+        "decode",
+        layout="1p1d:h100-sxm",
+        model="llama-3.1-8b",
+        workers=workers,
+        fp=seen["fingerprints"]["decode"],
+    )
+    rec = recommendation(target, {"decode": cal})
+    assert rec["proposed"]["changes"], rec["rationale"]
+    db = tmp_path / "power.duckdb"
+    with Store.open(db) as store:
+        store.append("power_calibrations", [cal])
+        store.append("recommendations", [rec])
+        store.flush()
+    collector, url = start_collector(
+        db, "--serving", demo.serve_url, "--control-token", demo.token, "--report-schedule", "off"
+    )
+    port = _free_port()
+    streamlit = [sys.executable, "-m", "streamlit", "run", APP, "--server.headless=true"]
+    streamlit += [
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+    ]
+    env = {**os.environ, "PHASELENS_API_URL": url, "PHASELENS_CONTROL_TOKEN": demo.token}
+    dash = subprocess.Popen(
+        streamlit, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while not _answers(f"{base}/_stcore/health"):
+            assert dash.poll() is None and time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.3)
+        context = browser.new_context(viewport={"width": 1400, "height": 2600})
+        try:
+            page = context.new_page()
+            page.goto(f"{base}/power")
+            _wait(page, POWER_DRAWN, "the Power page's curves with the cliff", timeout_s=120)
+            _wait(page, SETTLED, "the page's script run finished")
+            block = page.get_by_text("Figures on this page:")
+            assert block.count() == 1 and "simulated" in block.inner_text()  # the trust label, once
+            assert page.get_by_text("Setpoints per phase and mode").count() == 1
+            assert page.get_by_text(rec["recommendation_id"], exact=False).count() >= 1
+            page.get_by_role("button", name="Apply…").click()
+            page.get_by_text("Dry-run plan").wait_for(timeout=60_000)
+            _wait(page, SETTLED, "the dry run's script run finished")
+            plan = page.locator('[data-testid="stCode"]').first.inner_text()
+            setting = rec["proposed"]["settings"]["decode"]["setting"]["label"]
+            assert f"set {workers[0]} (decode) to {setting}" in plan, plan
+            assert page.get_by_role("button", name="Execute this plan").count() == 1
+            assert not _python_errors(page)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "power-dry-run.png"), full_page=True)
+        finally:
+            context.close()
+    finally:
+        stop_process(dash)
+        stop_process(collector)
