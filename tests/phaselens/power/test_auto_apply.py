@@ -6,6 +6,8 @@ the runtime guard released keeps the stack's power recommendations off for 24 h.
 
 from __future__ import annotations
 
+import copy
+import secrets
 import time
 from pathlib import Path
 
@@ -20,8 +22,11 @@ from serving.testing import Server
 from .conftest import TOKEN, at_defaults, knobs, power_rec, reset_knobs
 
 
-def _rec(stack: Server, level: str) -> dict:
-    rec = power_rec(stack)
+def _rec(base: dict, level: str) -> dict:
+    """``base`` as a new recommendation (its own id and time) at confidence ``level``."""
+    rec = copy.deepcopy(base)
+    rec["recommendation_id"] = f"rec-{int(time.time())}-{secrets.token_hex(3)}"
+    rec["ts_s"] = time.time()
     rec["details"]["confidence"]["level"] = level
     rec["est_cost_change_usd_per_h"] = -0.05  # a saving
     return rec
@@ -35,7 +40,8 @@ def test_power_auto_apply_is_off_by_default_applies_once_and_keeps_its_budget(
     try:
         audit = Audit(store, "test")
         coordinator = ApplyCoordinator(audit, TOKEN)
-        low = _rec(stack, "low")
+        base = power_rec(stack)
+        low = _rec(base, "low")
         save_recommendation(store, low)
 
         # the policy's default covers layout recommendations only: a power one is left alone
@@ -50,7 +56,7 @@ def test_power_auto_apply_is_off_by_default_applies_once_and_keeps_its_budget(
         assert d["kind"] == "power" and d["decision"] == "skip"
         assert d["reason"] == "confidence low is under the floor medium"
 
-        good = _rec(stack, "high")
+        good = _rec(base, "high")
         save_recommendation(store, good)  # supersedes the low one
         d = job.tick(wait=True)  # no traffic: its guard window is not judged
         assert d["decision"] == "apply" and d["outcome"] == "applied", (d, coordinator.last)
@@ -59,7 +65,7 @@ def test_power_auto_apply_is_off_by_default_applies_once_and_keeps_its_budget(
         assert audit.recommendation(good["recommendation_id"])["status"] == "applied"  # type: ignore[index]
 
         time.sleep(0.01)
-        again = _rec(stack, "high")
+        again = _rec(base, "high")
         save_recommendation(store, again)
         d = job.tick()
         assert d["decision"] == "skip"
