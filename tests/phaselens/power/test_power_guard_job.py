@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from analytics.recommend.records import save_recommendation
 from collector.store import Store
@@ -90,3 +91,11 @@ def test_the_service_releases_the_breaching_lane_only(stack: Server, tmp_path: P
         reset_knobs(stack)
     with Store.open(db) as store:
         assert Audit(store, "t").recommendation(rid)["status"] == "applied"  # one lane still set
+
+
+def test_a_bad_power_guard_window_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from phaselens.cli import main
+
+    db = str(tmp_path / "s.duckdb")
+    assert main(["collect", "--db", db, "--power-guard-window-s", "0.5"]) == 2
+    assert "--power-guard-window-s must be 0 (off) or in [1, 3600] s, got 0.5" in capsys.readouterr().err
