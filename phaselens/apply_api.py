@@ -7,7 +7,8 @@
 - ``POST /api/v1/actions/{id}/rollback`` — restore the layout from before the apply that action (or
   recommendation id) belongs to.
 - ``GET /api/v1/actions[?recommendation_id=&limit=]`` — the audit rows, oldest first, with the running
-  apply's progress (current step, guard time left) and the auto-apply policy's state.
+  apply's progress (current step, guard time left), the auto-apply policy's state and the runtime
+  power guard's (``power_guard``: phaselens/apply/power_guard.py).
 
 The POSTs need the collector's control token.
 """
@@ -26,6 +27,7 @@ from phaselens.apply.audit import Audit
 from phaselens.apply.coordinator import ApplyCoordinator
 from phaselens.apply.plan import ApplyError
 from phaselens.apply.policy import AutoApplyJob, AutoApplyPolicy
+from phaselens.apply.power_guard import PowerGuardJob
 from phaselens.apply.runner import ApplyOptions
 
 _NUMBERS = {"guard_s", "settle_s", "drain_timeout_s", "max_error_rate"}
@@ -66,6 +68,7 @@ def add_apply_routes(app: Any, collector: Collector) -> ApplyCoordinator:
     coordinator = ApplyCoordinator(audit, settings.control_token, allowed_urls=list(settings.serving_urls))
     collector.add_job(coordinator)
     app.state.apply_coordinator, app.state.auto_apply, app.state.apply_audit = coordinator, None, audit
+    app.state.power_guard = None
 
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -126,6 +129,7 @@ def add_apply_routes(app: Any, collector: Collector) -> ApplyCoordinator:
             "running": coordinator.progress(),
             "last": coordinator.last,
             "auto_apply": app.state.auto_apply.health() if app.state.auto_apply else {"enabled": False},
+            "power_guard": app.state.power_guard.health() if app.state.power_guard else {"enabled": False},
         }
 
     # fastapi is imported here only (see phaselens/reports.py): hand it the class itself
@@ -152,4 +156,23 @@ def enable_auto_apply(
     )
     collector.add_job(job, health_key="auto_apply")
     app.state.auto_apply = job
+    return job
+
+
+def enable_power_guard(app: Any, collector: Collector, window_s: float) -> PowerGuardJob | None:
+    """Run the runtime power guard as a job of the service (call before the app starts): every
+    ``window_s`` it judges the lanes of each watched stack's applied power recommendation and releases
+    those that breach. None (not run) without a ``--serving`` stack or a control token to act with."""
+    settings = collector.settings
+    if not settings.serving_urls or not settings.control_token:
+        return None
+    job = PowerGuardJob(
+        app.state.apply_audit,
+        settings.control_token,
+        list(settings.serving_urls),
+        window_s=window_s,
+        coordinator=app.state.apply_coordinator,
+    )
+    collector.add_job(job, health_key="power_guard")
+    app.state.power_guard = job
     return job

@@ -48,10 +48,19 @@ class Audit:
             row = got.fetchone()
         return _decode(dict(zip(names, row, strict=True))) if row else None
 
-    def newest_proposed(self, target: str | None = None) -> dict[str, Any] | None:
-        """The newest proposed layout recommendation (for ``target`` when given)."""
-        sql = "SELECT * FROM recommendations WHERE kind = 'layout' AND status = 'proposed'"
-        params: list[Any] = []
+    def newest_proposed(
+        self, target: str | None = None, kinds: tuple[str, ...] = ("layout",)
+    ) -> dict[str, Any] | None:
+        """The newest proposed recommendation of ``kinds`` (for ``target`` when given)."""
+        return self.newest(target, kinds=kinds, status="proposed")
+
+    def newest(
+        self, target: str | None = None, *, kinds: tuple[str, ...] = ("layout",), status: str = "proposed"
+    ) -> dict[str, Any] | None:
+        """The newest recommendation of ``kinds`` in ``status`` (for ``target`` when given)."""
+        marks = ", ".join("?" for _ in kinds)
+        sql = f"SELECT * FROM recommendations WHERE kind IN ({marks}) AND status = ?"
+        params: list[Any] = [*kinds, status]
         if target:
             sql += " AND target = ?"
             params.append(target)

@@ -1,11 +1,16 @@
 """Auto-apply (opt-in, off by default): a job of the service that, on a schedule, takes the newest
-proposed layout recommendation for the stack it watches and applies it — through the same plan,
-guard windows, rollback and audit as ``phaselens apply`` — when
+proposed recommendation of each kind it covers (``kinds``: ``layout``, and ``power`` — issue 24's
+per-phase power settings — when ``--auto-apply-kinds layout,power`` says so) for the stack it
+watches and applies it — through the same plan, guard windows, rollback and audit as ``phaselens
+apply`` — when
 
 - its predicted saving (``-est_cost_change_usd_per_h``) exceeds ``min_saving_usd_per_h``,
 - its confidence level is at or above ``min_confidence`` (low < medium < high),
 - the change budget allows it: at most ``max_per_day`` auto-applies in the last 24 h, not inside the
-  quiet hours (UTC, ``start-end``), never while an apply or its guard window is running.
+  quiet hours (UTC, ``start-end``), never while an apply or its guard window is running; one budget
+  for every kind (it bounds how often the service changes the stack);
+- for a power recommendation, also: the runtime power guard released no lane of that stack in the
+  last 24 h (the same setting would breach again).
 
 Every decision about a recommendation is an ``actions`` row: ``auto_apply`` (it was applied; the
 apply's own rows follow) or ``auto_apply_skip`` (why not), ``dry_run`` as the policy says; the same
@@ -32,6 +37,7 @@ from phaselens.apply.runner import ApplyOptions
 
 log = logging.getLogger(__name__)
 CONFIDENCE = ("low", "medium", "high")
+KINDS = ("layout", "power")
 ACTOR = "phaselens-auto-apply"
 
 
@@ -50,6 +56,7 @@ class AutoApplyPolicy:
     window_s: float = 600.0
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 30.0
+    kinds: tuple[str, ...] = ("layout",)  # which recommendations it may apply (module docstring)
 
     def check(self) -> None:
         """ValueError naming the policy flag out of range."""
@@ -66,6 +73,10 @@ class AutoApplyPolicy:
             )
         if not 1 <= self.max_per_day <= 100:
             raise ValueError(f"--auto-apply-max-per-day must be in [1, 100], got {self.max_per_day}")
+        if not self.kinds or not set(self.kinds) <= set(KINDS):
+            raise ValueError(
+                f"--auto-apply-kinds {','.join(self.kinds) or 'none'!r}; allowed: a comma list of {', '.join(KINDS)}"
+            )
         ApplyOptions(guard_s=self.guard_s).check()
 
     def in_quiet_hours(self, now_s: float) -> bool:
@@ -87,6 +98,7 @@ class AutoApplyPolicy:
             "window_s": self.window_s,
             "slo_ttft_ms": self.slo_ttft_ms,
             "slo_tpot_ms": self.slo_tpot_ms,
+            "kinds": list(self.kinds),
         }
 
 
@@ -155,10 +167,25 @@ class AutoApplyJob:
             and r["ts_s"] >= now_s - 86_400
         )
 
+    def power_released_last_day(self, rec: dict[str, Any], now_s: float) -> str | None:
+        """The newest ``power_release`` of ``rec``'s stack in the 24 h before ``now_s`` (its message)."""
+        rows = self.audit.actions(limit=10_000)
+        hits = [
+            r
+            for r in rows
+            if r["action"] == "power_release"
+            and r["status"] == "applied"
+            and r.get("target") == rec.get("target")
+            and now_s - 86_400 <= r["ts_s"] <= now_s
+        ]
+        return (hits[-1].get("message") or "a lane").split(":")[0] if hits else None
+
     def _why_not(self, rec: dict[str, Any], now_s: float) -> str | None:
         p = self.policy
         if self.coordinator.busy:
             return "an apply is running (its guard window is open)"
+        if rec.get("kind") == "power" and (released := self.power_released_last_day(rec, now_s)):
+            return f"the runtime power guard released a lane of this stack in the last 24 h ({released})"
         if p.in_quiet_hours(now_s):
             return f"quiet hours {p.quiet_hours[0]:02d}-{p.quiet_hours[1]:02d} UTC"  # type: ignore[index]
         used = self.applied_last_day(now_s)
@@ -175,32 +202,51 @@ class AutoApplyJob:
         return None
 
     def tick(self, now_s: float | None = None, *, wait: bool = False) -> dict[str, Any]:
-        """One decision: the newest proposed recommendation for a watched stack, applied or skipped
-        (why); recorded as an ``actions`` row. ``wait``: run the apply here (tests)."""
+        """One decision per kind the policy covers: the newest proposed recommendation of that kind for
+        a watched stack, applied or skipped (why); recorded as an ``actions`` row. ``wait``: run an
+        apply here (tests). Returns the decision (with one kind) or the last kind's with every
+        kind's under ``decisions``."""
         now = time.time() if now_s is None else now_s
         fresh: dict[str, Any] = {}
-        if self.recommend is not None:
+        if self.recommend is not None and "layout" in self.policy.kinds:
             try:
                 fresh["recommended"] = self.recommend()
             except Exception as e:  # an empty window, a stack gone: decide on the stored ones
                 fresh["recommend_error"] = f"{type(e).__name__}: {e}"
                 log.warning("auto-apply: re-recommending failed: %s", e)
-        rec = next((r for t in self.targets if (r := self.audit.newest_proposed(t)) is not None), None)
+        decisions = [self._decide(kind, now, fresh, wait) for kind in self.policy.kinds]
+        last = next((d for d in reversed(decisions) if d["decision"] != "none"), decisions[-1])
+        self.last = dict(last, decisions=decisions) if len(decisions) > 1 else last
+        return self.last
+
+    def _decide(self, kind: str, now: float, fresh: dict[str, Any], wait: bool) -> dict[str, Any]:
+        rec = next(
+            (r for t in self.targets if (r := self.audit.newest_proposed(t, kinds=(kind,))) is not None), None
+        )
         if rec is None:
-            self.last = {
+            return {
                 "ts_s": now,
+                "kind": kind,
                 "decision": "none",
-                "reason": "no proposed layout recommendation for the stack",
+                "reason": f"no proposed {kind} recommendation for the stack",
                 **fresh,
             }
-            return self.last
         rec_id = rec["recommendation_id"]
         why = self._why_not(rec, now)
         decision = {
             "ts_s": now,
+            "kind": kind,
             "recommendation_id": rec_id,
             "decision": "skip" if why else "apply",
             "reason": why,
+            "predicted": {
+                "saving_usd_per_h": None
+                if rec.get("est_cost_change_usd_per_h") is None
+                else -float(rec["est_cost_change_usd_per_h"]),
+                "tokens_per_j_change_pct": rec.get("est_tokens_per_j_change_pct"),
+                "latency_change_pct": rec.get("est_latency_change_pct"),
+                "confidence": ((rec.get("details") or {}).get("confidence") or {}).get("level"),
+            },
             **fresh,
         }
         p = self.policy
@@ -209,24 +255,24 @@ class AutoApplyJob:
                 options = ApplyOptions(execute=not p.dry_run, guard_s=p.guard_s, actor=ACTOR)
                 got = self.coordinator.apply(rec_id, options)  # planned here, run in the background
                 decision["apply_action_id"] = got.get("apply_action_id")
-                self._record(rec_id, "auto_apply", "the policy allows it", decision)
+                self._record(rec, "auto_apply", "the policy allows it", decision)
                 if wait:
                     self.coordinator.join()
                     decision["outcome"] = (self.coordinator.last or {}).get("outcome")
             except ApplyError as e:
                 decision |= {"decision": "skip", "reason": f"not applicable: {e}"}
-                self._record(rec_id, "auto_apply_skip", decision["reason"], decision)
+                self._record(rec, "auto_apply_skip", decision["reason"], decision)
         elif (rec_id, why.split(":")[0]) not in self._recorded:
-            self._record(rec_id, "auto_apply_skip", why, decision)
-        self.last = decision
+            self._record(rec, "auto_apply_skip", why, decision)
         return decision
 
-    def _record(self, rec_id: str, action: str, why: str, decision: dict[str, Any]) -> None:
+    def _record(self, rec: dict[str, Any], action: str, why: str, decision: dict[str, Any]) -> None:
+        rec_id = rec["recommendation_id"]
         self._recorded.add((rec_id, why.split(":")[0]))
         row = self.audit.row(
             action,
             actor=ACTOR,
-            target=next(iter(self.targets), None),
+            target=rec.get("target") or next(iter(self.targets), None),
             before={"policy": self.policy.describe()},
             after=dict(decision),
             dry_run=self.policy.dry_run,
@@ -244,7 +290,13 @@ def add_auto_apply_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--auto-apply",
         action="store_true",
-        help="apply the newest proposed layout recommendation for --serving by itself, within the policy below",
+        help="apply the newest proposed recommendation (of --auto-apply-kinds) for --serving by itself, within the policy below",
+    )
+    g.add_argument(
+        "--auto-apply-kinds",
+        default=",".join(d.kinds),
+        metavar="KINDS",
+        help="which recommendations it may apply: a comma list of layout, power (layout)",
     )
     g.add_argument(
         "--auto-apply-interval-s", type=float, default=d.interval_s, help="decide every this many s (600)"
@@ -308,6 +360,7 @@ def auto_apply_policy(args: argparse.Namespace) -> AutoApplyPolicy | None:
         window_s=args.auto_apply_window_s,
         slo_ttft_ms=args.auto_apply_slo_ttft_ms,
         slo_tpot_ms=args.auto_apply_slo_tpot_ms,
+        kinds=tuple(k.strip() for k in str(args.auto_apply_kinds).split(",") if k.strip()),
     )
     try:
         policy.check()

@@ -166,6 +166,13 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
     from phaselens.apply.policy import add_auto_apply_arguments
 
     add_auto_apply_arguments(p)
+    p.add_argument(
+        "--power-guard-window-s",
+        type=float,
+        default=30.0,
+        help="the runtime power guard (with --serving and a control token): every this many s, release the "
+        "knob of each lane of an applied power recommendation that breaches its SLO (30; 0: off; docs/POWER.md)",
+    )
 
 
 def _report_max_bytes(mib: float) -> int:
@@ -263,11 +270,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from collector.store import WRITER_BUFFER_ROWS, Store, StoreError
     from phaselens.api import create_service_app
     from phaselens.apply.policy import auto_apply_policy
-    from phaselens.apply_api import enable_auto_apply
+    from phaselens.apply_api import enable_auto_apply, enable_power_guard
 
     try:
         settings = collect_settings(args)
         policy = auto_apply_policy(args)
+        guard_s = args.power_guard_window_s
+        if guard_s != 0 and not (math.isfinite(guard_s) and 1 <= guard_s <= 3600):
+            raise ValueError(f"--power-guard-window-s must be 0 (off) or in [1, 3600] s, got {guard_s:g}")
     except ValueError as e:
         print(f"phaselens collect: error: {e}", file=sys.stderr)
         return 2
@@ -296,6 +306,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
     for note in collector.notes():
         print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
     app = create_service_app(collector)
+    if guard_s and enable_power_guard(app, collector, guard_s) is not None:
+        print(
+            f"phaselens collect: runtime power guard on: every {guard_s:g} s over applied power recommendations",
+            file=sys.stderr,
+            flush=True,
+        )
     if policy is not None:
         from phaselens.recommend_window import window_recommender
 

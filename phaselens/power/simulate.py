@@ -115,10 +115,13 @@ def simulate_sweep(
     load: LoadSpec,
     *,
     on_note: Callable[[str], None] | None = None,
+    trace: list[Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every role's points, simulated (the reference is simulated once: the simulator has no noise)."""
+    """Every role's points, simulated (the reference is simulated once: the simulator has no noise).
+    ``trace``: these requests at every point instead of ``load``'s steady trace (bench/power_control.py
+    calibrates on the conversation trace it then replays)."""
     note = on_note or (lambda s: None)
-    trace = steady_trace(load, plan.point_s)
+    trace = list(trace) if trace is not None else steady_trace(load, plan.point_s)
     try:
         shape_cfg = model_config_for(shape)
     except ConfigError as e:

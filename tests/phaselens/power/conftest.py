@@ -52,34 +52,40 @@ def post(server: Server, path: str, body: dict) -> httpx.Response:
         return c.post(path, json=body)
 
 
-def power_rec(stack: Server) -> dict:
-    """A power recommendation for the stack's decode worker (worker-1), made from a simulated
-    calibration of the same GPU and model (test input: the live sweep is tested on its own)."""
-    roles, _ = sim_bounds(LAYOUT, "llama-3.1-70b")
+def power_rec(stack: Server, roles: tuple[str, ...] = ("decode",)) -> dict:
+    """A power recommendation for the stack's decode worker (worker-1) — and its prefill worker
+    (worker-0) when ``roles`` names it — made from a simulated calibration of the same GPU and model
+    (test input: the live sweep is tested on its own)."""
+    bounds, _ = sim_bounds(LAYOUT, "llama-3.1-70b")
+    workers = {"prefill": "worker-0", "decode": "worker-1"}
     plan = plan_sweep(
-        {"decode": roles["decode"]}, knobs=["sm_clock"], sm_clocks_mhz=[1440, 885], point_s=30, settle_s=0
+        {r: bounds[r] for r in roles}, knobs=["sm_clock"], sm_clocks_mhz=[1440, 885], point_s=30, settle_s=0
     )
-    points = simulate_sweep(LAYOUT, "llama-3.1-70b", plan, LoadSpec(rate_rps=3.0))["decode"]["points"]
-    analysis = choose_modes(points, "decode")
-    row = calibration_row(
-        node="test",
-        source="simulated",
-        target=f"stack:{stack.url}",
-        fingerprint=Fingerprint("NVIDIA H200 (emulated)", "emulated", "llama-3.1-70b", "bfloat16", 1, "x"),
-        role="decode",
-        phase="decode",
-        result={"points": points, "complete": True, "workers": ["worker-1"]},
-        analysis=analysis,
-        duration_s=1.0,
-        trust=["simulated"],
-        details={},
-    )
-    before = {"worker-1": knobs(stack, "worker-1")}
+    swept = simulate_sweep(LAYOUT, "llama-3.1-70b", plan, LoadSpec(rate_rps=3.0))
+    rows = {}
+    for role in roles:
+        points = swept[role]["points"]
+        rows[role] = calibration_row(
+            node="test",
+            source="simulated",
+            target=f"stack:{stack.url}",
+            fingerprint=Fingerprint(
+                "NVIDIA H200 (emulated)", "emulated", "llama-3.1-70b", "bfloat16", 1, "x"
+            ),
+            role=role,
+            phase=role,
+            result={"points": points, "complete": True, "workers": [workers[role]]},
+            analysis=choose_modes(points, role),
+            duration_s=1.0,
+            trust=["simulated"],
+            details={},
+        )
+    before = {w: knobs(stack, w) for w in workers.values()}
     # a loose guard: this test checks the plumbing, not the emulated latency on a loaded host
     rec = power_recommendation(
         node="test",
         target=f"stack:{stack.url}",
-        rows={"decode": row},
+        rows=rows,
         mode="eff",
         before=before,
         prices=load_prices(),

@@ -1,0 +1,404 @@
+"""Per-phase power control against a uniform cap and against no capping (issue 24's targets), in one run.
+
+For each configuration the calibration sweep picks the **BAL** setting per role (best tokens/J whose
+throughput is ≥ 95 % of the reference's and whose ITL/TTFT p99 stay within the SLO:
+phaselens/power/choose.py), sweeping both knobs — power limits and SM-clock windows — on the
+conversation trace itself (``simulate_sweep(..., trace=)``). Then the same requests run three times:
+
+- **none**: no capping (power limit at TDP, clocks unlocked) — the baseline every ratio is against
+  (live: run first and last, their mean the baseline and their spread printed as the host's noise);
+- **max-q**: a uniform power limit at 80 % of TDP on every GPU (Max-Q-like);
+- **bal**: the BAL setting of each role (a prefill and a decode lane can differ).
+
+Figures: output tokens per joule of all GPUs (tokens/J), end-to-end latency p50 and mean (arrival to
+last token), TTFT p99 and ITL p99, each with its trust label, and the ratio against **none** of the
+same run.
+
+Configurations:
+- **simulated**: an 8-GPU fleet serving llama-3.1-70b (TP 2): ``2p2d`` and ``agg:8x`` on H200 and
+  H100 (``--sim``), the calibration and the three runs in the simulator (virtual time);
+- **emulated**: the live stack (``phaselens serve``, 2 emulated GPUs: one prefill + one decode, or two
+  mixed workers) on H200 modeling llama-3.1-70b and H100 modeling llama-3.1-8b (70B does not fit one
+  H100) (``--live``); the BAL choice comes from the simulator set up like the stack (same GPU model,
+  shape, engine settings: ``serving.sim.live_compare``), the three runs are live on the emulated
+  devices (energy from their counters, latency from the router), labelled emulated (and host-bound
+  where over 5 % of the iterations lagged on this host).
+
+Target (issue 24): BAL ≥ +20 % tokens/J at ≤ 5 % end-to-end latency increase. Results:
+docs/BENCHMARKS.md ("power_control") and docs/POWER.md.
+
+    PYTHONPATH=. .venv/bin/python bench/power_control.py                      # ~3-6 min on 2 cores
+    PYTHONPATH=. .venv/bin/python bench/power_control.py --live none --sim 2p2d:h200:tp2
+    PYTHONPATH=. .venv/bin/python bench/power_control.py --duration 60 --live h200:1p1d --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analytics.trust import EMULATED, HOST_BOUND, SIMULATED  # noqa: E402
+from phaselens.apply.stack import StackClient  # noqa: E402
+from phaselens.power.choose import choose_modes  # noqa: E402
+from phaselens.power.load import LoadSpec  # noqa: E402
+from phaselens.power.plan import Setting, plan_sweep  # noqa: E402
+from phaselens.power.simulate import sim_bounds, simulate_sweep  # noqa: E402
+from serving.config import model_config_for  # noqa: E402
+from serving.devices.gpu_specs import gpu_spec  # noqa: E402
+from serving.sim.layout import parse_layout  # noqa: E402
+from serving.sim.live_compare import (  # noqa: E402
+    ENGINE_OPTIONS,
+    emulation_share,
+    kv_blocks_of,
+    live_energy_j,
+    run_live,
+    warm_up,
+)
+from serving.sim.simulator import Simulation  # noqa: E402
+from serving.sim.summary import summarize  # noqa: E402
+from serving.testing import TOKEN, start_server, stop_server  # noqa: E402
+from serving.trace import TraceRequest, load_azure_trace_clipped, vendored_trace_path  # noqa: E402
+
+SIM_FLEET = ("2p2d:h200:tp2", "agg:8xh200:tp2", "2p2d:h100-sxm:tp2", "agg:8xh100-sxm:tp2")
+LIVE = ("h200:1p1d",)  # the default; h200:agg, h100:1p1d, h100:agg on request (each ~2-5 min here)
+SHAPES = {"h200": "llama-3.1-70b", "h100": "llama-3.1-8b"}
+GPU_KEYS = {"h200": "h200", "h100": "h100-sxm"}
+RUNS = ("none", "max-q", "bal")
+MAXQ_SHARE = 0.8
+TARGET_TPJ_GAIN_PCT, TARGET_E2E_RISE_PCT = 20.0, 5.0
+
+
+def conversation_trace(duration_s: float, rate_scale: float, max_output: int) -> list[TraceRequest]:
+    """The first ``duration_s`` of the vendored Azure conversation trace, rate scaled, outputs clipped."""
+    return load_azure_trace_clipped(
+        vendored_trace_path(),
+        duration_s=duration_s,
+        rate_scale=rate_scale,
+        max_prompt_tokens=4096,
+        max_output_tokens=max_output,
+    ).requests
+
+
+def calibrate(layout: str, shape: str, trace: list[TraceRequest], points: int) -> dict[str, dict[str, Any]]:
+    """Each role's choice (phaselens.power.choose) from a simulated sweep of both knobs on ``trace``."""
+    roles, _ = sim_bounds(layout, shape)
+    span = max(r.arrival_s for r in trace) + 1.0
+    plan = plan_sweep(roles, points=points, point_s=max(1.0, min(span, 3600)), settle_s=0, max_minutes=1440)
+    swept = simulate_sweep(layout, shape, plan, LoadSpec(), trace=trace)
+    return {role: choose_modes(swept[role]["points"], role) for role in roles}
+
+
+def bal_settings(choice: dict[str, dict[str, Any]]) -> dict[str, Setting]:
+    return {role: Setting.from_dict(c["modes"]["bal"]["setting"]) for role, c in choice.items()}
+
+
+def describe_choice(choice: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for role, c in choice.items():
+        m = c["modes"]["bal"]
+        cliffs = (
+            ", ".join(f"{k} at {v['setting']['label']}" for k, v in (c.get("cliff") or {}).items() if v)
+            or "none"
+        )
+        gain = m.get("tokens_per_j_gain_pct")
+        parts.append(
+            f"{role}: {m['knob']} {m['setting']['label']}"
+            + (
+                f" (calibrated {role} tokens/J {gain:+.1f} %)"
+                if gain is not None
+                else f" ({m.get('reason')})"
+            )
+            + f"; cliff: {cliffs}"
+        )
+    return "; ".join(parts)
+
+
+def maxq_w(gpu_key: str) -> float:
+    spec = gpu_spec(gpu_key)
+    return max(spec.min_power_limit_w, round(MAXQ_SHARE * spec.tdp_w))
+
+
+# -------------------------------------------------------------------------------- simulated fleet
+
+
+def sim_run(layout: str, shape: str, trace: list[TraceRequest]) -> dict[str, Any]:
+    result = Simulation(parse_layout(layout), model_config_for(shape), trace, scenario="power_control").run()
+    s = summarize(result)
+    e2e = [
+        r["finish_s"] - r["arrival_s"]
+        for r in _sim_requests(result)
+        if r.get("finish_s") is not None and r.get("status", "ok") == "ok"
+    ]
+    return {
+        "tokens_per_j": s.output_tokens / s.energy_j if s.energy_j else None,
+        "e2e_p50_s": s.e2e_p50_s,
+        "e2e_mean_s": sum(e2e) / len(e2e) if e2e else None,
+        "ttft_p99_s": s.ttft_p99_s,
+        "itl_p99_s": s.itl_p99_s,
+        "power_w_per_gpu": s.avg_power_w_per_gpu,
+        "output_tokens": s.output_tokens,
+        "failed": s.failed,
+        "trust": [SIMULATED],
+    }
+
+
+def _sim_requests(result: Any) -> list[dict[str, Any]]:
+    from serving.sim.live_compare import sim_request_events
+
+    out = []
+    for ev in sim_request_events(result):
+        ts = ev.get("token_ts_s") or []
+        out.append(
+            {"arrival_s": ev["arrival_s"], "finish_s": ts[-1] if ts else None, "status": ev.get("status")}
+        )
+    return out
+
+
+def sim_config(layout: str, trace: list[TraceRequest], points: int) -> dict[str, Any]:
+    shape = "llama-3.1-70b"
+    t0 = time.monotonic()
+    choice = calibrate(layout, shape, trace, points)
+    gpu = parse_layout(layout).gpu
+    bal = "".join(s.layout_options(role) for role, s in bal_settings(choice).items())
+    runs = {
+        "none": sim_run(layout, shape, trace),
+        "max-q": sim_run(f"{layout}:power_limit_w={maxq_w(gpu):g}", shape, trace),
+        "bal": sim_run(layout + bal, shape, trace),
+    }
+    return {
+        "config": f"simulated {layout} (8 GPUs, {shape})",
+        "choice": choice,
+        "runs": runs,
+        "maxq_w": maxq_w(gpu),
+        "wall_s": time.monotonic() - t0,
+    }
+
+
+# -------------------------------------------------------------------------------- emulated live stack
+
+
+def _serve_args(gpu: str, mode: str) -> list[str]:
+    layout = ["--mode", "disaggregated"] if mode == "1p1d" else ["--mode", "aggregated", "--workers", "2"]
+    return [*layout, "--device", f"emulated:{GPU_KEYS[gpu]}", "--emulate-shape", SHAPES[gpu]]
+
+
+def _sim_layout_of(gpu: str, mode: str, kv_blocks: int) -> str:
+    pools = "1p1d" if mode == "1p1d" else "agg:2x"
+    head = f"{pools}:{GPU_KEYS[gpu]}" if mode == "1p1d" else f"agg:2x{GPU_KEYS[gpu]}"
+    mem = ":gpu_memory_utilization=0.96" if SHAPES[gpu] == "llama-3.1-70b" else ""
+    return f"{head}{mem}:{ENGINE_OPTIONS}:kv_blocks={kv_blocks}"
+
+
+def _set_all(stack: StackClient, bodies: dict[str, dict[str, Any]]) -> None:
+    for wid, body in bodies.items():
+        stack.set_device(wid, body)
+
+
+def live_run(url: str, trace: list[TraceRequest]) -> dict[str, Any]:
+    run = run_live(url, trace, settle_s=2.0)
+    energy, _, _ = live_energy_j(run)
+    tokens = sum(int(ev.get("output_tokens") or 0) for ev in run.requests)
+    rep = run.report
+    share = emulation_share(run)["host_bound_share"]
+    gpus = len(run.after)
+    window = max(
+        max(d["sample"]["ts_s"] for d in run.after.values())
+        - min(d["sample"]["ts_s"] for d in run.before.values()),
+        1e-9,
+    )
+    return {
+        "tokens_per_j": tokens / energy if energy else None,
+        "e2e_p50_s": rep.e2e.p50_ms / 1e3,
+        "e2e_mean_s": rep.e2e.mean_ms / 1e3,
+        "ttft_p99_s": rep.ttft.p99_ms / 1e3,
+        "itl_p99_s": rep.itl.p99_ms / 1e3,
+        "power_w_per_gpu": energy / window / max(gpus, 1),
+        "output_tokens": tokens,
+        "failed": rep.n_failed,
+        "host_bound_share": share,
+        "trust": [EMULATED, HOST_BOUND] if share == share and share > 0.05 else [EMULATED],
+    }
+
+
+def live_config(
+    name: str, trace: list[TraceRequest], calib_trace: list[TraceRequest], points: int
+) -> dict[str, Any]:
+    gpu, mode = name.split(":")
+    t0 = time.monotonic()
+    server = start_server(*_serve_args(gpu, mode))
+    try:
+        warm_up(server.url)
+        layout = _sim_layout_of(gpu, mode, kv_blocks_of(server.url))
+        choice = calibrate(layout, SHAPES[gpu], calib_trace, points)
+        settings = bal_settings(choice)
+        with StackClient(server.url, TOKEN) as stack:
+            workers = {w["id"]: w["role"] for w in stack.layout()["workers"]}
+            cap = maxq_w(GPU_KEYS[gpu])
+            bodies = {
+                "none": {w: {"reset": True} for w in workers},
+                "max-q": {w: {"reset": True, "power_limit_w": cap} for w in workers},
+                "bal": {w: settings[role].body() for w, role in workers.items()},
+            }
+            runs = {}
+            try:  # the baseline first and last: their spread is the host's noise, their mean the baseline
+                for run in ("none", "max-q", "bal", "none-again"):
+                    _set_all(stack, bodies[run.removesuffix("-again")])
+                    runs[run] = live_run(server.url, trace)
+            finally:
+                _set_all(stack, bodies["none"])
+            runs["none"] = _mean_runs(runs["none"], runs.pop("none-again"))
+        return {
+            "config": f"emulated {GPU_KEYS[gpu]} {mode} (2 GPUs, {SHAPES[gpu]})",
+            "choice": choice,
+            "runs": runs,
+            "maxq_w": cap,
+            "wall_s": time.monotonic() - t0,
+        }
+    finally:
+        stop_server(server)
+
+
+def _mean_runs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two baseline runs as one: each figure's mean, and how far the two differ (``noise_pct``)."""
+    out: dict[str, Any] = {}
+    for k, v in a.items():
+        w = b.get(k)
+        both = isinstance(v, int | float) and isinstance(w, int | float) and not isinstance(v, bool)
+        out[k] = (v + w) / 2 if both else v
+    out["trust"] = sorted(set(a["trust"]) | set(b["trust"]), key=[EMULATED, HOST_BOUND].index)
+    out["noise_pct"] = {
+        k: abs(a[k] - b[k]) / ((a[k] + b[k]) / 2) * 100
+        for k in ("tokens_per_j", "e2e_mean_s")
+        if a.get(k) and b.get(k)
+    }
+    return out
+
+
+# -------------------------------------------------------------------------------- report
+
+
+def _ratio(v: float | None, base: float | None) -> float | None:
+    return v / base if v is not None and base and math.isfinite(v) and math.isfinite(base) else None
+
+
+def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    base = runs["none"]
+    out = {}
+    for name in RUNS[1:]:
+        r = runs[name]
+        tpj = _ratio(r["tokens_per_j"], base["tokens_per_j"])
+        e2e = _ratio(r["e2e_mean_s"], base["e2e_mean_s"])
+        out[name] = {
+            "tokens_per_j_gain_pct": None if tpj is None else (tpj - 1) * 100,
+            "e2e_mean_change_pct": None if e2e is None else (e2e - 1) * 100,
+            "e2e_p50_change_pct": None
+            if (x := _ratio(r["e2e_p50_s"], base["e2e_p50_s"])) is None
+            else (x - 1) * 100,
+        }
+    b = out["bal"]
+    out["target_met"] = (
+        b["tokens_per_j_gain_pct"] is not None
+        and b["e2e_mean_change_pct"] is not None
+        and b["tokens_per_j_gain_pct"] >= TARGET_TPJ_GAIN_PCT
+        and b["e2e_mean_change_pct"] <= TARGET_E2E_RISE_PCT
+    )
+    return out
+
+
+def print_config(res: dict[str, Any]) -> None:
+    runs, v = res["runs"], res["verdict"]
+    print(f"\n== {res['config']}  ({res['wall_s']:.0f} s)")
+    print(f"   BAL per role: {describe_choice(res['choice'])}")
+    print(f"   max-q: every GPU capped at {res['maxq_w']:g} W ({MAXQ_SHARE:.0%} of TDP)")
+    head = f"   {'run':<7}{'tokens/J':>10}{'×none':>8}{'e2e mean s':>12}{'×none':>8}{'e2e p50 s':>11}"
+    print(head + f"{'TTFT p99 s':>12}{'ITL p99 ms':>12}{'W/GPU':>8}  trust")
+    base = runs["none"]
+    fmt = lambda x, f: "—" if x is None or x != x else format(x, f)  # noqa: E731
+    for name in RUNS:
+        r = runs[name]
+        print(
+            f"   {name:<7}{fmt(r['tokens_per_j'], '.3f'):>10}"
+            f"{fmt(_ratio(r['tokens_per_j'], base['tokens_per_j']), '.3f'):>8}"
+            f"{fmt(r['e2e_mean_s'], '.3f'):>12}{fmt(_ratio(r['e2e_mean_s'], base['e2e_mean_s']), '.3f'):>8}"
+            f"{fmt(r['e2e_p50_s'], '.3f'):>11}{fmt(r['ttft_p99_s'], '.3f'):>12}"
+            f"{fmt(None if r['itl_p99_s'] is None else r['itl_p99_s'] * 1e3, '.1f'):>12}"
+            f"{fmt(r['power_w_per_gpu'], '.0f'):>8}  {'+'.join(r['trust'])}"
+            + (f" (failed {r['failed']})" if r.get("failed") else "")
+        )
+    if base.get("noise_pct"):
+        n = base["noise_pct"]
+        print(
+            f"   baseline run first and last (mean shown): they differ by {n.get('tokens_per_j', 0):.1f} % in "
+            f"tokens/J and {n.get('e2e_mean_s', 0):.1f} % in e2e mean — the host's noise"
+        )
+    b = v["bal"]
+    met = "MET" if v["target_met"] else "NOT MET"
+    print(
+        f"   target BAL ≥ +{TARGET_TPJ_GAIN_PCT:g} % tokens/J at ≤ {TARGET_E2E_RISE_PCT:g} % e2e: {met} "
+        f"(BAL {fmt(b['tokens_per_j_gain_pct'], '+.1f')} % tokens/J, e2e mean {fmt(b['e2e_mean_change_pct'], '+.1f')} %; "
+        f"max-q {fmt(v['max-q']['tokens_per_j_gain_pct'], '+.1f')} % at {fmt(v['max-q']['e2e_mean_change_pct'], '+.1f')} %)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sim", default=",".join(SIM_FLEET), help="simulated 8-GPU layouts ('none': skip)")
+    ap.add_argument(
+        "--live", default=",".join(LIVE), help="emulated GPU:MODE (h200|h100 : 1p1d|agg; 'none': skip)"
+    )
+    ap.add_argument(
+        "--duration", type=float, default=10.0, help="s of the conversation trace each live run replays (10)"
+    )
+    ap.add_argument(
+        "--live-rate-scale", type=float, default=0.5, help="its request rate × this (0.5: 2 GPUs)"
+    )
+    ap.add_argument(
+        "--sim-duration", type=float, default=120.0, help="s of the trace each simulated run replays (120)"
+    )
+    ap.add_argument(
+        "--sim-rate-scale", type=float, default=2.0, help="its request rate × this for 8 GPUs (2)"
+    )
+    ap.add_argument("--max-output", type=int, default=128, help="clip outputs to this many tokens (128)")
+    ap.add_argument("--points", type=int, default=3, help="settings per knob and role in the sweep (3)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    a = ap.parse_args(argv)
+    sims = [] if a.sim == "none" else [x for x in a.sim.split(",") if x]
+    lives = [] if a.live == "none" else [x for x in a.live.split(",") if x]
+    for x in lives:
+        gpu, _, mode = x.partition(":")
+        if gpu not in SHAPES or mode not in ("1p1d", "agg"):
+            ap.error(f"--live {x!r}: give GPU:MODE with GPU one of h200, h100 and MODE 1p1d or agg")
+    results = []
+    sim_trace = conversation_trace(a.sim_duration, a.sim_rate_scale, a.max_output)
+    live_trace = conversation_trace(a.duration, a.live_rate_scale, a.max_output)
+    # the live stack's BAL is calibrated in the simulator on a longer stretch of the same trace and rate
+    calib_trace = conversation_trace(max(a.duration, 60.0), a.live_rate_scale, a.max_output)
+    print(
+        f"conversation trace: {len(sim_trace)} requests over {a.sim_duration:g} s × {a.sim_rate_scale:g} (simulated), "
+        f"{len(live_trace)} over {a.duration:g} s × {a.live_rate_scale:g} (live); outputs ≤ {a.max_output}"
+    )
+    for layout in sims:
+        results.append(sim_config(layout, sim_trace, a.points))
+        results[-1]["verdict"] = verdict(results[-1]["runs"])
+        print_config(results[-1])
+    for name in lives:
+        results.append(live_config(name, live_trace, calib_trace, a.points))
+        results[-1]["verdict"] = verdict(results[-1]["runs"])
+        print_config(results[-1])
+    met = sum(1 for r in results if r["verdict"]["target_met"])
+    print(f"\ntarget met in {met} of {len(results)} configurations")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
