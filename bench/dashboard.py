@@ -557,6 +557,7 @@ def pages_main(args: argparse.Namespace) -> int:
                     collect += ["--port", str(port), "--no-nvml", "--report-schedule", "off"]
                     collect += ["--metrics-interval-s", "3600"]
                     env = {**os.environ, "PYTHONPATH": str(trees[tree])}
+                    started = time.perf_counter()
                     collector = subprocess.Popen(
                         collect,
                         cwd=trees[tree],
@@ -569,12 +570,17 @@ def pages_main(args: argparse.Namespace) -> int:
                         _wait_http(f"{api}/health", collector, "the collector")
                         _wait_http(f"{url}/_stcore/health", proc, f"the dashboard ({tree})")
                         _warm_up(browser, url)
-                        line = []
+                        line = [
+                            f"(first page {time.perf_counter() - started:.1f} s after the collector started)"
+                        ]
                         for name in names:
                             path = "" if name == "overview" else name
                             got[tree][name].append(_page_visit(browser, f"{url}/{path}?dataset={sid}"))
                             line.append(f"{name} {got[tree][name][-1]:.1f}")
                         loads.append(os.getloadavg()[0])
+                        warm = httpx.get(f"{api}/health", timeout=30).json().get("summary_warm")
+                        if warm:  # the service's Overview computed ahead (phaselens/summary_warm.py)
+                            line.append(f"service warm-up {warm.get('state')} in {warm.get('took_s')} s")
                         print(f"  run {i + 1} [{tree}] cold, s: {', '.join(line)} (load {loads[-1]:.1f})")
                     finally:
                         for pr in (proc, collector):
