@@ -24,6 +24,7 @@ from dashboard.url_state import scenario_duration_s, scenario_window
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often the import count is looked at
+START_DELAY_S = 2.0  # the service's own start (its HTTP server) goes first
 
 
 def overview_params(con: Any) -> dict[str, str] | None:
@@ -54,12 +55,18 @@ class SummaryWarmer:
     (once per import count) on a thread of its own; ``health()`` says what it did last."""
 
     def __init__(
-        self, store: Any, imports: Callable[[], int], overviews: Any, poll_s: float = POLL_S
+        self,
+        store: Any,
+        imports: Callable[[], int],
+        overviews: Any,
+        poll_s: float = POLL_S,
+        start_delay_s: float = START_DELAY_S,
     ) -> None:
         self.store = store
         self._imports = imports
         self.overviews = overviews
         self._poll_s = poll_s
+        self._start_delay_s = start_delay_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._done_for: int | None = None
@@ -104,6 +111,7 @@ class SummaryWarmer:
             self.last = {"state": "failed", "error": f"{type(e).__name__}: {e}", "imports": imports}
 
     def _run(self) -> None:
+        self._stop.wait(self._start_delay_s)
         while not self._stop.is_set():
             self.warm_once()
             self._stop.wait(self._poll_s)
