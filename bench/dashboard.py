@@ -374,7 +374,7 @@ def _gpus_visit(browser: object, url: str, charts: int) -> float:
     try:
         page = ctx.new_page()
         t = time.perf_counter()
-        page.goto(url)
+        page.goto(url, timeout=600_000)
         page.wait_for_function(GPUS_SETTLED, arg=charts, timeout=600_000)
         return time.perf_counter() - t
     finally:
@@ -387,7 +387,7 @@ def _warm_up(browser: object, url: str) -> None:
     ctx = browser.new_context()  # type: ignore[attr-defined]
     try:
         page = ctx.new_page()
-        page.goto(f"{url}/health")
+        page.goto(f"{url}/health", timeout=600_000)
         page.get_by_role("heading", name="Health").first.wait_for(timeout=120_000)
         page.wait_for_function(
             "() => document.querySelector('[data-testid=\"stStatusWidget\"]') === null", timeout=120_000
@@ -508,7 +508,7 @@ def _page_visit(browser: object, url: str) -> float:
     try:
         ctx.add_init_script(PAGE_SETTLE)
         page = ctx.new_page()
-        page.goto(url)
+        page.goto(url, timeout=600_000)
         page.wait_for_function(
             f"() => window.__settled != null && performance.now() - window.__settled >= {PAGE_SETTLE_HOLD_MS}",
             timeout=600_000,
