@@ -54,7 +54,10 @@ clicking through the pages does). **settled**: the page's title drawn, Streamlit
 status widget, no spinner), every Plotly chart drawn, and all of that unchanged for 1 s; the time
 is from ``page.goto`` to the start of that quiet second. With ``--baseline-tree`` the old tree runs
 the same sequence on a collector of its own, alternating (new old, old new, ...), and the ratio of
-each page's p50 is printed:
+each page's p50 is printed. A service that computes the newest scenario's Overview when it starts
+(phaselens/summary_warm.py) does so while the dashboard starts: each run prints how long after the
+collector's start the first page opened and how long the service's warm-up took, since that is what
+a first visit then finds computed:
 
     PYTHONPATH=. .venv/bin/python bench/dashboard.py --page all --repeats 2 --baseline-tree /tmp/phaselens-old
 """
