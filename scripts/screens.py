@@ -48,10 +48,18 @@ from serving.testing import free_port  # noqa: E402
 APP = ROOT / "dashboard" / "app.py"
 OUT = ROOT / "docs" / "screens"
 WIDTH_PX = 1280
-# the run is over (no status widget), no exception, and every Plotly chart and SVG panel drawn
-SETTLED = """() => document.querySelector('[data-testid="stMain"] [data-testid="stVerticalBlock"]') !== null
-  && document.querySelector('[data-testid="stStatusWidget"]') === null
-  && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))"""
+# Recorded in the page every 100 ms: since when (ms since navigation) it has been settled — its
+# title drawn, the run over (no status widget, no spinner), no "running" man, every Plotly chart
+# drawn — or null while it is not (bench/dashboard.py's PAGE_SETTLE).
+SETTLE = """setInterval(() => {
+  const ok = document.querySelector('h1') !== null
+    && document.querySelector('[data-testid="stStatusWidget"]') === null
+    && document.querySelector('[data-testid="stSpinner"]') === null
+    && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'));
+  if (!ok) window.__settled = null;
+  else if (window.__settled == null) window.__settled = performance.now();
+}, 100);"""
+SETTLE_HOLD_MS = 2000  # settled this long: the run is over, not between two of its steps
 
 
 def pages() -> list[tuple[str, str]]:
@@ -84,16 +92,19 @@ def shoot(browser: object, url: str, path: Path) -> float:
     """Open ``url`` in a fresh context, wait until it settled, write a full-page screenshot; seconds."""
     ctx = browser.new_context(viewport={"width": WIDTH_PX, "height": 1200})  # type: ignore[attr-defined]
     try:
+        ctx.add_init_script(SETTLE)
         page = ctx.new_page()
         t = time.perf_counter()
-        page.goto(url)
-        page.wait_for_timeout(1500)  # the run starts after the websocket opens
-        page.wait_for_function(SETTLED, timeout=300_000)
-        page.wait_for_timeout(1000)  # iframes and SVG images paint after the run
+        page.goto(url, timeout=300_000)
+        page.wait_for_function(
+            f"() => window.__settled != null && performance.now() - window.__settled >= {SETTLE_HOLD_MS}",
+            timeout=300_000,
+            polling=200,
+        )
         took = time.perf_counter() - t
         if page.locator('[data-testid="stException"]').count():
             raise SystemExit(f"{url}: the page shows a Python exception")
-        save_png(page.screenshot(full_page=True), path)
+        save_png(page.screenshot(full_page=True, timeout=120_000), path)
         return took
     finally:
         ctx.close()
@@ -194,10 +205,13 @@ def demo_main(args: argparse.Namespace) -> int:
             t = time.monotonic()
             wait_http(f"{api}/health", demo, "the demo's collector")
             wait_http(f"{base}/_stcore/health", demo, "the demo's dashboard")
-            print(
-                f"demo up ({time.monotonic() - t:.0f} s); the simulated fleet and {args.live_s:g} s of replay",
-                flush=True,
-            )
+            # every part up (the serving stack last): the demo says "running ..." and the replay starts
+            while "phaselens demo: running" not in (Path(tmp) / "demo.out").read_text():
+                if demo.poll() is not None or time.monotonic() - t > 300:
+                    raise SystemExit("the demo did not come up within 300 s")
+                time.sleep(1.0)
+            t = time.monotonic()
+            print(f"demo up; the simulated fleet and {args.live_s:g} s of replay", flush=True)
             deadline = time.monotonic() + 300
             sid = None
             while sid is None and time.monotonic() < deadline and demo.poll() is None:
