@@ -59,6 +59,9 @@ SETTLE = """setInterval(() => {
   if (!ok) window.__settled = null;
   else if (window.__settled == null) window.__settled = performance.now();
 }, 100);"""
+FULL_HEIGHT = """() => Math.max(...[...document.querySelectorAll('[data-testid="stMain"], [data-testid="stMain"] *')]
+  .filter(e => e.scrollHeight > e.clientHeight + 1).map(e => e.scrollHeight), window.innerHeight)"""
+MAX_HEIGHT_PX = 6000
 SETTLE_HOLD_MS = 2000  # settled this long: the run is over, not between two of its steps
 
 
@@ -104,6 +107,11 @@ def shoot(browser: object, url: str, path: Path) -> float:
         took = time.perf_counter() - t
         if page.locator('[data-testid="stException"]').count():
             raise SystemExit(f"{url}: the page shows a Python exception")
+        # the page scrolls inside Streamlit's main block, not the document: the viewport grows to it
+        tall = page.evaluate(FULL_HEIGHT)
+        if tall > page.viewport_size["height"]:
+            page.set_viewport_size({"width": WIDTH_PX, "height": min(int(tall) + 40, MAX_HEIGHT_PX)})
+            page.wait_for_timeout(1500)  # charts and images redraw at the new size
         save_png(page.screenshot(full_page=True, timeout=120_000), path)
         return took
     finally:
