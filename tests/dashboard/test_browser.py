@@ -195,7 +195,7 @@ def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
     segments' shares, labels and hover titles, the page never fetches Plotly's bundle (nor the emoji
     library, which a clock time in a caption would pull in). On a 1280 × 800 laptop screen the bar is
     above the fold and no tile's value is cut short (issue 25: "1,218 toke…", the bar below the fold)."""
-    scenario = demo.wait_for_scenario()
+    scenario = demo.ensure_up().wait_for_scenario()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
