@@ -54,7 +54,10 @@ clicking through the pages does). **settled**: the page's title drawn, Streamlit
 status widget, no spinner), every Plotly chart drawn, and all of that unchanged for 1 s; the time
 is from ``page.goto`` to the start of that quiet second. With ``--baseline-tree`` the old tree runs
 the same sequence on a collector of its own, alternating (new old, old new, ...), and the ratio of
-each page's p50 is printed:
+each page's p50 is printed. A service that computes the newest scenario's Overview when it starts
+(phaselens/summary_warm.py) does so while the dashboard starts: each run prints how long after the
+collector's start the first page opened and how long the service's warm-up took, since that is what
+a first visit then finds computed:
 
     PYTHONPATH=. .venv/bin/python bench/dashboard.py --page all --repeats 2 --baseline-tree /tmp/phaselens-old
 """
@@ -374,7 +377,7 @@ def _gpus_visit(browser: object, url: str, charts: int) -> float:
     try:
         page = ctx.new_page()
         t = time.perf_counter()
-        page.goto(url)
+        page.goto(url, timeout=600_000)
         page.wait_for_function(GPUS_SETTLED, arg=charts, timeout=600_000)
         return time.perf_counter() - t
     finally:
@@ -387,7 +390,7 @@ def _warm_up(browser: object, url: str) -> None:
     ctx = browser.new_context()  # type: ignore[attr-defined]
     try:
         page = ctx.new_page()
-        page.goto(f"{url}/health")
+        page.goto(f"{url}/health", timeout=600_000)
         page.get_by_role("heading", name="Health").first.wait_for(timeout=120_000)
         page.wait_for_function(
             "() => document.querySelector('[data-testid=\"stStatusWidget\"]') === null", timeout=120_000
@@ -508,7 +511,7 @@ def _page_visit(browser: object, url: str) -> float:
     try:
         ctx.add_init_script(PAGE_SETTLE)
         page = ctx.new_page()
-        page.goto(url)
+        page.goto(url, timeout=600_000)
         page.wait_for_function(
             f"() => window.__settled != null && performance.now() - window.__settled >= {PAGE_SETTLE_HOLD_MS}",
             timeout=600_000,
@@ -557,6 +560,7 @@ def pages_main(args: argparse.Namespace) -> int:
                     collect += ["--port", str(port), "--no-nvml", "--report-schedule", "off"]
                     collect += ["--metrics-interval-s", "3600"]
                     env = {**os.environ, "PYTHONPATH": str(trees[tree])}
+                    started = time.perf_counter()
                     collector = subprocess.Popen(
                         collect,
                         cwd=trees[tree],
@@ -569,12 +573,17 @@ def pages_main(args: argparse.Namespace) -> int:
                         _wait_http(f"{api}/health", collector, "the collector")
                         _wait_http(f"{url}/_stcore/health", proc, f"the dashboard ({tree})")
                         _warm_up(browser, url)
-                        line = []
+                        line = [
+                            f"(first page {time.perf_counter() - started:.1f} s after the collector started)"
+                        ]
                         for name in names:
                             path = "" if name == "overview" else name
                             got[tree][name].append(_page_visit(browser, f"{url}/{path}?dataset={sid}"))
                             line.append(f"{name} {got[tree][name][-1]:.1f}")
                         loads.append(os.getloadavg()[0])
+                        warm = httpx.get(f"{api}/health", timeout=30).json().get("summary_warm")
+                        if warm:  # the service's Overview computed ahead (phaselens/summary_warm.py)
+                            line.append(f"service warm-up {warm.get('state')} in {warm.get('took_s')} s")
                         print(f"  run {i + 1} [{tree}] cold, s: {', '.join(line)} (load {loads[-1]:.1f})")
                     finally:
                         for pr in (proc, collector):

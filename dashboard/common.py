@@ -476,7 +476,7 @@ def _range_input(
         return LIVE_RANGES_S[choice], None, None
     sc = scenarios[dataset]
     s0, s1 = float(sc["start_s"]), float(sc["end_s"])
-    dur = float(round(max(s1 - s0, 1.0), 1))
+    dur = url_state.scenario_duration_s(s0, s1)
     if slider_key not in st.session_state:
         st.session_state[slider_key] = url_state.scenario_range_of(st.query_params.get(param), dur) or (
             0.0,
@@ -486,7 +486,7 @@ def _range_input(
         f"{label} (s into the scenario)", 0.0, dur, step=max(0.1, round(dur / 200, 1)), key=slider_key
     )
     st.query_params[param] = url_state.scenario_range_text(a, b)
-    return None, s0 + a, s0 + max(b, a + 0.1)
+    return None, *url_state.scenario_window(s0, a, b)
 
 
 def _compare_input(

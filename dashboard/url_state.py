@@ -37,6 +37,18 @@ def live_range_code(name: str) -> str:
     return LIVE_RANGE_CODES[name]
 
 
+def scenario_duration_s(start_s: float, end_s: float) -> float:
+    """A scenario's span as the range slider knows it: seconds, to a tenth, at least 1."""
+    return float(round(max(float(end_s) - float(start_s), 1.0), 1))
+
+
+def scenario_window(start_s: float, a: float, b: float) -> tuple[float, float]:
+    """The window (UTC epoch seconds) of the range ``a``–``b`` s into a scenario starting at
+    ``start_s``; at least 0.1 s long. The whole span by default: ``(start_s, 0, duration)`` — what a
+    page first asks, and what the service computes ahead (phaselens/summary_warm.py)."""
+    return start_s + a, start_s + max(b, a + 0.1)
+
+
 def scenario_range_of(text: str | None, duration_s: float) -> tuple[float, float] | None:
     """``(a, b)`` seconds into a scenario from a link's ``60-240``, clipped to ``[0, duration_s]``;
     None when the text is absent, not of that form, or empty after clipping (the sidebar then keeps

@@ -30,6 +30,7 @@ from phaselens.power_api import add_power_routes
 from phaselens.recommend_api import add_recommend_routes
 from phaselens.reports import ReportScheduler, add_report_routes, parse_schedules
 from phaselens.summary_cache import SummaryCache
+from phaselens.summary_warm import SummaryWarmer
 from phaselens.workload_api import add_workload_routes
 
 _WINDOW_PARAMS = {"dataset", "since", "start_s", "end_s", "node"}
@@ -68,11 +69,14 @@ def create_service_app(collector: Collector) -> FastAPI:
     summaries = SummaryCache(collector.store, lambda: collector.stats.imports)
     overviews = OverviewService(collector.store, lambda: collector.stats.imports, summaries)
     exporter = MetricsExporter(collector)
+    # the newest scenario's Overview computed at start and after each import (phaselens/summary_warm.py)
+    warmer = SummaryWarmer(collector.store, lambda: collector.stats.imports, overviews)
     # started in this order after the writer, stopped in reverse before it
     collector.add_job(scheduler, health_key="reports")
     collector.add_job(exporter)
     collector.add_job(_Closing(overviews.close))
     collector.add_job(_Closing(summaries.close))
+    collector.add_job(warmer, health_key="summary_warm")
     app = create_collector_app(collector)
 
     # Reads are plain functions (FastAPI runs them on its thread pool): one waiting for the store

@@ -260,13 +260,7 @@ def _body(sel: common.Selection, fleet_gpus: int | None, trust: PageTrust) -> No
     if money.get("sentence"):
         # the waste as measured, by its own name: not what a change is known to recover at the SLOs
         st.markdown(f"**{WASTE_LABEL}** {common.text_md(money['sentence'])}")
-    any_previous = any(f.get("previous") is not None for f in tiles.values())
-    if not any_previous:  # no delta on any tile: said once, with the reason, not "no data" per tile
-        st.caption(no_trend_text(tiles))
-    for row in TILE_ROWS:
-        cols = st.columns(len(row))
-        for col, key in zip(cols, row, strict=True):
-            _tile(col, key, tiles[key], any_previous=any_previous, trust=trust)
+    # the GPU-time bar first, under the sentence it draws (above the fold at 1280 × 800), then the tiles
     gpu_time = body.get("gpu_time") or {}
     st.subheader("Where the GPU-time goes")
     if gpu_time.get("shares") is None:
@@ -284,6 +278,13 @@ def _body(sel: common.Selection, fleet_gpus: int | None, trust: PageTrust) -> No
             + (", the bar the pools chosen" if chosen else "")
             + " (the summary behind them is not split by GPU: the GPUs page charts each one)."
         )
+    any_previous = any(f.get("previous") is not None for f in tiles.values())
+    if not any_previous:  # no delta on any tile: said once, with the reason, not "no data" per tile
+        st.caption(no_trend_text(tiles))
+    for row in TILE_ROWS:
+        cols = st.columns(len(row))
+        for col, key in zip(cols, row, strict=True):
+            _tile(col, key, tiles[key], any_previous=any_previous, trust=trust)
     notes = body.get("notes") or []
     if notes:
         with st.expander("How these figures were made"):

@@ -184,15 +184,20 @@ OVERVIEW_DRAWN = """() => {
 BAR = """() => [...document.querySelectorAll('.pl-gpu-time .pl-seg')].map(
   s => [s.dataset.key, Number(s.dataset.share), s.textContent, s.title, s.getBoundingClientRect().width])"""
 SCRIPTS = """() => performance.getEntriesByType('resource').map(r => r.name).filter(n => n.includes('.js'))"""
+# where the GPU-time bar ends (px from the top of the page), and the tile values cut short (an ellipsis)
+FOLD = """() => [document.querySelector('.pl-gpu-time .pl-bar').getBoundingClientRect().bottom + window.scrollY,
+  [...document.querySelectorAll('[data-testid="stMetricValue"]')].filter(v =>
+    [v, ...v.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)).map(v => v.textContent)]"""
 
 
 def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
     """A first visit of the Overview (a fresh browser context): the GPU-time bar is HTML with its
     segments' shares, labels and hover titles, the page never fetches Plotly's bundle (nor the emoji
-    library, which a clock time in a caption would pull in)."""
-    scenario = demo.wait_for_scenario()
+    library, which a clock time in a caption would pull in). On a 1280 × 800 laptop screen the bar is
+    above the fold and no tile's value is cut short (issue 25: "1,218 toke…", the bar below the fold)."""
+    scenario = demo.ensure_up().wait_for_scenario()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
         page = context.new_page()
         page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
@@ -208,6 +213,8 @@ def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
         block = page.get_by_text("Figures on this page:")
         assert block.count() == 1 and "simulated" in block.inner_text()
         assert page.get_by_text("share of GPU-time, %").count() == 1
+        bar_bottom_px, cut = page.evaluate(FOLD)
+        assert bar_bottom_px <= 800 and not cut, (bar_bottom_px, cut)
         assert page.get_by_text(re.compile(r"\d\d:\d\d:\d\d UTC")).count() >= 1  # escaped colons show
         assert not _python_errors(page)
         page.wait_for_timeout(1000)  # anything else the page would fetch

@@ -93,11 +93,15 @@ def test_the_service_answers_a_page_variant_from_the_window_it_computed(scenario
     db, sid = scenario
     copy = db.with_name("served.duckdb")
     copy.write_bytes(db.read_bytes())
+    with Store.open(copy, read_only=True) as store, store.reader() as cur:
+        s0, s1 = cur.execute("SELECT start_s, end_s FROM scenarios WHERE scenario_id = ?", [sid]).fetchone()
+    # the second half: a window the service does not compute ahead (phaselens/summary_warm.py)
+    half = {"dataset": sid, "start_s": (s0 + s1) / 2}
     proc, url = start_collector(copy)
     try:
         get = lambda **p: httpx.get(f"{url}/api/v1/analytics/summary", params=p, timeout=120)  # noqa: E731
-        first = get(dataset=sid).json()
-        latency = get(dataset=sid, slo_ttft_ms=300, slo_tpot_ms=30).json()
+        first = get(**half).json()
+        latency = get(**half, slo_ttft_ms=300, slo_tpot_ms=30).json()
         assert first["seconds"]["intervals"] > 0 and latency["seconds"]["intervals"] == 0.0
         assert latency["parts"]["latency"]["slo"]["ttft_s"] == pytest.approx(0.3)
         assert first["parts"]["phases"] == latency["parts"]["phases"]
@@ -107,7 +111,7 @@ def test_the_service_answers_a_page_variant_from_the_window_it_computed(scenario
         proc.terminate()
         proc.wait(20)
     with Store.open(copy, read_only=True) as store, store.reader() as cur:
-        want = run_summary(cur, {"dataset": sid, "slo_ttft_ms": 300, "slo_tpot_ms": 30})
+        want = run_summary(cur, half | {"slo_ttft_ms": 300, "slo_tpot_ms": 30})
     assert _figures(latency) == _figures(want)
 
 
@@ -146,3 +150,51 @@ def test_the_overview_has_the_whole_summary_completed_for_the_bimodal_page(scena
         with store.reader() as cur:
             assert _figures(whole) == _figures(run_summary(cur, {"dataset": sid}))
         cache.close()
+
+
+def _warm_state(url: str, imports: int, timeout_s: float = 120.0) -> dict:
+    """/health's summary_warm once it has done the store's ``imports``-th import count."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = httpx.get(f"{url}/health", timeout=30).json().get("summary_warm") or {}
+        if got.get("imports") == imports and got.get("state") in ("computed", "failed", "no scenario"):
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"no warm-up of import count {imports} within {timeout_s:g} s: {got}")
+
+
+def test_the_newest_scenarios_overview_is_computed_at_start_and_after_each_import(scenario, tmp_path):
+    """The service computes the Overview the dashboard asks first (the newest scenario's whole span,
+    its GPUs as the fleet size) before anyone asks: the page's request is answered with that result,
+    equal to a fresh computation; a scenario merged later is computed in its turn."""
+    from phaselens.overview import compute_overview
+
+    db, sid = scenario
+    copy = tmp_path / "warm.duckdb"
+    copy.write_bytes(db.read_bytes())
+    with Store.open(copy, read_only=True) as store, store.reader() as cur:
+        s0, s1 = cur.execute("SELECT start_s, end_s FROM scenarios WHERE scenario_id = ?", [sid]).fetchone()
+    # what the Overview sends first for a scenario (the sidebar's whole range, 1p1d: 2 GPUs), by hand
+    page = {"dataset": sid, "start_s": s0, "end_s": s0 + round(s1 - s0, 1), "fleet_gpus": 2}
+    proc, url = start_collector(copy, "--control-token", "warm-token")
+    try:
+        warm = _warm_state(url, 0)
+        assert warm["state"] == "computed" and warm["scenario"] == sid, warm
+        asked_s = time.time()
+        got = httpx.get(f"{url}/api/v1/analytics/overview", params=page, timeout=120).json()
+        assert got["computed_at_s"] < asked_s  # computed ahead, not for this request
+        # a second scenario merged through the running service: the newest, computed in its turn
+        cmd = [sys.executable, "-m", "phaselens.cli", "simulate", "--no-progress", "--limit", "30"]
+        cmd += ["--collector", url, "--token", "warm-token", "--layout", "1p1d:h100-sxm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        sid2 = next(x for x in done.stdout.splitlines() if x.startswith("scenario ")).split()[1].rstrip(":")
+        warm2 = _warm_state(url, 1)
+        assert warm2["state"] == "computed" and warm2["scenario"] == sid2, warm2
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    with Store.open(copy, read_only=True) as store, store.reader() as cur:
+        want = compute_overview(cur, {k: str(v) for k, v in page.items()}).overview
+    got.pop("computed_at_s"), got.pop("compute_s")
+    assert _norm(json.loads(json.dumps(got))) == _norm(json.loads(json.dumps(want)))

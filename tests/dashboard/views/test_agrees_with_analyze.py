@@ -1,4 +1,4 @@
-"""Issue 25, "no contradictions": the Overview, Latency and Cost pages show the figures
+"""Issue 25, "no contradictions": the Overview, Latency, Cost and Bimodal pages show the figures
 ``phaselens analyze`` prints for the same window (the CLI run as a process against the same
 collector), and the Overview's waste sentence states its tile's value on the tile's base."""
 
@@ -45,6 +45,11 @@ def test_overview_tiles_and_sentence_agree_with_analyze(dashboard_env: Fleet, an
     assert tiles["$ per request"] == figures.usd_text(total["usd_per_request"])
     stranded = (total["stranded_prefill_s"] + total["stranded_decode_s"]) / total["gpu_seconds"]
     assert tiles["Stranded GPU-time"] == f"{100 * stranded:.1f} %"
+    # every tile: the others from analyze's totals by hand (no phaselens telemetry missing here)
+    assert not total.get("estimated_s")
+    assert tiles["Host-bound GPU-time"] == f"{100 * total['host_bound_s'] / total['gpu_seconds']:.1f} %"
+    assert tiles["Idle GPU-time"] == f"{100 * total['idle_s'] / total['gpu_seconds']:.1f} %"
+    assert tiles["J per output token"] == f"{total['j_per_output_token']:.3g} J"
     both = analyzed["parts"]["latency"]["attainment"]["both"]
     assert tiles["SLO attainment"] == f"{100 * both:.1f} %"
     # the sentence of where the money goes states one tile's value, on that tile's base
@@ -115,3 +120,21 @@ def test_cost_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
     assert len(per_bucket) == len(cost["by_period"])
     assert sum(per_bucket) == pytest.approx(total["cost_usd"], rel=1e-9)
     assert per_bucket == pytest.approx([r["cost_usd"] for r in cost["by_period"]])
+
+
+def test_bimodal_page_agrees_with_analyze(dashboard_env: Fleet, analyzed: dict):
+    """Each pool's chart title (verdict), its modes and the per-GPU verdicts are analyze's."""
+    at = open_page("bimodal", dashboard_env.scenarios[DISAGG])
+    assert not at.exception
+    table = analyzed["parts"]["bimodal"]["table"]
+    pools = {r["role"]: r for r in table if r["scope"] == "pool"}
+    charts = {f["layout"]["title"]["text"].split(" — ")[0]: f for f in figures_of(at)}
+    for role, row in pools.items():
+        fig = charts[f"{role.capitalize()} pool"]
+        assert fig["layout"]["title"]["text"] == f"{role.capitalize()} pool — {row['verdict']}"
+        marked = sorted(s["x0"] for s in fig["layout"].get("shapes", []))
+        modes = [m for m in (row.get("mode_low_pct"), row.get("mode_high_pct")) if m is not None]
+        if len(marked) == len(set(modes)) == 2:  # two modes marked: analyze's, to a hundredth of a point
+            assert marked == pytest.approx(sorted(modes), abs=0.01)
+    gpus = at.dataframe[0].value
+    assert sorted(gpus["Bimodal?"]) == sorted(r["verdict"] for r in table if r["scope"] == "gpu")
