@@ -93,7 +93,7 @@ class Execution:
     estimate: Any = None  # a timing executor's IterationEstimate (the simulator's busy intervals)
     flops: float | None = None  # the iteration's FLOPs and HBM bytes on one GPU (roofline count)
     hbm_bytes: float | None = None
-    busy: Any = None  # and what the simulator's busy intervals keep of it (sim.records.busy_values)
+    busy: Any = None  # and the row of what the simulator's busy intervals keep of it (sim.records.BusyTable)
 
 
 class Executor(Protocol):
