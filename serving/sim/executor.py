@@ -29,6 +29,7 @@ from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
 from serving.sim.records import BusyTable, busy_values
 
+_new_tuple = tuple.__new__
 CACHE_ENTRIES = 250_000  # estimates kept per executor (a pool's replicas share one; ~0.4 kB each)
 CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
 
@@ -141,7 +142,9 @@ class GpuModelExecutor:
         time_s = est.time_s
         flops = est.flops or None  # a fitted iteration model counts no work
         hbm = est.hbm_bytes or None
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy)
-        return Execution(
-            batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy),
+        # made as the tuple it is (its own __new__ is a Python call: once per iteration)
+        return _new_tuple(
+            Execution,
+            (batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy),
         )

@@ -647,7 +647,12 @@ _gc_pauses = 0  # runs under gc_paused now (in any thread); the collector is bac
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector (reference counting goes on) for the block; it is
-    back on when the last of the blocks that paused it ends, if it was on before the first."""
+    back on when the last of the blocks that paused it ends, if it was on before the first.
+
+    What the block leaves alive (a run's estimate cache, its results) goes straight to the oldest
+    generation then (``gc.freeze`` and ``unfreeze``, O(1), unless something else froze objects):
+    left in the youngest, it would be walked by the next two collections (0.1 s after 10 minutes
+    of the hour on 8 GPUs)."""
     global _gc_pauses, _gc_was_enabled
     with _gc_lock:
         if _gc_pauses == 0:
@@ -660,6 +665,9 @@ def gc_paused() -> Iterator[None]:
         with _gc_lock:
             _gc_pauses -= 1
             if _gc_pauses == 0 and _gc_was_enabled:
+                if gc.get_freeze_count() == 0:
+                    gc.freeze()
+                    gc.unfreeze()
                 gc.enable()
 
 
