@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from serving.config import EngineConfig, SamplingParams
 from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
@@ -68,9 +68,10 @@ class StepResult:
     end_s: float | None = None  # when the iteration ended (on the engine's clock); None: nothing ran
 
 
-@dataclass(slots=True)
-class Batch:
-    """One iteration, as scheduled: what the executor runs."""
+class Batch(NamedTuple):
+    """One iteration, as scheduled: what the executor runs. (Tuples, this and :class:`Execution`:
+    the simulator makes one of each per iteration, with ``tuple.__new__`` rather than a Python
+    ``__init__``.)"""
 
     sched: SchedulerOutput
     work: IterationTally
@@ -78,8 +79,7 @@ class Batch:
     kv_blocks_used: int  # after the iteration's blocks were allocated
 
 
-@dataclass(slots=True)
-class Execution:
+class Execution(NamedTuple):
     """What an executor reports for a batch."""
 
     end_s: float  # on the engine's clock
@@ -93,7 +93,10 @@ class Execution:
     estimate: Any = None  # a timing executor's IterationEstimate (the simulator's busy intervals)
     flops: float | None = None  # the iteration's FLOPs and HBM bytes on one GPU (roofline count)
     hbm_bytes: float | None = None
-    busy: Any = None  # and what the simulator's busy intervals keep of it (sim.records.busy_values)
+    busy: Any = None  # and the row of what the simulator's busy intervals keep of it (sim.records.BusyTable)
+
+
+_new_tuple = tuple.__new__
 
 
 class Executor(Protocol):
@@ -219,6 +222,9 @@ class EngineCore:
         self._pending_imports: list[tuple[Sequence, Any, dict[str, Any]]] = []  # (seq, kv, meta)
         self._pending_min_blocks = math.inf  # a lower bound on the blocks any pending hand-off needs
         self._result: StepResult | None = None
+        # admitted hand-offs that may not have been scheduled yet (a preempted or aborted one stays
+        # counted: then begin looks at every decode step, as it would without the count)
+        self._unstamped_imports = 0
         self.iterations = 0
 
     # -- requests in -------------------------------------------------------------------------
@@ -249,6 +255,7 @@ class EngineCore:
             handoff,
         )
         seq.token_times = token_times
+        self._set_limits(seq)
         self.scheduler.add(seq)
         self._seqs[request_id] = seq
         return seq
@@ -278,6 +285,7 @@ class EngineCore:
         )
         seq.num_computed = num_computed
         seq.token_times = token_times
+        self._set_limits(seq)
         self._seqs[request_id] = seq
         self._pending_imports.append((seq, kv, meta or {}))
         need = self.scheduler.blocks.blocks_for(len(seq.token_ids))
@@ -285,12 +293,20 @@ class EngineCore:
             self._pending_min_blocks = need
         return seq
 
+    def _set_limits(self, seq: Sequence) -> None:
+        """The tokens that stop ``seq`` and the length at which it stops (read by :meth:`update`)."""
+        params = seq.params
+        stop = frozenset(params.stop_token_ids)
+        seq.stop_ids = stop if params.ignore_eos else stop | self._stop_ids
+        seq.max_len = min(seq.num_prompt_tokens + params.max_tokens, self.cfg.max_model_len)
+
     def admit_imports(self) -> None:
         """Admit the pending hand-offs that fit now (:func:`admit_handoffs`)."""
         s = self.scheduler
         if len(s.running) >= s.cfg.max_num_seqs or s.blocks.num_free < self._pending_min_blocks:
             return  # none can fit: the common case of a saturated decode engine, in O(1)
         for seq, kv, _meta in admit_handoffs(s, self._pending_imports, _entry_seq):
+            self._unstamped_imports += seq.first_scheduled_s is None
             self._imported(seq, kv)
         # Each hand-off left needed more blocks than were free when it was tried, and the free
         # count only fell during the pass: none fits until blocks are freed (unless the seats ran
@@ -340,9 +356,11 @@ class EngineCore:
             return None
         k = sched.decodes
         if k:  # decode steps, past their prompts: only a hand-off's first step is its first schedule
-            for seq in seqs[:k]:
-                if seq.first_scheduled_s is None:
-                    seq.first_scheduled_s = now_s
+            if self._unstamped_imports:
+                for seq in seqs[:k]:
+                    if seq.first_scheduled_s is None:
+                        seq.first_scheduled_s = now_s
+                        self._unstamped_imports -= 1
             seqs = seqs[k:]
         for seq in seqs:
             if seq.first_scheduled_s is None:
@@ -352,7 +370,7 @@ class EngineCore:
             ):
                 seq.prefill_start_s = now_s
         blocks = self.scheduler.blocks
-        return Batch(sched, sched.tally(), now_s, blocks.num_blocks - blocks.num_free)
+        return _new_tuple(Batch, (sched, sched.tally(), now_s, blocks.num_blocks - blocks.num_free))
 
     def update(self, batch: Batch, execution: Execution) -> StepResult | None:
         """Advance the batch's sequences by the iteration: each whose prompt or step completed gets
@@ -369,7 +387,7 @@ class EngineCore:
             result = self._result = StepResult(phase=batch.work.phase, end_s=execution.end_s)
         ts_s = execution.end_s
         tokens = execution.tokens
-        eos, max_model_len, on_token = self._stop_ids, self.cfg.max_model_len, self._on_token
+        on_token = self._on_token
         k = 0
         token = 0  # a timing executor's token (tokens is None)
         sched = batch.sched
@@ -394,10 +412,9 @@ class EngineCore:
                         continue
                 token_ids.append(token)
                 n += 1
-                params = seq.params
-                if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
+                if token in seq.stop_ids:
                     reason = "stop"
-                elif n - seq.num_prompt_tokens >= params.max_tokens or n >= max_model_len:
+                elif n >= seq.max_len:
                     reason = "length"
                 else:
                     reason = None
@@ -430,10 +447,9 @@ class EngineCore:
             first = was_prefill and seq.prefill_end_s is None
             if first:
                 seq.prefill_end_s = ts_s
-            params = seq.params
-            if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
+            if token in seq.stop_ids:  # its stop ids, and the EOS unless ignored (_set_limits)
                 reason = "stop"
-            elif n - seq.num_prompt_tokens >= params.max_tokens or n >= max_model_len:
+            elif n >= seq.max_len:  # max_tokens or the model's context reached
                 reason = "length"
             else:
                 reason = None

@@ -49,6 +49,7 @@ class IterationTally(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+_new_output = object.__new__
 
 
 class SchedulerOutput:
@@ -184,8 +185,9 @@ class Scheduler:
         rather than through properties, the decodes take one pass over ``running`` and leave their
         counts to the end, and a decode looks for a block only when it crosses into a new one.
         """
-        out = SchedulerOutput()
-        items = out.seqs
+        out = _new_output(SchedulerOutput)  # its fields set here, no __init__ call
+        out.seqs = items = []
+        out.preempted = []
         budget = self.cfg.max_num_batched_tokens
         blocks, running_status = self.blocks, SeqStatus.RUNNING
         block_size = blocks.block_size

@@ -36,7 +36,13 @@ class Sequence:
     first_scheduled_s: float | None = None
     prefill_start_s: float | None = None
     prefill_end_s: float | None = None
-    token_times: list[float] | None = None  # where the engine records plain tokens' times (the simulator)
+    token_times: list[float] | None = None  # where the engine records plain tokens' times (the simulator:
+    # an array("d"))
+    # set by its engine when it is added (EngineCore.add_request, queue_prefilled): the tokens that stop
+    # it (its stop ids, and the model's EOS unless it ignores them) and the length at which it stops
+    # (its prompt + max_tokens, or the model's context); read once per token
+    stop_ids: frozenset[int] | None = None
+    max_len: int | None = None
 
     @property
     def num_tokens(self) -> int:

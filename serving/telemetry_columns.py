@@ -8,7 +8,9 @@ process, can hand its store writer an :class:`IterationBatch` instead: the same 
 seq, sent_s, the same events in the same order) kept as one row of values per iteration, each
 repeated for each of the engine's GPUs. :meth:`IterationBatch.envelope` is that batch as the
 envelope; :meth:`IterationBatch.columns` its events as numpy columns, which the store writes
-without a dict per event. Nothing outside the process ever sees an ``IterationBatch``.
+without a dict per event. Its router's batches go as a :class:`TokenTimesBatch`: the envelope with each
+request event's ``token_ts_s`` a float64 array (the store's tokens rows are built from it without a
+float object per token). Nothing outside the process ever sees either.
 """
 
 from __future__ import annotations
@@ -141,3 +143,20 @@ def _column(values: tuple[Any, ...]) -> np.ndarray:
     except OverflowError:  # an integer beyond int64
         pass
     return np.array(values, dtype=object)
+
+
+@dataclass(slots=True)
+class TokenTimesBatch:
+    """A telemetry batch (``batch``, the envelope) whose ``request`` events carry ``token_ts_s`` as a
+    float64 numpy array rather than a list: the simulator's in-process form of its router's batches.
+    :meth:`envelope` is the batch every reader outside the process sees (the lists)."""
+
+    batch: Batch
+
+    def envelope(self) -> Batch:
+        """The batch as the telemetry envelope (docs/TELEMETRY.md): the token times as lists."""
+        events = [
+            {**e, "token_ts_s": times.tolist()} if isinstance(times := e.get("token_ts_s"), np.ndarray) else e
+            for e in self.batch["events"]
+        ]
+        return {**self.batch, "events": events}

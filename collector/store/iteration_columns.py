@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from collector.store.telemetry_rows import ALLOWED_VALUES, ITERATION_FIELDS, BatchKey, BatchSplit, _is_num
-from serving.telemetry_columns import ITERATION_VALUE_FIELDS, IterationBatch
+from serving.telemetry_columns import IterationBatch
 
 
 def check_iteration_envelope(batch: IterationBatch, node: str, received_s: float) -> BatchSplit:
@@ -38,7 +38,6 @@ def check_iteration_envelope(batch: IterationBatch, node: str, received_s: float
 
 
 _PHASES = ALLOWED_VALUES["iteration", "phase"]
-_PHASE = ITERATION_VALUE_FIELDS.index("phase")
 _INT_KIND = np.dtype(np.int64)
 _NUM_KINDS = (np.dtype(np.int64), np.dtype(np.float64))
 
@@ -54,9 +53,9 @@ def columns_fit(batch: IterationBatch) -> dict[str, Any] | None:
         if name in ("worker", "device", "gpu_uuid", "gpu_index"):
             continue
         values = cols[name]
-        if kind == "str":  # the phase: one of the allowed (so a string), per iteration
+        if kind == "str":  # the phase: one of the allowed (so a string), per event
             try:
-                if not {r[_PHASE] for r in batch.rows} <= _PHASES:
+                if not set(values) <= _PHASES:
                     return None
             except TypeError:  # unhashable
                 return None

@@ -194,7 +194,10 @@ class TelemetryColumns:
             return None
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         total = int(lengths.sum())
-        ts = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=total)
+        if all(type(t) is np.ndarray for t in lists):  # the simulator's (TokenTimesBatch)
+            ts = np.concatenate(lists)
+        else:
+            ts = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=total)
         starts = np.cumsum(lengths) - lengths  # each request's first row
         idx = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
         itl = np.empty(total, dtype=np.float64)
@@ -235,7 +238,7 @@ class TelemetryColumns:
             taken[etype] += 1
             if etype == "request":
                 token_ts = event.get("token_ts_s")
-                if token_ts:
+                if token_ts is not None and len(token_ts):  # a list, or a float64 array in process
                     self._token_requests.append(event["request_id"])
                     # the worker that generated them: the decode worker, else the only one
                     self._token_workers.append(event.get("decode_worker") or event.get("prefill_worker"))
@@ -346,6 +349,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_nums(v: Any) -> bool:
+    if (
+        type(v) is np.ndarray
+    ):  # in process only (serving.telemetry_columns.TokenTimesBatch): no JSON makes one
+        return v.ndim == 1 and v.dtype == np.float64 and bool(np.isfinite(v).all())
     if not isinstance(v, list) or not set(map(type, v)) <= _NUM_TYPES:  # per element in C: no bools
         return False
     try:

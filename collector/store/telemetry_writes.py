@@ -17,7 +17,7 @@ from collector.store.columns import ColumnBlock
 from collector.store.iteration_columns import IterationBlocks, check_iteration_envelope, columns_fit
 from collector.store.telemetry_rows import BatchKey, TelemetryColumns, check_envelope
 from serving.telemetry import Gap
-from serving.telemetry_columns import IterationBatch
+from serving.telemetry_columns import IterationBatch, TokenTimesBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,8 @@ class TelemetryWrites:
         :meth:`telemetry_cursors`.
         """
         now = time.time() if received_s is None else received_s
+        # the simulator's router batches: the envelope, token times as arrays (checked as lists are)
+        batches = [b.batch if type(b) is TokenTimesBatch else b for b in batches]
         splits = [
             check_iteration_envelope(b, node, now)
             if type(b) is IterationBatch

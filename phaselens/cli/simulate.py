@@ -61,8 +61,8 @@ class ScenarioWriter:
         self._per_write = batches_per_write
 
     def on_batch(self, batch: Any) -> None:
-        """Take one telemetry batch (an envelope, or a worker's ``IterationBatch`` from a columnar
-        ``Simulation``); every ``batches_per_write`` go to the store together."""
+        """Take one telemetry batch (an envelope, or from a columnar ``Simulation`` a worker's
+        ``IterationBatch`` or the router's ``TokenTimesBatch``); every ``batches_per_write`` go to the store together."""
         self._buffer.append(batch)
         if len(self._buffer) >= self._per_write:
             self._write_batches()
@@ -172,6 +172,10 @@ def store_simulation(
 
 
 def _sent_s(batch: Any) -> float:
+    from serving.telemetry_columns import TokenTimesBatch  # with the store (numpy): only when storing
+
+    if type(batch) is TokenTimesBatch:
+        batch = batch.batch
     return batch["sent_s"] if isinstance(batch, dict) else batch.sent_s
 
 

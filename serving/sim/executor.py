@@ -27,8 +27,9 @@ from serving.devices.gpu_specs import GpuSpec
 from serving.engine_core import Batch, Execution
 from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
-from serving.sim.records import busy_values
+from serving.sim.records import BusyTable, busy_values
 
+_new_tuple = tuple.__new__
 CACHE_ENTRIES = 250_000  # estimates kept per executor (a pool's replicas share one; ~0.4 kB each)
 CONTEXT_BITS: int | None = None  # rounding of the attention counts the GPU model sees; None: exact
 
@@ -46,6 +47,7 @@ class GpuModelExecutor:
 
     __slots__ = (
         "_cache",
+        "busy_table",
         "context_bits",
         "dtype",
         "hits",
@@ -80,21 +82,22 @@ class GpuModelExecutor:
         self.iteration_model = iteration_model
         self.context_bits = context_bits
         self.dtype = dtype
-        # per work: the estimate, the event's extra fields, the busy intervals' values
-        self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any], tuple[Any, ...]]] = {}
+        # per work: the estimate, the event's extra fields, its busy intervals' values' row
+        self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any], int]] = {}
+        self.busy_table = BusyTable()  # the busy intervals' values of each estimate made (a row each)
         self.hits = self.misses = 0
 
     def estimate(self, work: IterationTally) -> Any:
         """The estimate of an iteration of ``work`` (cached: the GPU model is deterministic)."""
         return self._entry(work)[0]
 
-    def _entry(self, work: IterationTally) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
-        """The estimate of ``work``, its iteration-event fields beyond the live engine's and its
-        busy-interval values (:func:`~serving.sim.records.busy_values`); one dict and one tuple per
-        cache entry, shared by the executions it times: read, never changed."""
+    def _entry(self, work: IterationTally) -> tuple[Any, dict[str, Any], int]:
+        """The estimate of ``work``, its iteration-event fields beyond the live engine's and the row
+        of its busy-interval values (:func:`~serving.sim.records.busy_values`) in ``busy_table``; one
+        dict and one row per cache entry, shared by the executions it times: read, never changed."""
         if self.iteration_model is not None:  # may be random (jittered): never cached
             est = self.iteration_model(IterationWork(*work), self.pool)
-            return est, {"host_s": est.host_s, "tp": self.pool.tp}, busy_values(est)
+            return est, {"host_s": est.host_s, "tp": self.pool.tp}, self.busy_table.add(busy_values(est))
         bits = self.context_bits
         if bits is None:
             key = work
@@ -120,7 +123,7 @@ class GpuModelExecutor:
             profile=self.profile,
             dtype=self.dtype,
         )
-        entry = (est, {"host_s": est.host_s, "tp": pool.tp}, busy_values(est))
+        entry = (est, {"host_s": est.host_s, "tp": pool.tp}, self.busy_table.add(busy_values(est)))
         if len(self._cache) < CACHE_ENTRIES:
             self._cache[key] = entry
         return entry
@@ -139,7 +142,9 @@ class GpuModelExecutor:
         time_s = est.time_s
         flops = est.flops or None  # a fitted iteration model counts no work
         hbm = est.hbm_bytes or None
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy)
-        return Execution(
-            batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy
+        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy),
+        # made as the tuple it is (its own __new__ is a Python call: once per iteration)
+        return _new_tuple(
+            Execution,
+            (batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy),
         )

@@ -7,19 +7,51 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-BUSY_CHUNK = 4096  # iterations whose values a replica's busy intervals hold before appending them
+import numpy as np
+
+_BUSY_COLUMNS = (  # the busy_values of an estimate, in order, and their array types
+    ("power_w", "d"),
+    ("sm_clock_mhz", "i"),
+    ("sm_active", "d"),
+    ("sm_occupancy", "d"),
+    ("tensor_active", "d"),
+    ("dram_active", "d"),
+    ("mem_active", "d"),
+    ("capped", "b"),
+)
 
 
 def _doubles() -> array:
     return array("d")
 
 
+class BusyTable:
+    """The distinct :func:`busy_values` of an executor's estimates, as columns: each gets an id (its
+    row) when it is first seen (its estimate computed), and the busy intervals of the iterations it
+    times hold only that id. An id is made where its values are in hand, so a run's end reads the
+    iterations' values from this table with numpy instead of from tuples spread over the run's memory."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self) -> None:
+        self.columns = tuple(array(code) for _name, code in _BUSY_COLUMNS)
+
+    def add(self, values: tuple[Any, ...]) -> int:
+        """The id of a new row of ``values`` (:func:`busy_values` of one estimate)."""
+        columns = self.columns
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+        return len(columns[0]) - 1
+
+
 @dataclass(slots=True)
 class Busy:
     """A replica's GPU busy intervals (one per iteration), as compact columns; every rank of the
     replica runs the same iteration, so its GPUs share them. Times are virtual seconds since the
-    run's ``start_s``."""
+    run's ``start_s``. Each iteration's power, clock and activities are a row of ``table`` (its
+    estimate's), held as that row's id until :meth:`settle` fills their columns."""
 
+    table: BusyTable = field(default_factory=BusyTable)
     start_s: array = field(default_factory=_doubles)
     end_s: array = field(default_factory=_doubles)
     power_w: array = field(default_factory=_doubles)
@@ -31,35 +63,27 @@ class Busy:
     mem_active: array = field(default_factory=_doubles)
     capped: array = field(default_factory=lambda: array("b"))
     kv_bytes: array = field(default_factory=lambda: array("q"))  # KV in use during the iteration (per GPU)
-    # the power, clock and activities of the iterations not appended yet (:func:`busy_values` of
-    # each one's estimate; an estimate's tuple is made once and shared by the iterations it times),
-    # appended in chunks by ``settle``: one list append per iteration rather than eight array appends
-    pending: list[tuple[Any, ...]] = field(default_factory=list)
+    ids: array = field(default_factory=lambda: array("q"))  # each iteration's row of ``table``
+    settled: int = 0  # iterations whose columns are filled
 
-    def add(self, start_s: float, end_s: float, values: tuple[Any, ...], kv_bytes: int) -> None:
-        """One iteration's busy interval: ``values`` are its estimate's :func:`busy_values`."""
+    def add(self, start_s: float, end_s: float, row: int, kv_bytes: int) -> None:
+        """One iteration's busy interval: ``row`` is its estimate's id in ``table``."""
         self.start_s.append(start_s)
         self.end_s.append(end_s)
         self.kv_bytes.append(kv_bytes)
-        pending = self.pending
-        pending.append(values)
-        if len(pending) >= BUSY_CHUNK:
-            self.settle()
+        self.ids.append(row)
 
     def settle(self) -> None:
-        """Append the pending iterations' columns (the simulation does at its end)."""
-        if not self.pending:
+        """Fill the power, clock and activity columns of the iterations added since the last call
+        (the simulation does at its end)."""
+        if self.settled == len(self.ids):
             return
-        power, clock, sm, occupancy, tensor, dram, mem, capped = zip(*self.pending, strict=True)
-        self.pending = []
-        self.power_w.extend(power)
-        self.sm_clock_mhz.extend(clock)
-        self.sm_active.extend(sm)
-        self.sm_occupancy.extend(occupancy)
-        self.tensor_active.extend(tensor)
-        self.dram_active.extend(dram)
-        self.mem_active.extend(mem)
-        self.capped.extend(capped)
+        rows = np.frombuffer(self.ids, dtype=np.int64)[self.settled :]
+        self.settled = len(self.ids)
+        for (name, code), column in zip(_BUSY_COLUMNS, self.table.columns, strict=True):
+            values = np.frombuffer(column, dtype=np.dtype(code))
+            getattr(self, name).frombytes(values[rows].tobytes())
+        del rows, values  # the buffers' views: their arrays may grow again
 
 
 def busy_values(est: Any) -> tuple[Any, ...]:

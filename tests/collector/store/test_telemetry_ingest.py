@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from collector.store import Store
 from serving.telemetry import TelemetryEmitter, TelemetryHub, TelemetryReader
+from serving.telemetry_columns import TokenTimesBatch
 
 T0 = 1_764_000_000.0
 
@@ -210,3 +212,42 @@ def test_a_batch_read_twice_is_stored_once(store_path: Path, buffer_rows: int) -
         store.flush()
         assert store.query("SELECT count(*) AS n FROM iterations")["n"][0] == 5 + 3
         assert store.query("SELECT count(*) AS n FROM telemetry_batches")["n"][0] == 3
+
+
+def test_token_times_as_arrays_store_the_rows_of_lists_and_are_checked_alike(store_path: Path) -> None:
+    """The simulator's router batches (TokenTimesBatch: token_ts_s as float64 arrays) store the rows
+    their envelope (lists) stores; an array with a NaN is refused per event as the list is."""
+    batch = _router_batches()[0]
+    as_arrays = TokenTimesBatch(
+        {
+            **batch,
+            "events": [
+                {**e, "token_ts_s": np.array(e["token_ts_s"])} if e["type"] == "request" else e
+                for e in batch["events"]
+            ],
+        }
+    )
+    assert as_arrays.envelope() == batch
+    bad = [{**e, "request_id": "cmpl-nan"} for e in as_arrays.batch["events"] if e["type"] == "request"][:1]
+    bad[0]["token_ts_s"] = np.array([T0, np.nan])
+    rows = {}
+    for name, sent in (("lists", batch), ("arrays", as_arrays)):
+        store = Store.open(store_path.with_name(f"{name}.duckdb"))
+        try:
+            assert store.append_telemetry_batch(sent, "node-a").tokens == 8
+            nan = TokenTimesBatch({**as_arrays.batch, "seq": 99, "events": bad})
+            assert store.append_telemetry_batch(nan, "node-a").rejected_events == 1
+            store.flush()
+            rows[name] = [
+                store.query(f"SELECT {columns} FROM {t} ORDER BY ALL").values.tolist()
+                for t, columns in (
+                    ("tokens", "*"),
+                    ("requests", "*"),
+                    ("ingest_errors", "kind, message, count"),
+                )
+            ]
+        finally:
+            store.close()
+    assert repr(rows["arrays"]) == repr(rows["lists"]) and len(rows["lists"][0]) == 8  # repr: NULL reads NaN
+    message = "request field 'token_ts_s' must be a list of numbers, got ndarray"
+    assert rows["lists"][2] == [["invalid_event", message, 1]]

@@ -59,3 +59,9 @@ def test_overlapping_pauses_restore_it_when_the_last_ends() -> None:
     release.set()
     t.join(10)
     assert gc.isenabled()
+
+
+def test_what_the_run_leaves_alive_goes_to_the_oldest_generation() -> None:
+    result = _simulation().run()
+    assert any(o is result for o in gc.get_objects(generation=2))  # no young collection walks it
+    assert gc.get_freeze_count() == 0  # nothing left frozen
