@@ -85,7 +85,9 @@ def simulate(
 ) -> SimResult:
     """Run ``trace`` on ``layout`` in virtual time, telemetry dropped; ``dispatch_delay_s``: the
     live front end's delay before each arrival reaches the engine (``Simulation``'s)."""
-    return Simulation(layout, shape, trace, on_batch=lambda b: None, dispatch_delay_s=dispatch_delay_s).run()
+    return Simulation(
+        layout, shape, trace, on_batch=lambda b: None, dispatch_delay_s=dispatch_delay_s, columnar=True
+    ).run()
 
 
 def _request_arrays(result: SimResult) -> tuple[np.ndarray, np.ndarray]:

@@ -132,7 +132,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         trust.add(SIMULATED, "simulator: virtual time and the GPU model")
 
         def measure(rate: float) -> Measurement:
-            result = Simulation(layout, shape, requests_at(rate), on_batch=lambda b: None).run()
+            result = Simulation(
+                layout, shape, requests_at(rate), on_batch=lambda b: None, columnar=True
+            ).run()
             s = summarize(result, slo)
             return Measurement(
                 rate,
