@@ -201,14 +201,18 @@ PROCESS_FIXTURES = frozenset(
 _GROUPS_DIR = "phaselens_groups_dir"
 
 
-def _shared_fixture(item: pytest.Item, name: str) -> str | None:
-    """``name`` and where it is defined, when ``item`` uses it as a session or package fixture."""
+def _definition(item: pytest.Item, name: str) -> Any:
+    """The definition of the fixture ``name`` that ``item`` uses (None when it uses none)."""
     if name not in item.fixturenames:
         return None
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).get(name)
-    if not defs or defs[-1].scope not in ("session", "package"):
-        return None
-    return f"{name}@{defs[-1].baseid}"
+    return defs[-1] if defs else None
+
+
+def _shared_fixture(item: pytest.Item, name: str) -> int | None:
+    """Which definition of ``name`` ``item`` uses, when it is a session or package fixture."""
+    found = _definition(item, name)
+    return id(found) if found is not None and found.scope in ("session", "package") else None
 
 
 def _weight(item: pytest.Item) -> int:
@@ -229,7 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     files = [item.nodeid.split("::", 1)[0] for item in items]
     for name in SHARED_SESSION_FIXTURES:
-        users: dict[str, set[str]] = {}  # fixture definition -> files using it
+        users: dict[int, set[str]] = {}  # fixture definition -> files using it
         for f, item in zip(files, items, strict=True):
             if (key := _shared_fixture(item, name)) is not None:
                 users.setdefault(key, set()).add(f)
@@ -306,7 +310,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         for name in getattr(item, "fixturenames", ()):
-            _LAST_USER[name] = item.nodeid
+            # only this file's fixtures: tests/analytics/test_external.py has a module ``fleet`` of its
+            # own, whose users (another xdist group) must not count as the session fleet's last user
+            found = _definition(item, name)
+            if found is not None and getattr(found.func, "__module__", None) == __name__:
+                _LAST_USER[name] = item.nodeid
 
 
 @pytest.hookimpl(trylast=True)
