@@ -31,12 +31,13 @@ def collect_command(db: Path, port: int) -> list[str]:
 
 def start_collector(db: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """Start ``phaselens collect`` on ``db`` (then ``args``) on a free port; its process and URL once
-    ``/health`` answers (RuntimeError with its stderr if it exits first, TimeoutError after 60 s)."""
+    ``/health`` answers (RuntimeError with its stderr if it exits first, TimeoutError after 120 s: a
+    loaded host)."""
     port = free_port()
     cmd = collect_command(db, port)
     proc = subprocess.Popen([*cmd, *args], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"collector exited: {proc.stderr.read()}")

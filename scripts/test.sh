@@ -13,4 +13,11 @@ fi
 .venv/bin/ruff format --check .
 # the layers and contracts of docs/ARCHITECTURE.md ([tool.importlinter] in pyproject.toml)
 .venv/bin/lint-imports --no-logo
-exec .venv/bin/python -m pytest -q "$@"
+# Two pytest-xdist workers (PHASELENS_TEST_WORKERS=0: serial): many tests wait on real servers,
+# subprocesses and polls, so two workers halve the wall time even on 2 cores. --dist loadgroup keeps
+# each file, and the files sharing a session or package fixture, on one worker (tests/conftest.py).
+workers=${PHASELENS_TEST_WORKERS:-2}
+if [ "$workers" = 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup "$@"

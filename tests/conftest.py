@@ -5,15 +5,19 @@ processes after the last test that uses it."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -178,15 +182,48 @@ def stop_after_last_use(name: str, stop: Callable[[], object]) -> None:
     _STOPPERS[name] = stop
 
 
-# Under pytest-xdist (``pytest -n 2 --dist loadgroup``, opt-in; scripts/test.sh runs serially) each
-# test file runs whole on one worker (its module fixtures start once), and the files that share one of
-# these session fixtures run together on one worker: the fixture starts once, and its last user
-# (stop_after_last_use) is the last test on that worker that uses it.
-SHARED_SESSION_FIXTURES = ("demo", "fleet", "simulated")
+# Under pytest-xdist (scripts/test.sh: ``pytest -n 2 --dist loadgroup``) each test file runs whole on
+# one worker (its module fixtures start once), and the files that share one of these session or
+# package fixtures (the same definition: tests/phaselens/apply's ``stack`` is not power's) run together
+# on one worker: the fixture starts once, and its last user (stop_after_last_use) is the last test on
+# that worker that uses it.
+SHARED_SESSION_FIXTURES = ("demo", "fleet", "simulated", "stack")
+# Fixtures that run processes (a stack, a collector, the demo, Chromium): a group using them is
+# heavy and is handed out first (see _heaviest_groups_first), like the tests marked ``slow``.
+PROCESS_FIXTURES = frozenset(
+    {*SHARED_SESSION_FIXTURES, "browser", "server", "live", "external_fleet", "dashboard_env"}
+)
+# xdist 3.8's loadgroup puts the group into the node id (``item._nodeid``), which pytest 9.2 no longer
+# reads (node ids come from ``item._id``): every test became its own group, module and session
+# fixtures started on both workers. So the groups travel beside the node ids instead: each worker
+# writes {node id: group} to a file named in its workerinput, and the controller's scheduler
+# (_GroupScheduling) reads it.
+_GROUPS_DIR = "phaselens_groups_dir"
+
+
+def _definition(item: pytest.Item, name: str) -> Any:
+    """The definition of the fixture ``name`` that ``item`` uses (None when it uses none)."""
+    if name not in item.fixturenames:
+        return None
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).get(name)
+    return defs[-1] if defs else None
+
+
+def _shared_fixture(item: pytest.Item, name: str) -> int | None:
+    """Which definition of ``name`` ``item`` uses, when it is a session or package fixture."""
+    found = _definition(item, name)
+    return id(found) if found is not None and found.scope in ("session", "package") else None
+
+
+def _weight(item: pytest.Item) -> int:
+    """A rough cost for scheduling: 1 a test, 30 one that starts processes or is marked slow."""
+    heavy = item.get_closest_marker("slow") is not None or not PROCESS_FIXTURES.isdisjoint(item.fixturenames)
+    return 30 if heavy else 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each test in an ``xdist_group``: its file's, or that of the files sharing its session fixture."""
+    """Put each test in an ``xdist_group``: its file's, or that of the files sharing its session or
+    package fixture; on an xdist worker, order the groups heaviest first and tell the controller."""
     group: dict[str, str] = {}  # file -> group name (union of files sharing a session fixture)
 
     def find(f: str) -> str:
@@ -196,17 +233,88 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     files = [item.nodeid.split("::", 1)[0] for item in items]
     for name in SHARED_SESSION_FIXTURES:
-        users = sorted({f for f, item in zip(files, items, strict=True) if name in item.fixturenames})
-        for f in users[1:]:
-            group[find(f)] = find(users[0])
-    for f, item in zip(files, items, strict=True):
-        item.add_marker(pytest.mark.xdist_group(find(f)))
+        users: dict[int, set[str]] = {}  # fixture definition -> files using it
+        for f, item in zip(files, items, strict=True):
+            if (key := _shared_fixture(item, name)) is not None:
+                users.setdefault(key, set()).add(f)
+        for same in users.values():
+            first, *rest = sorted(same)
+            for f in rest:
+                group[find(f)] = find(first)
+    names = [find(f) for f in files]
+    for name, item in zip(names, items, strict=True):
+        item.add_marker(pytest.mark.xdist_group(name))
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput.get(_GROUPS_DIR):
+        groups = {item.nodeid: name for name, item in zip(names, items, strict=True)}
+        # every worker sorts alike (the controller checks that they collected the same list)
+        items[:] = _heaviest_groups_first(items, names)
+        out = Path(workerinput[_GROUPS_DIR]) / f"{workerinput['workerid']}.json"
+        out.write_text(json.dumps(groups))
+
+
+def _heaviest_groups_first(items: list[pytest.Item], names: list[str]) -> list[pytest.Item]:
+    """``items`` with whole groups sorted by their weight, heaviest first (each group's tests keep
+    their order): the scheduler hands the groups out in this order, so the long ones do not come
+    last and leave the other worker idle at the end."""
+    weight: dict[str, int] = {}
+    for name, item in zip(names, items, strict=True):
+        weight[name] = weight.get(name, 0) + _weight(item)
+    first_seen = {name: i for i, name in reversed(list(enumerate(names)))}
+    order = sorted(range(len(items)), key=lambda i: (-weight[names[i]], first_seen[names[i]], i))
+    return [items[i] for i in order]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: name the folder where the workers write their groups (see _GROUPS_DIR)."""
+    if node.config.getvalue("dist") == "loadgroup":
+        if not hasattr(node.config, "_phaselens_groups_dir"):
+            node.config._phaselens_groups_dir = tempfile.mkdtemp(prefix="phaselens-xdist-groups-")
+        node.workerinput[_GROUPS_DIR] = node.config._phaselens_groups_dir
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: our groups, in the order the workers put them (heaviest first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _GroupScheduling(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log: Any) -> None:
+            super().__init__(config, log)
+            self.groups: dict[str, str] = {}
+
+        def schedule(self) -> None:
+            if self.collection is None and self.collection_is_completed:
+                folder = Path(config._phaselens_groups_dir)
+                found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+                assert found and all(f == found[0] for f in found), "the workers' groups differ"
+                self.groups = found[0]
+                config.option.loadscopereorder = False  # keep the workers' order
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self.groups.get(nodeid, nodeid)
+
+    return _GroupScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_phaselens_groups_dir", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         for name in getattr(item, "fixturenames", ()):
-            _LAST_USER[name] = item.nodeid
+            # only this file's fixtures: tests/analytics/test_external.py has a module ``fleet`` of its
+            # own, whose users (another xdist group) must not count as the session fleet's last user
+            found = _definition(item, name)
+            if found is not None and getattr(found.func, "__module__", None) == __name__:
+                _LAST_USER[name] = item.nodeid
 
 
 @pytest.hookimpl(trylast=True)

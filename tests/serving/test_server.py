@@ -404,7 +404,7 @@ def test_serve_on_a_used_port_fails_before_starting_workers() -> None:
             [sys.executable, "-m", "serving.cli", "serve", "--port", str(port)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,  # a hang guard: under load (2 xdist workers beside other work) startup took > 60 s
         )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
