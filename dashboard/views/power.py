@@ -18,14 +18,21 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common
-from dashboard.apply_flow import control, plan_view, utc
+from dashboard.apply_flow import ApplyFlow, apply_controls, apply_progress, utc
 from dashboard.figures import power as pf
 from dashboard.page_trust import PageTrust
 
-POLL_S = 2.0  # how often a running apply's progress is read
 PICK = "power_pick"  # the recommendation shown
-PLANS = "power_plans"  # recommendation id -> its dry-run plan (the confirmation step)
-RUNNING = "power_running"  # the recommendation id whose apply this session started
+FLOW = ApplyFlow(
+    prefix="power_",
+    guard_key="power_guard_s",
+    plans_key="power_plans",
+    running_key="power_running",
+    guard_help="How long the live traffic is watched after each setting before the next (breach: roll back)",
+    applied_caption="Applied. Rolling back puts every worker's knobs back as they were before the apply.",
+    rollback_question="Put the knobs back as they were before this apply?",
+    not_proposed="only a proposed recommendation can be applied.",
+)
 APPLY_ROWS = ("apply", "set_device", "guard", "realised", "rollback", "power_release", "calibrate")
 
 
@@ -209,78 +216,8 @@ def _apply_section(rec: dict[str, Any], stale: list[str]) -> None:
     if not (rec.get("proposed") or {}).get("changes", True):
         st.caption("Every role keeps its defaults: nothing to apply.")
         return
-    plans: dict[str, Any] = st.session_state.setdefault(PLANS, {})
-    if status == "proposed":
-        if st.button(
-            "Apply…", key="power_apply_plan", icon=":material/play_arrow:", help="a dry run first: the plan"
-        ):
-            plan = control(lambda: common.control_client().apply(rid, dry_run=True), "The dry run")
-            if plan:
-                plans[rid] = plan
-        plan = plans.get(rid)
-        if plan:
-            plan_view(plan)
-            guard_s = st.number_input(
-                "Guard window after each step, s",
-                1.0,
-                3600.0,
-                30.0,
-                key="power_guard_s",
-                help="How long the live traffic is watched after each setting before the next (breach: roll back)",
-            )
-            c1, c2, _ = st.columns([1, 1, 3])
-            if c1.button(
-                "Execute this plan", type="primary", key="power_apply_execute", icon=":material/check:"
-            ):
-                started = control(
-                    lambda: common.control_client().apply(rid, dry_run=False, guard_s=float(guard_s)),
-                    "The apply",
-                )
-                if started:
-                    st.session_state[RUNNING] = rid
-                    plans.pop(rid, None)
-                    st.rerun()
-            if c2.button("Cancel", key="power_apply_cancel"):
-                plans.pop(rid, None)
-                st.rerun()
-    elif status == "applied":
-        st.caption("Applied. Rolling back puts every worker's knobs back as they were before the apply.")
-        if st.button("Roll back…", key="power_rollback_ask", icon=":material/undo:"):
-            st.session_state["power_rollback_confirm"] = rid
-        if st.session_state.get("power_rollback_confirm") == rid:
-            st.warning("Put the knobs back as they were before this apply?", icon=":material/undo:")
-            if st.button("Roll back now", type="primary", key="power_rollback_do"):
-                done = control(lambda: common.control_client().rollback(rid), "The rollback")
-                st.session_state.pop("power_rollback_confirm", None)
-                if done:
-                    st.success(f"Rollback: {done.get('outcome')}")
-    else:
-        st.caption(f"Status {status}: only a proposed recommendation can be applied.")
-    _progress(rid)
-
-
-def _progress(rid: str) -> None:
-    running_here = st.session_state.get(RUNNING) == rid
-
-    @st.fragment(run_every=POLL_S if running_here else None)
-    def live() -> None:
-        with common.service_errors():
-            got = common.client().actions(recommendation_id=rid)
-        running = got.get("running")
-        if running and running.get("recommendation_id") == rid:
-            steps = max(1, int(running.get("steps") or 1))
-            st.progress(
-                min(1.0, int(running.get("step") or 0) / steps),
-                text=f"{running.get('state')}: step {running.get('step')} of {running.get('steps')} — "
-                f"{running.get('current_step') or ''}",
-            )
-            if running.get("guard_left_s") is not None:
-                st.caption(f"Guard window: {running['guard_left_s']:.0f} s left")
-        elif running_here:
-            st.session_state.pop(RUNNING, None)
-            st.rerun()  # finished: the status, the guard and the realised figures changed
-
-    live()
+    apply_controls(FLOW, rid, status)
+    apply_progress(FLOW, rid)
 
 
 def _guard(actions: list[dict[str, Any]]) -> None:

@@ -17,16 +17,24 @@ import streamlit as st
 
 from dashboard import common
 from dashboard.api import ApiError, ServiceUnavailable
+from dashboard.apply_flow import ApplyFlow, apply_controls, apply_progress
 from dashboard.apply_flow import control as _control
-from dashboard.apply_flow import plan_view as _plan_view
 from dashboard.apply_flow import utc as _utc
 from dashboard.figures import recommend as rf
 from dashboard.page_trust import PageTrust
 
-POLL_S = 2.0  # how often the progress of a running apply is read
 PICK = "rec_pick"
-PLANS = "rec_plans"  # recommendation id -> its dry-run plan (the confirmation step)
-RUNNING = "rec_running"  # the recommendation id whose apply this session started
+FLOW = ApplyFlow(
+    prefix="",
+    guard_key="apply_guard_s",
+    plans_key="rec_plans",
+    running_key="rec_running",
+    guard_help="How long the live traffic is watched after each step before the next (breach: roll back)",
+    applied_caption="Applied. Rolling back restores the layout from before the apply (no guard window).",
+    rollback_question="Roll the stack back to the layout before this apply?",
+    not_proposed="only a proposed recommendation can be applied (make a new one).",
+    rolled_back=lambda done: f"Rollback: {done.get('outcome')} (roles now {done.get('roles')})",
+)
 DECISIONS = ("auto_apply", "auto_apply_skip")
 
 
@@ -266,95 +274,29 @@ def _apply_section(rec: dict[str, Any]) -> None:
             icon=":material/deployed_code:",
         )
         return
-    plans: dict[str, Any] = st.session_state.setdefault(PLANS, {})
-    if status == "proposed":
-        if st.button(
-            "Apply…", key="apply_plan", icon=":material/play_arrow:", help="a dry run first: the plan"
-        ):
-            plan = _control(lambda: common.control_client().apply(rid, dry_run=True), "The dry run")
-            if plan:
-                plans[rid] = plan
-        plan = plans.get(rid)
-        if plan:
-            _plan_view(plan)
-            guard_s = st.number_input(
-                "Guard window after each step, s",
-                1.0,
-                3600.0,
-                30.0,
-                key="apply_guard_s",
-                help="How long the live traffic is watched after each step before the next (breach: roll back)",
-            )
-            c1, c2, _ = st.columns([1, 1, 3])
-            if c1.button("Execute this plan", type="primary", key="apply_execute", icon=":material/check:"):
-                started = _control(
-                    lambda: common.control_client().apply(rid, dry_run=False, guard_s=float(guard_s)),
-                    "The apply",
-                )
-                if started:
-                    st.session_state[RUNNING] = rid
-                    plans.pop(rid, None)
-                    st.rerun()
-            if c2.button("Cancel", key="apply_cancel"):
-                plans.pop(rid, None)
-                st.rerun()
-    elif status == "applied":
-        st.caption("Applied. Rolling back restores the layout from before the apply (no guard window).")
-        if st.button("Roll back…", key="rollback_ask", icon=":material/undo:"):
-            st.session_state["rollback_confirm"] = rid
-        if st.session_state.get("rollback_confirm") == rid:
-            st.warning("Roll the stack back to the layout before this apply?", icon=":material/undo:")
-            if st.button("Roll back now", type="primary", key="rollback_do"):
-                done = _control(lambda: common.control_client().rollback(rid), "The rollback")
-                st.session_state.pop("rollback_confirm", None)
-                if done:
-                    st.success(f"Rollback: {done.get('outcome')} (roles now {done.get('roles')})")
-    else:
-        st.caption(f"Status {status}: only a proposed recommendation can be applied (make a new one).")
-    _progress(rid)
+    apply_controls(FLOW, rid, status)
+    apply_progress(FLOW, rid, _steps_and_realised)
 
 
-def _progress(rid: str) -> None:
-    running_here = st.session_state.get(RUNNING) == rid
-
-    @st.fragment(run_every=POLL_S if running_here else None)
-    def live() -> None:
-        with common.service_errors():
-            got = common.client().actions(recommendation_id=rid)
-        running = got.get("running")
-        rows = got.get("actions") or []
-        if running and running.get("recommendation_id") == rid:
-            steps = max(1, int(running.get("steps") or 1))
-            st.progress(
-                min(1.0, int(running.get("step") or 0) / steps),
-                text=f"{running.get('state')}: step {running.get('step')} of {running.get('steps')} — "
-                f"{running.get('current_step') or ''}",
-            )
-            if running.get("guard_left_s") is not None:
-                st.caption(f"Guard window: {running['guard_left_s']:.0f} s left")
-        elif running_here:
-            st.session_state.pop(RUNNING, None)
-            st.rerun()  # finished: the recommendation's status and the audit changed
-        executed = [r for r in rows if not r.get("dry_run") and r.get("action") not in DECISIONS]
-        if executed:
-            st.markdown("**Steps and guard windows**")
-            st.dataframe(
-                pd.DataFrame(
-                    {
-                        "Time (UTC)": [_utc(r["ts_s"], "%H:%M:%S") for r in executed],
-                        "Action": [r["action"] for r in executed],
-                        "Status": [r["status"] for r in executed],
-                        "What": [(r.get("message") or "").split("\n")[0] for r in executed],
-                    }
-                ),
-                hide_index=True,
-                width="stretch",
-            )
-        realised = next((r for r in reversed(rows) if r.get("action") == "realised"), None)
-        if realised:
-            _realised(realised)
-
-    live()
+def _steps_and_realised(rows: list[dict[str, Any]]) -> None:
+    executed = [r for r in rows if not r.get("dry_run") and r.get("action") not in DECISIONS]
+    if executed:
+        st.markdown("**Steps and guard windows**")
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "Time (UTC)": [_utc(r["ts_s"], "%H:%M:%S") for r in executed],
+                    "Action": [r["action"] for r in executed],
+                    "Status": [r["status"] for r in executed],
+                    "What": [(r.get("message") or "").split("\n")[0] for r in executed],
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+    realised = next((r for r in reversed(rows) if r.get("action") == "realised"), None)
+    if realised:
+        _realised(realised)
 
 
 def _realised(row: dict[str, Any]) -> None:
