@@ -32,10 +32,10 @@ JSON_COLUMNS = ("reference", "cliff", "points", "trust", "details")
 
 def _mode_annual(row: dict[str, Any], prices: Any) -> dict[str, Any]:
     """Per mode: the setting and what it saves a year on the role's GPUs (records.annual_saving)."""
-    from phaselens.power.records import annual_saving
+    from phaselens.power.records import annual_saving, role_gpus
 
     modes = (((row.get("details") or {}).get("choice") or {}).get("modes")) or {}
-    gpus = len(((row.get("details") or {}).get("workers")) or []) or 1
+    gpus = role_gpus(row)
     out: dict[str, Any] = {}
     for mode in MODES:
         m = modes.get(mode)

@@ -220,10 +220,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def _simulated(args: argparse.Namespace, options: Any, say: Any) -> dict[str, Any]:
     from phaselens.power.choose import choose_modes
     from phaselens.power.plan import CalibrateError, plan_sweep
-    from phaselens.power.records import calibration_row, save_calibrations
+    from phaselens.power.records import calibration_row
     from phaselens.power.simulate import sim_bounds, sim_fingerprint, simulate_sweep
 
     roles, layout = sim_bounds(args.simulate, args.model)
+    pool_gpus = {p.role: p.replicas * p.tp for p in layout.pools}
     if args.roles:
         unknown = sorted(set(args.roles) - set(roles))
         if unknown:
@@ -261,17 +262,45 @@ def _simulated(args: argparse.Namespace, options: Any, say: Any) -> dict[str, An
                 analysis=analysis,
                 duration_s=time.monotonic() - t0,
                 trust=["simulated"],
-                details={"load": load.describe(), "bounds": bounds_dict(r.bounds)},
+                details={"load": load.describe(), "bounds": bounds_dict(r.bounds), "gpus": pool_gpus[r.role]},
             )
         )
         say(choice_text(r.role, analysis))
+    out: dict[str, Any] = {"simulated": True, "plan": plan.text(), "calibrations": rows}
     if args.db:
-        from collector.store import Store
+        out["recommendation"] = _store_simulated(args, rows, say)
+    return out
 
-        with Store.open(args.db) as store:
-            ids = save_calibrations(store, rows)
+
+def _store_simulated(args: argparse.Namespace, rows: list[dict[str, Any]], say: Any) -> dict[str, Any]:
+    """Store a simulated sweep's calibrations and the ``power`` recommendation of ``--mode`` from them:
+    a layout not deployed is set up by the exported script (``--format nvidia-smi``), not applied."""
+    from analytics.prices import load_prices
+    from analytics.recommend.records import save_recommendation
+    from collector.store import Store
+    from phaselens.power.records import power_recommendation, save_calibrations
+
+    target = rows[0]["target"]
+    with Store.open(args.db) as store:
+        ids = save_calibrations(store, rows)
         say(f"stored calibrations {', '.join(ids)} in {args.db}")
-    return {"simulated": True, "plan": plan.text(), "calibrations": rows}
+        before = {w: {"reset": True} for row in rows for w in row["details"]["workers"] or []}
+        rec = power_recommendation(
+            node=socket.gethostname(),
+            target=target,
+            rows={row["role"]: row for row in rows},
+            mode=args.mode,
+            before=before,
+            prices=load_prices(),
+        )
+        save_recommendation(store, rec)
+    say(f"recommendation {rec['recommendation_id']} ({args.mode.upper()}): {rec['rationale']}")
+    if rec["proposed"]["changes"]:
+        say(
+            f"a layout not deployed: export it per node and role, "
+            f"phaselens export {rec['recommendation_id']} --format nvidia-smi --db {args.db} --out power.sh"
+        )
+    return rec
 
 
 def bounds_dict(b: Any) -> dict[str, Any]:

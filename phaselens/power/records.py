@@ -125,6 +125,13 @@ def usable_calibrations(
     return usable, stale
 
 
+def role_gpus(row: dict[str, Any]) -> int:
+    """The GPUs a calibration's role runs on: ``details.gpus`` where the sweep knows it (a simulated
+    layout's pool: replicas × TP), else one per worker of the live stack."""
+    details = row.get("details") or {}
+    return int(details.get("gpus") or len(details.get("workers") or []) or 1)
+
+
 def annual_saving(power_w_change: float | None, gpus: int, prices: Any) -> dict[str, float | None]:
     """kWh and $ a year saved by ``power_w_change`` (W per GPU, negative = less power) on ``gpus`` GPUs
     at the same load, the facility's PUE and electricity price included."""
@@ -205,7 +212,7 @@ def power_recommendation(
         if m.get("keep_defaults"):
             lines.append(f"{role}: keep the defaults ({m['reason']})")
             continue
-        saving = annual_saving(m.get("power_w_change"), len(workers), prices)
+        saving = annual_saving(m.get("power_w_change"), role_gpus(row), prices)
         settings[role]["annual"] = saving
         kwh += saving["kwh_per_year"] or 0.0
         usd += saving["usd_per_year"] or 0.0

@@ -107,6 +107,40 @@ def test_cli_simulate_stores_simulated_calibrations(
     assert all("simulated" in t for t in rows["trust"]) and set(rows["driver"]) == {"simulated"}
 
 
+def test_cli_simulate_recommends_for_the_pools_gpus_and_the_script_exports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layout not deployed gets a power recommendation too (for clusters: exported as an nvidia-smi
+    script); its yearly saving counts every GPU of each pool (replicas x TP), not one per pool."""
+    from analytics.prices import load_prices
+    from phaselens.power.records import annual_saving
+
+    db = tmp_path / "s.duckdb"
+    layout = "2p3d:h200:tp2:gpu_memory_utilization=0.96"
+    args = ["calibrate", "--simulate", layout, "--knobs", "sm_clock", "--points", "2", "--db", str(db)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    (rid,) = [w for line in out.splitlines() if line.startswith("recommendation ") for w in line.split()[1:2]]
+    with Store.open(db) as store:
+        rec = store.query("SELECT kind, target, status, proposed FROM recommendations")
+        cals = store.query("SELECT role, details FROM power_calibrations")
+    assert list(rec["kind"]) == ["power"] and list(rec["status"]) == ["proposed"]
+    assert rec["target"][0] == f"sim:{layout}"
+    gpus = {r: json.loads(d)["gpus"] for r, d in zip(cals["role"], cals["details"], strict=True)}
+    assert gpus == {"prefill": 4, "decode": 6}
+    settings = json.loads(rec["proposed"][0])["settings"]
+    prices = load_prices()
+    for role, s in settings.items():
+        if "annual" in s:
+            mode = json.loads(cals["details"][list(cals["role"]).index(role)])["choice"]["modes"]["bal"]
+            assert s["annual"] == annual_saving(mode["power_w_change"], gpus[role], prices)
+    if json.loads(rec["proposed"][0])["changes"]:
+        assert f"phaselens export {rid} --format nvidia-smi" in out
+        script = tmp_path / "power.sh"
+        assert main(["export", rid, "--format", "nvidia-smi", "--db", str(db), "--out", str(script)]) == 0
+        assert "nvidia-smi -i" in script.read_text()
+
+
 def test_a_layout_that_cannot_run_or_that_sets_knobs_is_refused() -> None:
     with pytest.raises(CalibrateError, match="use tp"):
         sim_bounds("1p1d:h200", "llama-3.1-70b")  # 70B does not fit one H200 at 0.9 memory
