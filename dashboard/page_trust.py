@@ -11,7 +11,7 @@ label the page's main data has not; any other loses it (the block says it once).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -77,3 +77,13 @@ class PageTrust:
     def render(self) -> None:
         """Fill the block with every label added."""
         self._slot.markdown(block_md(self.labels))
+
+
+def render_with_trust(body: Callable[[PageTrust], None]) -> None:
+    """Run a page's ``body`` with its one trust block, filled with the labels it added even when the
+    body stops early (the service down, nothing to show)."""
+    trust = PageTrust()
+    try:
+        body(trust)
+    finally:
+        trust.render()

@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import common, figures
-from dashboard.page_trust import PageTrust
+from dashboard.page_trust import PageTrust, render_with_trust
 
 
 def _pct(v: Any, digits: int = 0) -> str:
@@ -104,11 +104,7 @@ def _roofline(summary: dict[str, Any], trust: PageTrust) -> None:
 
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
-    trust = PageTrust()
-    try:
-        _body(sel, trust)
-    finally:
-        trust.render()
+    render_with_trust(lambda trust: _body(sel, trust))
 
 
 def _body(sel: common.Selection, trust: PageTrust) -> None:

@@ -16,7 +16,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.figures.gpu_svg import panels_html
 from dashboard.figures.gpus import HEATMAP_ABOVE_GPUS, PANELS, group_rows, legend_html, tp_groups, use_heatmap
-from dashboard.page_trust import PageTrust
+from dashboard.page_trust import PageTrust, render_with_trust
 
 MAX_POINTS = 6_000  # values per chart (GPUs x time buckets), bucketed by the service
 MAX_BUCKETS = 240  # time buckets per GPU: a line's points at about 2 px apart on a half-width chart
@@ -72,11 +72,7 @@ def _table(series: dict, groups: list) -> None:
 
 def render(sel: common.Selection) -> None:
     """The page body (re-run every few seconds for live data with refresh on)."""
-    trust = PageTrust()
-    try:
-        _body(sel, trust)
-    finally:
-        trust.render()
+    render_with_trust(lambda trust: _body(sel, trust))
 
 
 def _body(sel: common.Selection, trust: PageTrust) -> None:

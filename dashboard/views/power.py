@@ -20,7 +20,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.apply_flow import ApplyFlow, apply_controls, apply_progress, utc
 from dashboard.figures import power as pf
-from dashboard.page_trust import PageTrust
+from dashboard.page_trust import PageTrust, render_with_trust
 
 PICK = "power_pick"  # the recommendation shown
 FLOW = ApplyFlow(
@@ -306,11 +306,7 @@ def _history(recs: list[dict[str, Any]]) -> None:
 
 def render() -> None:
     """The page body with its one trust block (the calibrations' labels; a realised comparison's too)."""
-    trust = PageTrust()
-    try:
-        _body(trust)
-    finally:
-        trust.render()
+    render_with_trust(_body)
 
 
 def _body(trust: PageTrust) -> None:

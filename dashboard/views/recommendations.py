@@ -21,7 +21,7 @@ from dashboard.apply_flow import ApplyFlow, apply_controls, apply_progress
 from dashboard.apply_flow import control as _control
 from dashboard.apply_flow import utc as _utc
 from dashboard.figures import recommend as rf
-from dashboard.page_trust import PageTrust
+from dashboard.page_trust import PageTrust, render_with_trust
 
 PICK = "rec_pick"
 FLOW = ApplyFlow(
@@ -397,11 +397,7 @@ def _label(r: dict[str, Any]) -> str:
 def render() -> None:
     """The page body: its one trust block lists the recommendation's labels (its figures are the
     simulator's; a realised comparison names its measured column itself)."""
-    trust = PageTrust()
-    try:
-        _body(trust)
-    finally:
-        trust.render()
+    render_with_trust(_body)
 
 
 def _body(trust: PageTrust) -> None:

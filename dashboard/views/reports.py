@@ -11,7 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from dashboard import common
-from dashboard.page_trust import PageTrust
+from dashboard.page_trust import PageTrust, render_with_trust
 
 MAKE_SPANS = {"last hour": "1h", "last 24 hours": "24h", "last 7 days": "7d"}
 
@@ -32,11 +32,7 @@ def _make_now() -> None:
 
 def render() -> None:
     """The page body: its one trust block lists the open report's labels."""
-    trust = PageTrust()
-    try:
-        _body(trust)
-    finally:
-        trust.render()
+    render_with_trust(_body)
 
 
 def _body(trust: PageTrust) -> None:
