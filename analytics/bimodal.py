@@ -37,9 +37,7 @@ from analytics.attribution import (
     CATEGORY_SUM_COLS,
     IntervalTable,
     PhaseBreakdown,
-    _records,
     phase_breakdown,
-    tables_dict,
 )
 from analytics.bimodal_stats import (
     BIMODAL_RULE,
@@ -52,6 +50,7 @@ from analytics.bimodal_stats import (
     sarle_coefficient,
 )
 from analytics.intervals import SM_SHIFT_PCT
+from analytics.jsonable import table_records, tables_dict
 from analytics.power_model import gpu_key, nnls_gram
 from analytics.stranded import basis_note, stranded_basis
 from analytics.trust import ESTIMATED, Trust
@@ -84,7 +83,7 @@ class Bimodality:
         return {
             "window": self.window.describe(),
             "rule": BIMODAL_RULE,
-            "table": _records(self.table),
+            "table": table_records(self.table),
             "trust": self.trust.to_dict(),
             "missing": list(self.missing),
         }

@@ -51,7 +51,6 @@ in :mod:`analytics.external_cost`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +87,7 @@ from analytics.external_roles import (
     identifiers,
     label_text,
 )
+from analytics.jsonable import table_records
 from analytics.trust import ESTIMATED, LABELS, Trust
 from analytics.window import Window
 
@@ -130,29 +130,14 @@ class ExternalAttribution:
         return hit.iloc[0].to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-            return [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict("records")]
-
         return {
             "window": self.window.describe(),
-            "per_gpu": records(self.per_gpu),
-            "per_pool": records(self.per_pool),
-            "engines": records(self.engines),
+            "per_gpu": table_records(self.per_gpu),
+            "per_pool": table_records(self.per_pool),
+            "engines": table_records(self.engines),
             "trust": self.trust.to_dict(),
             "missing": list(self.missing),
         }
-
-
-def _json_value(v: Any) -> Any:
-    if isinstance(v, (np.floating, float)):
-        return None if not math.isfinite(float(v)) else float(v)
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    if v is pd.NA or v is None:
-        return None
-    return v
 
 
 # --- the attribution ------------------------------------------------------------------------------------------

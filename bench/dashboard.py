@@ -81,6 +81,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import httpx  # noqa: E402
 from analytics_data import GPUS, PERIOD_S, build  # noqa: E402
 
+from dashboard.page_settle import app_pages, settle_script, settled_for  # noqa: E402
 from phaselens.overview import LIVE_STALE_S, LIVE_TTL_S  # noqa: E402
 
 SAMPLES = 1_000_000
@@ -481,31 +482,11 @@ def gpus_main(args: argparse.Namespace) -> int:
 # -- every page -------------------------------------------------------------------------------------
 
 PAGE_SETTLE_HOLD_MS = 1000
-# Recorded in the page every 50 ms: since when (ms since navigation) it has been settled; null while not.
-PAGE_SETTLE = """setInterval(() => {
-  const ok = document.querySelector('h1') !== null
-    && document.querySelector('[data-testid="stStatusWidget"]') === null
-    && document.querySelector('[data-testid="stSpinner"]') === null
-    && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'));
-  if (!ok) window.__settled = null;
-  else if (window.__settled == null) window.__settled = performance.now();
-}, 50);"""
-
-
-def _app_pages() -> list[str]:
-    """The page names of dashboard/app.py's PAGES (their file names without .py), in order."""
-    import ast
-
-    app = ROOT / "dashboard" / "app.py"
-    for node in ast.parse(app.read_text(encoding="utf-8")).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
-        if getattr(target, "id", None) == "PAGES" and node.value is not None:  # type: ignore[attr-defined]
-            return [f.removesuffix(".py") for f, _t, _i in ast.literal_eval(node.value)]  # type: ignore[attr-defined]
-    raise SystemExit("dashboard/app.py defines no PAGES")
+PAGE_SETTLE = settle_script(interval_ms=50)
 
 
 def _page_visit(browser: object, url: str) -> float:
-    """Seconds from navigation until the page settled (:data:`PAGE_SETTLE`, held
+    """Seconds from navigation until the page settled (:func:`dashboard.page_settle.settle_script`, held
     :data:`PAGE_SETTLE_HOLD_MS`), in a fresh browser context."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 1400})  # type: ignore[attr-defined]
     try:
@@ -513,7 +494,7 @@ def _page_visit(browser: object, url: str) -> float:
         page = ctx.new_page()
         page.goto(url, timeout=600_000)
         page.wait_for_function(
-            f"() => window.__settled != null && performance.now() - window.__settled >= {PAGE_SETTLE_HOLD_MS}",
+            settled_for(PAGE_SETTLE_HOLD_MS),
             timeout=600_000,
             polling=100,
         )
@@ -546,7 +527,7 @@ def pages_main(args: argparse.Namespace) -> int:
         sid = _simulate_fleet(store)
         print(f"store {store}: simulated in {time.perf_counter() - t:.1f} s")
     trees = {"new": ROOT} | ({"old": args.baseline_tree.resolve()} if args.baseline_tree else {})
-    names = _app_pages()
+    names = [file.removesuffix(".py") for file, _title in app_pages()]
     got: dict[str, dict[str, list[float]]] = {t: {n: [] for n in names} for t in trees}
     loads: list[float] = []
     with sync_playwright() as p:

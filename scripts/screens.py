@@ -27,7 +27,6 @@ drawn, and saved as a full-page PNG with a 256-colour palette (a few hundred kB 
 from __future__ import annotations
 
 import argparse
-import ast
 import io
 import os
 import signal
@@ -42,36 +41,17 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dashboard.page_settle import APP, app_pages, settle_script, settled_for  # noqa: E402
 from phaselens.testing import start_collector  # noqa: E402
 from serving.testing import free_port  # noqa: E402
 
-APP = ROOT / "dashboard" / "app.py"
 OUT = ROOT / "docs" / "screens"
 WIDTH_PX = 1280
-# Recorded in the page every 100 ms: since when (ms since navigation) it has been settled — its
-# title drawn, the run over (no status widget, no spinner), no "running" man, every Plotly chart
-# drawn — or null while it is not (bench/dashboard.py's PAGE_SETTLE).
-SETTLE = """setInterval(() => {
-  const ok = document.querySelector('h1') !== null
-    && document.querySelector('[data-testid="stStatusWidget"]') === null
-    && document.querySelector('[data-testid="stSpinner"]') === null
-    && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'));
-  if (!ok) window.__settled = null;
-  else if (window.__settled == null) window.__settled = performance.now();
-}, 100);"""
+SETTLE = settle_script(interval_ms=100)  # what settled means: dashboard/page_settle.py
 FULL_HEIGHT = """() => Math.max(...[...document.querySelectorAll('[data-testid="stMain"], [data-testid="stMain"] *')]
   .filter(e => e.scrollHeight > e.clientHeight + 1).map(e => e.scrollHeight), window.innerHeight)"""
 MAX_HEIGHT_PX = 6000
 SETTLE_HOLD_MS = 2000  # settled this long: the run is over, not between two of its steps
-
-
-def pages() -> list[tuple[str, str]]:
-    """(file, title) of dashboard/app.py's PAGES, read from its source."""
-    for node in ast.parse(APP.read_text(encoding="utf-8")).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
-        if getattr(target, "id", None) == "PAGES" and node.value is not None:  # type: ignore[attr-defined]
-            return [(f, t) for f, t, _icon in ast.literal_eval(node.value)]  # type: ignore[attr-defined]
-    raise SystemExit("dashboard/app.py defines no PAGES")
 
 
 def chromium() -> str:
@@ -100,7 +80,7 @@ def shoot(browser: object, url: str, path: Path) -> float:
         t = time.perf_counter()
         page.goto(url, timeout=300_000)
         page.wait_for_function(
-            f"() => window.__settled != null && performance.now() - window.__settled >= {SETTLE_HOLD_MS}",
+            settled_for(SETTLE_HOLD_MS),
             timeout=300_000,
             polling=200,
         )
@@ -121,7 +101,7 @@ def shoot(browser: object, url: str, path: Path) -> float:
 def shoot_pages(browser: object, base: str, query: str, suffix: str, names: list[str] | None = None) -> None:
     """Every page of PAGES (or those in ``names``) at ``base`` with ``query``, as ``<page>-<suffix>.png``."""
     OUT.mkdir(parents=True, exist_ok=True)
-    for file, title in pages():
+    for file, title in app_pages():
         name = file.removesuffix(".py")
         if names is not None and name not in names:
             continue

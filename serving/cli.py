@@ -225,7 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def emulation_banner(settings: ServeSettings) -> str | None:
     """The serve banner's note on emulated devices: which GPU and shape each models, and where lag is
     counted; ``None`` when every device is measured."""
-    from serving.devices.emulated import emulated_device_label
+    from serving.devices.emulated_label import emulated_device_label
 
     modeled: dict[tuple[str, str, str, str], list[str]] = {}
     for _role, spec in settings.worker_specs():

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from serving.admission import RETRY_AFTER_S, Admission, BodyTooLarge, abort_on_disconnect, read_body
 from serving.control import build_control_router, error_type
 from serving.device_sampler import SAMPLED_STATES, DeviceSampler, snapshot_workers, worker_item
-from serving.devices.emulated import emulated_device_label
+from serving.devices.emulated_label import emulated_device_label
 from serving.metrics import ServingMetrics
 from serving.openai_api import (
     BadRequest,

@@ -107,7 +107,7 @@ class ServeSettings:
                 raise ConfigError(
                     f"--emulate-dtype {self.emulate_dtype} needs emulated devices (--device emulated:<gpu>)"
                 )
-            from serving.devices.emulated import emulation_fidelity
+            from serving.devices.emulated_label import emulation_fidelity
             from serving.devices.errors import DeviceValueError
 
             for d in dict.fromkeys(devices):

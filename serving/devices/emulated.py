@@ -9,31 +9,24 @@ Two layers:
 * :class:`EmulatedDevice` -- a :class:`~serving.devices.base.Device` that the serving engine drives:
   :meth:`EmulatedDevice.on_iteration` models each iteration the engine ran (the real math runs on
   the host CPU), sleeps until the modeled GPU would have finished (so wall time is paced to the
-  modeled GPU), keeps a short history of modeled busy intervals, and reports NVML-like counters
-  through :meth:`EmulatedDevice.snapshot` with the same knobs, bounds and errors as the NVML path.
+  modeled GPU), keeps a short history of modeled busy intervals (:mod:`serving.devices.emulated_timeline`,
+  which integrates the counters), and reports NVML-like counters through
+  :meth:`EmulatedDevice.snapshot` with the same knobs, bounds and errors as the NVML path. Its label,
+  fidelity and UUID are :mod:`serving.devices.emulated_label`'s.
 
 The equations, the constants and their calibration against H200 measurements are in
-``docs/EMULATION.md``.
-
-Over 600 lines for a reason: :class:`EmulatedDevice` is one Device implementation whose parts share
-one lock and one state — the knobs with NVML's bounds and errors, the pacing of each iteration, the
-busy history and the cumulative counters a snapshot reads; the model itself is
-:mod:`serving.devices.gpu_model`.
+``docs/EMULATION.md``; the model itself is :mod:`serving.devices.gpu_model`.
 """
 
 from __future__ import annotations
 
-import math
-import socket
 import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serving.config import ModelConfig, model_config_for, preset
+from serving.config import ModelConfig, preset
 from serving.devices.base import (
     Device,
     DeviceKind,
@@ -42,6 +35,8 @@ from serving.devices.base import (
     IterationWork,
     PowerLimitConstraints,
 )
+from serving.devices.emulated_label import emulated_uuid, emulation_fidelity
+from serving.devices.emulated_timeline import BusyInterval, BusyTimeline
 from serving.devices.errors import DeviceValueError
 from serving.devices.gpu_model import (
     BF16_BYTES,
@@ -54,7 +49,6 @@ from serving.devices.gpu_model import (
     EngineProfile,
     IterationEstimate,
     LinkSpec,
-    _gap_energy_scalar,
     engine_profile,
     estimate_at_clock,
     gap_energy_j,
@@ -63,12 +57,10 @@ from serving.devices.gpu_model import (
     predict_iteration,
     shard_shape,
 )
-from serving.devices.gpu_specs import DTYPES, GpuSpec, check_dtype, fidelity, gpu_spec
+from serving.devices.gpu_specs import DTYPES, GpuSpec, gpu_spec
 
 __all__ = [
     "BF16_BYTES",
-    "CLOCK_EVENT_GPU_IDLE",
-    "CLOCK_EVENT_SW_POWER_CAP",
     "DEFAULT_CONSTANTS",
     "DEFAULT_PROFILE",
     "PROFILES",
@@ -78,55 +70,12 @@ __all__ = [
     "EmulationStats",
     "EngineProfile",
     "IterationEstimate",
-    "emulated_device_label",
-    "emulation_fidelity",
     "estimate_at_clock",
     "gap_energy_j",
     "gap_power_w",
     "gap_sm_clock_mhz",
     "predict_iteration",
 ]
-
-# NVML clock-event (throttle) reason bits the emulator sets.
-CLOCK_EVENT_GPU_IDLE = 0x1
-CLOCK_EVENT_SW_POWER_CAP = 0x4
-
-
-def emulated_device_label(device: str, shape: str, dtype: str = "bf16") -> dict[str, Any] | None:
-    """What a worker on ``device`` models, for banners and APIs; ``None`` unless ``emulated:<gpu>``.
-
-    ``shape`` is the preset name or Hugging Face folder of the modeled shape (``--emulate-shape``,
-    else the served model); ``dtype`` the modeled weights' and KV's (``--emulate-dtype``). Returns
-    ``{"device", "emulated": True, "gpu", "models_shape", "dtype", "validated"}``, plus ``"fidelity"``
-    (the "unvalidated: ..." note) on a GPU or dtype the GPU model was never checked on.
-    """
-    if not device.startswith("emulated:"):
-        return None
-    gpu = gpu_spec(device.split(":", 1)[1])
-    validated, note = emulation_fidelity(gpu, dtype)
-    label: dict[str, Any] = {
-        "device": device,
-        "emulated": True,
-        "gpu": gpu.name,
-        "models_shape": model_config_for(shape).name,
-        "dtype": dtype,
-        "validated": validated,
-    }
-    if note:
-        label["fidelity"] = note
-    return label
-
-
-def emulation_fidelity(gpu: str | GpuSpec, dtype: str = "bf16") -> tuple[bool, str | None]:
-    """:func:`~serving.devices.gpu_specs.fidelity` of an emulated GPU, after checking that the GPU runs
-    ``dtype`` (FP8 needs FP8 tensor cores: an A100 emulates bf16 only); DeviceValueError names what is
-    allowed otherwise."""
-    spec = gpu_spec(gpu)
-    spec.peak_flops_for(check_dtype(dtype))  # raises, naming the allowed dtypes, where the GPU has none
-    return fidelity(spec, dtype)
-
-
-# --- the device -----------------------------------------------------------------------------------
 
 _SPIN_S = 3e-4  # the last stretch of a real-time pacing sleep is a spin: time.sleep overshoots
 _MAX_HOOK_DELAY_S = 0.05  # started_s is trusted when it is at most this much older than elapsed_s says
@@ -160,32 +109,6 @@ class EmulationStats:
     def host_bound_fraction(self) -> float:
         """Share of the iterations whose host time ran past the modeled GPU time (0 with none yet)."""
         return self.lagged_iterations / self.iterations if self.iterations else 0.0
-
-
-@dataclass(slots=True)
-class _Busy:
-    """One modeled GPU busy interval (an iteration), on the device's clock."""
-
-    start: float
-    end: float
-    power_w: float
-    sm_clock_mhz: int
-    sm_active: float
-    sm_occupancy: float
-    tensor_active: float
-    dram_active: float
-    mem_active: float
-    capped: bool
-    held_mhz: int  # the clock the GPU holds in the gap after this interval (the allowed ceiling)
-
-
-def emulated_uuid(gpu_name: str, index: int | None) -> str:
-    """The UUID of an emulated GPU: stable for the same GPU type and index on the same host (a restarted
-    worker or a second demo run is the same GPU to the store, as a physical GPU would be), random when
-    no index is given."""
-    if index is None:
-        return f"GPU-emulated-{uuid.uuid4()}"
-    return f"GPU-emulated-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{socket.gethostname()}/{gpu_name}/{index}')}"
 
 
 class EmulatedDevice(Device):
@@ -254,24 +177,11 @@ class EmulatedDevice(Device):
         # knobs
         self._limit_w = self._gpu.tdp_w
         self._locked_sm_mhz: tuple[int, int] | None = None
-        # modeled timeline
+        # modeled timeline and the counters integrated over it
         now = self._clock()
         self._opened = now
-        self._history: deque[_Busy] = deque()
         self._gpu_free_at = now  # when the modeled GPU finishes its queue, for pacing
-        self._timeline_end = now  # end of the last busy interval on the accounted timeline
-        self._cursor = now  # the counters are integrated (and may have been reported) up to here
-        self._reports: deque[tuple[float, bool]] = deque()  # (when the host reported it, lagged)
-        # the last busy interval trimmed from the history (its end and held clock), for gap power
-        self._trimmed_end = -math.inf
-        self._trimmed_held_mhz = self._gpu.max_sm_clock_mhz
-        # the last busy interval integrated whole into the counters (its end and held clock)
-        self._integrated_end = -math.inf
-        self._integrated_held_mhz = self._gpu.max_sm_clock_mhz
-        # cumulative counters over [opened, cursor]
-        self._energy_j = self._busy_s = self._sm_s = self._occ_s = 0.0
-        self._tensor_s = self._dram_s = self._mem_s = 0.0
-        self._temp_c = self._gpu.ambient_c + self._gpu.thermal_c_per_w * self._gpu.idle_w
+        self._timeline = BusyTimeline(self._gpu, constants, history_s, now)
         self._kv_bytes_in_use = 0
         self._last_estimate: IterationEstimate | None = None
         self._last_timing: IterationTiming | None = None
@@ -452,13 +362,14 @@ class EmulatedDevice(Device):
                 modeled_start = host_start
             modeled_end = modeled_start + est.time_s
             self._gpu_free_at = modeled_end
-            start = max(modeled_start, self._cursor, self._timeline_end)
-            self._timeline_end = start + est.time_s
+            timeline = self._timeline
+            start = timeline.place(modeled_start, est.time_s)
             locked = self._locked_sm_mhz
-            self._history.append(
-                _Busy(
+            lag = entry - modeled_end
+            timeline.add(
+                BusyInterval(
                     start=start + est.host_s,
-                    end=self._timeline_end,
+                    end=timeline.end,
                     power_w=est.power_w,
                     sm_clock_mhz=est.sm_clock_mhz,
                     sm_active=est.sm_active,
@@ -467,15 +378,15 @@ class EmulatedDevice(Device):
                     dram_active=est.dram_active,
                     mem_active=min(1.0, est.memory_s / est.busy_s) if est.busy_s > 0 else 0.0,
                     capped=est.power_capped,
-                    held_mhz=self._held_mhz(locked),
-                )
+                    held_mhz=timeline.held_mhz(locked),
+                ),
+                reported_at=entry,
+                lagged=lag > 0,
             )
             self._kv_bytes_in_use = max(0, work.context_tokens) * self._kv_bytes_per_token
             self._last_estimate = est
             self._iterations += 1
             self._modeled_s += est.time_s
-            lag = entry - modeled_end
-            self._reports.append((entry, lag > 0))
             if lag > 0:
                 self._lagged += 1
                 self._lag_s += lag
@@ -483,12 +394,6 @@ class EmulatedDevice(Device):
             elif not self._pace:
                 self._last_err_s = entry - modeled_end
             self._last_timing = IterationTiming(est.time_s, max(0.0, lag), est.flops, est.hbm_bytes)
-            if (
-                self._history[0].end < entry - self._history_s
-                or self._reports[0][0] < entry - self._history_s
-            ):
-                self._advance(entry)
-                self._trim(entry)
         if lag > 0 or not self._pace:
             return 0.0
         self._sleep_until(modeled_end)
@@ -510,162 +415,6 @@ class EmulatedDevice(Device):
                     return
             remaining = deadline - self._clock()
 
-    # --- the modeled timeline (callers hold self._lock) -----------------------------------------
-
-    def _held_mhz(self, locked: tuple[int, int] | None) -> int:
-        """The clock an idle GPU holds after a kernel: the top the locked range allows, else f_max."""
-        if locked is None:
-            return self._gpu.max_sm_clock_mhz
-        below = [f for f in self._clocks if f <= locked[1]]
-        return below[-1] if below else self._clocks[0]
-
-    def _idle_mhz(self) -> int:
-        return self._locked_sm_mhz[0] if self._locked_sm_mhz else self._clocks[0]
-
-    def _gap_j(self, since0: float, since1: float, held_mhz: int) -> float:
-        """Energy of the idle stretch from ``since0`` to ``since1`` seconds after a busy interval."""
-        x = held_mhz / self._gpu.max_sm_clock_mhz
-        c = self._constants
-        return _gap_energy_scalar(self._gpu, since1, c, x) - _gap_energy_scalar(self._gpu, since0, c, x)
-
-    def _gap_clock_s(self, since0: float, since1: float, held_mhz: int) -> float:
-        """Integral of the gap SM clock (MHz x s) from ``since0`` to ``since1`` after a busy interval."""
-        hold = self._constants.gap_hold_s
-        held = max(0.0, min(since1, hold) - min(since0, hold))
-        return held * held_mhz + (since1 - since0 - held) * self._idle_mhz()
-
-    def _idle_segment(self, t0: float, t1: float, last_end: float, held_mhz: int) -> None:
-        """Add the idle stretch ``[t0, t1]`` (the last busy interval ended at ``last_end``)."""
-        dt = t1 - t0
-        if dt <= 0:
-            return
-        if last_end == -math.inf:
-            energy = self._gpu.idle_w * dt
-        else:
-            energy = self._gap_j(t0 - last_end, t1 - last_end, held_mhz)
-        self._energy_j += energy
-        self._relax(energy / dt, dt)
-
-    def _busy_segment(self, busy: _Busy, dt: float) -> None:
-        """Add ``dt`` seconds of ``busy`` to the cumulative counters and the thermal model."""
-        if dt <= 0:
-            return
-        self._energy_j += busy.power_w * dt
-        self._busy_s += dt
-        self._sm_s += busy.sm_active * dt
-        self._occ_s += busy.sm_occupancy * dt
-        self._tensor_s += busy.tensor_active * dt
-        self._dram_s += busy.dram_active * dt
-        self._mem_s += busy.mem_active * dt
-        self._relax(busy.power_w, dt)
-
-    def _relax(self, power_w: float, dt: float) -> None:
-        g = self._gpu
-        steady = g.ambient_c + g.thermal_c_per_w * power_w
-        self._temp_c = steady + (self._temp_c - steady) * math.exp(-dt / g.thermal_tau_s)
-
-    def _before(self, t: float) -> tuple[float, int]:
-        """(end, held clock) of the last busy interval ending at or before ``t`` (-inf when none)."""
-        end, held = self._trimmed_end, self._trimmed_held_mhz
-        for busy in self._history:
-            if busy.end > t:
-                break
-            end, held = busy.end, busy.held_mhz
-        return end, held
-
-    def _advance(self, now: float) -> None:
-        """Integrate the counters from the cursor up to ``now`` (gap power between iterations).
-
-        Busy intervals are never placed before the cursor (see :meth:`on_iteration`), so each is
-        integrated exactly once, whole.
-        """
-        t = self._cursor
-        if now <= t:
-            return
-        last_end, held = self._integrated_end, self._integrated_held_mhz
-        for busy in self._history:
-            if busy.end <= t:
-                continue
-            if busy.start >= now:
-                break
-            if busy.start > t:
-                self._idle_segment(t, busy.start, last_end, held)
-                t = busy.start
-            stop = min(busy.end, now)
-            self._busy_segment(busy, stop - t)
-            t = stop
-            if stop >= busy.end:
-                last_end, held = busy.end, busy.held_mhz
-        self._idle_segment(t, now, last_end, held)
-        self._cursor = now
-        self._integrated_end, self._integrated_held_mhz = last_end, held
-
-    def _trim(self, now: float) -> None:
-        horizon = min(now - self._history_s, self._cursor)
-        while self._history and self._history[0].end < horizon:
-            gone = self._history.popleft()
-            self._trimmed_end, self._trimmed_held_mhz = gone.end, gone.held_mhz
-        while self._reports and self._reports[0][0] < now - self._history_s:
-            self._reports.popleft()
-
-    def _window(self, w0: float, w1: float) -> dict[str, float | int | None]:
-        """Time-weighted means over ``[w0, w1]``; idle time counts as zero activity, at the gap
-        model's power and clock."""
-        length = w1 - w0
-        busy = energy = clock = sm = occ = tensor = dram = mem = 0.0
-        capped = False
-        last_end, held = self._before(w0)
-        t = w0
-        for b in self._history:
-            if b.end <= w0:
-                continue
-            if b.start >= w1:
-                break
-            if b.start > t:
-                energy += self._gap_between(t, b.start, last_end, held)
-                clock += self._gap_clock_between(t, b.start, last_end, held)
-                t = b.start
-            overlap = min(b.end, w1) - max(b.start, w0)
-            t = min(b.end, w1)
-            last_end, held = b.end, b.held_mhz
-            busy += overlap
-            energy += overlap * b.power_w
-            clock += overlap * b.sm_clock_mhz
-            sm += overlap * b.sm_active
-            occ += overlap * b.sm_occupancy
-            tensor += overlap * b.tensor_active
-            dram += overlap * b.dram_active
-            mem += overlap * b.mem_active
-            capped = capped or b.capped
-        if t < w1:
-            energy += self._gap_between(t, w1, last_end, held)
-            clock += self._gap_clock_between(t, w1, last_end, held)
-        reasons = (0 if busy > 0 else CLOCK_EVENT_GPU_IDLE) | (CLOCK_EVENT_SW_POWER_CAP if capped else 0)
-        pct = 100.0 / length
-        reported = [lagged for at, lagged in self._reports if w0 < at <= w1]
-        return {
-            "gpu_util_pct": busy * pct,
-            "mem_util_pct": mem * pct,
-            "sm_active_pct": sm * pct,
-            "sm_occupancy_pct": occ * pct,
-            "tensor_active_pct": tensor * pct,
-            "dram_active_pct": dram * pct,
-            "power_w": energy / length,
-            "sm_clock_mhz": round(clock / length),
-            "clock_event_reasons": reasons,
-            "host_bound_pct": 100.0 * sum(reported) / len(reported) if reported else None,
-        }
-
-    def _gap_between(self, t0: float, t1: float, last_end: float, held_mhz: int) -> float:
-        if last_end == -math.inf:
-            return self._gpu.idle_w * (t1 - t0)
-        return self._gap_j(t0 - last_end, t1 - last_end, held_mhz)
-
-    def _gap_clock_between(self, t0: float, t1: float, last_end: float, held_mhz: int) -> float:
-        if last_end == -math.inf:
-            return self._idle_mhz() * (t1 - t0)
-        return self._gap_clock_s(t0 - last_end, t1 - last_end, held_mhz)
-
     # --- telemetry ------------------------------------------------------------------------------
 
     def snapshot(self, window_s: float | None = None) -> EmulatedSample:
@@ -682,25 +431,27 @@ class EmulatedDevice(Device):
         now = self._clock()
         ts_s = self._wall()
         with self._lock:
-            self._advance(now)
-            window = self._window(now - length, now)
+            timeline = self._timeline
+            timeline.advance(now)
             locked = self._locked_sm_mhz
-            energy_mj = int(self._energy_j * 1000.0)
+            idle_mhz = locked[0] if locked else self._clocks[0]
+            window = timeline.window(now - length, now, idle_mhz)
+            energy_mj = int(timeline.energy_j * 1000.0)
             counters = {
                 "uptime_s": now - self._opened,
-                "busy_s_total": self._busy_s,
-                "sm_active_s_total": self._sm_s,
-                "sm_occupancy_s_total": self._occ_s,
-                "tensor_active_s_total": self._tensor_s,
-                "dram_active_s_total": self._dram_s,
-                "mem_active_s_total": self._mem_s,
+                "busy_s_total": timeline.busy_s,
+                "sm_active_s_total": timeline.sm_s,
+                "sm_occupancy_s_total": timeline.occ_s,
+                "tensor_active_s_total": timeline.tensor_s,
+                "dram_active_s_total": timeline.dram_s,
+                "mem_active_s_total": timeline.mem_s,
                 "iterations_total": self._iterations,
                 "paced_iterations_total": self._paced,
                 "lagged_iterations_total": self._lagged,
                 "lag_s_total": self._lag_s,
                 "modeled_s_total": self._modeled_s,
             }
-            temperature = self._temp_c
+            temperature = timeline.temp_c
             limit = self._limit_w
             used = self._weight_bytes + self._kv_bytes_in_use + _CONTEXT_BYTES
         return EmulatedSample(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
+from serving.devices.emulated_timeline import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
 from serving.devices.gpu_model import CONTEXT_BYTES, gap_energy_j, gap_sm_clock_mhz
 from serving.devices.gpu_specs import GpuSpec, gpu_spec
 from serving.sim.simulator import Busy, Replica, SimResult

@@ -27,7 +27,7 @@ from serving.devices import (
     open_device,
     predict_iteration,
 )
-from serving.devices.emulated import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
+from serving.devices.emulated_timeline import CLOCK_EVENT_GPU_IDLE, CLOCK_EVENT_SW_POWER_CAP
 from serving.devices.gpu_model import DEFAULT_CONSTANTS, gap_energy_j, gap_power_w
 
 LLAMA_8B = preset("llama-3.1-8b")
@@ -462,7 +462,7 @@ def test_gap_power_in_window_means_decays_to_idle(fake: FakeTime) -> None:
     dev = device(fake, "h200")
     run(dev, fake, decode(32))
     for since in (0.05, 0.5, 1.5, 4.0):
-        fake.advance(since - (fake.now - dev._history[-1].end))
+        fake.advance(since - (fake.now - dev._timeline.history[-1].end))
         w = dev.snapshot(window_s=0.001)
         assert w.power_w == pytest.approx(gap_power_w("h200", since - 0.0005), rel=1e-3)
     assert 120 <= gap_power_w("h200", 0.05) <= 160 and gap_power_w("h200", 30.0) == pytest.approx(75.0)
@@ -764,7 +764,7 @@ def test_fp8_emulation_models_fp8_work_and_says_unvalidated(fake: FakeTime) -> N
     """``dtype="fp8"``: each iteration is the GPU model's fp8 estimate (one byte per weight and KV
     element, the dense FP8 peak), the memory in use holds fp8 weights, and the name, the counters and
     the label carry the dtype and the unvalidated note that the store and analytics read."""
-    from serving.devices.emulated import emulated_device_label
+    from serving.devices.emulated_label import emulated_device_label
     from serving.devices.gpu_specs import dtype_of_name, gpu_spec_for_name
 
     bf16, fp8 = device(fake, "h200"), device(fake, "h200", dtype="fp8")
