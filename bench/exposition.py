@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest import dcgm_page  # noqa: E402
+from bench.ingest_rows import dcgm_page  # noqa: E402
 from collector.captures import CAPTURES_DIR  # noqa: E402
 from collector.sources.base import SourceResult  # noqa: E402
 from collector.sources.exposition import _library_samples, parse_exposition  # noqa: E402
