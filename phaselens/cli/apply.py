@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from phaselens.cli.data_access import api_error_message, open_store_file
+
 TOKEN_HELP = (
     "the control token (default $PHASELENS_CONTROL_TOKEN; `phaselens demo` prints it): the stack's with --db, "
     "the collector's otherwise"
@@ -100,19 +102,9 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _open_store(db: str) -> Any:
-    from collector.store import Store, StoreError, StoreLockedError
     from phaselens.apply.plan import ApplyError
 
-    if not os.path.isfile(db):
-        raise ApplyError(f"--db {db}: no such store file")
-    try:
-        return Store.open(db)
-    except StoreLockedError as e:
-        raise ApplyError(
-            f"{e}; a running collector holds it: drop --db to apply through the collector"
-        ) from e
-    except StoreError as e:
-        raise ApplyError(str(e)) from e
+    return open_store_file(db, ApplyError, "drop --db to apply through the collector")
 
 
 def _options(args: argparse.Namespace, **kw: Any) -> Any:
@@ -200,7 +192,7 @@ def _apply_through(args: argparse.Namespace, token: str) -> dict[str, Any]:
         ) as c:
             r = c.post(f"/api/v1/recommendations/{args.recommendation_id}/apply", json=body)
             if r.status_code != 202:
-                raise ApplyError(f"{base} answered {r.status_code}: {_message(r)}")
+                raise ApplyError(f"{base} answered {r.status_code}: {api_error_message(r)}")
             summary = r.json()
             say(summary["plan"])
             if not args.execute:
@@ -233,13 +225,6 @@ def _follow(c: Any, rec_id: str, summary: dict[str, Any], say: Any) -> dict[str,
             )
             return last
         time.sleep(0.5)
-
-
-def _message(r: Any) -> str:
-    try:
-        return str(r.json().get("error", {}).get("message", r.text[:300]))
-    except ValueError:
-        return r.text[:300]
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -275,7 +260,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             except httpx.HTTPError as e:
                 raise ApplyError(f"cannot reach the collector at {base} ({e}); or pass --db FILE") from e
             if r.status_code != 200:
-                raise ApplyError(f"{base} answered {r.status_code}: {_message(r)}")
+                raise ApplyError(f"{base} answered {r.status_code}: {api_error_message(r)}")
             out = r.json()
     except ApplyError as e:
         return _fail("rollback", str(e))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from phaselens.cli.data_access import control_headers, open_store_file
 from phaselens.export import (
     FORMATS,
     ExportError,
@@ -160,18 +161,9 @@ def _recommendation(args: Any) -> dict[str, Any]:
 def _recommendation_from_file(db: str, rid: str) -> dict[str, Any]:
     import json
 
-    from collector.store import Store, StoreError, StoreLockedError
+    from collector.store import StoreError
 
-    if not Path(db).is_file():
-        raise ExportError(f"--db {db}: no such store file")
-    try:
-        store = Store.open(db, read_only=True)
-    except StoreLockedError as e:
-        raise ExportError(
-            f"{e}; a running collector holds it: drop --db to read it through the collector"
-        ) from e
-    except StoreError as e:
-        raise ExportError(str(e)) from e
+    store = open_store_file(db, ExportError, "drop --db to read it through the collector", read_only=True)
     try:
         with store.reader() as cur:
             cur.execute("SELECT * FROM recommendations WHERE recommendation_id = ?", [rid])
@@ -196,8 +188,7 @@ def _recommendation_from_file(db: str, rid: str) -> dict[str, Any]:
 def _recommendation_through(url: str, rid: str, token: str | None) -> dict[str, Any]:
     import httpx
 
-    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = control_headers(token)
     base = url.rstrip("/")
     where = f"{base}/api/v1/recommendations/{rid}"
     try:

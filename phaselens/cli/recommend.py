@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.recommend.text import format_recommendation
+from phaselens.cli.data_access import api_error_message, control_headers, open_store_file
 
 
 def add_recommend_command(sub: Any) -> None:
@@ -226,8 +227,7 @@ def _through(url: str, body: dict[str, Any], token: str | None) -> dict[str, Any
 
     from analytics.recommend.inputs import RecommendError
 
-    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = control_headers(token)
     base = url.rstrip("/")
     try:
         r = httpx.post(
@@ -241,17 +241,10 @@ def _through(url: str, body: dict[str, Any], token: str | None) -> dict[str, Any
             f"cannot reach the collector at {base} ({e}); pass --db FILE, or drop --collector"
         ) from e
     if r.status_code == 400:
-        raise RecommendError(_message(r))
+        raise RecommendError(api_error_message(r))
     if r.status_code != 200:
-        raise _StoreFailed(f"{base}/api/v1/recommendations answered {r.status_code}: {_message(r)}")
+        raise _StoreFailed(f"{base}/api/v1/recommendations answered {r.status_code}: {api_error_message(r)}")
     return r.json()
-
-
-def _message(r: Any) -> str:
-    try:
-        return str(r.json().get("error", {}).get("message", r.text[:300]))
-    except ValueError:
-        return r.text[:300]
 
 
 _TRACE_FLAGS = ("trace", "poisson", "duration", "num_requests", "limit")
@@ -351,17 +344,9 @@ def format_window(row: dict[str, Any]) -> str:
 
 def _window_on_file(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     from analytics.recommend.search import SearchOptions
-    from collector.store import Store, StoreError, StoreLockedError
     from phaselens.recommend_window import recommend_window
 
-    if not Path(args.db).is_file():
-        raise _StoreFailed(f"--db {args.db}: no such store file")
-    try:
-        store = Store.open(args.db)
-    except StoreLockedError as e:
-        raise _StoreFailed(f"{e}; a running collector holds it: use --collector URL") from e
-    except StoreError as e:
-        raise _StoreFailed(str(e)) from e
+    store = open_store_file(args.db, _StoreFailed, "use --collector URL")
     try:
         return recommend_window(
             store,

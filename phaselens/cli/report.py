@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.report_limits import ReportLimits, size_text
+from phaselens.cli.data_access import api_error_message, control_headers, open_store_file
 from phaselens.reports import Report, ReportError, build_report, save_report, standalone_html
 
 
@@ -91,18 +92,7 @@ def _out_path_problem(path: str) -> str | None:
 
 
 def _report_on_file(db: str, params: dict[str, Any]) -> Report:
-    from collector.store import Store, StoreError, StoreLockedError
-
-    if not Path(db).is_file():  # a report on a store that does not exist would create an empty one
-        raise ReportError(f"--db {db}: no such store file")
-    try:
-        store = Store.open(db)
-    except StoreLockedError as e:
-        raise ReportError(
-            f"{e}; a running collector holds it: drop --db to have the collector make the report"
-        ) from e
-    except StoreError as e:
-        raise ReportError(str(e)) from e
+    store = open_store_file(db, ReportError, "drop --db to have the collector make the report")
     try:
         with store.reader() as cur:
             report = build_report(cur, params)
@@ -130,24 +120,22 @@ def _hostname() -> str:
 def _report_through(
     url: str, params: dict[str, Any], token: str | None, *, want_page: bool
 ) -> tuple[dict[str, Any], str | None, Any]:
-    import os
 
     import httpx
 
-    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = control_headers(token)
     base = url.rstrip("/")
     try:
         with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
             r = c.post("/api/v1/reports", json=params)
             if r.status_code in (401, 403):
                 raise ReportError(
-                    f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}. Pass the collector's "
+                    f"{base}/api/v1/reports answered {r.status_code}: {api_error_message(r)}. Pass the collector's "
                     "control token with --token TOKEN or $PHASELENS_CONTROL_TOKEN (`phaselens demo` prints "
                     "it as its 'control token')"
                 )
             if r.status_code != 200:
-                raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {_message(r)}")
+                raise ReportError(f"{base}/api/v1/reports answered {r.status_code}: {api_error_message(r)}")
             info = r.json()
             detail = c.get(f"/api/v1/reports/{info['report_id']}", params={"format": "json"}).json()
             page = c.get(f"/api/v1/reports/{info['report_id']}").text if want_page else None
@@ -157,11 +145,3 @@ def _report_through(
             "store no collector holds"
         ) from e
     return info, page, detail.get("summary")
-
-
-def _message(r: Any) -> str:
-    try:
-        err = r.json().get("error", {})
-        return str(err.get("message", r.text[:300]))
-    except ValueError:
-        return r.text[:300]

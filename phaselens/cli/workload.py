@@ -14,6 +14,7 @@ from typing import Any
 
 from analytics.text_tables import grid_lines
 from analytics.window import AnalyticsError, utc
+from phaselens.cli.data_access import api_error_message, control_headers, open_store_file
 
 
 class WorkloadError(Exception):
@@ -115,19 +116,11 @@ def _error(message: str) -> int:
 def _on_file(db: str, params: dict[str, Any], *, save: bool) -> dict[str, Any]:
     import socket
 
-    from collector.store import Store, StoreError, StoreLockedError
     from phaselens.workload_api import run_workload, save_workload
 
-    if not Path(db).is_file():
-        raise WorkloadError(f"--db {db}: no such store file")
-    try:
-        store = Store.open(db, read_only=not save)
-    except StoreLockedError as e:
-        raise WorkloadError(
-            f"{e}; a running collector holds it: drop --db to read it through the collector"
-        ) from e
-    except StoreError as e:
-        raise WorkloadError(str(e)) from e
+    store = open_store_file(
+        db, WorkloadError, "drop --db to read it through the collector", read_only=not save
+    )
     try:
         with store.reader() as cur:
             result = run_workload(cur, params)
@@ -142,8 +135,7 @@ def _through(url: str, params: dict[str, Any], token: str | None, *, save: bool)
     import httpx
 
     base = url.rstrip("/")
-    token = token or os.environ.get("PHASELENS_CONTROL_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = control_headers(token)
     try:
         with httpx.Client(base_url=base, timeout=httpx.Timeout(600.0, connect=5.0), headers=headers) as c:
             r = c.post("/api/v1/workload", json=params) if save else c.get("/api/v1/workload", params=params)
@@ -154,19 +146,12 @@ def _through(url: str, params: dict[str, Any], token: str | None, *, save: bool)
         ) from e
     if r.status_code in (401, 403):
         raise WorkloadError(
-            f"{base}/api/v1/workload answered {r.status_code}: {_message(r)}. --save needs the collector's "
+            f"{base}/api/v1/workload answered {r.status_code}: {api_error_message(r)}. --save needs the collector's "
             "control token: --token TOKEN or $PHASELENS_CONTROL_TOKEN"
         )
     if r.status_code != 200:
-        raise WorkloadError(f"{base}/api/v1/workload answered {r.status_code}: {_message(r)}")
+        raise WorkloadError(f"{base}/api/v1/workload answered {r.status_code}: {api_error_message(r)}")
     return r.json()
-
-
-def _message(r: Any) -> str:
-    try:
-        return str(r.json().get("error", {}).get("message", r.text[:300]))
-    except ValueError:
-        return r.text[:300]
 
 
 def _write_trace(result: dict[str, Any], path: Path) -> int:
