@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-# The power model's regressors: each fine state maps to one coefficient (W) (analytics/attribution.py
+# The power model's regressors: each fine state maps to one coefficient (W) (analytics/attribution_queries.py
 # maps them). Host-bound time shares the idle coefficient there.
 MODEL_TERMS: tuple[str, ...] = ("prefill", "decode", "idle")
 GPU_KEY = ("node", "source", "device", "index")
