@@ -79,7 +79,9 @@ def rejected(server: Server, worker: str) -> dict[str, int]:
 
 def complete(server: Server) -> dict:
     r = httpx.post(
-        f"{server.url}/v1/completions", json={"prompt": "the KV goes", "max_tokens": 6, "ignore_eos": True}, timeout=120
+        f"{server.url}/v1/completions",
+        json={"prompt": "the KV goes", "max_tokens": 6, "ignore_eos": True},
+        timeout=120,
     )
     assert r.status_code == 200, r.text
     return r.json()
@@ -177,7 +179,11 @@ class Flood:
 
 
 def post(server: Server, prompt: str) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": 4, "ignore_eos": True}, timeout=120)
+    return httpx.post(
+        f"{server.url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": 4, "ignore_eos": True},
+        timeout=120,
+    )
 
 
 def test_a_flood_of_connections_fails_new_hand_off_connections_visibly_not_established_ones() -> None:
