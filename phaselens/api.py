@@ -53,9 +53,10 @@ class _Closing:
         self._close()
 
 
-def create_service_app(collector: Collector) -> FastAPI:
+def create_service_app(collector: Collector, *, summary_warm: bool = True) -> FastAPI:
     """The service's app: the collector's, its reads, the analytics, the reports (scheduled as the
-    collector's settings say) and GET /metrics; everything runs for the app's lifetime."""
+    collector's settings say) and GET /metrics; everything runs for the app's lifetime.
+    ``summary_warm``: compute the newest scenario's Overview ahead (phaselens/summary_warm.py)."""
     settings = collector.settings
     scheduler = ReportScheduler(
         parse_schedules(list(settings.report_schedules)),
@@ -70,7 +71,7 @@ def create_service_app(collector: Collector) -> FastAPI:
     overviews = OverviewService(collector.store, lambda: collector.stats.imports, summaries)
     exporter = MetricsExporter(collector)
     # the newest scenario's Overview computed at start and after each import (phaselens/summary_warm.py)
-    warmer = SummaryWarmer(collector.store, lambda: collector.stats.imports, overviews)
+    warmer = SummaryWarmer(collector.store, lambda: collector.stats.imports, overviews, enabled=summary_warm)
     # started in this order after the writer, stopped in reverse before it
     collector.add_job(scheduler, health_key="reports")
     collector.add_job(exporter)

@@ -9,14 +9,19 @@ own caches (:class:`phaselens.overview.OverviewService`, which has the whole sum
 thread afterwards for the Bimodal page). A scenario's window never changes until the next import,
 which changes the caches' keys and starts a new warm-up: nothing stale is ever answered. A live
 window (it grows) is not computed ahead: the overview's rolling cache serves it as before.
+
+Off with ``phaselens collect --no-summary-warm`` or ``$PHASELENS_SUMMARY_WARM=off`` (:func:`warm_enabled`):
+the first page load computes the Overview instead. The tests' collectors run with it off (each start
+otherwise spends CPU on a summary nobody asks for); the tests of the warm-up turn it on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dashboard.url_state import scenario_duration_s, scenario_window
@@ -25,6 +30,22 @@ log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # how often the import count is looked at
 START_DELAY_S = 2.0  # the service's own start (its HTTP server) goes first
+ENV = "PHASELENS_SUMMARY_WARM"
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
+def warm_enabled(no_summary_warm: bool = False, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the service computes the Overview ahead: not with ``--no-summary-warm``, nor with
+    ``$PHASELENS_SUMMARY_WARM`` set to off (0, false, no); on when unset or on (1, true, yes).
+    ValueError naming the variable and the values allowed for anything else."""
+    if no_summary_warm:
+        return False
+    raw = (os.environ if env is None else env).get(ENV, "").strip().lower()
+    if raw in ("", *_ON):
+        return True
+    if raw in _OFF:
+        return False
+    raise ValueError(f"${ENV}={raw!r}: allowed: {', '.join(_ON)} (on) or {', '.join(_OFF)} (off)")
 
 
 def overview_params(con: Any) -> dict[str, str] | None:
@@ -52,7 +73,8 @@ def overview_params(con: Any) -> dict[str, str] | None:
 
 class SummaryWarmer:
     """A service job: at start and after each import, the newest scenario's Overview is computed
-    (once per import count) on a thread of its own; ``health()`` says what it did last."""
+    (once per import count) on a thread of its own; ``health()`` says what it did last. Not
+    ``enabled``: it never starts, and its health says ``off``."""
 
     def __init__(
         self,
@@ -61,6 +83,7 @@ class SummaryWarmer:
         overviews: Any,
         poll_s: float = POLL_S,
         start_delay_s: float = START_DELAY_S,
+        enabled: bool = True,
     ) -> None:
         self.store = store
         self._imports = imports
@@ -70,9 +93,12 @@ class SummaryWarmer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._done_for: int | None = None
-        self.last: dict[str, Any] = {"state": "not started"}
+        self.enabled = enabled
+        self.last: dict[str, Any] = {"state": "not started" if enabled else "off"}
 
     def start(self) -> None:
+        if not self.enabled:  # --no-summary-warm / $PHASELENS_SUMMARY_WARM=off
+            return
         self._thread = threading.Thread(target=self._run, daemon=True, name="summary-warm")
         self._thread.start()
 

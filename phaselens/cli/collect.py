@@ -167,6 +167,13 @@ def _add_collect_arguments(p: argparse.ArgumentParser) -> None:
 
     add_auto_apply_arguments(p)
     p.add_argument(
+        "--no-summary-warm",
+        action="store_true",
+        help="do not compute the newest scenario's Overview ahead, at start and after each import (the "
+        "first page load computes it instead; phaselens/summary_warm.py). Also off with "
+        "$PHASELENS_SUMMARY_WARM=off (0, false, no), as the tests' collectors run",
+    )
+    p.add_argument(
         "--power-guard-window-s",
         type=float,
         default=30.0,
@@ -271,11 +278,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from phaselens.api import create_service_app
     from phaselens.apply.policy import auto_apply_policy
     from phaselens.apply_api import enable_auto_apply, enable_power_guard
+    from phaselens.summary_warm import warm_enabled
 
     try:
         settings = collect_settings(args)
         policy = auto_apply_policy(args)
         guard_s = args.power_guard_window_s
+        summary_warm = warm_enabled(args.no_summary_warm)
         if guard_s != 0 and not (math.isfinite(guard_s) and 1 <= guard_s <= 3600):
             raise ValueError(f"--power-guard-window-s must be 0 (off) or in [1, 3600] s, got {guard_s:g}")
     except ValueError as e:
@@ -305,7 +314,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     )
     for note in collector.notes():
         print(f"phaselens collect: note: {note}", file=sys.stderr, flush=True)
-    app = create_service_app(collector)
+    app = create_service_app(collector, summary_warm=summary_warm)
     if guard_s and enable_power_guard(app, collector, guard_s) is not None:
         print(
             f"phaselens collect: runtime power guard on: every {guard_s:g} s over applied power recommendations",

@@ -50,6 +50,16 @@ def _wait(page, script: str, what: str, arg: object = None, timeout_s: float = 1
         ) from None
 
 
+def _new_context(browser: Any, **options: Any) -> Any:
+    """A browser context whose clicks, waits and page loads wait as long as ``_wait`` does: Playwright's
+    own 30 s (a click waits for its link to be actionable, a goto for the load event) ran out on a
+    loaded host while the dashboard's script runs took their time."""
+    context = browser.new_context(**options)
+    context.set_default_timeout(180_000)
+    context.set_default_navigation_timeout(180_000)
+    return context
+
+
 def dashboard_pages() -> list[tuple[str, str]]:
     """(file, title) of every page registered in dashboard/app.py's PAGES, read from its source (importing
     the app would run it), so pages added later are covered too."""
@@ -142,12 +152,15 @@ def test_every_page_renders_in_chromium(browser, demo: DemoRun, report: Report):
     pages = dashboard_pages()
     assert {"gpus.py", "reports.py", "health.py"} <= {file for file, _title in pages}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 2000})
+    context = _new_context(browser, viewport={"width": 1400, "height": 2000})
     try:
         page = context.new_page()
         # live data first: the emulated prefill and decode GPUs, charted as they are sampled
         page.goto(f"{demo.dashboard_url}/gpus")  # the Overview is the default page
         _wait(page, GPU_LINES_DRAWN, "the live GPUs' charts drawn with data", 4)
+        # the trust block is filled after the page's body (dashboard.page_trust.render_with_trust): the
+        # charts can be drawn while the run is still going, longest on a loaded host
+        _wait(page, SETTLED, "the live GPUs page: its script run finished")
         assert page.get_by_text("emulated", exact=True).count() == 1  # the page's trust label, once
         assert not _python_errors(page)
         page.wait_for_timeout(500)
@@ -156,6 +169,7 @@ def test_every_page_renders_in_chromium(browser, demo: DemoRun, report: Report):
         # the simulated fleet: 8 GPUs (4 TP groups), labelled simulated; its data set carries over
         page.goto(f"{demo.dashboard_url}/gpus?dataset={scenario['scenario_id']}")
         _wait(page, GPU_LINES_DRAWN, "the simulated fleet's 8 charts (one per metric) drawn", 8)
+        _wait(page, SETTLED, "the simulated fleet's GPUs page: its script run finished")
         assert page.get_by_text("simulated", exact=True).count() == 1
         page.wait_for_timeout(500)
         page.screenshot(path=str(ARTIFACTS / "sim-gpus.png"), full_page=True)
@@ -197,11 +211,12 @@ def test_the_overview_draws_its_bar_without_plotly(browser, demo: DemoRun):
     above the fold and no tile's value is cut short (issue 25: "1,218 toke…", the bar below the fold)."""
     scenario = demo.ensure_up().wait_for_scenario()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context = _new_context(browser, viewport={"width": 1280, "height": 800})
     try:
         page = context.new_page()
         page.goto(f"{demo.dashboard_url}/?dataset={scenario['scenario_id']}")
         _wait(page, OVERVIEW_DRAWN, "the Overview's tiles and GPU-time bar")
+        _wait(page, SETTLED, "the Overview's script run finished")  # its trust block is filled last
         segments = page.evaluate(BAR)
         assert sum(share for _k, share, *_ in segments) == pytest.approx(1.0, abs=1e-3)
         widths = {key: width for key, _s, _t, _title, width in segments}
@@ -245,7 +260,7 @@ def test_a_link_with_a_range_and_a_compare_opens_that_view(browser, demo: DemoRu
     sid = scenario["scenario_id"]
     dur = float(scenario["end_s"]) - float(scenario["start_s"])
     a, b = round(dur / 2, 1), round(dur, 1)
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    context = _new_context(browser, viewport={"width": 1400, "height": 1600})
     try:
         page = context.new_page()
         page.goto(f"{demo.dashboard_url}/?dataset={sid}&range={a:g}-{b:g}&compare=previous")
@@ -267,7 +282,7 @@ def test_a_report_renders_offline_in_chromium(browser, report: Report):
     page_file = report.path
     assert f"page {page_file}" in report.said
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(offline=True, viewport={"width": 1200, "height": 1600})
+    context = _new_context(browser, offline=True, viewport={"width": 1200, "height": 1600})
     try:
         outside: list[str] = []
 
@@ -337,7 +352,7 @@ def test_the_recommendations_page_shows_one_and_its_dry_run_plan(browser, demo: 
     assert done.returncode == 0, done.stderr
     rec = json.loads(done.stdout)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    context = _new_context(browser, viewport={"width": 1400, "height": 2400})
     try:
         page = context.new_page()
         page.goto(f"{demo.dashboard_url}/recommendations")
@@ -420,11 +435,12 @@ def test_the_gpus_page_of_a_64_gpu_fleet_in_chromium(browser, tmp_path):
         while not _answers(f"{base}/_stcore/health"):
             assert dash.poll() is None and time.monotonic() < deadline, "the dashboard did not start"
             time.sleep(0.3)
-        context = browser.new_context(viewport={"width": 1400, "height": 2600})
+        context = _new_context(browser, viewport={"width": 1400, "height": 2600})
         try:
             page = context.new_page()
             page.goto(f"{base}/gpus?dataset={sid}")
             _wait(page, GPU_PANELS_DRAWN, "the 64 GPUs' charts, one per metric", len(PANELS))
+            _wait(page, SETTLED, "the 64 GPUs page's script run finished")  # its trust block is filled last
             panels = page.evaluate(GPU_PANELS)
             titles = [t for t, *_ in panels]
             assert titles == [f"{p.title}, {p.unit}" for p in PANELS], titles
@@ -510,7 +526,7 @@ def test_the_power_page_draws_the_curves_and_the_dry_run_plan(browser, demo: Dem
         while not _answers(f"{base}/_stcore/health"):
             assert dash.poll() is None and time.monotonic() < deadline, "the dashboard did not start"
             time.sleep(0.3)
-        context = browser.new_context(viewport={"width": 1400, "height": 2600})
+        context = _new_context(browser, viewport={"width": 1400, "height": 2600})
         try:
             page = context.new_page()
             page.goto(f"{base}/power")

@@ -18,6 +18,7 @@ import pytest
 from analytics.reads import run_summary
 from collector.store import Store
 from phaselens.summary_cache import SummaryCache
+from phaselens.summary_warm import ENV, warm_enabled
 from tests.collector.conftest import start_collector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,11 +164,15 @@ def _warm_state(url: str, imports: int, timeout_s: float = 120.0) -> dict:
     raise AssertionError(f"no warm-up of import count {imports} within {timeout_s:g} s: {got}")
 
 
-def test_the_newest_scenarios_overview_is_computed_at_start_and_after_each_import(scenario, tmp_path):
+def test_the_newest_scenarios_overview_is_computed_at_start_and_after_each_import(
+    scenario, tmp_path, monkeypatch
+):
     """The service computes the Overview the dashboard asks first (the newest scenario's whole span,
     its GPUs as the fleet size) before anyone asks: the page's request is answered with that result,
     equal to a fresh computation; a scenario merged later is computed in its turn."""
     from phaselens.overview import compute_overview
+
+    monkeypatch.setenv(ENV, "on")  # the tests' collectors run without it (tests/conftest.py)
 
     db, sid = scenario
     copy = tmp_path / "warm.duckdb"
@@ -198,3 +203,36 @@ def test_the_newest_scenarios_overview_is_computed_at_start_and_after_each_impor
         want = compute_overview(cur, {k: str(v) for k, v in page.items()}).overview
     got.pop("computed_at_s"), got.pop("compute_s")
     assert _norm(json.loads(json.dumps(got))) == _norm(json.loads(json.dumps(want)))
+
+
+def test_the_warm_up_is_off_with_the_flag_or_the_variable_and_a_bad_value_is_refused(
+    scenario, tmp_path, monkeypatch
+):
+    """--no-summary-warm (over $PHASELENS_SUMMARY_WARM=on) or the variable off: the service computes
+    nothing ahead (its /health says off) and the page's Overview is computed when asked; a value of
+    the variable that is neither on nor off stops `phaselens collect` with one naming it."""
+    assert warm_enabled(env={}) and warm_enabled(env={ENV: " ON "}) and warm_enabled(env={ENV: "1"})
+    assert not warm_enabled(env={ENV: "off"}) and not warm_enabled(env={ENV: "0"})
+    assert not warm_enabled(True, env={ENV: "on"})
+    with pytest.raises(ValueError, match=r"\$PHASELENS_SUMMARY_WARM='maybe': allowed: 1, on, true, yes"):
+        warm_enabled(env={ENV: "maybe"})
+
+    db, sid = scenario
+    copy = tmp_path / "cold.duckdb"
+    copy.write_bytes(db.read_bytes())
+    monkeypatch.setenv(ENV, "on")
+    proc, url = start_collector(copy, "--no-summary-warm")
+    try:
+        # "off" from the start (an enabled warm-up says "not started", then what it did)
+        assert httpx.get(f"{url}/health", timeout=30).json()["summary_warm"] == {"state": "off"}
+        asked_s = time.time()
+        got = httpx.get(f"{url}/api/v1/analytics/overview", params={"dataset": sid}, timeout=120).json()
+        assert got["computed_at_s"] >= asked_s  # computed for this request
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+    monkeypatch.setenv(ENV, "maybe")
+    cmd = [sys.executable, "-m", "phaselens.cli", "collect", "--db", str(copy), "--no-nvml", "--port", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and "$PHASELENS_SUMMARY_WARM='maybe': allowed" in done.stderr, done.stderr

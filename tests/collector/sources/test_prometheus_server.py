@@ -49,11 +49,12 @@ class RealProm:
     target: str  # host:port Prometheus scrapes
 
     def instant(self, query: str) -> list[dict]:
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": query}, timeout=5)
+        # a query's answer waits for a loaded host (Prometheus beside collectors on 2 cores)
+        r = httpx.get(f"{self.url}/api/v1/query", params={"query": query}, timeout=60)
         body = r.json()
         return body["data"]["result"] if body.get("status") == "success" else []
 
-    def wait_for(self, query: str, pred=lambda res: bool(res), timeout_s: float = 30.0) -> list[dict]:
+    def wait_for(self, query: str, pred=lambda res: bool(res), timeout_s: float = 120.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

@@ -178,14 +178,20 @@ def test_serving_stack_telemetry_and_devices_land(store: Store, ingest: Ingest) 
             server.url, poisson_trace(20, 4, prompt_tokens=32, output_tokens=8, seed=1), progress=False
         )
         assert report.n_ok == 4
-        time.sleep(1.0)  # the workers' last telemetry batches reach the router's ring
         telemetry = ServingTelemetrySource(server.url, node=NODE)
         devices = ServingDevicesSource(server.url, node=NODE)
-        for src in (telemetry, devices):
-            results = ingest(src)
-            rejected = store.query("SELECT * FROM ingest_errors WHERE kind = 'store_rejected'")
-            assert rejected.empty, rejected.to_dict("records")
-            assert src.health().status == "ok" and results[0].n_rows > 0
+        # the workers' last telemetry batches reach the router's ring a moment after the load (a fixed
+        # 1 s wait was not always enough on a loaded host): read on until the 4 requests are stored
+        deadline = time.monotonic() + 60
+        read = {telemetry: ingest(telemetry), devices: ingest(devices)}
+        while count(store, "SELECT count(*) FROM requests") < 4:
+            assert time.monotonic() < deadline, "the 4 requests' telemetry did not reach the router in 60 s"
+            time.sleep(0.1)
+            read[telemetry] += ingest(telemetry)
+        rejected = store.query("SELECT * FROM ingest_errors WHERE kind = 'store_rejected'")
+        assert rejected.empty, rejected.to_dict("records")
+        for src, results in read.items():
+            assert src.health().status == "ok" and sum(r.n_rows for r in results) > 0
     finally:
         stop_server(server)
     assert count(store, "SELECT count(*) FROM requests") == 4

@@ -62,15 +62,15 @@ def write_recs(db: Path, rows: list[dict[str, Any]]) -> None:
 
 
 @contextmanager
-def background_load(url: str, rate: float = 4.0) -> Iterator[None]:
-    """Poisson requests (short prompts, 16 output tokens) against ``url`` until the block ends."""
+def background_load(url: str, rate: float = 4.0, output_tokens: int = 16) -> Iterator[None]:
+    """Poisson requests (short prompts, ``output_tokens`` each) against ``url`` until the block ends."""
     stop = threading.Event()
 
     def loop() -> None:
         seed = 0
         while not stop.is_set():
             seed += 1
-            trace = poisson_trace(rate, 8, prompt_tokens=(32, 128), output_tokens=16, seed=seed)
+            trace = poisson_trace(rate, 8, prompt_tokens=(32, 128), output_tokens=output_tokens, seed=seed)
             run_load(url, trace, progress=False)
 
     t = threading.Thread(target=loop, daemon=True)
