@@ -143,6 +143,8 @@ def point_figures(
         "itl_p50_s": _ms(report.itl, "p50_ms"),
         "itl_p90_s": _ms(report.itl, "p90_ms"),
         "itl_p99_s": _ms(report.itl, "p99_ms"),
+        "e2e_p50_s": _ms(report.e2e, "p50_ms"),
+        "e2e_mean_s": _ms(report.e2e, "mean_ms"),
         "energy_j": role_e,
         "power_w": role_e / wall_s / len(role_workers) if role_e is not None and wall_s > 0 else None,
         "phase_tokens": phase_tokens,
