@@ -27,6 +27,9 @@ from phaselens.power.plan import (
 )
 from serving.devices.emulated import EmulatedDevice
 from serving.devices.gpu_specs import gpu_spec
+from serving.testing import Server
+
+from .conftest import TOKEN, at_defaults, knobs, reset_knobs
 
 LAYOUT = "1p1d:h200:gpu_memory_utilization=0.96"
 BOUND = 0.02  # 2 %: tight enough that the unbounded BAL goes past it on both roles
@@ -174,3 +177,27 @@ def test_bad_bound_and_refine_are_refused_naming_what_is_allowed(capsys: pytest.
     assert "--refine must be in [0, 10]" in capsys.readouterr().err
     with pytest.raises(CalibrateError, match="outside"):
         Bounds("x", 200, 700, 700, (345, 1980), "w").check(Setting(POWER_LIMIT, power_limit_w=150))
+
+
+def test_the_live_sweep_refines_within_the_emulated_devices_bounds_and_restores(
+    stack: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the live emulated 1P1D stack: with an e2e bound, one finer power limit is measured between
+    the top (700 W) and the one asked for, the knobs read back at the defaults, the e2e figures kept."""
+    reset_knobs(stack)
+    args = ["calibrate", "--url", stack.url, "--token", TOKEN, "--roles", "decode", "--knobs", "power_limit"]
+    args += ["--power-limits", "350", "--refine", "1", "--max-e2e-slowdown", "0.5", "--point-s", "1"]
+    args += ["--settle-s", "0", "--rate", "3", "--prompt-tokens", "64:128", "--output-tokens", "8:16"]
+    assert main([*args, "--execute", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["calibrations"]
+    labels = [p["setting"]["label"] for p in row["points"]]
+    assert labels == ["default", "cap 525 W", "cap 350 W", "default"]  # sweep order: top down
+    for p in row["points"]:
+        assert p["figures"]["e2e_mean_s"] is not None and p["figures"]["e2e_mean_s"] > 0
+    bounds = Bounds.from_knobs(knobs(stack, "worker-1"))
+    for p in row["points"]:
+        bounds.check(Setting.from_dict(p["setting"]))
+    assert out["restored"] and at_defaults(knobs(stack, "worker-1"))
+    assert main([*args]) == 0  # the dry run's plan says what the refinement may add
+    assert "then up to 1 finer settings per knob near its knee" in capsys.readouterr().out
