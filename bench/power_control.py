@@ -571,7 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         "--max-e2e-slowdown", type=float, default=0.05, help="the e2e bound of the bal-e2e variants (0.05)"
     )
     ap.add_argument(
-        "--grid", action="store_true", help="also run every combination of the two roles' swept settings"
+        "--grid",
+        action="store_true",
+        help="also run every combination of the two roles' swept settings (~600 simulations; on 2p2d H100 it ran out of memory here)",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
     a = ap.parse_args(argv)
