@@ -80,6 +80,12 @@ def add_calibrate_command(sub: Any) -> None:
     sweep.add_argument(
         "--clock-floor-mhz", type=int, default=None, help="lowest clock-window top (default: the lowest)"
     )
+    sweep.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        help="up to N finer settings per knob near each knee, within the bounds (0)",
+    )
     sweep.add_argument("--point-s", type=float, default=20.0, help="seconds of load per point (20)")
     sweep.add_argument("--settle-s", type=float, default=2.0, help="wait after a change, s (2)")
     sweep.add_argument("--max-minutes", type=float, default=30.0, help="bound on the whole sweep (30)")
@@ -118,6 +124,13 @@ def add_calibrate_command(sub: Any) -> None:
         "--slo-itl-ms", type=float, default=None, help="ITL p99 bound (default: reference × 1.25)"
     )
     pick.add_argument("--min-rise-pct", type=float, default=5.0, help="smallest latency rise that counts (5)")
+    pick.add_argument(
+        "--max-e2e-slowdown",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="bound the mean end-to-end latency rise (0.05: 5 %%; EFF twice it); the roles share it (none)",
+    )
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=cmd_calibrate)
 
@@ -135,6 +148,7 @@ def _options(args: argparse.Namespace) -> Any:
         slo_ttft_s=None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3,
         slo_itl_s=None if args.slo_itl_ms is None else args.slo_itl_ms / 1e3,
         min_rise_pct=args.min_rise_pct,
+        max_e2e_slowdown=args.max_e2e_slowdown,
     )
     o.check()
     return o
@@ -218,7 +232,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _simulated(args: argparse.Namespace, options: Any, say: Any) -> dict[str, Any]:
-    from phaselens.power.choose import choose_modes
+    from phaselens.power.choose import choose_across_roles, choose_modes
     from phaselens.power.plan import CalibrateError, plan_sweep
     from phaselens.power.records import calibration_row
     from phaselens.power.simulate import sim_bounds, sim_fingerprint, simulate_sweep
@@ -240,16 +254,18 @@ def _simulated(args: argparse.Namespace, options: Any, say: Any) -> dict[str, An
         point_s=args.point_s,
         settle_s=0.0,
         max_minutes=args.max_minutes,
+        refine=args.refine,
     )
     load = _load(args)
     say(f"simulated calibration of {args.simulate} ({args.model}) under {load.text()}:")
     say(plan.text())
     t0 = time.monotonic()
-    results = simulate_sweep(args.simulate, args.model, plan, load, on_note=say)
-    rows, analyses = [], {}
+    results = simulate_sweep(args.simulate, args.model, plan, load, on_note=say, options=options)
+    analyses = {r.role: choose_modes(results[r.role]["points"], r.phase, options) for r in plan.roles}
+    joint = choose_across_roles(analyses, options)
+    rows = []
     for r in plan.roles:
-        analysis = choose_modes(results[r.role]["points"], r.phase, options)
-        analyses[r.role] = analysis
+        analysis = analyses[r.role]
         rows.append(
             calibration_row(
                 node=socket.gethostname(),
@@ -266,7 +282,9 @@ def _simulated(args: argparse.Namespace, options: Any, say: Any) -> dict[str, An
             )
         )
         say(choice_text(r.role, analysis))
-    out: dict[str, Any] = {"simulated": True, "plan": plan.text(), "calibrations": rows}
+    if joint:
+        say(joint_text(joint))
+    out: dict[str, Any] = {"simulated": True, "plan": plan.text(), "calibrations": rows, "e2e_budget": joint}
     if args.db:
         out["recommendation"] = _store_simulated(args, rows, say)
     return out
@@ -315,6 +333,18 @@ def bounds_dict(b: Any) -> dict[str, Any]:
     }
 
 
+def joint_text(joint: dict[str, Any]) -> str:
+    """The roles' settings chosen together under the end-to-end bound, per mode, in words."""
+    lines = ["end-to-end bound (the roles' e2e rises add up), settings chosen together:"]
+    for mode, j in joint.items():
+        settings = ", ".join(f"{role} {label}" for role, label in j["settings"].items())
+        lines.append(
+            f"  {mode.upper():<4} {settings}: e2e mean {j['e2e_change_pct']:+.1f} % (bound +{j['bound_pct']:g} %), "
+            f"{j['energy_saved_j']:.0f} J saved"
+        )
+    return "\n".join(lines)
+
+
 def choice_text(role: str, analysis: dict[str, Any]) -> str:
     """The cliff and the mode choices of one role, in words."""
     lines = [
@@ -330,8 +360,12 @@ def choice_text(role: str, analysis: dict[str, Any]) -> str:
             lines.append(f"  {mode.upper():<4} keep the defaults: {m['reason']}")
         else:
             lat = [v for v in m["latency_change_pct"].values() if v is not None]
+            e2e = m.get("e2e_change_pct")
             lines.append(
                 f"  {mode.upper():<4} {m['setting']['label']:<20} tokens/J {m['tokens_per_j_gain_pct']:+.1f} %, "
                 f"power {m['power_w_change']:+.0f} W/GPU, latency {max(lat) if lat else 0:+.1f} % (worst of p50/p99)"
+                + ("" if e2e is None else f", e2e mean {e2e:+.1f} %")
             )
+        if (m.get("budget") or {}).get("instead_of"):
+            lines.append(f"       (instead of {m['budget']['instead_of']}: the roles share the e2e bound)")
     return "\n".join(lines)

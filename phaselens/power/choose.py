@@ -17,15 +17,23 @@ output tokens for decode and mixed).
   latency within the threshold, p50 and p99); **BAL** takes the best tokens/J of the accepted;
   **EFF** the best tokens/J within a looser bound (ε × ``eff_eps_factor``, SLO ×
   ``eff_slo_factor``). The defaults are always a candidate: when nothing beats them, keep them.
+- **End-to-end bound** (``max_e2e_slowdown``, a fraction; None: none): where the user gives one, a
+  setting whose mean end-to-end latency (``e2e_mean_s``: arrival to last token) rises over the
+  reference's by more than it is refused too, with the rise and the bound as its reason — in PERF and
+  BAL at the bound, in EFF at ``eff_eps_factor`` × the bound (EFF's looser bound, as for ε). A request
+  passes through every pool of a disaggregated layout, so the roles' rises add up:
+  :func:`choose_across_roles` then picks, per mode, the settings of all roles together — the most
+  joules saved whose e2e rises sum within the bound — and records what it gave up and why.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.power.plan import DEFAULT, KNOBS, Setting
+from phaselens.power.plan import DEFAULT, KNOBS, Setting, knob_value
 
 MODES = ("perf", "bal", "eff")
 LATENCY_KEYS = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
@@ -42,6 +50,13 @@ class ChooseOptions:
     min_rise_pct: float = 5.0
     eff_eps_factor: float = 2.0
     eff_slo_factor: float = 1.5
+    max_e2e_slowdown: float | None = None
+
+    def e2e_bound_pct(self, mode: str) -> float | None:
+        """The mode's bound on the mean end-to-end latency rise, in % (None: no bound)."""
+        if self.max_e2e_slowdown is None:
+            return None
+        return self.max_e2e_slowdown * 100.0 * (self.eff_eps_factor if mode == "eff" else 1.0)
 
     def check(self) -> None:
         from phaselens.power.plan import CalibrateError
@@ -54,6 +69,11 @@ class ChooseOptions:
                 raise CalibrateError(f"{name} must be a number > 0, got {v!r}")
         if not 0 <= self.min_rise_pct <= 100:
             raise CalibrateError(f"--min-rise-pct must be in [0, 100], got {self.min_rise_pct:g}")
+        m = self.max_e2e_slowdown
+        if m is not None and not (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1):
+            raise CalibrateError(
+                f"--max-e2e-slowdown must be a fraction in [0, 1) (0.05: 5 % slower end to end), got {m!r}"
+            )
 
 
 def _num(v: Any) -> float | None:
@@ -144,10 +164,20 @@ def slo_of(ref: dict[str, Any], o: ChooseOptions) -> dict[str, float | None]:
     return {"ttft_p99_s": derive(o.slo_ttft_s, "ttft_p99_s"), "itl_p99_s": derive(o.slo_itl_s, "itl_p99_s")}
 
 
+def e2e_rise_pct(figures: dict[str, Any], ref: dict[str, Any]) -> float | None:
+    """The mean end-to-end latency's rise over the reference's, % (None where either lacks it)."""
+    return _rise_pct(figures.get("e2e_mean_s"), ref.get("e2e_mean_s"))
+
+
 def _why_not(
-    f: dict[str, Any], ref: dict[str, Any], eps: float, slo: dict[str, float | None], factor: float
+    f: dict[str, Any],
+    ref: dict[str, Any],
+    eps: float,
+    slo: dict[str, float | None],
+    factor: float,
+    e2e_bound_pct: float | None = None,
 ) -> str | None:
-    """Why a point is not accepted under (ε, SLO × factor), else None."""
+    """Why a point is not accepted under (ε, SLO × factor, the end-to-end bound), else None."""
     tput, rtput = _num(f.get("output_tokens_per_s")), _num(ref.get("output_tokens_per_s"))
     if f.get("failed"):
         return f"{f['failed']} requests failed"
@@ -157,6 +187,12 @@ def _why_not(
         v = _num(f.get(key))
         if bound is not None and (v is None or v > bound * factor):
             return f"{key} {v if v is not None else float('nan'):.4g} s over {bound * factor:.4g} s"
+    if e2e_bound_pct is not None:
+        rise = e2e_rise_pct(f, ref)
+        if rise is None:
+            return "no end-to-end latency measured to hold to the e2e bound"
+        if rise > e2e_bound_pct:
+            return f"e2e mean latency +{rise:.1f} % over the bound +{e2e_bound_pct:g} %"
     return None
 
 
@@ -168,7 +204,6 @@ def choose_modes(
     threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct)
     slo = slo_of(ref, options)
     ref_tpj = _num(ref.get("tokens_per_j"))
-    ref_power = _num(ref.get("power_w"))
     rated = []
     for p in points:
         if p["setting"].get("knob", DEFAULT) == DEFAULT:
@@ -191,11 +226,11 @@ def choose_modes(
     for mode in MODES:
         eps = options.eps * (options.eff_eps_factor if mode == "eff" else 1.0)
         factor = options.eff_slo_factor if mode == "eff" else 1.0
-        best: tuple[float, dict[str, Any]] | None = None
+        accepted: list[dict[str, Any]] = []
         rejected = []
         for p, rise, p99_rise in rated:
             f = p["figures"]
-            why = _why_not(f, ref, eps, slo, factor)
+            why = _why_not(f, ref, eps, slo, factor, options.e2e_bound_pct(mode))
             if why is None and mode == "perf" and ((rise or 0) > threshold or (p99_rise or 0) > threshold):
                 why = f"slower: phase latency +{max(rise or 0, p99_rise or 0):.1f} % (threshold {threshold:.1f} %)"
             tpj = _num(f.get("tokens_per_j"))
@@ -204,37 +239,14 @@ def choose_modes(
             if why is not None:
                 rejected.append({"setting": p["setting"]["label"], "why": why})
                 continue
-            assert tpj is not None
-            if best is None or tpj > best[0]:
-                best = (tpj, p)
-        if best is None:
-            modes[mode] = {
-                "setting": Setting().as_dict(),
-                "knob": DEFAULT,
-                "keep_defaults": True,
-                "reason": "no setting beats the defaults within the bounds",
-                "rejected": rejected,
-            }
+            accepted.append(p)
+        if not accepted:
+            modes[mode] = keep_defaults_entry("no setting beats the defaults within the bounds", rejected)
             continue
-        tpj, p = best
-        f = p["figures"]
-        power = _num(f.get("power_w"))
-        modes[mode] = {
-            "setting": p["setting"],
-            "knob": p["setting"]["knob"],
-            "keep_defaults": False,
-            "figures": f,
-            "tokens_per_j_gain_pct": round((tpj / ref_tpj - 1) * 100, 2) if ref_tpj else None,
-            "power_w_change": round(power - ref_power, 2)
-            if power is not None and ref_power is not None
-            else None,
-            "latency_change_pct": {
-                k: None if (r := _rise_pct(f.get(k), ref.get(k))) is None else round(r, 2)
-                for k in LATENCY_KEYS
-            },
-            "throughput_change_pct": _rise_pct(f.get("output_tokens_per_s"), ref.get("output_tokens_per_s")),
-            "rejected": rejected,
-        }
+        best = max(accepted, key=lambda p: p["figures"]["tokens_per_j"])
+        modes[mode] = mode_entry(best, ref, rejected)
+        if options.max_e2e_slowdown is not None:  # what choose_across_roles may trade between roles
+            modes[mode]["accepted"] = [_candidate(p, ref) for p in accepted]
     return {
         "reference": ref,
         "noise_pct": round(noise, 2),
@@ -247,14 +259,170 @@ def choose_modes(
             "eff_eps": options.eps * options.eff_eps_factor,
             "eff_slo_factor": options.eff_slo_factor,
             "min_rise_pct": options.min_rise_pct,
+            "max_e2e_slowdown": options.max_e2e_slowdown,
         },
     }
+
+
+def keep_defaults_entry(reason: str, rejected: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mode that keeps the defaults, and why."""
+    return {
+        "setting": Setting().as_dict(),
+        "knob": DEFAULT,
+        "keep_defaults": True,
+        "reason": reason,
+        "rejected": rejected,
+    }
+
+
+def mode_entry(p: dict[str, Any], ref: dict[str, Any], rejected: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mode that takes point ``p``: its setting, figures and changes against the reference."""
+    f = p["figures"]
+    tpj, ref_tpj = _num(f.get("tokens_per_j")), _num(ref.get("tokens_per_j"))
+    power, ref_power = _num(f.get("power_w")), _num(ref.get("power_w"))
+    return {
+        "setting": p["setting"],
+        "knob": p["setting"]["knob"],
+        "keep_defaults": False,
+        "figures": f,
+        "tokens_per_j_gain_pct": round((tpj / ref_tpj - 1) * 100, 2) if tpj and ref_tpj else None,
+        "power_w_change": round(power - ref_power, 2)
+        if power is not None and ref_power is not None
+        else None,
+        "latency_change_pct": {
+            k: None if (r := _rise_pct(f.get(k), ref.get(k))) is None else round(r, 2) for k in LATENCY_KEYS
+        },
+        "throughput_change_pct": _rise_pct(f.get("output_tokens_per_s"), ref.get("output_tokens_per_s")),
+        "e2e_change_pct": None if (e2e := e2e_rise_pct(f, ref)) is None else round(e2e, 2),
+        "rejected": rejected,
+    }
+
+
+def energy_saved_j(figures: dict[str, Any], ref: dict[str, Any]) -> float:
+    """The role's joules saved against the reference for the same phase tokens (its tokens/J gain in J)."""
+    tokens = _num(ref.get("phase_tokens"))
+    tpj, ref_tpj = _num(figures.get("tokens_per_j")), _num(ref.get("tokens_per_j"))
+    if tokens and tpj and ref_tpj:
+        return tokens / ref_tpj - tokens / tpj
+    e, ref_e = _num(figures.get("energy_j")), _num(ref.get("energy_j"))
+    return ref_e - e if e is not None and ref_e is not None else 0.0
+
+
+def _candidate(p: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "point": p,
+        "e2e_change_pct": e2e_rise_pct(p["figures"], ref),
+        "energy_saved_j": energy_saved_j(p["figures"], ref),
+    }
+
+
+def choose_across_roles(analyses: dict[str, dict[str, Any]], options: ChooseOptions) -> dict[str, Any]:
+    """Hold the roles' settings together to the end-to-end bound (``options.max_e2e_slowdown``).
+
+    A request passes through every role of a disaggregated layout, so the e2e rises of the roles'
+    settings add up. Per mode, over each role's accepted settings (and its defaults), take the
+    combination that saves the most joules (the fleet's tokens/J: the same tokens) whose rises sum
+    within the mode's bound (ties: the smaller rise); a role whose own best no longer fits takes the
+    combination's setting, its mode entry saying which it gave up and why (``budget``). Edits
+    ``analyses`` in place (each role's ``choose_modes`` output) and returns, per mode, the
+    combination's predicted e2e rise, joules saved and settings. Without a bound: nothing changes."""
+    out: dict[str, Any] = {}
+    if options.max_e2e_slowdown is None or not analyses:
+        return out
+    roles = list(analyses)
+    for mode in MODES:
+        bound = options.e2e_bound_pct(mode)
+        assert bound is not None
+        per_role = []
+        for role in roles:
+            m = analyses[role]["modes"][mode]
+            keep = {"point": None, "e2e_change_pct": 0.0, "energy_saved_j": 0.0}
+            per_role.append([keep, *m.get("accepted", [])])
+        best: tuple[float, float, tuple[dict[str, Any], ...]] | None = None
+        for combo in itertools.product(*per_role):
+            rise = sum(max(0.0, c["e2e_change_pct"] or 0.0) for c in combo)
+            if rise > bound + 1e-9:
+                continue
+            saved = sum(c["energy_saved_j"] for c in combo)
+            if best is None or (saved, -rise) > (best[0], -best[1]):
+                best = (saved, rise, combo)
+        assert best is not None  # the defaults everywhere always fit
+        saved, rise, combo = best
+        for role, c in zip(roles, combo, strict=True):
+            analysis, m = analyses[role], analyses[role]["modes"][mode]
+            own = m["setting"]["label"]
+            chosen = c["point"]["setting"]["label"] if c["point"] else Setting().label()
+            budget = {
+                "bound_pct": bound,
+                "roles_rise_pct": round(rise, 2),
+                "this_role_rise_pct": round(max(0.0, c["e2e_change_pct"] or 0.0), 2),
+            }
+            if chosen != own:
+                why = (
+                    f"{own} alone is within the bound, but with the other roles' settings the e2e rises "
+                    f"would sum over +{bound:g} %: {chosen} saves the most joules together (+{rise:.1f} %)"
+                )
+                rejected = [*m["rejected"], {"setting": own, "why": why}]
+                if c["point"] is None:
+                    new = keep_defaults_entry(why, rejected)
+                else:
+                    new = mode_entry(c["point"], analysis["reference"], rejected)
+                new["accepted"] = m.get("accepted", [])
+                budget["instead_of"] = own
+                analysis["modes"][mode] = m = new
+            m["budget"] = budget
+        out[mode] = {
+            "bound_pct": bound,
+            "e2e_change_pct": round(rise, 2),
+            "energy_saved_j": round(saved, 1),
+            "settings": {
+                r: (c["point"]["setting"]["label"] if c["point"] else "default")
+                for r, c in zip(roles, combo, strict=True)
+            },
+        }
+    return out
+
+
+def knee_brackets(
+    points: list[dict[str, Any]], phase: str, options: ChooseOptions
+) -> dict[str, list[tuple[Setting | None, Setting]]]:
+    """Per knob, where each mode's bounds are first crossed going down: (the last setting within them
+    — None: the knob's top —, the first past them). The sweep refines there (``--refine``): the best
+    setting within a bound lies just above where the bound is crossed. With an end-to-end bound also
+    (the top, the first setting swept): the roles share that bound (:func:`choose_across_roles`), so
+    settings that cost little latency are worth having too."""
+    ref, _ = reference_of(points, phase)
+    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct)
+    slo = slo_of(ref, options)
+    out: dict[str, list[tuple[Setting | None, Setting]]] = {}
+    for knob in KNOBS:
+        swept = [
+            (Setting.from_dict(p["setting"]), p["figures"])
+            for p in points
+            if p["setting"].get("knob") == knob
+        ]
+        swept.sort(key=lambda sf: -(knob_value(sf[0]) or 0))
+        if options.max_e2e_slowdown is not None and swept:
+            out.setdefault(knob, []).append((None, swept[0][0]))
+        for mode in ("bal", "eff", "perf"):
+            eps = options.eps * (options.eff_eps_factor if mode == "eff" else 1.0)
+            factor = options.eff_slo_factor if mode == "eff" else 1.0
+            above: Setting | None = None
+            for setting, f in swept:
+                refused = _why_not(f, ref, eps, slo, factor, options.e2e_bound_pct(mode)) is not None
+                if mode == "perf" and not refused:
+                    refused = (slowdown_pct(f, ref, phase) or 0) > threshold
+                if refused:
+                    if (above, setting) not in out.setdefault(knob, []):
+                        out[knob].append((above, setting))
+                    break
+                above = setting
+    return out
 
 
 def beyond_loosest(figures: dict[str, Any], ref: dict[str, Any], phase: str, options: ChooseOptions) -> bool:
     """True when a point is past every mode's bound (EFF's): going further down the knob is pointless."""
     slo = slo_of(ref, options)
     eps = options.eps * options.eff_eps_factor
-    return _why_not(figures, ref, eps, slo, options.eff_slo_factor) is not None and (
-        (slowdown_pct(figures, ref, phase) or 0) > options.min_rise_pct
-    )
+    why = _why_not(figures, ref, eps, slo, options.eff_slo_factor, options.e2e_bound_pct("eff"))
+    return why is not None and ((slowdown_pct(figures, ref, phase) or 0) > options.min_rise_pct)

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from phaselens.apply.stack import StackClient, StackError
-from phaselens.power.choose import ChooseOptions, beyond_loosest
+from phaselens.power.choose import ChooseOptions, beyond_loosest, knee_brackets
 from phaselens.power.load import LoadSpec, steady_trace
-from phaselens.power.plan import DEFAULT, RolePlan, Setting, SweepPlan
+from phaselens.power.plan import DEFAULT, RolePlan, Setting, SweepPlan, order_points, refine_settings
 from serving.loadgen import LoadReport, run_load
 
 HOST_BOUND_SHARE = 0.05
@@ -143,6 +143,8 @@ def point_figures(
         "itl_p50_s": _ms(report.itl, "p50_ms"),
         "itl_p90_s": _ms(report.itl, "p90_ms"),
         "itl_p99_s": _ms(report.itl, "p99_ms"),
+        "e2e_p50_s": _ms(report.e2e, "p50_ms"),
+        "e2e_mean_s": _ms(report.e2e, "mean_ms"),
         "energy_j": role_e,
         "power_w": role_e / wall_s / len(role_workers) if role_e is not None and wall_s > 0 else None,
         "phase_tokens": phase_tokens,
@@ -205,9 +207,27 @@ class LiveSweep:
         self.results[role.role] = out
         first_ref: dict[str, Any] | None = None
         skip_knob: set[str] = set()
-        for i, setting in enumerate(role.settings):
-            last = i == len(role.settings) - 1
-            if setting.knob in skip_knob:
+        settings = list(role.settings)
+        refined_done = False
+        i = 0
+        while i < len(settings):
+            setting = settings[i]
+            last = i == len(settings) - 1
+            i += 1
+            if last and self.plan.refine and first_ref is not None and not refined_done:
+                # finer settings near each knee, before the closing reference (checked against the bounds)
+                refined_done = True
+                brackets = knee_brackets(out["points"], role.phase, self.options)
+                finer = refine_settings(role.bounds, brackets, self.plan.refine, settings)
+                if finer:
+                    self.on_note(
+                        f"{role.role}: refining near the knees: {', '.join(s.label() for s in finer)}"
+                    )
+                    settings[i - 1 : i - 1] = finer
+                    i -= 1
+                    continue
+            refined = setting not in role.settings  # never skipped, never skips its knob
+            if setting.knob in skip_knob and not refined:
                 continue
             # the next point takes as long as the slowest so far (its requests' tail included)
             if time.monotonic() + max([self.plan.point_s + self.plan.settle_s, *self._walls]) > deadline:
@@ -224,12 +244,14 @@ class LiveSweep:
             elif (
                 first_ref is not None
                 and not last
+                and not refined
                 and beyond_loosest(figures, first_ref, role.phase, self.options)
             ):
                 skip_knob.add(setting.knob)
                 self.on_note(
                     f"{role.role}: past every mode's bound at {setting.label()}; the rest of this knob is skipped"
                 )
+        out["points"] = order_points(out["points"])
         out["complete"] = True
 
     def _point(self, role: RolePlan, setting: Setting, trace: list[Any]) -> dict[str, Any]:

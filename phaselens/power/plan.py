@@ -7,7 +7,9 @@ the power-limit range and default, the supported SM clocks); :meth:`Bounds.check
 the device would refuse, before anything is tried, naming the bound. :func:`plan_sweep` makes the
 points per role (the reference — the defaults — first and last, so the two measure the noise; then
 power limits from the top down, then clock windows from the top down) and :func:`check_time`
-refuses a plan longer than ``--max-minutes``.
+refuses a plan longer than ``--max-minutes``. :func:`between` makes the finer settings a sweep adds
+near a knee (``--refine``): strictly between two swept settings, whole watts or supported clocks, each
+checked against the bounds.
 """
 
 from __future__ import annotations
@@ -192,6 +194,80 @@ def clock_points(b: Bounds, n: int, floor_mhz: int | None = None) -> list[Settin
     return [Setting(SM_CLOCK, sm_clock_min_mhz=low, sm_clock_max_mhz=f) for f in highs]
 
 
+def knob_value(s: Setting) -> float | None:
+    """How far a setting is down its knob: the power limit (W) or the window's top (MHz)."""
+    return s.power_limit_w if s.knob == POWER_LIMIT else s.sm_clock_max_mhz if s.knob == SM_CLOCK else None
+
+
+def between(b: Bounds, knob: str, above: Setting | None, below: Setting, n: int) -> list[Setting]:
+    """Up to ``n`` settings of ``knob`` strictly between ``above`` (None: the knob's top, the default)
+    and ``below``, evenly spaced, from the top down: whole watts, or windows ``[lowest, f]`` with
+    ``f`` a supported clock. Every one passes :meth:`Bounds.check` (CalibrateError otherwise: never a
+    setting the device would refuse)."""
+    if n < 1 or knob not in KNOBS or below.knob != knob:
+        return []
+    if knob == POWER_LIMIT:
+        if b.power_min_w is None or b.power_max_w is None:
+            return []
+        top = knob_value(above) if above is not None else (b.power_default_w or b.power_max_w)
+    else:
+        if not b.clocks_mhz:
+            return []
+        top = knob_value(above) if above is not None else b.clocks_mhz[-1]
+    bottom = knob_value(below)
+    if top is None or bottom is None or top - bottom <= 1:
+        return []
+    out: list[Setting] = []
+    for i in range(1, n + 1):
+        v = top - (top - bottom) * i / (n + 1)
+        if knob == POWER_LIMIT:
+            s = Setting(POWER_LIMIT, power_limit_w=float(round(v)))
+        else:
+            f = b.nearest_clock(v)
+            s = Setting(SM_CLOCK, sm_clock_min_mhz=b.clocks_mhz[0], sm_clock_max_mhz=f)
+        w = knob_value(s)
+        if w is not None and bottom < w < top and s not in out:
+            b.check(s)
+            out.append(s)
+    return out
+
+
+def refine_settings(
+    b: Bounds, brackets: dict[str, list[tuple[Setting | None, Setting]]], n: int, done: list[Setting]
+) -> list[Setting]:
+    """At most ``n`` settings per knob inside its brackets (:func:`phaselens.power.choose.knee_brackets`),
+    shared among them, none already swept (``done``); each checked against ``b``."""
+    out: list[Setting] = []
+    for knob, pairs in brackets.items():
+        if not pairs:
+            continue
+        each = max(1, n // len(pairs))
+        added: list[Setting] = []
+        for above, below in pairs:
+            for s in between(b, knob, above, below, each):
+                if len(added) < n and s not in done and s not in added:
+                    added.append(s)
+        out += added
+    return out
+
+
+def order_points(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A role's points in sweep order after refining: the references where they were (first, last), each
+    knob's points from the top down (the cliff is the first rise going down)."""
+    refs_first = []
+    for p in points:
+        if p["setting"].get("knob", DEFAULT) != DEFAULT:
+            break
+        refs_first.append(p)
+    rest = points[len(refs_first) :]
+    knobbed = [p for p in rest if p["setting"].get("knob", DEFAULT) != DEFAULT]
+    closing = [p for p in rest if p["setting"].get("knob", DEFAULT) == DEFAULT]
+    knobbed.sort(
+        key=lambda p: (KNOBS.index(p["setting"]["knob"]), -(knob_value(Setting.from_dict(p["setting"])) or 0))
+    )
+    return refs_first + knobbed + closing
+
+
 @dataclass(frozen=True, slots=True)
 class RolePlan:
     """The settings swept on one role's devices (the reference first and last)."""
@@ -215,10 +291,13 @@ class SweepPlan:
     settle_s: float
     max_minutes: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    refine: int = 0  # settings added near each knob's knee, per role and knob (at most)
 
     @property
     def points(self) -> int:
-        return sum(len(r.settings) for r in self.roles)
+        """The settings planned, and the most the refinement may add."""
+        refined = sum(self.refine * len({s.knob for s in r.settings} - {DEFAULT}) for r in self.roles)
+        return sum(len(r.settings) for r in self.roles) + refined
 
     @property
     def estimated_s(self) -> float:
@@ -239,6 +318,11 @@ class SweepPlan:
             )
             lines.append(f"  {r.role} ({', '.join(r.workers)}; bounds {power}, SM {clocks}):")
             lines.append("    " + ", ".join(s.label() for s in r.settings))
+        if self.refine:
+            lines.append(
+                f"  then up to {self.refine} finer settings per knob near its knee (between the last setting "
+                "within the bounds and the first past them), each checked against the bounds"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -254,6 +338,7 @@ def plan_sweep(
     point_s: float = 20.0,
     settle_s: float = 2.0,
     max_minutes: float = 30.0,
+    refine: int = 0,
 ) -> SweepPlan:
     """The sweep of ``roles`` (role → its workers and their bounds). Explicit ``power_limits_w`` /
     ``sm_clocks_mhz`` (window tops) replace the evenly spaced points; each is checked against the
@@ -267,6 +352,8 @@ def plan_sweep(
         raise CalibrateError(f"--point-s must be in [1, 3600] s, got {point_s:g}")
     if not 0 <= settle_s <= 60:
         raise CalibrateError(f"--settle-s must be in [0, 60] s, got {settle_s:g}")
+    if not 0 <= refine <= 10:
+        raise CalibrateError(f"--refine must be in [0, 10] settings per knob, got {refine}")
     if not 0 < max_minutes <= 24 * 60:
         raise CalibrateError(f"--max-minutes must be in (0, 1440], got {max_minutes:g}")
     if not roles:
@@ -296,7 +383,7 @@ def plan_sweep(
                 one.check(s)
         settings.append(REFERENCE)
         out.append(RolePlan(role, tuple(w for w, _ in workers), b, tuple(settings)))
-    plan = SweepPlan(tuple(out), point_s, settle_s, max_minutes)
+    plan = SweepPlan(tuple(out), point_s, settle_s, max_minutes, refine=refine)
     check_time(plan)
     return plan
 

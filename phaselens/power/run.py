@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phaselens.apply.stack import StackClient, StackError
-from phaselens.power.choose import ChooseOptions, choose_modes
+from phaselens.power.choose import ChooseOptions, choose_across_roles, choose_modes
 from phaselens.power.fingerprint import Fingerprint, of_worker
 from phaselens.power.live import LiveSweep, SweepInterrupted, interruptible
 from phaselens.power.load import LoadSpec
@@ -106,6 +106,7 @@ def live_calibrate(
             point_s=args.point_s,
             settle_s=args.settle_s,
             max_minutes=args.max_minutes,
+            refine=args.refine,
         )
         load = load_fn(args)
         say(f"calibration of {url} under {load.text()}:")
@@ -189,18 +190,23 @@ def _rows(
     duration: float,
     seen: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from phaselens.cli.calibrate import bounds_dict, choice_text
+    from phaselens.cli.calibrate import bounds_dict, choice_text, joint_text
 
-    rows, analyses = [], {}
+    options = _options_of(args)
+    analyses = {
+        r.role: choose_modes(res["points"], r.phase, options)
+        for r in plan.roles
+        if (res := results.get(r.role)) and res["points"] and res["complete"]
+    }
+    joint = choose_across_roles(analyses, options)
+    rows = []
     for r in plan.roles:
         res = results.get(r.role)
         if not res or not res["points"]:
             continue
-        analysis = None
-        if res["complete"]:
-            analysis = choose_modes(res["points"], r.phase, _options_of(args))
-            analyses[r.role] = analysis
-            print(choice_text(r.role, analysis), flush=True) if not args.json else None
+        analysis = analyses.get(r.role)
+        if analysis is not None and not args.json:
+            print(choice_text(r.role, analysis), flush=True)
         emulated = all((seen["knobs"][w] or {}).get("emulated") for w in r.workers)
         host_bound = any(p["figures"].get("host_bound") for p in res["points"])
         rows.append(
@@ -218,6 +224,8 @@ def _rows(
                 details={"load": load.describe(), "bounds": bounds_dict(r.bounds), "point_s": plan.point_s},
             )
         )
+    if joint and not args.json:
+        print(joint_text(joint), flush=True)
     return rows, analyses
 
 

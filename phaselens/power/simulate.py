@@ -12,9 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.power.choose import ChooseOptions, knee_brackets
 from phaselens.power.fingerprint import Fingerprint
 from phaselens.power.load import LoadSpec, steady_trace
-from phaselens.power.plan import Bounds, CalibrateError, RolePlan, Setting, SweepPlan
+from phaselens.power.plan import (
+    Bounds,
+    CalibrateError,
+    RolePlan,
+    Setting,
+    SweepPlan,
+    order_points,
+    refine_settings,
+)
 from serving.config import ConfigError, model_config_for
 from serving.devices.gpu_specs import gpu_spec
 from serving.sim.layout import LayoutError, check_layout, parse_layout
@@ -83,6 +92,8 @@ def sim_figures(result: Any, role: str, phase: str) -> dict[str, Any]:
     """A simulated point's figures, named as a live point's (phaselens.power.live.point_figures)."""
     s = summarize(result)
     role_e = _role_energy_j(result, role)
+    st = result.stats
+    e2e = np.frombuffer(st.finish_s, dtype=np.float64) - np.frombuffer(st.arrival_s, dtype=np.float64)
     gpus = sum(p.gpus for p in result.layout.pools if p.role == role)
     phase_tokens = s.input_tokens if phase == "prefill" else s.output_tokens
     duration = max(s.duration_s, 1e-9)
@@ -98,6 +109,8 @@ def sim_figures(result: Any, role: str, phase: str) -> dict[str, Any]:
         "ttft_p99_s": nan(s.ttft_p99_s),
         "itl_p50_s": nan(s.itl_p50_s),
         "itl_p99_s": nan(s.itl_p99_s),
+        "e2e_p50_s": nan(s.e2e_p50_s),
+        "e2e_mean_s": float(e2e.mean()) if len(e2e) else None,
         "energy_j": role_e,
         "power_w": role_e / duration / max(gpus, 1),
         "phase_tokens": phase_tokens,
@@ -116,10 +129,12 @@ def simulate_sweep(
     *,
     on_note: Callable[[str], None] | None = None,
     trace: list[Any] | None = None,
+    options: ChooseOptions | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every role's points, simulated (the reference is simulated once: the simulator has no noise).
     ``trace``: these requests at every point instead of ``load``'s steady trace (bench/power_control.py
-    calibrates on the conversation trace it then replays)."""
+    calibrates on the conversation trace it then replays). With ``plan.refine``, up to that many
+    finer settings per knob near each mode's knee under ``options`` (:func:`knee_brackets`)."""
     note = on_note or (lambda s: None)
     trace = list(trace) if trace is not None else steady_trace(load, plan.point_s)
     try:
@@ -128,24 +143,36 @@ def simulate_sweep(
         raise CalibrateError(f"--model: {e}") from e
     out: dict[str, dict[str, Any]] = {}
     for role in plan.roles:
-        points = []
-        ref: dict[str, Any] | None = None
-        for setting in _unique(role):
-            text = layout_text + setting.layout_options(role.role)
-            try:
-                result = Simulation(parse_layout(text), shape_cfg, trace, scenario="calibrate").run()
-            except (LayoutError, SimulationError) as e:
-                raise CalibrateError(f"simulating {text}: {e}") from e
-            figures = sim_figures(result, role.role, role.phase)
-            points.append({"setting": setting.as_dict(), "figures": figures})
-            if ref is None:
-                ref = figures
-            note(
-                f"{role.role}: {setting.label():<22} simulated: {figures['output_tokens_per_s']:.1f} tok/s, "
-                f"{figures['power_w']:.0f} W/GPU, {figures['tokens_per_j'] or 0:.3g} tok/J"
-            )
+        swept = _unique(role)
+        points = [_simulate_point(layout_text, shape_cfg, trace, role, s, note) for s in swept]
+        if plan.refine:
+            brackets = knee_brackets(points, role.phase, options or ChooseOptions())
+            finer = refine_settings(role.bounds, brackets, plan.refine, swept)
+            points += [_simulate_point(layout_text, shape_cfg, trace, role, s, note) for s in finer]
+            points = order_points(points)
         out[role.role] = {"points": points, "complete": True, "stopped": None, "workers": list(role.workers)}
     return out
+
+
+def _simulate_point(
+    layout_text: str,
+    shape_cfg: Any,
+    trace: list[Any],
+    role: RolePlan,
+    setting: Setting,
+    note: Callable[[str], None],
+) -> dict[str, Any]:
+    text = layout_text + setting.layout_options(role.role)
+    try:
+        result = Simulation(parse_layout(text), shape_cfg, trace, scenario="calibrate").run()
+    except (LayoutError, SimulationError) as e:
+        raise CalibrateError(f"simulating {text}: {e}") from e
+    figures = sim_figures(result, role.role, role.phase)
+    note(
+        f"{role.role}: {setting.label():<22} simulated: {figures['output_tokens_per_s']:.1f} tok/s, "
+        f"{figures['power_w']:.0f} W/GPU, {figures['tokens_per_j'] or 0:.3g} tok/J"
+    )
+    return {"setting": setting.as_dict(), "figures": figures}
 
 
 def _unique(role: RolePlan) -> list[Setting]:
