@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from serving.config import EngineConfig, SamplingParams
+from serving.decode_run import DecodeRun
 from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
@@ -463,6 +464,62 @@ class EngineCore:
         self.iterations += 1
         self._result = None
         return result
+
+    def decode_run(self, max_iters: int) -> DecodeRun | None:
+        """The next iterations, up to ``max_iters``, when at least two of them are plain decode steps
+        of the running sequences that a timing executor (token 0 for each) would run one by one:
+        nothing waiting or handed off pending, no sequence finishing (its length limit, a stop
+        token 0, a hand-off) or preempted, each recording its token times (``token_times``); None
+        otherwise. Nothing is changed until :meth:`commit_decode_run`."""
+        s = self.scheduler
+        if self._pending_imports or self._unstamped_imports or s.waiting:
+            return None
+        k = max_iters
+        context = 0
+        for seq in s.running:
+            n = len(seq.token_ids)
+            if seq.handoff or seq.token_times is None or 0 in seq.stop_ids:
+                return None
+            left = seq.max_len - n - 1  # iterations before the one whose token ends it
+            if left < k:
+                k = left
+            context += n
+        if k < 2:
+            return None
+        k, grows = s.decode_run(k)
+        if k < 2:
+            return None
+        seqs = list(s.running)
+        b = len(seqs)
+        # each iteration: b decode steps attending their contexts, one token longer each time
+        works = [
+            _new_tuple(IterationTally, ("decode", 0, b, c, b, c, b))
+            for c in range(context, context + k * b, b)
+        ]
+        free, left_free = [], s.blocks.num_free
+        for grown in grows[:k]:
+            left_free -= len(grown)
+            free.append(left_free)
+        return DecodeRun(seqs, works, free, grows[:k], s.blocks.num_blocks)
+
+    def commit_decode_run(self, run: DecodeRun, m: int) -> None:
+        """Apply the first ``m`` iterations of ``run`` as :meth:`begin` and :meth:`update` would: the
+        KV blocks granted when each is scheduled, then each sequence's ``m`` tokens (0) and their
+        times (``run.ends``)."""
+        if m <= 0:
+            return
+        blocks = self.scheduler.blocks
+        block_size = blocks.block_size
+        for j in range(m):
+            for seq in run.grows[j]:
+                blocks.grow(seq, len(seq.block_table) * block_size + 1)
+        tokens = [0] * m
+        times = run.ends[:m]
+        for seq in run.seqs:
+            seq.num_computed += m
+            seq.token_ids += tokens
+            seq.token_times.extend(times)
+        self.iterations += m
 
     def _on_token(self, seq: Sequence, token: int, ts_s: float, reason: str | None, first: bool) -> None:
         """A sequence got ``token`` at ``ts_s`` (its first from this engine if ``first``): the token

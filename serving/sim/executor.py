@@ -24,7 +24,7 @@ from serving.config import ModelConfig
 from serving.devices.base import IterationWork
 from serving.devices.gpu_model import IterationEstimate, predict_iteration
 from serving.devices.gpu_specs import GpuSpec
-from serving.engine_core import Batch, Execution
+from serving.engine_core import Batch, DecodeRun, Execution
 from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
 from serving.sim.records import BusyTable, busy_values
@@ -148,3 +148,20 @@ class GpuModelExecutor:
             Execution,
             (batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy),
         )
+
+    def time_run(self, run: DecodeRun, start_s: float) -> None:
+        """Time a decode run starting at ``start_s``: each iteration's cache entry (as :meth:`execute`
+        finds it) in ``run.entries`` and its end in ``run.ends``, the next one's start (the same sums
+        as one :meth:`execute` per iteration)."""
+        cache, entries, ends = self._cache, run.entries, run.ends
+        end = start_s
+        for work in run.works:
+            entry = cache.get(work)
+            if entry is None:
+                entry = self._entry(work)
+            else:
+                self.hits += 1
+            entries.append(entry)
+            end = end + entry[0].time_s
+            ends.append(end)
+        run.start_s = start_s
