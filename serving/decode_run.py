@@ -14,14 +14,26 @@ from serving.sequence import Sequence
 
 class DecodeRun:
     """The next ``k`` iterations of an engine, each one decode step of the same running sequences
-    (``seqs``, in running order) in which none finishes, none is preempted and nothing joins: what
+    (``seqs``, in running order) in which none is preempted and nothing joins, and none finishes
+    but in the last (``last_finishes``: some reach their length limit there): what
     :meth:`EngineCore.step` would do ``k`` times over, for a timing executor (token 0; no model).
     ``works[j]`` is iteration ``j``'s tally, ``free[j]`` the free KV blocks once it is scheduled,
     ``grows[j]`` the sequences that take a new block then (in order). The executor fills ``ends``
     (each iteration's end on the engine's clock, the next one's start) and ``entries`` (its
-    timing of each); :meth:`EngineCore.commit_decode_run` applies the first ``m``."""
+    timing of each); :meth:`EngineCore.commit_decode_run` applies the first ones."""
 
-    __slots__ = ("ends", "entries", "free", "grows", "k", "num_blocks", "seqs", "start_s", "works")
+    __slots__ = (
+        "ends",
+        "entries",
+        "free",
+        "grows",
+        "k",
+        "last_finishes",
+        "num_blocks",
+        "seqs",
+        "start_s",
+        "works",
+    )
 
     def __init__(
         self,
@@ -30,6 +42,7 @@ class DecodeRun:
         free: list[int],
         grows: list[list[Sequence]],
         num_blocks: int,
+        last_finishes: bool = False,
     ) -> None:
         self.seqs = seqs
         self.works = works
@@ -37,6 +50,7 @@ class DecodeRun:
         self.grows = grows
         self.num_blocks = num_blocks
         self.k = len(works)
+        self.last_finishes = last_finishes
         self.start_s = 0.0
         self.ends: array = array("d")
         self.entries: list[Any] = []

@@ -40,7 +40,7 @@ from serving.engine_core import DecodeRun, Execution, iteration_values
 from serving.routing import choose_route
 from serving.scheduler import AdmissionError
 from serving.sequence import Sequence as Seq
-from serving.sim.executor import GpuModelExecutor
+from serving.sim.executor import GpuModelExecutor, execution_of
 from serving.sim.gc_pause import gc_paused
 from serving.sim.layout import Layout, PoolSpec, check_layout
 from serving.sim.records import Busy, RequestStats
@@ -393,8 +393,14 @@ class Simulation:
     def _iteration_done(self, payload: tuple[Replica, Any, Execution | None], now: float) -> None:
         replica, batch, execution = payload
         if execution is None:  # a decode run's last iteration ended: all of it is done
-            self._commit(replica, batch, batch.k)
-            self._events_run += batch.k - 1
+            run = batch
+            k = run.k
+            self._commit(replica, run, k, k - 1 if run.last_finishes else k)
+            if run.last_finishes:  # its last iteration's tokens as one (sequences finish): _token
+                replica.core.update(
+                    replica.core.run_batch(run, k - 1), execution_of(run.entries[-1], run.ends[-2])
+                )
+            self._events_run += k - 1
             replica.run = None
         else:
             replica.core.update(batch, execution)  # each token: _token
@@ -407,7 +413,7 @@ class Simulation:
         its start, as the iteration-by-iteration loop began it), the rest are dropped."""
         run = replica.run
         done = run.ended_before(now)
-        self._commit(replica, run, done)
+        self._commit(replica, run, done, done)
         self._events_run += done
         heap = self._heap
         for i, entry in enumerate(heap):
@@ -420,14 +426,14 @@ class Simulation:
         self._kick(replica, run.ends[done - 1] if done else run.start_s, runs=False)
         replica.run = None  # after the kick: its events are still the run's (the telemetry horizon)
 
-    def _commit(self, replica: Replica, run: DecodeRun, m: int) -> None:
-        """The first ``m`` iterations of ``replica``'s decode run happened: the engine's state, and
-        each iteration's busy interval and events, as :meth:`_kick` and :meth:`_iteration_done`
-        make them one by one."""
+    def _commit(self, replica: Replica, run: DecodeRun, m: int, updated: int) -> None:
+        """The first ``m`` iterations of ``replica``'s decode run happened (``updated`` of them
+        applied here, the rest by ``EngineCore.update``): the engine's state, and each iteration's
+        busy interval and events, as :meth:`_kick` and :meth:`_iteration_done` make them one by one."""
         if m <= 0:
             return
         core = replica.core
-        core.commit_decode_run(run, m)
+        core.commit_decode_run(run, m, updated)
         replica.iterations += m
         self._run_iterations += m
         t0 = self.start_s

@@ -107,7 +107,8 @@ def test_an_engine_decode_run_is_its_steps() -> None:
     run = b.decode_run(16)
     assert run is not None and run.k == 16 and any(run.grows)  # blocks crossed within the run
     ex_b.time_run(run, now_b)
-    b.commit_decode_run(run, run.k)
+    assert not run.last_finishes
+    b.commit_decode_run(run, run.k, run.k)
     for _ in range(run.k):
         batch = a.begin(now_a)
         assert batch.work == run.works[_] and batch.kv_blocks_used == run.num_blocks - run.free[_]
