@@ -79,6 +79,13 @@ class Busy:
         self.kv_bytes.append(kv_bytes)
         self.ids.append(row)
 
+    def extend(self, start_s: list[float], end_s: Any, rows: list[int], kv_bytes: list[int]) -> None:
+        """:meth:`add` of several iterations in order (columns of equal length)."""
+        self.start_s.extend(start_s)
+        self.end_s.extend(end_s)
+        self.kv_bytes.extend(kv_bytes)
+        self.ids.extend(rows)
+
     def settle(self) -> None:
         """Fill the power, clock and activity columns of the iterations added since the last call
         (the simulation does at its end)."""

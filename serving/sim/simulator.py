@@ -442,35 +442,46 @@ class Simulation:
         kv_per_gpu = self._kv_bytes_per_token
         pool_tp = replica.pool.tp
         total = run.num_blocks
-        add, emit, source = replica.intervals.add, self.out.emit_iteration, replica.id
         start = run.start_s
         ends, entries, works, free = run.ends, run.entries, run.works, run.free
+        busy_s = [entry[0].busy_s for entry in entries[:m]]
+        contexts = [work[3] for work in works[:m]]
+        ends_m = ends[:m]
+        replica.intervals.extend(
+            [end - b_s for end, b_s in zip(ends_m, busy_s, strict=True)],
+            ends_m,
+            [entry[2] for entry in entries[:m]],
+            [c * kv_per_gpu // pool_tp for c in contexts],
+        )
+        rows, extras, sent = [], [], []
         for j in range(m):
-            est, extra, busy = entries[j]
+            est, extra, _busy = entries[j]
             end = ends[j]
-            context = works[j][3]
-            add(end - est.busy_s, end, busy, context * kv_per_gpu // pool_tp)
-            time_s = est.time_s
-            values = (
-                t0 + start,
-                t0 + end,
-                "decode",
-                b,
-                0,
-                b,
-                context,
-                total - free[j],
-                total,
-                0,
-                est.busy_s,
-                0.0,
-                time_s,
-                0.0,
-                est.flops or None,
-                est.hbm_bytes or None,
+            sent_s = t0 + start
+            rows.append(
+                (
+                    sent_s,
+                    t0 + end,
+                    "decode",
+                    b,
+                    0,
+                    b,
+                    contexts[j],
+                    total - free[j],
+                    total,
+                    0,
+                    busy_s[j],
+                    0.0,
+                    est.time_s,
+                    0.0,
+                    est.flops or None,
+                    est.hbm_bytes or None,
+                )
             )
-            emit(source, tp, values, extra, t0 + start)
+            extras.append(extra)
+            sent.append(sent_s)
             start = end
+        self.out.emit_iterations(replica.id, tp, rows, extras, sent)
 
     def _token(
         self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool

@@ -87,6 +87,20 @@ class SimTelemetry:
         if pending.events >= BATCH_EVENTS:  # the batch ends with its BATCH_EVENTS-th event
             self._flush_iterations(source, pending, now_s, BATCH_EVENTS)
 
+    def emit_iterations(
+        self, source: str, tp: int, rows: list[tuple[Any, ...]], extras: list[Any], sent_s: list[float]
+    ) -> None:
+        """:meth:`emit_iteration` for each of ``rows`` in turn (``sent_s``: each one's time), in one
+        step while no batch fills."""
+        pending = self._pending.get(source)
+        if pending is not None and pending.events + len(rows) * tp < BATCH_EVENTS:
+            pending.rows += rows
+            pending.extras += extras
+            pending.events += len(rows) * tp
+            return
+        for values, extra, now_s in zip(rows, extras, sent_s, strict=True):
+            self.emit_iteration(source, tp, values, extra, now_s)
+
     def flush_source(self, source: str, now_s: float) -> None:
         """Send what ``source`` has pending (a worker's whole GPUs' events only)."""
         events = self._pending.get(source)
