@@ -25,7 +25,7 @@ LAYOUTS = (
 
 
 def _run(layout: str, runs: bool):
-    requests = load_azure_trace(vendored_trace_path(), duration_s=150)
+    requests = load_azure_trace(vendored_trace_path(), duration_s=100)
     sim = Simulation(parse_layout(layout), SHAPE, requests, start_s=1.8e9, scenario="dr", decode_runs=runs)
     return sim.run()
 
