@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from serving.config import EngineConfig, SamplingParams
+from serving.decode_run import DecodeRun
 from serving.scheduler import IterationTally, Scheduler, SchedulerOutput
 from serving.sequence import Sequence
 from serving.telemetry import TelemetryEmitter
@@ -463,6 +464,77 @@ class EngineCore:
         self.iterations += 1
         self._result = None
         return result
+
+    def decode_run(self, max_iters: int) -> DecodeRun | None:
+        """The next iterations, up to ``max_iters``, when at least two of them are plain decode steps
+        of the running sequences that a timing executor (token 0 for each) would run one by one:
+        nothing waiting or handed off pending, none preempted, each sequence recording its token
+        times (``token_times``), none stopping at token 0 or handed off, and none reaching its
+        length limit before the last (``DecodeRun.last_finishes``: some do in the last); None
+        otherwise. Nothing is changed until :meth:`commit_decode_run`."""
+        s = self.scheduler
+        if self._pending_imports or self._unstamped_imports or s.waiting:
+            return None
+        k = max_iters + 1  # (the least of the sequences' iterations left)
+        context = 0
+        for seq in s.running:
+            n = len(seq.token_ids)
+            if seq.handoff or seq.token_times is None or 0 in seq.stop_ids:
+                return None
+            left = seq.max_len - n  # iterations up to the one whose token ends it
+            if left < k:
+                k = left
+            context += n
+        last_finishes = k <= max_iters
+        if not last_finishes:
+            k = max_iters
+        if k < 2:
+            return None
+        k_blocks, grows = s.decode_run(k)
+        if k_blocks < 2:
+            return None
+        if k_blocks < k:
+            k, last_finishes = k_blocks, False
+        seqs = list(s.running)
+        b = len(seqs)
+        # each iteration: b decode steps attending their contexts, one token longer each time
+        works = [
+            _new_tuple(IterationTally, ("decode", 0, b, c, b, c, b))
+            for c in range(context, context + k * b, b)
+        ]
+        free, left_free = [], s.blocks.num_free
+        for grown in grows:
+            left_free -= len(grown)
+            free.append(left_free)
+        return DecodeRun(seqs, works, free, grows, s.blocks.num_blocks, last_finishes)
+
+    def commit_decode_run(self, run: DecodeRun, begun: int, updated: int) -> None:
+        """Apply ``run``'s first iterations as :meth:`begin` and :meth:`update` would: the KV blocks
+        granted when each of the first ``begun`` is scheduled, then each sequence's tokens (0) and
+        their times (``run.ends``) of the first ``updated`` (an iteration where a sequence finishes
+        is left to :meth:`update`)."""
+        blocks = self.scheduler.blocks
+        block_size = blocks.block_size
+        for j in range(begun):
+            for seq in run.grows[j]:
+                blocks.grow(seq, len(seq.block_table) * block_size + 1)
+        if updated <= 0:
+            return
+        tokens = [0] * updated
+        times = run.ends[:updated]
+        for seq in run.seqs:
+            seq.num_computed += updated
+            seq.token_ids += tokens
+            seq.token_times.extend(times)
+        self.iterations += updated
+
+    def run_batch(self, run: DecodeRun, j: int) -> Batch:
+        """Iteration ``j`` of ``run`` as the :class:`Batch` :meth:`begin` makes (for :meth:`update`)."""
+        sched = SchedulerOutput()
+        b = len(run.seqs)
+        sched.seqs, sched.num_new, sched.decodes, sched.work = run.seqs, [1] * b, b, run.works[j]
+        start = run.ends[j - 1] if j else run.start_s
+        return _new_tuple(Batch, (sched, run.works[j], start, run.num_blocks - run.free[j]))
 
     def _on_token(self, seq: Sequence, token: int, ts_s: float, reason: str | None, first: bool) -> None:
         """A sequence got ``token`` at ``ts_s`` (its first from this engine if ``first``): the token

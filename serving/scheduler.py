@@ -178,6 +178,41 @@ class Scheduler:
         out.preempted.append(victim)
         return victim
 
+    def decode_run(self, max_iters: int) -> tuple[int, list[list[Sequence]]]:
+        """How many of the next iterations, up to ``max_iters``, :meth:`schedule` makes of the running
+        sequences alone, each one decode step of every one of them in running order (nothing
+        waiting, no prompt chunk, the token budget enough, no preemption), when each sequence gains
+        one token per iteration; and for each of those iterations the sequences that cross into a
+        new KV block when it is scheduled, in the order :meth:`schedule` grants them. ``(0, [])``
+        when the next iteration is not such a step. Nothing is changed (the engine's
+        :meth:`~serving.engine_core.EngineCore.commit_decode_run` grants the blocks)."""
+        running = self.running
+        if self.waiting or not running or len(running) > self.cfg.max_num_batched_tokens:
+            return 0, []
+        block_size = self.blocks.block_size
+        k = max_iters
+        grows: list[list[Sequence]] = [[] for _ in range(k)]
+        for seq in running:
+            n = len(seq.token_ids)
+            computed = seq.num_computed
+            if computed < n - 1 or computed < seq.num_prompt_tokens:  # a prompt chunk
+                return 0, []
+            # iteration j (from 0) schedules it at n + j tokens: a new block when n + j passes the
+            # table's end, first at j = first, then every block_size iterations
+            first = len(seq.block_table) * block_size - n + 1
+            if first < 0:  # more than one block short: not a plain decode step
+                return 0, []
+            for j in range(first, k, block_size):
+                grows[j].append(seq)
+        # a preemption happens where a crossing finds no free block: stop before that iteration
+        free, granted = self.blocks.num_free, 0
+        for j in range(k):
+            granted += len(grows[j])
+            if granted > free:
+                k = j
+                break
+        return k, grows[:k]
+
     def schedule(self) -> SchedulerOutput:
         """Choose the sequences and token counts of the next iteration, and tally its work.
 

@@ -10,7 +10,7 @@ and the discrete-event simulator (``serving.sim``). Everything here is pure and 
   KV capacity per GPU, prefill -> decode KV hand-off over a :class:`LinkSpec`.
 * :func:`gap_power_w`, :func:`gap_energy_j`, :func:`gap_sm_clock_mhz` -- the GPU between iterations
   (boost clock and elevated power through short gaps, true idle only after a sustained one); they take
-  floats or numpy arrays.
+  floats or numpy arrays (:mod:`serving.devices.gap_model`).
 
 Its parts live beside it and are re-exported here: :mod:`serving.devices.model_constants`,
 :mod:`serving.devices.engine_profiles`, :mod:`serving.devices.links`. The equations, constants
@@ -23,25 +23,30 @@ priced by the gap-power model: :attr:`IterationEstimate.host_energy_j` is
 ``gap_energy_j(gpu, host_s)`` (the gap right after the previous iteration's busy interval, i.e.
 back-to-back iterations), and :attr:`IterationEstimate.energy_j` is their sum, the whole iteration.
 
-Just over 700 lines for a reason: what is left is one model (an iteration's time, power, clock and
-activities, and the GPU between iterations, from the same roofline and power curve); its separable
-parts are already the modules above, and :mod:`serving.devices.roofline` (the work count, MFU/MBU and
-the SM fill the activities follow from).
+Its other parts: :mod:`serving.devices.roofline` (the work count, MFU/MBU and the SM fill the
+activities follow from), :mod:`serving.devices.gap_model` (the GPU between iterations) and
+:mod:`serving.devices.iteration_estimate` (what it returns).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
-
-import numpy as np
+from typing import Any
 
 from serving.config import ModelConfig
 from serving.devices.base import IterationWork
 from serving.devices.engine_profiles import DEFAULT_PROFILE, PROFILES, EngineProfile, engine_profile
+from serving.devices.gap_model import (
+    _gap_energy_scalar,
+    gap_energy_j,
+    gap_power_w,
+    gap_sm_clock_mhz,
+)
 from serving.devices.gpu_specs import DTYPES, GpuSpec, check_dtype, fidelity, gpu_spec
+from serving.devices.iteration_estimate import Bound, IterationEstimate
 from serving.devices.links import LINKS, LinkSpec, kv_capacity_tokens, kv_transfer_s, link_spec, shard_shape
 from serving.devices.model_constants import (
     ALLOWED_TP,
@@ -51,8 +56,6 @@ from serving.devices.model_constants import (
     EmulationConstants,
 )
 from serving.devices.roofline import RankDims, WorkCount, count_work, rank_dims_of_shape, sm_fills
-
-Bound = Literal["compute", "memory", "overhead", "comm"]
 
 #: the GPU model's public names: its own and those of its parts (engine profiles, links and
 #: shards, constants), so callers import the model from one place
@@ -74,6 +77,7 @@ __all__ = [
     "gap_energy_j",
     "gap_power_w",
     "gap_sm_clock_mhz",
+    "iteration_predictor",
     "kv_capacity_tokens",
     "kv_transfer_s",
     "link_spec",
@@ -83,181 +87,7 @@ __all__ = [
 ]
 
 
-# --- the GPU between iterations ---------------------------------------------------------------------
-
-
-def _voltage_factor(x: Any, c: EmulationConstants) -> Any:
-    """``x V(x)^2``: the SM dynamic-power factor at clock fraction ``x`` (float or array)."""
-    v = np.maximum(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
-    return x * v * v
-
-
-def _gap_amp_scalar(spec: GpuSpec, c: EmulationConstants, x: float) -> float:
-    v = max(c.voltage_floor, c.voltage_offset + (1.0 - c.voltage_offset) * x)
-    return (spec.tdp_w - spec.idle_w) * c.gap_power * x * v * v
-
-
-def _gap_power_scalar(spec: GpuSpec, s: float, c: EmulationConstants, x: float = 1.0) -> float:
-    held = 1.0 if s < c.gap_hold_s else math.exp(-(s - c.gap_hold_s) / c.gap_decay_s)
-    return spec.idle_w + _gap_amp_scalar(spec, c, x) * held
-
-
-def _gap_energy_scalar(spec: GpuSpec, gap_s: float, c: EmulationConstants, x: float = 1.0) -> float:
-    """The closed form of :func:`gap_energy_j` for one float (the per-iteration path)."""
-    if gap_s <= 0.0:
-        return 0.0
-    held = min(gap_s, c.gap_hold_s)
-    if gap_s > c.gap_hold_s:
-        held += c.gap_decay_s * -math.expm1(-(gap_s - c.gap_hold_s) / c.gap_decay_s)
-    return spec.idle_w * gap_s + _gap_amp_scalar(spec, c, x) * held
-
-
-def _clock_x(spec: GpuSpec, sm_clock_mhz: Any) -> Any:
-    if sm_clock_mhz is None:
-        return 1.0
-    if np.ndim(sm_clock_mhz) == 0:
-        return float(sm_clock_mhz) / spec.max_sm_clock_mhz
-    return np.asarray(sm_clock_mhz, dtype=float) / spec.max_sm_clock_mhz
-
-
-def gap_power_w(
-    gpu: str | GpuSpec,
-    since_busy_s: Any,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-    *,
-    sm_clock_mhz: Any = None,
-) -> Any:
-    """Power of an idle GPU ``since_busy_s`` seconds after its last kernel (float or numpy array).
-
-    ``P = idle_w + D * gap_power * x V(x)^2 * h(s)``, ``h = 1`` through the hold
-    (``s < gap_hold_s``), then ``exp(-(s - hold) / gap_decay_s)``. ``sm_clock_mhz`` is the clock
-    held in the gap (default: the maximum; a locked range's top under a lock).
-    """
-    spec, c = gpu_spec(gpu), constants
-    x = _clock_x(spec, sm_clock_mhz)
-    if np.ndim(since_busy_s) == 0 and np.ndim(x) == 0:
-        return _gap_power_scalar(spec, float(since_busy_s), c, x)
-    s = np.asarray(since_busy_s, dtype=float)
-    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
-    held = np.where(s < c.gap_hold_s, 1.0, np.exp(-np.maximum(0.0, s - c.gap_hold_s) / c.gap_decay_s))
-    return spec.idle_w + amp * held
-
-
-def gap_energy_j(
-    gpu: str | GpuSpec,
-    gap_s: Any,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-    *,
-    sm_clock_mhz: Any = None,
-) -> Any:
-    """Energy (J) of a whole idle gap of ``gap_s`` seconds right after a busy interval: the closed
-    form of the integral of :func:`gap_power_w` from 0 to ``gap_s`` (float or numpy array)."""
-    spec, c = gpu_spec(gpu), constants
-    x = _clock_x(spec, sm_clock_mhz)
-    if np.ndim(gap_s) == 0 and np.ndim(x) == 0:
-        return _gap_energy_scalar(spec, float(gap_s), c, x)
-    g = np.maximum(0.0, np.asarray(gap_s, dtype=float))
-    amp = (spec.tdp_w - spec.idle_w) * c.gap_power * _voltage_factor(x, c)
-    late = np.maximum(0.0, g - c.gap_hold_s)
-    held = np.minimum(g, c.gap_hold_s) + c.gap_decay_s * -np.expm1(-late / c.gap_decay_s)
-    return spec.idle_w * g + amp * held
-
-
-def gap_sm_clock_mhz(
-    gpu: str | GpuSpec,
-    since_busy_s: Any,
-    constants: EmulationConstants = DEFAULT_CONSTANTS,
-    *,
-    held_mhz: Any = None,
-    idle_mhz: Any = None,
-) -> Any:
-    """SM clock of an idle GPU ``since_busy_s`` after its last kernel (float or numpy array): the
-    held clock ``held_mhz`` (default the maximum) through the hold, then ``idle_mhz`` (default the
-    lowest supported clock)."""
-    spec = gpu_spec(gpu)
-    held = float(spec.max_sm_clock_mhz) if held_mhz is None else held_mhz
-    idle = float(spec.min_sm_clock_mhz) if idle_mhz is None else idle_mhz
-    if np.ndim(since_busy_s) == 0 and np.ndim(held) == 0 and np.ndim(idle) == 0:
-        return float(held if since_busy_s < constants.gap_hold_s else idle)
-    s = np.asarray(since_busy_s, dtype=float)
-    return np.where(s < constants.gap_hold_s, held, idle).astype(float)
-
-
 # --- one iteration ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class IterationEstimate:
-    """The modeled execution of one iteration.
-
-    ``time_s = host_s + busy_s`` is the iteration's wall duration: ``host_s`` of host time with the
-    GPU idle, then ``busy_s`` of GPU work (kernels, fixed overhead and the tensor-parallel
-    all-reduces, ``comm_s`` of it). ``compute_s`` and ``memory_s`` are the summed compute and memory
-    roofline terms at the chosen clock. ``power_w`` is the mean power while busy; the activities
-    (``sm_active``, ``dram_active``, ``tensor_active``, ``sm_occupancy``) are fractions (0-1) of
-    ``busy_s``, and so is ``bound``'s meaning. Energy: :attr:`busy_energy_j` = ``power_w * busy_s``;
-    :attr:`host_energy_j` = the gap model's energy of the host gap right after a busy interval;
-    :attr:`energy_j` = both (back-to-back iterations).
-    """
-
-    time_s: float
-    power_w: float
-    sm_clock_mhz: int
-    compute_s: float
-    memory_s: float
-    sm_active: float
-    dram_active: float
-    bound: Bound
-    tensor_active: float = 0.0
-    sm_occupancy: float = 0.0
-    power_capped: bool = False  # the power limit held the SM clock below the allowed maximum
-    flops: float = 0.0
-    hbm_bytes: float = 0.0
-    host_s: float = 0.0
-    busy_s: float = 0.0
-    comm_s: float = 0.0
-    host_energy_j: float = 0.0
-    tp: int = 1
-    # the roofline (serving/devices/roofline.py): flops and hbm_bytes are the work's count on this
-    # rank (no tile padding or re-reads); the peaks are the GPU's dense tensor FLOP/s of the dtype
-    # and its HBM bytes/s; validated False: a GPU or dtype no measurement checked the model on
-    peak_flops_s: float = 0.0
-    peak_bytes_s: float = 0.0
-    dtype: str = "bf16"
-    validated: bool = True
-    # what the modeled kernels execute: GEMM tiles padded, KV re-read per query head by a GQA-unaware
-    # engine, the small kernels' activation passes (dram_active is executed_bytes over busy_s)
-    executed_flops: float = 0.0
-    executed_bytes: float = 0.0
-
-    @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilisation of the busy time: ``flops / (busy_s * peak_flops_s)``."""
-        if self.busy_s <= 0 or self.peak_flops_s <= 0:
-            return None
-        return self.flops / (self.busy_s * self.peak_flops_s)
-
-    @property
-    def mbu(self) -> float | None:
-        """Memory-bandwidth utilisation of the busy time: ``hbm_bytes / (busy_s * peak_bytes_s)``."""
-        if self.busy_s <= 0 or self.peak_bytes_s <= 0:
-            return None
-        return self.hbm_bytes / (self.busy_s * self.peak_bytes_s)
-
-    @property
-    def busy_energy_j(self) -> float:
-        """Energy of the GPU-busy part: ``power_w * busy_s``."""
-        return self.power_w * self.busy_s
-
-    @property
-    def energy_j(self) -> float:
-        """Energy of the whole iteration: busy energy plus the host gap's (gap-power model)."""
-        return self.power_w * self.busy_s + self.host_energy_j
-
-    @property
-    def mean_power_w(self) -> float:
-        """Mean power over the whole iteration (host gap included)."""
-        return self.energy_j / self.time_s if self.time_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -679,12 +509,53 @@ def predict_iteration(
     bound. The clock search runs only when the limit binds at the top clock.
     """
     k = _resolve(gpu, shape, constants, tp, link, profile, dtype)
-    host_s = k.profile.host_s(work, tp, shape.num_layers)
+    clocks, top = _ceiling(k, sm_clock_range)
     limit = k.spec.tdp_w if power_limit_w is None else power_limit_w
+    return _predict(k, work, k.profile.host_s(work, tp, shape.num_layers), limit, clocks, top)
+
+
+def iteration_predictor(
+    gpu: str | GpuSpec,
+    shape: ModelConfig,
+    *,
+    power_limit_w: float | None = None,
+    sm_clock_range: tuple[int, int] | None = None,
+    constants: EmulationConstants = DEFAULT_CONSTANTS,
+    tp: int = 1,
+    link: str | LinkSpec = "nvlink",
+    profile: str | EngineProfile | None = None,
+    dtype: str = "bf16",
+) -> Callable[[IterationWork], IterationEstimate]:
+    """:func:`predict_iteration` with its knobs bound, for a caller that predicts many iterations of
+    one configuration (the simulator's executor): the same estimates, the configuration resolved
+    once and the host time kept per (batch, decode, prefill) counts, all it depends on."""
+    k = _resolve(gpu, shape, constants, tp, link, profile, dtype)
+    clocks, top = _ceiling(k, sm_clock_range)
+    limit = k.spec.tdp_w if power_limit_w is None else power_limit_w
+    host_of, layers = k.profile.host_s, shape.num_layers
+    hosts: dict[tuple[int, int, int], float] = {}
+
+    def predict(work: IterationWork) -> IterationEstimate:
+        key = (work.batch_size, work.decode_seqs, work.prefill_tokens)
+        host_s = hosts.get(key)
+        if host_s is None:
+            host_s = hosts[key] = host_of(work, tp, layers)
+        return _predict(k, work, host_s, limit, clocks, top)
+
+    return predict
+
+
+def _ceiling(k: _Coeffs, sm_clock_range: tuple[int, int] | None) -> tuple[tuple[int, ...], int]:
     ceiling = k.ceilings.get(sm_clock_range)
     if ceiling is None:
         ceiling = k.ceilings[sm_clock_range] = _allowed_ceiling(k.spec, sm_clock_range)
-    clocks, top = ceiling
+    return ceiling
+
+
+def _predict(
+    k: _Coeffs, work: IterationWork, host_s: float, limit: float, clocks: tuple[int, ...], top: int
+) -> IterationEstimate:
+    """:func:`predict_iteration`'s search for the clock, its knobs resolved."""
     held_x = clocks[top] / k.f_max  # the host gap holds the allowed ceiling (a cap binds only when busy)
     t = _terms(k, work)
     roof = _roof(k, work)

@@ -22,9 +22,9 @@ from typing import Any
 
 from serving.config import ModelConfig
 from serving.devices.base import IterationWork
-from serving.devices.gpu_model import IterationEstimate, predict_iteration
+from serving.devices.gpu_model import IterationEstimate, iteration_predictor
 from serving.devices.gpu_specs import GpuSpec
-from serving.engine_core import Batch, Execution
+from serving.engine_core import Batch, DecodeRun, Execution
 from serving.scheduler import IterationTally
 from serving.sim.layout import PoolSpec
 from serving.sim.records import BusyTable, busy_values
@@ -42,11 +42,25 @@ def round_bits(x: int, bits: int) -> int:
     return ((x + (1 << (shift - 1))) >> shift) << shift
 
 
+def execution_of(entry: tuple[Any, dict[str, Any], int], start_s: float) -> Execution:
+    """The :class:`Execution` of an iteration started at ``start_s`` from its cache entry."""
+    est, extra, busy = entry
+    time_s = est.time_s
+    flops = est.flops or None  # a fitted iteration model counts no work
+    hbm = est.hbm_bytes or None
+    # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy),
+    # made as the tuple it is (its own __new__ is a Python call: once per iteration)
+    return _new_tuple(
+        Execution, (start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy)
+    )
+
+
 class GpuModelExecutor:
     """Times batches with the GPU model for one pool of a layout (its GPU, TP, power limit, clocks)."""
 
     __slots__ = (
         "_cache",
+        "_predict",
         "busy_table",
         "context_bits",
         "dtype",
@@ -86,6 +100,7 @@ class GpuModelExecutor:
         self._cache: dict[tuple[int, ...], tuple[IterationEstimate, dict[str, Any], int]] = {}
         self.busy_table = BusyTable()  # the busy intervals' values of each estimate made (a row each)
         self.hits = self.misses = 0
+        self._predict: Callable[[IterationWork], IterationEstimate] | None = None  # made on the first miss
 
     def estimate(self, work: IterationTally) -> Any:
         """The estimate of an iteration of ``work`` (cached: the GPU model is deterministic)."""
@@ -111,19 +126,20 @@ class GpuModelExecutor:
             self.hits += 1
             return entry
         self.misses += 1
-        pool = self.pool
-        est = predict_iteration(
-            self.spec,
-            self.shape,
-            IterationWork(*key),
-            power_limit_w=pool.power_limit_w,
-            sm_clock_range=pool.sm_clock_mhz,
-            tp=pool.tp,
-            link=self.link,
-            profile=self.profile,
-            dtype=self.dtype,
-        )
-        entry = (est, {"host_s": est.host_s, "tp": pool.tp}, self.busy_table.add(busy_values(est)))
+        if self._predict is None:
+            pool = self.pool
+            self._predict = iteration_predictor(
+                self.spec,
+                self.shape,
+                power_limit_w=pool.power_limit_w,
+                sm_clock_range=pool.sm_clock_mhz,
+                tp=pool.tp,
+                link=self.link,
+                profile=self.profile,
+                dtype=self.dtype,
+            )
+        est = self._predict(IterationWork(*key))
+        entry = (est, {"host_s": est.host_s, "tp": self.pool.tp}, self.busy_table.add(busy_values(est)))
         if len(self._cache) < CACHE_ENTRIES:
             self._cache[key] = entry
         return entry
@@ -138,13 +154,21 @@ class GpuModelExecutor:
             entry = self._entry(work)
         else:
             self.hits += 1
-        est, extra, busy = entry
-        time_s = est.time_s
-        flops = est.flops or None  # a fitted iteration model counts no work
-        hbm = est.hbm_bytes or None
-        # Execution(end_s, tokens, compute_s, pacing_s, modeled_s, lag_s, extra, estimate, flops, hbm, busy),
-        # made as the tuple it is (its own __new__ is a Python call: once per iteration)
-        return _new_tuple(
-            Execution,
-            (batch.start_s + time_s, None, est.busy_s, 0.0, time_s, 0.0, extra, est, flops, hbm, busy),
-        )
+        return execution_of(entry, batch.start_s)
+
+    def time_run(self, run: DecodeRun, start_s: float) -> None:
+        """Time a decode run starting at ``start_s``: each iteration's cache entry (as :meth:`execute`
+        finds it) in ``run.entries`` and its end in ``run.ends``, the next one's start (the same sums
+        as one :meth:`execute` per iteration)."""
+        cache, entries, ends = self._cache, run.entries, run.ends
+        end = start_s
+        for work in run.works:
+            entry = cache.get(work)
+            if entry is None:
+                entry = self._entry(work)
+            else:
+                self.hits += 1
+            entries.append(entry)
+            end = end + entry[0].time_s
+            ends.append(end)
+        run.start_s = start_s

@@ -38,10 +38,16 @@ class BusyTable:
 
     def add(self, values: tuple[Any, ...]) -> int:
         """The id of a new row of ``values`` (:func:`busy_values` of one estimate)."""
-        columns = self.columns
-        for column, value in zip(columns, values, strict=True):
-            column.append(value)
-        return len(columns[0]) - 1
+        c = self.columns  # one append per column, unrolled (once per estimate made)
+        c[0].append(values[0])
+        c[1].append(values[1])
+        c[2].append(values[2])
+        c[3].append(values[3])
+        c[4].append(values[4])
+        c[5].append(values[5])
+        c[6].append(values[6])
+        c[7].append(values[7])
+        return len(c[0]) - 1
 
 
 @dataclass(slots=True)
@@ -72,6 +78,13 @@ class Busy:
         self.end_s.append(end_s)
         self.kv_bytes.append(kv_bytes)
         self.ids.append(row)
+
+    def extend(self, start_s: list[float], end_s: Any, rows: list[int], kv_bytes: list[int]) -> None:
+        """:meth:`add` of several iterations in order (columns of equal length)."""
+        self.start_s.extend(start_s)
+        self.end_s.extend(end_s)
+        self.kv_bytes.extend(kv_bytes)
+        self.ids.extend(rows)
 
     def settle(self) -> None:
         """Fill the power, clock and activity columns of the iterations added since the last call

@@ -10,9 +10,10 @@ emulated devices use. There is no model math and no sleeping: time jumps from ev
 The loop, per event (arrival, iteration end, KV hand-off end): route or admit, then start the next
 iteration of every replica that is idle and has work.
 
-Over 600 lines for a reason: the event loop and its per-replica state are one hot path (every line is
-run per event of an hour-long fleet); its separable parts already live beside it (``records``, ``executor``,
-``summary``, ``layout``). A split of the run's set-up from its loop is the next step when it grows.
+Its parts live beside it: ``state`` (replicas, requests, the result), ``telemetry_out`` (batches
+and their order), ``executor`` (the GPU model's timing), ``records``, ``summary``, ``layout``,
+``gc_pause``. A replica whose next iterations are plain decode steps takes them as one decode run
+(:class:`~serving.engine_core.DecodeRun`; docs/SIMULATOR.md, ## Speed and validation).
 
 Output (:class:`SimResult`): telemetry batches in the live stack's format (``docs/TELEMETRY.md``:
 iteration events per GPU, request events with every token's time, control events), and per-replica
@@ -22,39 +23,44 @@ reader would (cumulative counters differenced over each sample period).
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
 import heapq
 import itertools
 import math
-import threading
 import time
-from array import array
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from serving.block_manager import BlockManager
 from serving.config import EngineConfig, ModelConfig, SamplingParams
 from serving.devices.base import IterationWork
 from serving.devices.gpu_model import kv_transfer_s
 from serving.devices.gpu_specs import gpu_spec
-from serving.engine_core import Batch, EngineCore, Execution, iteration_values
+from serving.engine_core import DecodeRun, Execution, iteration_values
 from serving.routing import choose_route
-from serving.scheduler import AdmissionError, Scheduler
+from serving.scheduler import AdmissionError
 from serving.sequence import Sequence as Seq
-from serving.sim.executor import GpuModelExecutor
+from serving.sim.executor import GpuModelExecutor, execution_of
+from serving.sim.gc_pause import gc_paused
 from serving.sim.layout import Layout, PoolSpec, check_layout
 from serving.sim.records import Busy, RequestStats
-from serving.telemetry import envelope
-from serving.telemetry_columns import IterationBatch, TokenTimesBatch
+from serving.sim.state import Replica, ReplicaEngine, SimGpu, SimRequest, SimResult
+from serving.sim.telemetry_out import BATCH_EVENTS, SimTelemetry
 from serving.trace import TraceRequest
 
-BATCH_EVENTS = 4096  # events per telemetry batch (the live stack batches by time; the size is free)
+__all__ = [
+    "BATCH_EVENTS",
+    "Replica",
+    "SimGpu",
+    "SimResult",
+    "Simulation",
+    "SimulationError",
+    "gc_paused",
+    "virtual_start_s",
+]
+
 BF16_BYTES = 2
+RUN_ITERATIONS = 16  # the most iterations a decode run takes at once (those past an arrival are redone)
 
 _ARRIVAL, _KV_DONE, _ITER_DONE = 0, 1, 2  # event kinds; at equal times, arrivals go first (the
 # arrivals are not in the heap: the loop merges them in before any heap event of the same time)
@@ -62,138 +68,6 @@ _ARRIVAL, _KV_DONE, _ITER_DONE = 0, 1, 2  # event kinds; at equal times, arrival
 
 class SimulationError(ValueError):
     """The simulation cannot run (bad trace, layout or options); the message says what and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimGpu:
-    index: int
-    uuid: str
-
-
-@dataclass(slots=True)
-class _IterationRows:
-    """A replica's iteration events not yet in a batch: one row of values per iteration
-    (:func:`~serving.engine_core.iteration_values`), ``skip`` GPUs of the first already sent."""
-
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    extras: list[dict[str, Any] | None] = field(default_factory=list)
-    skip: int = 0
-    events: int = 0  # events pending: len(rows) * tp - skip
-
-
-class Replica:
-    """One engine (a worker) of the deployment on ``tp`` GPUs, in virtual time: the live engine's
-    step (:class:`~serving.engine_core.EngineCore`) with the GPU model as its executor."""
-
-    __slots__ = (
-        "blocks",
-        "busy",
-        "core",
-        "engine_cfg",
-        "gpus",
-        "id",
-        "inflight",
-        "intervals",
-        "iterations",
-        "pool",
-        "works",
-    )
-
-    def __init__(self, wid: str, pool: PoolSpec, gpus: list[SimGpu], engine_cfg: EngineConfig) -> None:
-        self.id = wid
-        self.pool = pool
-        self.gpus = gpus
-        self.engine_cfg = engine_cfg
-        self.core: _ReplicaEngine | None = None  # set by the Simulation
-        self.blocks: BlockManager | None = None  # its scheduler's, set with it (read per arrival)
-        self.inflight: set[str] = set()
-        self.busy = False
-        self.intervals = Busy()
-        self.iterations = 0
-        self.works: list[Any] | None = None  # each iteration's tally, when the run records them
-
-    @property
-    def role(self) -> str:
-        return self.pool.role
-
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.core.scheduler
-
-    @property
-    def load(self) -> tuple[int, float]:
-        return len(self.inflight), self.core.scheduler.blocks.usage
-
-    def has_work(self) -> bool:
-        return self.core.has_work()
-
-
-class _ReplicaEngine(EngineCore):
-    """A replica's engine: the shared step; each token goes to the simulation's request state."""
-
-    _collects_outputs = False
-
-    def __init__(self, sim: Simulation, replica: Replica, executor: GpuModelExecutor, device: str) -> None:
-        super().__init__(
-            replica.engine_cfg,
-            executor,
-            worker_id=replica.id,
-            device=device,
-            gpus=[(g.uuid, g.index) for g in replica.gpus],
-            stop_token_ids=sim.shape.eos_token_ids,
-            time_offset_s=sim.start_s,
-        )
-        # each token straight to the simulation (an instance attribute: one call per token, the hot path)
-        self._on_token = functools.partial(sim._token, replica)
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    prefill: Replica | None = None
-    decode: Replica | None = None
-    first_scheduled_s: float | None = None
-    prefill_start_s: float | None = None
-    prefill_end_s: float | None = None
-    kv_transfer_start_s: float | None = None
-    kv_transfer_end_s: float | None = None
-    kv_transfer_bytes: int | None = None
-    # every token's time (virtual s), packed: read once at the end as an array, not as float objects
-    # scattered over the run's memory
-    token_ts: array = field(default_factory=lambda: array("d"))
-    preemptions: int = 0
-
-
-@dataclass(slots=True)
-class SimResult:
-    """What a simulation produced; times are UTC epoch seconds of the virtual clock."""
-
-    layout: Layout
-    shape: ModelConfig
-    start_s: float
-    end_s: float
-    batches: list[dict[str, Any]]  # empty when the run streamed them to ``on_batch``
-    replicas: list[Replica]
-    requests: int
-    finished: int
-    failed: int
-    iterations: int
-    wall_s: float
-    gpu_name: str
-    events: int = 0
-    stats: RequestStats = field(default_factory=RequestStats)
-    batches_emitted: int = 0
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-    @property
-    def gpus(self) -> list[tuple[Replica, SimGpu]]:
-        return [(r, g) for r in self.replicas for g in r.gpus]
 
 
 class Simulation:
@@ -211,6 +85,10 @@ class Simulation:
     that much after its arrival, which its telemetry and TTFT still count from. ``columnar``:
     ``on_batch`` takes each worker's batch as a :class:`~serving.telemetry_columns.IterationBatch`
     (the same events, kept as columns: what the store writes fastest) rather than its envelope.
+    ``decode_runs``: a replica whose next iterations are plain decode steps of an unchanged batch
+    takes up to :data:`RUN_ITERATIONS` of them at once (:class:`~serving.engine_core.DecodeRun`),
+    cut short by an arrival or a KV hand-off reaching it; the results are those of one iteration at
+    a time, bit for bit (off: the loop runs every iteration as one event; the check of that).
     """
 
     def __init__(
@@ -228,6 +106,7 @@ class Simulation:
         on_batch: Callable[[dict[str, Any]], None] | None = None,
         dispatch_delay_s: float = 0.0,
         columnar: bool = False,
+        decode_runs: bool = True,
     ) -> None:
         if not requests:
             raise SimulationError("the trace has no requests: nothing to simulate")
@@ -273,7 +152,7 @@ class Simulation:
                 index += pool.tp
                 replica = Replica(f"worker-{len(self.replicas)}", pool, gpus, cfg)
                 replica.works = [] if record_work else None
-                replica.core = _ReplicaEngine(self, replica, executor, device)
+                replica.core = ReplicaEngine(self, replica, executor, device)
                 replica.intervals = Busy(executor.busy_table)
                 replica.blocks = replica.core.scheduler.blocks
                 self.replicas.append(replica)
@@ -283,86 +162,26 @@ class Simulation:
         }
         self._kv_bytes_per_token = shape.kv_bytes_per_token(BF16_BYTES)
         self._params_cache: dict[int, SamplingParams] = {}
-        # telemetry
-        self._batches: list[dict[str, Any]] = []
-        self._on_batch = on_batch
-        self._batches_emitted = 0
+        # telemetry, delivered in the order the live stack sends it (decode runs emit late: held)
+        self._runs = decode_runs and iteration_model is None and not record_work
+        self.out = SimTelemetry(
+            on_batch,
+            columnar,
+            {r.id: r.core for r in self.replicas},
+            self._horizon_s if self._runs else None,
+        )
+        self._columnar = self.out.columnar
         self._stats = RequestStats()
-        self._columnar = columnar and on_batch is not None
-        # per source, in the order of its first event: the router's events, a worker's iteration rows
-        self._pending_events: dict[str, list[dict[str, Any]] | _IterationRows] = {}
-        self._seq: dict[str, int] = {}
-
-    # -- telemetry -------------------------------------------------------------------------------
+        self._now_s = 0.0  # the current event's time (what routing reads a decode run's load at)
 
     def _emit(self, source: str, event: dict[str, Any], now_s: float) -> None:
-        events = self._pending_events.setdefault(source, [])
-        events.append(event)
-        if len(events) >= BATCH_EVENTS:
-            self._flush_source(source, now_s)
+        self.out.emit(source, event, now_s)
 
-    def _flush_source(self, source: str, now_s: float) -> None:
-        events = self._pending_events.get(source)
-        if isinstance(events, _IterationRows):
-            if events.events:
-                self._flush_iterations(source, events, now_s, events.events)
-            return
-        if not events:
-            return
-        self._pending_events[source] = []
-        batch = envelope(source, self._next_seq(source), now_s, 0, events)
-        self._deliver(TokenTimesBatch(batch) if self._columnar else batch)
-
-    def _next_seq(self, source: str) -> int:
-        seq = self._seq.get(source, 0)
-        self._seq[source] = seq + 1
-        return seq
-
-    def _deliver(self, batch: dict[str, Any] | IterationBatch) -> None:
-        self._batches_emitted += 1
-        if self._on_batch is None:
-            self._batches.append(batch)
-        else:
-            self._on_batch(batch)
-
-    def _emit_iteration(self, replica: Replica, values: tuple[Any, ...], extra: Any, now_s: float) -> None:
-        """Queue an iteration's events (one per GPU of ``replica``); a full batch goes out."""
-        pending = self._pending_events.get(replica.id)
-        if pending is None:
-            pending = self._pending_events[replica.id] = _IterationRows()
-        pending.rows.append(values)
-        pending.extras.append(extra)
-        pending.events += len(replica.gpus)
-        if pending.events >= BATCH_EVENTS:  # the batch ends with its BATCH_EVENTS-th event
-            self._flush_iterations(replica.id, pending, now_s, BATCH_EVENTS)
-
-    def _flush_iterations(self, source: str, pending: _IterationRows, now_s: float, n: int) -> None:
-        replica = self._replicas_by_id[source]
-        core = replica.core
-        tp = len(core.gpus)
-        end = pending.skip + n  # events of the rows taken, counted from rows[0]'s first GPU
-        taken = -(-end // tp)
-        batch = IterationBatch(
-            source,
-            self._next_seq(source),
-            now_s,
-            source,
-            core.device_name,
-            tuple(core.gpus),
-            pending.rows[:taken],
-            pending.extras[:taken],
-            n,
-            pending.skip,
-        )
-        keep = taken - (1 if end % tp else 0)  # a row whose last GPUs are not sent stays
-        del pending.rows[:keep], pending.extras[:keep]
-        pending.skip = end % tp
-        pending.events -= n
-        if self._columnar:
-            batch.columns()  # now, while its rows are in the cache; the store reads them later
-            self._deliver(batch)
-        else:
-            self._deliver(batch.envelope())
+    def _horizon_s(self) -> float:
+        """The earliest time a telemetry batch not yet made can be sent at: the start of the
+        earliest decode run not yet committed (its iterations' events are emitted then)."""
+        starts = [r.run.start_s for r in self.replicas if r.run is not None]
+        return self.start_s + min(starts) if starts else math.inf
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -388,7 +207,7 @@ class Simulation:
         arrivals = [r.arrival_s + self.dispatch_delay_s for r in requests]
         heap: list[tuple[float, int, int, Any]] = []
         counter = itertools.count()
-        states: dict[str, _Request] = {}
+        states: dict[str, SimRequest] = {}
         self._states = states
         self._heap, self._counter = heap, counter
         self._finished = self._failed = 0
@@ -409,6 +228,9 @@ class Simulation:
         total_s = self.requests[-1].arrival_s
         now = 0.0
         events = 0
+        self._events_run = 0  # iteration ends taken inside decode runs (each an event of the loop)
+        self._run_iterations = 0
+        next_progress = 2048
         heappop, iteration_done, kv_arrived = heapq.heappop, self._iteration_done, self._kv_arrived
         arrive, a, n = self._arrive, 0, len(requests)
         next_arrival_s = arrivals[0]
@@ -427,16 +249,17 @@ class Simulation:
             else:
                 break
             events += 1
-            if self.progress is not None and events % 2048 == 0:
+            if self.progress is not None and events >= next_progress:
+                next_progress = events + 2048
                 wall = time.perf_counter()
                 if wall - last_progress > 0.2:
                     last_progress = wall
                     self.progress(min(now, total_s), total_s)
+        events += self._events_run
         end_s = t0 + max(now, total_s)
         for replica in self.replicas:
             replica.intervals.settle()
-        for source in list(self._pending_events):
-            self._flush_source(source, end_s)
+        self.out.flush_all(end_s)
         if self.progress is not None:
             self.progress(total_s, total_s)
         return SimResult(
@@ -444,7 +267,7 @@ class Simulation:
             shape=self.shape,
             start_s=t0,
             end_s=end_s,
-            batches=self._batches,
+            batches=self.out.batches,
             replicas=self.replicas,
             requests=len(self.requests),
             finished=self._finished,
@@ -454,7 +277,8 @@ class Simulation:
             gpu_name=self.spec.name,
             events=events,
             stats=self._stats,
-            batches_emitted=self._batches_emitted,
+            batches_emitted=self.out.emitted,
+            run_iterations=self._run_iterations,
         )
 
     def _params(self, max_tokens: int) -> SamplingParams:
@@ -465,11 +289,16 @@ class Simulation:
 
     def _arrive(self, i: int, r: TraceRequest, now: float) -> None:
         rid = f"sim-{i}"
-        req = _Request(rid, r.arrival_s, max(1, r.prompt_tokens), max(1, r.output_tokens))
-        route = choose_route(self._by_role["prefill"], self._by_role["decode"], self._by_role["mixed"], _load)
+        req = SimRequest(rid, r.arrival_s, max(1, r.prompt_tokens), max(1, r.output_tokens))
+        self._now_s = now
+        route = choose_route(
+            self._by_role["prefill"], self._by_role["decode"], self._by_role["mixed"], self._load
+        )
         if route is None:  # pragma: no cover - check_layout guarantees a path
             raise SimulationError("the layout has no prefill+decode pair and no mixed pool")
         req.prefill, req.decode = route.prefill, route.decode
+        if route.prefill.run is not None:
+            self._interrupt(route.prefill, now)
         try:
             route.prefill.core.add_request(
                 rid,
@@ -488,10 +317,12 @@ class Simulation:
         self._states[rid] = req
         self._kick(route.prefill, now)
 
-    def _kv_arrived(self, payload: tuple[_Request, list[int], SamplingParams], now: float) -> None:
+    def _kv_arrived(self, payload: tuple[SimRequest, list[int], SamplingParams], now: float) -> None:
         req, token_ids, params = payload
         req.kv_transfer_end_s = now
         replica = req.decode
+        if replica.run is not None:
+            self._interrupt(replica, now)
         replica.core.queue_prefilled(
             req.request_id,
             token_ids,
@@ -503,13 +334,34 @@ class Simulation:
         )
         self._kick(replica, now)
 
-    def _kick(self, replica: Replica, now: float) -> None:
-        """Start ``replica``'s next iteration at ``now`` if it is idle and has something to run."""
+    def _load(self, replica: Replica) -> tuple[int, float]:
+        # Replica.load without its two hops (once per replica of a role per arrival: 32 x 155k in
+        # the 64-GPU hour); a replica in a decode run: its KV use at the arrival
+        run = replica.run
+        if run is None:
+            return len(replica.inflight), replica.blocks.usage
+        return len(replica.inflight), run.usage_at(self._now_s)
+
+    def _kick(self, replica: Replica, now: float, runs: bool = True) -> None:
+        """Start ``replica``'s next iteration at ``now`` if it is idle and has something to run (its
+        next iterations as a decode run, when they are one and ``runs``)."""
         if replica.busy:
             return
         core = replica.core
         if not core.has_work():
             return
+        if runs and self._runs:
+            executor = core.executor
+            if type(executor) is GpuModelExecutor and executor.iteration_model is None:
+                run = core.decode_run(RUN_ITERATIONS)
+                if run is not None:
+                    executor.time_run(run, now)
+                    replica.run = run
+                    replica.busy = True
+                    heapq.heappush(
+                        self._heap, (run.ends[-1], _ITER_DONE, next(self._counter), (replica, run, None))
+                    )
+                    return
         batch = core.begin(now)  # hand-offs admitted, the iteration scheduled
         if batch is None:
             return  # waiting for blocks: a finishing sequence or an arrival kicks it again
@@ -535,14 +387,101 @@ class Simulation:
             replica.works.append((now, tally))
         t0 = self.start_s
         values = iteration_values(batch, execution, core.scheduler.blocks.num_blocks, t0)
-        self._emit_iteration(replica, values, execution.extra, t0 + now)
+        self.out.emit_iteration(replica.id, len(replica.gpus), values, execution.extra, t0 + now)
         heapq.heappush(self._heap, (end, _ITER_DONE, next(self._counter), (replica, batch, execution)))
 
-    def _iteration_done(self, payload: tuple[Replica, Batch, Execution], now: float) -> None:
+    def _iteration_done(self, payload: tuple[Replica, Any, Execution | None], now: float) -> None:
         replica, batch, execution = payload
+        if execution is None:  # a decode run's last iteration ended: all of it is done
+            run = batch
+            k = run.k
+            self._commit(replica, run, k, k - 1 if run.last_finishes else k)
+            if run.last_finishes:  # its last iteration's tokens as one (sequences finish): _token
+                replica.core.update(
+                    replica.core.run_batch(run, k - 1), execution_of(run.entries[-1], run.ends[-2])
+                )
+            self._events_run += k - 1
+            replica.run = None
+        else:
+            replica.core.update(batch, execution)  # each token: _token
         replica.busy = False
-        replica.core.update(batch, execution)  # each token: _token
         self._kick(replica, now)
+
+    def _interrupt(self, replica: Replica, now: float) -> None:
+        """Something reaches ``replica`` at ``now`` in a decode run: the run's iterations that ended
+        before ``now`` are done, the one running at ``now`` goes on as a single iteration (begun at
+        its start, as the iteration-by-iteration loop began it), the rest are dropped."""
+        run = replica.run
+        done = run.ended_before(now)
+        self._commit(replica, run, done, done)
+        self._events_run += done
+        heap = self._heap
+        for i, entry in enumerate(heap):
+            if entry[3][1] is run:
+                heap[i] = heap[-1]
+                heap.pop()
+                heapq.heapify(heap)
+                break
+        replica.busy = False
+        self._kick(replica, run.ends[done - 1] if done else run.start_s, runs=False)
+        replica.run = None  # after the kick: its events are still the run's (the telemetry horizon)
+
+    def _commit(self, replica: Replica, run: DecodeRun, m: int, updated: int) -> None:
+        """The first ``m`` iterations of ``replica``'s decode run happened (``updated`` of them
+        applied here, the rest by ``EngineCore.update``): the engine's state, and each iteration's
+        busy interval and events, as :meth:`_kick` and :meth:`_iteration_done` make them one by one."""
+        if m <= 0:
+            return
+        core = replica.core
+        core.commit_decode_run(run, m, updated)
+        replica.iterations += m
+        self._run_iterations += m
+        t0 = self.start_s
+        b = len(run.seqs)
+        tp = len(replica.gpus)
+        kv_per_gpu = self._kv_bytes_per_token
+        pool_tp = replica.pool.tp
+        total = run.num_blocks
+        start = run.start_s
+        ends, entries, works, free = run.ends, run.entries, run.works, run.free
+        busy_s = [entry[0].busy_s for entry in entries[:m]]
+        contexts = [work[3] for work in works[:m]]
+        ends_m = ends[:m]
+        replica.intervals.extend(
+            [end - b_s for end, b_s in zip(ends_m, busy_s, strict=True)],
+            ends_m,
+            [entry[2] for entry in entries[:m]],
+            [c * kv_per_gpu // pool_tp for c in contexts],
+        )
+        rows, extras, sent = [], [], []
+        for j in range(m):
+            est, extra, _busy = entries[j]
+            end = ends[j]
+            sent_s = t0 + start
+            rows.append(
+                (
+                    sent_s,
+                    t0 + end,
+                    "decode",
+                    b,
+                    0,
+                    b,
+                    contexts[j],
+                    total - free[j],
+                    total,
+                    0,
+                    busy_s[j],
+                    0.0,
+                    est.time_s,
+                    0.0,
+                    est.flops or None,
+                    est.hbm_bytes or None,
+                )
+            )
+            extras.append(extra)
+            sent.append(sent_s)
+            start = end
+        self.out.emit_iterations(replica.id, tp, rows, extras, sent)
 
     def _token(
         self, replica: Replica, seq: Seq, token: int, now: float, reason: str | None, first: bool
@@ -562,7 +501,7 @@ class Simulation:
             replica.inflight.discard(req.request_id)
             self._hand_off(req, seq, now)
 
-    def _hand_off(self, req: _Request, seq: Seq, now: float) -> None:
+    def _hand_off(self, req: SimRequest, seq: Seq, now: float) -> None:
         """Ship the prompt's KV to the decode replica over the layout's link."""
         try:
             req.decode.scheduler.check_admissible(req.prompt_tokens, req.output_tokens)
@@ -578,7 +517,7 @@ class Simulation:
         payload = (req, list(seq.token_ids), seq.params)
         heapq.heappush(self._heap, (done, _KV_DONE, next(self._counter), payload))
 
-    def _finish(self, req: _Request, now: float) -> None:
+    def _finish(self, req: SimRequest, now: float) -> None:
         self._finished += 1
         for r in (req.prefill, req.decode):
             if r is not None:
@@ -586,11 +525,11 @@ class Simulation:
         self._states.pop(req.request_id, None)
         self._emit_request(req, now, "ok", "length", None)
 
-    def _fail(self, req: _Request, message: str, now: float) -> None:
+    def _fail(self, req: SimRequest, message: str, now: float) -> None:
         self._failed += 1
         self._emit_request(req, now, "error", "error", message)
 
-    def _emit_request(self, req: _Request, now: float, status: str, reason: str, error: str | None) -> None:
+    def _emit_request(self, req: SimRequest, now: float, status: str, reason: str, error: str | None) -> None:
         t0 = self.start_s
 
         def at(t: float | None) -> float | None:
@@ -638,46 +577,6 @@ class Simulation:
             },
             t0 + now,
         )
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0  # runs under gc_paused now (in any thread); the collector is back on at 0
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (reference counting goes on) for the block; it is
-    back on when the last of the blocks that paused it ends, if it was on before the first.
-
-    What the block leaves alive (a run's estimate cache, its results) goes straight to the oldest
-    generation then (``gc.freeze`` and ``unfreeze``, O(1), unless something else froze objects):
-    left in the youngest, it would be walked by the next two collections (0.1 s after 10 minutes
-    of the hour on 8 GPUs)."""
-    global _gc_pauses, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                if gc.get_freeze_count() == 0:
-                    gc.freeze()
-                    gc.unfreeze()
-                gc.enable()
-
-
-_gc_was_enabled = True
-
-
-def _load(replica: Replica) -> tuple[int, float]:
-    # Replica.load without its two hops: once per replica of a role per arrival (32 x 155k in the
-    # 64-GPU hour)
-    return len(replica.inflight), replica.blocks.usage
 
 
 def virtual_start_s(requests: Sequence[TraceRequest], *, end_at_s: float | None = None) -> float:

@@ -424,3 +424,21 @@ def test_emulated_device_models_one_tp_rank_with_its_shard_memory() -> None:
     used = dev.snapshot().mem_used_bytes
     assert weight_bytes(LLAMA_70B, 4) < used < GPU_SPECS["h100-sxm"].memory_bytes
     assert math.isclose(dev.snapshot().power_w, 72.0)  # never busy yet: true idle
+
+
+def test_the_bound_predictor_gives_predict_iterations_estimates() -> None:
+    """iteration_predictor (the simulator's executor) = predict_iteration, host time kept per counts."""
+    from serving.devices.gpu_model import iteration_predictor
+
+    shape = preset("llama-3.1-70b")
+    works = [
+        IterationWork("decode", 0, 12, 12 * 900, 12, 12 * 900, 12),
+        IterationWork("decode", 0, 12, 12 * 901, 12, 12 * 901, 12),
+        IterationWork("mixed", 512, 8, 9000, 9, 300_000, 8),
+        IterationWork("prefill", 2048, 0, 2048, 1, 2048 * 2049 // 2, 1),
+    ]
+    for knobs in ({}, {"power_limit_w": 350.0}, {"sm_clock_range": (900, 1400)}):
+        predict = iteration_predictor("h100-sxm", shape, tp=2, profile="vllm", **knobs)
+        for work in works:
+            assert predict(work) == predict_iteration("h100-sxm", shape, work, tp=2, profile="vllm", **knobs)
+    assert iteration_predictor("h100-sxm", shape, tp=2, power_limit_w=350.0)(works[2]).power_capped
