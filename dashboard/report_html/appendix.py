@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
+from decimal import Decimal
 from typing import Any
 
 from dashboard.report_html.labels import field_label, field_unit, is_field_name
@@ -152,7 +154,7 @@ def _humanize(key: str) -> str:
 def _is_time(key: str, v: Any) -> bool:
     """An epoch-seconds field (``start_s``, ``hour_s``, ``bucket_start_s``, ...)."""
     return (
-        isinstance(v, int | float)
+        isinstance(v, numbers.Real)
         and not isinstance(v, bool)
         and key.endswith("_s")
         and (key[:-2].endswith(("start", "end", "hour", "ts", "time")) or key in ("hour_s", "ts_s"))
@@ -166,18 +168,30 @@ def _fmt(v: Any, key: str = "") -> tuple[str, bool]:
         return ("—" if v is None else str(v).lower()), False
     if _is_time(key, v):
         return utc_text(float(v), "%Y-%m-%d %H:%M:%S"), False
-    unit = field_unit(key) if key and isinstance(v, int | float) else None
+    unit = field_unit(key) if key and isinstance(v, numbers.Real) else None
     if unit is not None and unit.scale != 1.0:
         v = float(v) * unit.scale
-    if isinstance(v, int):
-        return f"{v:,}", True
-    if isinstance(v, float):
-        return number_text(v), math.isfinite(v)
+    if isinstance(v, numbers.Integral):
+        return f"{int(v):,}", True
+    if isinstance(v, numbers.Real | Decimal):  # numpy's float32 and DuckDB's DECIMAL too
+        return number_text(float(v)), math.isfinite(float(v))
     if isinstance(v, list) and all(not isinstance(x, dict | list) for x in v):
         return ", ".join(_fmt(x)[0] for x in v) or "—", False
     if isinstance(v, dict | list):
-        return json.dumps(v, default=str)[:300], False
+        return json.dumps(_human_numbers(v), default=str)[:300], False
     return str(v), False
+
+
+def _human_numbers(v: Any) -> Any:
+    """``v`` with every float inside it as :func:`number_text` writes it (a nested cell is shown as
+    JSON, which would write ``1.2e-05``)."""
+    if isinstance(v, numbers.Real | Decimal) and not isinstance(v, numbers.Integral):
+        return number_text(float(v))
+    if isinstance(v, dict):
+        return {k: _human_numbers(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_human_numbers(x) for x in v]
+    return v
 
 
 def _cell(v: Any, key: str = "") -> str:

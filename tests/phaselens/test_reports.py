@@ -312,6 +312,17 @@ def test_field_names_read_as_labels_with_units():
     assert number_text(0.00001) == "< 0.001" and number_text(0.0) == "0" and number_text(9063.2) == "9,063"
 
 
+def test_a_nested_cell_shows_its_numbers_as_people_read_them():
+    import numpy as np
+
+    from dashboard.report_html.appendix import _cell
+
+    cell = _cell({"prefill": 1.2e-05, "decode": [0.00004, 2.5], "n": 3})
+    assert "e-0" not in cell and "&lt; 0.001" in cell and "2.5" in cell and ": 3" in cell
+    assert _cell(np.float32(1.2e-05)) == '<td class="num">&lt; 0.001</td>'  # not str(): 1.2e-05
+    assert _cell(np.int64(12345)) == '<td class="num">12,345</td>'
+
+
 def test_report_on_a_missing_store_file_is_refused_and_creates_nothing(tmp_path, capsys):
     from phaselens.cli import main
 

@@ -184,7 +184,9 @@ def test_serving_stack_telemetry_and_devices_land(store: Store, ingest: Ingest) 
         # 1 s wait was not always enough on a loaded host): read on until the 4 requests are stored
         deadline = time.monotonic() + 60
         read = {telemetry: ingest(telemetry), devices: ingest(devices)}
-        while count(store, "SELECT count(*) FROM requests") < 4:
+        while count(store, "SELECT count(*) FROM requests") < 4 or not count(
+            store, "SELECT count(*) FROM iterations"
+        ):
             assert time.monotonic() < deadline, "the 4 requests' telemetry did not reach the router in 60 s"
             time.sleep(0.1)
             read[telemetry] += ingest(telemetry)
