@@ -1,7 +1,8 @@
 """Per-phase power control against a uniform cap and against no capping (issue 24's targets), in one run.
 
 For each configuration the calibration sweep — both knobs, power limits and SM-clock windows,
-``--points`` per knob and up to ``--refine`` finer ones near each knee (phaselens/power/plan.py) — runs
+``--points`` per knob, up to ``--refine`` finer ones near each knee (phaselens/power/plan.py) and up to
+``--refine`` more per knob and role around the target variant's joint choice (the second pass) — runs
 on the conversation trace itself (``simulate_sweep(..., trace=)``) and the chooser
 (phaselens/power/choose.py) picks the **BAL** setting per role (best tokens/J whose throughput is ≥
 95 % of the reference's and whose ITL/TTFT p99 stay within the SLO) three ways, on the same points:

@@ -117,7 +117,8 @@ class StackClient:
 
     def counters(self) -> dict[str, dict[str, float]]:
         """By worker: its device's energy counter (``energy_j``) and, emulated, its iterations and
-        the lagged ones (the host could not keep pace: ``iterations``, ``lagged``)."""
+        the lagged ones (the host could not keep pace: ``iterations``, ``lagged``) and its modelled
+        GPU seconds (``modeled_s``)."""
         body = self._call("GET", "/v1/devices")
         out: dict[str, dict[str, float]] = {}
         for d in body.get("devices", []):
@@ -128,5 +129,7 @@ class StackClient:
             if emu:
                 item["iterations"] = float(emu.get("iterations") or 0)
                 item["lagged"] = float(emu.get("lagged_iterations") or 0)
+                if emu.get("modeled_s_total") is not None:
+                    item["modeled_s"] = float(emu["modeled_s_total"])
             out[d["worker"]] = item
         return out

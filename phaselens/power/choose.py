@@ -12,6 +12,12 @@ output tokens for decode and mixed).
 - **Cliff** per knob: going down from the top, the first setting whose phase latency rises beyond
   noise: above the slower of the two reference runs by more than ``min_rise_pct``
   (:func:`rise_threshold_pct`, expressed as a rise over the reference mean).
+- **Host-bound references** (:func:`cliff_basis`): where the reference runs of an emulated stack
+  were host-bound (the host's CPU, not the modelled GPU, set the pace: the client latency measures
+  the host and the knob's effect disappears into its noise), the noise, the threshold and the cliff
+  are judged on the **modelled** GPU time the emulated devices report instead (``modeled_s_per_token``
+  for prefill, ``modeled_iteration_s`` for decode: labelled emulated); without modelled figures no
+  cliff is called from such a sweep. Either way the analysis says so (``cliff_basis``, ``cliff_note``).
 - **Modes**: a setting is *accepted* only if its throughput is ≥ (1 − ε) × the reference's and its
   ITL p99 and TTFT p99 are within the SLO; **PERF** also needs no measurable slowdown (the phase
   latency within the threshold, p50 and p99); **BAL** takes the best tokens/J of the accepted;
@@ -85,15 +91,51 @@ def _rise_pct(value: Any, ref: Any) -> float | None:
     return None if v is None or r is None or r <= 0 else (v / r - 1.0) * 100.0
 
 
-def phase_latency_keys(phase: str) -> tuple[str, ...]:
-    """The latencies a phase's knob moves: TTFT for prefill, ITL for decode, both for mixed."""
+#: what judges the cliff: the client's latency; the emulated GPU's modelled time (host-bound
+#: references on an emulated stack); nothing (host-bound references without modelled figures)
+CLIENT, MODELED, NO_CLIFF = "client", "modeled", "none"
+
+
+def phase_latency_keys(phase: str, basis: str = CLIENT) -> tuple[str, ...]:
+    """The latencies a phase's knob moves: TTFT for prefill, ITL for decode, both for mixed; on the
+    ``modeled`` basis their emulated-GPU counterparts (GPU seconds per prompt token, per iteration)."""
+    if basis == MODELED:
+        return {"prefill": ("modeled_s_per_token",), "decode": ("modeled_iteration_s",)}.get(
+            phase, ("modeled_s_per_token", "modeled_iteration_s")
+        )
     return {"prefill": ("ttft_p50_s",), "decode": ("itl_p50_s",)}.get(phase, ("ttft_p50_s", "itl_p50_s"))
 
 
-def reference_of(points: list[dict[str, Any]], phase: str) -> tuple[dict[str, Any], float]:
-    """The mean figures of the default points and the noise (%): how far the phase latency of the
-    first and the last differ, relative to the smaller."""
-    refs = [p["figures"] for p in points if p["setting"].get("knob", DEFAULT) == DEFAULT]
+def _refs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p["figures"] for p in points if p["setting"].get("knob", DEFAULT) == DEFAULT]
+
+
+def cliff_basis(points: list[dict[str, Any]], phase: str) -> tuple[str, str | None]:
+    """What judges the cliff, and why when it is not the client's latency: a reference run that was
+    host-bound (``host_bound``: over 5 % of the emulated iterations ran past their modelled time)
+    measured the host's CPU, not the knob — then the emulated GPU's modelled time where every point
+    carries it, else no cliff at all."""
+    refs = _refs(points)
+    bound = [f for f in refs if f.get("host_bound")]
+    if not bound:
+        return CLIENT, None
+    share = max((_num(f.get("host_bound_share")) or 0.0) for f in bound)
+    why = (
+        f"{len(bound)} of {len(refs)} reference runs host-bound ({share * 100:.0f} % of the emulated "
+        "iterations ran past their modelled GPU time): the client latency measures the host's CPU, not the knob"
+    )
+    keys = phase_latency_keys(phase, MODELED)
+    if all(_num(p["figures"].get(k)) for p in points for k in keys):
+        return MODELED, why + "; the cliff is judged on the emulated GPU's modelled time (emulated)"
+    return NO_CLIFF, why + "; no cliff is called from this sweep"
+
+
+def reference_of(
+    points: list[dict[str, Any]], phase: str, basis: str = CLIENT
+) -> tuple[dict[str, Any], float]:
+    """The mean figures of the default points and the noise (%): how far the phase latency (on
+    ``basis``) of the first and the last differ, relative to the smaller."""
+    refs = _refs(points)
     if not refs:
         raise ValueError("no reference (default settings) point was measured")
     keys = {k for f in refs for k in f}
@@ -104,7 +146,7 @@ def reference_of(points: list[dict[str, Any]], phase: str) -> tuple[dict[str, An
         mean[k] = sum(vals) / len(vals) if vals else refs[0].get(k)
     noise = 0.0
     if len(refs) >= 2:
-        for k in phase_latency_keys(phase):
+        for k in phase_latency_keys(phase, basis):
             a, b = _num(refs[0].get(k)), _num(refs[-1].get(k))
             if a and b:
                 noise = max(noise, abs(a - b) / min(a, b) * 100.0)
@@ -112,13 +154,13 @@ def reference_of(points: list[dict[str, Any]], phase: str) -> tuple[dict[str, An
 
 
 def rise_threshold_pct(
-    points: list[dict[str, Any]], ref: dict[str, Any], phase: str, floor_pct: float
+    points: list[dict[str, Any]], ref: dict[str, Any], phase: str, floor_pct: float, basis: str = CLIENT
 ) -> float:
     """The rise over the reference mean that is beyond noise: above the slower of the reference runs
     by more than ``floor_pct`` (with one reference, or two that agree: ``floor_pct``)."""
-    refs = [p["figures"] for p in points if p["setting"].get("knob", DEFAULT) == DEFAULT]
+    refs = _refs(points)
     out = floor_pct
-    for k in phase_latency_keys(phase):
+    for k in phase_latency_keys(phase, basis):
         vals = [v for v in (_num(f.get(k)) for f in refs) if v is not None]
         mean = _num(ref.get(k))
         if vals and mean:
@@ -126,26 +168,29 @@ def rise_threshold_pct(
     return out
 
 
-def slowdown_pct(figures: dict[str, Any], ref: dict[str, Any], phase: str) -> float | None:
-    """The phase latency's rise over the reference, % (the largest of the phase's keys)."""
-    rises = [_rise_pct(figures.get(k), ref.get(k)) for k in phase_latency_keys(phase)]
+def slowdown_pct(
+    figures: dict[str, Any], ref: dict[str, Any], phase: str, basis: str = CLIENT
+) -> float | None:
+    """The phase latency's rise over the reference, % (the largest of the phase's keys on ``basis``)."""
+    rises = [_rise_pct(figures.get(k), ref.get(k)) for k in phase_latency_keys(phase, basis)]
     rises = [r for r in rises if r is not None]
     return max(rises) if rises else None
 
 
 def find_cliffs(
-    points: list[dict[str, Any]], ref: dict[str, Any], phase: str, threshold_pct: float
+    points: list[dict[str, Any]], ref: dict[str, Any], phase: str, threshold_pct: float, basis: str = CLIENT
 ) -> dict[str, Any]:
-    """Per knob swept: the first setting (from the top down) whose phase latency rose beyond
-    ``threshold_pct``, with its rise; ``None`` for a knob that never crossed it."""
+    """Per knob swept: the first setting (from the top down) whose phase latency (on ``basis``) rose
+    beyond ``threshold_pct``, with its rise; ``None`` for a knob that never crossed it (and for every
+    knob on the ``none`` basis: no cliff is called)."""
     out: dict[str, Any] = {}
     for knob in KNOBS:
         swept = [p for p in points if p["setting"].get("knob") == knob]
         if not swept:
             continue
         out[knob] = None
-        for p in swept:
-            rise = slowdown_pct(p["figures"], ref, phase)
+        for p in swept if basis != NO_CLIFF else []:
+            rise = slowdown_pct(p["figures"], ref, phase, basis)
             if rise is not None and rise > threshold_pct:
                 out[knob] = {"setting": p["setting"], "rise_pct": round(rise, 2)}
                 break
@@ -200,8 +245,11 @@ def choose_modes(
     points: list[dict[str, Any]], phase: str, options: ChooseOptions = ChooseOptions()
 ) -> dict[str, Any]:
     """The reference, noise, cliffs and the setting of each mode for one role's points."""
-    ref, noise = reference_of(points, phase)
-    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct)
+    basis, basis_note = cliff_basis(points, phase)
+    judge = CLIENT if basis == NO_CLIFF else basis  # PERF's "no slowdown" still needs a latency
+    ref, noise = reference_of(points, phase, judge)
+    _, client_noise = reference_of(points, phase)
+    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct, judge)
     slo = slo_of(ref, options)
     ref_tpj = _num(ref.get("tokens_per_j"))
     rated = []
@@ -209,13 +257,13 @@ def choose_modes(
         if p["setting"].get("knob", DEFAULT) == DEFAULT:
             continue
         f = p["figures"]
-        rise = slowdown_pct(f, ref, phase)
+        rise = slowdown_pct(f, ref, phase, judge)
         p99_rise = max(
             (
                 r
                 for r in (
                     _rise_pct(f.get(k.replace("p50", "p99")), ref.get(k.replace("p50", "p99")))
-                    for k in phase_latency_keys(phase)
+                    for k in phase_latency_keys(phase, judge)
                 )
                 if r is not None
             ),
@@ -250,9 +298,12 @@ def choose_modes(
     return {
         "reference": ref,
         "noise_pct": round(noise, 2),
+        "client_noise_pct": round(client_noise, 2),
         "threshold_pct": round(threshold, 2),
         "slo": slo,
-        "cliff": find_cliffs(points, ref, phase, threshold),
+        "cliff_basis": basis,
+        "cliff_note": basis_note,
+        "cliff": find_cliffs(points, ref, phase, threshold, basis),
         "modes": modes,
         "options": {
             "eps": options.eps,
@@ -391,8 +442,10 @@ def knee_brackets(
     setting within a bound lies just above where the bound is crossed. With an end-to-end bound also
     (the top, the first setting swept): the roles share that bound (:func:`choose_across_roles`), so
     settings that cost little latency are worth having too."""
-    ref, _ = reference_of(points, phase)
-    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct)
+    basis, _ = cliff_basis(points, phase)
+    basis = CLIENT if basis == NO_CLIFF else basis
+    ref, _ = reference_of(points, phase, basis)
+    threshold = rise_threshold_pct(points, ref, phase, options.min_rise_pct, basis)
     slo = slo_of(ref, options)
     out: dict[str, list[tuple[Setting | None, Setting]]] = {}
     for knob in KNOBS:
@@ -411,7 +464,7 @@ def knee_brackets(
             for setting, f in swept:
                 refused = _why_not(f, ref, eps, slo, factor, options.e2e_bound_pct(mode)) is not None
                 if mode == "perf" and not refused:
-                    refused = (slowdown_pct(f, ref, phase) or 0) > threshold
+                    refused = (slowdown_pct(f, ref, phase, basis) or 0) > threshold
                 if refused:
                     if (above, setting) not in out.setdefault(knob, []):
                         out[knob].append((above, setting))
@@ -421,8 +474,49 @@ def knee_brackets(
 
 
 def beyond_loosest(figures: dict[str, Any], ref: dict[str, Any], phase: str, options: ChooseOptions) -> bool:
-    """True when a point is past every mode's bound (EFF's): going further down the knob is pointless."""
+    """True when a point is past every mode's bound (EFF's): going further down the knob is pointless.
+    Judged against one reference run ``ref``: on the modelled time where that run was host-bound."""
     slo = slo_of(ref, options)
     eps = options.eps * options.eff_eps_factor
     why = _why_not(figures, ref, eps, slo, options.eff_slo_factor, options.e2e_bound_pct("eff"))
-    return why is not None and ((slowdown_pct(figures, ref, phase) or 0) > options.min_rise_pct)
+    basis = (
+        MODELED
+        if ref.get("host_bound")
+        and all(_num(f.get(k)) for f in (figures, ref) for k in phase_latency_keys(phase, MODELED))
+        else CLIENT
+    )
+    return why is not None and ((slowdown_pct(figures, ref, phase, basis) or 0) > options.min_rise_pct)
+
+
+def combination_brackets(
+    role_points: dict[str, tuple[str, list[dict[str, Any]]]], options: ChooseOptions
+) -> dict[str, dict[str, list[tuple[Setting | None, Setting]]]]:
+    """Where a second refinement pass looks (``--refine`` with an end-to-end bound): around each mode's
+    setting of the roles' joint choice (:func:`choose_across_roles`) — per role and knob, between the
+    chosen setting and its swept neighbours above (None: the knob's top) and below. The joint choice
+    trades the roles' e2e rises against each other, so the best combination usually lies between the
+    swept settings of the one it found. ``role_points``: role → (phase, points). Without a bound: {}."""
+    if options.max_e2e_slowdown is None:
+        return {}
+    analyses = {role: choose_modes(points, phase, options) for role, (phase, points) in role_points.items()}
+    choose_across_roles(analyses, options)
+    out: dict[str, dict[str, list[tuple[Setting | None, Setting]]]] = {}
+    for role, (_, points) in role_points.items():
+        for mode in MODES:
+            m = analyses[role]["modes"][mode]
+            if m.get("keep_defaults"):
+                continue
+            chosen = Setting.from_dict(m["setting"])
+            swept = sorted(
+                {Setting.from_dict(p["setting"]) for p in points if p["setting"].get("knob") == chosen.knob},
+                key=lambda s: -(knob_value(s) or 0),
+            )
+            at = swept.index(chosen)
+            pairs = out.setdefault(role, {}).setdefault(chosen.knob, [])
+            for pair in (
+                (swept[at - 1] if at else None, chosen),
+                (chosen, swept[at + 1] if at + 1 < len(swept) else None),
+            ):
+                if pair[1] is not None and pair not in pairs:
+                    pairs.append(pair)  # type: ignore[arg-type]
+    return out

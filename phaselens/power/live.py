@@ -114,7 +114,9 @@ def point_figures(
     role_workers: tuple[str, ...],
     phase: str,
 ) -> dict[str, Any]:
-    """One point's figures: the load's latency and throughput, the role's GPU energy, power and tokens/J."""
+    """One point's figures: the load's latency and throughput, the role's GPU energy, power and tokens/J;
+    on emulated GPUs also the role's modelled GPU time (``modeled_s``, per iteration, per phase token)
+    and the share of iterations the host could not pace (``host_bound`` over 5 %)."""
 
     def energy(workers: list[str]) -> float | None:
         vals = [
@@ -131,6 +133,16 @@ def point_figures(
     phase_tokens = report.prompt_tokens_total if phase == "prefill" else report.completion_tokens_total
     gpus = max(1, len(c1))
     host_bound = lagged / iters if iters else None
+    # the emulated GPUs' modelled time of the role (what the knob changes, whatever the host's pace)
+    modeled = [
+        c1[w]["modeled_s"] - c0[w]["modeled_s"]
+        for w in role_workers
+        if "modeled_s" in c0.get(w, {}) and "modeled_s" in c1.get(w, {})
+    ]
+    role_iters = sum(
+        c1[w].get("iterations", 0) - c0.get(w, {}).get("iterations", 0) for w in role_workers if w in c1
+    )
+    modeled_s = sum(modeled) if modeled and len(modeled) == len(role_workers) else None
     return {
         "requests": report.n_requests,
         "failed": report.n_failed,
@@ -152,6 +164,9 @@ def point_figures(
         "j_per_token": all_e / report.completion_tokens_total
         if all_e and report.completion_tokens_total
         else None,
+        "modeled_s": modeled_s,
+        "modeled_iteration_s": modeled_s / role_iters if modeled_s and role_iters > 0 else None,
+        "modeled_s_per_token": modeled_s / phase_tokens if modeled_s and phase_tokens else None,
         "host_bound_share": host_bound,
         "host_bound": bool(host_bound is not None and host_bound > HOST_BOUND_SHARE),
     }

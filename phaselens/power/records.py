@@ -66,8 +66,24 @@ def calibration_row(
             "workers": result.get("workers"),
             "stopped": result.get("stopped"),
             "choice": {k: v for k, v in (analysis or {}).items() if k not in ("reference", "cliff")},
+            "confidence": calibration_confidence(analysis, trust),
         },
     }
+
+
+def calibration_confidence(analysis: dict[str, Any] | None, trust: list[str]) -> dict[str, Any]:
+    """How far one role's calibration can be trusted: ``low`` where its reference runs were host-bound
+    (the client latency measured the host's CPU; the cliff then judged on the modelled time, or not
+    called), or simulated; else by the noise between the reference runs (high ≤ 5 %, medium ≤ 15 %)."""
+    if analysis is None:
+        return {"level": "low", "reason": "no reference measured: no analysis"}
+    if analysis.get("cliff_basis", "client") != "client":
+        return {"level": "low", "reason": analysis.get("cliff_note") or "host-bound reference runs"}
+    if "simulated" in trust:
+        return {"level": "low", "reason": "simulated only: the GPU model's curves"}
+    noise = analysis.get("noise_pct") or 0.0
+    level = "high" if noise <= 5 else "medium" if noise <= 15 else "low"
+    return {"level": level, "reason": f"latency noise {noise:.1f} % between the reference runs"}
 
 
 def save_calibrations(store: Any, rows: list[dict[str, Any]]) -> list[str]:
@@ -153,9 +169,17 @@ def confidence(
     simulated = any(r["source"] == "simulated" for r in rows.values())
     noise = max((r.get("noise_pct") or 0.0) for r in rows.values()) if rows else 0.0
     host_bound = sum(1 for r in rows.values() for p in r["points"] if p["figures"].get("host_bound"))
+    bound_refs = {
+        role: choice.get("cliff_note") or "host-bound reference runs"
+        for role, r in rows.items()
+        if (choice := (r.get("details") or {}).get("choice") or {}).get("cliff_basis", "client") != "client"
+    }
     notes = []
     if simulated:
         level, text = "low", "simulated only: the GPU model's curves, not measured on this fleet"
+    elif bound_refs:
+        level = "low"
+        text = "measured on a host-bound stack: " + "; ".join(f"{r}: {why}" for r, why in bound_refs.items())
     else:
         level = "high" if noise <= 5 else "medium" if noise <= 15 else "low"
         text = f"measured on the stack: latency noise {noise:.1f} % between the reference runs"

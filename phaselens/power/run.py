@@ -207,6 +207,8 @@ def _rows(
         analysis = analyses.get(r.role)
         if analysis is not None and not args.json:
             print(choice_text(r.role, analysis), flush=True)
+            if analysis.get("cliff_note"):
+                print(f"  host-bound: {analysis['cliff_note']} (confidence low)", flush=True)
         emulated = all((seen["knobs"][w] or {}).get("emulated") for w in r.workers)
         host_bound = any(p["figures"].get("host_bound") for p in res["points"])
         rows.append(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.power.choose import ChooseOptions, knee_brackets
+from phaselens.power.choose import ChooseOptions, combination_brackets, knee_brackets
 from phaselens.power.fingerprint import Fingerprint
 from phaselens.power.load import LoadSpec, steady_trace
 from phaselens.power.plan import (
@@ -134,7 +134,9 @@ def simulate_sweep(
     """Every role's points, simulated (the reference is simulated once: the simulator has no noise).
     ``trace``: these requests at every point instead of ``load``'s steady trace (bench/power_control.py
     calibrates on the conversation trace it then replays). With ``plan.refine``, up to that many
-    finer settings per knob near each mode's knee under ``options`` (:func:`knee_brackets`)."""
+    finer settings per knob near each mode's knee under ``options`` (:func:`knee_brackets`) and, where
+    ``options`` has an end-to-end bound, a second pass of up to that many per knob and role around
+    the roles' joint choice (:func:`combination_brackets`)."""
     note = on_note or (lambda s: None)
     trace = list(trace) if trace is not None else steady_trace(load, plan.point_s)
     try:
@@ -148,9 +150,28 @@ def simulate_sweep(
         if plan.refine:
             brackets = knee_brackets(points, role.phase, options or ChooseOptions())
             finer = refine_settings(role.bounds, brackets, plan.refine, swept)
-            points += [_simulate_point(layout_text, shape_cfg, trace, role, s, note) for s in finer]
+            points += [
+                _simulate_point(layout_text, shape_cfg, trace, role, s, note) | {"refined": "knee"}
+                for s in finer
+            ]
             points = order_points(points)
         out[role.role] = {"points": points, "complete": True, "stopped": None, "workers": list(role.workers)}
+    if plan.refine and options is not None and options.max_e2e_slowdown is not None:
+        # a second pass around the roles' joint choice: up to plan.refine more per knob and role
+        brackets = combination_brackets(
+            {r.role: (r.phase, out[r.role]["points"]) for r in plan.roles}, options
+        )
+        for role in plan.roles:
+            points = out[role.role]["points"]
+            done = [Setting.from_dict(p["setting"]) for p in points]
+            finer = refine_settings(role.bounds, brackets.get(role.role, {}), plan.refine, done)
+            if finer:
+                note(f"{role.role}: refining around the joint choice: {', '.join(f.label() for f in finer)}")
+            points += [
+                _simulate_point(layout_text, shape_cfg, trace, role, f, note) | {"refined": "joint"}
+                for f in finer
+            ]
+            out[role.role]["points"] = order_points(points)
     return out
 
 

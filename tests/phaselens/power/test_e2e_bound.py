@@ -10,6 +10,7 @@ import contextlib
 import io
 import itertools
 import json
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from phaselens.power.plan import (
     CalibrateError,
     Setting,
     between,
+    knob_value,
     plan_sweep,
 )
 from serving.devices.emulated import EmulatedDevice
@@ -147,6 +149,51 @@ def test_refined_settings_lie_between_the_swept_ones_and_inside_the_gpu_s_bounds
             ]
             assert vals == sorted(vals, reverse=True)
         assert row["points"][0]["setting"]["knob"] == DEFAULT
+
+
+def test_a_second_pass_around_the_joint_choice_finds_a_better_combination(runs: dict[str, dict]) -> None:
+    """The second refinement pass adds at most ``--refine`` settings per knob and role, each strictly
+    between the first pass's joint choice and its swept neighbour, on supported clocks; over the
+    finer grid the joint choice saves more joules within the same bound (here BAL's, deterministic)."""
+    o = ChooseOptions(slo_ttft_s=5.0, slo_itl_s=0.2, max_e2e_slowdown=BOUND)
+    rows = runs["bounded"]["calibrations"]
+
+    def joint(keep: Any) -> dict[str, Any]:
+        an = {r["role"]: choose_modes([p for p in r["points"] if keep(p)], r["phase"], o) for r in rows}
+        return choose_across_roles(an, o)
+
+    first, final = joint(lambda p: p.get("refined") != "joint"), joint(lambda p: True)
+    assert final == runs["bounded"]["e2e_budget"]
+    clocks = set(gpu_spec("h200").supported_sm_clocks_mhz())
+    added = 0
+    for row in rows:
+        second = [Setting.from_dict(p["setting"]) for p in row["points"] if p.get("refined") == "joint"]
+        added += len(second)
+        for knob in (POWER_LIMIT, SM_CLOCK):
+            assert len([s for s in second if s.knob == knob]) <= 3  # --refine 3
+        firsts = [Setting.from_dict(p["setting"]) for p in row["points"] if p.get("refined") != "joint"]
+        chosen = {first[m]["settings"][row["role"]] for m in first}
+        for s in second:
+            assert s.knob != SM_CLOCK or s.sm_clock_max_mhz in clocks
+            v = knob_value(s)
+            same = sorted((knob_value(f) for f in firsts if f.knob == s.knob), reverse=True)
+            # the nearest first-pass settings above and below it: one of them was chosen
+            above = [
+                f
+                for f in firsts
+                if f.knob == s.knob and knob_value(f) == min((x for x in same if x > v), default=None)
+            ]
+            below = [
+                f
+                for f in firsts
+                if f.knob == s.knob and knob_value(f) == max((x for x in same if x < v), default=None)
+            ]
+            assert {f.label() for f in above + below} & chosen, (s.label(), chosen)
+    assert added > 0
+    for mode in ("perf", "bal", "eff"):
+        assert final[mode]["energy_saved_j"] >= first[mode]["energy_saved_j"]
+        assert final[mode]["e2e_change_pct"] <= final[mode]["bound_pct"] + 1e-9
+    assert final["bal"]["energy_saved_j"] > first["bal"]["energy_saved_j"]
 
 
 @pytest.mark.parametrize("gpu", ["h200", "h100-sxm", "a100-sxm-80gb"])
