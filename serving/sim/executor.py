@@ -17,6 +17,7 @@ arrivals and iteration ends and move tail latency percentiles by up to 4 % (docs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -156,13 +157,23 @@ class GpuModelExecutor:
             self.hits += 1
         return execution_of(entry, batch.start_s)
 
-    def time_run(self, run: DecodeRun, start_s: float) -> None:
+    def time_run(self, run: DecodeRun, start_s: float, until_s: float = math.inf) -> None:
         """Time a decode run starting at ``start_s``: each iteration's cache entry (as :meth:`execute`
         finds it) in ``run.entries`` and its end in ``run.ends``, the next one's start (the same sums
-        as one :meth:`execute` per iteration)."""
-        cache, entries, ends = self._cache, run.entries, run.ends
-        end = start_s
-        for work in run.works:
+        as one :meth:`execute` per iteration) — only up to the first iteration that ends at or after
+        ``until_s`` (the next arrival: it may cut the run); :meth:`time_more` times the rest."""
+        run.start_s = start_s
+        self.time_more(run, until_s)
+
+    def time_more(self, run: DecodeRun, until_s: float = math.inf) -> None:
+        """Time ``run``'s next iterations after those timed, up to the first that ends at or after
+        ``until_s`` (or the run's last)."""
+        cache, entries, ends, works = self._cache, run.entries, run.ends, run.works
+        i = len(entries)
+        end = ends[-1] if i else run.start_s
+        k = run.k
+        while i < k:
+            work = works[i]
             entry = cache.get(work)
             if entry is None:
                 entry = self._entry(work)
@@ -171,4 +182,6 @@ class GpuModelExecutor:
             entries.append(entry)
             end = end + entry[0].time_s
             ends.append(end)
-        run.start_s = start_s
+            i += 1
+            if end >= until_s:
+                break

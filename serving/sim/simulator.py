@@ -172,6 +172,7 @@ class Simulation:
         )
         self._columnar = self.out.columnar
         self._stats = RequestStats()
+        self._next_arrival_s = math.inf  # the next arrival's time (a decode run is timed up to it)
         self._now_s = 0.0  # the current event's time (what routing reads a decode run's load at)
 
     def _emit(self, source: str, event: dict[str, Any], now_s: float) -> None:
@@ -233,7 +234,7 @@ class Simulation:
         next_progress = 2048
         heappop, iteration_done, kv_arrived = heapq.heappop, self._iteration_done, self._kv_arrived
         arrive, a, n = self._arrive, 0, len(requests)
-        next_arrival_s = arrivals[0]
+        next_arrival_s = self._next_arrival_s = arrivals[0]
         while True:
             if heap and heap[0][0] < next_arrival_s:
                 now, kind, _, payload = heappop(heap)
@@ -245,7 +246,7 @@ class Simulation:
                 now = next_arrival_s
                 arrive(a, requests[a], now)
                 a += 1
-                next_arrival_s = arrivals[a] if a < n else math.inf
+                next_arrival_s = self._next_arrival_s = arrivals[a] if a < n else math.inf
             else:
                 break
             events += 1
@@ -355,7 +356,7 @@ class Simulation:
             if type(executor) is GpuModelExecutor and executor.iteration_model is None:
                 run = core.decode_run(RUN_ITERATIONS)
                 if run is not None:
-                    executor.time_run(run, now)
+                    executor.time_run(run, now, self._next_arrival_s)
                     replica.run = run
                     replica.busy = True
                     heapq.heappush(
@@ -392,9 +393,16 @@ class Simulation:
 
     def _iteration_done(self, payload: tuple[Replica, Any, Execution | None], now: float) -> None:
         replica, batch, execution = payload
-        if execution is None:  # a decode run's last iteration ended: all of it is done
+        if execution is None:  # a decode run's last timed iteration ended
             run = batch
             k = run.k
+            if len(run.ends) < k:  # timed up to an arrival that did not reach it: time on
+                replica.core.executor.time_more(run, self._next_arrival_s)
+                self._events_run -= 1  # not an event of the iteration-by-iteration loop
+                heapq.heappush(
+                    self._heap, (run.ends[-1], _ITER_DONE, next(self._counter), (replica, run, None))
+                )
+                return
             self._commit(replica, run, k, k - 1 if run.last_finishes else k)
             if run.last_finishes:  # its last iteration's tokens as one (sequences finish): _token
                 replica.core.update(

@@ -117,3 +117,26 @@ def test_an_engine_decode_run_is_its_steps() -> None:
         now_a = execution.end_s
         assert now_a == run.ends[_]
     assert _state(a) == _state(b)
+
+
+def test_a_run_is_timed_up_to_the_next_arrival_then_on() -> None:
+    """time_run stops at the first iteration ending at or after ``until_s`` (an arrival may cut the
+    run there); time_more goes on from it; the ends are those of timing the run at once."""
+    core, ex = _engine()
+    now = 0.0
+    while core.decode_run(16) is None:
+        batch = core.begin(now)
+        execution = core.executor.execute(batch)
+        core.update(batch, execution)
+        now = execution.end_s
+    whole = core.decode_run(16)
+    lazy = core.decode_run(16)
+    assert whole is not None and lazy is not None and whole.k == lazy.k == 16
+    ex.time_run(whole, now)
+    until_s = (whole.ends[3] + whole.ends[4]) / 2  # inside iteration 4
+    ex.time_run(lazy, now, until_s)
+    assert list(lazy.ends) == list(whole.ends[:5]) and len(lazy.entries) == 5
+    ex.time_more(lazy, whole.ends[9])  # an arrival at an iteration's end: that iteration is the last
+    assert list(lazy.ends) == list(whole.ends[:10])
+    ex.time_more(lazy)
+    assert list(lazy.ends) == list(whole.ends) and lazy.entries == whole.entries
