@@ -95,6 +95,8 @@ class ScenarioWriter:
     ) -> dict[str, int]:
         """Write what is left: pending batches, each GPU's devices row and samples, the scenario.
         Returns the rows written per table."""
+        import pyarrow as pa
+
         from analytics.jsonable import json_safe
         from collector.store.scenarios import SIMULATED
         from serving.devices.gpu_model import weight_bytes
@@ -125,12 +127,17 @@ class ScenarioWriter:
             for g in replica.gpus
         ]
         counts["devices"] = store.append("devices", owners)
-        samples = 0
-        for replica in result.replicas:
-            per_gpu = weight_bytes(shape, replica.pool.tp, result.layout.dtype)
-            for cols in replica_samples(result, replica, sample_period_s, per_gpu):
-                samples += store.append("gpu_samples", _sample_table(cols, node, spec_key, result.gpu_name))
-        counts["gpu_samples"] = samples
+        # every GPU's samples in one append, in GPU order (one Arrow table: the store converts,
+        # checks and inserts it once, not once per GPU)
+        shared: dict[Any, Any] = {}
+        tables = [
+            _sample_table(cols, node, spec_key, result.gpu_name, shared)
+            for replica in result.replicas
+            for cols in replica_samples(
+                result, replica, sample_period_s, weight_bytes(shape, replica.pool.tp, result.layout.dtype)
+            )
+        ]
+        counts["gpu_samples"] = store.append("gpu_samples", pa.concat_tables(tables)) if tables else 0
         row = {
             "scenario_id": self.scenario_id,
             "node": node,
@@ -179,19 +186,49 @@ def _sent_s(batch: Any) -> float:
     return batch["sent_s"] if isinstance(batch, dict) else batch.sent_s
 
 
-def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Table:
+def _sample_table(
+    cols: Any, node: str, spec_key: str, gpu_name: str, cache: dict[Any, Any] | None = None
+) -> pa.Table:
+    """One GPU's samples as the ``gpu_samples`` Arrow table, its attribute columns repeated.
+
+    ``cache`` (one per run's write) keeps what GPUs share: the Arrow columns of a replica's
+    samples (its ranks yield one ``columns`` dict) and each repeated string column."""
     import numpy as np
     import pyarrow as pa
 
     from collector.store.scenarios import SIMULATED
 
+    cache = {} if cache is None else cache
     n = cols.n
-    data: dict[str, Any] = {}
-    for key, values in cols.columns.items():
-        data[key] = pa.array(values) if isinstance(values, np.ndarray) else pa.array(values, type=pa.int32())
+    key = id(cols.columns)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not cols.columns:
+        data: dict[str, Any] = {}
+        for name, values in cols.columns.items():
+            if isinstance(values, np.ndarray):
+                data[name] = pa.array(values)
+            elif values and values[0] is None and values.count(None) == len(values):
+                data[name] = pa.nulls(len(values), pa.int32())
+            else:
+                data[name] = pa.array(values, type=pa.int32())
+        flags = (pa.array(np.ones(n, dtype=bool)), pa.array(np.zeros(n, dtype=bool)))
+        cache[key] = hit = (cols.columns, data, flags)
+    data = dict(hit[1])
 
-    def same(value: str | None) -> pa.Array:  # one value on every row, repeated in C
-        return pa.repeat(pa.scalar(value, pa.string()), n)
+    def same(value: str | None) -> pa.Array:  # one value on every row: its bytes n times
+        arr = cache.get((value, n))
+        if arr is None and value is None:
+            arr = pa.nulls(n, pa.string())
+        elif arr is None:
+            raw = value.encode()
+            if n * len(raw) < 2**31:  # a string array's 32-bit offsets
+                offsets = np.arange(n + 1, dtype=np.int64) * len(raw)
+                buffers = pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(raw * n)
+                arr = pa.StringArray.from_buffers(n, *buffers)
+            else:
+                arr = pa.repeat(pa.scalar(value, pa.string()), n)
+            cache[(value, n)] = arr
+        return arr
 
     data.update(
         node=same(node),
@@ -201,8 +238,8 @@ def _sample_table(cols: Any, node: str, spec_key: str, gpu_name: str) -> pa.Tabl
         index=pa.array(np.full(n, cols.index, dtype=np.int32)),
         uuid=same(cols.uuid),
         name=same(f"{gpu_name} (simulated)"),
-        emulated=pa.array(np.ones(n, dtype=bool)),
-        lost=pa.array(np.zeros(n, dtype=bool)),
+        emulated=hit[2][0],
+        lost=hit[2][1],
         worker=same(cols.worker),
         role=same(cols.role),
     )

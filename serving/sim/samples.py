@@ -129,7 +129,10 @@ def replica_samples(
     locked = pool.sm_clock_mhz
     cum = CumulativeCounters(replica.intervals, spec, locked[1] if locked else None)
     now = cum.at(t)
-    before = cum.at(np.concatenate(([0.0], t[:-1])))
+    # the counters at each period's start: the previous sample's, the first period's at 0 (at() is
+    # elementwise: the same values as evaluating it again at those instants)
+    zero = cum.at(np.zeros(1))
+    before = {name: np.concatenate((zero[name], values[:-1])) for name, values in now.items()}
     dt = np.diff(np.concatenate(([0.0], t)))
     busy = now["busy"] - before["busy"]
     pct = 100.0 / dt
@@ -178,14 +181,15 @@ def replica_samples(
 
 def _temperature(spec: GpuSpec, power_w: np.ndarray, dt: np.ndarray) -> np.ndarray:
     """The emulated device's first-order thermal model, stepped over the sample periods."""
-    out = np.empty_like(power_w)
     temp = spec.ambient_c + spec.thermal_c_per_w * spec.idle_w
     steady = spec.ambient_c + spec.thermal_c_per_w * power_w
     decay = np.exp(-dt / spec.thermal_tau_s)
-    for i in range(len(power_w)):
-        temp = steady[i] + (temp - steady[i]) * decay[i]
-        out[i] = temp
-    return out
+    out = []  # a recurrence: stepped in Python floats (the same float64 arithmetic as numpy's scalars)
+    append = out.append
+    for s, d in zip(steady.tolist(), decay.tolist(), strict=True):
+        temp = s + (temp - s) * d
+        append(temp)
+    return np.asarray(out, dtype=np.float64).reshape(power_w.shape)
 
 
 def energy_j(result: SimResult) -> float:

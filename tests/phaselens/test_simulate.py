@@ -165,3 +165,39 @@ def test_an_import_keeps_every_tensor_parallel_rank_of_an_iteration(tmp_path, ca
     direct = duckdb.connect(str(tmp_path / "direct.duckdb"), read_only=True).execute(per_gpu).fetchall()
     imported = duckdb.connect(str(db), read_only=True).execute(per_gpu).fetchall()
     assert [g for g, _ in direct] == [0, 1] and imported == direct
+
+
+def test_the_sample_tables_repeated_columns_are_the_values_on_every_row() -> None:
+    """_sample_table builds each repeated string from its bytes and shares what GPUs share (a
+    replica's columns, each string): the same table as the values repeated row by row."""
+    import numpy as np
+    import pyarrow as pa
+
+    from phaselens.cli.simulate import _sample_table
+    from serving.sim.samples import SampleColumns
+
+    n = 5
+    columns = {"ts_s": np.arange(n, dtype=np.float64), "locked_sm_clock_min_mhz": [None] * n}
+    columns["locked_sm_clock_max_mhz"] = [1980] * n
+    cache: dict = {}
+    for index, uuid, worker in ((0, "GPU-a", "w0"), (1, "GPU-b", ""), (2, "GPU-ü", "w0")):
+        cols = SampleColumns(index, uuid, worker, "mixed", columns)
+        table = _sample_table(cols, "node-1", "h100-sxm", "H100", cache)
+        strings = {
+            "node": "node-1",
+            "source": "simulated",
+            "device": "simulated:h100-sxm",
+            "kind": "simulated",
+            "uuid": uuid,
+            "name": "H100 (simulated)",
+            "worker": worker,
+            "role": "mixed",
+        }
+        for name, value in strings.items():
+            assert table.column(name).to_pylist() == [value] * n, name
+        assert table.column("index").to_pylist() == [index] * n
+        assert table.column("locked_sm_clock_min_mhz").type == pa.int32()
+        assert table.column("locked_sm_clock_min_mhz").to_pylist() == [None] * n
+        assert table.column("locked_sm_clock_max_mhz").to_pylist() == [1980] * n
+        assert table.column("emulated").to_pylist() == [True] * n
+        assert table.column("ts_s").to_pylist() == list(range(n))
