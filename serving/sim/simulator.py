@@ -172,7 +172,10 @@ class Simulation:
         )
         self._columnar = self.out.columnar
         self._stats = RequestStats()
-        self._next_arrival_s = math.inf  # the next arrival's time (a decode run is timed up to it)
+        # a decode run is timed up to the arrival this many ahead: each goes to one of the replicas,
+        # so on a large fleet most do not cut a given run (1 on up to 7 replicas, 8 on 32)
+        self._lookahead = max(1, len(self.replicas) // 4)
+        self._timed_until_s = math.inf  # that arrival's time
         self._now_s = 0.0  # the current event's time (what routing reads a decode run's load at)
 
     def _emit(self, source: str, event: dict[str, Any], now_s: float) -> None:
@@ -234,7 +237,9 @@ class Simulation:
         next_progress = 2048
         heappop, iteration_done, kv_arrived = heapq.heappop, self._iteration_done, self._kv_arrived
         arrive, a, n = self._arrive, 0, len(requests)
-        next_arrival_s = self._next_arrival_s = arrivals[0]
+        next_arrival_s = arrivals[0]
+        ahead = self._lookahead - 1
+        self._timed_until_s = arrivals[ahead] if ahead < n else math.inf
         while True:
             if heap and heap[0][0] < next_arrival_s:
                 now, kind, _, payload = heappop(heap)
@@ -246,7 +251,8 @@ class Simulation:
                 now = next_arrival_s
                 arrive(a, requests[a], now)
                 a += 1
-                next_arrival_s = self._next_arrival_s = arrivals[a] if a < n else math.inf
+                next_arrival_s = arrivals[a] if a < n else math.inf
+                self._timed_until_s = arrivals[a + ahead] if a + ahead < n else math.inf
             else:
                 break
             events += 1
@@ -356,7 +362,7 @@ class Simulation:
             if type(executor) is GpuModelExecutor and executor.iteration_model is None:
                 run = core.decode_run(RUN_ITERATIONS)
                 if run is not None:
-                    executor.time_run(run, now, self._next_arrival_s)
+                    executor.time_run(run, now, self._timed_until_s)
                     replica.run = run
                     replica.busy = True
                     heapq.heappush(
@@ -397,7 +403,7 @@ class Simulation:
             run = batch
             k = run.k
             if len(run.ends) < k:  # timed up to an arrival that did not reach it: time on
-                replica.core.executor.time_more(run, self._next_arrival_s)
+                replica.core.executor.time_more(run, self._timed_until_s)
                 self._events_run -= 1  # not an event of the iteration-by-iteration loop
                 heapq.heappush(
                     self._heap, (run.ends[-1], _ITER_DONE, next(self._counter), (replica, run, None))
