@@ -1,5 +1,8 @@
 """Per-phase power control against a uniform cap and against no capping (issue 24's targets), in one run.
 
+Just over 600 lines: one bench with its simulated and live halves, each configuration's three BAL
+variants and the pool energy breakdown it prints; split, each half would repeat the table code.
+
 For each configuration the calibration sweep — both knobs, power limits and SM-clock windows,
 ``--points`` per knob, up to ``--refine`` finer ones near each knee (phaselens/power/plan.py) and up to
 ``--refine`` more per knob and role around the target variant's joint choice (the second pass) — runs
