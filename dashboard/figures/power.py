@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from dashboard.figures.palette import NEUTRAL, PHASE_COLOURS, STATUS_COLOURS
 from dashboard.figures.style import ITL_COLOUR, PERCENTILE_DASH, TTFT_COLOUR, apply_layout, label_figure
-from dashboard.figures.text import as_float
+from dashboard.figures.text import as_float, signed_pct_text, whole_number_text, whole_usd_text
 
 MODES = ("perf", "bal", "eff")
 MODE_NAMES = {"perf": "PERF", "bal": "BAL", "eff": "EFF"}
@@ -212,12 +212,6 @@ def _mark_modes(fig: go.Figure, cal: Mapping[str, Any], knob: str, pts: list[dic
             )
 
 
-def pct_text(v: Any) -> str:
-    """A signed percentage (``+12.3 %``), or — ."""
-    x = _num(v)
-    return "—" if x is None else f"{x:+.1f} %"
-
-
 def _phase_latency_change(m: Mapping[str, Any], phase: str) -> float | None:
     keys = {"prefill": ("ttft_p50_s", "ttft_p99_s"), "decode": ("itl_p50_s", "itl_p99_s")}.get(
         phase, ("ttft_p50_s", "itl_p50_s", "ttft_p99_s", "itl_p99_s")
@@ -254,13 +248,13 @@ def setpoint_rows(cals: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "Mode": MODE_NAMES[mode],
                     "Knob": KNOB_NAMES.get(str(a.get("knob") or m.get("knob")), "—"),
                     "Setting": "keep the defaults" if keep else (a.get("setting") or "—"),
-                    "Tokens/J": "—" if keep else pct_text(a.get("tokens_per_j_gain_pct")),
+                    "Tokens/J": "—" if keep else signed_pct_text(a.get("tokens_per_j_gain_pct")),
                     "Power, W/GPU": "—" if keep else _w(a.get("power_w_change")),
                     "Phase latency": "—"
                     if keep
-                    else pct_text(_phase_latency_change(m, str(cal.get("phase")))),
-                    "kWh/yr saved": amount_text(a.get("kwh_per_year")),
-                    "$/yr saved": dollars_text(a.get("usd_per_year")),
+                    else signed_pct_text(_phase_latency_change(m, str(cal.get("phase")))),
+                    "kWh/yr saved": whole_number_text(a.get("kwh_per_year")),
+                    "$/yr saved": whole_usd_text(a.get("usd_per_year")),
                     "Confidence": conf,
                     "Status": status_text(cal),
                     "Trust": ", ".join(trust_of(cal)),
@@ -273,18 +267,6 @@ def setpoint_rows(cals: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _w(v: Any) -> str:
     x = _num(v)
     return "—" if x is None else f"{x:+.0f} W"
-
-
-def amount_text(v: Any) -> str:
-    """A whole amount with thousands separators, or — ."""
-    x = _num(v)
-    return "—" if x is None else f"{x:,.0f}"
-
-
-def dollars_text(v: Any) -> str:
-    """Whole dollars (``$1,234``), or — ."""
-    x = _num(v)
-    return "—" if x is None else f"${x:,.0f}"
 
 
 def newest_per_role(cals: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -324,8 +306,8 @@ def setting_rows(rec: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "Knob": KNOB_NAMES.get(str(s.get("knob")), str(s.get("knob"))),
                 "Setting": (s.get("setting") or {}).get("label") or "defaults",
                 "Workers": ", ".join(s.get("workers") or []),
-                "kWh/yr saved": amount_text(annual.get("kwh_per_year")),
-                "$/yr saved": dollars_text(annual.get("usd_per_year")),
+                "kWh/yr saved": whole_number_text(annual.get("kwh_per_year")),
+                "$/yr saved": whole_usd_text(annual.get("usd_per_year")),
                 "Calibration": s.get("calibration_id"),
             }
         )
@@ -448,7 +430,7 @@ def realised_rows(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
                 "Figure": what,
                 "Before": "—" if b is None else f"{b:.4g}",
                 "After": "—" if a is None else f"{a:.4g}",
-                "Change": pct_text(change),
+                "Change": signed_pct_text(change),
                 "": "—"
                 if change is None or abs(change) < 0.05
                 else "better"

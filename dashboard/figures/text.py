@@ -25,6 +25,29 @@ def usd_text(v: Any) -> str:
     return f"${x:.3g}"
 
 
+def _finite(v: Any) -> float | None:
+    x = as_float(v)
+    return x if math.isfinite(x) else None
+
+
+def signed_pct_text(v: Any) -> str:
+    """A signed percentage change (``+12.3 %``), or ``—``."""
+    x = _finite(v)
+    return "—" if x is None else f"{x:+.1f} %"
+
+
+def whole_number_text(v: Any) -> str:
+    """A whole amount with thousands separators (``1,234``), or ``—``."""
+    x = _finite(v)
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def whole_usd_text(v: Any) -> str:
+    """Whole dollars (``$1,234``, a yearly saving), or ``—``."""
+    x = _finite(v)
+    return "—" if x is None else f"${x:,.0f}"
+
+
 def time_axis_title(simulated: bool) -> str:
     """A time axis' title, saying when the times are a simulation's virtual time."""
     return "virtual time, UTC (simulated)" if simulated else "time, UTC"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dashboard.figures.text import signed_pct_text, whole_usd_text
 from dashboard.report_html.text import badge, esc, number_or_none, ordered_pools, utc_text
 
 _PHASES = (
@@ -20,19 +21,9 @@ def _f(v: Any, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}g}"
 
 
-def _pct(v: Any) -> str:
-    x = number_or_none(v)
-    return "—" if x is None else f"{x:+.1f} %"
-
-
 def _kwh(v: Any) -> str:
     x = number_or_none(v)
     return "—" if x is None else f"{x:,.0f} kWh"
-
-
-def _usd(v: Any) -> str:
-    x = number_or_none(v)
-    return "—" if x is None else f"${x:,.0f}"
 
 
 def _badges(labels: Any) -> str:
@@ -75,14 +66,14 @@ def _realised(items: list[dict[str, Any]]) -> str:
         cells = "".join(
             f"<td class='num' data-phase='{phase}'>{_f((phases.get(phase) or {}).get('j_per_token_before'))} → "
             f"{_f((phases.get(phase) or {}).get('j_per_token_after'))} "
-            f"({_pct((phases.get(phase) or {}).get('tokens_per_j_change_pct'))} tokens/J)</td>"
+            f"({signed_pct_text((phases.get(phase) or {}).get('tokens_per_j_change_pct'))} tokens/J)</td>"
             for phase in ("prefill", "decode")
         )
         rows.append(
             f"<tr data-rec='{esc(str(r.get('recommendation_id')))}'><td>{esc(str(r.get('recommendation_id')))} "
             f"({esc(str(r.get('mode') or '?')).upper()}), set {esc(utc_text(r.get('change_s')))} UTC, "
             f"{number_or_none(r.get('window_s')) or 0:,.0f} s each side</td>{cells}"
-            f"<td class='num'>{_kwh(r.get('kwh_per_year'))}</td><td class='num'>{_usd(r.get('usd_per_year'))}</td>"
+            f"<td class='num'>{_kwh(r.get('kwh_per_year'))}</td><td class='num'>{whole_usd_text(r.get('usd_per_year'))}</td>"
             f"<td>{_badges(r.get('trust'))} a year: {_badges(r.get('annual_trust'))}"
             + (f"<ul>{released}</ul>" if released else "")
             + "</td></tr>"
@@ -107,9 +98,9 @@ def _available(part: dict[str, Any] | None) -> str:
             f"<p class='available' data-rec='{esc(str(best.get('recommendation_id')))}'>{_badges(best.get('trust'))} "
             f"<b>Available if applied</b>: {esc(str(best.get('recommendation_id')))} "
             f"({esc(str(best.get('mode') or '?')).upper()}, for {esc(str(best.get('target')))}) saves "
-            f"<b>{_kwh(best.get('kwh_per_year'))}</b> and <b>{_usd(best.get('usd_per_year'))}</b> a year, "
-            f"tokens/J {_pct(best.get('tokens_per_j_change_pct'))}, phase latency "
-            f"{_pct(best.get('latency_change_pct'))}; confidence {esc(str(conf.get('level') or '—'))}: "
+            f"<b>{_kwh(best.get('kwh_per_year'))}</b> and <b>{whole_usd_text(best.get('usd_per_year'))}</b> a year, "
+            f"tokens/J {signed_pct_text(best.get('tokens_per_j_change_pct'))}, phase latency "
+            f"{signed_pct_text(best.get('latency_change_pct'))}; confidence {esc(str(conf.get('level') or '—'))}: "
             f"{esc(str(conf.get('text') or ''))}.</p>"
             f"<p class='meta'>{esc(str(best.get('rationale') or ''))}</p>"
         )

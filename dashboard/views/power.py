@@ -20,6 +20,7 @@ import streamlit as st
 from dashboard import common
 from dashboard.apply_flow import ApplyFlow, apply_controls, apply_progress, utc
 from dashboard.figures import power as pf
+from dashboard.figures.text import signed_pct_text, whole_number_text, whole_usd_text
 from dashboard.page_trust import PageTrust, render_with_trust
 
 PICK = "power_pick"  # the recommendation shown
@@ -167,13 +168,13 @@ def _recommendation(
     cols = st.columns(4)
     cols[0].metric(
         "Saving a year",
-        pf.dollars_text(annual.get("usd_per_year")),
+        whole_usd_text(annual.get("usd_per_year")),
         border=True,
         help="Predicted, at the calibrated load",
     )
-    cols[1].metric("Energy a year", f"{pf.amount_text(annual.get('kwh_per_year'))} kWh", border=True)
-    cols[2].metric("Tokens/J", pf.pct_text(rec.get("est_tokens_per_j_change_pct")), border=True)
-    cols[3].metric("Phase latency", pf.pct_text(rec.get("est_latency_change_pct")), border=True)
+    cols[1].metric("Energy a year", f"{whole_number_text(annual.get('kwh_per_year'))} kWh", border=True)
+    cols[2].metric("Tokens/J", signed_pct_text(rec.get("est_tokens_per_j_change_pct")), border=True)
+    cols[3].metric("Phase latency", signed_pct_text(rec.get("est_latency_change_pct")), border=True)
     conf = d.get("confidence") or {}
     level = str(conf.get("level") or "unknown")
     colour = {"high": "green", "medium": "orange", "low": "red"}.get(level, "gray")
